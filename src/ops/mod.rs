@@ -1,0 +1,100 @@
+//! Kernels we own, and the device seam.
+//!
+//! Model code never calls a device-specific kernel directly: it calls [`conv2d`] and
+//! [`max_pool2d`] here. On the CPU these run our own candle custom ops (im2col + the `gemm`
+//! crate for convolution, a direct kernel for max-pool) because candle's CPU versions measured
+//! 3-9x slower than PyTorch on this machine and candle 0.11's max-pool backward is wrong (it
+//! spreads a quarter of the gradient to every element of a 2x2 window). On any other device the
+//! calls fall through to candle's own kernels (cuDNN when candle is built with it), so a CUDA
+//! path drops in here and nowhere else.
+//!
+//! Every op here is tested against numerical gradients in `tests/gradcheck.rs`.
+
+mod conv2d;
+mod im2col;
+mod max_pool;
+
+pub use conv2d::Conv2dOp;
+pub use max_pool::MaxPool2dOp;
+
+use candle_core::{CpuStorage, Layout, Result, Tensor};
+
+/// Geometry of a square-kernel 2-D convolution (the kernel size comes from the weight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// Step between output positions, in input pixels.
+    pub stride: usize,
+    /// Zero padding added on every side of the input.
+    pub padding: usize,
+}
+
+/// 2-D convolution of `x` (N, C, H, W) with `weight` (O, C, K, K) and `bias` (O).
+///
+/// `input_grad` says whether the backward pass must produce a gradient for `x`; the first
+/// layer of a network passes `false` so that the (large, useless) data gradient is never
+/// computed.
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    geom: ConvGeometry,
+    input_grad: bool,
+) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        let x = x.contiguous()?;
+        x.apply_op3(
+            weight,
+            bias,
+            Conv2dOp {
+                geom,
+                input_grad,
+            },
+        )
+    } else {
+        let y = x.conv2d(weight, geom.padding, geom.stride, 1, 1)?;
+        y.broadcast_add(&bias.reshape((1, bias.dim(0)?, 1, 1))?)
+    }
+}
+
+/// Max-pooling of `x` (N, C, H, W) with a square `kernel` and `stride`, no padding, floor mode
+/// (PyTorch's defaults).
+pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        x.contiguous()?.apply_op1(MaxPool2dOp { kernel, stride })
+    } else {
+        x.max_pool2d_with_stride(kernel, stride)
+    }
+}
+
+/// Borrows the f32 elements of a contiguous CPU tensor without copying.
+pub(crate) fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
+    let data = match storage {
+        CpuStorage::F32(v) => v.as_slice(),
+        _ => candle_core::bail!("{what}: expected f32 data"),
+    };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("{what}: expected a contiguous tensor"),
+    }
+}
+
+/// Runs `f` over the f32 elements of a CPU tensor, making it contiguous first if needed.
+pub(crate) fn with_f32<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(cpu) => f(f32_slice(cpu, layout, what)?),
+        _ => candle_core::bail!("{what}: expected a CPU tensor"),
+    }
+}
+
+/// Output size of a sliding window (floor mode).
+pub(crate) fn out_size(input: usize, kernel: usize, stride: usize, padding: usize) -> Result<usize> {
+    let padded = input + 2 * padding;
+    if stride == 0 || kernel == 0 || padded < kernel {
+        candle_core::bail!(
+            "window of {kernel} (stride {stride}, padding {padding}) does not fit an input of {input}"
+        );
+    }
+    Ok((padded - kernel) / stride + 1)
+}
