@@ -2,6 +2,15 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the map from the paper's three ideas to these modules.
 
+pub mod bench;
+pub mod cli;
+pub mod comm;
+pub mod config;
+pub mod data;
 pub mod models;
 pub mod nn;
 pub mod ops;
+pub mod optim;
+pub mod parallel;
+pub mod pipeline;
+pub mod train;

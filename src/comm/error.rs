@@ -1,0 +1,78 @@
+//! Error type shared by the transport and every collective.
+//!
+//! Messages name the rank that saw the problem, the peer involved and the
+//! message tag, because with N worker threads a bare "timed out" is useless:
+//! the operator needs to know which link stalled and what knob to turn.
+
+use std::time::Duration;
+
+/// Everything that can go wrong while moving or reducing gradients.
+#[derive(thiserror::Error, Debug)]
+pub enum CommError {
+    /// No message with the wanted tag arrived from `from` within the
+    /// transport's timeout.
+    #[error(
+        "rank {rank} waited {waited:?} for a message from rank {from} (tag {tag}): \
+         the peer may have died or stalled; raise --comm-timeout if steps are \
+         legitimately this slow"
+    )]
+    Timeout {
+        /// Rank that was waiting.
+        rank: usize,
+        /// Rank it was waiting for.
+        from: usize,
+        /// Tag it was waiting for.
+        tag: u64,
+        /// How long it actually waited before giving up.
+        waited: Duration,
+    },
+
+    /// The peer's endpoint was dropped (its thread exited or panicked), so
+    /// the message can never arrive / be delivered.
+    #[error(
+        "rank {rank}: peer rank {peer} is gone (its endpoint was dropped) while \
+         exchanging tag {tag}: that worker exited or panicked early; look for \
+         the first error it reported"
+    )]
+    PeerGone {
+        /// Rank that noticed.
+        rank: usize,
+        /// Rank whose endpoint disappeared.
+        peer: usize,
+        /// Tag of the message being sent or awaited.
+        tag: u64,
+    },
+
+    /// A message arrived with a different length than the receiver expected.
+    #[error(
+        "rank {rank} expected {expected} floats from rank {from} (tag {tag}) but got \
+         {got}: ranks disagree about the buffer size; all ranks must call the \
+         collective with identically sized buffers (same model, same bucket layout)"
+    )]
+    SizeMismatch {
+        /// Receiving rank.
+        rank: usize,
+        /// Sending rank.
+        from: usize,
+        /// Message tag.
+        tag: u64,
+        /// Length the receiver asked for.
+        expected: usize,
+        /// Length that actually arrived.
+        got: usize,
+    },
+
+    /// A rank index outside `0..world` was used as peer or root.
+    #[error(
+        "rank {rank}: peer/root rank {peer} is out of range for a world of {world} \
+         ranks; this is a bug in the caller (ranks are 0..world)"
+    )]
+    InvalidRank {
+        /// Rank that made the call.
+        rank: usize,
+        /// Offending rank index.
+        peer: usize,
+        /// World size.
+        world: usize,
+    },
+}

@@ -1,0 +1,360 @@
+//! Training configuration: defaults, the optional TOML file, command-line flags (which win),
+//! and validation of the whole before anything starts.
+
+use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
+use crate::models::MODEL_NAMES;
+use crate::optim::{LrSchedule, SgdConfig};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How buckets pick their communication algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommChoice {
+    /// Per bucket, the mode the alpha-beta cost model predicts fastest for the link.
+    Auto,
+    /// One mode for every bucket.
+    Fixed(CommMode),
+}
+
+impl CommChoice {
+    /// Parses `auto` or a mode name.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            Ok(Self::Auto)
+        } else {
+            s.parse::<CommMode>().map(Self::Fixed).map_err(|e| format!("{e} (or auto)"))
+        }
+    }
+}
+
+impl std::fmt::Display for CommChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// Everything a training run needs, validated.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Model name.
+    pub model: String,
+    /// Dataset name (`mnist`, `fashion-mnist`, `cifar10`, `idx`, `synthetic[:CxHxW]`).
+    pub dataset: String,
+    /// Dataset directory, where the dataset needs one.
+    pub data_dir: Option<PathBuf>,
+    /// Epochs to train.
+    pub epochs: usize,
+    /// Global batch size (split evenly across workers).
+    pub batch: usize,
+    /// Base learning rate.
+    pub lr: f32,
+    /// Learning-rate schedule.
+    pub lr_schedule: LrSchedule,
+    /// Linear warm-up, in steps.
+    pub warmup_steps: usize,
+    /// SGD settings.
+    pub sgd: SgdConfig,
+    /// Seed for weights, shuffling and synthetic data.
+    pub seed: u64,
+    /// Worker threads, each with a model replica.
+    pub workers: usize,
+    /// Compute threads per worker.
+    pub threads: usize,
+    /// Communicate buckets during backward.
+    pub overlap: bool,
+    /// Communication mode.
+    pub comm: CommChoice,
+    /// Bucket cap in KiB (0: one block per bucket).
+    pub bucket_kb: usize,
+    /// Cap of the first bucket in KiB.
+    pub first_bucket_kb: usize,
+    /// Emulated link, if any.
+    pub link: Option<LinkModel>,
+    /// How long a collective may wait for a peer.
+    pub comm_timeout: Duration,
+    /// Where metrics, summary and checkpoints go.
+    pub run_dir: PathBuf,
+    /// Write a checkpoint every this many epochs (0: only at the end).
+    pub checkpoint_every: usize,
+    /// Checkpoints to keep.
+    pub keep_checkpoints: usize,
+    /// Checkpoint to resume from.
+    pub resume: Option<PathBuf>,
+    /// Also write a metrics line every this many steps (0: per epoch only).
+    pub log_every: usize,
+    /// Use only the first N training samples (quick runs and tests).
+    pub train_limit: Option<usize>,
+    /// Use only the first N test samples.
+    pub test_limit: Option<usize>,
+    /// No progress bar or per-epoch lines.
+    pub quiet: bool,
+}
+
+/// Training options as given on the command line or in a TOML file; `None` means "not given".
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TrainOptions {
+    /// Model: lenet5, vgg-small or resnet20 [default: lenet5].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Dataset: mnist (bundled), fashion-mnist, cifar10, idx, synthetic or synthetic:CxHxW
+    /// [default: mnist].
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Dataset directory (fashion-mnist, cifar10, idx; mnist defaults to the bundled copy).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Epochs [default: 4].
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Global batch size, split evenly across workers [default: 64].
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Base learning rate [default: 0.05].
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// Schedule: constant, cosine, or step:E1,E2[:GAMMA] [default: cosine].
+    #[arg(long)]
+    pub lr_schedule: Option<String>,
+    /// Linear warm-up steps [default: 100].
+    #[arg(long)]
+    pub warmup_steps: Option<usize>,
+    /// SGD momentum [default: 0.9].
+    #[arg(long)]
+    pub momentum: Option<f32>,
+    /// Weight decay [default: 5e-4].
+    #[arg(long)]
+    pub weight_decay: Option<f32>,
+    /// Nesterov momentum: true or false [default: true].
+    #[arg(long)]
+    pub nesterov: Option<bool>,
+    /// Seed [default: 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Worker threads, each with a model replica [default: 1].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Compute threads per worker [default: cores / workers, at least 1].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Overlap communication with backward: on or off [default: on].
+    #[arg(long)]
+    pub overlap: Option<String>,
+    /// Communication mode: auto, tree, ring, hd, redundant [default: auto].
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 256].
+    #[arg(long)]
+    pub bucket_kb: Option<usize>,
+    /// First bucket's cap in KiB [default: 64].
+    #[arg(long)]
+    pub first_bucket_kb: Option<usize>,
+    /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s [default: no emulation].
+    #[arg(long)]
+    pub link_bandwidth: Option<String>,
+    /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth].
+    #[arg(long)]
+    pub link_latency: Option<String>,
+    /// Seconds a collective may wait for a peer before the run stops [default: 120].
+    #[arg(long)]
+    pub comm_timeout: Option<f64>,
+    /// Run directory for metrics, summary and checkpoints [default: runs/<model>-<dataset>].
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Checkpoint every N epochs, 0 for only the last [default: 1].
+    #[arg(long)]
+    pub checkpoint_every: Option<usize>,
+    /// Checkpoints to keep [default: 2].
+    #[arg(long)]
+    pub keep_checkpoints: Option<usize>,
+    /// Resume from this checkpoint file.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Also log metrics every N steps [default: 0, per epoch only].
+    #[arg(long)]
+    pub log_every: Option<usize>,
+    /// Train on the first N samples only.
+    #[arg(long)]
+    pub train_limit: Option<usize>,
+    /// Evaluate on the first N test samples only.
+    #[arg(long)]
+    pub test_limit: Option<usize>,
+    /// No progress bar or per-epoch lines.
+    #[arg(long)]
+    #[serde(default)]
+    pub quiet: bool,
+}
+
+macro_rules! overlay {
+    ($dst:ident, $src:ident, $($f:ident),*) => { $( if $src.$f.is_some() { $dst.$f = $src.$f.clone(); } )* };
+}
+
+impl TrainConfig {
+    /// The configuration as JSON, for the run's summary and checkpoints.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": self.model, "dataset": self.dataset, "epochs": self.epochs, "batch": self.batch,
+            "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
+            "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
+            "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
+            "comm": self.comm.to_string(), "bucket_kb": self.bucket_kb, "first_bucket_kb": self.first_bucket_kb,
+            "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
+            "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
+            "train_limit": self.train_limit, "test_limit": self.test_limit,
+        })
+    }
+}
+
+impl TrainOptions {
+    /// Reads options from a TOML file (same names as the flags, e.g. `bucket-kb = 128`).
+    pub fn from_toml_file(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+
+    /// `self` with every option that `over` gives replaced by `over`'s value.
+    pub fn overlaid_with(mut self, over: &TrainOptions) -> Self {
+        overlay!(self, over, model, dataset, data_dir, epochs, batch, lr, lr_schedule, warmup_steps, momentum, weight_decay, nesterov, seed, workers, threads, overlap, comm, bucket_kb, first_bucket_kb, link_bandwidth, link_latency, comm_timeout, run_dir, checkpoint_every, keep_checkpoints, resume, log_every, train_limit, test_limit);
+        self.quiet |= over.quiet;
+        self
+    }
+
+    /// Applies defaults and validates everything, so a bad option fails before training starts,
+    /// with a message that says what to do.
+    pub fn resolve(&self) -> Result<TrainConfig, String> {
+        let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
+        if !MODEL_NAMES.contains(&model.as_str()) {
+            return Err(format!("unknown model '{model}': choose one of {}", MODEL_NAMES.join(", ")));
+        }
+        let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
+        let workers = self.workers.unwrap_or(1);
+        if workers == 0 {
+            return Err("--workers must be at least 1".into());
+        }
+        let batch = self.batch.unwrap_or(64);
+        if batch == 0 || batch % workers != 0 {
+            return Err(format!("--batch {batch} must be a positive multiple of --workers {workers} (each worker takes batch/workers samples)"));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = self.threads.unwrap_or((cores / workers).max(1));
+        if threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        let overlap = match self.overlap.as_deref().unwrap_or("on") {
+            "on" | "true" => true,
+            "off" | "false" => false,
+            o => return Err(format!("--overlap must be on or off, not '{o}'")),
+        };
+        let comm = CommChoice::parse(self.comm.as_deref().unwrap_or("auto")).map_err(|e| format!("--comm: {e}"))?;
+        let link = match &self.link_bandwidth {
+            None if self.link_latency.is_some() => return Err("--link-latency needs --link-bandwidth too".into()),
+            None => None,
+            Some(b) => Some(LinkModel {
+                bandwidth_bytes_per_s: parse_bandwidth(b).map_err(|e| format!("--link-bandwidth: {e}"))?,
+                latency: parse_duration(self.link_latency.as_deref().unwrap_or("0")).map_err(|e| format!("--link-latency: {e}"))?,
+            }),
+        };
+        let lr = self.lr.unwrap_or(0.05);
+        if !(lr > 0.0 && lr.is_finite()) {
+            return Err(format!("--lr must be a positive number, not {lr}"));
+        }
+        let momentum = self.momentum.unwrap_or(0.9);
+        if !(0.0..1.0).contains(&momentum) {
+            return Err(format!("--momentum must be in [0, 1), not {momentum}"));
+        }
+        let weight_decay = self.weight_decay.unwrap_or(5e-4);
+        if !(weight_decay >= 0.0 && weight_decay.is_finite()) {
+            return Err(format!("--weight-decay must be >= 0, not {weight_decay}"));
+        }
+        let nesterov = self.nesterov.unwrap_or(true);
+        if nesterov && momentum == 0.0 {
+            return Err("Nesterov momentum needs --momentum > 0 (or --nesterov false)".into());
+        }
+        let comm_timeout = self.comm_timeout.unwrap_or(120.0);
+        if !(comm_timeout > 0.0 && comm_timeout.is_finite()) {
+            return Err(format!("--comm-timeout must be a positive number of seconds, not {comm_timeout}"));
+        }
+        let epochs = self.epochs.unwrap_or(4);
+        if epochs == 0 {
+            return Err("--epochs must be at least 1".into());
+        }
+        if let Some(r) = &self.resume {
+            if !r.is_file() {
+                return Err(format!("--resume {}: no such checkpoint file", r.display()));
+            }
+        }
+        let lr_schedule = LrSchedule::parse(self.lr_schedule.as_deref().unwrap_or("cosine"))?;
+        let run_dir = self.run_dir.clone().unwrap_or_else(|| PathBuf::from(format!("runs/{model}-{}", dataset.replace([':', '/'], "_"))));
+        Ok(TrainConfig {
+            model,
+            dataset,
+            data_dir: self.data_dir.clone(),
+            epochs,
+            batch,
+            lr,
+            lr_schedule,
+            warmup_steps: self.warmup_steps.unwrap_or(100),
+            sgd: SgdConfig { momentum, weight_decay, nesterov },
+            seed: self.seed.unwrap_or(1),
+            workers,
+            threads,
+            overlap,
+            comm,
+            bucket_kb: self.bucket_kb.unwrap_or(256),
+            first_bucket_kb: self.first_bucket_kb.unwrap_or(64),
+            link,
+            comm_timeout: Duration::from_secs_f64(comm_timeout),
+            run_dir,
+            checkpoint_every: self.checkpoint_every.unwrap_or(1),
+            keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
+            resume: self.resume.clone(),
+            log_every: self.log_every.unwrap_or(0),
+            train_limit: self.train_limit,
+            test_limit: self.test_limit,
+            quiet: self.quiet,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(f: impl FnOnce(&mut TrainOptions)) -> Result<TrainConfig, String> {
+        let mut o = TrainOptions::default();
+        f(&mut o);
+        o.resolve()
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_a_reason() {
+        let cases: Vec<(Box<dyn FnOnce(&mut TrainOptions)>, &str)> = vec![
+            (Box::new(|o| o.workers = Some(0)), "--workers must be at least 1"),
+            (Box::new(|o| { o.workers = Some(3); o.batch = Some(64) }), "multiple of --workers"),
+            (Box::new(|o| o.model = Some("resnet50x".into())), "unknown model"),
+            (Box::new(|o| o.link_bandwidth = Some("10Gbt".into())), "--link-bandwidth"),
+            (Box::new(|o| o.comm = Some("star".into())), "--comm"),
+            (Box::new(|o| o.overlap = Some("maybe".into())), "--overlap"),
+            (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
+            (Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())), "no such checkpoint"),
+            (Box::new(|o| o.lr_schedule = Some("zigzag".into())), "--lr-schedule"),
+        ];
+        for (f, want) in cases {
+            let err = opts(f).unwrap_err();
+            assert!(err.contains(want), "expected '{want}' in '{err}'");
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let file: TrainOptions = toml::from_str("epochs = 7\nbatch = 32\nbucket-kb = 128").unwrap();
+        let cli = TrainOptions { epochs: Some(2), ..Default::default() };
+        let cfg = file.overlaid_with(&cli).resolve().unwrap();
+        assert_eq!((cfg.epochs, cfg.batch, cfg.bucket_kb), (2, 32, 128));
+        assert!(toml::from_str::<TrainOptions>("epoks = 3").is_err(), "unknown keys are refused");
+    }
+}

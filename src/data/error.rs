@@ -1,0 +1,105 @@
+//! The one error type of the data module.
+//!
+//! Every message names the file (or spec) at fault, says what is wrong with
+//! it, and ends with what the user can do about it, because these errors are
+//! printed straight to someone starting a training run who has no debugger.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Dataset names that [`crate::data::DatasetSpec::parse`] accepts, listed in
+/// errors so a typo is fixable without reading the source.
+pub const VALID_NAMES: &str = "mnist, fashion-mnist, idx:<dir> (or idx with a path), \
+     cifar10 (or cifar10:<dir>), synthetic, synthetic:<C>x<H>x<W>[:<classes>]";
+
+/// Why a dataset could not be loaded or generated.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file exists (or should) but reading it failed at the OS level.
+    ///
+    /// The cause is part of the message rather than a `#[source]` so a plain
+    /// `{}` print already tells the whole story.
+    #[error("{}: cannot read: {cause}; check that it exists and is readable", path.display())]
+    Io {
+        /// The file that could not be read.
+        path: PathBuf,
+        /// The OS error.
+        cause: io::Error,
+    },
+
+    /// A required file or directory is absent.
+    #[error("{}: not found; {hint}", path.display())]
+    NotFound {
+        /// The path that was looked for.
+        path: PathBuf,
+        /// What to do about it (where to get the file, which option to pass).
+        hint: String,
+    },
+
+    /// A file was read but its contents are not what the format requires
+    /// (bad magic, truncated, trailing bytes, label out of range, ...).
+    #[error("{}: {reason}", path.display())]
+    Invalid {
+        /// The offending file.
+        path: PathBuf,
+        /// What is wrong and what to do, as one sentence.
+        reason: String,
+    },
+
+    /// A file's SHA-256 does not match the digest recorded in `SHA256SUMS`.
+    #[error(
+        "{}: SHA-256 mismatch: expected {expected}, got {actual}; {hint}",
+        path.display()
+    )]
+    Checksum {
+        /// The file whose digest is wrong.
+        path: PathBuf,
+        /// Digest recorded in `SHA256SUMS` (lower-case hex).
+        expected: String,
+        /// Digest of the bytes on disk (lower-case hex).
+        actual: String,
+        /// What to do: re-clone, `git lfs pull`, ...
+        hint: String,
+    },
+
+    /// The dataset name is not one this module knows.
+    #[error("unknown dataset {name:?}; valid names: {VALID_NAMES}")]
+    UnknownDataset {
+        /// The name as given.
+        name: String,
+    },
+
+    /// The dataset name is known but its arguments are unusable
+    /// (missing directory, bad shape, conflicting path, ...).
+    #[error("dataset {spec:?}: {reason}")]
+    BadSpec {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong and what to write instead.
+        reason: String,
+    },
+}
+
+impl DataError {
+    /// Shorthand for [`DataError::Invalid`], which is built in many places.
+    pub(crate) fn invalid(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        DataError::Invalid {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Maps an error from opening/reading `path`, turning "not found" into
+    /// [`DataError::NotFound`] with `hint` so the user learns where to get it.
+    pub(crate) fn from_io(path: impl Into<PathBuf>, cause: io::Error, hint: &str) -> Self {
+        let path = path.into();
+        if cause.kind() == io::ErrorKind::NotFound {
+            DataError::NotFound {
+                path,
+                hint: hint.to_string(),
+            }
+        } else {
+            DataError::Io { path, cause }
+        }
+    }
+}

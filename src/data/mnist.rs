@@ -1,0 +1,176 @@
+//! The bundled MNIST copy: four gzipped IDX files plus a `SHA256SUMS`.
+//!
+//! Each file is hashed before it is parsed so a damaged checkout (a Git LFS
+//! pointer, a partial download, a hand-edited file) is reported as such
+//! instead of surfacing as a confusing format error or, worse, loading
+//! subtly wrong data.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::data::idx::{self, LFS_POINTER_PREFIX};
+use crate::data::{join, pair, DataError, Dataset, DatasetPair, TEN_CLASSES};
+
+/// Training images of the bundled copy.
+pub const TRAIN_IMAGES: &str = "train-images-idx3-ubyte.gz";
+/// Training labels of the bundled copy.
+pub const TRAIN_LABELS: &str = "train-labels-idx1-ubyte.gz";
+/// Test images of the bundled copy.
+pub const TEST_IMAGES: &str = "t10k-images-idx3-ubyte.gz";
+/// Test labels of the bundled copy.
+pub const TEST_LABELS: &str = "t10k-labels-idx1-ubyte.gz";
+
+/// Uncompressed name of [`TRAIN_IMAGES`]; IDX directories may hold either
+/// form, and [`idx::resolve`] adds `.gz` when needed.
+pub const TRAIN_IMAGES_RAW: &str = "train-images-idx3-ubyte";
+/// Uncompressed name of [`TRAIN_LABELS`].
+pub const TRAIN_LABELS_RAW: &str = "train-labels-idx1-ubyte";
+/// Uncompressed name of [`TEST_IMAGES`].
+pub const TEST_IMAGES_RAW: &str = "t10k-images-idx3-ubyte";
+/// Uncompressed name of [`TEST_LABELS`].
+pub const TEST_LABELS_RAW: &str = "t10k-labels-idx1-ubyte";
+
+/// Name of the checksum file, in `sha256sum` output format.
+pub const SHA256SUMS: &str = "SHA256SUMS";
+
+/// What to tell someone whose bundled copy is damaged.
+const REPAIR_HINT: &str = "the bundled MNIST copy is damaged: restore it with \
+     `git checkout -- data/mnist` (run `git lfs pull` first if the repository uses Git LFS), or \
+     re-clone the repository";
+
+/// Loads bundled MNIST from `dir`, verifying every file against
+/// `dir/SHA256SUMS` first.
+pub fn load_mnist(dir: &Path) -> Result<DatasetPair, DataError> {
+    let sums_path = dir.join(SHA256SUMS);
+    let sums_text = std::fs::read_to_string(&sums_path).map_err(|e| {
+        DataError::from_io(
+            &sums_path,
+            e,
+            &format!(
+                "MNIST is loaded only with its checksums; {REPAIR_HINT} (or load unverified files \
+                 with idx:{})",
+                dir.display()
+            ),
+        )
+    })?;
+    let sums = parse_sha256sums(&sums_path, &sums_text)?;
+    let expected = |file: &str| -> Result<String, DataError> {
+        sums.iter()
+            .find(|(name, _)| name == file)
+            .map(|(_, h)| h.clone())
+            .ok_or_else(|| {
+                DataError::invalid(
+                    &sums_path,
+                    format!("has no entry for {file}; {REPAIR_HINT}"),
+                )
+            })
+    };
+    let hashes = [
+        expected(TRAIN_IMAGES)?,
+        expected(TRAIN_LABELS)?,
+        expected(TEST_IMAGES)?,
+        expected(TEST_LABELS)?,
+    ];
+    let split = |images: &str, ih: &str, labels: &str, lh: &str| -> Result<Dataset, DataError> {
+        let (ip, ib) = read_verified(&dir.join(images), ih)?;
+        let (lp, lb) = read_verified(&dir.join(labels), lh)?;
+        let im = idx::parse_images(&ip, &ib)?;
+        drop(ib);
+        let lb = idx::parse_labels(&lp, &lb, TEN_CLASSES)?;
+        idx::check_counts(&ip, &im, &lp, &lb)?;
+        Ok(Dataset::from_idx("mnist", im, lb, TEN_CLASSES))
+    };
+    let (train, test) = join(
+        || split(TRAIN_IMAGES, &hashes[0], TRAIN_LABELS, &hashes[1]),
+        || split(TEST_IMAGES, &hashes[2], TEST_LABELS, &hashes[3]),
+    );
+    pair(train?, test?)
+}
+
+/// Parses `sha256sum` output: lines of `<64 hex> <space><space or *><name>`.
+/// Blank lines and `#` comments are skipped; anything else is an error so a
+/// mangled file is not mistaken for a missing entry.
+pub fn parse_sha256sums(path: &Path, text: &str) -> Result<Vec<(String, String)>, DataError> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_end();
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let parsed = line.split_once(' ').and_then(|(hash, rest)| {
+            let name = rest.strip_prefix([' ', '*']).unwrap_or(rest).trim();
+            let ok = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit());
+            (ok && !name.is_empty()).then(|| (name.to_string(), hash.to_ascii_lowercase()))
+        });
+        match parsed {
+            Some(entry) => out.push(entry),
+            None => {
+                return Err(DataError::invalid(
+                    path,
+                    format!(
+                        "line {} is not `<sha256 hex>  <file name>`; {REPAIR_HINT}",
+                        n + 1
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Reads `path` and checks its SHA-256 against `expected` (hex), returning
+/// the path and the bytes so they are parsed exactly as verified.
+pub fn read_verified(path: &Path, expected: &str) -> Result<(PathBuf, Vec<u8>), DataError> {
+    let bytes = std::fs::read(path).map_err(|e| DataError::from_io(path, e, REPAIR_HINT))?;
+    let actual = sha256_hex(&bytes);
+    if !actual.eq_ignore_ascii_case(expected) {
+        let hint = if bytes.starts_with(LFS_POINTER_PREFIX) {
+            "the file is a Git LFS pointer, not the data: run `git lfs pull` (or re-clone with \
+             Git LFS installed)"
+                .to_string()
+        } else {
+            REPAIR_HINT.to_string()
+        };
+        return Err(DataError::Checksum {
+            path: path.to_path_buf(),
+            expected: expected.to_ascii_lowercase(),
+            actual,
+            hint,
+        });
+    }
+    Ok((path.to_path_buf(), bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sums() {
+        let h = "a".repeat(64);
+        let text = format!("{h}  one.gz\n\n# comment\n{h} *two.gz\n");
+        let s = parse_sha256sums(Path::new("S"), &text).unwrap();
+        assert_eq!(s, vec![("one.gz".into(), h.clone()), ("two.gz".into(), h)]);
+        let m = parse_sha256sums(Path::new("S"), "zz  f\n")
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("line 1"), "{m}");
+    }
+
+    #[test]
+    fn sha_of_empty() {
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! The reducer: gradient buckets handed to a communication thread while backward goes on.
+//!
+//! Each worker owns one `Reducer`. During the block-wise backward, [`Reducer::on_block`] copies
+//! the block's parameter gradients into their bucket's flat buffer; when the block completes a
+//! bucket, the buffer itself (a `Vec<f32>`, moved, not copied) goes down a channel to this
+//! worker's communication thread, which reduces it with the bucket's mode and sends it back.
+//! With overlap off, buckets are only sent once backward has finished: the baseline.
+//! [`Reducer::finish`] waits for every bucket to come back; the time it waits is the *exposed*
+//! communication, the part that computation did not hide.
+//!
+//! Buffers travel by ownership, so the worker and the communication thread never share memory
+//! and no step allocates: the same buffers go round and round.
+
+use super::bucket::BucketPlan;
+use crate::comm::{all_reduce_sum, tree_broadcast, tree_reduce, CommError, CommMode, Transport};
+use crate::nn::Param;
+use crate::ops::with_f32;
+use candle_core::backprop::GradStore;
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a bucket's gradients are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketOp {
+    /// All-reduce (sum on every worker) with the given algorithm.
+    AllReduce(CommMode),
+    /// Tree reduce to worker 0 only: worker 0 updates and broadcasts parameters (Caffe).
+    ReduceToRoot,
+}
+
+enum Job {
+    Bucket { index: usize, buf: Vec<f32>, op: BucketOp, tag: u64 },
+    Broadcast { buf: Vec<f32>, tag: u64 },
+}
+
+enum Done {
+    Bucket { index: usize, buf: Vec<f32>, busy: Duration, started: Instant },
+    Broadcast { buf: Vec<f32> },
+    Failed(CommError),
+}
+
+/// Communication time of one step, as the worker saw it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommTimes {
+    /// Time the communication thread spent in collectives.
+    pub total: Duration,
+    /// Time the worker waited for communication after backward ended.
+    pub exposed: Duration,
+    /// When the first bucket's reduction started (to check overlap).
+    pub first_start: Option<Instant>,
+}
+
+/// Per-worker gradient buckets and the communication thread that reduces them.
+pub struct Reducer {
+    plan: BucketPlan,
+    ops: Vec<BucketOp>,
+    overlap: bool,
+    world: usize,
+    buffers: Vec<Option<Vec<f32>>>,
+    in_flight: usize,
+    step_tag: u64,
+    times: CommTimes,
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Reducer {
+    /// Starts the communication thread for `transport` (`world` > 1) or none (`world` == 1).
+    /// `ops[i]` is bucket i's operation.
+    pub fn new(plan: BucketPlan, ops: Vec<BucketOp>, overlap: bool, transport: Option<Box<dyn Transport>>) -> Self {
+        let world = transport.as_ref().map_or(1, |t| t.world());
+        let buffers = plan.buckets.iter().map(|b| Some(vec![0f32; b.len])).collect();
+        let (job_tx, job_rx) = bounded::<Job>(plan.buckets.len() + 1);
+        let (done_tx, done_rx) = bounded::<Done>(plan.buckets.len() + 1);
+        let thread = transport.filter(|t| t.world() > 1).map(|t| {
+            std::thread::Builder::new()
+                .name(format!("comm-{}", t.rank()))
+                .spawn(move || comm_thread(t, job_rx, done_tx))
+                .expect("spawning the communication thread")
+        });
+        Self {
+            plan,
+            ops,
+            overlap,
+            world,
+            buffers,
+            in_flight: 0,
+            step_tag: 0,
+            times: CommTimes::default(),
+            jobs: Some(job_tx),
+            done: done_rx,
+            thread,
+        }
+    }
+
+    /// The bucket plan.
+    pub fn plan(&self) -> &BucketPlan {
+        &self.plan
+    }
+
+    /// Marks the start of a step.
+    pub fn begin_step(&mut self) {
+        self.times = CommTimes::default();
+        self.step_tag = self.step_tag.wrapping_add(1);
+    }
+
+    /// Takes block `k`'s gradients from `grads`; sends the bucket it completes, if overlap is on.
+    pub fn on_block(&mut self, k: usize, params: &[Param], grads: &GradStore) -> candle_core::Result<()> {
+        for &p in &self.plan.block_params[k] {
+            let slot = &self.plan.slots[p];
+            let buf = self.buffers[slot.bucket].as_mut().expect("bucket buffers are home during backward");
+            let dst = &mut buf[slot.range.clone()];
+            match grads.get(params[p].var.as_tensor()) {
+                Some(g) => with_f32(g, "gradient", |g| {
+                    dst.copy_from_slice(g);
+                    Ok(())
+                })?,
+                None => dst.fill(0.0),
+            }
+        }
+        if self.overlap {
+            if let Some(bi) = self.plan.ready_at_block[k] {
+                self.send_bucket(bi)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn send_bucket(&mut self, index: usize) -> candle_core::Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        let buf = self.buffers[index].take().expect("a bucket is sent once per step");
+        let tag = (self.step_tag << 16) | index as u64;
+        let job = Job::Bucket { index, buf, op: self.ops[index], tag };
+        self.jobs.as_ref().expect("reducer is running").send(job).map_err(|_| comm_gone())?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Called when backward has ended: sends what is left (everything, with overlap off) and
+    /// waits until every bucket is reduced. Returns the step's communication times.
+    pub fn finish(&mut self) -> candle_core::Result<CommTimes> {
+        let backward_end = Instant::now();
+        for i in 0..self.buffers.len() {
+            if self.buffers[i].is_some() && self.world > 1 {
+                self.send_bucket(i)?;
+            }
+        }
+        while self.in_flight > 0 {
+            match self.done.recv().map_err(|_| comm_gone())? {
+                Done::Bucket { index, buf, busy, started } => {
+                    self.buffers[index] = Some(buf);
+                    self.times.total += busy;
+                    self.times.first_start = Some(self.times.first_start.map_or(started, |s| s.min(started)));
+                    self.in_flight -= 1;
+                }
+                Done::Failed(e) => return Err(candle_core::Error::Msg(e.to_string())),
+                Done::Broadcast { .. } => unreachable!("no broadcast is in flight during a step"),
+            }
+        }
+        self.times.exposed = backward_end.elapsed();
+        Ok(self.times)
+    }
+
+    /// Parameter `p`'s reduced gradient (a sum over workers), valid after [`Reducer::finish`].
+    pub fn grad(&self, p: usize) -> &[f32] {
+        let slot = &self.plan.slots[p];
+        &self.buffers[slot.bucket].as_ref().expect("buckets are home after finish")[slot.range.clone()]
+    }
+
+    /// Broadcasts `buf` from worker 0 to every worker (initial weights; tree mode's updated
+    /// weights). `buf` goes to the communication thread and comes back.
+    pub fn broadcast(&mut self, buf: Vec<f32>) -> candle_core::Result<Vec<f32>> {
+        if self.world == 1 {
+            return Ok(buf);
+        }
+        let tag = (self.step_tag << 16) | 0xffff;
+        self.jobs.as_ref().expect("reducer is running").send(Job::Broadcast { buf, tag }).map_err(|_| comm_gone())?;
+        match self.done.recv().map_err(|_| comm_gone())? {
+            Done::Broadcast { buf } => Ok(buf),
+            Done::Failed(e) => Err(candle_core::Error::Msg(e.to_string())),
+            Done::Bucket { .. } => unreachable!("no bucket is in flight during a broadcast"),
+        }
+    }
+}
+
+impl Drop for Reducer {
+    fn drop(&mut self) {
+        // Closing the job channel ends the communication thread.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn comm_gone() -> candle_core::Error {
+    candle_core::Error::Msg("the communication thread stopped (a peer failed; see the first error)".into())
+}
+
+/// The communication thread: runs jobs in arrival order, one at a time, on its transport.
+fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>) {
+    let mut scratch = Vec::new();
+    for job in jobs.iter() {
+        let result = match job {
+            Job::Bucket { index, mut buf, op, tag } => {
+                let started = Instant::now();
+                let r = match op {
+                    BucketOp::AllReduce(mode) => all_reduce_sum(mode, t.as_ref(), &mut buf, tag, &mut scratch),
+                    BucketOp::ReduceToRoot => tree_reduce(t.as_ref(), &mut buf, 0, tag, &mut scratch),
+                };
+                r.map(|_| Done::Bucket { index, buf, busy: started.elapsed(), started })
+            }
+            Job::Broadcast { mut buf, tag } => tree_broadcast(t.as_ref(), &mut buf, 0, tag).map(|_| Done::Broadcast { buf }),
+        };
+        let failed = result.is_err();
+        if done.send(result.unwrap_or_else(Done::Failed)).is_err() || failed {
+            return;
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Where each step's time went, and the files a run leaves behind.
+
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+/// Time of one step on one worker, by phase.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepTimes {
+    /// Waiting for the batch.
+    pub data_ms: f64,
+    /// Forward pass and loss.
+    pub forward_ms: f64,
+    /// Block-wise backward (including handing buckets to the communication thread).
+    pub backward_ms: f64,
+    /// Communication not hidden behind backward: from the end of backward until the last bucket
+    /// was reduced (plus the weight broadcast in tree mode).
+    pub exposed_comm_ms: f64,
+    /// Time the communication thread spent in collectives (hidden + exposed).
+    pub comm_total_ms: f64,
+    /// Optimizer update.
+    pub update_ms: f64,
+    /// Whole step.
+    pub step_ms: f64,
+}
+
+/// Milliseconds of a duration.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl StepTimes {
+    /// Communication hidden behind backward.
+    pub fn hidden_comm_ms(&self) -> f64 {
+        (self.comm_total_ms - self.exposed_comm_ms).max(0.0)
+    }
+}
+
+/// Mean step breakdown over many steps and workers.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Breakdown {
+    /// Steps averaged.
+    pub steps: usize,
+    /// Mean times.
+    pub mean: StepTimes,
+}
+
+impl Breakdown {
+    /// Adds one step.
+    pub fn add(&mut self, t: &StepTimes) {
+        let n = self.steps as f64;
+        let upd = |m: &mut f64, v: f64| *m = (*m * n + v) / (n + 1.0);
+        upd(&mut self.mean.data_ms, t.data_ms);
+        upd(&mut self.mean.forward_ms, t.forward_ms);
+        upd(&mut self.mean.backward_ms, t.backward_ms);
+        upd(&mut self.mean.exposed_comm_ms, t.exposed_comm_ms);
+        upd(&mut self.mean.comm_total_ms, t.comm_total_ms);
+        upd(&mut self.mean.update_ms, t.update_ms);
+        upd(&mut self.mean.step_ms, t.step_ms);
+        self.steps += 1;
+    }
+
+    /// One-line table row: each phase in ms and % of the step.
+    pub fn describe(&self) -> String {
+        let m = &self.mean;
+        let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
+        format!(
+            "step {:.2} ms = data {:.2} ({:.1}%) + forward {:.2} ({:.1}%) + backward {:.2} ({:.1}%) + exposed comm {:.2} ({:.1}%) + update {:.2} ({:.1}%); comm total {:.2} ms, {:.0}% hidden",
+            m.step_ms,
+            m.data_ms,
+            pct(m.data_ms),
+            m.forward_ms,
+            pct(m.forward_ms),
+            m.backward_ms,
+            pct(m.backward_ms),
+            m.exposed_comm_ms,
+            pct(m.exposed_comm_ms),
+            m.update_ms,
+            pct(m.update_ms),
+            m.comm_total_ms,
+            if m.comm_total_ms > 0.0 { 100.0 * m.hidden_comm_ms() / m.comm_total_ms } else { 0.0 },
+        )
+    }
+}
+
+/// Results of one epoch.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochRecord {
+    /// Epoch number, from 1.
+    pub epoch: usize,
+    /// Mean training loss over the epoch (worker 0's shards).
+    pub train_loss: f64,
+    /// Test loss.
+    pub test_loss: f64,
+    /// Test top-1 accuracy, 0..1.
+    pub test_accuracy: f64,
+    /// Training images per second over the epoch (all workers).
+    pub images_per_s: f64,
+    /// Wall time of the epoch's training steps.
+    pub seconds: f64,
+    /// Mean step breakdown over the epoch.
+    pub breakdown: Breakdown,
+}
+
+/// Appends one JSON line to `path`.
+pub fn append_jsonl(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
+    writeln!(f, "{line}")
+}

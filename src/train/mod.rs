@@ -1,0 +1,277 @@
+//! A training run: load data, start the workers (threads, one model replica each, connected by
+//! an in-process fabric), follow their progress, write metrics and a summary.
+//!
+//! The step itself is in [`worker`]; the solver in [`crate::optim`]; the synchronisation in
+//! [`crate::parallel`].
+
+pub mod checkpoint;
+pub mod metrics;
+pub mod worker;
+
+use crate::comm::InProcessFabric;
+use crate::config::TrainConfig;
+use crate::data::{self, Dataset, DatasetSpec};
+use metrics::{append_jsonl, Breakdown, EpochRecord, StepTimes};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use worker::{Worker, WorkerSetup};
+
+/// Progress reported by workers to the run.
+pub enum Event {
+    /// Worker 0's bucket plan, at start.
+    Plan {
+        /// Bucket sizes.
+        description: String,
+        /// Each bucket's operation.
+        ops: Vec<String>,
+    },
+    /// A worker finished a step.
+    Step {
+        /// Worker.
+        rank: usize,
+        /// Epoch (from 0).
+        epoch: usize,
+        /// Step within the epoch.
+        step: usize,
+        /// The worker's loss on its shard.
+        loss: f32,
+        /// Where the time went.
+        times: StepTimes,
+    },
+    /// Worker 0 finished an epoch and evaluated.
+    Epoch {
+        /// Epoch (from 0).
+        epoch: usize,
+        /// Mean training loss of worker 0.
+        train_loss: f64,
+        /// Test loss.
+        test_loss: f64,
+        /// Test accuracy, 0..1.
+        test_accuracy: f64,
+        /// Seconds of training steps in the epoch (worker 0).
+        train_seconds: f64,
+        /// Checkpoint written, if any.
+        checkpoint: Option<PathBuf>,
+    },
+}
+
+/// The end result of a run (also written to `summary.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Configuration used.
+    pub config: serde_json::Value,
+    /// Per-epoch results.
+    pub epochs: Vec<EpochRecord>,
+    /// Final test accuracy.
+    pub final_test_accuracy: f64,
+    /// Training throughput over the whole run (images/s, all workers, evaluation excluded).
+    pub images_per_s: f64,
+    /// Mean step breakdown over the run, averaged over workers, first 5 steps excluded.
+    pub breakdown: Breakdown,
+    /// Bucket plan.
+    pub buckets: String,
+    /// Operation per bucket.
+    pub bucket_ops: Vec<String>,
+    /// Last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+    /// Wall time of the whole run.
+    pub wall_seconds: f64,
+}
+
+/// Loads the configured dataset (with optional size limits).
+pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
+    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let bundled = if Path::new("data/mnist/SHA256SUMS").is_file() { PathBuf::from("data/mnist") } else { bundled };
+    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled).map_err(|e| e.to_string())?;
+    let pair = data::load(&spec).map_err(|e| e.to_string())?;
+    let (mut train, mut test) = (pair.train, pair.test);
+    if let Some(n) = cfg.train_limit {
+        truncate(&mut train, n);
+    }
+    if let Some(n) = cfg.test_limit {
+        truncate(&mut test, n);
+    }
+    if train.len() < cfg.batch {
+        return Err(format!("the training set has {} samples, fewer than one global batch of {}", train.len(), cfg.batch));
+    }
+    Ok((train, test))
+}
+
+fn truncate(ds: &mut Dataset, n: usize) {
+    let n = n.min(ds.len());
+    ds.pixels.truncate(n * ds.sample_len());
+    ds.labels.truncate(n);
+}
+
+/// Prints above the progress bar, or plainly when there is no terminal to draw it on.
+fn say(bar: &indicatif::ProgressBar, line: String) {
+    if bar.is_hidden() {
+        println!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+/// Trains as configured; prints progress unless `cfg.quiet`.
+pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
+    let wall = Instant::now();
+    let (train_set, test_set) = load_data(&cfg)?;
+    std::fs::create_dir_all(&cfg.run_dir).map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
+    let metrics_path = cfg.run_dir.join("metrics.jsonl");
+    let resume = match &cfg.resume {
+        Some(p) => Some(Arc::new(checkpoint::Checkpoint::load(p)?)),
+        None => {
+            let _ = std::fs::remove_file(&metrics_path);
+            None
+        }
+    };
+    let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
+    if start_epoch >= cfg.epochs {
+        return Err(format!("the checkpoint has already completed {start_epoch} epochs; ask for more with --epochs"));
+    }
+    let cfg = Arc::new(cfg);
+    let (train_set, test_set) = (Arc::new(train_set), Arc::new(test_set));
+    let transports = if cfg.workers > 1 { InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout).into_iter().map(Some).collect() } else { vec![None] };
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut handles = Vec::new();
+    for (rank, transport) in transports.into_iter().enumerate() {
+        let setup = WorkerSetup {
+            rank,
+            cfg: cfg.clone(),
+            train: train_set.clone(),
+            test: test_set.clone(),
+            transport: transport.map(|t| Box::new(t) as Box<dyn crate::comm::Transport>),
+            events: tx.clone(),
+            resume: resume.clone(),
+        };
+        let threads = cfg.threads;
+        let handle = std::thread::Builder::new()
+            .name(format!("worker-{rank}"))
+            .spawn(move || -> Result<(), String> {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(move |i| format!("worker-{rank}-compute-{i}")).build().map_err(|e| e.to_string())?;
+                pool.install(|| Worker::new(setup)?.run())
+            })
+            .map_err(|e| format!("cannot start worker thread: {e}"))?;
+        handles.push(handle);
+    }
+    drop(tx);
+
+    let spe = train_set.len() / cfg.batch;
+    let total_steps = (cfg.epochs - start_epoch) * spe;
+    let bar = if cfg.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_steps as u64) };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut summary = Summary {
+        config: cfg.to_json(),
+        epochs: Vec::new(),
+        final_test_accuracy: 0.0,
+        images_per_s: 0.0,
+        breakdown: Breakdown::default(),
+        buckets: String::new(),
+        bucket_ops: Vec::new(),
+        checkpoint: None,
+        wall_seconds: 0.0,
+    };
+    let mut epoch_breakdown = Breakdown::default();
+    let mut train_seconds = 0.0;
+    let mut io_error = None;
+    let step_started = Instant::now();
+    let mut window: (usize, f64) = (0, 0.0);
+    for event in rx.iter() {
+        match event {
+            Event::Plan { description, ops } => {
+                if !cfg.quiet {
+                    say(&bar, format!("{} on {}: {} workers x {} threads, comm {} ({}), overlap {}", cfg.model, cfg.dataset, cfg.workers, cfg.threads, cfg.comm, description, if cfg.overlap { "on" } else { "off" }));
+                }
+                summary.buckets = description;
+                summary.bucket_ops = ops;
+            }
+            Event::Step { rank, epoch, step, loss, times } => {
+                if step >= 5 || epoch > start_epoch {
+                    summary.breakdown.add(&times);
+                    epoch_breakdown.add(&times);
+                }
+                if rank == 0 {
+                    bar.inc(1);
+                    window = (window.0 + 1, window.1 + times.step_ms);
+                    if window.0 == 20 {
+                        let m = &epoch_breakdown.mean;
+                        let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
+                        bar.set_message(format!(
+                            "loss {loss:.3}  {:.0} img/s  data wait {:.1}%  exposed comm {:.1}%",
+                            cfg.batch as f64 * 1e3 * 20.0 / window.1,
+                            pct(m.data_ms),
+                            pct(m.exposed_comm_ms)
+                        ));
+                        window = (0, 0.0);
+                    }
+                    if cfg.log_every > 0 && step % cfg.log_every == 0 {
+                        let line = serde_json::json!({"kind": "step", "epoch": epoch + 1, "step": step, "loss": loss, "times": times});
+                        if let Err(e) = append_jsonl(&metrics_path, &line) {
+                            io_error.get_or_insert(e.to_string());
+                        }
+                    }
+                }
+            }
+            Event::Epoch { epoch, train_loss, test_loss, test_accuracy, train_seconds: secs, checkpoint } => {
+                train_seconds += secs;
+                let record = EpochRecord {
+                    epoch: epoch + 1,
+                    train_loss,
+                    test_loss,
+                    test_accuracy,
+                    images_per_s: (spe * cfg.batch) as f64 / secs.max(1e-9),
+                    seconds: secs,
+                    breakdown: std::mem::take(&mut epoch_breakdown),
+                };
+                if !cfg.quiet {
+                    say(&bar, format!(
+                        "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {:.2}%, {:.0} images/s\n  {}",
+                        epoch + 1,
+                        cfg.epochs,
+                        train_loss,
+                        test_loss,
+                        100.0 * test_accuracy,
+                        record.images_per_s,
+                        record.breakdown.describe()
+                    ));
+                }
+                let mut line = serde_json::to_value(&record).unwrap_or_default();
+                line["kind"] = "epoch".into();
+                if let Err(e) = append_jsonl(&metrics_path, &line) {
+                    io_error.get_or_insert(e.to_string());
+                }
+                summary.final_test_accuracy = test_accuracy;
+                summary.epochs.push(record);
+                if checkpoint.is_some() {
+                    summary.checkpoint = checkpoint;
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let _ = step_started;
+    // The first error is the cause; later ones are usually peers noticing it.
+    let mut errors = Vec::new();
+    for (rank, h) in handles.into_iter().enumerate() {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(_) => errors.push(format!("worker {rank} panicked")),
+        }
+    }
+    if let Some(first) = errors.first() {
+        return Err(first.clone());
+    }
+    if let Some(e) = io_error {
+        return Err(format!("cannot write {}: {e}", metrics_path.display()));
+    }
+    summary.images_per_s = (total_steps * cfg.batch) as f64 / train_seconds.max(1e-9);
+    summary.wall_seconds = wall.elapsed().as_secs_f64();
+    let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
+    checkpoint::write_atomically(&cfg.run_dir.join("summary.json"), json.as_bytes())?;
+    Ok(summary)
+}

@@ -1,0 +1,255 @@
+//! One worker: a model replica that trains on its shard of every global batch.
+//!
+//! The whole step lives in [`Worker::step`]: batch, forward, block-wise backward feeding the
+//! reducer, the wait for the last bucket, the update. Every phase is timed.
+
+use super::metrics::{ms, StepTimes};
+use super::Event;
+use crate::comm::{choose_mode, LinkModel, Transport};
+use crate::config::{CommChoice, TrainConfig};
+use crate::data::Dataset;
+use crate::models;
+use crate::nn::{Net, Param};
+use crate::optim::Sgd;
+use crate::parallel::{read_params, write_params, BucketOp, BucketPlan, Reducer};
+use crate::pipeline::{collate, Batch, DistributedSampler, Normalize};
+use candle_core::{Device, Tensor};
+use crossbeam_channel::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Link parameters assumed by `--comm auto` when no link is emulated: in-process copies
+/// between threads (memory bandwidth, microseconds of channel latency).
+pub const IN_PROCESS_LINK: LinkModel = LinkModel { bandwidth_bytes_per_s: 5e9, latency: Duration::from_micros(20) };
+
+/// What a worker needs to start.
+pub struct WorkerSetup {
+    /// Rank of this worker.
+    pub rank: usize,
+    /// The run's configuration.
+    pub cfg: Arc<TrainConfig>,
+    /// Training set.
+    pub train: Arc<Dataset>,
+    /// Test set (evaluated by worker 0).
+    pub test: Arc<Dataset>,
+    /// This worker's end of the fabric (`None` with one worker).
+    pub transport: Option<Box<dyn Transport>>,
+    /// Where progress goes.
+    pub events: Sender<Event>,
+    /// State to start from: momentum buffers and the first epoch.
+    pub resume: Option<Arc<super::checkpoint::Checkpoint>>,
+}
+
+/// Chooses each bucket's operation.
+pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
+    plan.buckets
+        .iter()
+        .map(|b| match cfg.comm {
+            CommChoice::Fixed(crate::comm::CommMode::Tree) => BucketOp::ReduceToRoot,
+            CommChoice::Fixed(m) => BucketOp::AllReduce(m),
+            CommChoice::Auto => BucketOp::AllReduce(choose_mode(cfg.workers, b.len * 4, &cfg.link.unwrap_or(IN_PROCESS_LINK))),
+        })
+        .collect()
+}
+
+/// A worker's state.
+pub struct Worker {
+    rank: usize,
+    cfg: Arc<TrainConfig>,
+    net: Net,
+    params: Vec<Param>,
+    sgd: Sgd,
+    reducer: Reducer,
+    sampler: DistributedSampler,
+    norm: Normalize,
+    batch: Batch,
+    param_flat: Vec<f32>,
+    device: Device,
+    train: Arc<Dataset>,
+    test: Arc<Dataset>,
+    events: Sender<Event>,
+    start_epoch: usize,
+    global_step: usize,
+}
+
+/// Attaches "worker R, PHASE, step S" to an error.
+fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, rank: usize, phase: &str, step: usize) -> Result<T, String> {
+    r.map_err(|e| format!("worker {rank}, {phase}, step {step}: {e}"))
+}
+
+impl Worker {
+    /// Builds the replica, restores a checkpoint if given, and makes every replica equal to
+    /// worker 0's (a broadcast).
+    pub fn new(s: WorkerSetup) -> Result<Self, String> {
+        let cfg = s.cfg.clone();
+        let device = Device::Cpu;
+        let input = [s.train.channels, s.train.height, s.train.width];
+        let net = models::build(&cfg.model, input, s.train.num_classes, cfg.seed, &device).map_err(|e| e.to_string())?;
+        let params = net.params();
+        let mut sgd = Sgd::new(cfg.sgd, &params);
+        let (mut start_epoch, mut global_step) = (0, 0);
+        if let Some(ck) = &s.resume {
+            let m = ck.restore(&cfg.model, &params, &net.buffers())?;
+            sgd.set_momentum(m)?;
+            start_epoch = ck.state.epoch;
+            global_step = ck.state.global_step;
+        }
+        let plan = BucketPlan::new(&net, cfg.first_bucket_kb * 1024, cfg.bucket_kb * 1024);
+        let ops = bucket_ops(&cfg, &plan);
+        if s.rank == 0 {
+            let ops = ops.iter().map(|o| format!("{o:?}")).collect();
+            let _ = s.events.send(Event::Plan { description: plan.describe(), ops });
+        }
+        let total: usize = params.iter().map(|p| p.numel()).sum();
+        let reducer = Reducer::new(plan, ops, cfg.overlap, s.transport);
+        let mut w = Self {
+            rank: s.rank,
+            sampler: DistributedSampler::new(s.train.len(), cfg.batch, cfg.workers, cfg.seed),
+            norm: Normalize::for_dataset(&s.train),
+            cfg,
+            net,
+            params,
+            sgd,
+            reducer,
+            batch: Batch::default(),
+            param_flat: vec![0.0; total],
+            device,
+            train: s.train,
+            test: s.test,
+            events: s.events,
+            start_epoch,
+            global_step,
+        };
+        w.broadcast_params().map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
+        Ok(w)
+    }
+
+    /// Makes every replica's weights equal to worker 0's.
+    fn broadcast_params(&mut self) -> candle_core::Result<()> {
+        if self.cfg.workers == 1 {
+            return Ok(());
+        }
+        if self.rank == 0 {
+            read_params(&self.params, &mut self.param_flat)?;
+        }
+        let flat = std::mem::take(&mut self.param_flat);
+        self.param_flat = self.reducer.broadcast(flat)?;
+        if self.rank != 0 {
+            write_params(&self.params, &self.param_flat)?;
+        }
+        Ok(())
+    }
+
+    /// Trains every remaining epoch; worker 0 evaluates and checkpoints after each.
+    pub fn run(mut self) -> Result<(), String> {
+        let mut order = Vec::new();
+        let spe = self.sampler.steps_per_epoch();
+        for epoch in self.start_epoch..self.cfg.epochs {
+            self.sampler.epoch_order(epoch, &mut order);
+            let started = Instant::now();
+            let mut loss_sum = 0.0;
+            for step in 0..spe {
+                let (loss, times) = self.step(&order, step, epoch * spe + step)?;
+                loss_sum += loss as f64;
+                let _ = self.events.send(Event::Step { rank: self.rank, epoch, step, loss, times });
+            }
+            let train_seconds = started.elapsed().as_secs_f64();
+            if self.rank == 0 {
+                let (test_loss, test_accuracy) = ctx(self.evaluate(), self.rank, "evaluation", self.global_step)?;
+                let state = super::checkpoint::TrainState { model: self.cfg.model.clone(), epoch: epoch + 1, global_step: self.global_step };
+                let last = epoch + 1 == self.cfg.epochs;
+                let every = self.cfg.checkpoint_every;
+                let checkpoint = if last || (every > 0 && (epoch + 1) % every == 0) {
+                    let ck = ctx(super::checkpoint::Checkpoint::capture(state, &self.params, self.sgd.momentum(), &self.net.buffers()), 0, "checkpoint", self.global_step)?;
+                    let path = super::checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
+                    ck.save(&path)?;
+                    super::checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints);
+                    Some(path)
+                } else {
+                    None
+                };
+                let _ = self.events.send(Event::Epoch { epoch, train_loss: loss_sum / spe.max(1) as f64, test_loss, test_accuracy, train_seconds, checkpoint });
+            }
+        }
+        Ok(())
+    }
+
+    /// One training step on this worker's shard of global batch `step`.
+    fn step(&mut self, order: &[u32], step: usize, global: usize) -> Result<(f32, StepTimes), String> {
+        let (rank, gs) = (self.rank, self.global_step);
+        let t0 = Instant::now();
+        collate(&self.train, self.sampler.shard(order, step, rank), &self.norm, &mut self.batch);
+        let n = self.batch.len();
+        let [c, h, w] = self.net.input;
+        let x = ctx(Tensor::from_slice(&self.batch.images, (n, c, h, w), &self.device), rank, "data", gs)?;
+        let y = ctx(Tensor::from_slice(&self.batch.labels, n, &self.device), rank, "data", gs)?;
+        let t1 = Instant::now();
+        let fp = ctx(self.net.forward(&x, true), rank, "forward", gs)?;
+        let loss = ctx(candle_nn::loss::cross_entropy(fp.logits(), &y), rank, "forward", gs)?;
+        let loss_value = ctx(loss.to_scalar::<f32>(), rank, "forward", gs)?;
+        if !loss_value.is_finite() {
+            return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr"));
+        }
+        let t2 = Instant::now();
+        self.reducer.begin_step();
+        let (net, reducer, params) = (&self.net, &mut self.reducer, &self.params);
+        ctx(net.backward(&fp, &loss, |k, grads| reducer.on_block(k, params, grads)), rank, "backward", gs)?;
+        drop(fp);
+        let t3 = Instant::now();
+        let comm = ctx(self.reducer.finish(), rank, "communication", gs)?;
+        let t4 = Instant::now();
+        let lr = self.cfg.lr_schedule.lr(self.cfg.lr, global, self.cfg.epochs * self.sampler.steps_per_epoch(), self.sampler.steps_per_epoch(), self.cfg.warmup_steps);
+        let scale = 1.0 / self.cfg.workers as f32;
+        let root_updates = matches!(self.cfg.comm, CommChoice::Fixed(crate::comm::CommMode::Tree)) && self.cfg.workers > 1;
+        let mut exposed = comm.exposed;
+        if !root_updates || rank == 0 {
+            let reducer = &self.reducer;
+            let grads: Vec<&[f32]> = (0..self.params.len()).map(|p| reducer.grad(p)).collect();
+            ctx(self.sgd.step(&self.params, &grads, lr, scale), rank, "update", gs)?;
+        }
+        let mut t5 = Instant::now();
+        if root_updates {
+            // Caffe's scheme: worker 0 updated; its new weights go down the tree.
+            ctx(self.broadcast_params(), rank, "communication", gs)?;
+            let t6 = Instant::now();
+            exposed += t6 - t5;
+            t5 = t6;
+        }
+        self.global_step += 1;
+        let times = StepTimes {
+            data_ms: ms(t1 - t0),
+            forward_ms: ms(t2 - t1),
+            backward_ms: ms(t3 - t2),
+            exposed_comm_ms: ms(exposed),
+            comm_total_ms: ms(comm.total) + ms(exposed - comm.exposed),
+            update_ms: ms(t5 - t4) - ms(exposed - comm.exposed),
+            step_ms: ms(t5 - t0),
+        };
+        Ok((loss_value, times))
+    }
+
+    /// Test loss and top-1 accuracy.
+    fn evaluate(&self) -> candle_core::Result<(f64, f64)> {
+        evaluate(&self.net, &self.test, &self.norm, &self.device)
+    }
+}
+
+/// Test loss and top-1 accuracy of `net` on `ds`.
+pub fn evaluate(net: &Net, ds: &Dataset, norm: &Normalize, dev: &Device) -> candle_core::Result<(f64, f64)> {
+    let mut batch = Batch::default();
+    let (mut loss_sum, mut correct) = (0.0f64, 0usize);
+    let [c, h, w] = net.input;
+    let indices: Vec<u32> = (0..ds.len() as u32).collect();
+    for chunk in indices.chunks(500) {
+        collate(ds, chunk, norm, &mut batch);
+        let n = chunk.len();
+        let x = Tensor::from_slice(&batch.images, (n, c, h, w), dev)?;
+        let y = Tensor::from_slice(&batch.labels, n, dev)?;
+        let logits = net.forward_uncut(&x, false)?;
+        loss_sum += candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * n as f64;
+        let pred = logits.argmax(1)?.to_vec1::<u32>()?;
+        correct += pred.iter().zip(&batch.labels).filter(|(a, b)| a == b).count();
+    }
+    let n = ds.len().max(1) as f64;
+    Ok((loss_sum / n, correct as f64 / n))
+}
