@@ -17,10 +17,16 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Train a model (the default command: lenet5 on the bundled MNIST).
-    Train(TrainCmd),
+    Train(Box<TrainCmd>),
     /// Benchmarks that print figures.
     #[command(subcommand)]
     Bench(BenchCmd),
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Command::Train(Box::default())
+    }
 }
 
 #[derive(Debug, clap::Args, Default)]
@@ -83,7 +89,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>().map(|n| n * mult).map_err(|_| format!("bad size '{s}': use bytes with an optional K, M or G suffix (e.g. 64M)"))
+    num.parse::<usize>().map(|n| n * mult).map_err(|_| {
+        format!("bad size '{s}': use bytes with an optional K, M or G suffix (e.g. 64M)")
+    })
 }
 
 fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<LinkModel>, String> {
@@ -100,7 +108,7 @@ fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<LinkMo
 /// Parses the command line and runs the command; the error is the message to print.
 pub fn run() -> Result<(), String> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Train(TrainCmd::default())) {
+    match cli.command.unwrap_or_default() {
         Command::Train(t) => {
             let options = match &t.config {
                 Some(path) => TrainOptions::from_toml_file(path)?.overlaid_with(&t.options),
@@ -119,31 +127,76 @@ pub fn run() -> Result<(), String> {
             );
             Ok(())
         }
-        Command::Bench(BenchCmd::Step { model, batch, threads, steps }) => {
-            let threads = list(&threads, |t| t.parse::<usize>().map_err(|_| format!("bad thread count '{t}'")))?;
-            println!("{:<10} {:>5} {:>7} {:>10} {:>10} {:>10} {:>10}", "model", "batch", "threads", "step ms", "fwd ms", "bwd ms", "upd ms");
+        Command::Bench(BenchCmd::Step {
+            model,
+            batch,
+            threads,
+            steps,
+        }) => {
+            let threads = list(&threads, |t| {
+                t.parse::<usize>()
+                    .map_err(|_| format!("bad thread count '{t}'"))
+            })?;
+            println!(
+                "{:<10} {:>5} {:>7} {:>10} {:>10} {:>10} {:>10}",
+                "model", "batch", "threads", "step ms", "fwd ms", "bwd ms", "upd ms"
+            );
             for m in model.split(',') {
                 for &t in &threads {
                     let r = bench::step::bench_step(m.trim(), batch, t, steps)?;
-                    println!("{:<10} {:>5} {:>7} {:>10.2} {:>10.2} {:>10.2} {:>10.2}", m, batch, t, r.step_ms, r.forward_ms, r.backward_ms, r.update_ms);
-                    println!("RESULT dptrain {m} time threads={t} median_ms={:.2}", r.step_ms);
+                    println!(
+                        "{:<10} {:>5} {:>7} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+                        m, batch, t, r.step_ms, r.forward_ms, r.backward_ms, r.update_ms
+                    );
+                    println!(
+                        "RESULT dptrain {m} time threads={t} median_ms={:.2}",
+                        r.step_ms
+                    );
                 }
             }
             Ok(())
         }
-        Command::Bench(BenchCmd::Allreduce { workers, sizes, comm, link_bandwidth, link_latency, iters }) => {
+        Command::Bench(BenchCmd::Allreduce {
+            workers,
+            sizes,
+            comm,
+            link_bandwidth,
+            link_latency,
+            iters,
+        }) => {
             if workers == 0 {
                 return Err("--workers must be at least 1".into());
             }
             let sizes = list(&sizes, parse_size)?;
-            let modes = if comm == "all" { CommMode::ALL.to_vec() } else { list(&comm, |m| m.parse::<CommMode>())? };
+            let modes = if comm == "all" {
+                CommMode::ALL.to_vec()
+            } else {
+                list(&comm, |m| m.parse::<CommMode>())?
+            };
             let link = parse_link(&link_bandwidth, &link_latency)?;
-            println!("all-reduce, {workers} workers, link: {}", link.map_or("none (memory)".to_string(), |l| format!("{:.0} MB/s, {:?}", l.bandwidth_bytes_per_s / 1e6, l.latency)));
-            println!("{:>12} {:>10} {:>12} {:>12} {:>12}", "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s");
+            println!(
+                "all-reduce, {workers} workers, link: {}",
+                link.map_or("none (memory)".to_string(), |l| format!(
+                    "{:.0} MB/s, {:?}",
+                    l.bandwidth_bytes_per_s / 1e6,
+                    l.latency
+                ))
+            );
+            println!(
+                "{:>12} {:>10} {:>12} {:>12} {:>12}",
+                "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s"
+            );
             for &bytes in &sizes {
                 for &mode in &modes {
                     let r = bench::allreduce::bench_allreduce(workers, bytes, mode, link, iters)?;
-                    println!("{:>12} {:>10} {:>12.1} {:>12.3} {:>12.3}", bytes, mode.to_string(), r.time.as_secs_f64() * 1e6, r.algbw / 1e9, r.busbw / 1e9);
+                    println!(
+                        "{:>12} {:>10} {:>12.1} {:>12.3} {:>12.3}",
+                        bytes,
+                        mode.to_string(),
+                        r.time.as_secs_f64() * 1e6,
+                        r.algbw / 1e9,
+                        r.busbw / 1e9
+                    );
                 }
             }
             Ok(())

@@ -23,7 +23,9 @@ impl CommChoice {
         if s == "auto" {
             Ok(Self::Auto)
         } else {
-            s.parse::<CommMode>().map(Self::Fixed).map_err(|e| format!("{e} (or auto)"))
+            s.parse::<CommMode>()
+                .map(Self::Fixed)
+                .map_err(|e| format!("{e} (or auto)"))
         }
     }
 }
@@ -212,13 +214,45 @@ impl TrainConfig {
 impl TrainOptions {
     /// Reads options from a TOML file (same names as the flags, e.g. `bucket-kb = 128`).
     pub fn from_toml_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
         toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
     }
 
     /// `self` with every option that `over` gives replaced by `over`'s value.
     pub fn overlaid_with(mut self, over: &TrainOptions) -> Self {
-        overlay!(self, over, model, dataset, data_dir, epochs, batch, lr, lr_schedule, warmup_steps, momentum, weight_decay, nesterov, seed, workers, threads, overlap, comm, bucket_kb, first_bucket_kb, link_bandwidth, link_latency, comm_timeout, run_dir, checkpoint_every, keep_checkpoints, resume, log_every, train_limit, test_limit);
+        overlay!(
+            self,
+            over,
+            model,
+            dataset,
+            data_dir,
+            epochs,
+            batch,
+            lr,
+            lr_schedule,
+            warmup_steps,
+            momentum,
+            weight_decay,
+            nesterov,
+            seed,
+            workers,
+            threads,
+            overlap,
+            comm,
+            bucket_kb,
+            first_bucket_kb,
+            link_bandwidth,
+            link_latency,
+            comm_timeout,
+            run_dir,
+            checkpoint_every,
+            keep_checkpoints,
+            resume,
+            log_every,
+            train_limit,
+            test_limit
+        );
         self.quiet |= over.quiet;
         self
     }
@@ -228,7 +262,10 @@ impl TrainOptions {
     pub fn resolve(&self) -> Result<TrainConfig, String> {
         let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
         if !MODEL_NAMES.contains(&model.as_str()) {
-            return Err(format!("unknown model '{model}': choose one of {}", MODEL_NAMES.join(", ")));
+            return Err(format!(
+                "unknown model '{model}': choose one of {}",
+                MODEL_NAMES.join(", ")
+            ));
         }
         let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
         let workers = self.workers.unwrap_or(1);
@@ -236,7 +273,7 @@ impl TrainOptions {
             return Err("--workers must be at least 1".into());
         }
         let batch = self.batch.unwrap_or(64);
-        if batch == 0 || batch % workers != 0 {
+        if batch == 0 || !batch.is_multiple_of(workers) {
             return Err(format!("--batch {batch} must be a positive multiple of --workers {workers} (each worker takes batch/workers samples)"));
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -249,13 +286,18 @@ impl TrainOptions {
             "off" | "false" => false,
             o => return Err(format!("--overlap must be on or off, not '{o}'")),
         };
-        let comm = CommChoice::parse(self.comm.as_deref().unwrap_or("auto")).map_err(|e| format!("--comm: {e}"))?;
+        let comm = CommChoice::parse(self.comm.as_deref().unwrap_or("auto"))
+            .map_err(|e| format!("--comm: {e}"))?;
         let link = match &self.link_bandwidth {
-            None if self.link_latency.is_some() => return Err("--link-latency needs --link-bandwidth too".into()),
+            None if self.link_latency.is_some() => {
+                return Err("--link-latency needs --link-bandwidth too".into())
+            }
             None => None,
             Some(b) => Some(LinkModel {
-                bandwidth_bytes_per_s: parse_bandwidth(b).map_err(|e| format!("--link-bandwidth: {e}"))?,
-                latency: parse_duration(self.link_latency.as_deref().unwrap_or("0")).map_err(|e| format!("--link-latency: {e}"))?,
+                bandwidth_bytes_per_s: parse_bandwidth(b)
+                    .map_err(|e| format!("--link-bandwidth: {e}"))?,
+                latency: parse_duration(self.link_latency.as_deref().unwrap_or("0"))
+                    .map_err(|e| format!("--link-latency: {e}"))?,
             }),
         };
         let lr = self.lr.unwrap_or(0.05);
@@ -276,7 +318,9 @@ impl TrainOptions {
         }
         let comm_timeout = self.comm_timeout.unwrap_or(120.0);
         if !(comm_timeout > 0.0 && comm_timeout.is_finite()) {
-            return Err(format!("--comm-timeout must be a positive number of seconds, not {comm_timeout}"));
+            return Err(format!(
+                "--comm-timeout must be a positive number of seconds, not {comm_timeout}"
+            ));
         }
         let epochs = self.epochs.unwrap_or(4);
         if epochs == 0 {
@@ -288,7 +332,9 @@ impl TrainOptions {
             }
         }
         let lr_schedule = LrSchedule::parse(self.lr_schedule.as_deref().unwrap_or("cosine"))?;
-        let run_dir = self.run_dir.clone().unwrap_or_else(|| PathBuf::from(format!("runs/{model}-{}", dataset.replace([':', '/'], "_"))));
+        let run_dir = self.run_dir.clone().unwrap_or_else(|| {
+            PathBuf::from(format!("runs/{model}-{}", dataset.replace([':', '/'], "_")))
+        });
         Ok(TrainConfig {
             model,
             dataset,
@@ -298,7 +344,11 @@ impl TrainOptions {
             lr,
             lr_schedule,
             warmup_steps: self.warmup_steps.unwrap_or(100),
-            sgd: SgdConfig { momentum, weight_decay, nesterov },
+            sgd: SgdConfig {
+                momentum,
+                weight_decay,
+                nesterov,
+            },
             seed: self.seed.unwrap_or(1),
             workers,
             threads,
@@ -332,16 +382,38 @@ mod tests {
 
     #[test]
     fn bad_options_are_refused_with_a_reason() {
-        let cases: Vec<(Box<dyn FnOnce(&mut TrainOptions)>, &str)> = vec![
-            (Box::new(|o| o.workers = Some(0)), "--workers must be at least 1"),
-            (Box::new(|o| { o.workers = Some(3); o.batch = Some(64) }), "multiple of --workers"),
-            (Box::new(|o| o.model = Some("resnet50x".into())), "unknown model"),
-            (Box::new(|o| o.link_bandwidth = Some("10Gbt".into())), "--link-bandwidth"),
+        type Case = (Box<dyn FnOnce(&mut TrainOptions)>, &'static str);
+        let cases: Vec<Case> = vec![
+            (
+                Box::new(|o| o.workers = Some(0)),
+                "--workers must be at least 1",
+            ),
+            (
+                Box::new(|o| {
+                    o.workers = Some(3);
+                    o.batch = Some(64)
+                }),
+                "multiple of --workers",
+            ),
+            (
+                Box::new(|o| o.model = Some("resnet50x".into())),
+                "unknown model",
+            ),
+            (
+                Box::new(|o| o.link_bandwidth = Some("10Gbt".into())),
+                "--link-bandwidth",
+            ),
             (Box::new(|o| o.comm = Some("star".into())), "--comm"),
             (Box::new(|o| o.overlap = Some("maybe".into())), "--overlap"),
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
-            (Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())), "no such checkpoint"),
-            (Box::new(|o| o.lr_schedule = Some("zigzag".into())), "--lr-schedule"),
+            (
+                Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())),
+                "no such checkpoint",
+            ),
+            (
+                Box::new(|o| o.lr_schedule = Some("zigzag".into())),
+                "--lr-schedule",
+            ),
         ];
         for (f, want) in cases {
             let err = opts(f).unwrap_err();
@@ -352,9 +424,15 @@ mod tests {
     #[test]
     fn flags_win_over_the_file() {
         let file: TrainOptions = toml::from_str("epochs = 7\nbatch = 32\nbucket-kb = 128").unwrap();
-        let cli = TrainOptions { epochs: Some(2), ..Default::default() };
+        let cli = TrainOptions {
+            epochs: Some(2),
+            ..Default::default()
+        };
         let cfg = file.overlaid_with(&cli).resolve().unwrap();
         assert_eq!((cfg.epochs, cfg.batch, cfg.bucket_kb), (2, 32, 128));
-        assert!(toml::from_str::<TrainOptions>("epoks = 3").is_err(), "unknown keys are refused");
+        assert!(
+            toml::from_str::<TrainOptions>("epoks = 3").is_err(),
+            "unknown keys are refused"
+        );
     }
 }

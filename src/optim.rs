@@ -49,10 +49,18 @@ impl InplaceOp1 for SgdUpdate<'_> {
         };
         let w = &mut data[start..end];
         if w.len() != self.grad.len() {
-            candle_core::bail!("sgd: parameter has {} elements, gradient {}", w.len(), self.grad.len());
+            candle_core::bail!(
+                "sgd: parameter has {} elements, gradient {}",
+                w.len(),
+                self.grad.len()
+            );
         }
         let mut mom = self.momentum.borrow_mut();
-        let SgdConfig { momentum: mu, weight_decay: wd, nesterov } = self.cfg;
+        let SgdConfig {
+            momentum: mu,
+            weight_decay: wd,
+            nesterov,
+        } = self.cfg;
         for ((w, &g), m) in w.iter_mut().zip(self.grad).zip(mom.iter_mut()) {
             let d = g * self.grad_scale + wd * *w;
             let step = if mu == 0.0 {
@@ -74,7 +82,10 @@ impl InplaceOp1 for SgdUpdate<'_> {
 impl Sgd {
     /// Makes an optimiser for `params` with zeroed momentum buffers.
     pub fn new(cfg: SgdConfig, params: &[Param]) -> Self {
-        Self { cfg, momentum: params.iter().map(|p| vec![0.0; p.numel()]).collect() }
+        Self {
+            cfg,
+            momentum: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
+        }
     }
 
     /// The momentum buffers, in parameter order (for checkpoints).
@@ -84,7 +95,11 @@ impl Sgd {
 
     /// Replaces the momentum buffers (from a checkpoint); lengths must match.
     pub fn set_momentum(&mut self, m: Vec<Vec<f32>>) -> std::result::Result<(), String> {
-        if m.len() != self.momentum.len() || m.iter().zip(&self.momentum).any(|(a, b)| a.len() != b.len()) {
+        if m.len() != self.momentum.len()
+            || m.iter()
+                .zip(&self.momentum)
+                .any(|(a, b)| a.len() != b.len())
+        {
             return Err("optimizer state does not match the model's parameters".into());
         }
         self.momentum = m;
@@ -93,9 +108,21 @@ impl Sgd {
 
     /// One step: `grads[i]` is parameter i's gradient, multiplied by `grad_scale` first (1/N to
     /// turn a sum over N workers into a mean).
-    pub fn step(&mut self, params: &[Param], grads: &[&[f32]], lr: f32, grad_scale: f32) -> Result<()> {
+    pub fn step(
+        &mut self,
+        params: &[Param],
+        grads: &[&[f32]],
+        lr: f32,
+        grad_scale: f32,
+    ) -> Result<()> {
         for ((p, g), m) in params.iter().zip(grads).zip(self.momentum.iter_mut()) {
-            let op = SgdUpdate { grad: g, momentum: RefCell::new(m.as_mut_slice()), lr, grad_scale, cfg: self.cfg };
+            let op = SgdUpdate {
+                grad: g,
+                momentum: RefCell::new(m.as_mut_slice()),
+                lr,
+                grad_scale,
+                cfg: self.cfg,
+            };
             p.var.as_tensor().inplace_op1(&op)?;
         }
         Ok(())
@@ -122,7 +149,9 @@ pub enum LrSchedule {
 impl LrSchedule {
     /// Parses `constant`, `cosine` or `step:E1,E2[:gamma]` (gamma defaults to 0.1).
     pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        let bad = || format!("bad --lr-schedule '{s}': use constant, cosine, or step:E1,E2[:GAMMA] (e.g. step:5,8:0.1)");
+        let bad = || {
+            format!("bad --lr-schedule '{s}': use constant, cosine, or step:E1,E2[:GAMMA] (e.g. step:5,8:0.1)")
+        };
         match s {
             "constant" => Ok(Self::Constant),
             "cosine" => Ok(Self::Cosine),
@@ -135,8 +164,12 @@ impl LrSchedule {
                     .split(',')
                     .map(|e| e.trim().parse::<usize>().map_err(|_| bad()))
                     .collect::<std::result::Result<Vec<_>, _>>()?;
-                let gamma = parts.next().map_or(Ok(0.1), |g| g.parse::<f32>().map_err(|_| bad()))?;
-                if parts.next().is_some() || !(gamma > 0.0) {
+                let gamma = parts
+                    .next()
+                    .map_or(Ok(0.1), |g| g.parse::<f32>().map_err(|_| bad()))?;
+                if parts.next().is_some()
+                    || gamma.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+                {
                     return Err(bad());
                 }
                 Ok(Self::Step { milestones, gamma })
@@ -146,7 +179,14 @@ impl LrSchedule {
 
     /// Learning rate at global step `step` of `total` steps with `steps_per_epoch`, after a
     /// linear warm-up of `warmup` steps from 0.
-    pub fn lr(&self, base: f32, step: usize, total: usize, steps_per_epoch: usize, warmup: usize) -> f32 {
+    pub fn lr(
+        &self,
+        base: f32,
+        step: usize,
+        total: usize,
+        steps_per_epoch: usize,
+        warmup: usize,
+    ) -> f32 {
         let scheduled = match self {
             Self::Constant => base,
             Self::Step { milestones, gamma } => {
@@ -176,9 +216,16 @@ mod tests {
         // Two steps of PyTorch's SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True) on
         // w = [1, -2] with gradients [0.5, 0.25] then [0.5, 0.25], worked out by hand:
         // d1 = g + wd*w; m1 = d1; w1 = w - lr*(d1 + mu*m1); d2 = g + wd*w1; m2 = mu*m1 + d2; ...
-        let cfg = SgdConfig { momentum: 0.9, weight_decay: 0.01, nesterov: true };
+        let cfg = SgdConfig {
+            momentum: 0.9,
+            weight_decay: 0.01,
+            nesterov: true,
+        };
         let var = Var::from_vec(vec![1.0f32, -2.0], 2, &Device::Cpu).unwrap();
-        let p = Param { name: "w".into(), var: var.clone() };
+        let p = Param {
+            name: "w".into(),
+            var: var.clone(),
+        };
         let mut opt = Sgd::new(cfg, std::slice::from_ref(&p));
         let g = [1.0f32, 0.5]; // scaled by 0.5 below
         let mut w = [1.0f64, -2.0];

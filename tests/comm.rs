@@ -3,11 +3,11 @@
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
 use dptrain::comm::{
     all_reduce_sum, predicted_time, tree_broadcast, tree_reduce, CommError, CommMode,
     InProcessFabric, InProcessTransport, LinkModel, Transport,
 };
+use rand::{Rng, SeedableRng};
 
 /// Generous: only fires when a collective is broken, and then the test fails
 /// with a Timeout instead of hanging.

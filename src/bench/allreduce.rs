@@ -23,7 +23,13 @@ pub struct AllReduceRow {
 }
 
 /// Runs `iters` timed all-reduces (after 2 warm-ups) of `bytes` with `workers` threads.
-pub fn bench_allreduce(workers: usize, bytes: usize, mode: CommMode, link: Option<LinkModel>, iters: usize) -> Result<AllReduceRow, String> {
+pub fn bench_allreduce(
+    workers: usize,
+    bytes: usize,
+    mode: CommMode,
+    link: Option<LinkModel>,
+    iters: usize,
+) -> Result<AllReduceRow, String> {
     let len = bytes / 4;
     let fabric = InProcessFabric::new(workers, link, Duration::from_secs(120));
     let barrier = Arc::new(Barrier::new(workers));
@@ -32,13 +38,15 @@ pub fn bench_allreduce(workers: usize, bytes: usize, mode: CommMode, link: Optio
         .map(|t| {
             let barrier = barrier.clone();
             std::thread::spawn(move || -> Result<Vec<f64>, String> {
-                let mut buf: Vec<f32> = (0..len).map(|i| (i % 7) as f32 + t.rank() as f32).collect();
+                let mut buf: Vec<f32> =
+                    (0..len).map(|i| (i % 7) as f32 + t.rank() as f32).collect();
                 let mut scratch = Vec::new();
                 let mut times = Vec::new();
                 for i in 0..iters + 2 {
                     barrier.wait();
                     let t0 = Instant::now();
-                    all_reduce_sum(mode, &t as &dyn Transport, &mut buf, i as u64, &mut scratch).map_err(|e| e.to_string())?;
+                    all_reduce_sum(mode, &t as &dyn Transport, &mut buf, i as u64, &mut scratch)
+                        .map_err(|e| e.to_string())?;
                     let dt = t0.elapsed().as_secs_f64();
                     if i >= 2 {
                         times.push(dt);
@@ -51,7 +59,9 @@ pub fn bench_allreduce(workers: usize, bytes: usize, mode: CommMode, link: Optio
     // A collective ends when its slowest rank ends: take the max over ranks per iteration.
     let mut per_iter = vec![0f64; iters];
     for h in handles {
-        let times = h.join().map_err(|_| "benchmark thread panicked".to_string())??;
+        let times = h
+            .join()
+            .map_err(|_| "benchmark thread panicked".to_string())??;
         for (m, t) in per_iter.iter_mut().zip(times) {
             *m = m.max(t);
         }
@@ -59,5 +69,11 @@ pub fn bench_allreduce(workers: usize, bytes: usize, mode: CommMode, link: Optio
     let t = median(&mut per_iter);
     let algbw = bytes as f64 / t;
     let n = workers as f64;
-    Ok(AllReduceRow { mode, bytes, time: Duration::from_secs_f64(t), algbw, busbw: algbw * 2.0 * (n - 1.0) / n })
+    Ok(AllReduceRow {
+        mode,
+        bytes,
+        time: Duration::from_secs_f64(t),
+        algbw,
+        busbw: algbw * 2.0 * (n - 1.0) / n,
+    })
 }

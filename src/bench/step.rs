@@ -24,21 +24,53 @@ pub struct StepBench {
 }
 
 /// Times `steps` steps (after 3 warm-up steps) of `model` at `batch` on `threads` threads.
-pub fn bench_step(model: &str, batch: usize, threads: usize, steps: usize) -> Result<StepBench, String> {
-    let input = if model == "lenet5" { [1, 28, 28] } else { [3, 32, 32] };
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(|e| e.to_string())?;
+pub fn bench_step(
+    model: &str,
+    batch: usize,
+    threads: usize,
+    steps: usize,
+) -> Result<StepBench, String> {
+    let input = if model == "lenet5" {
+        [1, 28, 28]
+    } else {
+        [3, 32, 32]
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| e.to_string())?;
     pool.install(|| -> candle_core::Result<StepBench> {
         let dev = Device::Cpu;
         let net = models::build(model, input, 10, 1, &dev)?;
         let params: Vec<Param> = net.params();
-        let mut sgd = Sgd::new(SgdConfig { momentum: 0.9, weight_decay: 5e-4, nesterov: false }, &params);
+        let mut sgd = Sgd::new(
+            SgdConfig {
+                momentum: 0.9,
+                weight_decay: 5e-4,
+                nesterov: false,
+            },
+            &params,
+        );
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let n = batch * input.iter().product::<usize>();
-        let x = Tensor::from_vec((0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect::<Vec<_>>(), (batch, input[0], input[1], input[2]), &dev)?;
-        let y = Tensor::from_vec((0..batch).map(|_| rng.gen_range(0..10u32)).collect::<Vec<_>>(), batch, &dev)?;
+        let x = Tensor::from_vec(
+            (0..n)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect::<Vec<_>>(),
+            (batch, input[0], input[1], input[2]),
+            &dev,
+        )?;
+        let y = Tensor::from_vec(
+            (0..batch)
+                .map(|_| rng.gen_range(0..10u32))
+                .collect::<Vec<_>>(),
+            batch,
+            &dev,
+        )?;
         let block_params = crate::parallel::BucketPlan::new(&net, 0, 0).block_params;
         let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.numel()]).collect();
-        let (mut step, mut fwd, mut bwd, mut upd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut step, mut fwd, mut bwd, mut upd) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..steps + 3 {
             let t0 = Instant::now();
             let fp = net.forward(&x, true)?;
@@ -66,7 +98,12 @@ pub fn bench_step(model: &str, batch: usize, threads: usize, steps: usize) -> Re
                 upd.push((t3 - t2).as_secs_f64() * 1e3);
             }
         }
-        Ok(StepBench { step_ms: median(&mut step), forward_ms: median(&mut fwd), backward_ms: median(&mut bwd), update_ms: median(&mut upd) })
+        Ok(StepBench {
+            step_ms: median(&mut step),
+            forward_ms: median(&mut fwd),
+            backward_ms: median(&mut bwd),
+            update_ms: median(&mut upd),
+        })
     })
     .map_err(|e| e.to_string())
 }

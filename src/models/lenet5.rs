@@ -5,18 +5,58 @@ use crate::nn::{Block, Conv2d, Flatten, Layer, Linear, MaxPool2d, Relu};
 use candle_core::{Device, Result};
 use rand_chacha::ChaCha8Rng;
 
-pub(super) fn blocks(input: [usize; 3], classes: usize, rng: &mut ChaCha8Rng, dev: &Device) -> Result<Vec<Block>> {
+pub(super) fn blocks(
+    input: [usize; 3],
+    classes: usize,
+    rng: &mut ChaCha8Rng,
+    dev: &Device,
+) -> Result<Vec<Block>> {
     let [c, h, w] = input;
     if h < 12 || w < 12 {
         candle_core::bail!("lenet5 needs images of at least 12x12, got {h}x{w}");
     }
     let (fh, fw) = (((h - 4) / 2 - 4) / 2, ((w - 4) / 2 - 4) / 2);
-    let pool = || -> Box<dyn Layer> { Box::new(MaxPool2d { kernel: 2, stride: 2 }) };
+    let pool = || -> Box<dyn Layer> {
+        Box::new(MaxPool2d {
+            kernel: 2,
+            stride: 2,
+        })
+    };
     Ok(vec![
-        Block::new("conv1", vec![Box::new(Conv2d::new("conv1", c, 6, 5, 1, 0, false, rng, dev)?), Box::new(Relu), pool()]),
-        Block::new("conv2", vec![Box::new(Conv2d::new("conv2", 6, 16, 5, 1, 0, true, rng, dev)?), Box::new(Relu), pool()]),
-        Block::new("fc1", vec![Box::new(Flatten), Box::new(Linear::new("fc1", 16 * fh * fw, 120, rng, dev)?), Box::new(Relu)]),
-        Block::new("fc2", vec![Box::new(Linear::new("fc2", 120, 84, rng, dev)?), Box::new(Relu)]),
-        Block::new("fc3", vec![Box::new(Linear::new("fc3", 84, classes, rng, dev)?)]),
+        Block::new(
+            "conv1",
+            vec![
+                Box::new(Conv2d::new("conv1", c, 6, 5, 1, 0, false, rng, dev)?),
+                Box::new(Relu),
+                pool(),
+            ],
+        ),
+        Block::new(
+            "conv2",
+            vec![
+                Box::new(Conv2d::new("conv2", 6, 16, 5, 1, 0, true, rng, dev)?),
+                Box::new(Relu),
+                pool(),
+            ],
+        ),
+        Block::new(
+            "fc1",
+            vec![
+                Box::new(Flatten),
+                Box::new(Linear::new("fc1", 16 * fh * fw, 120, rng, dev)?),
+                Box::new(Relu),
+            ],
+        ),
+        Block::new(
+            "fc2",
+            vec![
+                Box::new(Linear::new("fc2", 120, 84, rng, dev)?),
+                Box::new(Relu),
+            ],
+        ),
+        Block::new(
+            "fc3",
+            vec![Box::new(Linear::new("fc3", 84, classes, rng, dev)?)],
+        ),
     ])
 }

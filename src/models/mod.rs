@@ -20,7 +20,13 @@ pub const MODEL_NAMES: [&str; 3] = ["lenet5", "vgg-small", "resnet20"];
 
 /// Builds model `name` for inputs of shape `input` (C, H, W) and `classes` outputs, with weights
 /// drawn from `seed` (same seed, same weights, on every worker).
-pub fn build(name: &str, input: [usize; 3], classes: usize, seed: u64, dev: &Device) -> Result<Net> {
+pub fn build(
+    name: &str,
+    input: [usize; 3],
+    classes: usize,
+    seed: u64,
+    dev: &Device,
+) -> Result<Net> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_1717_0000_0001);
     let blocks = match name {
         "lenet5" => lenet5::blocks(input, classes, &mut rng, dev)?,
@@ -31,7 +37,12 @@ pub fn build(name: &str, input: [usize; 3], classes: usize, seed: u64, dev: &Dev
             MODEL_NAMES.join(", ")
         ),
     };
-    Ok(Net { name: name.to_string(), blocks, input, classes })
+    Ok(Net {
+        name: name.to_string(),
+        blocks,
+        input,
+        classes,
+    })
 }
 
 /// Spatial size after `n` 2x2/2 max-pools (floor mode).

@@ -6,22 +6,45 @@ use crate::nn::{Block, Conv2d, Flatten, Layer, Linear, MaxPool2d, Relu};
 use candle_core::{Device, Result};
 use rand_chacha::ChaCha8Rng;
 
-pub(super) fn blocks(input: [usize; 3], classes: usize, rng: &mut ChaCha8Rng, dev: &Device) -> Result<Vec<Block>> {
+pub(super) fn blocks(
+    input: [usize; 3],
+    classes: usize,
+    rng: &mut ChaCha8Rng,
+    dev: &Device,
+) -> Result<Vec<Block>> {
     let [c, h, w] = input;
     if h < 8 || w < 8 {
         candle_core::bail!("vgg-small needs images of at least 8x8, got {h}x{w}");
     }
     // (name, in, out, pool after)
-    let convs = [("conv1", c, 32, false), ("conv2", 32, 32, true), ("conv3", 32, 64, false), ("conv4", 64, 64, true), ("conv5", 64, 128, true)];
+    let convs = [
+        ("conv1", c, 32, false),
+        ("conv2", 32, 32, true),
+        ("conv3", 32, 64, false),
+        ("conv4", 64, 64, true),
+        ("conv5", 64, 128, true),
+    ];
     let mut blocks = Vec::new();
     for (i, &(name, cin, cout, pool)) in convs.iter().enumerate() {
-        let mut layers: Vec<Box<dyn Layer>> = vec![Box::new(Conv2d::new(name, cin, cout, 3, 1, 1, i > 0, rng, dev)?), Box::new(Relu)];
+        let mut layers: Vec<Box<dyn Layer>> = vec![
+            Box::new(Conv2d::new(name, cin, cout, 3, 1, 1, i > 0, rng, dev)?),
+            Box::new(Relu),
+        ];
         if pool {
-            layers.push(Box::new(MaxPool2d { kernel: 2, stride: 2 }));
+            layers.push(Box::new(MaxPool2d {
+                kernel: 2,
+                stride: 2,
+            }));
         }
         blocks.push(Block::new(name, layers));
     }
     let features = 128 * pooled(h, 3) * pooled(w, 3);
-    blocks.push(Block::new("fc", vec![Box::new(Flatten), Box::new(Linear::new("fc", features, classes, rng, dev)?)]));
+    blocks.push(Block::new(
+        "fc",
+        vec![
+            Box::new(Flatten),
+            Box::new(Linear::new("fc", features, classes, rng, dev)?),
+        ],
+    ));
     Ok(blocks)
 }

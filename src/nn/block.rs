@@ -13,7 +13,10 @@ pub struct Block {
 impl Block {
     /// Makes a block from its layers, in forward order.
     pub fn new(name: impl Into<String>, layers: Vec<Box<dyn Layer>>) -> Self {
-        Self { name: name.into(), layers }
+        Self {
+            name: name.into(),
+            layers,
+        }
     }
 
     /// Runs every layer in order.

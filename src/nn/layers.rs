@@ -38,12 +38,18 @@ fn uniform_param(
     let bound = 1.0 / (fan_in as f32).sqrt();
     let n: usize = shape.iter().product();
     let data: Vec<f32> = (0..n).map(|_| rng.gen_range(-bound..bound)).collect();
-    Ok(Param { name, var: Var::from_vec(data, shape, dev)? })
+    Ok(Param {
+        name,
+        var: Var::from_vec(data, shape, dev)?,
+    })
 }
 
 fn const_param(name: String, shape: &[usize], value: f32, dev: &Device) -> Result<Param> {
     let t = Tensor::full(value, shape, dev)?;
-    Ok(Param { name, var: Var::from_tensor(&t)? })
+    Ok(Param {
+        name,
+        var: Var::from_tensor(&t)?,
+    })
 }
 
 /// 2-D convolution with bias, square kernel.
@@ -71,7 +77,13 @@ impl Conv2d {
     ) -> Result<Self> {
         let fan_in = in_c * k * k;
         Ok(Self {
-            weight: uniform_param(format!("{name}.weight"), &[out_c, in_c, k, k], fan_in, rng, dev)?,
+            weight: uniform_param(
+                format!("{name}.weight"),
+                &[out_c, in_c, k, k],
+                fan_in,
+                rng,
+                dev,
+            )?,
             bias: uniform_param(format!("{name}.bias"), &[out_c], fan_in, rng, dev)?,
             geom: ConvGeometry { stride, padding },
             input_grad,
@@ -81,7 +93,13 @@ impl Conv2d {
 
 impl Layer for Conv2d {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        ops::conv2d(x, self.weight.var.as_tensor(), self.bias.var.as_tensor(), self.geom, self.input_grad)
+        ops::conv2d(
+            x,
+            self.weight.var.as_tensor(),
+            self.bias.var.as_tensor(),
+            self.geom,
+            self.input_grad,
+        )
     }
     fn params(&self) -> Vec<Param> {
         vec![self.weight.clone(), self.bias.clone()]
@@ -103,7 +121,13 @@ pub struct Linear {
 
 impl Linear {
     /// Makes a linear layer `in_f -> out_f`.
-    pub fn new(name: &str, in_f: usize, out_f: usize, rng: &mut ChaCha8Rng, dev: &Device) -> Result<Self> {
+    pub fn new(
+        name: &str,
+        in_f: usize,
+        out_f: usize,
+        rng: &mut ChaCha8Rng,
+        dev: &Device,
+    ) -> Result<Self> {
         Ok(Self {
             weight: uniform_param(format!("{name}.weight"), &[out_f, in_f], in_f, rng, dev)?,
             bias: uniform_param(format!("{name}.bias"), &[out_f], in_f, rng, dev)?,
@@ -113,7 +137,8 @@ impl Linear {
 
 impl Layer for Linear {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        x.matmul(&self.weight.var.as_tensor().t()?)?.broadcast_add(self.bias.var.as_tensor())
+        x.matmul(&self.weight.var.as_tensor().t()?)?
+            .broadcast_add(self.bias.var.as_tensor())
     }
     fn params(&self) -> Vec<Param> {
         vec![self.weight.clone(), self.bias.clone()]
@@ -232,15 +257,22 @@ impl Layer for BatchNorm2d {
             let unbiased = var.detach().affine(n / (n - 1.0).max(1.0), 0.0)?;
             let m = self.momentum;
             let mut rm = lock(&self.running_mean.value);
-            *rm = rm.affine(1.0 - m, 0.0)?.add(&mean.detach().affine(m, 0.0)?)?;
+            *rm = rm
+                .affine(1.0 - m, 0.0)?
+                .add(&mean.detach().affine(m, 0.0)?)?;
             let mut rv = lock(&self.running_var.value);
             *rv = rv.affine(1.0 - m, 0.0)?.add(&unbiased.affine(m, 0.0)?)?;
             (mean, var)
         } else {
-            (lock(&self.running_mean.value).clone(), lock(&self.running_var.value).clone())
+            (
+                lock(&self.running_mean.value).clone(),
+                lock(&self.running_var.value).clone(),
+            )
         };
         let inv_std = (var + self.eps)?.sqrt()?.recip()?;
-        x.broadcast_sub(&mean)?.broadcast_mul(&inv_std.broadcast_mul(&gamma)?)?.broadcast_add(&beta)
+        x.broadcast_sub(&mean)?
+            .broadcast_mul(&inv_std.broadcast_mul(&gamma)?)?
+            .broadcast_add(&beta)
     }
     fn params(&self) -> Vec<Param> {
         vec![self.gamma.clone(), self.beta.clone()]
@@ -265,19 +297,56 @@ pub struct BasicBlock {
 
 impl BasicBlock {
     /// Makes a basic block `in_c -> out_c` whose first conv has `stride`.
-    pub fn new(name: &str, in_c: usize, out_c: usize, stride: usize, rng: &mut ChaCha8Rng, dev: &Device) -> Result<Self> {
+    pub fn new(
+        name: &str,
+        in_c: usize,
+        out_c: usize,
+        stride: usize,
+        rng: &mut ChaCha8Rng,
+        dev: &Device,
+    ) -> Result<Self> {
         let shortcut = if stride != 1 || in_c != out_c {
             Some((
-                Conv2d::new(&format!("{name}.shortcut.conv"), in_c, out_c, 1, stride, 0, true, rng, dev)?,
+                Conv2d::new(
+                    &format!("{name}.shortcut.conv"),
+                    in_c,
+                    out_c,
+                    1,
+                    stride,
+                    0,
+                    true,
+                    rng,
+                    dev,
+                )?,
                 BatchNorm2d::new(&format!("{name}.shortcut.bn"), out_c, dev)?,
             ))
         } else {
             None
         };
         Ok(Self {
-            conv1: Conv2d::new(&format!("{name}.conv1"), in_c, out_c, 3, stride, 1, true, rng, dev)?,
+            conv1: Conv2d::new(
+                &format!("{name}.conv1"),
+                in_c,
+                out_c,
+                3,
+                stride,
+                1,
+                true,
+                rng,
+                dev,
+            )?,
             bn1: BatchNorm2d::new(&format!("{name}.bn1"), out_c, dev)?,
-            conv2: Conv2d::new(&format!("{name}.conv2"), out_c, out_c, 3, 1, 1, true, rng, dev)?,
+            conv2: Conv2d::new(
+                &format!("{name}.conv2"),
+                out_c,
+                out_c,
+                3,
+                1,
+                1,
+                true,
+                rng,
+                dev,
+            )?,
             bn2: BatchNorm2d::new(&format!("{name}.bn2"), out_c, dev)?,
             shortcut,
         })
@@ -286,7 +355,10 @@ impl BasicBlock {
 
 impl Layer for BasicBlock {
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let y = self.bn1.forward(&self.conv1.forward(x, train)?, train)?.relu()?;
+        let y = self
+            .bn1
+            .forward(&self.conv1.forward(x, train)?, train)?
+            .relu()?;
         let y = self.bn2.forward(&self.conv2.forward(&y, train)?, train)?;
         let s = match &self.shortcut {
             Some((conv, bn)) => bn.forward(&conv.forward(x, train)?, train)?,
@@ -295,7 +367,13 @@ impl Layer for BasicBlock {
         (y + s)?.relu()
     }
     fn params(&self) -> Vec<Param> {
-        let mut p = [self.conv1.params(), self.bn1.params(), self.conv2.params(), self.bn2.params()].concat();
+        let mut p = [
+            self.conv1.params(),
+            self.bn1.params(),
+            self.conv2.params(),
+            self.bn2.params(),
+        ]
+        .concat();
         if let Some((c, b)) = &self.shortcut {
             p.extend(c.params());
             p.extend(b.params());
@@ -316,4 +394,3 @@ impl Layer for BasicBlock {
         (f1 + f2 + f3, s2)
     }
 }
-

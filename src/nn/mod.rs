@@ -9,7 +9,9 @@ mod layers;
 mod net;
 
 pub use block::Block;
-pub use layers::{BatchNorm2d, BasicBlock, Conv2d, Flatten, GlobalAvgPool, Layer, Linear, MaxPool2d, Relu};
+pub use layers::{
+    BasicBlock, BatchNorm2d, Conv2d, Flatten, GlobalAvgPool, Layer, Linear, MaxPool2d, Relu,
+};
 pub use net::{ForwardPass, Net};
 
 use candle_core::Var;

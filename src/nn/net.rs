@@ -98,7 +98,9 @@ impl Net {
             if k < last {
                 let upstream = grads
                     .get(&fp.inputs[k + 1])
-                    .ok_or_else(|| candle_core::Error::Msg(format!("no gradient reached block {}", k + 1)))?
+                    .ok_or_else(|| {
+                        candle_core::Error::Msg(format!("no gradient reached block {}", k + 1))
+                    })?
                     .detach();
                 grads = (&fp.outputs[k] * &upstream)?.sum_all()?.backward()?;
             }

@@ -50,14 +50,18 @@ pub fn write_params(params: &[Param], flat: &[f32]) -> candle_core::Result<()> {
                     v[a..b].copy_from_slice(self.0);
                     Ok(())
                 }
-                _ => candle_core::bail!("write_params: parameter is not a contiguous f32 tensor of the right size"),
+                _ => candle_core::bail!(
+                    "write_params: parameter is not a contiguous f32 tensor of the right size"
+                ),
             }
         }
     }
     let mut off = 0;
     for p in params {
         let n = p.numel();
-        p.var.as_tensor().inplace_op1(&CopyFrom(&flat[off..off + n]))?;
+        p.var
+            .as_tensor()
+            .inplace_op1(&CopyFrom(&flat[off..off + n]))?;
         off += n;
     }
     Ok(())

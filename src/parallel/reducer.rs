@@ -30,13 +30,28 @@ pub enum BucketOp {
 }
 
 enum Job {
-    Bucket { index: usize, buf: Vec<f32>, op: BucketOp, tag: u64 },
-    Broadcast { buf: Vec<f32>, tag: u64 },
+    Bucket {
+        index: usize,
+        buf: Vec<f32>,
+        op: BucketOp,
+        tag: u64,
+    },
+    Broadcast {
+        buf: Vec<f32>,
+        tag: u64,
+    },
 }
 
 enum Done {
-    Bucket { index: usize, buf: Vec<f32>, busy: Duration, started: Instant },
-    Broadcast { buf: Vec<f32> },
+    Bucket {
+        index: usize,
+        buf: Vec<f32>,
+        busy: Duration,
+        started: Instant,
+    },
+    Broadcast {
+        buf: Vec<f32>,
+    },
     Failed(CommError),
 }
 
@@ -69,9 +84,18 @@ pub struct Reducer {
 impl Reducer {
     /// Starts the communication thread for `transport` (`world` > 1) or none (`world` == 1).
     /// `ops[i]` is bucket i's operation.
-    pub fn new(plan: BucketPlan, ops: Vec<BucketOp>, overlap: bool, transport: Option<Box<dyn Transport>>) -> Self {
+    pub fn new(
+        plan: BucketPlan,
+        ops: Vec<BucketOp>,
+        overlap: bool,
+        transport: Option<Box<dyn Transport>>,
+    ) -> Self {
         let world = transport.as_ref().map_or(1, |t| t.world());
-        let buffers = plan.buckets.iter().map(|b| Some(vec![0f32; b.len])).collect();
+        let buffers = plan
+            .buckets
+            .iter()
+            .map(|b| Some(vec![0f32; b.len]))
+            .collect();
         let (job_tx, job_rx) = bounded::<Job>(plan.buckets.len() + 1);
         let (done_tx, done_rx) = bounded::<Done>(plan.buckets.len() + 1);
         let thread = transport.filter(|t| t.world() > 1).map(|t| {
@@ -107,10 +131,17 @@ impl Reducer {
     }
 
     /// Takes block `k`'s gradients from `grads`; sends the bucket it completes, if overlap is on.
-    pub fn on_block(&mut self, k: usize, params: &[Param], grads: &GradStore) -> candle_core::Result<()> {
+    pub fn on_block(
+        &mut self,
+        k: usize,
+        params: &[Param],
+        grads: &GradStore,
+    ) -> candle_core::Result<()> {
         for &p in &self.plan.block_params[k] {
             let slot = &self.plan.slots[p];
-            let buf = self.buffers[slot.bucket].as_mut().expect("bucket buffers are home during backward");
+            let buf = self.buffers[slot.bucket]
+                .as_mut()
+                .expect("bucket buffers are home during backward");
             let dst = &mut buf[slot.range.clone()];
             match grads.get(params[p].var.as_tensor()) {
                 Some(g) => with_f32(g, "gradient", |g| {
@@ -132,10 +163,21 @@ impl Reducer {
         if self.world == 1 {
             return Ok(());
         }
-        let buf = self.buffers[index].take().expect("a bucket is sent once per step");
+        let buf = self.buffers[index]
+            .take()
+            .expect("a bucket is sent once per step");
         let tag = (self.step_tag << 16) | index as u64;
-        let job = Job::Bucket { index, buf, op: self.ops[index], tag };
-        self.jobs.as_ref().expect("reducer is running").send(job).map_err(|_| comm_gone())?;
+        let job = Job::Bucket {
+            index,
+            buf,
+            op: self.ops[index],
+            tag,
+        };
+        self.jobs
+            .as_ref()
+            .expect("reducer is running")
+            .send(job)
+            .map_err(|_| comm_gone())?;
         self.in_flight += 1;
         Ok(())
     }
@@ -151,10 +193,16 @@ impl Reducer {
         }
         while self.in_flight > 0 {
             match self.done.recv().map_err(|_| comm_gone())? {
-                Done::Bucket { index, buf, busy, started } => {
+                Done::Bucket {
+                    index,
+                    buf,
+                    busy,
+                    started,
+                } => {
                     self.buffers[index] = Some(buf);
                     self.times.total += busy;
-                    self.times.first_start = Some(self.times.first_start.map_or(started, |s| s.min(started)));
+                    self.times.first_start =
+                        Some(self.times.first_start.map_or(started, |s| s.min(started)));
                     self.in_flight -= 1;
                 }
                 Done::Failed(e) => return Err(candle_core::Error::Msg(e.to_string())),
@@ -168,7 +216,9 @@ impl Reducer {
     /// Parameter `p`'s reduced gradient (a sum over workers), valid after [`Reducer::finish`].
     pub fn grad(&self, p: usize) -> &[f32] {
         let slot = &self.plan.slots[p];
-        &self.buffers[slot.bucket].as_ref().expect("buckets are home after finish")[slot.range.clone()]
+        &self.buffers[slot.bucket]
+            .as_ref()
+            .expect("buckets are home after finish")[slot.range.clone()]
     }
 
     /// Broadcasts `buf` from worker 0 to every worker (initial weights; tree mode's updated
@@ -178,7 +228,11 @@ impl Reducer {
             return Ok(buf);
         }
         let tag = (self.step_tag << 16) | 0xffff;
-        self.jobs.as_ref().expect("reducer is running").send(Job::Broadcast { buf, tag }).map_err(|_| comm_gone())?;
+        self.jobs
+            .as_ref()
+            .expect("reducer is running")
+            .send(Job::Broadcast { buf, tag })
+            .map_err(|_| comm_gone())?;
         match self.done.recv().map_err(|_| comm_gone())? {
             Done::Broadcast { buf } => Ok(buf),
             Done::Failed(e) => Err(candle_core::Error::Msg(e.to_string())),
@@ -198,7 +252,9 @@ impl Drop for Reducer {
 }
 
 fn comm_gone() -> candle_core::Error {
-    candle_core::Error::Msg("the communication thread stopped (a peer failed; see the first error)".into())
+    candle_core::Error::Msg(
+        "the communication thread stopped (a peer failed; see the first error)".into(),
+    )
 }
 
 /// The communication thread: runs jobs in arrival order, one at a time, on its transport.
@@ -206,15 +262,31 @@ fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>) {
     let mut scratch = Vec::new();
     for job in jobs.iter() {
         let result = match job {
-            Job::Bucket { index, mut buf, op, tag } => {
+            Job::Bucket {
+                index,
+                mut buf,
+                op,
+                tag,
+            } => {
                 let started = Instant::now();
                 let r = match op {
-                    BucketOp::AllReduce(mode) => all_reduce_sum(mode, t.as_ref(), &mut buf, tag, &mut scratch),
-                    BucketOp::ReduceToRoot => tree_reduce(t.as_ref(), &mut buf, 0, tag, &mut scratch),
+                    BucketOp::AllReduce(mode) => {
+                        all_reduce_sum(mode, t.as_ref(), &mut buf, tag, &mut scratch)
+                    }
+                    BucketOp::ReduceToRoot => {
+                        tree_reduce(t.as_ref(), &mut buf, 0, tag, &mut scratch)
+                    }
                 };
-                r.map(|_| Done::Bucket { index, buf, busy: started.elapsed(), started })
+                r.map(|_| Done::Bucket {
+                    index,
+                    buf,
+                    busy: started.elapsed(),
+                    started,
+                })
             }
-            Job::Broadcast { mut buf, tag } => tree_broadcast(t.as_ref(), &mut buf, 0, tag).map(|_| Done::Broadcast { buf }),
+            Job::Broadcast { mut buf, tag } => {
+                tree_broadcast(t.as_ref(), &mut buf, 0, tag).map(|_| Done::Broadcast { buf })
+            }
         };
         let failed = result.is_err();
         if done.send(result.unwrap_or_else(Done::Failed)).is_err() || failed {

@@ -23,8 +23,16 @@ impl DistributedSampler {
     /// A sampler over `len` samples; `global_batch` must divide evenly by `workers` (checked
     /// when the configuration is validated).
     pub fn new(len: usize, global_batch: usize, workers: usize, seed: u64) -> Self {
-        assert!(workers > 0 && global_batch % workers == 0, "global batch must divide by workers");
-        Self { len, global_batch, workers, seed }
+        assert!(
+            workers > 0 && global_batch.is_multiple_of(workers),
+            "global batch must divide by workers"
+        );
+        Self {
+            len,
+            global_batch,
+            workers,
+            seed,
+        }
     }
 
     /// Full global batches per epoch.
@@ -41,7 +49,9 @@ impl DistributedSampler {
     pub fn epoch_order(&self, epoch: usize, order: &mut Vec<u32>) {
         order.clear();
         order.extend(0..self.len as u32);
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = ChaCha8Rng::seed_from_u64(
+            self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
         order.shuffle(&mut rng);
     }
 
@@ -64,7 +74,13 @@ mod tests {
         s.epoch_order(0, &mut a);
         s.epoch_order(1, &mut b);
         assert_ne!(a, b);
-        let mut seen: Vec<u32> = (0..8).flat_map(|st| (0..3).flat_map(|w| s.shard(&a, st, w).to_vec()).collect::<Vec<_>>()).collect();
+        let mut seen: Vec<u32> = (0..8)
+            .flat_map(|st| {
+                (0..3)
+                    .flat_map(|w| s.shard(&a, st, w).to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         assert_eq!(seen.len(), 96);
         seen.sort();
         seen.dedup();

@@ -36,11 +36,19 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Captures the model and optimizer state.
-    pub fn capture(state: TrainState, params: &[Param], momentum: &[Vec<f32>], buffers: &[Buffer]) -> candle_core::Result<Self> {
+    pub fn capture(
+        state: TrainState,
+        params: &[Param],
+        momentum: &[Vec<f32>],
+        buffers: &[Buffer],
+    ) -> candle_core::Result<Self> {
         let mut tensors = HashMap::new();
         for (p, m) in params.iter().zip(momentum) {
             tensors.insert(format!("param.{}", p.name), p.var.as_tensor().copy()?);
-            tensors.insert(format!("momentum.{}", p.name), Tensor::from_slice(m, p.var.shape(), &Device::Cpu)?);
+            tensors.insert(
+                format!("momentum.{}", p.name),
+                Tensor::from_slice(m, p.var.shape(), &Device::Cpu)?,
+            );
         }
         for b in buffers {
             let v = b.value.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -55,11 +63,17 @@ impl Checkpoint {
             ("format".to_string(), FORMAT.to_string()),
             ("model".to_string(), self.state.model.clone()),
             ("epoch".to_string(), self.state.epoch.to_string()),
-            ("global_step".to_string(), self.state.global_step.to_string()),
+            (
+                "global_step".to_string(),
+                self.state.global_step.to_string(),
+            ),
         ]
         .into();
-        let bytes = safetensors::serialize(self.tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(metadata))
-            .map_err(|e| format!("cannot serialise checkpoint: {e}"))?;
+        let bytes = safetensors::serialize(
+            self.tensors.iter().map(|(k, v)| (k.as_str(), v)),
+            Some(metadata),
+        )
+        .map_err(|e| format!("cannot serialise checkpoint: {e}"))?;
         write_atomically(path, &bytes)
     }
 
@@ -67,24 +81,40 @@ impl Checkpoint {
     pub fn load(path: &Path) -> Result<Self, String> {
         let what = |e: String| format!("checkpoint {}: {e}", path.display());
         let bytes = std::fs::read(path).map_err(|e| what(e.to_string()))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| what(format!("not a safetensors file ({e})")))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+            .map_err(|e| what(format!("not a safetensors file ({e})")))?;
         let meta = meta.metadata().clone().unwrap_or_default();
         if meta.get("format").map(String::as_str) != Some(FORMAT) {
             return Err(what("not a dptrain checkpoint (no format tag)".into()));
         }
         let num = |k: &str| -> Result<usize, String> {
-            meta.get(k).and_then(|v| v.parse().ok()).ok_or_else(|| what(format!("metadata '{k}' missing or not a number")))
+            meta.get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| what(format!("metadata '{k}' missing or not a number")))
         };
-        let state = TrainState { model: meta.get("model").cloned().unwrap_or_default(), epoch: num("epoch")?, global_step: num("global_step")? };
-        let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(|e| what(e.to_string()))?;
+        let state = TrainState {
+            model: meta.get("model").cloned().unwrap_or_default(),
+            epoch: num("epoch")?,
+            global_step: num("global_step")?,
+        };
+        let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
+            .map_err(|e| what(e.to_string()))?;
         Ok(Self { state, tensors })
     }
 
     /// Copies the stored state into a model and returns the momentum buffers. Fails, naming
     /// the tensor, if the checkpoint is from another model or shape.
-    pub fn restore(&self, model: &str, params: &[Param], buffers: &[Buffer]) -> Result<Vec<Vec<f32>>, String> {
+    pub fn restore(
+        &self,
+        model: &str,
+        params: &[Param],
+        buffers: &[Buffer],
+    ) -> Result<Vec<Vec<f32>>, String> {
         if self.state.model != model {
-            return Err(format!("the checkpoint is for model '{}', not '{model}': resume with --model {}", self.state.model, self.state.model));
+            return Err(format!(
+                "the checkpoint is for model '{}', not '{model}': resume with --model {}",
+                self.state.model, self.state.model
+            ));
         }
         let get = |name: &str, shape: &candle_core::Shape| -> Result<&Tensor, String> {
             let t = self.tensors.get(name).ok_or_else(|| format!("checkpoint has no tensor '{name}': it was written by a different model definition"))?;
@@ -98,7 +128,11 @@ impl Checkpoint {
             let w = get(&format!("param.{}", p.name), p.var.shape())?;
             p.var.set(w).map_err(|e| e.to_string())?;
             let m = get(&format!("momentum.{}", p.name), p.var.shape())?;
-            momentum.push(m.flatten_all().and_then(|m| m.to_vec1::<f32>()).map_err(|e| e.to_string())?);
+            momentum.push(
+                m.flatten_all()
+                    .and_then(|m| m.to_vec1::<f32>())
+                    .map_err(|e| e.to_string())?,
+            );
         }
         for b in buffers {
             let mut slot = b.value.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,7 +146,10 @@ impl Checkpoint {
 /// Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let err = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", path.display());
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = tmp_path(path);
     {
         let mut f = std::fs::File::create(&tmp).map_err(|e| err("create temporary file for", e))?;
@@ -139,10 +176,16 @@ pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
 
 /// Deletes all but the newest `keep` checkpoints in `dir`.
 pub fn prune(dir: &Path, keep: usize) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     let mut found: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("checkpoint-epoch") && n.ends_with(".safetensors")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("checkpoint-epoch") && n.ends_with(".safetensors"))
+        })
         .collect();
     found.sort();
     let excess = found.len().saturating_sub(keep);

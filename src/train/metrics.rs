@@ -105,7 +105,10 @@ pub struct EpochRecord {
 
 /// Appends one JSON line to `path`.
 pub fn append_jsonl(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
     let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
     writeln!(f, "{line}")
 }

@@ -55,6 +55,13 @@ pub enum Event {
         /// Checkpoint written, if any.
         checkpoint: Option<PathBuf>,
     },
+    /// A worker finished training.
+    Done {
+        /// Worker.
+        rank: usize,
+        /// Hash of its final weights (equal on every worker when replicas are in sync).
+        weights_hash: u64,
+    },
 }
 
 /// The end result of a run (also written to `summary.json`).
@@ -78,13 +85,20 @@ pub struct Summary {
     pub checkpoint: Option<PathBuf>,
     /// Wall time of the whole run.
     pub wall_seconds: f64,
+    /// Hash of each worker's final weights; all equal when the replicas stayed identical.
+    pub replica_hashes: Vec<u64>,
 }
 
 /// Loads the configured dataset (with optional size limits).
 pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
-    let bundled = if Path::new("data/mnist/SHA256SUMS").is_file() { PathBuf::from("data/mnist") } else { bundled };
-    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled).map_err(|e| e.to_string())?;
+    let bundled = if Path::new("data/mnist/SHA256SUMS").is_file() {
+        PathBuf::from("data/mnist")
+    } else {
+        bundled
+    };
+    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)
+        .map_err(|e| e.to_string())?;
     let pair = data::load(&spec).map_err(|e| e.to_string())?;
     let (mut train, mut test) = (pair.train, pair.test);
     if let Some(n) = cfg.train_limit {
@@ -94,7 +108,11 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
         truncate(&mut test, n);
     }
     if train.len() < cfg.batch {
-        return Err(format!("the training set has {} samples, fewer than one global batch of {}", train.len(), cfg.batch));
+        return Err(format!(
+            "the training set has {} samples, fewer than one global batch of {}",
+            train.len(),
+            cfg.batch
+        ));
     }
     Ok((train, test))
 }
@@ -118,7 +136,8 @@ fn say(bar: &indicatif::ProgressBar, line: String) {
 pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     let wall = Instant::now();
     let (train_set, test_set) = load_data(&cfg)?;
-    std::fs::create_dir_all(&cfg.run_dir).map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
+    std::fs::create_dir_all(&cfg.run_dir)
+        .map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
     let metrics_path = cfg.run_dir.join("metrics.jsonl");
     let resume = match &cfg.resume {
         Some(p) => Some(Arc::new(checkpoint::Checkpoint::load(p)?)),
@@ -129,11 +148,20 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     };
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
     if start_epoch >= cfg.epochs {
-        return Err(format!("the checkpoint has already completed {start_epoch} epochs; ask for more with --epochs"));
+        return Err(format!(
+            "the checkpoint has already completed {start_epoch} epochs; ask for more with --epochs"
+        ));
     }
     let cfg = Arc::new(cfg);
     let (train_set, test_set) = (Arc::new(train_set), Arc::new(test_set));
-    let transports = if cfg.workers > 1 { InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout).into_iter().map(Some).collect() } else { vec![None] };
+    let transports = if cfg.workers > 1 {
+        InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout)
+            .into_iter()
+            .map(Some)
+            .collect()
+    } else {
+        vec![None]
+    };
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut handles = Vec::new();
     for (rank, transport) in transports.into_iter().enumerate() {
@@ -150,7 +178,11 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
         let handle = std::thread::Builder::new()
             .name(format!("worker-{rank}"))
             .spawn(move || -> Result<(), String> {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(move |i| format!("worker-{rank}-compute-{i}")).build().map_err(|e| e.to_string())?;
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
+                    .build()
+                    .map_err(|e| e.to_string())?;
                 pool.install(|| Worker::new(setup)?.run())
             })
             .map_err(|e| format!("cannot start worker thread: {e}"))?;
@@ -160,9 +192,14 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
 
     let spe = train_set.len() / cfg.batch;
     let total_steps = (cfg.epochs - start_epoch) * spe;
-    let bar = if cfg.quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(total_steps as u64) };
+    let bar = if cfg.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(total_steps as u64)
+    };
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut summary = Summary {
         config: cfg.to_json(),
@@ -174,6 +211,7 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
         bucket_ops: Vec::new(),
         checkpoint: None,
         wall_seconds: 0.0,
+        replica_hashes: vec![0; cfg.workers],
     };
     let mut epoch_breakdown = Breakdown::default();
     let mut train_seconds = 0.0;
@@ -184,12 +222,30 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
         match event {
             Event::Plan { description, ops } => {
                 if !cfg.quiet {
-                    say(&bar, format!("{} on {}: {} workers x {} threads, comm {} ({}), overlap {}", cfg.model, cfg.dataset, cfg.workers, cfg.threads, cfg.comm, description, if cfg.overlap { "on" } else { "off" }));
+                    say(
+                        &bar,
+                        format!(
+                            "{} on {}: {} workers x {} threads, comm {} ({}), overlap {}",
+                            cfg.model,
+                            cfg.dataset,
+                            cfg.workers,
+                            cfg.threads,
+                            cfg.comm,
+                            description,
+                            if cfg.overlap { "on" } else { "off" }
+                        ),
+                    );
                 }
                 summary.buckets = description;
                 summary.bucket_ops = ops;
             }
-            Event::Step { rank, epoch, step, loss, times } => {
+            Event::Step {
+                rank,
+                epoch,
+                step,
+                loss,
+                times,
+            } => {
                 if step >= 5 || epoch > start_epoch {
                     summary.breakdown.add(&times);
                     epoch_breakdown.add(&times);
@@ -216,7 +272,15 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
                     }
                 }
             }
-            Event::Epoch { epoch, train_loss, test_loss, test_accuracy, train_seconds: secs, checkpoint } => {
+            Event::Done { rank, weights_hash } => summary.replica_hashes[rank] = weights_hash,
+            Event::Epoch {
+                epoch,
+                train_loss,
+                test_loss,
+                test_accuracy,
+                train_seconds: secs,
+                checkpoint,
+            } => {
                 train_seconds += secs;
                 let record = EpochRecord {
                     epoch: epoch + 1,
@@ -268,6 +332,13 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     }
     if let Some(e) = io_error {
         return Err(format!("cannot write {}: {e}", metrics_path.display()));
+    }
+    if summary
+        .replica_hashes
+        .iter()
+        .any(|&h| h != summary.replica_hashes[0])
+    {
+        return Err(format!("replicas diverged: final weight hashes differ across workers {:x?}; this is a bug, please report it", summary.replica_hashes));
     }
     summary.images_per_s = (total_steps * cfg.batch) as f64 / train_seconds.max(1e-9);
     summary.wall_seconds = wall.elapsed().as_secs_f64();

@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 
 /// Link parameters assumed by `--comm auto` when no link is emulated: in-process copies
 /// between threads (memory bandwidth, microseconds of channel latency).
-pub const IN_PROCESS_LINK: LinkModel = LinkModel { bandwidth_bytes_per_s: 5e9, latency: Duration::from_micros(20) };
+pub const IN_PROCESS_LINK: LinkModel = LinkModel {
+    bandwidth_bytes_per_s: 5e9,
+    latency: Duration::from_micros(20),
+};
 
 /// What a worker needs to start.
 pub struct WorkerSetup {
@@ -47,7 +50,11 @@ pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
         .map(|b| match cfg.comm {
             CommChoice::Fixed(crate::comm::CommMode::Tree) => BucketOp::ReduceToRoot,
             CommChoice::Fixed(m) => BucketOp::AllReduce(m),
-            CommChoice::Auto => BucketOp::AllReduce(choose_mode(cfg.workers, b.len * 4, &cfg.link.unwrap_or(IN_PROCESS_LINK))),
+            CommChoice::Auto => BucketOp::AllReduce(choose_mode(
+                cfg.workers,
+                b.len * 4,
+                &cfg.link.unwrap_or(IN_PROCESS_LINK),
+            )),
         })
         .collect()
 }
@@ -73,7 +80,12 @@ pub struct Worker {
 }
 
 /// Attaches "worker R, PHASE, step S" to an error.
-fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, rank: usize, phase: &str, step: usize) -> Result<T, String> {
+fn ctx<T, E: std::fmt::Display>(
+    r: Result<T, E>,
+    rank: usize,
+    phase: &str,
+    step: usize,
+) -> Result<T, String> {
     r.map_err(|e| format!("worker {rank}, {phase}, step {step}: {e}"))
 }
 
@@ -84,7 +96,8 @@ impl Worker {
         let cfg = s.cfg.clone();
         let device = Device::Cpu;
         let input = [s.train.channels, s.train.height, s.train.width];
-        let net = models::build(&cfg.model, input, s.train.num_classes, cfg.seed, &device).map_err(|e| e.to_string())?;
+        let net = models::build(&cfg.model, input, s.train.num_classes, cfg.seed, &device)
+            .map_err(|e| e.to_string())?;
         let params = net.params();
         let mut sgd = Sgd::new(cfg.sgd, &params);
         let (mut start_epoch, mut global_step) = (0, 0);
@@ -98,7 +111,10 @@ impl Worker {
         let ops = bucket_ops(&cfg, &plan);
         if s.rank == 0 {
             let ops = ops.iter().map(|o| format!("{o:?}")).collect();
-            let _ = s.events.send(Event::Plan { description: plan.describe(), ops });
+            let _ = s.events.send(Event::Plan {
+                description: plan.describe(),
+                ops,
+            });
         }
         let total: usize = params.iter().map(|p| p.numel()).sum();
         let reducer = Reducer::new(plan, ops, cfg.overlap, s.transport);
@@ -120,7 +136,8 @@ impl Worker {
             start_epoch,
             global_step,
         };
-        w.broadcast_params().map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
+        w.broadcast_params()
+            .map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
         Ok(w)
     }
 
@@ -151,16 +168,37 @@ impl Worker {
             for step in 0..spe {
                 let (loss, times) = self.step(&order, step, epoch * spe + step)?;
                 loss_sum += loss as f64;
-                let _ = self.events.send(Event::Step { rank: self.rank, epoch, step, loss, times });
+                let _ = self.events.send(Event::Step {
+                    rank: self.rank,
+                    epoch,
+                    step,
+                    loss,
+                    times,
+                });
             }
             let train_seconds = started.elapsed().as_secs_f64();
             if self.rank == 0 {
-                let (test_loss, test_accuracy) = ctx(self.evaluate(), self.rank, "evaluation", self.global_step)?;
-                let state = super::checkpoint::TrainState { model: self.cfg.model.clone(), epoch: epoch + 1, global_step: self.global_step };
+                let (test_loss, test_accuracy) =
+                    ctx(self.evaluate(), self.rank, "evaluation", self.global_step)?;
+                let state = super::checkpoint::TrainState {
+                    model: self.cfg.model.clone(),
+                    epoch: epoch + 1,
+                    global_step: self.global_step,
+                };
                 let last = epoch + 1 == self.cfg.epochs;
                 let every = self.cfg.checkpoint_every;
                 let checkpoint = if last || (every > 0 && (epoch + 1) % every == 0) {
-                    let ck = ctx(super::checkpoint::Checkpoint::capture(state, &self.params, self.sgd.momentum(), &self.net.buffers()), 0, "checkpoint", self.global_step)?;
+                    let ck = ctx(
+                        super::checkpoint::Checkpoint::capture(
+                            state,
+                            &self.params,
+                            self.sgd.momentum(),
+                            &self.net.buffers(),
+                        ),
+                        0,
+                        "checkpoint",
+                        self.global_step,
+                    )?;
                     let path = super::checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
                     ck.save(&path)?;
                     super::checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints);
@@ -168,24 +206,66 @@ impl Worker {
                 } else {
                     None
                 };
-                let _ = self.events.send(Event::Epoch { epoch, train_loss: loss_sum / spe.max(1) as f64, test_loss, test_accuracy, train_seconds, checkpoint });
+                let _ = self.events.send(Event::Epoch {
+                    epoch,
+                    train_loss: loss_sum / spe.max(1) as f64,
+                    test_loss,
+                    test_accuracy,
+                    train_seconds,
+                    checkpoint,
+                });
             }
         }
+        ctx(
+            read_params(&self.params, &mut self.param_flat),
+            self.rank,
+            "final weight check",
+            self.global_step,
+        )?;
+        let _ = self.events.send(Event::Done {
+            rank: self.rank,
+            weights_hash: hash_f32(&self.param_flat),
+        });
         Ok(())
     }
 
     /// One training step on this worker's shard of global batch `step`.
-    fn step(&mut self, order: &[u32], step: usize, global: usize) -> Result<(f32, StepTimes), String> {
+    fn step(
+        &mut self,
+        order: &[u32],
+        step: usize,
+        global: usize,
+    ) -> Result<(f32, StepTimes), String> {
         let (rank, gs) = (self.rank, self.global_step);
         let t0 = Instant::now();
-        collate(&self.train, self.sampler.shard(order, step, rank), &self.norm, &mut self.batch);
+        collate(
+            &self.train,
+            self.sampler.shard(order, step, rank),
+            &self.norm,
+            &mut self.batch,
+        );
         let n = self.batch.len();
         let [c, h, w] = self.net.input;
-        let x = ctx(Tensor::from_slice(&self.batch.images, (n, c, h, w), &self.device), rank, "data", gs)?;
-        let y = ctx(Tensor::from_slice(&self.batch.labels, n, &self.device), rank, "data", gs)?;
+        let x = ctx(
+            Tensor::from_slice(&self.batch.images, (n, c, h, w), &self.device),
+            rank,
+            "data",
+            gs,
+        )?;
+        let y = ctx(
+            Tensor::from_slice(&self.batch.labels, n, &self.device),
+            rank,
+            "data",
+            gs,
+        )?;
         let t1 = Instant::now();
         let fp = ctx(self.net.forward(&x, true), rank, "forward", gs)?;
-        let loss = ctx(candle_nn::loss::cross_entropy(fp.logits(), &y), rank, "forward", gs)?;
+        let loss = ctx(
+            candle_nn::loss::cross_entropy(fp.logits(), &y),
+            rank,
+            "forward",
+            gs,
+        )?;
         let loss_value = ctx(loss.to_scalar::<f32>(), rank, "forward", gs)?;
         if !loss_value.is_finite() {
             return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr"));
@@ -193,19 +273,38 @@ impl Worker {
         let t2 = Instant::now();
         self.reducer.begin_step();
         let (net, reducer, params) = (&self.net, &mut self.reducer, &self.params);
-        ctx(net.backward(&fp, &loss, |k, grads| reducer.on_block(k, params, grads)), rank, "backward", gs)?;
+        ctx(
+            net.backward(&fp, &loss, |k, grads| reducer.on_block(k, params, grads)),
+            rank,
+            "backward",
+            gs,
+        )?;
         drop(fp);
         let t3 = Instant::now();
         let comm = ctx(self.reducer.finish(), rank, "communication", gs)?;
         let t4 = Instant::now();
-        let lr = self.cfg.lr_schedule.lr(self.cfg.lr, global, self.cfg.epochs * self.sampler.steps_per_epoch(), self.sampler.steps_per_epoch(), self.cfg.warmup_steps);
+        let lr = self.cfg.lr_schedule.lr(
+            self.cfg.lr,
+            global,
+            self.cfg.epochs * self.sampler.steps_per_epoch(),
+            self.sampler.steps_per_epoch(),
+            self.cfg.warmup_steps,
+        );
         let scale = 1.0 / self.cfg.workers as f32;
-        let root_updates = matches!(self.cfg.comm, CommChoice::Fixed(crate::comm::CommMode::Tree)) && self.cfg.workers > 1;
+        let root_updates = matches!(
+            self.cfg.comm,
+            CommChoice::Fixed(crate::comm::CommMode::Tree)
+        ) && self.cfg.workers > 1;
         let mut exposed = comm.exposed;
         if !root_updates || rank == 0 {
             let reducer = &self.reducer;
             let grads: Vec<&[f32]> = (0..self.params.len()).map(|p| reducer.grad(p)).collect();
-            ctx(self.sgd.step(&self.params, &grads, lr, scale), rank, "update", gs)?;
+            ctx(
+                self.sgd.step(&self.params, &grads, lr, scale),
+                rank,
+                "update",
+                gs,
+            )?;
         }
         let mut t5 = Instant::now();
         if root_updates {
@@ -234,8 +333,20 @@ impl Worker {
     }
 }
 
+/// FNV-1a over the bits of `v`: equal hashes mean (all but surely) bit-identical weights.
+pub fn hash_f32(v: &[f32]) -> u64 {
+    v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Test loss and top-1 accuracy of `net` on `ds`.
-pub fn evaluate(net: &Net, ds: &Dataset, norm: &Normalize, dev: &Device) -> candle_core::Result<(f64, f64)> {
+pub fn evaluate(
+    net: &Net,
+    ds: &Dataset,
+    norm: &Normalize,
+    dev: &Device,
+) -> candle_core::Result<(f64, f64)> {
     let mut batch = Batch::default();
     let (mut loss_sum, mut correct) = (0.0f64, 0usize);
     let [c, h, w] = net.input;
@@ -246,9 +357,14 @@ pub fn evaluate(net: &Net, ds: &Dataset, norm: &Normalize, dev: &Device) -> cand
         let x = Tensor::from_slice(&batch.images, (n, c, h, w), dev)?;
         let y = Tensor::from_slice(&batch.labels, n, dev)?;
         let logits = net.forward_uncut(&x, false)?;
-        loss_sum += candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * n as f64;
+        loss_sum +=
+            candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * n as f64;
         let pred = logits.argmax(1)?.to_vec1::<u32>()?;
-        correct += pred.iter().zip(&batch.labels).filter(|(a, b)| a == b).count();
+        correct += pred
+            .iter()
+            .zip(&batch.labels)
+            .filter(|(a, b)| a == b)
+            .count();
     }
     let n = ds.len().max(1) as f64;
     Ok((loss_sum / n, correct as f64 / n))

@@ -1,0 +1,205 @@
+//! End-to-end training behaviour: data-parallel equivalence, identical replicas in every mode,
+//! overlap on/off, checkpoints and exact resume.
+
+use dptrain::config::{TrainConfig, TrainOptions};
+use dptrain::train::checkpoint::Checkpoint;
+use dptrain::train::{train, Summary};
+use std::path::Path;
+
+fn config(dir: &Path, f: impl FnOnce(&mut TrainOptions)) -> TrainConfig {
+    let mut o = TrainOptions {
+        dataset: Some("synthetic".into()),
+        epochs: Some(1),
+        batch: Some(16),
+        lr: Some(0.05),
+        lr_schedule: Some("constant".into()),
+        warmup_steps: Some(0),
+        train_limit: Some(320), // 20 steps of 16
+        test_limit: Some(64),
+        threads: Some(1),
+        comm_timeout: Some(30.0),
+        run_dir: Some(dir.to_path_buf()),
+        quiet: true,
+        ..Default::default()
+    };
+    f(&mut o);
+    o.resolve().unwrap()
+}
+
+fn run(dir: &Path, f: impl FnOnce(&mut TrainOptions)) -> Summary {
+    train(config(dir, f)).unwrap_or_else(|e| panic!("training failed: {e}"))
+}
+
+/// All parameters, momentum and buffers of a checkpoint, flattened in name order.
+fn weights(s: &Summary) -> Vec<(String, Vec<f32>)> {
+    let ck = Checkpoint::load(s.checkpoint.as_ref().expect("a checkpoint was written")).unwrap();
+    let mut names: Vec<_> = ck.tensors.keys().cloned().collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let v = ck.tensors[&n]
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            (n, v)
+        })
+        .collect()
+}
+
+fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], prefix: &str) -> f32 {
+    a.iter()
+        .zip(b)
+        .filter(|(x, _)| x.0.starts_with(prefix))
+        .map(|(x, y)| {
+            assert_eq!(x.0, y.0);
+            x.1.iter()
+                .zip(&y.1)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max)
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn n_workers_match_one_worker_with_the_whole_batch() {
+    for (model, dataset) in [("lenet5", "synthetic"), ("vgg-small", "synthetic:3x32x32")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let one = run(&tmp.path().join("one"), |o| {
+            o.model = Some(model.into());
+            o.dataset = Some(dataset.into());
+            o.lr = Some(0.01)
+        });
+        for (workers, comm) in [(2, "ring"), (4, "redundant")] {
+            let many = run(&tmp.path().join(format!("{workers}")), |o| {
+                o.model = Some(model.into());
+                o.dataset = Some(dataset.into());
+                o.workers = Some(workers);
+                o.comm = Some(comm.into());
+                o.lr = Some(0.01);
+            });
+            let d = max_diff(&weights(&one), &weights(&many), "param.");
+            assert!(d <= 1e-5, "{model}: {workers} workers x batch {} differ from 1 worker x 16 by {d} after 20 steps", 16 / workers);
+            assert!(
+                d > 0.0 || workers == 1,
+                "suspiciously identical: is the data really split?"
+            );
+        }
+    }
+}
+
+#[test]
+fn replicas_stay_bit_identical_in_every_mode_and_overlap_does_not_change_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    for comm in ["tree", "ring", "hd", "redundant", "auto"] {
+        let mut per_overlap = Vec::new();
+        for overlap in ["on", "off"] {
+            let s = run(&tmp.path().join(format!("{comm}-{overlap}")), |o| {
+                o.workers = Some(3);
+                o.batch = Some(24);
+                o.train_limit = Some(24 * 8);
+                o.comm = Some(comm.into());
+                o.overlap = Some(overlap.into());
+                o.bucket_kb = Some(0);
+                o.first_bucket_kb = Some(0);
+            });
+            assert_eq!(s.replica_hashes.len(), 3);
+            assert!(
+                s.replica_hashes.iter().all(|&h| h == s.replica_hashes[0]),
+                "{comm}/{overlap}: replicas differ {:x?}",
+                s.replica_hashes
+            );
+            per_overlap.push(weights(&s));
+        }
+        assert_eq!(
+            max_diff(&per_overlap[0], &per_overlap[1], "param."),
+            0.0,
+            "{comm}: overlap on and off give different weights"
+        );
+    }
+}
+
+#[test]
+fn resume_continues_bit_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    for workers in [1, 2] {
+        let base = |o: &mut TrainOptions| {
+            o.workers = Some(workers);
+            o.lr_schedule = Some("cosine".into());
+            o.epochs = Some(2);
+            o.train_limit = Some(160);
+        };
+        let straight = run(&tmp.path().join(format!("straight{workers}")), base);
+        let first = run(&tmp.path().join(format!("first{workers}")), |o| {
+            base(o);
+            o.epochs = Some(2);
+            o.checkpoint_every = Some(1);
+        });
+        // The run above wrote epoch-1 and epoch-2 checkpoints; resume from epoch 1.
+        let ck1 = tmp
+            .path()
+            .join(format!("first{workers}"))
+            .join("checkpoint-epoch0001.safetensors");
+        assert!(ck1.is_file());
+        let _ = first;
+        let resumed = run(&tmp.path().join(format!("resumed{workers}")), |o| {
+            base(o);
+            o.resume = Some(ck1.clone());
+        });
+        let (a, b) = (weights(&straight), weights(&resumed));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.0, y.0);
+            assert!(
+                x.1.iter()
+                    .zip(&y.1)
+                    .all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{workers} workers: {} differs after resume",
+                x.0
+            );
+        }
+    }
+}
+
+#[test]
+fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = run(&tmp.path().join("rt"), |o| o.train_limit = Some(64));
+    let path = s.checkpoint.clone().unwrap();
+    let ck = Checkpoint::load(&path).unwrap();
+    let copy = tmp.path().join("copy.safetensors");
+    ck.save(&copy).unwrap();
+    assert_eq!(weights(&s), {
+        let ck2 = Checkpoint::load(&copy).unwrap();
+        let mut names: Vec<_> = ck2.tensors.keys().cloned().collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|n| {
+                (
+                    n.clone(),
+                    ck2.tensors[&n]
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(Checkpoint::load(&copy).unwrap().state, ck.state);
+    // Resuming a lenet5 checkpoint into vgg-small is refused with a reason.
+    let err = train(config(&tmp.path().join("bad"), |o| {
+        o.model = Some("vgg-small".into());
+        o.dataset = Some("synthetic:3x32x32".into());
+        o.resume = Some(path.clone());
+        o.epochs = Some(3);
+    }))
+    .unwrap_err();
+    assert!(err.contains("lenet5") && err.contains("--model"), "{err}");
+    // A file that is not a checkpoint.
+    std::fs::write(tmp.path().join("junk"), b"not a checkpoint at all").unwrap();
+    let err = Checkpoint::load(&tmp.path().join("junk")).err().unwrap();
+    assert!(err.contains("not a safetensors file"), "{err}");
+}
