@@ -21,6 +21,29 @@ enum Command {
     /// Benchmarks that print figures.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Dataset tools.
+    #[command(subcommand)]
+    Data(DataCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum DataCmd {
+    /// Write a dataset as an ImageFolder (DIR/train/<class>/N.png, DIR/test/...), e.g. to train
+    /// with `--dataset imagefolder --data-dir DIR`.
+    ExportImages {
+        /// Dataset to export (any name `train --dataset` takes).
+        #[arg(long, default_value = "mnist")]
+        dataset: String,
+        /// Its directory, where it needs one.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Export only the first N samples of each split.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
 }
 
 impl Default for Command {
@@ -75,6 +98,73 @@ enum BenchCmd {
         /// Timed iterations per size.
         #[arg(long, default_value_t = 10)]
         iters: usize,
+    },
+    /// Input pipeline: images/s of the loaders alone, and data wait in training, prefetch off
+    /// and on.
+    Data {
+        /// Dataset (e.g. imagefolder with --data-dir, after `dptrain data export-images`).
+        #[arg(long, default_value = "mnist")]
+        dataset: String,
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Loader-thread counts, comma-separated.
+        #[arg(long, default_value = "1,2")]
+        loader_threads: String,
+        /// Batches prefetched per worker in the "on" runs.
+        #[arg(long, default_value_t = 2)]
+        prefetch: usize,
+        /// Augmentation (off, or e.g. crop:4,flip).
+        #[arg(long, default_value = "off")]
+        augment: String,
+        /// Model of the training runs.
+        #[arg(long, default_value = "lenet5")]
+        model: String,
+        /// Global batch.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// Workers in the training runs.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Compute threads per worker [default: cores / workers].
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Batches timed for the pipeline alone.
+        #[arg(long, default_value_t = 200)]
+        batches: usize,
+        /// Timed training steps per run.
+        #[arg(long, default_value_t = 60)]
+        steps: usize,
+    },
+    /// Grid of overlap on/off x communication mode x emulated bandwidth for a model.
+    Overlap {
+        /// Model.
+        #[arg(long, default_value = "vgg-small")]
+        model: String,
+        /// Workers.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// Compute threads per worker.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Global batch.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// Emulated bandwidths, comma-separated ("none" for no emulation).
+        #[arg(long, default_value = "none,100Mbit,20Mbit")]
+        link_bandwidth: String,
+        /// Emulated latency.
+        #[arg(long, default_value = "50us")]
+        link_latency: String,
+        /// Modes, comma-separated.
+        #[arg(long, default_value = "tree,ring,hd,redundant,auto")]
+        comm: String,
+        /// Bucket cap in KiB.
+        #[arg(long)]
+        bucket_kb: Option<usize>,
+        /// Timed steps per cell.
+        #[arg(long, default_value_t = 15)]
+        steps: usize,
     },
 }
 
@@ -154,6 +244,182 @@ pub fn run() -> Result<(), String> {
                     );
                 }
             }
+            Ok(())
+        }
+        Command::Bench(BenchCmd::Overlap {
+            model,
+            workers,
+            threads,
+            batch,
+            link_bandwidth,
+            link_latency,
+            comm,
+            bucket_kb,
+            steps,
+        }) => {
+            use bench::overlap::{header, row, run_case, GridSpec, OverlapCase};
+            if workers < 2 || batch % workers != 0 {
+                return Err("--workers must be at least 2 and divide --batch".into());
+            }
+            let tmp =
+                std::env::temp_dir().join(format!("dptrain-bench-overlap-{}", std::process::id()));
+            let spec = GridSpec {
+                model: model.clone(),
+                workers,
+                batch,
+                threads,
+                steps,
+                bucket_kb,
+            };
+            let base = OverlapCase {
+                comm: "ring".into(),
+                overlap: true,
+                bandwidth: None,
+                latency: None,
+            };
+            let single = run_case(
+                &GridSpec {
+                    workers: 1,
+                    batch: batch / workers,
+                    ..spec.clone()
+                },
+                &base,
+                &tmp,
+            )?
+            .images_per_s;
+            println!("{model}, {workers} workers x {threads} threads, global batch {batch}, latency {link_latency}; 1 worker at batch {}: {single:.0} images/s", batch / workers);
+            println!("{}", header());
+            for bw in link_bandwidth.split(',') {
+                for mode in comm.split(',') {
+                    for overlap in [true, false] {
+                        let case = OverlapCase {
+                            comm: mode.trim().into(),
+                            overlap,
+                            bandwidth: (bw.trim() != "none").then(|| bw.trim().to_string()),
+                            latency: Some(link_latency.clone()),
+                        };
+                        let s = run_case(&spec, &case, &tmp)?;
+                        println!("{}", row(&case, &s, workers, single));
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(())
+        }
+        Command::Data(DataCmd::ExportImages {
+            dataset,
+            data_dir,
+            out,
+            limit,
+        }) => {
+            let cfg = TrainOptions {
+                dataset: Some(dataset),
+                data_dir,
+                train_limit: limit,
+                test_limit: limit,
+                batch: Some(1),
+                ..Default::default()
+            }
+            .resolve()?;
+            let (train, test) = crate::train::load_data(&cfg)?;
+            let pair = crate::data::DatasetPair { train, test };
+            let n =
+                crate::data::image_folder::export(&pair, &out, None).map_err(|e| e.to_string())?;
+            println!(
+                "wrote {n} PNG files to {} (train/ and test/, {} classes); train with \
+                 --dataset imagefolder --data-dir {}",
+                out.display(),
+                pair.train.num_classes,
+                out.display()
+            );
+            Ok(())
+        }
+        Command::Bench(BenchCmd::Data {
+            dataset,
+            data_dir,
+            loader_threads,
+            prefetch,
+            augment,
+            model,
+            batch,
+            workers,
+            threads,
+            batches,
+            steps,
+        }) => {
+            use bench::data::{data_wait_pct, pipeline_images_per_s, training_run};
+            let counts = list(&loader_threads, |t| {
+                t.parse::<usize>()
+                    .map_err(|_| format!("bad loader-thread count '{t}'"))
+            })?;
+            if prefetch == 0 {
+                return Err("--prefetch is the \"on\" setting; give at least 1".into());
+            }
+            let base = TrainOptions {
+                dataset: Some(dataset.clone()),
+                data_dir,
+                augment: Some(augment.clone()),
+                model: Some(model.clone()),
+                batch: Some(batch),
+                workers: Some(workers),
+                threads,
+                ..Default::default()
+            };
+            base.resolve()?;
+            println!("input pipeline alone: {dataset}, batch {batch}, augment {augment}, {batches} batches");
+            println!(
+                "{:>14} {:>9} {:>12}",
+                "loader threads", "prefetch", "images/s"
+            );
+            let sync = pipeline_images_per_s(&base, 1, 0, batches)?;
+            println!("{:>14} {:>9} {:>12.0}", "(in step)", 0, sync);
+            println!(
+                "RESULT dptrain data pipeline loader_threads=0 prefetch=0 images_per_s={sync:.0}"
+            );
+            for &t in &counts {
+                let r = pipeline_images_per_s(&base, t, prefetch, batches)?;
+                println!("{:>14} {:>9} {:>12.0}", t, prefetch, r);
+                println!("RESULT dptrain data pipeline loader_threads={t} prefetch={prefetch} images_per_s={r:.0}");
+            }
+            let tmp =
+                std::env::temp_dir().join(format!("dptrain-bench-data-{}", std::process::id()));
+            println!("\ntraining: {model}, {workers} worker(s), {steps} timed steps");
+            println!(
+                "{:>14} {:>9} {:>9} {:>9} {:>12} {:>10} {:>8}",
+                "loader threads",
+                "prefetch",
+                "step ms",
+                "data ms",
+                "data wait %",
+                "images/s",
+                "RSS MiB"
+            );
+            let mut cases = vec![(1, 0)];
+            cases.extend(counts.iter().map(|&t| (t, prefetch)));
+            for (t, k) in cases {
+                let s = training_run(&base, t, k, steps, &tmp)?;
+                let m = &s.breakdown.mean;
+                let shown = if k == 0 {
+                    "(in step)".to_string()
+                } else {
+                    t.to_string()
+                };
+                println!(
+                    "{:>14} {:>9} {:>9.2} {:>9.3} {:>12.2} {:>10.0} {:>8.0}",
+                    shown,
+                    k,
+                    m.step_ms,
+                    m.data_ms,
+                    data_wait_pct(&s),
+                    s.images_per_s,
+                    s.peak_rss_mb
+                );
+                println!(
+                    "RESULT dptrain data train loader_threads={t} prefetch={k} data_wait_pct={:.2}",
+                    data_wait_pct(&s)
+                );
+            }
+            let _ = std::fs::remove_dir_all(&tmp);
             Ok(())
         }
         Command::Bench(BenchCmd::Allreduce {

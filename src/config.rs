@@ -84,6 +84,8 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
     pub keep_checkpoints: usize,
+    /// Write no checkpoints at all (benchmarks).
+    pub no_checkpoints: bool,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
     /// Also write a metrics line every this many steps (0: per epoch only).
@@ -94,6 +96,29 @@ pub struct TrainConfig {
     pub test_limit: Option<usize>,
     /// No progress bar or per-epoch lines.
     pub quiet: bool,
+    /// Loader threads of the input pipeline (used when `prefetch > 0`).
+    pub loader_threads: usize,
+    /// Batches prefetched per worker; 0 collates inside the step (the synchronous baseline).
+    pub prefetch: usize,
+    /// Training-time augmentation.
+    pub augment: crate::pipeline::Augment,
+    /// Leave unreadable samples out of their batch (counted in the summary) instead of failing.
+    pub skip_bad_samples: bool,
+    /// Write a Chrome trace-event timeline here (see [`crate::trace`]).
+    pub trace: Option<PathBuf>,
+    /// Global steps (from 0) the timeline covers.
+    pub trace_steps: std::ops::Range<usize>,
+    /// How progress is shown on stdout.
+    pub log_format: LogFormat,
+}
+
+/// How a run reports progress on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Progress bar and readable per-epoch lines.
+    Text,
+    /// One JSON object per epoch (and one at the end), no bar: for scripts.
+    Json,
 }
 
 /// Training options as given on the command line or in a TOML file; `None` means "not given".
@@ -176,6 +201,10 @@ pub struct TrainOptions {
     /// Resume from this checkpoint file.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Write no checkpoints (for benchmark runs).
+    #[arg(long)]
+    #[serde(default)]
+    pub no_checkpoints: bool,
     /// Also log metrics every N steps [default: 0, per epoch only].
     #[arg(long)]
     pub log_every: Option<usize>,
@@ -189,6 +218,30 @@ pub struct TrainOptions {
     #[arg(long)]
     #[serde(default)]
     pub quiet: bool,
+    /// Input-pipeline loader threads [default: cores/4, 1 to 8].
+    #[arg(long)]
+    pub loader_threads: Option<usize>,
+    /// Batches prefetched per worker, 0 to load inside the step [default: 2].
+    #[arg(long)]
+    pub prefetch: Option<usize>,
+    /// Augmentation: off, or a list of crop:PAD and flip, e.g. crop:4,flip [default: off].
+    #[arg(long)]
+    pub augment: Option<String>,
+    /// Leave unreadable samples out of their batch and count them, instead of stopping.
+    #[arg(long)]
+    #[serde(default)]
+    pub skip_bad_samples: bool,
+    /// Write a timeline of the traced steps (Chrome trace-event JSON: open in Perfetto or
+    /// chrome://tracing) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Global steps to trace, A..B (from 0, B excluded) [default: 5..8].
+    #[arg(long)]
+    pub trace_steps: Option<String>,
+    /// Progress on stdout: text (bar and epoch lines) or json (one line per epoch, no bar)
+    /// [default: text].
+    #[arg(long)]
+    pub log_format: Option<String>,
 }
 
 macro_rules! overlay {
@@ -207,6 +260,8 @@ impl TrainConfig {
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
             "train_limit": self.train_limit, "test_limit": self.test_limit,
+            "loader_threads": self.loader_threads, "prefetch": self.prefetch,
+            "augment": self.augment.to_string(), "skip_bad_samples": self.skip_bad_samples,
         })
     }
 }
@@ -251,9 +306,17 @@ impl TrainOptions {
             resume,
             log_every,
             train_limit,
-            test_limit
+            test_limit,
+            loader_threads,
+            prefetch,
+            augment,
+            trace,
+            trace_steps,
+            log_format
         );
         self.quiet |= over.quiet;
+        self.skip_bad_samples |= over.skip_bad_samples;
+        self.no_checkpoints |= over.no_checkpoints;
         self
     }
 
@@ -331,7 +394,35 @@ impl TrainOptions {
                 return Err(format!("--resume {}: no such checkpoint file", r.display()));
             }
         }
+        let loader_threads = self
+            .loader_threads
+            .unwrap_or_else(crate::pipeline::default_loader_threads);
+        if !(1..=crate::pipeline::MAX_LOADER_THREADS).contains(&loader_threads) {
+            return Err(format!(
+                "--loader-threads must be 1..={}, not {loader_threads}",
+                crate::pipeline::MAX_LOADER_THREADS
+            ));
+        }
+        let prefetch = self.prefetch.unwrap_or(2);
+        if prefetch > crate::pipeline::MAX_PREFETCH {
+            return Err(format!(
+                "--prefetch must be at most {} batches per worker, not {prefetch} (2 is plenty \
+                 when loading outruns training; use more loader threads when it does not)",
+                crate::pipeline::MAX_PREFETCH
+            ));
+        }
+        let augment = crate::pipeline::Augment::parse(self.augment.as_deref().unwrap_or("off"))
+            .map_err(|e| format!("--augment: {e}"))?;
         let lr_schedule = LrSchedule::parse(self.lr_schedule.as_deref().unwrap_or("cosine"))?;
+        let trace_steps = match &self.trace_steps {
+            Some(s) => crate::trace::parse_steps(s).map_err(|e| format!("--trace-steps: {e}"))?,
+            None => crate::trace::DEFAULT_STEPS,
+        };
+        let log_format = match self.log_format.as_deref().unwrap_or("text") {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            f => return Err(format!("--log-format must be text or json, not '{f}'")),
+        };
         let run_dir = self.run_dir.clone().unwrap_or_else(|| {
             PathBuf::from(format!("runs/{model}-{}", dataset.replace([':', '/'], "_")))
         });
@@ -361,11 +452,19 @@ impl TrainOptions {
             run_dir,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
+            no_checkpoints: self.no_checkpoints,
             resume: self.resume.clone(),
             log_every: self.log_every.unwrap_or(0),
             train_limit: self.train_limit,
             test_limit: self.test_limit,
             quiet: self.quiet,
+            loader_threads,
+            prefetch,
+            augment,
+            skip_bad_samples: self.skip_bad_samples,
+            trace: self.trace.clone(),
+            trace_steps,
+            log_format,
         })
     }
 }
@@ -413,6 +512,17 @@ mod tests {
             (
                 Box::new(|o| o.lr_schedule = Some("zigzag".into())),
                 "--lr-schedule",
+            ),
+            (Box::new(|o| o.loader_threads = Some(0)), "--loader-threads"),
+            (Box::new(|o| o.prefetch = Some(1000)), "--prefetch"),
+            (Box::new(|o| o.augment = Some("rotate".into())), "--augment"),
+            (
+                Box::new(|o| o.trace_steps = Some("8..5".into())),
+                "--trace-steps",
+            ),
+            (
+                Box::new(|o| o.log_format = Some("xml".into())),
+                "--log-format",
             ),
         ];
         for (f, want) in cases {

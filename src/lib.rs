@@ -13,4 +13,5 @@ pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod pipeline;
+pub mod trace;
 pub mod train;

@@ -1,6 +1,8 @@
 //! Benchmarks: commands that print figures (never tests that fail on a slow day).
 
 pub mod allreduce;
+pub mod data;
+pub mod overlap;
 pub mod step;
 
 /// Median of a list of values (sorted in place).

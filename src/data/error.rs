@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// Dataset names that [`crate::data::DatasetSpec::parse`] accepts, listed in
 /// errors so a typo is fixable without reading the source.
 pub const VALID_NAMES: &str = "mnist, fashion-mnist, idx:<dir> (or idx with a path), \
-     cifar10 (or cifar10:<dir>), synthetic, synthetic:<C>x<H>x<W>[:<classes>]";
+     cifar10 (or cifar10:<dir>), imagefolder (or imagefolder:<dir>), synthetic, synthetic:<C>x<H>x<W>[:<classes>]";
 
 /// Why a dataset could not be loaded or generated.
 #[derive(Debug, thiserror::Error)]

@@ -10,6 +10,8 @@
 //! - bundled MNIST, SHA-256 verified ([`mnist`]),
 //! - Fashion-MNIST or any other 10-class IDX directory ([`idx`]),
 //! - CIFAR-10 binary batches ([`cifar`]),
+//! - ImageFolder directories of PNG/JPEG files ([`image_folder`]; read lazily per sample by the
+//!   input pipeline when training, decoded whole by [`load`]),
 //! - a deterministic, learnable synthetic set of any shape ([`synthetic`]).
 //!
 //! Files are untrusted input: malformed data yields a [`DataError`] that
@@ -19,6 +21,7 @@
 pub mod cifar;
 mod error;
 pub mod idx;
+pub mod image_folder;
 pub mod mnist;
 pub mod synthetic;
 
@@ -193,6 +196,11 @@ pub enum DatasetSpec {
         /// `test_batch.bin`.
         dir: PathBuf,
     },
+    /// Class-per-directory PNG/JPEG files under `dir/train` and `dir/test`.
+    ImageFolder {
+        /// Directory holding `train/` and `test/`.
+        dir: PathBuf,
+    },
     /// Generated data; see [`synthetic::generate`].
     Synthetic {
         /// Training samples.
@@ -279,6 +287,14 @@ impl DatasetSpec {
                         .to_string(),
                 )),
             },
+            "imagefolder" | "image-folder" => match dir_of(arg)? {
+                Some(dir) => Ok(DatasetSpec::ImageFolder { dir }),
+                None => Err(bad(
+                    "needs the directory holding train/ and test/ (one subdirectory per class): \
+                     write imagefolder:<dir> or pass it with --data-dir"
+                        .to_string(),
+                )),
+            },
             "synthetic" => {
                 if let Some(p) = path {
                     return Err(bad(format!(
@@ -352,6 +368,13 @@ pub fn load(spec: &DatasetSpec) -> Result<DatasetPair, DataError> {
              t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each optionally .gz)",
         ),
         DatasetSpec::Cifar10 { dir } => cifar::load_cifar10(dir),
+        DatasetSpec::ImageFolder { dir } => {
+            let (train, test) = image_folder::open_pair(dir)?;
+            pair(
+                train.decode_all("imagefolder")?,
+                test.decode_all("imagefolder")?,
+            )
+        }
         DatasetSpec::Synthetic {
             train,
             test,

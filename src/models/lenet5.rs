@@ -1,7 +1,7 @@
 //! LeNet-5: conv5x5(C->6) relu pool2, conv5x5(6->16) relu pool2, fc 256->120 relu, 120->84 relu,
 //! 84->classes (for 1x28x28 input; the first fc's input follows the image size).
 
-use crate::nn::{Block, Conv2d, Flatten, Layer, Linear, MaxPool2d, Relu};
+use crate::nn::{Block, Conv2d, Flatten, Linear, Relu};
 use candle_core::{Device, Result};
 use rand_chacha::ChaCha8Rng;
 
@@ -16,28 +16,23 @@ pub(super) fn blocks(
         candle_core::bail!("lenet5 needs images of at least 12x12, got {h}x{w}");
     }
     let (fh, fw) = (((h - 4) / 2 - 4) / 2, ((w - 4) / 2 - 4) / 2);
-    let pool = || -> Box<dyn Layer> {
-        Box::new(MaxPool2d {
-            kernel: 2,
-            stride: 2,
-        })
-    };
+    // Each conv carries its ReLU and pool fused (see `Conv2d::with_relu` / `with_max_pool`).
     Ok(vec![
         Block::new(
             "conv1",
-            vec![
-                Box::new(Conv2d::new("conv1", c, 6, 5, 1, 0, false, rng, dev)?),
-                Box::new(Relu),
-                pool(),
-            ],
+            vec![Box::new(
+                Conv2d::new("conv1", c, 6, 5, 1, 0, false, rng, dev)?
+                    .with_relu()
+                    .with_max_pool(2),
+            )],
         ),
         Block::new(
             "conv2",
-            vec![
-                Box::new(Conv2d::new("conv2", 6, 16, 5, 1, 0, true, rng, dev)?),
-                Box::new(Relu),
-                pool(),
-            ],
+            vec![Box::new(
+                Conv2d::new("conv2", 6, 16, 5, 1, 0, true, rng, dev)?
+                    .with_relu()
+                    .with_max_pool(2),
+            )],
         ),
         Block::new(
             "fc1",

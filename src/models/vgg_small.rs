@@ -1,8 +1,9 @@
 //! VGG-small: conv3x3 pad1 C->32, relu, 32->32, relu, pool2; 32->64, relu, 64->64, relu, pool2;
-//! 64->128, relu, pool2; fc 2048->classes (for 32x32 input). One block per conv.
+//! 64->128, relu, pool2; fc 2048->classes (for 32x32 input). One block per conv; each conv carries
+//! its ReLU and pool fused.
 
 use super::pooled;
-use crate::nn::{Block, Conv2d, Flatten, Layer, Linear, MaxPool2d, Relu};
+use crate::nn::{Block, Conv2d, Flatten, Layer, Linear};
 use candle_core::{Device, Result};
 use rand_chacha::ChaCha8Rng;
 
@@ -26,16 +27,13 @@ pub(super) fn blocks(
     ];
     let mut blocks = Vec::new();
     for (i, &(name, cin, cout, pool)) in convs.iter().enumerate() {
-        let mut layers: Vec<Box<dyn Layer>> = vec![
-            Box::new(Conv2d::new(name, cin, cout, 3, 1, 1, i > 0, rng, dev)?),
-            Box::new(Relu),
-        ];
+        // Conv, ReLU and pool as one layer: the fused ReLU and pool are nearly free (see
+        // `Conv2d::with_relu` / `with_max_pool`); parameter names are unchanged.
+        let mut conv = Conv2d::new(name, cin, cout, 3, 1, 1, i > 0, rng, dev)?.with_relu();
         if pool {
-            layers.push(Box::new(MaxPool2d {
-                kernel: 2,
-                stride: 2,
-            }));
+            conv = conv.with_max_pool(2);
         }
+        let layers: Vec<Box<dyn Layer>> = vec![Box::new(conv)];
         blocks.push(Block::new(name, layers));
     }
     let features = 128 * pooled(h, 3) * pooled(w, 3);

@@ -4,7 +4,7 @@
 //! plain candle, whose autodiff produces the gradients.
 
 use super::{Buffer, Param};
-use crate::ops::{self, ConvGeometry};
+use crate::ops::{self, ConvEpilogue, ConvGeometry};
 use candle_core::{Device, Result, Tensor, Var};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -52,12 +52,13 @@ fn const_param(name: String, shape: &[usize], value: f32, dev: &Device) -> Resul
     })
 }
 
-/// 2-D convolution with bias, square kernel.
+/// 2-D convolution with bias, square kernel, optionally followed by a fused ReLU and max-pool.
 pub struct Conv2d {
     weight: Param,
     bias: Param,
     geom: ConvGeometry,
     input_grad: bool,
+    epilogue: ConvEpilogue,
 }
 
 impl Conv2d {
@@ -87,18 +88,36 @@ impl Conv2d {
             bias: uniform_param(format!("{name}.bias"), &[out_c], fan_in, rng, dev)?,
             geom: ConvGeometry { stride, padding },
             input_grad,
+            epilogue: ConvEpilogue::default(),
         })
+    }
+
+    /// The same layer with a ReLU applied to its output, fused into the convolution op: one
+    /// layer instead of `Conv2d` + [`Relu`], with the same parameters and names and the same
+    /// function, but a nearly free ReLU (see [`ops::conv2d_fused`]).
+    pub fn with_relu(mut self) -> Self {
+        self.epilogue.relu = true;
+        self
+    }
+
+    /// The same layer followed by a `k x k`, stride-`k` max-pool (after the ReLU, if any), fused
+    /// into the convolution op: replaces a following [`MaxPool2d`] layer with `kernel == stride`
+    /// (see [`ops::conv2d_fused`]).
+    pub fn with_max_pool(mut self, k: usize) -> Self {
+        self.epilogue.pool = Some(k);
+        self
     }
 }
 
 impl Layer for Conv2d {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        ops::conv2d(
+        ops::conv2d_fused(
             x,
             self.weight.var.as_tensor(),
             self.bias.var.as_tensor(),
             self.geom,
             self.input_grad,
+            self.epilogue,
         )
     }
     fn params(&self) -> Vec<Param> {
@@ -109,7 +128,11 @@ impl Layer for Conv2d {
         let (o, c, k) = (d[0], d[1], d[2]);
         let oh = (input[1] + 2 * self.geom.padding - k) / self.geom.stride + 1;
         let ow = (input[2] + 2 * self.geom.padding - k) / self.geom.stride + 1;
-        ((o * c * k * k * oh * ow) as u64, vec![o, oh, ow])
+        let out = match self.epilogue.pool {
+            Some(p) => vec![o, oh / p, ow / p],
+            None => vec![o, oh, ow],
+        };
+        ((o * c * k * k * oh * ow) as u64, out)
     }
 }
 

@@ -58,6 +58,17 @@ impl Net {
 
     /// Forward with the graph cut at every block boundary, for [`Net::backward`].
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<ForwardPass> {
+        self.forward_observed(x, train, |_| {})
+    }
+
+    /// [`Net::forward`], calling `on_block(k)` as soon as block k's output exists (the timeline
+    /// times blocks with it; a closure, so an untraced forward pays nothing for the hook).
+    pub fn forward_observed(
+        &self,
+        x: &Tensor,
+        train: bool,
+        mut on_block: impl FnMut(usize),
+    ) -> Result<ForwardPass> {
         let mut inputs = Vec::with_capacity(self.blocks.len());
         let mut outputs: Vec<Tensor> = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
@@ -69,6 +80,7 @@ impl Net {
             };
             outputs.push(block.forward(&input, train)?);
             inputs.push(input);
+            on_block(outputs.len() - 1);
         }
         Ok(ForwardPass { inputs, outputs })
     }

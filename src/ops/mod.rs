@@ -40,19 +40,71 @@ pub fn conv2d(
     geom: ConvGeometry,
     input_grad: bool,
 ) -> Result<Tensor> {
+    conv2d_fused(x, weight, bias, geom, input_grad, ConvEpilogue::default())
+}
+
+/// [`conv2d`] followed by a ReLU, as one op: `max(conv2d(x) + bias, 0)`.
+pub fn conv2d_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    geom: ConvGeometry,
+    input_grad: bool,
+) -> Result<Tensor> {
+    let epilogue = ConvEpilogue {
+        relu: true,
+        pool: None,
+    };
+    conv2d_fused(x, weight, bias, geom, input_grad, epilogue)
+}
+
+/// What runs after a convolution inside the same op (see [`conv2d_fused`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConvEpilogue {
+    /// Apply a ReLU to the output.
+    pub relu: bool,
+    /// Then max-pool it with this (square) window and an equal stride, floor mode.
+    pub pool: Option<usize>,
+}
+
+/// [`conv2d`], then optionally a ReLU and a non-overlapping max-pool, as one op:
+/// `max_pool2d(relu(conv2d(x) + bias), k, k)`.
+///
+/// On the CPU these are fused into the convolution kernel. The ReLU is a clamp of the output
+/// in forward and a mask (`output > 0`) of the gradient in backward, where candle's own ReLU
+/// costs a forward pass and five full-tensor passes in backward. The pool reads each sample's
+/// convolution output while it is in cache and records where each maximum was, so the
+/// full-resolution output never becomes a tensor (no storage for it, no gradient for candle to
+/// allocate, zero and accumulate). The gradient at exactly zero is 0, as in PyTorch; pooling
+/// ties go to the first maximum, as in [`max_pool2d`].
+pub fn conv2d_fused(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    geom: ConvGeometry,
+    input_grad: bool,
+    epilogue: ConvEpilogue,
+) -> Result<Tensor> {
     if x.device().is_cpu() {
         let x = x.contiguous()?;
-        x.apply_op3(
-            weight,
-            bias,
-            Conv2dOp {
-                geom,
-                input_grad,
-            },
-        )
+        let op = Conv2dOp {
+            geom,
+            input_grad,
+            relu: epilogue.relu,
+            pool: epilogue.pool,
+            argmax: Default::default(),
+        };
+        x.apply_op3(weight, bias, op)
     } else {
         let y = x.conv2d(weight, geom.padding, geom.stride, 1, 1)?;
-        y.broadcast_add(&bias.reshape((1, bias.dim(0)?, 1, 1))?)
+        let mut y = y.broadcast_add(&bias.reshape((1, bias.dim(0)?, 1, 1))?)?;
+        if epilogue.relu {
+            y = y.relu()?;
+        }
+        match epilogue.pool {
+            Some(k) => max_pool2d(&y, k, k),
+            None => Ok(y),
+        }
     }
 }
 
@@ -67,7 +119,11 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
 }
 
 /// Borrows the f32 elements of a contiguous CPU tensor without copying.
-pub(crate) fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
+pub(crate) fn f32_slice<'a>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> Result<&'a [f32]> {
     let data = match storage {
         CpuStorage::F32(v) => v.as_slice(),
         _ => candle_core::bail!("{what}: expected f32 data"),
@@ -79,7 +135,11 @@ pub(crate) fn f32_slice<'a>(storage: &'a CpuStorage, layout: &Layout, what: &str
 }
 
 /// Runs `f` over the f32 elements of a CPU tensor, making it contiguous first if needed.
-pub(crate) fn with_f32<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+pub(crate) fn with_f32<R>(
+    t: &Tensor,
+    what: &str,
+    f: impl FnOnce(&[f32]) -> Result<R>,
+) -> Result<R> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
@@ -89,7 +149,12 @@ pub(crate) fn with_f32<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> Resu
 }
 
 /// Output size of a sliding window (floor mode).
-pub(crate) fn out_size(input: usize, kernel: usize, stride: usize, padding: usize) -> Result<usize> {
+pub(crate) fn out_size(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<usize> {
     let padded = input + 2 * padding;
     if stride == 0 || kernel == 0 || padded < kernel {
         candle_core::bail!(

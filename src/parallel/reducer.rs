@@ -29,6 +29,15 @@ pub enum BucketOp {
     ReduceToRoot,
 }
 
+impl std::fmt::Display for BucketOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AllReduce(m) => write!(f, "{m}"),
+            Self::ReduceToRoot => f.write_str("tree-reduce+root-update"),
+        }
+    }
+}
+
 enum Job {
     Bucket {
         index: usize,
@@ -66,6 +75,17 @@ pub struct CommTimes {
     pub first_start: Option<Instant>,
 }
 
+/// One bucket's reduction on the communication thread, as timed there.
+#[derive(Debug, Clone, Copy)]
+pub struct BucketSpan {
+    /// Bucket index.
+    pub index: usize,
+    /// When the communication thread started it (waiting for peers included).
+    pub started: Instant,
+    /// How long the collective took.
+    pub busy: Duration,
+}
+
 /// Per-worker gradient buckets and the communication thread that reduces them.
 pub struct Reducer {
     plan: BucketPlan,
@@ -76,6 +96,8 @@ pub struct Reducer {
     in_flight: usize,
     step_tag: u64,
     times: CommTimes,
+    // Each bucket's reduction this step, for the timeline; sized once, so steps don't allocate.
+    spans: Vec<BucketSpan>,
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
@@ -91,6 +113,7 @@ impl Reducer {
         transport: Option<Box<dyn Transport>>,
     ) -> Self {
         let world = transport.as_ref().map_or(1, |t| t.world());
+        let n_buckets = plan.buckets.len();
         let buffers = plan
             .buckets
             .iter()
@@ -113,6 +136,7 @@ impl Reducer {
             in_flight: 0,
             step_tag: 0,
             times: CommTimes::default(),
+            spans: Vec::with_capacity(n_buckets),
             jobs: Some(job_tx),
             done: done_rx,
             thread,
@@ -127,7 +151,19 @@ impl Reducer {
     /// Marks the start of a step.
     pub fn begin_step(&mut self) {
         self.times = CommTimes::default();
+        self.spans.clear();
         self.step_tag = self.step_tag.wrapping_add(1);
+    }
+
+    /// The operation of each bucket.
+    pub fn ops(&self) -> &[BucketOp] {
+        &self.ops
+    }
+
+    /// Each bucket reduced in the last step, in the order they came back (valid after
+    /// [`Reducer::finish`]).
+    pub fn bucket_spans(&self) -> &[BucketSpan] {
+        &self.spans
     }
 
     /// Takes block `k`'s gradients from `grads`; sends the bucket it completes, if overlap is on.
@@ -203,6 +239,11 @@ impl Reducer {
                     self.times.total += busy;
                     self.times.first_start =
                         Some(self.times.first_start.map_or(started, |s| s.min(started)));
+                    self.spans.push(BucketSpan {
+                        index,
+                        started,
+                        busy,
+                    });
                     self.in_flight -= 1;
                 }
                 Done::Failed(e) => return Err(candle_core::Error::Msg(e.to_string())),

@@ -1,8 +1,55 @@
-//! The input pipeline (the paper's third idea): which samples each worker gets, and turning
-//! them into batches before the step needs them.
+//! The input pipeline (the paper's third idea): batches are loaded ahead of the step, so no step
+//! waits for data.
+//!
+//! Top-down, per training process (one [`Pipeline`], shared by all workers):
+//!
+//! ```text
+//!  DistributedSampler        which samples: epoch order = f(seed, epoch), split into shards
+//!        |                   (sampler.rs)
+//!  loader threads x T        claim jobs (epoch, step, worker) in order from one counter,
+//!        |                   across epoch boundaries; threads live for the whole run
+//!        |   Source          read sample i: a slice of memory, or read + decode a PNG/JPEG
+//!        |                   (source.rs; data::image_folder)
+//!        |   Augment         random crop with zero padding, flip, normalise, into f32;
+//!        |                   random draws = hash(seed, epoch, i) (augment.rs)
+//!        |   Collator        fills a Batch taken from the BufferPool (batch.rs, pool.rs)
+//!        v
+//!  PrefetchQueue x workers   K slots per worker, filled out of order, taken in order; a loader
+//!        |                   reserves a slot before taking a buffer (queue.rs)
+//!  Staging                   the batch becomes the worker's input tensors; the CUDA seam
+//!        |                   (pinned buffer, async copy on a copy stream, event) (staging.rs)
+//!  BatchFeed::next           the worker's "data" phase: its wait is the data-wait time; the
+//!                            previous step's buffer goes back to the pool (loader.rs)
+//! ```
+//!
+//! Memory is bounded by the pool: `workers * (K + 1)` batch buffers whatever the number of
+//! loader threads (PyTorch's DataLoader holds `num_workers * prefetch_factor` batches plus a
+//! dataset copy per worker process); once each buffer has been filled once, no step allocates.
+//!
+//! Results do not depend on the number of loader threads or on K: a batch is filled by one
+//! thread from (seed, epoch, step, worker) alone, with the same [`Collator::fill`] that the
+//! synchronous baseline (`--prefetch 0`, [`BatchFeed::synchronous`]) runs inside the step.
+//!
+//! Errors: a sample that cannot be read fails its batch with a message naming the file, which
+//! the worker needing that batch reports and which stops the run (every thread is joined);
+//! with `--skip-bad-samples` the sample is left out of its batch and counted ([`LoadStats`]).
 
+mod augment;
 mod batch;
+mod loader;
+mod pool;
+mod queue;
 mod sampler;
+mod source;
+mod staging;
 
-pub use batch::{collate, Batch, Normalize};
+pub use augment::{Augment, MAX_CROP_PAD};
+pub use batch::{collate, Batch, Collator, LoadStats, Normalize};
+pub use loader::{
+    default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
+};
+pub use pool::BufferPool;
+pub use queue::{PrefetchQueue, Reserved};
 pub use sampler::DistributedSampler;
+pub use source::{SampleScratch, Source};
+pub use staging::{Staged, Staging};

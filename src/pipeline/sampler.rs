@@ -40,6 +40,11 @@ impl DistributedSampler {
         self.len / self.global_batch
     }
 
+    /// Workers the global batch is split across.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// Samples per worker per step.
     pub fn shard_size(&self) -> usize {
         self.global_batch / self.workers

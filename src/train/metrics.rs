@@ -101,6 +101,21 @@ pub struct EpochRecord {
     pub seconds: f64,
     /// Mean step breakdown over the epoch.
     pub breakdown: Breakdown,
+    /// Peak resident memory of the process so far, in MiB (see [`peak_rss_mb`]); flat across
+    /// epochs when nothing grows per epoch.
+    pub peak_rss_mb: f64,
+}
+
+/// Peak resident memory of this process in MiB (`VmHWM` of `/proc/self/status`), 0 where the
+/// kernel does not report it.
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// Appends one JSON line to `path`.

@@ -11,7 +11,8 @@ pub mod worker;
 use crate::comm::InProcessFabric;
 use crate::config::TrainConfig;
 use crate::data::{self, Dataset, DatasetSpec};
-use metrics::{append_jsonl, Breakdown, EpochRecord, StepTimes};
+use crate::pipeline::{BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source};
+use metrics::{append_jsonl, peak_rss_mb, Breakdown, EpochRecord, StepTimes};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -87,6 +88,12 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// Hash of each worker's final weights; all equal when the replicas stayed identical.
     pub replica_hashes: Vec<u64>,
+    /// Peak resident memory of the process at the end of the run, MiB.
+    pub peak_rss_mb: f64,
+    /// Sample reads left out with `--skip-bad-samples`.
+    pub skipped_samples: usize,
+    /// The first few skipped samples and why, each naming its file.
+    pub skipped_examples: Vec<String>,
 }
 
 /// Loads the configured dataset (with optional size limits).
@@ -117,6 +124,72 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
     Ok((train, test))
 }
 
+/// The training set as the input pipeline reads it, and the test set in memory. An ImageFolder's
+/// training split stays on disk (decoded per sample by the loaders); its test split, which
+/// every evaluation reads whole, is decoded once here.
+pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), String> {
+    let spec = DatasetSpec::parse(
+        &cfg.dataset,
+        cfg.data_dir.as_deref(),
+        Path::new("data/mnist"),
+    )
+    .map_err(|e| e.to_string())?;
+    let DatasetSpec::ImageFolder { dir } = spec else {
+        let (train, test) = load_data(cfg)?;
+        return Ok((Source::Memory(Arc::new(train)), test));
+    };
+    let (mut train, mut test) = data::image_folder::open_pair(&dir).map_err(|e| e.to_string())?;
+    if let Some(n) = cfg.train_limit {
+        train.truncate(n);
+    }
+    if let Some(n) = cfg.test_limit {
+        test.truncate(n);
+    }
+    if train.len() < cfg.batch {
+        return Err(format!(
+            "the training set has {} samples, fewer than one global batch of {}",
+            train.len(),
+            cfg.batch
+        ));
+    }
+    let test = test.decode_all("imagefolder").map_err(|e| e.to_string())?;
+    Ok((Source::Folder(Arc::new(train)), test))
+}
+
+/// The input pipeline of a run: loader threads (unless `--prefetch 0`) and one feed per worker.
+pub fn start_pipeline(
+    cfg: &TrainConfig,
+    source: Source,
+    first_epoch: usize,
+    stats: Arc<LoadStats>,
+) -> Result<(Option<Pipeline>, Vec<BatchFeed>), String> {
+    let device = candle_core::Device::Cpu;
+    let collator = Collator {
+        norm: source.normalize(),
+        source,
+        augment: cfg.augment,
+        seed: cfg.seed,
+        skip_bad: cfg.skip_bad_samples,
+        stats,
+    };
+    let sampler = DistributedSampler::new(collator.source.len(), cfg.batch, cfg.workers, cfg.seed);
+    if cfg.prefetch == 0 {
+        let feeds = (0..cfg.workers)
+            .map(|r| BatchFeed::synchronous(r, collator.clone(), sampler.clone(), &device))
+            .collect();
+        return Ok((None, feeds));
+    }
+    let (p, feeds) = Pipeline::start(
+        collator,
+        sampler,
+        first_epoch..cfg.epochs,
+        cfg.loader_threads,
+        cfg.prefetch,
+        &device,
+    )?;
+    Ok((Some(p), feeds))
+}
+
 fn truncate(ds: &mut Dataset, n: usize) {
     let n = n.min(ds.len());
     ds.pixels.truncate(n * ds.sample_len());
@@ -135,7 +208,7 @@ fn say(bar: &indicatif::ProgressBar, line: String) {
 /// Trains as configured; prints progress unless `cfg.quiet`.
 pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     let wall = Instant::now();
-    let (train_set, test_set) = load_data(&cfg)?;
+    let (train_source, test_set) = load_sources(&cfg)?;
     std::fs::create_dir_all(&cfg.run_dir)
         .map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
     let metrics_path = cfg.run_dir.join("metrics.jsonl");
@@ -153,7 +226,11 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
         ));
     }
     let cfg = Arc::new(cfg);
-    let (train_set, test_set) = (Arc::new(train_set), Arc::new(test_set));
+    let train_len = train_source.len();
+    let load_stats = Arc::new(LoadStats::default());
+    // Lives until every worker has been joined; dropping it joins the loader threads.
+    let (pipeline, feeds) = start_pipeline(&cfg, train_source, start_epoch, load_stats.clone())?;
+    let test_set = Arc::new(test_set);
     let transports = if cfg.workers > 1 {
         InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout)
             .into_iter()
@@ -164,11 +241,11 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     };
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut handles = Vec::new();
-    for (rank, transport) in transports.into_iter().enumerate() {
+    for ((rank, transport), feed) in transports.into_iter().enumerate().zip(feeds) {
         let setup = WorkerSetup {
             rank,
             cfg: cfg.clone(),
-            train: train_set.clone(),
+            feed,
             test: test_set.clone(),
             transport: transport.map(|t| Box::new(t) as Box<dyn crate::comm::Transport>),
             events: tx.clone(),
@@ -190,7 +267,7 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     }
     drop(tx);
 
-    let spe = train_set.len() / cfg.batch;
+    let spe = train_len / cfg.batch;
     let total_steps = (cfg.epochs - start_epoch) * spe;
     let bar = if cfg.quiet {
         indicatif::ProgressBar::hidden()
@@ -212,6 +289,9 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
         checkpoint: None,
         wall_seconds: 0.0,
         replica_hashes: vec![0; cfg.workers],
+        peak_rss_mb: 0.0,
+        skipped_samples: 0,
+        skipped_examples: Vec::new(),
     };
     let mut epoch_breakdown = Breakdown::default();
     let mut train_seconds = 0.0;
@@ -225,14 +305,15 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
                     say(
                         &bar,
                         format!(
-                            "{} on {}: {} workers x {} threads, comm {} ({}), overlap {}",
+                            "{} on {}: {} workers x {} threads, comm {}, overlap {}\n  {}; per bucket: {}",
                             cfg.model,
                             cfg.dataset,
                             cfg.workers,
                             cfg.threads,
                             cfg.comm,
+                            if cfg.overlap { "on" } else { "off" },
                             description,
-                            if cfg.overlap { "on" } else { "off" }
+                            ops.join(", ")
                         ),
                     );
                 }
@@ -290,6 +371,7 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
                     images_per_s: (spe * cfg.batch) as f64 / secs.max(1e-9),
                     seconds: secs,
                     breakdown: std::mem::take(&mut epoch_breakdown),
+                    peak_rss_mb: peak_rss_mb(),
                 };
                 if !cfg.quiet {
                     say(&bar, format!(
@@ -327,6 +409,15 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
             Err(_) => errors.push(format!("worker {rank} panicked")),
         }
     }
+    drop(pipeline);
+    // A worker's error stops the input pipeline, and its peers then fail with "the input
+    // pipeline stopped: ..."; the cause is the error that is not such an echo.
+    if let Some(cause) = errors
+        .iter()
+        .find(|e| !e.contains("the input pipeline stopped"))
+    {
+        return Err(cause.clone());
+    }
     if let Some(first) = errors.first() {
         return Err(first.clone());
     }
@@ -342,6 +433,9 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     }
     summary.images_per_s = (total_steps * cfg.batch) as f64 / train_seconds.max(1e-9);
     summary.wall_seconds = wall.elapsed().as_secs_f64();
+    summary.peak_rss_mb = peak_rss_mb();
+    summary.skipped_samples = load_stats.skipped();
+    summary.skipped_examples = load_stats.examples();
     let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
     checkpoint::write_atomically(&cfg.run_dir.join("summary.json"), json.as_bytes())?;
     Ok(summary)

@@ -12,7 +12,7 @@ use crate::models;
 use crate::nn::{Net, Param};
 use crate::optim::Sgd;
 use crate::parallel::{read_params, write_params, BucketOp, BucketPlan, Reducer};
-use crate::pipeline::{collate, Batch, DistributedSampler, Normalize};
+use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
 use candle_core::{Device, Tensor};
 use crossbeam_channel::Sender;
 use std::sync::Arc;
@@ -31,8 +31,8 @@ pub struct WorkerSetup {
     pub rank: usize,
     /// The run's configuration.
     pub cfg: Arc<TrainConfig>,
-    /// Training set.
-    pub train: Arc<Dataset>,
+    /// This worker's end of the input pipeline (training set, normalisation, batches).
+    pub feed: BatchFeed,
     /// Test set (evaluated by worker 0).
     pub test: Arc<Dataset>,
     /// This worker's end of the fabric (`None` with one worker).
@@ -69,10 +69,9 @@ pub struct Worker {
     reducer: Reducer,
     sampler: DistributedSampler,
     norm: Normalize,
-    batch: Batch,
+    feed: BatchFeed,
     param_flat: Vec<f32>,
     device: Device,
-    train: Arc<Dataset>,
     test: Arc<Dataset>,
     events: Sender<Event>,
     start_epoch: usize,
@@ -95,8 +94,9 @@ impl Worker {
     pub fn new(s: WorkerSetup) -> Result<Self, String> {
         let cfg = s.cfg.clone();
         let device = Device::Cpu;
-        let input = [s.train.channels, s.train.height, s.train.width];
-        let net = models::build(&cfg.model, input, s.train.num_classes, cfg.seed, &device)
+        let input = s.feed.source().shape();
+        let classes = s.feed.source().num_classes();
+        let net = models::build(&cfg.model, input, classes, cfg.seed, &device)
             .map_err(|e| e.to_string())?;
         let params = net.params();
         let mut sgd = Sgd::new(cfg.sgd, &params);
@@ -110,7 +110,7 @@ impl Worker {
         let plan = BucketPlan::new(&net, cfg.first_bucket_kb * 1024, cfg.bucket_kb * 1024);
         let ops = bucket_ops(&cfg, &plan);
         if s.rank == 0 {
-            let ops = ops.iter().map(|o| format!("{o:?}")).collect();
+            let ops = ops.iter().map(|o| o.to_string()).collect();
             let _ = s.events.send(Event::Plan {
                 description: plan.describe(),
                 ops,
@@ -120,17 +120,21 @@ impl Worker {
         let reducer = Reducer::new(plan, ops, cfg.overlap, s.transport);
         let mut w = Self {
             rank: s.rank,
-            sampler: DistributedSampler::new(s.train.len(), cfg.batch, cfg.workers, cfg.seed),
-            norm: Normalize::for_dataset(&s.train),
+            sampler: DistributedSampler::new(
+                s.feed.source().len(),
+                cfg.batch,
+                cfg.workers,
+                cfg.seed,
+            ),
+            norm: s.feed.normalize().clone(),
             cfg,
             net,
             params,
             sgd,
             reducer,
-            batch: Batch::default(),
+            feed: s.feed,
             param_flat: vec![0.0; total],
             device,
-            train: s.train,
             test: s.test,
             events: s.events,
             start_epoch,
@@ -166,7 +170,7 @@ impl Worker {
             let started = Instant::now();
             let mut loss_sum = 0.0;
             for step in 0..spe {
-                let (loss, times) = self.step(&order, step, epoch * spe + step)?;
+                let (loss, times) = self.step(&order, epoch, step, epoch * spe + step)?;
                 loss_sum += loss as f64;
                 let _ = self.events.send(Event::Step {
                     rank: self.rank,
@@ -187,7 +191,8 @@ impl Worker {
                 };
                 let last = epoch + 1 == self.cfg.epochs;
                 let every = self.cfg.checkpoint_every;
-                let checkpoint = if last || (every > 0 && (epoch + 1) % every == 0) {
+                let due = last || (every > 0 && (epoch + 1) % every == 0);
+                let checkpoint = if due && !self.cfg.no_checkpoints {
                     let ck = ctx(
                         super::checkpoint::Checkpoint::capture(
                             state,
@@ -233,27 +238,17 @@ impl Worker {
     fn step(
         &mut self,
         order: &[u32],
+        epoch: usize,
         step: usize,
         global: usize,
     ) -> Result<(f32, StepTimes), String> {
         let (rank, gs) = (self.rank, self.global_step);
         let t0 = Instant::now();
-        collate(
-            &self.train,
-            self.sampler.shard(order, step, rank),
-            &self.norm,
-            &mut self.batch,
-        );
-        let n = self.batch.len();
-        let [c, h, w] = self.net.input;
-        let x = ctx(
-            Tensor::from_slice(&self.batch.images, (n, c, h, w), &self.device),
-            rank,
-            "data",
-            gs,
-        )?;
-        let y = ctx(
-            Tensor::from_slice(&self.batch.labels, n, &self.device),
+        // Waiting here (for the prefetch queue, or collating with --prefetch 0) is the data
+        // wait of the step breakdown.
+        let staged = ctx(self.feed.next(epoch, step, order), rank, "data", gs)?;
+        let (x, y) = ctx(
+            staged.tensors(self.net.input, &self.device),
             rank,
             "data",
             gs,

@@ -1,0 +1,381 @@
+//! ImageFolder datasets: one directory per class holding PNG or JPEG files, as torchvision's
+//! `ImageFolder` lays them out:
+//!
+//! ```text
+//! DIR/train/<class>/<any name>.png|.jpg|.jpeg
+//! DIR/test/<class>/...
+//! ```
+//!
+//! Classes are the training split's subdirectory names in sorted order (label = position).
+//! Unlike the other readers this one is *lazy*: [`ImageFolder::open`] only lists the files and
+//! decodes one to learn the shape; each sample is read and decoded when a loader thread asks for
+//! it ([`ImageFolder::read`]), so decoding is real per-step work that the input pipeline has to
+//! hide. Every image of a split must have the first image's size (no resizing here).
+//!
+//! [`export`] writes any in-memory [`Dataset`] pair in this layout (`dptrain data export-images`).
+
+use super::{DataError, Dataset, DatasetPair};
+use image::{ColorType, ImageDecoder, ImageFormat, ImageReader};
+use std::io::{Cursor, Read};
+use std::path::{Path, PathBuf};
+
+/// Extensions (lower-case) taken as images; other files in a class directory are ignored.
+const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
+
+/// Images probed at open to learn the split's shape before giving up.
+const PROBE: usize = 16;
+
+/// One split of an ImageFolder: the file list, labels and shape; pixels are read on demand.
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    /// The split's directory (`DIR/train` or `DIR/test`).
+    pub root: PathBuf,
+    /// Class names; a label is an index into this list.
+    pub classes: Vec<String>,
+    /// Image files, class by class, each class's files in name order.
+    pub files: Vec<PathBuf>,
+    /// Label of each file.
+    pub labels: Vec<u8>,
+    /// 1 when the first image is greyscale, else 3 (RGB; alpha is dropped).
+    pub channels: usize,
+    /// Image height in pixels.
+    pub height: usize,
+    /// Image width in pixels.
+    pub width: usize,
+}
+
+/// Reusable buffers for [`ImageFolder::read`], one per loader thread, so that reading a sample
+/// allocates nothing once they have grown to the largest file.
+#[derive(Debug, Default)]
+pub struct DecodeScratch {
+    file: Vec<u8>,
+    hwc: Vec<u8>,
+}
+
+fn invalid(path: &Path, what: impl std::fmt::Display) -> DataError {
+    DataError::invalid(
+        path,
+        format!("{what}; replace or delete the file (or train with --skip-bad-samples)"),
+    )
+}
+
+impl ImageFolder {
+    /// Lists `split_dir` (one subdirectory per class) and probes its first image for the shape.
+    /// `classes` fixes the class list (the test split uses the training split's); `None` takes
+    /// this directory's subdirectories.
+    pub fn open(split_dir: &Path, classes: Option<&[String]>) -> Result<Self, DataError> {
+        let hint = "an ImageFolder needs train/ and test/ directories with one subdirectory \
+                    per class; make one with `dptrain data export-images --dataset mnist --out DIR`";
+        let entries =
+            std::fs::read_dir(split_dir).map_err(|e| DataError::from_io(split_dir, e, hint))?;
+        let mut found = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| DataError::from_io(split_dir, e, hint))?;
+            if e.path().is_dir() {
+                found.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        found.sort();
+        let classes = match classes {
+            None => found,
+            Some(known) => {
+                if let Some(extra) = found.iter().find(|c| !known.contains(c)) {
+                    return Err(DataError::invalid(
+                        split_dir.join(extra),
+                        "is a class the training split does not have; rename or remove it",
+                    ));
+                }
+                known.to_vec()
+            }
+        };
+        if classes.is_empty() || classes.len() > 256 {
+            return Err(DataError::invalid(
+                split_dir,
+                format!(
+                    "has {} class directories; an ImageFolder needs 1 to 256 ({hint})",
+                    classes.len()
+                ),
+            ));
+        }
+        let (mut files, mut labels) = (Vec::new(), Vec::new());
+        for (label, class) in classes.iter().enumerate() {
+            let dir = split_dir.join(class);
+            let mut these = Vec::new();
+            if dir.is_dir() {
+                for e in std::fs::read_dir(&dir).map_err(|e| DataError::from_io(&dir, e, hint))? {
+                    let p = e.map_err(|e| DataError::from_io(&dir, e, hint))?.path();
+                    let ext = p
+                        .extension()
+                        .map(|x| x.to_string_lossy().to_ascii_lowercase());
+                    if p.is_file() && ext.is_some_and(|x| EXTENSIONS.contains(&x.as_str())) {
+                        these.push(p);
+                    }
+                }
+            }
+            these.sort();
+            labels.extend(std::iter::repeat_n(label as u8, these.len()));
+            files.extend(these);
+        }
+        if files.is_empty() {
+            return Err(DataError::invalid(
+                split_dir,
+                format!("holds no .png, .jpg or .jpeg files; {hint}"),
+            ));
+        }
+        let mut folder = ImageFolder {
+            root: split_dir.to_path_buf(),
+            classes,
+            files,
+            labels,
+            channels: 0,
+            height: 0,
+            width: 0,
+        };
+        // The first image that decodes sets the shape; a bad first file is reported (or skipped)
+        // later, when training reaches it, like any other bad file.
+        let mut first_err = None;
+        for path in folder.files.iter().take(PROBE) {
+            match probe(path) {
+                Ok((w, h, grey)) => {
+                    (folder.width, folder.height) = (w, h);
+                    folder.channels = if grey { 1 } else { 3 };
+                    return Ok(folder);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_err.expect("at least one file was probed"))
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// True when there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// Bytes per decoded sample: `channels * height * width`.
+    pub fn sample_len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+
+    /// Keeps `n` samples only (`--train-limit`, `--test-limit`): every (len/n)-th file rather
+    /// than the first n, because files are listed class by class and the first n would leave
+    /// out whole classes.
+    pub fn truncate(&mut self, n: usize) {
+        let len = self.len();
+        if n >= len {
+            return;
+        }
+        let keep: Vec<usize> = (0..n).map(|k| k * len / n).collect();
+        self.files = keep.iter().map(|&i| self.files[i].clone()).collect();
+        self.labels = keep.iter().map(|&i| self.labels[i]).collect();
+    }
+
+    /// Reads and decodes sample `i` into `out` (C×H×W, `sample_len()` bytes). A file that cannot
+    /// be read, is not a PNG/JPEG, is truncated or has another size gives an error naming it.
+    pub fn read(
+        &self,
+        i: usize,
+        scratch: &mut DecodeScratch,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        let path = &self.files[i];
+        scratch.file.clear();
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut scratch.file))
+            .map_err(|e| DataError::Io {
+                path: path.clone(),
+                cause: e,
+            })?;
+        let decoder = decoder(path, &scratch.file)?;
+        let (w, h) = decoder.dimensions();
+        if (w as usize, h as usize) != (self.width, self.height) {
+            return Err(invalid(
+                path,
+                format!(
+                    "is {w}x{h} but the split's images are {}x{} (the first image decides)",
+                    self.width, self.height
+                ),
+            ));
+        }
+        let plane = self.width * self.height;
+        let want = if self.channels == 1 {
+            ColorType::L8
+        } else {
+            ColorType::Rgb8
+        };
+        let bad = |e: image::ImageError| invalid(path, format!("cannot decode: {e}"));
+        // Fast path: the file already has the layout we want; decode straight into our buffer.
+        let hwc: &[u8] = if decoder.color_type() == want {
+            scratch.hwc.resize(plane * self.channels, 0);
+            decoder.read_image(&mut scratch.hwc).map_err(bad)?;
+            &scratch.hwc
+        } else {
+            let img = image::DynamicImage::from_decoder(decoder).map_err(bad)?;
+            scratch.hwc.clear();
+            if self.channels == 1 {
+                scratch.hwc.extend_from_slice(img.to_luma8().as_raw());
+            } else {
+                scratch.hwc.extend_from_slice(img.to_rgb8().as_raw());
+            }
+            &scratch.hwc
+        };
+        if self.channels == 1 {
+            out[..plane].copy_from_slice(&hwc[..plane]);
+        } else {
+            // Interleaved RGB to planes.
+            for (p, px) in hwc.chunks_exact(3).enumerate() {
+                out[p] = px[0];
+                out[plane + p] = px[1];
+                out[2 * plane + p] = px[2];
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes every sample into an in-memory [`Dataset`] (the test split, which evaluation
+    /// reads whole every epoch, and [`crate::data::load`]).
+    pub fn decode_all(&self, name: &str) -> Result<Dataset, DataError> {
+        let n = self.sample_len();
+        let mut pixels = vec![0u8; self.len() * n];
+        let mut scratch = DecodeScratch::default();
+        for (i, out) in pixels.chunks_exact_mut(n.max(1)).enumerate() {
+            self.read(i, &mut scratch, out)?;
+        }
+        Ok(Dataset {
+            name: name.to_string(),
+            channels: self.channels,
+            height: self.height,
+            width: self.width,
+            num_classes: self.classes.len(),
+            pixels,
+            labels: self.labels.clone(),
+        })
+    }
+
+    /// Per-channel mean and standard deviation of pixel/255, estimated from up to `max` images
+    /// spread evenly over the split (decoding all of them would cost a full epoch at start).
+    /// Files that fail to decode are left out of the estimate; they are reported in training.
+    pub fn estimate_mean_std(&self, max: usize) -> (Vec<f32>, Vec<f32>) {
+        let take = self.len().min(max.max(1));
+        let mut probe = Dataset {
+            name: "imagefolder".into(),
+            channels: self.channels,
+            height: self.height,
+            width: self.width,
+            num_classes: self.classes.len(),
+            pixels: Vec::with_capacity(take * self.sample_len()),
+            labels: Vec::with_capacity(take),
+        };
+        let mut scratch = DecodeScratch::default();
+        let mut buf = vec![0u8; self.sample_len()];
+        for k in 0..take {
+            let i = k * self.len() / take;
+            if self.read(i, &mut scratch, &mut buf).is_ok() {
+                probe.pixels.extend_from_slice(&buf);
+                probe.labels.push(self.labels[i]);
+            }
+        }
+        probe.computed_mean_std()
+    }
+}
+
+/// A decoder for `bytes` (the contents of `path`), by content, not by extension.
+fn decoder<'a>(path: &Path, bytes: &'a [u8]) -> Result<impl ImageDecoder + 'a, DataError> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| invalid(path, e))?;
+    match reader.format() {
+        Some(ImageFormat::Png | ImageFormat::Jpeg) => {}
+        _ => return Err(invalid(path, "is neither PNG nor JPEG data")),
+    }
+    reader
+        .into_decoder()
+        .map_err(|e| invalid(path, format!("cannot decode: {e}")))
+}
+
+/// Width, height and whether the image is greyscale, from the header of `path`.
+fn probe(path: &Path) -> Result<(usize, usize, bool), DataError> {
+    let bytes = std::fs::read(path).map_err(|e| DataError::Io {
+        path: path.to_path_buf(),
+        cause: e,
+    })?;
+    let d = decoder(path, &bytes)?;
+    let (w, h) = d.dimensions();
+    let grey = matches!(
+        d.color_type(),
+        ColorType::L8 | ColorType::La8 | ColorType::L16 | ColorType::La16
+    );
+    Ok((w as usize, h as usize, grey))
+}
+
+/// Opens `dir/train` and `dir/test` (the test split with the training split's classes).
+pub fn open_pair(dir: &Path) -> Result<(ImageFolder, ImageFolder), DataError> {
+    let train = ImageFolder::open(&dir.join("train"), None)?;
+    let test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
+    if (train.channels, train.height, train.width) != (test.channels, test.height, test.width) {
+        return Err(DataError::invalid(
+            dir.join("test"),
+            format!(
+                "images are {}x{}x{} (CxHxW) but training images are {}x{}x{}; both splits must \
+                 have one size",
+                test.channels, test.height, test.width, train.channels, train.height, train.width
+            ),
+        ));
+    }
+    Ok((train, test))
+}
+
+/// Writes the first `limit` samples (all when `None`) of each split of `pair` as PNG files in
+/// ImageFolder layout under `out` (class directories named by zero-padded label, so their sorted
+/// order is label order). Returns the number of files written.
+pub fn export(pair: &DatasetPair, out: &Path, limit: Option<usize>) -> Result<usize, DataError> {
+    use rayon::prelude::*;
+    let mut written = 0;
+    for (split, ds) in [("train", &pair.train), ("test", &pair.test)] {
+        let n = limit.unwrap_or(usize::MAX).min(ds.len());
+        let digits = (ds.num_classes.max(2) - 1).to_string().len();
+        let class_dir = |c: usize| out.join(split).join(format!("{c:0digits$}"));
+        for c in 0..ds.num_classes {
+            let d = class_dir(c);
+            std::fs::create_dir_all(&d).map_err(|e| DataError::Io { path: d, cause: e })?;
+        }
+        let (w, h, plane) = (ds.width, ds.height, ds.width * ds.height);
+        (0..n).into_par_iter().try_for_each(|i| {
+            let path = class_dir(ds.labels[i] as usize).join(format!("{i:06}.png"));
+            let img = ds.image(i);
+            let (bytes, color): (std::borrow::Cow<[u8]>, _) = match ds.channels {
+                1 => (img.into(), image::ExtendedColorType::L8),
+                3 => {
+                    let hwc = (0..plane)
+                        .flat_map(|p| [img[p], img[plane + p], img[2 * plane + p]])
+                        .collect::<Vec<u8>>();
+                    (hwc.into(), image::ExtendedColorType::Rgb8)
+                }
+                c => {
+                    return Err(DataError::invalid(
+                        &path,
+                        format!("cannot write {c}-channel images as PNG; only 1 or 3"),
+                    ))
+                }
+            };
+            image::save_buffer_with_format(
+                &path,
+                &bytes,
+                w as u32,
+                h as u32,
+                color,
+                ImageFormat::Png,
+            )
+            .map_err(|e| DataError::invalid(&path, format!("cannot write: {e}")))
+        })?;
+        written += n;
+    }
+    Ok(written)
+}

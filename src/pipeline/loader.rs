@@ -1,0 +1,417 @@
+//! The loader threads and each worker's end of the pipeline ([`BatchFeed`]).
+//!
+//! The run's batches form one stream of jobs, `(epoch, step, worker)` in that order, numbered
+//! `g = seq * workers + worker` with `seq = (epoch - first epoch) * steps_per_epoch + step`.
+//! Loader threads claim jobs from an atomic counter, so they run through epoch boundaries
+//! without stopping: the next epoch's first batches are filled while the current epoch's last
+//! steps (and worker 0's evaluation) run, and threads are started once per run, not per epoch.
+//! The epoch's sample order is a pure function of (seed, epoch) ([`DistributedSampler`]), so
+//! any thread can compute it; it is computed once and shared ([`EpochOrders`]).
+//!
+//! Shutdown: stopping sets a flag, wakes every queue and the pool, and joins every thread.
+//! It happens when the [`Pipeline`] is dropped (the run ended or failed), when a loader fails
+//! (its error goes into the failing batch's slot so the worker that needed it reports it, and
+//! every other worker's next wait fails with the same message), and when a worker leaves
+//! before consuming all its batches (its feed is dropped).
+
+use super::queue::{PrefetchQueue, Reserved};
+use super::{Batch, BufferPool, Collator, DistributedSampler, SampleScratch, Source, Staged};
+use super::{Normalize, Staging};
+use candle_core::Device;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Most loader threads accepted.
+pub const MAX_LOADER_THREADS: usize = 64;
+/// Most prefetched batches per worker accepted.
+pub const MAX_PREFETCH: usize = 64;
+
+/// Loader threads when none is asked for: a quarter of the cores, at least 1 and at most 8.
+/// The workers' compute threads already take every core; on a 2-core machine one loader thread
+/// outruns a LeNet step (see the note in `docs/ARCHITECTURE.md`), and more only steal cycles
+/// from compute.
+pub fn default_loader_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 4).clamp(1, 8)
+}
+
+/// The permutation of recent epochs, computed once and shared by every loader thread.
+#[derive(Debug, Default)]
+pub struct EpochOrders {
+    cache: Mutex<Vec<(usize, Arc<Vec<u32>>)>>,
+}
+
+/// Epoch orders kept: the one being finished and the one being started, plus slack.
+const KEPT_ORDERS: usize = 3;
+
+impl EpochOrders {
+    /// The order of `epoch` (computed by the first thread to ask).
+    pub fn get(&self, epoch: usize, sampler: &DistributedSampler) -> Arc<Vec<u32>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, o)) = cache.iter().find(|(e, _)| *e == epoch) {
+            return o.clone();
+        }
+        let mut order = Vec::new();
+        sampler.epoch_order(epoch, &mut order);
+        let order = Arc::new(order);
+        cache.push((epoch, order.clone()));
+        if cache.len() > KEPT_ORDERS {
+            cache.sort_by_key(|(e, _)| *e);
+            cache.remove(0);
+        }
+        order
+    }
+}
+
+/// State shared by the loader threads and the feeds.
+#[derive(Debug)]
+struct Shared {
+    collator: Collator,
+    sampler: DistributedSampler,
+    queues: Vec<PrefetchQueue>,
+    pool: BufferPool,
+    stop: AtomicBool,
+    next_job: AtomicUsize,
+    first_epoch: usize,
+    batches_per_worker: usize,
+    orders: EpochOrders,
+    running: AtomicUsize,
+}
+
+impl Shared {
+    fn workers(&self) -> usize {
+        self.queues.len()
+    }
+
+    fn stop_all(&self, why: &str) {
+        self.stop.store(true, Ordering::Release);
+        for q in &self.queues {
+            q.stop(why);
+        }
+    }
+
+    /// (epoch, step) of a worker's batch `seq`.
+    fn epoch_step(&self, seq: usize) -> (usize, usize) {
+        let spe = self.sampler.steps_per_epoch().max(1);
+        (self.first_epoch + seq / spe, seq % spe)
+    }
+}
+
+/// The loader threads of one run, with the per-worker queues and the buffer pool.
+#[derive(Debug)]
+pub struct Pipeline {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Decrements the running-thread count however a loader thread ends.
+struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Pipeline {
+    /// Starts `loader_threads` threads that fill every worker's batches for `epochs`, at most
+    /// `prefetch` (>= 1) ahead per worker, and returns one feed per worker (rank order).
+    ///
+    /// The pool holds `workers * (prefetch + 1)` buffers: up to `prefetch` reserved or waiting
+    /// per worker plus the one each worker is training on. That is all the batch memory the
+    /// pipeline ever uses, independent of `loader_threads`.
+    pub fn start(
+        collator: Collator,
+        sampler: DistributedSampler,
+        epochs: Range<usize>,
+        loader_threads: usize,
+        prefetch: usize,
+        device: &Device,
+    ) -> Result<(Pipeline, Vec<BatchFeed>), String> {
+        if !(1..=MAX_LOADER_THREADS).contains(&loader_threads) {
+            return Err(format!(
+                "--loader-threads must be 1..={MAX_LOADER_THREADS}, not {loader_threads}"
+            ));
+        }
+        if !(1..=MAX_PREFETCH).contains(&prefetch) {
+            return Err(format!(
+                "a prefetching pipeline needs --prefetch 1..={MAX_PREFETCH} (0 loads in the step)"
+            ));
+        }
+        let workers = sampler.workers();
+        let shared = Arc::new(Shared {
+            queues: (0..workers).map(|_| PrefetchQueue::new(prefetch)).collect(),
+            pool: BufferPool::new(workers * (prefetch + 1)),
+            stop: AtomicBool::new(false),
+            next_job: AtomicUsize::new(0),
+            first_epoch: epochs.start,
+            batches_per_worker: epochs.len() * sampler.steps_per_epoch(),
+            orders: EpochOrders::default(),
+            running: AtomicUsize::new(loader_threads),
+            collator,
+            sampler,
+        });
+        let mut pipeline = Pipeline {
+            shared: shared.clone(),
+            threads: Vec::new(),
+        };
+        for t in 0..loader_threads {
+            let s = shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("loader-{t}"))
+                .spawn(move || loader_thread(&s));
+            match h {
+                Ok(h) => pipeline.threads.push(h),
+                Err(e) => {
+                    // Threads not started never decrement the count.
+                    shared
+                        .running
+                        .fetch_sub(loader_threads - t, Ordering::AcqRel);
+                    return Err(format!("cannot start loader thread: {e}"));
+                }
+            }
+        }
+        let feeds = (0..workers)
+            .map(|rank| BatchFeed {
+                rank,
+                kind: Kind::Prefetch {
+                    shared: shared.clone(),
+                    next_seq: 0,
+                },
+                collator: shared.collator.clone(),
+                staging: Staging::new(device),
+                current: None,
+            })
+            .collect();
+        Ok((pipeline, feeds))
+    }
+
+    /// Loader threads still running.
+    pub fn running_threads(&self) -> usize {
+        self.shared.running.load(Ordering::Acquire)
+    }
+
+    /// Each worker's queue: most batches ever waiting at once.
+    pub fn queue_peaks(&self) -> Vec<usize> {
+        self.shared.queues.iter().map(|q| q.peak()).collect()
+    }
+
+    /// Each worker's queue: batches waiting now.
+    pub fn queue_lens(&self) -> Vec<usize> {
+        self.shared.queues.iter().map(|q| q.len()).collect()
+    }
+
+    /// Buffers in the pool (the bound on the pipeline's batch memory).
+    pub fn pool_capacity(&self) -> usize {
+        self.shared.pool.capacity()
+    }
+
+    /// Stops the loader threads and joins them all; returns how many were joined.
+    pub fn shutdown(mut self) -> usize {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> usize {
+        self.shared.stop_all("the input pipeline was shut down");
+        let mut joined = 0;
+        for h in self.threads.drain(..) {
+            // A loader's panics are caught per batch; a join error cannot carry news the
+            // workers have not had already.
+            let _ = h.join();
+            joined += 1;
+        }
+        joined
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+fn loader_thread(s: &Shared) {
+    let _running = Running(&s.running);
+    let mut scratch = SampleScratch::default();
+    let workers = s.workers();
+    let total = s.batches_per_worker * workers;
+    loop {
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let g = s.next_job.fetch_add(1, Ordering::AcqRel);
+        if g >= total {
+            return;
+        }
+        let (seq, w) = (g / workers, g % workers);
+        let q = &s.queues[w];
+        match q.reserve(seq) {
+            Reserved::Go => {}
+            Reserved::Closed => continue,
+            Reserved::Stopped => return,
+        }
+        let Some(mut batch) = s.pool.take(&s.stop) else {
+            return;
+        };
+        let (epoch, step) = s.epoch_step(seq);
+        let order = s.orders.get(epoch, &s.sampler);
+        let indices = s.sampler.shard(&order, step, w);
+        let filled = catch_unwind(AssertUnwindSafe(|| {
+            s.collator.fill(indices, epoch, &mut scratch, &mut batch)
+        }));
+        let item = match filled {
+            Ok(Ok(())) => Ok(batch),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                scratch = SampleScratch::default();
+                Err(format!(
+                    "a loader thread panicked loading samples {:?}..; this is a bug, please \
+                     report it",
+                    &indices[..indices.len().min(4)]
+                ))
+            }
+        };
+        let item = item.map_err(|e| {
+            format!(
+                "loading epoch {}, step {step} for worker {w}: {e}",
+                epoch + 1
+            )
+        });
+        let failed = item.as_ref().err().cloned();
+        // (The buffer of a failed batch is dropped; the run is over anyway.)
+        if let Some(b) = q.put(seq, item) {
+            s.pool.give(b);
+        }
+        if let Some(e) = failed {
+            s.stop_all(&format!("the input pipeline stopped: {e}"));
+            return;
+        }
+    }
+}
+
+/// How a feed gets its batches.
+#[derive(Debug)]
+enum Kind {
+    /// `--prefetch 0`: collate inside the step, on the worker's thread.
+    Sync {
+        sampler: DistributedSampler,
+        scratch: Box<SampleScratch>,
+        spare: Batch,
+    },
+    /// From the loader threads through this worker's queue.
+    Prefetch {
+        shared: Arc<Shared>,
+        next_seq: usize,
+    },
+}
+
+/// One worker's end of the input pipeline: hands out the batch of each step, staged.
+#[derive(Debug)]
+pub struct BatchFeed {
+    rank: usize,
+    kind: Kind,
+    collator: Collator,
+    staging: Staging,
+    current: Option<Staged>,
+}
+
+impl BatchFeed {
+    /// The synchronous feed (`--prefetch 0`): every batch is collated inside
+    /// [`BatchFeed::next`], on the worker's thread, with the same code the loaders run.
+    pub fn synchronous(
+        rank: usize,
+        collator: Collator,
+        sampler: DistributedSampler,
+        device: &Device,
+    ) -> Self {
+        Self {
+            rank,
+            kind: Kind::Sync {
+                sampler,
+                scratch: Box::default(),
+                spare: Batch::default(),
+            },
+            collator,
+            staging: Staging::new(device),
+            current: None,
+        }
+    }
+
+    /// The training set.
+    pub fn source(&self) -> &Source {
+        &self.collator.source
+    }
+
+    /// The normalisation batches get (evaluation uses it too).
+    pub fn normalize(&self) -> &Normalize {
+        &self.collator.norm
+    }
+
+    /// The batch of `step` of `epoch`, whose sample order is `order` (used by the synchronous
+    /// feed; the loaders compute the same order themselves). The previous batch's buffer is
+    /// recycled first.
+    pub fn next(&mut self, epoch: usize, step: usize, order: &[u32]) -> Result<&Staged, String> {
+        let previous = self.current.take().map(Staged::into_host);
+        let batch = match &mut self.kind {
+            Kind::Sync {
+                sampler,
+                scratch,
+                spare,
+            } => {
+                let mut batch = previous.unwrap_or_else(|| std::mem::take(spare));
+                let indices = sampler.shard(order, step, self.rank);
+                self.collator
+                    .fill(indices, epoch, scratch, &mut batch)
+                    .map_err(|e| format!("loading epoch {}, step {step}: {e}", epoch + 1))?;
+                batch
+            }
+            Kind::Prefetch { shared, next_seq } => {
+                if let Some(b) = previous {
+                    shared.pool.give(b);
+                }
+                let (want_epoch, want_step) = shared.epoch_step(*next_seq);
+                if (want_epoch, want_step) != (epoch, step) {
+                    return Err(format!(
+                        "worker {} asked for epoch {}, step {step}, but the pipeline prepared \
+                         epoch {}, step {want_step} next; this is a bug, please report it",
+                        self.rank,
+                        epoch + 1,
+                        want_epoch + 1
+                    ));
+                }
+                let b = shared.queues[self.rank].take(*next_seq)?;
+                *next_seq += 1;
+                b
+            }
+        };
+        Ok(self.current.insert(self.staging.stage(batch)))
+    }
+
+    /// The device batches are staged onto.
+    pub fn device(&self) -> &Device {
+        self.staging.device()
+    }
+}
+
+impl Drop for BatchFeed {
+    fn drop(&mut self) {
+        if let Kind::Prefetch { shared, next_seq } = &self.kind {
+            let q = &shared.queues[self.rank];
+            for b in q.close() {
+                shared.pool.give(b);
+            }
+            if *next_seq < shared.batches_per_worker {
+                // This worker stopped early (an error): its peers cannot finish the run, so
+                // stop now rather than let them wait for batches at a barrier.
+                shared.stop_all(&format!(
+                    "the input pipeline stopped: worker {} left at its batch {} of {} (its error \
+                     is the cause)",
+                    self.rank, next_seq, shared.batches_per_worker
+                ));
+            }
+        }
+    }
+}
