@@ -24,6 +24,21 @@ enum Command {
     /// Dataset tools.
     #[command(subcommand)]
     Data(DataCmd),
+    /// Measure (or derive from FLOPs) a model's per-block step profile and write it as JSON.
+    Profile(crate::sim::cli::ProfileArgs),
+    /// Simulate a training step on N workers from a profile: step time, exposed communication
+    /// and scaling efficiency per mode, overlap setting and bucket size.
+    Simulate(crate::sim::cli::SimulateArgs),
+    /// Regenerate each run directory's report.md and plots from its summary.json and
+    /// metrics.jsonl; with several runs, also compare them side by side.
+    Report {
+        /// Run directories.
+        #[arg(required = true)]
+        run_dirs: Vec<PathBuf>,
+        /// Where the comparison (comparison.md, breakdown.png) goes, with several runs.
+        #[arg(long, default_value = "runs/comparison")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,6 +151,8 @@ enum BenchCmd {
         #[arg(long, default_value_t = 60)]
         steps: usize,
     },
+    /// The step simulator against measured emulated runs, side by side.
+    SimCheck(crate::bench::simcheck::SimCheckArgs),
     /// Grid of overlap on/off x communication mode x emulated bandwidth for a model.
     Overlap {
         /// Model.
@@ -195,10 +212,38 @@ fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<LinkMo
     }
 }
 
+/// Diagnostic messages (bucket plan, mode choices, files written) go to stderr through
+/// `tracing`, filtered by `RUST_LOG` (e.g. `RUST_LOG=dptrain=debug`); warnings only by default,
+/// so stdout stays the progress and results.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 /// Parses the command line and runs the command; the error is the message to print.
 pub fn run() -> Result<(), String> {
     let cli = Cli::parse();
+    init_logging();
     match cli.command.unwrap_or_default() {
+        Command::Profile(a) => crate::sim::cli::profile(a),
+        Command::Bench(BenchCmd::SimCheck(a)) => bench::simcheck::run(a),
+        Command::Simulate(a) => crate::sim::cli::simulate(a),
+        Command::Report { run_dirs, out } => {
+            for dir in &run_dirs {
+                let figures = crate::report::write_run_report(dir)?;
+                println!("{}: report.md and {} figures", dir.display(), figures.len());
+            }
+            if run_dirs.len() > 1 {
+                let table = crate::report::write_comparison(&run_dirs, &out)?;
+                println!("{table}\ncomparison written to {}", out.display());
+            }
+            Ok(())
+        }
         Command::Train(t) => {
             let options = match &t.config {
                 Some(path) => TrainOptions::from_toml_file(path)?.overlaid_with(&t.options),
@@ -206,7 +251,34 @@ pub fn run() -> Result<(), String> {
             };
             let cfg = options.resolve()?;
             let run_dir = cfg.run_dir.clone();
-            let s = crate::train::train(cfg)?;
+            let json_log = cfg.log_format == crate::config::LogFormat::Json;
+            let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
+            let (rank, processes) = (group.rank(), group.size());
+            let result = crate::train::train_in(cfg, &group);
+            if let (Err(e), true) = (&result, processes > 1) {
+                // Reported before the ranks part: once one rank exits with an error, mpirun
+                // may stop the others before they have said why.
+                eprintln!("error: rank {rank} of {processes}: {e}");
+                group.end(false);
+                std::process::exit(1);
+            }
+            group.end(result.is_ok());
+            let s = result?;
+            if rank != 0 {
+                return Ok(());
+            }
+            if json_log {
+                let line = serde_json::json!({
+                    "kind": "done",
+                    "final_test_accuracy": s.final_test_accuracy,
+                    "images_per_s": s.images_per_s,
+                    "wall_seconds": s.wall_seconds,
+                    "breakdown": s.breakdown,
+                    "run_dir": run_dir,
+                });
+                println!("{line}");
+                return Ok(());
+            }
             println!(
                 "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s; {}\nrun directory: {}",
                 100.0 * s.final_test_accuracy,

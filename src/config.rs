@@ -15,6 +15,8 @@ pub enum CommChoice {
     Auto,
     /// One mode for every bucket.
     Fixed(CommMode),
+    /// The transport's own all-reduce (`mpi-native`: MPI_Allreduce), the reference to beat.
+    Native,
 }
 
 impl CommChoice {
@@ -22,10 +24,12 @@ impl CommChoice {
     pub fn parse(s: &str) -> Result<Self, String> {
         if s == "auto" {
             Ok(Self::Auto)
+        } else if s == "mpi-native" {
+            Ok(Self::Native)
         } else {
             s.parse::<CommMode>()
                 .map(Self::Fixed)
-                .map_err(|e| format!("{e} (or auto)"))
+                .map_err(|e| format!("{e} (or auto, or mpi-native with --transport mpi)"))
         }
     }
 }
@@ -35,6 +39,7 @@ impl std::fmt::Display for CommChoice {
         match self {
             Self::Auto => f.write_str("auto"),
             Self::Fixed(m) => write!(f, "{m}"),
+            Self::Native => f.write_str("mpi-native"),
         }
     }
 }
@@ -78,6 +83,12 @@ pub struct TrainConfig {
     pub link: Option<LinkModel>,
     /// How long a collective may wait for a peer.
     pub comm_timeout: Duration,
+    /// What connects the workers: threads of this process, or MPI ranks too.
+    pub transport: TransportKind,
+    /// Processes in the run (MPI ranks; 1 in-process). Not an option: set when MPI starts.
+    pub processes: usize,
+    /// This process's rank among them (0 in-process). Not an option: set when MPI starts.
+    pub process_rank: usize,
     /// Where metrics, summary and checkpoints go.
     pub run_dir: PathBuf,
     /// Write a checkpoint every this many epochs (0: only at the end).
@@ -110,6 +121,43 @@ pub struct TrainConfig {
     pub trace_steps: std::ops::Range<usize>,
     /// How progress is shown on stdout.
     pub log_format: LogFormat,
+}
+
+/// What connects the workers of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Worker threads of one process, through the in-process fabric.
+    InProcess,
+    /// One process per MPI rank (`mpirun -np P dptrain train --transport mpi`), each with
+    /// `--workers` threads; needs a binary built with `--features mpi`.
+    Mpi,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::InProcess => "inproc",
+            Self::Mpi => "mpi",
+        })
+    }
+}
+
+impl TransportKind {
+    /// Parses `inproc` or `mpi`; `mpi` is refused with the way out when the binary was built
+    /// without the `mpi` feature, so the mistake shows before any work starts.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "inproc" => Ok(Self::InProcess),
+            "mpi" if cfg!(feature = "mpi") => Ok(Self::Mpi),
+            "mpi" => Err(
+                "--transport mpi: this dptrain was built without MPI support; \
+                 rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev \
+                 and libclang-dev)"
+                    .into(),
+            ),
+            t => Err(format!("--transport must be inproc or mpi, not '{t}'")),
+        }
+    }
 }
 
 /// How a run reports progress on stdout.
@@ -174,10 +222,10 @@ pub struct TrainOptions {
     /// Communication mode: auto, tree, ring, hd, redundant [default: auto].
     #[arg(long)]
     pub comm: Option<String>,
-    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 256].
+    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
-    /// First bucket's cap in KiB [default: 64].
+    /// First bucket's cap in KiB [default: 0].
     #[arg(long)]
     pub first_bucket_kb: Option<usize>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s [default: no emulation].
@@ -189,6 +237,10 @@ pub struct TrainOptions {
     /// Seconds a collective may wait for a peer before the run stops [default: 120].
     #[arg(long)]
     pub comm_timeout: Option<f64>,
+    /// What connects workers: inproc (threads of this process) or mpi (one process per MPI
+    /// rank, started by mpirun; needs the `mpi` build feature) [default: inproc].
+    #[arg(long)]
+    pub transport: Option<String>,
     /// Run directory for metrics, summary and checkpoints [default: runs/<model>-<dataset>].
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
@@ -249,6 +301,11 @@ macro_rules! overlay {
 }
 
 impl TrainConfig {
+    /// Workers of the whole run: `--workers` per process times the processes.
+    pub fn world(&self) -> usize {
+        self.workers * self.processes
+    }
+
     /// The configuration as JSON, for the run's summary and checkpoints.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -256,7 +313,8 @@ impl TrainConfig {
             "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
             "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
-            "comm": self.comm.to_string(), "bucket_kb": self.bucket_kb, "first_bucket_kb": self.first_bucket_kb,
+            "comm": self.comm.to_string(), "transport": self.transport.to_string(),
+            "processes": self.processes, "bucket_kb": self.bucket_kb, "first_bucket_kb": self.first_bucket_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
             "train_limit": self.train_limit, "test_limit": self.test_limit,
@@ -300,6 +358,7 @@ impl TrainOptions {
             link_bandwidth,
             link_latency,
             comm_timeout,
+            transport,
             run_dir,
             checkpoint_every,
             keep_checkpoints,
@@ -351,6 +410,10 @@ impl TrainOptions {
         };
         let comm = CommChoice::parse(self.comm.as_deref().unwrap_or("auto"))
             .map_err(|e| format!("--comm: {e}"))?;
+        let transport = TransportKind::parse(self.transport.as_deref().unwrap_or("inproc"))?;
+        if comm == CommChoice::Native && transport != TransportKind::Mpi {
+            return Err("--comm mpi-native needs --transport mpi".into());
+        }
         let link = match &self.link_bandwidth {
             None if self.link_latency.is_some() => {
                 return Err("--link-latency needs --link-bandwidth too".into())
@@ -445,10 +508,15 @@ impl TrainOptions {
             threads,
             overlap,
             comm,
-            bucket_kb: self.bucket_kb.unwrap_or(256),
-            first_bucket_kb: self.first_bucket_kb.unwrap_or(64),
+            // Per-block buckets by default: our models are small (largest block 0.3 MB) and one
+            // bucket per block hid the most communication in `bench overlap` (vgg-small, 2 workers).
+            bucket_kb: self.bucket_kb.unwrap_or(0),
+            first_bucket_kb: self.first_bucket_kb.unwrap_or(0),
             link,
             comm_timeout: Duration::from_secs_f64(comm_timeout),
+            transport,
+            processes: 1,
+            process_rank: 0,
             run_dir,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
@@ -503,6 +571,14 @@ mod tests {
                 "--link-bandwidth",
             ),
             (Box::new(|o| o.comm = Some("star".into())), "--comm"),
+            (
+                Box::new(|o| o.transport = Some("tcp".into())),
+                "--transport must be inproc or mpi",
+            ),
+            (
+                Box::new(|o| o.comm = Some("mpi-native".into())),
+                "needs --transport mpi",
+            ),
             (Box::new(|o| o.overlap = Some("maybe".into())), "--overlap"),
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
             (

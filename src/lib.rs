@@ -13,5 +13,7 @@ pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod pipeline;
+pub mod report;
+pub mod sim;
 pub mod trace;
 pub mod train;

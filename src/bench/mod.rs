@@ -3,6 +3,7 @@
 pub mod allreduce;
 pub mod data;
 pub mod overlap;
+pub mod simcheck;
 pub mod step;
 
 /// Median of a list of values (sorted in place).

@@ -75,4 +75,20 @@ pub enum CommError {
         /// World size.
         world: usize,
     },
+
+    /// The transport cannot do what was asked (e.g. a native all-reduce in-process).
+    #[error("this transport does not support {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: &'static str,
+    },
+
+    /// The transport itself reported an error (e.g. an MPI call failed).
+    #[error("rank {rank}: {detail}")]
+    Transport {
+        /// Rank that saw it.
+        rank: usize,
+        /// What happened.
+        detail: String,
+    },
 }

@@ -35,6 +35,8 @@
 pub mod cost_model;
 pub mod error;
 pub mod halving_doubling;
+#[cfg(feature = "mpi")]
+pub mod mpi_transport;
 pub mod redundant;
 pub mod ring;
 pub mod transport;

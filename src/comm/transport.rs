@@ -36,6 +36,19 @@ pub trait Transport: Send + Sync {
     /// The message length must equal `out.len()` exactly, otherwise
     /// [`CommError::SizeMismatch`] is returned (and the message is consumed).
     fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError>;
+    /// Sums `buf` over all ranks with the transport's own all-reduce, if it has one (MPI's
+    /// `MPI_Allreduce` for `--comm mpi-native`, the reference our modes are measured
+    /// against). The default has none and says so.
+    fn native_all_reduce_sum(
+        &self,
+        buf: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        let _ = (buf, scratch);
+        Err(CommError::Unsupported {
+            what: "a native all-reduce (--comm mpi-native needs --transport mpi)",
+        })
+    }
 }
 
 /// Bandwidth/latency description of every rank's network port.

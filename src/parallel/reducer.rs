@@ -27,6 +27,8 @@ pub enum BucketOp {
     AllReduce(CommMode),
     /// Tree reduce to worker 0 only: worker 0 updates and broadcasts parameters (Caffe).
     ReduceToRoot,
+    /// The transport's own all-reduce (MPI_Allreduce with `--comm mpi-native`).
+    Native,
 }
 
 impl std::fmt::Display for BucketOp {
@@ -34,6 +36,7 @@ impl std::fmt::Display for BucketOp {
         match self {
             Self::AllReduce(m) => write!(f, "{m}"),
             Self::ReduceToRoot => f.write_str("tree-reduce+root-update"),
+            Self::Native => f.write_str("mpi-native"),
         }
     }
 }
@@ -113,13 +116,13 @@ impl Reducer {
         transport: Option<Box<dyn Transport>>,
     ) -> Self {
         let world = transport.as_ref().map_or(1, |t| t.world());
-        let n_buckets = plan.buckets.len();
         let buffers = plan
             .buckets
             .iter()
             .map(|b| Some(vec![0f32; b.len]))
             .collect();
-        let (job_tx, job_rx) = bounded::<Job>(plan.buckets.len() + 1);
+        let buckets = plan.buckets.len();
+        let (job_tx, job_rx) = bounded::<Job>(buckets + 1);
         let (done_tx, done_rx) = bounded::<Done>(plan.buckets.len() + 1);
         let thread = transport.filter(|t| t.world() > 1).map(|t| {
             std::thread::Builder::new()
@@ -136,7 +139,7 @@ impl Reducer {
             in_flight: 0,
             step_tag: 0,
             times: CommTimes::default(),
-            spans: Vec::with_capacity(n_buckets),
+            spans: Vec::with_capacity(buckets),
             jobs: Some(job_tx),
             done: done_rx,
             thread,
@@ -317,6 +320,7 @@ fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>) {
                     BucketOp::ReduceToRoot => {
                         tree_reduce(t.as_ref(), &mut buf, 0, tag, &mut scratch)
                     }
+                    BucketOp::Native => t.native_all_reduce_sum(&mut buf, &mut scratch),
                 };
                 r.map(|_| Done::Bucket {
                     index,

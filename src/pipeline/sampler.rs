@@ -17,6 +17,10 @@ pub struct DistributedSampler {
     global_batch: usize,
     workers: usize,
     seed: u64,
+    // Multi-process runs: every process samples the same permutation, but its local workers
+    // 0..workers are global workers first..first+workers of `world`.
+    world: usize,
+    first: usize,
 }
 
 impl DistributedSampler {
@@ -27,11 +31,31 @@ impl DistributedSampler {
             workers > 0 && global_batch.is_multiple_of(workers),
             "global batch must divide by workers"
         );
+        Self::for_ranks(len, global_batch, seed, workers, 0, workers)
+    }
+
+    /// A sampler for the `local` workers of one process that are global workers
+    /// `first..first + local` of `world` (multi-process runs): shards are `global_batch / world`
+    /// samples, and [`DistributedSampler::shard`] takes local worker indices.
+    pub fn for_ranks(
+        len: usize,
+        global_batch: usize,
+        seed: u64,
+        world: usize,
+        first: usize,
+        local: usize,
+    ) -> Self {
+        assert!(
+            world > 0 && global_batch.is_multiple_of(world) && first + local <= world,
+            "global batch must divide by workers"
+        );
         Self {
             len,
             global_batch,
-            workers,
+            workers: local,
             seed,
+            world,
+            first,
         }
     }
 
@@ -40,14 +64,14 @@ impl DistributedSampler {
         self.len / self.global_batch
     }
 
-    /// Workers the global batch is split across.
+    /// Workers of this process (all of them in a single-process run).
     pub fn workers(&self) -> usize {
         self.workers
     }
 
     /// Samples per worker per step.
     pub fn shard_size(&self) -> usize {
-        self.global_batch / self.workers
+        self.global_batch / self.world
     }
 
     /// The permutation for `epoch`, written into `order` (reused across epochs).
@@ -60,9 +84,10 @@ impl DistributedSampler {
         order.shuffle(&mut rng);
     }
 
-    /// Worker `worker`'s sample indices at `step` of the epoch whose permutation is `order`.
+    /// Worker `worker`'s (local index) sample indices at `step` of the epoch whose permutation
+    /// is `order`.
     pub fn shard<'a>(&self, order: &'a [u32], step: usize, worker: usize) -> &'a [u32] {
-        let start = step * self.global_batch + worker * self.shard_size();
+        let start = step * self.global_batch + (self.first + worker) * self.shard_size();
         &order[start..start + self.shard_size()]
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod checkpoint;
 pub mod metrics;
+pub mod processes;
 pub mod worker;
 
 use crate::comm::InProcessFabric;
@@ -13,6 +14,7 @@ use crate::config::TrainConfig;
 use crate::data::{self, Dataset, DatasetSpec};
 use crate::pipeline::{BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source};
 use metrics::{append_jsonl, peak_rss_mb, Breakdown, EpochRecord, StepTimes};
+pub use processes::ProcessGroup;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -172,7 +174,15 @@ pub fn start_pipeline(
         skip_bad: cfg.skip_bad_samples,
         stats,
     };
-    let sampler = DistributedSampler::new(collator.source.len(), cfg.batch, cfg.workers, cfg.seed);
+    // Over several processes, this process's workers are global workers first..first+workers.
+    let sampler = DistributedSampler::for_ranks(
+        collator.source.len(),
+        cfg.batch,
+        cfg.seed,
+        cfg.world(),
+        cfg.process_rank * cfg.workers,
+        cfg.workers,
+    );
     if cfg.prefetch == 0 {
         let feeds = (0..cfg.workers)
             .map(|r| BatchFeed::synchronous(r, collator.clone(), sampler.clone(), &device))
@@ -205,17 +215,54 @@ fn say(bar: &indicatif::ProgressBar, line: String) {
     }
 }
 
-/// Trains as configured; prints progress unless `cfg.quiet`.
+/// Trains as configured; prints progress unless `cfg.quiet`. With `--transport mpi` this
+/// process is one rank of the run (MPI is started and ended here).
 pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
+    let group = ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
+    let result = train_in(cfg, &group);
+    group.end(result.is_ok());
+    result
+}
+
+/// Trains as this process's part of `group`'s run. Only rank 0 prints, writes metrics,
+/// checkpoints and the summary; every rank can resume from rank 0's checkpoint.
+pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, String> {
     let wall = Instant::now();
+    cfg.processes = group.size();
+    cfg.process_rank = group.rank();
+    let lead = cfg.process_rank == 0;
+    if !lead {
+        cfg.quiet = true;
+    }
+    if cfg.processes > 1 && cfg.workers > 1 {
+        return Err(
+            "--workers > 1 per process with --transport mpi is not supported yet; \
+             start one process per worker instead (mpirun -np <processes x workers>)"
+                .into(),
+        );
+    }
+    if !cfg.batch.is_multiple_of(cfg.world()) {
+        return Err(format!(
+            "--batch {} must be a multiple of the {} workers of the run ({} per process x {} \
+             processes)",
+            cfg.batch,
+            cfg.world(),
+            cfg.workers,
+            cfg.processes
+        ));
+    }
     let (train_source, test_set) = load_sources(&cfg)?;
-    std::fs::create_dir_all(&cfg.run_dir)
-        .map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
+    if lead {
+        std::fs::create_dir_all(&cfg.run_dir)
+            .map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
+    }
     let metrics_path = cfg.run_dir.join("metrics.jsonl");
     let resume = match &cfg.resume {
         Some(p) => Some(Arc::new(checkpoint::Checkpoint::load(p)?)),
         None => {
-            let _ = std::fs::remove_file(&metrics_path);
+            if lead {
+                let _ = std::fs::remove_file(&metrics_path);
+            }
             None
         }
     };
@@ -225,31 +272,55 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
             "the checkpoint has already completed {start_epoch} epochs; ask for more with --epochs"
         ));
     }
+    if group.size() > 1 {
+        let lines = processes::run_description(&cfg, &train_source, test_set.len(), start_epoch)?;
+        group.handshake(&lines)?;
+    }
     let cfg = Arc::new(cfg);
     let train_len = train_source.len();
     let load_stats = Arc::new(LoadStats::default());
     // Lives until every worker has been joined; dropping it joins the loader threads.
     let (pipeline, feeds) = start_pipeline(&cfg, train_source, start_epoch, load_stats.clone())?;
     let test_set = Arc::new(test_set);
-    let transports = if cfg.workers > 1 {
+    let transports = if cfg.processes > 1 {
+        vec![group.transport()]
+    } else if cfg.workers > 1 {
         InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout)
             .into_iter()
-            .map(Some)
+            .map(|t| Some(Box::new(t) as Box<dyn crate::comm::Transport>))
             .collect()
     } else {
         vec![None]
     };
+    // One clock for the whole timeline: microseconds since the run started.
+    let trace_sink = cfg
+        .trace
+        .as_ref()
+        .map(|_| crate::trace::TraceSink::new(wall, cfg.trace_steps.clone()));
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut handles = Vec::new();
-    for ((rank, transport), feed) in transports.into_iter().enumerate().zip(feeds) {
+    // Workers are numbered across the run: this process's are first_rank.. (rank 0 leads).
+    let first_rank = cfg.process_rank * cfg.workers;
+    for ((local, transport), feed) in transports.into_iter().enumerate().zip(feeds) {
+        let rank = first_rank + local;
         let setup = WorkerSetup {
             rank,
             cfg: cfg.clone(),
             feed,
             test: test_set.clone(),
-            transport: transport.map(|t| Box::new(t) as Box<dyn crate::comm::Transport>),
+            transport: transport.map(|t| t as Box<dyn crate::comm::Transport>),
             events: tx.clone(),
             resume: resume.clone(),
+            tracer: trace_sink
+                .as_ref()
+                .map_or_else(crate::trace::Tracer::off, |sink| {
+                    let mut tracks =
+                        vec![(crate::trace::worker_tid(rank), format!("worker {rank}"))];
+                    if cfg.world() > 1 {
+                        tracks.push((crate::trace::comm_tid(rank), format!("comm {rank}")));
+                    }
+                    sink.tracer(&tracks)
+                }),
         };
         let threads = cfg.threads;
         let handle = std::thread::Builder::new()
@@ -269,7 +340,8 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
 
     let spe = train_len / cfg.batch;
     let total_steps = (cfg.epochs - start_epoch) * spe;
-    let bar = if cfg.quiet {
+    let json_log = cfg.log_format == crate::config::LogFormat::Json;
+    let bar = if cfg.quiet || json_log {
         indicatif::ProgressBar::hidden()
     } else {
         indicatif::ProgressBar::new(total_steps as u64)
@@ -301,14 +373,15 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     for event in rx.iter() {
         match event {
             Event::Plan { description, ops } => {
-                if !cfg.quiet {
+                tracing::info!(buckets = %description, ops = %ops.join(", "), "bucket plan");
+                if !cfg.quiet && !json_log {
                     say(
                         &bar,
                         format!(
                             "{} on {}: {} workers x {} threads, comm {}, overlap {}\n  {}; per bucket: {}",
                             cfg.model,
                             cfg.dataset,
-                            cfg.workers,
+                            cfg.world(),
                             cfg.threads,
                             cfg.comm,
                             if cfg.overlap { "on" } else { "off" },
@@ -353,7 +426,9 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
                     }
                 }
             }
-            Event::Done { rank, weights_hash } => summary.replica_hashes[rank] = weights_hash,
+            Event::Done { rank, weights_hash } => {
+                summary.replica_hashes[rank - first_rank] = weights_hash
+            }
             Event::Epoch {
                 epoch,
                 train_loss,
@@ -373,7 +448,12 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
                     breakdown: std::mem::take(&mut epoch_breakdown),
                     peak_rss_mb: peak_rss_mb(),
                 };
-                if !cfg.quiet {
+                if json_log {
+                    let mut line = serde_json::to_value(&record).unwrap_or_default();
+                    line["kind"] = "epoch".into();
+                    line["epochs"] = cfg.epochs.into();
+                    println!("{line}");
+                } else if !cfg.quiet {
                     say(&bar, format!(
                         "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {:.2}%, {:.0} images/s\n  {}",
                         epoch + 1,
@@ -410,6 +490,12 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
         }
     }
     drop(pipeline);
+    // Every worker has been joined, so every tracer has handed in its events. Written before
+    // the error checks: a timeline of a failed run helps to see why it failed.
+    if let (Some(sink), Some(path)) = (&trace_sink, &cfg.trace) {
+        sink.write(path)?;
+        tracing::info!(path = %path.display(), events = sink.len(), "trace written");
+    }
     // A worker's error stops the input pipeline, and its peers then fail with "the input
     // pipeline stopped: ..."; the cause is the error that is not such an echo.
     if let Some(cause) = errors
@@ -424,6 +510,10 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     if let Some(e) = io_error {
         return Err(format!("cannot write {}: {e}", metrics_path.display()));
     }
+    if cfg.processes > 1 {
+        // Every rank checks every replica, so a divergence stops all of them alike.
+        summary.replica_hashes = group.gather_hashes(&summary.replica_hashes)?;
+    }
     if summary
         .replica_hashes
         .iter()
@@ -436,7 +526,14 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
     summary.peak_rss_mb = peak_rss_mb();
     summary.skipped_samples = load_stats.skipped();
     summary.skipped_examples = load_stats.examples();
+    if !lead {
+        return Ok(summary);
+    }
     let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
     checkpoint::write_atomically(&cfg.run_dir.join("summary.json"), json.as_bytes())?;
+    // The report is a view of the files just written; failing to draw it loses no result.
+    if let Err(e) = crate::report::write_run_report(&cfg.run_dir) {
+        tracing::warn!("cannot write the run report: {e}");
+    }
     Ok(summary)
 }

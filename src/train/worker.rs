@@ -13,8 +13,10 @@ use crate::nn::{Net, Param};
 use crate::optim::Sgd;
 use crate::parallel::{read_params, write_params, BucketOp, BucketPlan, Reducer};
 use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
+use crate::trace::{comm_tid, worker_tid, Tracer};
 use candle_core::{Device, Tensor};
 use crossbeam_channel::Sender;
+use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,8 @@ pub struct WorkerSetup {
     pub events: Sender<Event>,
     /// State to start from: momentum buffers and the first epoch.
     pub resume: Option<Arc<super::checkpoint::Checkpoint>>,
+    /// Timeline handle ([`Tracer::off`] without `--trace`).
+    pub tracer: Tracer,
 }
 
 /// Chooses each bucket's operation.
@@ -50,11 +54,13 @@ pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
         .map(|b| match cfg.comm {
             CommChoice::Fixed(crate::comm::CommMode::Tree) => BucketOp::ReduceToRoot,
             CommChoice::Fixed(m) => BucketOp::AllReduce(m),
-            CommChoice::Auto => BucketOp::AllReduce(choose_mode(
-                cfg.workers,
-                b.len * 4,
-                &cfg.link.unwrap_or(IN_PROCESS_LINK),
-            )),
+            CommChoice::Native => BucketOp::Native,
+            CommChoice::Auto => {
+                let bytes = b.len * 4;
+                let mode = choose_mode(cfg.world(), bytes, &cfg.link.unwrap_or(IN_PROCESS_LINK));
+                tracing::debug!(bytes, %mode, "auto: the cost model's choice for a bucket");
+                BucketOp::AllReduce(mode)
+            }
         })
         .collect()
 }
@@ -76,6 +82,7 @@ pub struct Worker {
     events: Sender<Event>,
     start_epoch: usize,
     global_step: usize,
+    tracer: Tracer,
 }
 
 /// Attaches "worker R, PHASE, step S" to an error.
@@ -139,6 +146,7 @@ impl Worker {
             events: s.events,
             start_epoch,
             global_step,
+            tracer: s.tracer,
         };
         w.broadcast_params()
             .map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
@@ -147,7 +155,7 @@ impl Worker {
 
     /// Makes every replica's weights equal to worker 0's.
     fn broadcast_params(&mut self) -> candle_core::Result<()> {
-        if self.cfg.workers == 1 {
+        if self.cfg.world() == 1 {
             return Ok(());
         }
         if self.rank == 0 {
@@ -243,6 +251,7 @@ impl Worker {
         global: usize,
     ) -> Result<(f32, StepTimes), String> {
         let (rank, gs) = (self.rank, self.global_step);
+        self.tracer.begin_step(global);
         let t0 = Instant::now();
         // Waiting here (for the prefetch queue, or collating with --prefetch 0) is the data
         // wait of the step breakdown.
@@ -254,7 +263,23 @@ impl Worker {
             gs,
         )?;
         let t1 = Instant::now();
-        let fp = ctx(self.net.forward(&x, true), rank, "forward", gs)?;
+        let (tracer, mut mark) = (&mut self.tracer, t1);
+        let fp = self.net.forward_observed(&x, true, |k| {
+            if tracer.active() {
+                let now = Instant::now();
+                let name = format!("forward {}", self.net.blocks[k].name);
+                tracer.span(
+                    worker_tid(rank),
+                    "forward",
+                    name,
+                    mark,
+                    now,
+                    json!({"block": k}),
+                );
+                mark = now;
+            }
+        });
+        let fp = ctx(fp, rank, "forward", gs)?;
         let loss = ctx(
             candle_nn::loss::cross_entropy(fp.logits(), &y),
             rank,
@@ -268,12 +293,33 @@ impl Worker {
         let t2 = Instant::now();
         self.reducer.begin_step();
         let (net, reducer, params) = (&self.net, &mut self.reducer, &self.params);
-        ctx(
-            net.backward(&fp, &loss, |k, grads| reducer.on_block(k, params, grads)),
-            rank,
-            "backward",
-            gs,
-        )?;
+        let (tracer, mut mark) = (&mut self.tracer, t2);
+        let flows = self.cfg.overlap && self.cfg.world() > 1;
+        let backward = net.backward(&fp, &loss, |k, grads| {
+            let r = reducer.on_block(k, params, grads);
+            if tracer.active() {
+                let now = Instant::now();
+                let name = format!("backward {}", net.blocks[k].name);
+                tracer.span(
+                    worker_tid(rank),
+                    "backward",
+                    name,
+                    mark,
+                    now,
+                    json!({"block": k}),
+                );
+                // An arrow from the hand-off to the bucket's reduction on the comm track.
+                match reducer.plan().ready_at_block[k] {
+                    Some(b) if flows => {
+                        tracer.flow(worker_tid(rank), flow_id(rank, global, b), now, true)
+                    }
+                    _ => {}
+                }
+                mark = now;
+            }
+            r
+        });
+        ctx(backward, rank, "backward", gs)?;
         drop(fp);
         let t3 = Instant::now();
         let comm = ctx(self.reducer.finish(), rank, "communication", gs)?;
@@ -285,11 +331,11 @@ impl Worker {
             self.sampler.steps_per_epoch(),
             self.cfg.warmup_steps,
         );
-        let scale = 1.0 / self.cfg.workers as f32;
+        let scale = 1.0 / self.cfg.world() as f32;
         let root_updates = matches!(
             self.cfg.comm,
             CommChoice::Fixed(crate::comm::CommMode::Tree)
-        ) && self.cfg.workers > 1;
+        ) && self.cfg.world() > 1;
         let mut exposed = comm.exposed;
         if !root_updates || rank == 0 {
             let reducer = &self.reducer;
@@ -302,12 +348,16 @@ impl Worker {
             )?;
         }
         let mut t5 = Instant::now();
+        let update_end = t5;
         if root_updates {
             // Caffe's scheme: worker 0 updated; its new weights go down the tree.
             ctx(self.broadcast_params(), rank, "communication", gs)?;
             let t6 = Instant::now();
             exposed += t6 - t5;
             t5 = t6;
+        }
+        if self.tracer.active() {
+            self.trace_step(epoch, step, global, [t0, t1, t2, t3, t4, update_end, t5]);
         }
         self.global_step += 1;
         let times = StepTimes {
@@ -322,10 +372,58 @@ impl Worker {
         Ok((loss_value, times))
     }
 
+    /// Records a traced step's phases (`t`: step start, forward start, backward start,
+    /// backward end, last bucket back, update end, step end) on the worker's track, and each
+    /// bucket's reduction on its communication thread's track.
+    fn trace_step(&mut self, epoch: usize, step: usize, global: usize, t: [Instant; 7]) {
+        let (rank, tracer) = (self.rank, &mut self.tracer);
+        let wt = worker_tid(rank);
+        let args = json!({"epoch": epoch + 1, "step": step, "global_step": global});
+        let step_args = || json!({"global_step": global});
+        tracer.span(wt, "step", format!("step {global}"), t[0], t[6], args);
+        tracer.span(wt, "data", "data wait", t[0], t[1], step_args());
+        tracer.span(wt, "forward", "forward", t[1], t[2], step_args());
+        tracer.span(wt, "backward", "backward", t[2], t[3], step_args());
+        tracer.span(wt, "comm", "exposed comm", t[3], t[4], step_args());
+        tracer.span(wt, "update", "update", t[4], t[5], step_args());
+        if t[6] > t[5] {
+            // Tree mode: worker 0's new weights go down the tree after its update.
+            let name = "exposed comm (weight broadcast)";
+            tracer.span(wt, "comm", name, t[5], t[6], step_args());
+        }
+        let overlap = self.cfg.overlap;
+        for span in self.reducer.bucket_spans() {
+            let b = span.index;
+            let args = json!({
+                "bucket": b,
+                "mode": self.reducer.ops()[b].to_string(),
+                "bytes": self.reducer.plan().buckets[b].len * 4,
+                "global_step": global,
+            });
+            let name = format!("reduce bucket {b}");
+            tracer.span_for(comm_tid(rank), "comm", name, span.started, span.busy, args);
+            if !overlap {
+                // Without overlap every bucket is handed off when backward ends.
+                tracer.flow(wt, flow_id(rank, global, b), t[3], true);
+            }
+            tracer.flow(
+                comm_tid(rank),
+                flow_id(rank, global, b),
+                span.started,
+                false,
+            );
+        }
+    }
+
     /// Test loss and top-1 accuracy.
     fn evaluate(&self) -> candle_core::Result<(f64, f64)> {
         evaluate(&self.net, &self.test, &self.norm, &self.device)
     }
+}
+
+/// Identifies the flow arrow of bucket `b` of worker `rank` in global step `step`.
+fn flow_id(rank: usize, step: usize, b: usize) -> u64 {
+    ((step as u64) << 24) | ((rank as u64) << 12) | b as u64
 }
 
 /// FNV-1a over the bits of `v`: equal hashes mean (all but surely) bit-identical weights.

@@ -1,0 +1,120 @@
+//! `dptrain bench sim-check`: the simulator against measured emulated runs. For each model,
+//! a profile measured here (with as many concurrent replicas as workers, so compute sees the
+//! same contention as in the run), then for each bandwidth and overlap on/off a short emulated
+//! training run ([`super::overlap::run_case`]) and the simulated step beside it.
+
+use super::overlap::{run_case, GridSpec, OverlapCase};
+use crate::comm::{parse_bandwidth, parse_duration, LinkModel};
+use crate::sim::{measure, simulate_step, CommChoice, StepConfig};
+
+/// Arguments of `dptrain bench sim-check`.
+#[derive(Debug, clap::Args)]
+pub struct SimCheckArgs {
+    /// Models, comma-separated (ours: lenet5, vgg-small, resnet20).
+    #[arg(long, default_value = "vgg-small,lenet5")]
+    pub model: String,
+    /// Workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Compute threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Global batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Emulated bandwidths, comma-separated.
+    #[arg(long, default_value = "100Mbit,20Mbit")]
+    pub link_bandwidth: String,
+    /// Emulated latency.
+    #[arg(long, default_value = "50us")]
+    pub link_latency: String,
+    /// Mode (tree, ring, hd, redundant, auto).
+    #[arg(long, default_value = "ring")]
+    pub comm: String,
+    /// Timed steps per run (and per profile).
+    #[arg(long, default_value_t = 15)]
+    pub steps: usize,
+}
+
+/// Runs the comparison and prints one row per (model, bandwidth, overlap).
+pub fn run(a: SimCheckArgs) -> Result<(), String> {
+    if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
+        return Err("--workers must be at least 2 and divide --batch".into());
+    }
+    let comm = CommChoice::parse(&a.comm)?;
+    let tmp = std::env::temp_dir().join(format!("dptrain-bench-simcheck-{}", std::process::id()));
+    println!(
+        "{} workers x {} thread(s), global batch {}, {}, latency {}; measured = mean emulated step, simulated from a profile measured with {} concurrent replicas",
+        a.workers, a.threads, a.batch, a.comm, a.link_latency, a.workers
+    );
+    println!(
+        "{:>10} {:>10} {:>7} {:>12} {:>12} {:>7} {:>13} {:>13}",
+        "model",
+        "bandwidth",
+        "overlap",
+        "measured ms",
+        "simulated ms",
+        "err%",
+        "meas. exposed",
+        "sim. exposed"
+    );
+    let mut worst: f64 = 0.0;
+    for model in a.model.split(',').map(str::trim) {
+        let profile = measure(model, a.batch / a.workers, a.threads, a.steps, a.workers)?;
+        let spec = GridSpec {
+            model: model.to_string(),
+            workers: a.workers,
+            batch: a.batch,
+            threads: a.threads,
+            steps: a.steps,
+            bucket_kb: None,
+        };
+        for bw in a.link_bandwidth.split(',').map(str::trim) {
+            let link = LinkModel {
+                bandwidth_bytes_per_s: parse_bandwidth(bw)?,
+                latency: parse_duration(&a.link_latency)?,
+            };
+            for overlap in [true, false] {
+                let case = OverlapCase {
+                    comm: a.comm.clone(),
+                    overlap,
+                    bandwidth: Some(bw.to_string()),
+                    latency: Some(a.link_latency.clone()),
+                };
+                let measured = run_case(&spec, &case, &tmp)?.breakdown.mean;
+                // The trainer's defaults: one block per bucket (bucket_kb = first_bucket_kb = 0).
+                let sim = simulate_step(
+                    &profile,
+                    &StepConfig {
+                        world: a.workers,
+                        link,
+                        comm,
+                        overlap,
+                        first_cap_bytes: 0,
+                        cap_bytes: 0,
+                    },
+                )?;
+                let err = 100.0 * (sim.step_ms / measured.step_ms - 1.0);
+                worst = worst.max(err.abs());
+                println!(
+                    "{:>10} {:>10} {:>7} {:>12.1} {:>12.1} {:>+7.1} {:>13.1} {:>13.1}",
+                    model,
+                    bw,
+                    if overlap { "on" } else { "off" },
+                    measured.step_ms,
+                    sim.step_ms,
+                    err,
+                    measured.exposed_comm_ms,
+                    sim.exposed_ms
+                );
+                println!(
+                    "RESULT dptrain simcheck model={model} bw={bw} overlap={overlap} measured_ms={:.2} simulated_ms={:.2}",
+                    measured.step_ms, sim.step_ms
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!("largest |error|: {worst:.1}% (target: within 10%)");
+    Ok(())
+}

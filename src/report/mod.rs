@@ -1,0 +1,381 @@
+//! Run reports: `report.md` and PNG plots in a run directory, and side-by-side comparisons.
+//!
+//! Everything here reads only what a run leaves behind (`summary.json`, `metrics.jsonl`), as
+//! JSON values rather than the writer's structs, so `dptrain report` also works on older run
+//! directories and on runs that stopped early (no summary, some epoch lines). Plots are in
+//! [`plot`].
+
+pub mod plot;
+
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The phases of the step breakdown, in the order they happen (and are stacked).
+pub const PHASES: [&str; 5] = ["data wait", "forward", "backward", "exposed comm", "update"];
+
+/// Mean time per step of each phase, in ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Phases {
+    /// Data wait, forward, backward, exposed comm, update (the order of [`PHASES`]).
+    pub ms: [f64; 5],
+    /// Whole step.
+    pub step_ms: f64,
+    /// Time the communication thread spent in collectives (hidden + exposed).
+    pub comm_total_ms: f64,
+}
+
+impl Phases {
+    /// From a serialised [`crate::train::metrics::Breakdown`] (`{"steps":..,"mean":{..}}`).
+    fn from_breakdown(v: &Value) -> Option<Self> {
+        let m = v.get("mean")?;
+        let f = |k: &str| m.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        Some(Self {
+            ms: [
+                f("data_ms"),
+                f("forward_ms"),
+                f("backward_ms"),
+                f("exposed_comm_ms"),
+                f("update_ms"),
+            ],
+            step_ms: f("step_ms"),
+            comm_total_ms: f("comm_total_ms"),
+        })
+    }
+
+    /// Share of the step of phase `i`, in percent.
+    pub fn pct(&self, i: usize) -> f64 {
+        100.0 * self.ms[i] / self.step_ms.max(1e-9)
+    }
+
+    /// Share of communication hidden behind backward, in percent (0 without communication).
+    pub fn hidden_pct(&self) -> f64 {
+        if self.comm_total_ms > 0.0 {
+            100.0 * (self.comm_total_ms - self.ms[3]).max(0.0) / self.comm_total_ms
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One epoch's line of `metrics.jsonl`.
+#[derive(Debug, Clone, Default)]
+pub struct EpochRow {
+    /// Epoch, from 1.
+    pub epoch: usize,
+    /// Mean training loss (worker 0).
+    pub train_loss: f64,
+    /// Test loss.
+    pub test_loss: f64,
+    /// Test accuracy, 0..1.
+    pub test_accuracy: f64,
+    /// Training images/s over the epoch.
+    pub images_per_s: f64,
+    /// Mean step breakdown over the epoch.
+    pub phases: Phases,
+}
+
+/// What a run directory holds, as far as a report needs it.
+#[derive(Debug, Clone)]
+pub struct RunData {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// The configuration (empty when the run left no summary).
+    pub config: serde_json::Map<String, Value>,
+    /// One row per epoch, in order.
+    pub epochs: Vec<EpochRow>,
+    /// The summary, if the run finished.
+    pub summary: Option<Value>,
+    /// Mean step breakdown over the run (the summary's, else the epochs' weighted mean).
+    pub phases: Phases,
+}
+
+impl RunData {
+    /// Reads `summary.json` and `metrics.jsonl` of `dir`; needs at least one of them.
+    pub fn load(dir: &Path) -> Result<Self, String> {
+        let summary_path = dir.join("summary.json");
+        let summary: Option<Value> = match std::fs::read_to_string(&summary_path) {
+            Ok(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: {e}", summary_path.display()))?,
+            ),
+            Err(_) => None,
+        };
+        let metrics_path = dir.join("metrics.jsonl");
+        let mut lines = Vec::new();
+        if let Ok(text) = std::fs::read_to_string(&metrics_path) {
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                let v: Value = serde_json::from_str(line)
+                    .map_err(|e| format!("{} line {}: {e}", metrics_path.display(), i + 1))?;
+                if v.get("kind").and_then(Value::as_str) == Some("epoch") {
+                    lines.push(v);
+                }
+            }
+        }
+        if summary.is_none() && lines.is_empty() {
+            return Err(format!(
+                "{}: no summary.json and no epoch lines in metrics.jsonl: not a run directory, \
+                 or the run stopped before its first epoch ended",
+                dir.display()
+            ));
+        }
+        // metrics.jsonl has every epoch, also of resumed runs; the summary only this run's.
+        if lines.is_empty() {
+            if let Some(e) = summary.as_ref().and_then(|s| s["epochs"].as_array()) {
+                lines = e.clone();
+            }
+        }
+        let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+        let epochs: Vec<EpochRow> = lines
+            .iter()
+            .map(|v| EpochRow {
+                epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
+                train_loss: f(v, "train_loss"),
+                test_loss: f(v, "test_loss"),
+                test_accuracy: f(v, "test_accuracy"),
+                images_per_s: f(v, "images_per_s"),
+                phases: Phases::from_breakdown(&v["breakdown"]).unwrap_or_default(),
+            })
+            .collect();
+        let phases = summary
+            .as_ref()
+            .and_then(|s| Phases::from_breakdown(&s["breakdown"]))
+            .filter(|p| p.step_ms > 0.0)
+            .unwrap_or_else(|| mean_phases(&lines));
+        let config = summary
+            .as_ref()
+            .and_then(|s| s["config"].as_object().cloned())
+            .unwrap_or_default();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            epochs,
+            summary,
+            phases,
+        })
+    }
+
+    /// A short name for tables and legends: the directory's last component.
+    pub fn name(&self) -> String {
+        self.dir.file_name().map_or_else(
+            || self.dir.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        )
+    }
+
+    fn summary_f64(&self, key: &str) -> Option<f64> {
+        self.summary.as_ref()?.get(key)?.as_f64()
+    }
+
+    /// Final test accuracy (the summary's, else the last epoch's), 0..1.
+    pub fn final_accuracy(&self) -> Option<f64> {
+        self.summary_f64("final_test_accuracy")
+            .or_else(|| self.epochs.last().map(|e| e.test_accuracy))
+    }
+
+    /// Training images/s over the run (the summary's, else the mean over epochs).
+    pub fn images_per_s(&self) -> Option<f64> {
+        self.summary_f64("images_per_s").or_else(|| {
+            let n = self.epochs.len();
+            (n > 0).then(|| self.epochs.iter().map(|e| e.images_per_s).sum::<f64>() / n as f64)
+        })
+    }
+
+    fn config_str(&self, key: &str) -> String {
+        match self.config.get(key) {
+            None | Some(Value::Null) => "-".into(),
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+        }
+    }
+}
+
+/// Step-weighted mean of the epochs' breakdowns.
+fn mean_phases(lines: &[Value]) -> Phases {
+    let mut sum = Phases::default();
+    let mut steps = 0.0;
+    for v in lines {
+        let Some(p) = Phases::from_breakdown(&v["breakdown"]) else {
+            continue;
+        };
+        let n = v["breakdown"]["steps"].as_f64().unwrap_or(0.0);
+        for i in 0..5 {
+            sum.ms[i] += n * p.ms[i];
+        }
+        sum.step_ms += n * p.step_ms;
+        sum.comm_total_ms += n * p.comm_total_ms;
+        steps += n;
+    }
+    if steps > 0.0 {
+        for m in &mut sum.ms {
+            *m /= steps;
+        }
+        sum.step_ms /= steps;
+        sum.comm_total_ms /= steps;
+    }
+    sum
+}
+
+/// The step breakdown as a Markdown table: one row per phase, ms and % of the step.
+pub fn breakdown_table(p: &Phases) -> String {
+    let mut t = String::from("| phase | ms per step | % of step |\n|---|---:|---:|\n");
+    for (i, name) in PHASES.iter().enumerate() {
+        let _ = writeln!(t, "| {name} | {:.2} | {:.1} |", p.ms[i], p.pct(i));
+    }
+    let _ = writeln!(t, "| **step** | **{:.2}** | 100.0 |", p.step_ms);
+    let _ = writeln!(
+        t,
+        "\nCommunication: {:.2} ms per step in collectives, {:.0}% of it hidden behind backward.",
+        p.comm_total_ms,
+        p.hidden_pct()
+    );
+    t
+}
+
+/// Writes `report.md`, `loss.png`, `accuracy.png` and `breakdown.png` into `run_dir` from its
+/// `summary.json` and `metrics.jsonl`; returns the figures written.
+pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let run = RunData::load(run_dir)?;
+    let mut figures = Vec::new();
+    let mut md = String::new();
+    let title = match (run.config.get("model"), run.config.get("dataset")) {
+        (Some(m), Some(d)) => format!(
+            "{} on {}",
+            m.as_str().unwrap_or("?"),
+            d.as_str().unwrap_or("?")
+        ),
+        _ => run.name(),
+    };
+    let _ = writeln!(md, "# Run report: {title}\n");
+    let _ = writeln!(md, "Run directory: `{}`\n", run.dir.display());
+    md.push_str("## Results\n\n| | |\n|---|---|\n");
+    if let Some(a) = run.final_accuracy() {
+        let _ = writeln!(md, "| final test accuracy | {:.2}% |", 100.0 * a);
+    }
+    if let Some(r) = run.images_per_s() {
+        let _ = writeln!(md, "| training throughput | {r:.0} images/s |");
+    }
+    let _ = writeln!(md, "| epochs | {} |", run.epochs.len());
+    if let Some(w) = run.summary_f64("wall_seconds") {
+        let _ = writeln!(md, "| wall time | {w:.1} s |");
+    }
+    if let Some(m) = run.summary_f64("peak_rss_mb") {
+        let _ = writeln!(md, "| peak resident memory | {m:.0} MiB |");
+    }
+    if let Some(s) = &run.summary {
+        if let Some(b) = s["buckets"].as_str() {
+            let _ = writeln!(md, "| gradient buckets | {b} |");
+        }
+        if let Some(h) = s["replica_hashes"].as_array() {
+            let same = h.windows(2).all(|w| w[0] == w[1]);
+            let _ = writeln!(
+                md,
+                "| replicas | {} |",
+                if same { "identical" } else { "DIVERGED" }
+            );
+        }
+    } else {
+        md.push_str("| summary | none: the run did not finish |\n");
+    }
+    md.push_str("\n## Step breakdown (mean per step over all workers)\n\n");
+    md.push_str(&breakdown_table(&run.phases));
+    if !run.epochs.is_empty() {
+        md.push_str("\n## Per epoch\n\n| epoch | train loss | test loss | test accuracy | images/s | step ms | exposed comm % | data wait % |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for e in &run.epochs {
+            let _ = writeln!(
+                md,
+                "| {} | {:.4} | {:.4} | {:.2}% | {:.0} | {:.2} | {:.1} | {:.1} |",
+                e.epoch,
+                e.train_loss,
+                e.test_loss,
+                100.0 * e.test_accuracy,
+                e.images_per_s,
+                e.phases.step_ms,
+                e.phases.pct(3),
+                e.phases.pct(0)
+            );
+        }
+        md.push_str("\n## Figures\n\n");
+        let plots: [(&str, &str, plot::PlotFn); 3] = [
+            ("loss.png", "Loss per epoch", plot::loss),
+            ("accuracy.png", "Test accuracy per epoch", plot::accuracy),
+            (
+                "breakdown.png",
+                "Step breakdown per epoch",
+                plot::breakdown_per_epoch,
+            ),
+        ];
+        for (file, caption, draw) in plots {
+            let path = run.dir.join(file);
+            draw(&run, &path)?;
+            let _ = writeln!(md, "![{caption}]({file})\n");
+            figures.push(path);
+        }
+    }
+    if !run.config.is_empty() {
+        md.push_str("## Configuration\n\n| option | value |\n|---|---|\n");
+        for k in run.config.keys() {
+            let _ = writeln!(md, "| {k} | {} |", run.config_str(k));
+        }
+    }
+    crate::train::checkpoint::write_atomically(&run.dir.join("report.md"), md.as_bytes())?;
+    tracing::info!(dir = %run.dir.display(), figures = figures.len(), "report written");
+    Ok(figures)
+}
+
+/// Compares runs side by side: writes `out/comparison.md` (one column per run) and
+/// `out/breakdown.png` (one stacked bar per run); returns the table.
+pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, String> {
+    let runs = run_dirs
+        .iter()
+        .map(|d| RunData::load(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut t = String::from("| |");
+    for r in &runs {
+        let _ = write!(t, " {} |", r.name());
+    }
+    t.push_str("\n|---|");
+    t.push_str(&"---:|".repeat(runs.len()));
+    t.push('\n');
+    let mut row = |label: &str, cell: &dyn Fn(&RunData) -> String| {
+        let _ = write!(t, "| {label} |");
+        for r in &runs {
+            let _ = write!(t, " {} |", cell(r));
+        }
+        t.push('\n');
+    };
+    for key in ["model", "dataset", "workers", "batch", "comm", "overlap"] {
+        row(key, &|r| r.config_str(key));
+    }
+    row(
+        "link",
+        &|r| match r.config.get("link_bandwidth_bytes_per_s") {
+            Some(Value::Number(n)) => format!("{:.0} Mbit/s", n.as_f64().unwrap_or(0.0) * 8e-6),
+            _ => "none".into(),
+        },
+    );
+    row("test accuracy", &|r| {
+        r.final_accuracy()
+            .map_or("-".into(), |a| format!("{:.2}%", 100.0 * a))
+    });
+    row("images/s", &|r| {
+        r.images_per_s().map_or("-".into(), |v| format!("{v:.0}"))
+    });
+    row("step ms", &|r| format!("{:.2}", r.phases.step_ms));
+    for (i, name) in PHASES.iter().enumerate() {
+        row(&format!("{name} ms (%)"), &|r| {
+            format!("{:.2} ({:.1}%)", r.phases.ms[i], r.phases.pct(i))
+        });
+    }
+    row("comm hidden", &|r| format!("{:.0}%", r.phases.hidden_pct()));
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    plot::breakdown_per_run(&runs, &out.join("breakdown.png"))?;
+    let md =
+        format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](breakdown.png)\n");
+    crate::train::checkpoint::write_atomically(&out.join("comparison.md"), md.as_bytes())?;
+    Ok(t)
+}

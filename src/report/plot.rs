@@ -1,0 +1,263 @@
+//! PNG plots with `plotters`, drawn into an RGB buffer and encoded with `image`.
+//!
+//! Text is rendered with ab_glyph from DejaVu Sans compiled into the binary (the `dejavu`
+//! crate), so plotting needs no system fonts, fontconfig or network: it works the same on a
+//! fresh machine, in CI and in a container.
+
+use super::{RunData, PHASES};
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::Once;
+
+/// Width and height of every plot, in pixels.
+pub const SIZE: (u32, u32) = (800, 480);
+
+/// A function that draws one figure of a run into a PNG file.
+pub type PlotFn = fn(&RunData, &Path) -> Result<(), String>;
+
+/// The font family name the embedded font is registered under.
+const FONT: &str = "sans-serif";
+
+/// Colours of the phases, in the order of [`PHASES`].
+const PHASE_COLORS: [RGBColor; 5] = [
+    RGBColor(230, 159, 0),   // data wait: orange
+    RGBColor(86, 180, 233),  // forward: sky blue
+    RGBColor(0, 114, 178),   // backward: blue
+    RGBColor(213, 94, 0),    // exposed comm: vermillion
+    RGBColor(204, 121, 167), // update: purple
+];
+
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The bytes are a valid TrueType font compiled in; a failure would be a packaging bug,
+        // and plotters then reports a font error on the first text drawn.
+        let _ = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular());
+    });
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("plotting: {e}")
+}
+
+/// Draws with `draw` on a white canvas of [`SIZE`] and writes it to `path` as a PNG,
+/// atomically.
+fn render(
+    path: &Path,
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>) -> Result<(), String>,
+) -> Result<(), String> {
+    register_font();
+    let (w, h) = SIZE;
+    let mut rgb = vec![0u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        draw(&root)?;
+        root.present().map_err(err)?;
+    }
+    let img = image::RgbImage::from_raw(w, h, rgb).ok_or("plotting: buffer size mismatch")?;
+    let mut png = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut png, image::ImageFormat::Png)
+        .map_err(|e| format!("encoding {}: {e}", path.display()))?;
+    crate::train::checkpoint::write_atomically(path, png.get_ref())
+}
+
+/// `lo..hi` padded by 5% (and made non-empty when all values are equal).
+fn padded(values: impl Iterator<Item = f64>, floor_zero: bool) -> std::ops::Range<f64> {
+    let (mut lo, mut hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(v), b.max(v))
+        });
+    if !lo.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    }
+    if floor_zero {
+        lo = lo.min(0.0);
+    }
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+    (if floor_zero { lo } else { lo - pad })..hi + pad
+}
+
+/// A line's label, colour and `(epoch, value)` points.
+type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
+/// Lines of `(epoch, value)`, one per series.
+fn epoch_lines(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    series: &[Series<'_>],
+    floor_zero: bool,
+) -> Result<(), String> {
+    let last = series
+        .iter()
+        .flat_map(|s| s.2.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let y = padded(
+        series.iter().flat_map(|s| s.2.iter().map(|p| p.1)),
+        floor_zero,
+    );
+    render(path, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 24))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.5..last + 0.5, y)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("epoch")
+            .y_desc(y_desc)
+            .x_labels((last as usize + 1).min(12))
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-6 && *x >= 1.0 {
+                    format!("{x:.0}")
+                } else {
+                    String::new()
+                }
+            })
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        for (label, color, points) in series {
+            let color = *color;
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label(*label)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(err)
+    })
+}
+
+/// Training and test loss per epoch.
+pub fn loss(run: &RunData, path: &Path) -> Result<(), String> {
+    let pts = |f: fn(&super::EpochRow) -> f64| -> Vec<(f64, f64)> {
+        run.epochs.iter().map(|e| (e.epoch as f64, f(e))).collect()
+    };
+    epoch_lines(
+        path,
+        &format!("Loss per epoch: {}", run.name()),
+        "cross-entropy loss",
+        &[
+            ("train loss (worker 0)", BLUE, pts(|e| e.train_loss)),
+            ("test loss", RED, pts(|e| e.test_loss)),
+        ],
+        true,
+    )
+}
+
+/// Test accuracy per epoch, in percent.
+pub fn accuracy(run: &RunData, path: &Path) -> Result<(), String> {
+    let pts = run
+        .epochs
+        .iter()
+        .map(|e| (e.epoch as f64, 100.0 * e.test_accuracy))
+        .collect();
+    epoch_lines(
+        path,
+        &format!("Test accuracy per epoch: {}", run.name()),
+        "test accuracy, %",
+        &[("test accuracy", RGBColor(0, 158, 115), pts)],
+        false,
+    )
+}
+
+/// Stacked bars, one per `(label, phase ms)`: data wait, forward, backward, exposed comm,
+/// update, bottom to top.
+fn stacked_bars(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Result<(), String> {
+    let n = bars.len().max(1);
+    let top = bars
+        .iter()
+        .map(|b| b.1.iter().sum::<f64>())
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.5; // Room for the legend above the tallest bar.
+    render(path, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 24))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0.0..n as f64, 0.0..top)
+            .map_err(err)?;
+        let labels: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .y_desc("ms per step")
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&|x| {
+                // Bar i is centred on i + 0.5.
+                let i = (x - 0.5).round();
+                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
+                    labels.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        for (p, name) in PHASES.iter().enumerate() {
+            let color = PHASE_COLORS[p];
+            let rects = bars.iter().enumerate().map(|(i, (_, ms))| {
+                let base: f64 = ms[..p].iter().sum();
+                let x = i as f64;
+                Rectangle::new([(x + 0.2, base), (x + 0.8, base + ms[p])], color.filled())
+            });
+            chart
+                .draw_series(rects)
+                .map_err(err)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(err)
+    })
+}
+
+/// The step breakdown of each epoch as stacked bars.
+pub fn breakdown_per_epoch(run: &RunData, path: &Path) -> Result<(), String> {
+    let bars: Vec<(String, [f64; 5])> = run
+        .epochs
+        .iter()
+        .map(|e| (format!("epoch {}", e.epoch), e.phases.ms))
+        .collect();
+    stacked_bars(
+        path,
+        &format!("Where a step's time goes: {}", run.name()),
+        &bars,
+    )
+}
+
+/// The mean step breakdown of each run as stacked bars, side by side.
+pub fn breakdown_per_run(runs: &[RunData], path: &Path) -> Result<(), String> {
+    let bars: Vec<(String, [f64; 5])> = runs.iter().map(|r| (r.name(), r.phases.ms)).collect();
+    stacked_bars(path, "Where a step's time goes, per run", &bars)
+}

@@ -1,0 +1,328 @@
+//! Seeing where the time goes: the timeline (`--trace`), the run report and its plots, the
+//! comparison of runs, and `--log-format json`.
+
+use dptrain::config::{TrainConfig, TrainOptions};
+use dptrain::train::train;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// The tests here run one at a time: the overlap check measures when communication threads
+/// get a core, and on a 2-core machine a second training run in parallel would take it.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn config(dir: &Path, f: impl FnOnce(&mut TrainOptions)) -> TrainConfig {
+    let mut o = TrainOptions {
+        dataset: Some("synthetic".into()),
+        epochs: Some(1),
+        batch: Some(16),
+        lr_schedule: Some("constant".into()),
+        warmup_steps: Some(0),
+        train_limit: Some(160), // 10 steps of 16
+        test_limit: Some(32),
+        threads: Some(1),
+        comm_timeout: Some(30.0),
+        run_dir: Some(dir.to_path_buf()),
+        no_checkpoints: true,
+        quiet: true,
+        ..Default::default()
+    };
+    f(&mut o);
+    o.resolve().unwrap()
+}
+
+/// A complete span: track, name, start and end (microseconds), arguments.
+struct Span {
+    tid: u64,
+    name: String,
+    ts: u64,
+    end: u64,
+    args: Value,
+}
+
+/// The spans of a trace file and the name of each track.
+fn read_trace(path: &Path) -> (Vec<Span>, HashMap<u64, String>) {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let events = v["traceEvents"]
+        .as_array()
+        .expect("object form with traceEvents");
+    let mut names = HashMap::new();
+    let mut spans = Vec::new();
+    for e in events {
+        let tid = e["tid"].as_u64().unwrap();
+        match e["ph"].as_str().unwrap() {
+            "M" if e["name"] == "thread_name" => {
+                names.insert(tid, e["args"]["name"].as_str().unwrap().to_string());
+            }
+            "X" => {
+                let ts = e["ts"].as_u64().unwrap();
+                spans.push(Span {
+                    tid,
+                    name: e["name"].as_str().unwrap().to_string(),
+                    ts,
+                    end: ts + e["dur"].as_u64().unwrap(),
+                    args: e["args"].clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    (spans, names)
+}
+
+/// Spans on one track must nest: two spans either are disjoint or one contains the other.
+fn check_nesting(spans: &[Span]) {
+    let mut by_tid: HashMap<u64, Vec<&Span>> = HashMap::new();
+    for s in spans {
+        by_tid.entry(s.tid).or_default().push(s);
+    }
+    for (tid, mut list) in by_tid {
+        list.sort_by_key(|s| (s.ts, std::cmp::Reverse(s.end)));
+        let mut open: Vec<&Span> = Vec::new();
+        for s in list {
+            while open.last().is_some_and(|top| top.end <= s.ts) {
+                open.pop();
+            }
+            if let Some(top) = open.last() {
+                assert!(
+                    s.end <= top.end,
+                    "track {tid}: '{}' [{}, {}] partly overlaps '{}' [{}, {}]",
+                    s.name,
+                    s.ts,
+                    s.end,
+                    top.name,
+                    top.ts,
+                    top.end
+                );
+            }
+            open.push(s);
+        }
+    }
+}
+
+/// For each reduction, how far its start lies before the end of its step's backward on the
+/// same worker (positive: it started while backward was still running).
+fn reduction_leads(spans: &[Span], names: &HashMap<u64, String>) -> Vec<i64> {
+    let mut backward_end = HashMap::new();
+    for s in spans.iter().filter(|s| s.name == "backward") {
+        let rank: usize = names[&s.tid]
+            .strip_prefix("worker ")
+            .unwrap()
+            .parse()
+            .unwrap();
+        backward_end.insert((rank, s.args["global_step"].as_u64().unwrap()), s.end);
+    }
+    spans
+        .iter()
+        .filter(|s| s.name.starts_with("reduce bucket"))
+        .map(|s| {
+            let rank: usize = names[&s.tid]
+                .strip_prefix("comm ")
+                .unwrap()
+                .parse()
+                .unwrap();
+            let end = backward_end[&(rank, s.args["global_step"].as_u64().unwrap())];
+            end as i64 - s.ts as i64
+        })
+        .collect()
+}
+
+/// A 2-worker traced run of steps 2..8 with overlap `on`/`off` in `dir`; checks the trace's
+/// structure and returns how many reductions started before their step's backward ended.
+fn traced_run(dir: &Path, overlap: &str) -> usize {
+    let trace = dir.join("trace.json");
+    train(config(dir, |o| {
+        o.workers = Some(2);
+        o.comm = Some("ring".into());
+        o.overlap = Some(overlap.into());
+        // One block per bucket, so the last blocks' gradients leave early in backward, and a
+        // slow emulated link, so each reduction takes real time.
+        o.bucket_kb = Some(0);
+        o.first_bucket_kb = Some(0);
+        o.link_bandwidth = Some("200Mbit".into());
+        o.trace = Some(trace.clone());
+        o.trace_steps = Some("2..8".into());
+        // 32 samples per worker: a backward of a few ms, long enough for the first buckets'
+        // reductions to start inside it even when cores are scarce.
+        o.batch = Some(64);
+        o.train_limit = Some(640);
+    }))
+    .unwrap();
+    let (spans, names) = read_trace(&trace);
+    check_nesting(&spans);
+
+    let mut tracks: Vec<_> = names.values().cloned().collect();
+    tracks.sort();
+    assert_eq!(tracks, ["comm 0", "comm 1", "worker 0", "worker 1"]);
+    for s in &spans {
+        let track = &names[&s.tid];
+        if s.name.starts_with("reduce bucket") {
+            assert!(track.starts_with("comm "), "reduction on {track}");
+            assert!(s.args["bytes"].as_u64().unwrap() > 0);
+            assert_eq!(s.args["mode"], "ring");
+            assert!(s.args["bucket"].is_u64());
+        } else {
+            assert!(track.starts_with("worker "), "'{}' on {track}", s.name);
+        }
+    }
+    // Only the window's steps, every phase of each.
+    for rank in 0..2 {
+        let tid = *names
+            .iter()
+            .find(|(_, n)| **n == format!("worker {rank}"))
+            .unwrap()
+            .0;
+        let mut steps: Vec<u64> = spans
+            .iter()
+            .filter(|s| s.tid == tid && s.name.starts_with("step "))
+            .map(|s| s.args["global_step"].as_u64().unwrap())
+            .collect();
+        steps.sort();
+        assert_eq!(steps, [2, 3, 4, 5, 6, 7], "worker {rank}");
+        for phase in ["data wait", "forward", "backward", "exposed comm", "update"] {
+            let n = spans
+                .iter()
+                .filter(|s| s.tid == tid && s.name == phase)
+                .count();
+            assert_eq!(n, 6, "worker {rank}: {phase}");
+        }
+        // lenet5 has five blocks: each is timed forward and backward.
+        for pass in ["forward ", "backward "] {
+            let blocks = spans
+                .iter()
+                .filter(|s| s.tid == tid && s.name.starts_with(pass))
+                .count();
+            assert_eq!(blocks, 6 * 5, "worker {rank}: {pass}blocks");
+        }
+    }
+    let leads = reduction_leads(&spans, &names);
+    assert_eq!(
+        leads.len(),
+        2 * 6 * 5,
+        "one reduction per bucket, step, worker"
+    );
+    leads.iter().filter(|&&l| l > 0).count()
+}
+
+#[test]
+fn a_two_worker_trace_nests_and_shows_overlap_only_when_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    // Without overlap, buckets leave only after backward: never early, whatever the timing.
+    assert_eq!(traced_run(&tmp.path().join("off"), "off"), 0);
+    // With overlap, a reduction starts as soon as its communication thread gets a core. On a
+    // 2-core machine with two computing workers that may wait past a short backward, so one
+    // run may by chance show none; three in a row would mean overlap is broken.
+    let early: Vec<usize> = (0..3)
+        .map(|i| traced_run(&tmp.path().join(format!("on-{i}")), "on"))
+        .take_while(|&n| n == 0)
+        .collect();
+    assert!(
+        early.len() < 3,
+        "overlap on: no reduction started before backward ended, in 3 runs"
+    );
+}
+
+fn png_size(path: &Path) -> (u32, u32) {
+    let img = image::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (img.width(), img.height())
+}
+
+#[test]
+fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let runs: Vec<_> = ["one", "two"]
+        .iter()
+        .map(|name| {
+            let dir = tmp.path().join(name);
+            train(config(&dir, |o| {
+                o.epochs = Some(2);
+                o.workers = Some(if *name == "one" { 1 } else { 2 });
+            }))
+            .unwrap();
+            dir
+        })
+        .collect();
+    for dir in &runs {
+        let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        for section in [
+            "## Results",
+            "## Step breakdown",
+            "exposed comm",
+            "## Configuration",
+        ] {
+            assert!(report.contains(section), "report.md lacks '{section}'");
+        }
+        for fig in ["loss.png", "accuracy.png", "breakdown.png"] {
+            assert!(
+                report.contains(&format!("]({fig})")),
+                "report.md does not show {fig}"
+            );
+            assert_eq!(png_size(&dir.join(fig)), dptrain::report::plot::SIZE);
+        }
+    }
+    // `dptrain report` regenerates from the files alone.
+    std::fs::remove_file(runs[0].join("loss.png")).unwrap();
+    let figures = dptrain::report::write_run_report(&runs[0]).unwrap();
+    assert_eq!(figures.len(), 3);
+    assert_eq!(
+        png_size(&runs[0].join("loss.png")),
+        dptrain::report::plot::SIZE
+    );
+    let out = tmp.path().join("comparison");
+    let table = dptrain::report::write_comparison(&runs, &out).unwrap();
+    assert!(table.contains("| one | two |"), "{table}");
+    assert!(table.contains("| workers | 1 | 2 |"), "{table}");
+    let md = std::fs::read_to_string(out.join("comparison.md")).unwrap();
+    assert!(md.contains("](breakdown.png)"));
+    assert_eq!(
+        png_size(&out.join("breakdown.png")),
+        dptrain::report::plot::SIZE
+    );
+    assert!(dptrain::report::write_run_report(&tmp.path().join("none")).is_err());
+}
+
+#[test]
+fn json_log_format_prints_one_json_object_per_epoch_and_no_bar() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .args([
+            "train",
+            "--dataset",
+            "synthetic",
+            "--epochs",
+            "2",
+            "--train-limit",
+            "64",
+            "--test-limit",
+            "32",
+            "--batch",
+            "16",
+            "--threads",
+            "1",
+            "--no-checkpoints",
+            "--log-format",
+            "json",
+            "--run-dir",
+        ])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let kinds: Vec<String> = stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            v["kind"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(kinds, ["epoch", "epoch", "done"]);
+}
