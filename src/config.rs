@@ -97,6 +97,8 @@ pub struct TrainConfig {
     pub keep_checkpoints: usize,
     /// Write no checkpoints at all (benchmarks).
     pub no_checkpoints: bool,
+    /// Injected fault, for the reliability tests.
+    pub fault: Option<crate::train::fault::Fault>,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
     /// Also write a metrics line every this many steps (0: per epoch only).
@@ -257,6 +259,10 @@ pub struct TrainOptions {
     #[arg(long)]
     #[serde(default)]
     pub no_checkpoints: bool,
+    /// Fault injection for reliability tests: forward|backward|comm|data@STEP[:WORKER] or
+    /// slow-checkpoint.
+    #[arg(long, hide = true)]
+    pub inject_fault: Option<String>,
     /// Also log metrics every N steps [default: 0, per epoch only].
     #[arg(long)]
     pub log_every: Option<usize>,
@@ -340,6 +346,7 @@ impl TrainOptions {
             model,
             dataset,
             data_dir,
+            inject_fault,
             epochs,
             batch,
             lr,
@@ -521,6 +528,11 @@ impl TrainOptions {
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
             no_checkpoints: self.no_checkpoints,
+            fault: self
+                .inject_fault
+                .as_deref()
+                .map(crate::train::fault::Fault::parse)
+                .transpose()?,
             resume: self.resume.clone(),
             log_every: self.log_every.unwrap_or(0),
             train_limit: self.train_limit,

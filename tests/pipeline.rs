@@ -38,6 +38,7 @@ fn collator(ds: Dataset, augment: &str, skip_bad: bool) -> Collator {
         seed: 11,
         skip_bad,
         stats: Arc::new(LoadStats::default()),
+        fault: None,
     }
 }
 

@@ -17,7 +17,7 @@ pub mod bucket;
 mod reducer;
 
 pub use bucket::{Bucket, BucketPlan, ParamSlot};
-pub use reducer::{BucketOp, BucketSpan, CommTimes, Reducer};
+pub use reducer::{panic_message, BucketOp, BucketSpan, CommTimes, Reducer};
 
 use crate::nn::Param;
 use crate::ops::with_f32;

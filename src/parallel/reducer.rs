@@ -47,6 +47,7 @@ enum Job {
         buf: Vec<f32>,
         op: BucketOp,
         tag: u64,
+        inject_panic: bool,
     },
     Broadcast {
         buf: Vec<f32>,
@@ -64,7 +65,7 @@ enum Done {
     Broadcast {
         buf: Vec<f32>,
     },
-    Failed(CommError),
+    Failed(String),
 }
 
 /// Communication time of one step, as the worker saw it.
@@ -98,6 +99,7 @@ pub struct Reducer {
     buffers: Vec<Option<Vec<f32>>>,
     in_flight: usize,
     step_tag: u64,
+    inject_panic: bool,
     times: CommTimes,
     // Each bucket's reduction this step, for the timeline; sized once, so steps don't allocate.
     spans: Vec<BucketSpan>,
@@ -138,6 +140,7 @@ impl Reducer {
             buffers,
             in_flight: 0,
             step_tag: 0,
+            inject_panic: false,
             times: CommTimes::default(),
             spans: Vec::with_capacity(buckets),
             jobs: Some(job_tx),
@@ -149,6 +152,11 @@ impl Reducer {
     /// The bucket plan.
     pub fn plan(&self) -> &BucketPlan {
         &self.plan
+    }
+
+    /// Makes the communication thread panic on the next bucket (fault-injection tests).
+    pub fn inject_panic_on_next_bucket(&mut self) {
+        self.inject_panic = true;
     }
 
     /// Marks the start of a step.
@@ -211,6 +219,7 @@ impl Reducer {
             buf,
             op: self.ops[index],
             tag,
+            inject_panic: std::mem::take(&mut self.inject_panic),
         };
         self.jobs
             .as_ref()
@@ -249,7 +258,7 @@ impl Reducer {
                     });
                     self.in_flight -= 1;
                 }
-                Done::Failed(e) => return Err(candle_core::Error::Msg(e.to_string())),
+                Done::Failed(e) => return Err(candle_core::Error::Msg(e)),
                 Done::Broadcast { .. } => unreachable!("no broadcast is in flight during a step"),
             }
         }
@@ -279,7 +288,7 @@ impl Reducer {
             .map_err(|_| comm_gone())?;
         match self.done.recv().map_err(|_| comm_gone())? {
             Done::Broadcast { buf } => Ok(buf),
-            Done::Failed(e) => Err(candle_core::Error::Msg(e.to_string())),
+            Done::Failed(e) => Err(candle_core::Error::Msg(e)),
             Done::Bucket { .. } => unreachable!("no bucket is in flight during a broadcast"),
         }
     }
@@ -302,40 +311,77 @@ fn comm_gone() -> candle_core::Error {
 }
 
 /// The communication thread: runs jobs in arrival order, one at a time, on its transport.
+///
+/// A failure (an error, or a panic, caught here) is reported to the worker, and the thread
+/// ends: dropping the transport is what tells the peers, so nobody waits on a dead collective.
 fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>) {
     let mut scratch = Vec::new();
     for job in jobs.iter() {
-        let result = match job {
-            Job::Bucket {
-                index,
-                mut buf,
-                op,
-                tag,
-            } => {
-                let started = Instant::now();
-                let r = match op {
-                    BucketOp::AllReduce(mode) => {
-                        all_reduce_sum(mode, t.as_ref(), &mut buf, tag, &mut scratch)
-                    }
-                    BucketOp::ReduceToRoot => {
-                        tree_reduce(t.as_ref(), &mut buf, 0, tag, &mut scratch)
-                    }
-                    BucketOp::Native => t.native_all_reduce_sum(&mut buf, &mut scratch),
-                };
-                r.map(|_| Done::Bucket {
-                    index,
-                    buf,
-                    busy: started.elapsed(),
-                    started,
-                })
-            }
-            Job::Broadcast { mut buf, tag } => {
-                tree_broadcast(t.as_ref(), &mut buf, 0, tag).map(|_| Done::Broadcast { buf })
-            }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_job(t.as_ref(), job, &mut scratch)
+        }));
+        let result = match result {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(panic) => Err(format!(
+                "communication thread panicked: {}",
+                panic_message(&panic)
+            )),
         };
         let failed = result.is_err();
-        if done.send(result.unwrap_or_else(Done::Failed)).is_err() || failed {
+        if done.send(result.unwrap_or_else(Done::Failed)).is_err() {
+            return;
+        }
+        if failed {
+            // Keep the transport (so peers do not see this rank vanish) until the worker has
+            // reported the failure and dropped its reducer; refuse any further work meanwhile.
+            for _ in jobs.iter() {
+                let _ = done.send(Done::Failed(
+                    "the communication thread failed earlier".into(),
+                ));
+            }
             return;
         }
     }
+}
+
+/// Runs one job on the communication thread.
+fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, CommError> {
+    match job {
+        Job::Bucket {
+            index,
+            mut buf,
+            op,
+            tag,
+            inject_panic,
+        } => {
+            let started = Instant::now();
+            if inject_panic {
+                panic!("injected fault: Comm while reducing bucket {index}");
+            }
+            match op {
+                BucketOp::AllReduce(mode) => all_reduce_sum(mode, t, &mut buf, tag, scratch)?,
+                BucketOp::ReduceToRoot => tree_reduce(t, &mut buf, 0, tag, scratch)?,
+                BucketOp::Native => t.native_all_reduce_sum(&mut buf, scratch)?,
+            }
+            Ok(Done::Bucket {
+                index,
+                buf,
+                busy: started.elapsed(),
+                started,
+            })
+        }
+        Job::Broadcast { mut buf, tag } => {
+            tree_broadcast(t, &mut buf, 0, tag)?;
+            Ok(Done::Broadcast { buf })
+        }
+    }
+}
+
+/// The text of a panic payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }

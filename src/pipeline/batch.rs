@@ -123,9 +123,22 @@ pub struct Collator {
     pub skip_bad: bool,
     /// Where skipped samples are counted.
     pub stats: Arc<LoadStats>,
+    /// An injected loader failure (reliability tests).
+    pub fault: Option<crate::train::fault::Fault>,
 }
 
 impl Collator {
+    /// Fails like a broken loader if an injected `data` fault strikes this batch.
+    pub fn check_fault(&self, global_step: usize, worker: usize) -> Result<(), String> {
+        use crate::train::fault::FaultPhase;
+        match self.fault {
+            Some(f) if f.hits(FaultPhase::Data, global_step, worker) => Err(format!(
+                "injected fault: loader failure for global step {global_step}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Fills `batch` with samples `indices` of `epoch`, reusing its buffers (no allocation once
     /// they have reached batch size). A bad sample fails the batch with an error naming it, or
     /// is left out when `skip_bad` (the batch is then shorter).

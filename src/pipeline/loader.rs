@@ -259,7 +259,9 @@ fn loader_thread(s: &Shared) {
         let (epoch, step) = s.epoch_step(seq);
         let order = s.orders.get(epoch, &s.sampler);
         let indices = s.sampler.shard(&order, step, w);
+        let global_step = epoch * s.sampler.steps_per_epoch() + step;
         let filled = catch_unwind(AssertUnwindSafe(|| {
+            s.collator.check_fault(global_step, w)?;
             s.collator.fill(indices, epoch, &mut scratch, &mut batch)
         }));
         let item = match filled {
@@ -363,8 +365,10 @@ impl BatchFeed {
             } => {
                 let mut batch = previous.unwrap_or_else(|| std::mem::take(spare));
                 let indices = sampler.shard(order, step, self.rank);
+                let global_step = epoch * sampler.steps_per_epoch() + step;
                 self.collator
-                    .fill(indices, epoch, scratch, &mut batch)
+                    .check_fault(global_step, self.rank)
+                    .and_then(|_| self.collator.fill(indices, epoch, scratch, &mut batch))
                     .map_err(|e| format!("loading epoch {}, step {step}: {e}", epoch + 1))?;
                 batch
             }

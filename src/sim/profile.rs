@@ -73,6 +73,21 @@ impl Profile {
         self.blocks.iter().map(|b| b.param_sizes.clone()).collect()
     }
 
+    /// The same per-block shape rescaled to these totals (ms). Used to check the communication
+    /// and overlap model against a run on a shared machine, whose compute speed drifts between
+    /// the profile and the run.
+    pub fn rescaled(&self, forward_ms: f64, backward_ms: f64, update_ms: f64) -> Profile {
+        let (f, b) = (self.forward_ms(), self.backward_ms());
+        let mut p = self.clone();
+        for blk in &mut p.blocks {
+            blk.forward_ms *= if f > 0.0 { forward_ms / f } else { 0.0 };
+            blk.backward_ms *= if b > 0.0 { backward_ms / b } else { 0.0 };
+        }
+        p.update_ms = update_ms;
+        p.source = format!("{} (rescaled to the run's compute)", self.source);
+        p
+    }
+
     /// Writes the profile as pretty JSON.
     pub fn save(&self, path: &Path) -> Result<(), String> {
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;

@@ -211,6 +211,7 @@ pub fn symmetric_program(coll: Collective, world: usize, bytes: f64) -> Option<V
             ops.extend((0..n - 1).map(SymOp::Recv));
         }
         Collective::AllReduce(CommMode::HalvingDoubling) if n.is_power_of_two() => {
+            // Halving (masks n/2 .. 1), then doubling (1 .. n/2); one exchange per mask.
             let mut masks: Vec<usize> = (0..n.trailing_zeros()).rev().map(|b| 1 << b).collect();
             masks.extend((0..n.trailing_zeros()).map(|b| 1 << b));
             for (i, mask) in masks.into_iter().enumerate() {

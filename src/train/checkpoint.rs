@@ -59,6 +59,12 @@ impl Checkpoint {
 
     /// Writes the checkpoint atomically to `path`.
     pub fn save(&self, path: &Path) -> Result<(), String> {
+        self.save_paced(path, false)
+    }
+
+    /// [`Checkpoint::save`]; with `slow`, the write pauses between chunks for about two
+    /// seconds in all, so a test can kill the process in the middle of it.
+    pub fn save_paced(&self, path: &Path, slow: bool) -> Result<(), String> {
         let metadata: HashMap<String, String> = [
             ("format".to_string(), FORMAT.to_string()),
             ("model".to_string(), self.state.model.clone()),
@@ -74,7 +80,7 @@ impl Checkpoint {
             Some(metadata),
         )
         .map_err(|e| format!("cannot serialise checkpoint: {e}"))?;
-        write_atomically(path, &bytes)
+        write_atomically_paced(path, &bytes, slow)
     }
 
     /// Reads and checks a checkpoint file.
@@ -145,6 +151,10 @@ impl Checkpoint {
 
 /// Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    write_atomically_paced(path, bytes, false)
+}
+
+fn write_atomically_paced(path: &Path, bytes: &[u8], slow: bool) -> Result<(), String> {
     let err = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", path.display());
     let dir = path
         .parent()
@@ -153,7 +163,16 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let tmp = tmp_path(path);
     {
         let mut f = std::fs::File::create(&tmp).map_err(|e| err("create temporary file for", e))?;
-        f.write_all(bytes).map_err(|e| err("write", e))?;
+        if slow {
+            let chunk = bytes.len().div_ceil(20).max(1);
+            for part in bytes.chunks(chunk) {
+                f.write_all(part).map_err(|e| err("write", e))?;
+                f.flush().map_err(|e| err("write", e))?;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        } else {
+            f.write_all(bytes).map_err(|e| err("write", e))?;
+        }
         f.sync_all().map_err(|e| err("fsync", e))?;
     }
     std::fs::rename(&tmp, path).map_err(|e| err("rename into place", e))?;

@@ -5,6 +5,7 @@
 //! [`crate::parallel`].
 
 pub mod checkpoint;
+pub mod fault;
 pub mod metrics;
 pub mod processes;
 pub mod worker;
@@ -57,6 +58,14 @@ pub enum Event {
         train_seconds: f64,
         /// Checkpoint written, if any.
         checkpoint: Option<PathBuf>,
+    },
+    /// A worker failed (error or panic); sent before its communication thread goes away, so
+    /// the first of these is the cause and later ones are peers noticing it.
+    Failed {
+        /// Worker.
+        rank: usize,
+        /// What happened, naming the worker, the phase and the step.
+        error: String,
     },
     /// A worker finished training.
     Done {
@@ -173,6 +182,7 @@ pub fn start_pipeline(
         seed: cfg.seed,
         skip_bad: cfg.skip_bad_samples,
         stats,
+        fault: cfg.fault,
     };
     // Over several processes, this process's workers are global workers first..first+workers.
     let sampler = DistributedSampler::for_ranks(
@@ -368,6 +378,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     let mut epoch_breakdown = Breakdown::default();
     let mut train_seconds = 0.0;
     let mut io_error = None;
+    let mut first_failure: Option<(String, bool)> = None;
     let step_started = Instant::now();
     let mut window: (usize, f64) = (0, 0.0);
     for event in rx.iter() {
@@ -424,6 +435,18 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                             io_error.get_or_insert(e.to_string());
                         }
                     }
+                }
+            }
+            Event::Failed { rank, error } => {
+                tracing::debug!(rank, error = %error, "worker failed");
+                // Peers of a failed worker fail too ("peer ... is gone", "the input pipeline
+                // stopped"); those echoes only stand in for the cause if nothing else came.
+                let echo =
+                    error.contains("is gone") || error.contains("the input pipeline stopped");
+                match &first_failure {
+                    None => first_failure = Some((error, echo)),
+                    Some((_, true)) if !echo => first_failure = Some((error, echo)),
+                    _ => {}
                 }
             }
             Event::Done { rank, weights_hash } => {
@@ -483,6 +506,8 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     // The first error is the cause; later ones are usually peers noticing it.
     let mut errors = Vec::new();
     for (rank, h) in handles.into_iter().enumerate() {
+        // A worker's panic is caught and reported as Event::Failed; a join error means the
+        // panic escaped that (e.g. while starting).
         match h.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => errors.push(e),
@@ -496,8 +521,11 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         sink.write(path)?;
         tracing::info!(path = %path.display(), events = sink.len(), "trace written");
     }
-    // A worker's error stops the input pipeline, and its peers then fail with "the input
-    // pipeline stopped: ..."; the cause is the error that is not such an echo.
+    // The first failure reported is the cause; the rest are its echoes (peers whose
+    // collectives or input pipeline stopped because of it).
+    if let Some((cause, _)) = first_failure {
+        return Err(cause);
+    }
     if let Some(cause) = errors
         .iter()
         .find(|e| !e.contains("the input pipeline stopped"))

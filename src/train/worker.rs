@@ -3,6 +3,7 @@
 //! The whole step lives in [`Worker::step`]: batch, forward, block-wise backward feeding the
 //! reducer, the wait for the last bucket, the update. Every phase is timed.
 
+use super::fault::{maybe_panic, FaultPhase};
 use super::metrics::{ms, StepTimes};
 use super::Event;
 use crate::comm::{choose_mode, LinkModel, Transport};
@@ -81,6 +82,8 @@ pub struct Worker {
     test: Arc<Dataset>,
     events: Sender<Event>,
     start_epoch: usize,
+    /// The phase the step is in, for the message if it panics.
+    phase: &'static str,
     global_step: usize,
     tracer: Tracer,
 }
@@ -145,6 +148,7 @@ impl Worker {
             test: s.test,
             events: s.events,
             start_epoch,
+            phase: "start",
             global_step,
             tracer: s.tracer,
         };
@@ -170,7 +174,31 @@ impl Worker {
     }
 
     /// Trains every remaining epoch; worker 0 evaluates and checkpoints after each.
+    ///
+    /// Any failure, an error or a panic, is reported to the run as [`Event::Failed`] while this
+    /// worker still holds its communication thread: the run learns the cause before the peers,
+    /// whose collectives fail once this worker is gone, report the consequences.
     pub fn run(mut self) -> Result<(), String> {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_epochs()));
+        let result = result.unwrap_or_else(|panic| {
+            Err(format!(
+                "worker {}, {}, step {}: panicked: {}",
+                self.rank,
+                self.phase,
+                self.global_step,
+                crate::parallel::panic_message(&*panic)
+            ))
+        });
+        if let Err(e) = &result {
+            let _ = self.events.send(Event::Failed {
+                rank: self.rank,
+                error: e.clone(),
+            });
+        }
+        result
+    }
+
+    fn run_epochs(&mut self) -> Result<(), String> {
         let mut order = Vec::new();
         let spe = self.sampler.steps_per_epoch();
         for epoch in self.start_epoch..self.cfg.epochs {
@@ -213,7 +241,11 @@ impl Worker {
                         self.global_step,
                     )?;
                     let path = super::checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
-                    ck.save(&path)?;
+                    let slow = self
+                        .cfg
+                        .fault
+                        .is_some_and(|f| f.phase == super::fault::FaultPhase::SlowCheckpoint);
+                    ck.save_paced(&path, slow)?;
                     super::checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints);
                     Some(path)
                 } else {
@@ -255,6 +287,7 @@ impl Worker {
         let t0 = Instant::now();
         // Waiting here (for the prefetch queue, or collating with --prefetch 0) is the data
         // wait of the step breakdown.
+        self.phase = "data";
         let staged = ctx(self.feed.next(epoch, step, order), rank, "data", gs)?;
         let (x, y) = ctx(
             staged.tensors(self.net.input, &self.device),
@@ -263,6 +296,9 @@ impl Worker {
             gs,
         )?;
         let t1 = Instant::now();
+        self.phase = "forward";
+        let fault = self.cfg.fault;
+        maybe_panic(fault, FaultPhase::Forward, gs, rank);
         let (tracer, mut mark) = (&mut self.tracer, t1);
         let fp = self.net.forward_observed(&x, true, |k| {
             if tracer.active() {
@@ -291,11 +327,16 @@ impl Worker {
             return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr"));
         }
         let t2 = Instant::now();
+        self.phase = "backward";
         self.reducer.begin_step();
+        if fault.is_some_and(|f| f.hits(FaultPhase::Comm, gs, rank)) {
+            self.reducer.inject_panic_on_next_bucket();
+        }
         let (net, reducer, params) = (&self.net, &mut self.reducer, &self.params);
         let (tracer, mut mark) = (&mut self.tracer, t2);
         let flows = self.cfg.overlap && self.cfg.world() > 1;
         let backward = net.backward(&fp, &loss, |k, grads| {
+            maybe_panic(fault, FaultPhase::Backward, gs, rank);
             let r = reducer.on_block(k, params, grads);
             if tracer.active() {
                 let now = Instant::now();
@@ -322,7 +363,9 @@ impl Worker {
         ctx(backward, rank, "backward", gs)?;
         drop(fp);
         let t3 = Instant::now();
+        self.phase = "communication";
         let comm = ctx(self.reducer.finish(), rank, "communication", gs)?;
+        self.phase = "update";
         let t4 = Instant::now();
         let lr = self.cfg.lr_schedule.lr(
             self.cfg.lr,
