@@ -506,10 +506,21 @@ pub fn run() -> Result<(), String> {
                 return Err("--workers must be at least 1".into());
             }
             let sizes = list(&sizes, parse_size)?;
+            // "auto" runs the mode the cost model picks for each size (shown as auto:MODE).
+            let with_auto = comm == "all" || comm.split(',').any(|m| m.trim() == "auto");
             let modes = if comm == "all" {
                 CommMode::ALL.to_vec()
             } else {
-                list(&comm, |m| m.parse::<CommMode>())?
+                list(&comm.replace("auto", "").replace(",,", ","), |m| {
+                    m.parse::<CommMode>()
+                })
+                .or_else(|e| {
+                    if comm.trim() == "auto" {
+                        Ok(Vec::new())
+                    } else {
+                        Err(e)
+                    }
+                })?
             };
             let link = parse_link(&link_bandwidth, &link_latency)?;
             println!(
@@ -525,12 +536,25 @@ pub fn run() -> Result<(), String> {
                 "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s"
             );
             for &bytes in &sizes {
-                for &mode in &modes {
+                let auto = with_auto.then(|| {
+                    let model = link.unwrap_or(crate::train::worker::IN_PROCESS_LINK);
+                    crate::comm::choose_mode(workers, bytes, &model)
+                });
+                let rows = modes
+                    .iter()
+                    .map(|&m| (m, false))
+                    .chain(auto.map(|m| (m, true)));
+                for (mode, is_auto) in rows {
                     let r = bench::allreduce::bench_allreduce(workers, bytes, mode, link, iters)?;
+                    let name = if is_auto {
+                        format!("auto:{mode}")
+                    } else {
+                        mode.to_string()
+                    };
                     println!(
                         "{:>12} {:>10} {:>12.1} {:>12.3} {:>12.3}",
                         bytes,
-                        mode.to_string(),
+                        name,
                         r.time.as_secs_f64() * 1e6,
                         r.algbw / 1e9,
                         r.busbw / 1e9

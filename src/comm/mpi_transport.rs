@@ -193,9 +193,12 @@ impl Transport for MpiTransport {
     }
 }
 
+/// A posted send and the leaked buffer MPI reads until it completes.
+type PendingSend = (Request<'static, [u8], StaticScope>, *mut [u8]);
+
 /// Sends posted but not yet completed, with the buffers MPI is still reading.
 struct Pending {
-    sends: Vec<(Request<'static, [u8], StaticScope>, *mut [u8])>,
+    sends: Vec<PendingSend>,
     closed: bool,
 }
 
@@ -410,7 +413,9 @@ impl Drop for Endpoint {
         }
         // Sends still in flight must finish before their buffers (and the communicator) go;
         // a peer that never takes them (dead) gets one timeout's grace, then they are leaked.
-        let deadline = Instant::now() + self.timeout.min(Duration::from_secs(5));
+        // (Short: after a failure the run is ending anyway, and a healthy peer takes its
+        // messages within its current collective.)
+        let deadline = Instant::now() + self.timeout.min(Duration::from_secs(1));
         let mut p = lock(&self.shared.pending);
         while !p.sends.is_empty() && Instant::now() < deadline {
             p.reap();

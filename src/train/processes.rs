@@ -113,7 +113,7 @@ impl ProcessGroup {
     pub fn end(self, ok: bool) {
         let met = ok
             || self
-                .all_gather_within(&[], TAG_END, self.timeout.min(Duration::from_secs(3)))
+                .all_gather_within(&[], TAG_END, self.timeout.min(Duration::from_secs(2)))
                 .is_ok();
         #[cfg(feature = "mpi")]
         if let Some(rt) = self.mpi {

@@ -1,0 +1,253 @@
+//! Multi-process training over MPI: runs `mpirun` on the built binary.
+//!
+//! mpirun can refuse to start (e.g. as root without `--allow-run-as-root`) and still exit 0,
+//! so every test checks the output it expects, not only exit codes.
+#![cfg(feature = "mpi")]
+
+use dptrain::train::checkpoint::Checkpoint;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
+
+/// `mpirun` with what CI needs: root allowed, more ranks than cores allowed.
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe"])
+        // Keeps mpirun from looking for other machines or slow network interfaces.
+        .env("OMPI_MCA_btl", "self,vader")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// A small, fast run on the bundled MNIST; `extra` flags replace the defaults they name.
+fn small(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let defaults = [
+        ("--epochs", "2"),
+        ("--train-limit", "1536"),
+        ("--test-limit", "200"),
+        ("--threads", "1"),
+        ("--comm-timeout", "30"),
+    ];
+    let mut a = vec!["train".to_string(), "--quiet".into(), "--run-dir".into()];
+    a.push(dir.display().to_string());
+    for (flag, value) in defaults {
+        if !extra.contains(&flag) {
+            a.extend([flag.to_string(), value.to_string()]);
+        }
+    }
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn run_mpi(ranks: usize, args: &[String]) -> String {
+    let o = mpirun()
+        .args(["-np", &ranks.to_string(), BIN])
+        .args(args)
+        .args(["--transport", "mpi"])
+        .output()
+        .expect("mpirun runs (install openmpi-bin)");
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("done:"),
+        "mpirun failed:\n{t}"
+    );
+    t
+}
+
+/// Parameters, momentum and buffers of the last checkpoint in `dir`, in name order.
+fn weights(dir: &Path) -> Vec<(String, Vec<u32>)> {
+    let ck = Checkpoint::load(&dir.join("checkpoint-epoch0002.safetensors")).unwrap();
+    let mut names: Vec<_> = ck.tensors.keys().cloned().collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let t = ck.tensors[&n]
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            (n, t.iter().map(|x| x.to_bits()).collect())
+        })
+        .collect()
+}
+
+fn replica_hashes(dir: &Path) -> Vec<u64> {
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    s["replica_hashes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn two_ranks_match_two_worker_threads_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    for comm in ["ring", "tree", "hd", "redundant"] {
+        let (mpi_dir, thr_dir) = (tmp.path().join(comm), tmp.path().join(format!("{comm}-t")));
+        let out = run_mpi(2, &small(&mpi_dir, &["--comm", comm]));
+        // Only rank 0 prints its result.
+        assert_eq!(out.matches("done:").count(), 1, "{out}");
+        let o = Command::new(BIN)
+            .args(small(&thr_dir, &["--comm", comm, "--workers", "2"]))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let (a, b) = (weights(&mpi_dir), weights(&thr_dir));
+        assert!(!a.is_empty());
+        assert!(
+            a == b,
+            "{comm}: 2 MPI ranks and 2 threads trained different weights"
+        );
+        let h = replica_hashes(&mpi_dir);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h, replica_hashes(&thr_dir), "{comm}");
+    }
+}
+
+#[test]
+fn three_ranks_and_mpi_native_train_in_sync() {
+    let tmp = tempfile::tempdir().unwrap();
+    for comm in ["ring", "mpi-native"] {
+        let dir = tmp.path().join(comm);
+        run_mpi(3, &small(&dir, &["--comm", comm, "--batch", "48"]));
+        let h = replica_hashes(&dir);
+        assert_eq!(h.len(), 3, "{comm}");
+        assert!(
+            h.iter().all(|&x| x == h[0]),
+            "{comm}: replicas differ {h:x?}"
+        );
+    }
+    // Resuming from rank 0's checkpoint on every rank continues the run.
+    let dir = tmp.path().join("ring");
+    let ck = dir.join("checkpoint-epoch0002.safetensors");
+    let mut args = small(&dir, &["--batch", "48", "--epochs", "3"]);
+    args.extend(["--resume".to_string(), ck.display().to_string()]);
+    run_mpi(3, &args);
+    assert!(dir.join("checkpoint-epoch0003.safetensors").is_file());
+}
+
+#[test]
+fn a_config_mismatch_stops_every_rank_with_what_differs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = small(tmp.path(), &["--transport", "mpi", "--batch", "64"]);
+    let b = small(tmp.path(), &["--transport", "mpi", "--batch", "32"]);
+    let o = mpirun()
+        .args(["-np", "1", BIN])
+        .args(&a)
+        .arg(":")
+        .args(["-np", "1", BIN])
+        .args(&b)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    for rank in 0..2 {
+        let want = format!("error: rank {rank} of 2: the MPI ranks disagree");
+        assert!(t.contains(&want), "no '{want}' in:\n{t}");
+    }
+    assert!(t.contains("global batch (rank 0: 64, rank 1: 32)"), "{t}");
+    assert!(!t.contains("done:"), "{t}");
+}
+
+/// Pid of MPI rank `rank` of the run whose environment carries `mark`.
+fn rank_pid(mark: &str, rank: usize) -> Option<u32> {
+    let want = [
+        format!("DPTRAIN_TEST_MARK={mark}"),
+        format!("OMPI_COMM_WORLD_RANK={rank}"),
+    ];
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let env = std::fs::read(e.path().join("environ")).ok()?;
+        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+        want.iter()
+            .all(|w| vars.contains(&w.as_bytes()))
+            .then_some(pid)
+    })
+}
+
+/// Starts a long 2-rank run, sends `signal` to rank 1 once training is under way, and returns
+/// the output and how long after the signal mpirun was done.
+fn lose_rank_1(signal: &str, extra_mpirun: &[&str]) -> (String, Duration) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mark = format!("{signal}-{}", std::process::id());
+    let args = small(
+        tmp.path(),
+        &[
+            "--epochs",
+            "50",
+            "--train-limit",
+            "60000",
+            "--comm-timeout",
+            "3",
+        ],
+    );
+    let child = mpirun()
+        .args(extra_mpirun)
+        .args(["-x", "DPTRAIN_TEST_MARK", "-np", "2", BIN])
+        .args(&args)
+        .args(["--transport", "mpi", "--log-every", "5", "--no-checkpoints"])
+        .env("DPTRAIN_TEST_MARK", &mark)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = tmp.path().join("metrics.jsonl");
+    let started = Instant::now();
+    let pid = loop {
+        let going = std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0);
+        match rank_pid(&mark, 1) {
+            Some(pid) if going => break pid,
+            _ if started.elapsed() > Duration::from_secs(60) => {
+                panic!(
+                    "the run did not start: {}",
+                    text(&child.wait_with_output().unwrap())
+                )
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let sent = Instant::now();
+    let ok = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let out = child.wait_with_output().unwrap();
+    (text(&out), sent.elapsed())
+}
+
+#[test]
+fn a_stalled_rank_ends_the_others_within_the_timeout() {
+    let (t, took) = lose_rank_1("STOP", &[]);
+    assert!(
+        t.contains("error: rank 0 of 2:") && t.contains("waited 3.") && t.contains("from rank 1"),
+        "{t}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{t}");
+}
+
+#[test]
+fn a_killed_rank_ends_the_others_within_the_timeout() {
+    // --enable-recovery keeps mpirun from tearing the job down itself when a rank dies, so
+    // this checks that our own timeout ends the survivors.
+    let (t, took) = lose_rank_1("KILL", &["--enable-recovery"]);
+    assert!(
+        t.contains("error: rank 0 of 2:") && t.contains("from rank 1"),
+        "{t}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{t}");
+}
