@@ -99,6 +99,8 @@ pub struct TrainConfig {
     pub no_checkpoints: bool,
     /// Injected fault, for the reliability tests.
     pub fault: Option<crate::train::fault::Fault>,
+    /// Skip updates whose gradient is not finite (instead of stopping).
+    pub skip_nonfinite: bool,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
     /// Also write a metrics line every this many steps (0: per epoch only).
@@ -263,6 +265,10 @@ pub struct TrainOptions {
     /// slow-checkpoint.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,
+    /// What a NaN/infinite loss or gradient does: stop (with the step) or skip the update and
+    /// count it [default: stop].
+    #[arg(long)]
+    pub on_nonfinite: Option<String>,
     /// Also log metrics every N steps [default: 0, per epoch only].
     #[arg(long)]
     pub log_every: Option<usize>,
@@ -347,6 +353,7 @@ impl TrainOptions {
             dataset,
             data_dir,
             inject_fault,
+            on_nonfinite,
             epochs,
             batch,
             lr,
@@ -533,6 +540,11 @@ impl TrainOptions {
                 .as_deref()
                 .map(crate::train::fault::Fault::parse)
                 .transpose()?,
+            skip_nonfinite: match self.on_nonfinite.as_deref().unwrap_or("stop") {
+                "stop" => false,
+                "skip" => true,
+                o => return Err(format!("--on-nonfinite must be stop or skip, not '{o}'")),
+            },
             resume: self.resume.clone(),
             log_every: self.log_every.unwrap_or(0),
             train_limit: self.train_limit,

@@ -166,3 +166,35 @@ fn kill_during_checkpoint_write_leaves_the_previous_checkpoint() {
     let s = dptrain::train::train(resumed.resolve().unwrap()).unwrap();
     assert_eq!(s.epochs.len(), 1);
 }
+
+#[test]
+fn nonfinite_loss_stops_with_the_step_or_is_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let diverging = |dir: &str, policy: &str| TrainOptions {
+        dataset: Some("synthetic".into()),
+        epochs: Some(1),
+        batch: Some(16),
+        workers: Some(2),
+        threads: Some(1),
+        lr: Some(1e30),
+        warmup_steps: Some(0),
+        train_limit: Some(16 * 6),
+        test_limit: Some(32),
+        run_dir: Some(tmp.path().join(dir)),
+        quiet: true,
+        on_nonfinite: Some(policy.into()),
+        ..Default::default()
+    };
+    let (r, _) = run_with_deadline(diverging("stop", "stop"));
+    let err = r.expect_err("a NaN loss must stop the run by default");
+    assert!(
+        err.contains("step 1") && (err.contains("NaN") || err.contains("inf")),
+        "{err}"
+    );
+    let s = dptrain::train::train(diverging("skip", "skip").resolve().unwrap()).unwrap();
+    assert!(s.skipped_nonfinite_updates > 0, "no update was skipped");
+    assert!(
+        s.replica_hashes.iter().all(|&h| h == s.replica_hashes[0]),
+        "replicas differ after skipped updates"
+    );
+}

@@ -73,6 +73,8 @@ pub enum Event {
         rank: usize,
         /// Hash of its final weights (equal on every worker when replicas are in sync).
         weights_hash: u64,
+        /// Updates it skipped for a non-finite gradient.
+        skipped_updates: usize,
     },
 }
 
@@ -99,6 +101,8 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// Hash of each worker's final weights; all equal when the replicas stayed identical.
     pub replica_hashes: Vec<u64>,
+    /// Steps whose update was skipped for a NaN/infinite gradient (`--on-nonfinite skip`).
+    pub skipped_nonfinite_updates: usize,
     /// Peak resident memory of the process at the end of the run, MiB.
     pub peak_rss_mb: f64,
     /// Sample reads left out with `--skip-bad-samples`.
@@ -370,6 +374,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         bucket_ops: Vec::new(),
         checkpoint: None,
         wall_seconds: 0.0,
+        skipped_nonfinite_updates: 0,
         replica_hashes: vec![0; cfg.workers],
         peak_rss_mb: 0.0,
         skipped_samples: 0,
@@ -449,7 +454,13 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                     _ => {}
                 }
             }
-            Event::Done { rank, weights_hash } => {
+            Event::Done {
+                rank,
+                weights_hash,
+                skipped_updates,
+            } => {
+                summary.skipped_nonfinite_updates =
+                    summary.skipped_nonfinite_updates.max(skipped_updates);
                 summary.replica_hashes[rank - first_rank] = weights_hash
             }
             Event::Epoch {

@@ -84,6 +84,8 @@ pub struct Worker {
     start_epoch: usize,
     /// The phase the step is in, for the message if it panics.
     phase: &'static str,
+    /// Updates skipped for a non-finite gradient (`--on-nonfinite skip`).
+    skipped_updates: usize,
     global_step: usize,
     tracer: Tracer,
 }
@@ -149,6 +151,7 @@ impl Worker {
             events: s.events,
             start_epoch,
             phase: "start",
+            skipped_updates: 0,
             global_step,
             tracer: s.tracer,
         };
@@ -270,6 +273,7 @@ impl Worker {
         let _ = self.events.send(Event::Done {
             rank: self.rank,
             weights_hash: hash_f32(&self.param_flat),
+            skipped_updates: self.skipped_updates,
         });
         Ok(())
     }
@@ -323,8 +327,8 @@ impl Worker {
             gs,
         )?;
         let loss_value = ctx(loss.to_scalar::<f32>(), rank, "forward", gs)?;
-        if !loss_value.is_finite() {
-            return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr"));
+        if !loss_value.is_finite() && !self.cfg.skip_nonfinite {
+            return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr (or pass --on-nonfinite skip)"));
         }
         let t2 = Instant::now();
         self.phase = "backward";
@@ -383,12 +387,22 @@ impl Worker {
         if !root_updates || rank == 0 {
             let reducer = &self.reducer;
             let grads: Vec<&[f32]> = (0..self.params.len()).map(|p| reducer.grad(p)).collect();
-            ctx(
-                self.sgd.step(&self.params, &grads, lr, scale),
-                rank,
-                "update",
-                gs,
-            )?;
+            // The reduced gradient is bit-identical on every worker (worker 0 alone holds it
+            // in tree mode, where it alone updates), so every worker takes the same decision.
+            if grads.iter().all(|g| g.iter().all(|v| v.is_finite())) {
+                ctx(
+                    self.sgd.step(&self.params, &grads, lr, scale),
+                    rank,
+                    "update",
+                    gs,
+                )?;
+            } else if self.cfg.skip_nonfinite {
+                self.skipped_updates += 1;
+            } else {
+                return Err(format!(
+                    "worker {rank}, update, step {gs}: the summed gradient holds NaN or infinity (loss {loss_value}): training diverged; lower --lr, or pass --on-nonfinite skip to skip such steps"
+                ));
+            }
         }
         let mut t5 = Instant::now();
         let update_end = t5;
