@@ -384,7 +384,6 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     let mut train_seconds = 0.0;
     let mut io_error = None;
     let mut first_failure: Option<(String, bool)> = None;
-    let step_started = Instant::now();
     let mut window: (usize, f64) = (0, 0.0);
     for event in rx.iter() {
         match event {
@@ -513,7 +512,6 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         }
     }
     bar.finish_and_clear();
-    let _ = step_started;
     // The first error is the cause; later ones are usually peers noticing it.
     let mut errors = Vec::new();
     for (rank, h) in handles.into_iter().enumerate() {
