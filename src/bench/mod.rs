@@ -3,6 +3,7 @@
 pub mod allreduce;
 pub mod data;
 pub mod overlap;
+pub mod replica;
 pub mod simcheck;
 pub mod step;
 

@@ -83,11 +83,7 @@ pub fn describe(name: &str) -> Result<Arch, String> {
 
 /// The reference input shape of one of our models (as `bench overlap` trains them).
 pub fn own_input(model: &str) -> [usize; 3] {
-    if model == "lenet5" {
-        [1, 28, 28]
-    } else {
-        [3, 32, 32]
-    }
+    crate::bench::replica::reference_input(model)
 }
 
 fn own_model(name: &str) -> Result<Arch, String> {

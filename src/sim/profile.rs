@@ -1,14 +1,9 @@
 //! Profiles: per-block forward and backward times, gradient sizes and the update time of one
 //! worker's step, measured on this machine or derived from FLOPs and a stated device speed.
 
-use super::arch::{own_input, Arch};
+use super::arch::Arch;
 use crate::bench::median;
-use crate::models;
-use crate::nn::Param;
-use crate::optim::{Sgd, SgdConfig};
-use candle_core::{Device, Tensor};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use crate::bench::replica::SyntheticReplica;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
@@ -221,76 +216,45 @@ struct Timings {
 }
 
 fn measure_one(model: &str, batch: usize, threads: usize, steps: usize) -> Result<Timings, String> {
-    let input = own_input(model);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .map_err(|e| e.to_string())?;
     pool.install(|| -> candle_core::Result<Timings> {
-        let dev = Device::Cpu;
-        let net = models::build(model, input, 10, 1, &dev)?;
-        let params: Vec<Param> = net.params();
-        let mut sgd = Sgd::new(
-            SgdConfig {
-                momentum: 0.9,
-                weight_decay: 5e-4,
-                nesterov: false,
-            },
-            &params,
-        );
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let n = batch * input.iter().product::<usize>();
-        let data: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let x = Tensor::from_vec(data, (batch, input[0], input[1], input[2]), &dev)?;
-        let labels: Vec<u32> = (0..batch).map(|_| rng.gen_range(0..10u32)).collect();
-        let y = Tensor::from_vec(labels, batch, &dev)?;
-        let block_params = crate::parallel::BucketPlan::new(&net, 0, 0).block_params;
-        let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.numel()]).collect();
-        let nb = net.blocks.len();
+        let mut replica = SyntheticReplica::new(model, batch)?;
+        let nb = replica.net.blocks.len();
         let mut fwd: Vec<Vec<f64>> = vec![Vec::new(); nb];
         let mut bwd: Vec<Vec<f64>> = vec![Vec::new(); nb];
         let mut upd = Vec::new();
-        let mut f_step = vec![0.0; nb];
-        let mut b_step = vec![0.0; nb];
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+        let (mut f_end, mut b_end) = (vec![None; nb], vec![None; nb]);
         for i in 0..steps + 3 {
-            let mut mark = Instant::now();
-            let fp = net.forward_observed(&x, true, |k| {
-                let now = Instant::now();
-                f_step[k] = (now - mark).as_secs_f64() * 1e3;
-                mark = now;
-            })?;
-            // The loss belongs to the last block's forward, as in the trainer's forward phase.
-            let loss = candle_nn::loss::cross_entropy(fp.logits(), &y)?;
-            loss.to_scalar::<f32>()?;
-            f_step[nb - 1] += mark.elapsed().as_secs_f64() * 1e3;
-            let mut mark = Instant::now();
+            f_end.fill(None);
+            b_end.fill(None);
             // Copying each block's gradients out is part of the block's backward time, as the
             // reducer does it in the trainer's backward callback.
-            net.backward(&fp, &loss, |k, g| {
-                for &p in &block_params[k] {
-                    if let Some(t) = g.get(params[p].var.as_tensor()) {
-                        crate::ops::with_f32(t, "gradient", |v| {
-                            grads[p].copy_from_slice(v);
-                            Ok(())
-                        })?;
-                    }
-                }
-                let now = Instant::now();
-                b_step[k] = (now - mark).as_secs_f64() * 1e3;
-                mark = now;
-                Ok(())
-            })?;
-            let t = Instant::now();
-            let refs: Vec<&[f32]> = grads.iter().map(|g| g.as_slice()).collect();
-            sgd.step(&params, &refs, 0.01, 1.0)?;
-            let u = t.elapsed().as_secs_f64() * 1e3;
-            if i >= 3 {
-                for k in 0..nb {
-                    fwd[k].push(f_step[k]);
-                    bwd[k].push(b_step[k]);
-                }
-                upd.push(u);
+            let m = replica.step(
+                |k| f_end[k] = Some(Instant::now()),
+                |k| b_end[k] = Some(Instant::now()),
+            )?;
+            if i < 3 {
+                continue;
             }
+            let mut mark = m.start;
+            for k in 0..nb {
+                let end = f_end[k].unwrap_or(mark);
+                // The loss belongs to the last block's forward, as in the trainer's forward phase.
+                let end = if k + 1 == nb { m.forward } else { end };
+                fwd[k].push(ms(mark, end));
+                mark = end;
+            }
+            let mut mark = m.forward;
+            for k in (0..nb).rev() {
+                let end = b_end[k].unwrap_or(mark);
+                bwd[k].push(ms(mark, end));
+                mark = end;
+            }
+            upd.push(ms(m.backward, m.update));
         }
         Ok(Timings {
             forward_ms: fwd.iter_mut().map(|v| median(v)).collect(),
