@@ -527,6 +527,15 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     // Every worker has been joined, so every tracer has handed in its events. Written before
     // the error checks: a timeline of a failed run helps to see why it failed.
     if let (Some(sink), Some(path)) = (&trace_sink, &cfg.trace) {
+        // Each MPI rank traces its own workers: rank 0 writes PATH, rank r PATH.rank<r>.
+        let path = if cfg.process_rank == 0 {
+            path.clone()
+        } else {
+            let mut p = path.clone().into_os_string();
+            p.push(format!(".rank{}", cfg.process_rank));
+            PathBuf::from(p)
+        };
+        let path = &path;
         sink.write(path)?;
         tracing::info!(path = %path.display(), events = sink.len(), "trace written");
     }
