@@ -141,6 +141,28 @@ fn conv2d_without_input_grad_still_gives_weight_grads() {
     assert!(grads.get(wt.as_tensor()).is_some() && grads.get(b.as_tensor()).is_some());
 }
 
+/// Asserts that `got` and `want`, two computations of the same function of `vars`, agree in
+/// value (bitwise) and in the gradient of `sum(out * probe)` for every var (to 1e-5).
+fn assert_same_function(name: &str, got: &Tensor, want: &Tensor, vars: &[&Var], seed: u64) {
+    let to_vec = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(got.dims(), want.dims(), "{name}: shape");
+    assert_eq!(to_vec(got), to_vec(want), "{name}: forward");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let probe = Tensor::from_vec(randn(got.dims(), &mut rng), got.dims(), &Device::Cpu).unwrap();
+    let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let (gg, gw) = (grads(got), grads(want));
+    for (i, v) in vars.iter().enumerate() {
+        let a = to_vec(gg.get(v.as_tensor()).unwrap());
+        let r = to_vec(gw.get(v.as_tensor()).unwrap());
+        for (j, (a, r)) in a.iter().zip(&r).enumerate() {
+            assert!(
+                (a - r).abs() <= 1e-5 * (1.0 + r.abs()),
+                "{name}: input {i} element {j}: {a} vs {r}"
+            );
+        }
+    }
+}
+
 #[test]
 fn conv2d_relu_matches_conv_then_relu_and_numerical_gradient() {
     // n = 5 and 9 leave a partial backward chunk; stride 2 takes the generic paths.
@@ -160,33 +182,13 @@ fn conv2d_relu_matches_conv_then_relu_and_numerical_gradient() {
             || ops::conv2d(x.as_tensor(), wt.as_tensor(), b.as_tensor(), geom, true)?.relu();
         // Same function and same gradients as the separate ReLU (which only differs at exactly
         // zero, where it passes the gradient and the fused one, like PyTorch, does not).
-        let (yf, yu) = (fused().unwrap(), unfused().unwrap());
-        let to_vec = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(to_vec(&yf), to_vec(&yu), "{name}: forward");
-        let mut rng = ChaCha8Rng::seed_from_u64(24);
-        let probe = Tensor::from_vec(randn(yf.dims(), &mut rng), yf.dims(), &Device::Cpu).unwrap();
-        let gf = (&yf * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let gu = (&yu * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        for (i, v) in [&x, &wt, &b].into_iter().enumerate() {
-            let a = to_vec(gf.get(v.as_tensor()).unwrap());
-            let r = to_vec(gu.get(v.as_tensor()).unwrap());
-            for (j, (a, r)) in a.iter().zip(&r).enumerate() {
-                assert!(
-                    (a - r).abs() <= 1e-5 * (1.0 + r.abs()),
-                    "{name}: input {i} element {j}: {a} vs {r}"
-                );
-            }
-        }
+        assert_same_function(
+            &name,
+            &fused().unwrap(),
+            &unfused().unwrap(),
+            &[&x, &wt, &b],
+            24,
+        );
         check(&name, &[x.clone(), wt.clone(), b.clone()], &fused);
     }
 }
@@ -227,34 +229,13 @@ fn conv2d_with_fused_relu_and_pool_matches_separate_ops_and_numerical_gradient()
             let y = if relu { y.relu()? } else { y };
             ops::max_pool2d(&y, pool, pool)
         };
-        let (yf, ys) = (fused().unwrap(), separate().unwrap());
-        let to_vec = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(yf.dims(), ys.dims(), "{name}: shape");
-        assert_eq!(to_vec(&yf), to_vec(&ys), "{name}: forward");
-        let mut rng = ChaCha8Rng::seed_from_u64(44);
-        let probe = Tensor::from_vec(randn(yf.dims(), &mut rng), yf.dims(), &Device::Cpu).unwrap();
-        let gf = (&yf * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let gs = (&ys * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        for (i, v) in [&x, &wt, &b].into_iter().enumerate() {
-            let a = to_vec(gf.get(v.as_tensor()).unwrap());
-            let r = to_vec(gs.get(v.as_tensor()).unwrap());
-            for (j, (a, r)) in a.iter().zip(&r).enumerate() {
-                assert!(
-                    (a - r).abs() <= 1e-5 * (1.0 + r.abs()),
-                    "{name}: input {i} element {j}: {a} vs {r}"
-                );
-            }
-        }
+        assert_same_function(
+            &name,
+            &fused().unwrap(),
+            &separate().unwrap(),
+            &[&x, &wt, &b],
+            44,
+        );
         check(&name, &[x.clone(), wt.clone(), b.clone()], &fused);
     }
 }
