@@ -225,6 +225,14 @@ fn init_logging() {
         .try_init();
 }
 
+/// Prints `error: MESSAGE` to stderr in one write, so lines from several MPI ranks sharing one
+/// terminal or pipe do not interleave mid-line (`eprintln!` writes its pieces separately).
+pub fn print_error(message: &str) {
+    use std::io::Write;
+    let line = format!("error: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// Parses the command line and runs the command; the error is the message to print.
 pub fn run() -> Result<(), String> {
     let cli = Cli::parse();
@@ -258,7 +266,7 @@ pub fn run() -> Result<(), String> {
             if let (Err(e), true) = (&result, processes > 1) {
                 // Reported before the ranks part: once one rank exits with an error, mpirun
                 // may stop the others before they have said why.
-                eprintln!("error: rank {rank} of {processes}: {e}");
+                print_error(&format!("rank {rank} of {processes}: {e}"));
                 group.end(false);
                 std::process::exit(1);
             }

@@ -22,7 +22,7 @@ fn main() {
     // SAFETY: a plain option store in the allocator, done before any other thread exists.
     unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     if let Err(e) = dptrain::cli::run() {
-        eprintln!("error: {e}");
+        dptrain::cli::print_error(&e);
         std::process::exit(1);
     }
 }
