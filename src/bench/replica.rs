@@ -45,8 +45,10 @@ pub struct StepMarks {
 }
 
 impl SyntheticReplica {
-    /// Builds `model` (10 classes, its reference input) with a random batch of `batch`.
+    /// Builds `model` (10 classes, its reference input) with a random batch of `batch`. Call
+    /// it inside the rayon pool it will run in: that pool's size is what candle is told.
     pub fn new(model: &str, batch: usize) -> Result<Self> {
+        crate::ops::set_threads_per_worker(rayon::current_num_threads());
         let dev = Device::Cpu;
         let input = reference_input(model);
         let net = models::build(model, input, 10, 1, &dev)?;

@@ -118,6 +118,19 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize) -> Result<Tensor> {
     }
 }
 
+/// Tells candle how many threads one worker computes with.
+///
+/// candle's own CPU matmul sizes its GEMM parallelism from `RAYON_NUM_THREADS` (or the number
+/// of cores), not from the rayon pool it runs in. Inside a worker's one-thread pool it then asked
+/// for two-way parallelism on this 2-core machine, and two workers' backward passes slowed each
+/// other down by half (vgg-small, 2 workers x 1 thread: 449 -> 678 images/s once set). The
+/// variable is read on every matmul, so this takes effect at once; our own kernels use the
+/// calling pool directly and do not need it.
+pub fn set_threads_per_worker(threads: usize) {
+    // Set before the workers start; candle reads it through std::env (Rust's env lock).
+    std::env::set_var("RAYON_NUM_THREADS", threads.max(1).to_string());
+}
+
 /// Borrows the f32 elements of a contiguous CPU tensor without copying.
 pub(crate) fn f32_slice<'a>(
     storage: &'a CpuStorage,

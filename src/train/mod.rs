@@ -242,6 +242,7 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
 /// checkpoints and the summary; every rank can resume from rank 0's checkpoint.
 pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, String> {
     let wall = Instant::now();
+    crate::ops::set_threads_per_worker(cfg.threads);
     cfg.processes = group.size();
     cfg.process_rank = group.rank();
     let lead = cfg.process_rank == 0;
