@@ -85,9 +85,16 @@ impl Checkpoint {
 
     /// Reads and checks a checkpoint file.
     pub fn load(path: &Path) -> Result<Self, String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("checkpoint {}: {e}", path.display()))?;
+        Self::from_bytes(&bytes, path)
+    }
+
+    /// Parses and checks checkpoint bytes; `path` is only used in messages (also the entry
+    /// point of the checkpoint fuzz target).
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, String> {
         let what = |e: String| format!("checkpoint {}: {e}", path.display());
-        let bytes = std::fs::read(path).map_err(|e| what(e.to_string()))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| what(format!("not a safetensors file ({e})")))?;
         let meta = meta.metadata().clone().unwrap_or_default();
         if meta.get("format").map(String::as_str) != Some(FORMAT) {
@@ -103,7 +110,7 @@ impl Checkpoint {
             epoch: num("epoch")?,
             global_step: num("global_step")?,
         };
-        let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
+        let tensors = candle_core::safetensors::load_buffer(bytes, &Device::Cpu)
             .map_err(|e| what(e.to_string()))?;
         Ok(Self { state, tensors })
     }
