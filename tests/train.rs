@@ -210,3 +210,25 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
     let err = Checkpoint::load(&tmp.path().join("junk")).err().unwrap();
     assert!(err.contains("not a safetensors file"), "{err}");
 }
+
+#[test]
+fn pruning_keeps_the_last_k_of_this_run_and_never_touches_later_epochs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("reused");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A checkpoint left by an earlier, longer run in the same directory.
+    let stale = dir.join("checkpoint-epoch0009.safetensors");
+    std::fs::write(&stale, b"earlier run").unwrap();
+    run(&dir, |o| {
+        o.epochs = Some(3);
+        o.train_limit = Some(32);
+        o.keep_checkpoints = Some(2);
+    });
+    let ck = |e: usize| dir.join(format!("checkpoint-epoch{e:04}.safetensors"));
+    assert!(!ck(1).exists(), "epoch 1 should have been pruned (keep 2)");
+    assert!(
+        ck(2).is_file() && ck(3).is_file(),
+        "the run's last two checkpoints must stay"
+    );
+    assert!(stale.is_file(), "another run's checkpoint was deleted");
+}

@@ -200,22 +200,23 @@ pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
     dir.join(format!("checkpoint-epoch{epoch:04}.safetensors"))
 }
 
-/// Deletes all but the newest `keep` checkpoints in `dir`.
-pub fn prune(dir: &Path, keep: usize) {
+/// After writing the checkpoint of `epoch`, deletes this run's checkpoints older than the last
+/// `keep` (those of epochs `<= epoch - keep`). Files of later epochs, left in a reused run
+/// directory by an earlier run, are never touched: pruning by name alone would keep those and
+/// delete this run's newest work.
+pub fn prune(dir: &Path, keep: usize, epoch: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut found: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("checkpoint-epoch") && n.ends_with(".safetensors"))
-        })
-        .collect();
-    found.sort();
-    let excess = found.len().saturating_sub(keep);
-    for p in &found[..excess] {
-        let _ = std::fs::remove_file(p);
+    for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        let number = path.file_name().and_then(|n| n.to_str()).and_then(|n| {
+            n.strip_prefix("checkpoint-epoch")?
+                .strip_suffix(".safetensors")?
+                .parse::<usize>()
+                .ok()
+        });
+        if number.is_some_and(|e| e + keep <= epoch) {
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }

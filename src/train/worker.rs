@@ -249,7 +249,11 @@ impl Worker {
                         .fault
                         .is_some_and(|f| f.phase == super::fault::FaultPhase::SlowCheckpoint);
                     ck.save_paced(&path, slow)?;
-                    super::checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints);
+                    super::checkpoint::prune(
+                        &self.cfg.run_dir,
+                        self.cfg.keep_checkpoints,
+                        epoch + 1,
+                    );
                     Some(path)
                 } else {
                     None
