@@ -106,18 +106,18 @@ impl Sgd {
         Ok(())
     }
 
-    /// One step: `grads[i]` is parameter i's gradient, multiplied by `grad_scale` first (1/N to
-    /// turn a sum over N workers into a mean).
-    pub fn step(
+    /// One step: `grad(i)` is parameter i's gradient (a lookup, so a step builds no list),
+    /// multiplied by `grad_scale` first (1/N to turn a sum over N workers into a mean).
+    pub fn step<'g>(
         &mut self,
         params: &[Param],
-        grads: &[&[f32]],
+        grad: impl Fn(usize) -> &'g [f32],
         lr: f32,
         grad_scale: f32,
     ) -> Result<()> {
-        for ((p, g), m) in params.iter().zip(grads).zip(self.momentum.iter_mut()) {
+        for (i, (p, m)) in params.iter().zip(self.momentum.iter_mut()).enumerate() {
             let op = SgdUpdate {
-                grad: g,
+                grad: grad(i),
                 momentum: RefCell::new(m.as_mut_slice()),
                 lr,
                 grad_scale,
@@ -231,7 +231,8 @@ mod tests {
         let mut w = [1.0f64, -2.0];
         let mut m = [0.0f64, 0.0];
         for _ in 0..2 {
-            opt.step(std::slice::from_ref(&p), &[&g], 0.1, 0.5).unwrap();
+            opt.step(std::slice::from_ref(&p), |_| &g, 0.1, 0.5)
+                .unwrap();
             for i in 0..2 {
                 let d = g[i] as f64 * 0.5 + 0.01 * w[i];
                 m[i] = 0.9 * m[i] + d;

@@ -106,8 +106,9 @@ impl SyntheticReplica {
             Ok(())
         })?;
         let backward = Instant::now();
-        let refs: Vec<&[f32]> = self.grads.iter().map(|g| g.as_slice()).collect();
-        self.sgd.step(&self.params, &refs, 0.01, 1.0)?;
+        let grads = &self.grads;
+        self.sgd
+            .step(&self.params, |p| grads[p].as_slice(), 0.01, 1.0)?;
         Ok(StepMarks {
             start,
             forward,

@@ -390,12 +390,12 @@ impl Worker {
         let mut exposed = comm.exposed;
         if !root_updates || rank == 0 {
             let reducer = &self.reducer;
-            let grads: Vec<&[f32]> = (0..self.params.len()).map(|p| reducer.grad(p)).collect();
             // The reduced gradient is bit-identical on every worker (worker 0 alone holds it
             // in tree mode, where it alone updates), so every worker takes the same decision.
-            if grads.iter().all(|g| g.iter().all(|v| v.is_finite())) {
+            let n = self.params.len();
+            if (0..n).all(|p| reducer.grad(p).iter().all(|v| v.is_finite())) {
                 ctx(
-                    self.sgd.step(&self.params, &grads, lr, scale),
+                    self.sgd.step(&self.params, |p| reducer.grad(p), lr, scale),
                     rank,
                     "update",
                     gs,
