@@ -74,6 +74,13 @@ fn check(name: &str, vars: &[Var], f: &dyn Fn() -> candle_core::Result<Tensor>) 
     }
 }
 
+/// Largest elementwise |a - b|.
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
+        .unwrap()
+}
+
 fn var(shape: &[usize], seed: u64) -> Var {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     Var::from_vec(randn(shape, &mut rng), shape, &Device::Cpu).unwrap()
@@ -102,14 +109,7 @@ fn conv2d_op_matches_numerical_gradient_across_strides_and_padding() {
             .unwrap()
             .broadcast_add(&b.as_tensor().reshape((1, o, 1, 1)).unwrap())
             .unwrap();
-        let diff = (ours - reference)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = max_abs_diff(&ours, &reference);
         assert!(diff < 1e-4, "{name}: forward differs from candle by {diff}");
         check(&name, &[x.clone(), wt.clone(), b.clone()], &|| {
             ops::conv2d(x.as_tensor(), wt.as_tensor(), b.as_tensor(), geom, true)
@@ -344,6 +344,20 @@ fn max_pool_matches_numerical_gradient_including_overlapping_windows() {
 }
 
 #[test]
+fn linear_op_matches_candle_matmul() {
+    let (x, w, b) = (var(&[9, 7], 1), var(&[5, 7], 2), var(&[5], 3));
+    let ours = ops::linear(x.as_tensor(), w.as_tensor(), b.as_tensor()).unwrap();
+    let candle = x
+        .as_tensor()
+        .matmul(&w.as_tensor().t().unwrap())
+        .unwrap()
+        .broadcast_add(b.as_tensor())
+        .unwrap();
+    let diff = max_abs_diff(&ours, &candle);
+    assert!(diff < 1e-5, "linear forward differs from candle by {diff}");
+}
+
+#[test]
 fn max_pool_gives_whole_gradient_to_the_maximum() {
     // The candle 0.11 bug this op replaces: a 2x2 window's gradient was split into quarters.
     let x = Var::from_vec(vec![1.0f32, 4.0, 2.0, 3.0], (1, 1, 2, 2), &Device::Cpu).unwrap();
@@ -403,6 +417,11 @@ fn every_layer_matches_numerical_gradient() {
         "basic block (projection)",
         &BasicBlock::new("p", 2, 4, 2, &mut rng, &dev).unwrap(),
         &[2, 2, 6, 6],
+    );
+    check_layer(
+        "linear (three batch chunks, the last one short)",
+        &Linear::new("l9", 5, 3, &mut ChaCha8Rng::seed_from_u64(9), &dev).unwrap(),
+        &[9, 5],
     );
 }
 

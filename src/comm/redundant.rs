@@ -3,10 +3,14 @@
 //!
 //! This trades `N-1` times the traffic of a reduction for a single round with
 //! no root and no chain of dependent messages. Bit-identical results come from
-//! every rank adding the `N` contributions in the same order (rank 0, 1, …,
-//! N-1), one f32 add at a time.
+//! every rank adding the `N` contributions in the same order: in rank order, as
+//! the pairwise tree of `ops::batch_sum` (split at the middle, rounding up:
+//! `(g0 + g1) + (g2 + g3)` for 4 ranks). That tree is the one our kernels use
+//! over a batch, so with a power-of-two worker count N workers x batch b give
+//! the same bits as 1 worker x batch N*b; it also rounds less than a running sum.
 
 use crate::comm::{add_into, scratch_slice, AllReduce, CommError, Transport};
+use crate::ops::batch_sum::pairwise_split;
 
 /// One-round all-to-all all-reduce (see the module docs).
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,20 +35,46 @@ impl AllReduce for RedundantAllReduce {
         for k in 1..n {
             t.send((r + k) % n, tag, buf)?;
         }
-        let (own, incoming) = scratch_slice(scratch, 2 * len).split_at_mut(len);
+        // Scratch: this rank's own contribution, then one partial sum per tree level.
+        let depth = usize::BITS as usize - (n - 1).leading_zeros() as usize;
+        let (own, partials) = scratch_slice(scratch, (1 + depth) * len).split_at_mut(len);
         own.copy_from_slice(buf);
-        // buf becomes the running sum, starting with rank 0's contribution.
-        if r != 0 {
-            t.recv(0, tag, buf)?;
-        }
-        for j in 1..n {
-            if j == r {
-                add_into(buf, own);
+        let ranks = RankSum { t, me: r, tag, own };
+        ranks.sum(0, n, buf, partials)
+    }
+}
+
+/// The contributions of ranks `lo..hi`, received and added as `batch_sum`'s pairwise tree.
+struct RankSum<'a> {
+    t: &'a dyn Transport,
+    me: usize,
+    tag: u64,
+    own: &'a [f32],
+}
+
+impl RankSum<'_> {
+    /// Writes the sum of ranks `lo..hi` into `out`; `partials` holds one buffer of `out.len()`
+    /// per remaining tree level.
+    fn sum(
+        &self,
+        lo: usize,
+        hi: usize,
+        out: &mut [f32],
+        partials: &mut [f32],
+    ) -> Result<(), CommError> {
+        if hi - lo == 1 {
+            return if lo == self.me {
+                out.copy_from_slice(self.own);
+                Ok(())
             } else {
-                t.recv(j, tag, incoming)?;
-                add_into(buf, incoming);
-            }
+                self.t.recv(lo, self.tag, out)
+            };
         }
+        let mid = pairwise_split(lo, hi);
+        let (right, deeper) = partials.split_at_mut(out.len());
+        self.sum(lo, mid, out, deeper)?;
+        self.sum(mid, hi, right, deeper)?;
+        add_into(out, right);
         Ok(())
     }
 }

@@ -160,8 +160,7 @@ impl Linear {
 
 impl Layer for Linear {
     fn forward(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
-        x.matmul(&self.weight.var.as_tensor().t()?)?
-            .broadcast_add(self.bias.var.as_tensor())
+        ops::linear(x, self.weight.var.as_tensor(), self.bias.var.as_tensor())
     }
     fn params(&self) -> Vec<Param> {
         vec![self.weight.clone(), self.bias.clone()]

@@ -6,30 +6,27 @@
 //! on the calling thread's rayon pool; each GEMM is single-threaded, so results do not depend
 //! on the thread count.
 //!
-//! Backward runs over fixed chunks of [`WGRAD_CHUNK`] samples, in parallel. For each chunk:
+//! Backward runs over fixed chunks of [`BATCH_CHUNK`] samples, in parallel. For each chunk:
 //! - the convolution's output gradient `G` is rebuilt (`[chunk, O, P]`): masked by `out > 0`
 //!   for the ReLU and, with a pool, scattered from the pooled gradient to the recorded argmax;
 //! - the chunk's column matrices are laid side by side in one `[CKK, chunk*P]` matrix, so its
 //!   weight gradient is a single GEMM with a long inner dimension, `dW^T = col x G^T`, shaped
 //!   so that `gemm` reads both operands in place (see `backward_chunk`);
-//! - each chunk keeps its own weight/bias partial sum, and the partials are added in chunk
-//!   order, so the result is bit-identical whatever the number of threads;
+//! - each chunk keeps its own weight/bias partial sum, and the partials are added as a pairwise
+//!   tree (`super::batch_sum`), so the result is bit-identical whatever the number of threads,
+//!   and whether the batch was split across workers or not;
 //! - the input gradient (skipped when the op was built with `input_grad: false`) of each sample
 //!   is a full convolution of `G` with the flipped kernel for stride-1 "same" convolutions, and
 //!   `dcol = W^T x G` followed by col2im otherwise (see `Conv2dOp::dx_as_conv`).
 
+use super::batch_sum::{pairwise_sum_in_place, BATCH_CHUNK};
 use super::im2col::{col2im_add, im2col, im2col_ld, ConvShape};
+use super::matmul::{matmul, Mat};
 use super::{f32_slice, out_size, with_f32, ConvGeometry};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
-use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
-
-/// Samples per backward chunk (and weight-gradient partial sum). Fixed (not derived from the
-/// thread count) so the summation order, and with it every bit of the result, is the same on
-/// any number of threads.
-const WGRAD_CHUNK: usize = 4;
 
 /// Per-thread scratch buffers, reused across calls so steady-state steps do not allocate them.
 #[derive(Default)]
@@ -62,58 +59,6 @@ fn with_scratch<R>(
         }
         f(&mut col[..col_len], &mut grad[..grad_len])
     })
-}
-
-/// A read-only row-major matrix operand: element (r, c) is `data[r * rs + c * cs]`.
-#[derive(Clone, Copy)]
-struct Mat<'a> {
-    data: &'a [f32],
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a> Mat<'a> {
-    /// A dense row-major `[rows, cols]` matrix.
-    fn rows(data: &'a [f32], cols: usize) -> Self {
-        Self {
-            data,
-            rs: cols,
-            cs: 1,
-        }
-    }
-    /// Whether every element of a `[rows, cols]` view lies inside `data`.
-    fn fits(&self, rows: usize, cols: usize) -> bool {
-        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
-    }
-}
-
-/// `dst[m, n] (+)= lhs[m, k] x rhs[k, n]`, `dst` dense row-major, single-threaded.
-fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], accumulate: bool, lhs: Mat, rhs: Mat) {
-    assert!(dst.len() >= m * n && lhs.fits(m, k) && rhs.fits(k, n));
-    // SAFETY: the assert above bounds every index the strides can reach.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        )
-    }
 }
 
 /// The convolution custom op. Build it through [`super::conv2d`] (or its fused variants).
@@ -253,7 +198,7 @@ impl CustomOp3 for Conv2dOp {
         let dev = x.device();
         // The output is only read when the ReLU is fused (for its mask).
         let res = if self.relu { res.clone() } else { grad.clone() };
-        let chunks = n.div_ceil(WGRAD_CHUNK);
+        let chunks = n.div_ceil(BATCH_CHUNK);
         let mut dx = vec![0f32; if self.input_grad { n * in_len } else { 0 }];
         let partials: Vec<Vec<f32>> = with_f32(x, "conv2d input", |x| {
             with_f32(w, "conv2d weight", |w| {
@@ -263,7 +208,7 @@ impl CustomOp3 for Conv2dOp {
                         // One (possibly empty) slice of `dx` per chunk, so each chunk task
                         // writes its own samples' input gradient.
                         let dx_parts: Vec<&mut [f32]> = if self.input_grad {
-                            dx.chunks_mut(WGRAD_CHUNK * in_len).collect()
+                            dx.chunks_mut(BATCH_CHUNK * in_len).collect()
                         } else {
                             (0..chunks).map(|_| &mut [][..]).collect()
                         };
@@ -279,20 +224,18 @@ impl CustomOp3 for Conv2dOp {
                             .into_par_iter()
                             .enumerate()
                             .map(|(chunk, dxc)| {
-                                self.backward_chunk(&s, o, &bufs, chunk * WGRAD_CHUNK, dxc)
+                                self.backward_chunk(&s, o, &bufs, chunk * BATCH_CHUNK, dxc)
                             })
                             .collect())
                     })
                 })
             })
         })?;
-        // Chunk partials added in chunk order: the same sums on any number of threads.
-        let mut total = partials[0].clone();
-        for part in &partials[1..] {
-            for (t, v) in total.iter_mut().zip(part) {
-                *t += v;
-            }
-        }
+        // Chunk partials added as a pairwise tree: the same sums on any number of threads, and
+        // for a batch split across workers (see `batch_sum`).
+        let mut partials = partials;
+        pairwise_sum_in_place(&mut partials);
+        let mut total = partials.swap_remove(0);
         // The partials hold dW^T ([CKK, O]) then db.
         let db = total.split_off(o * ckk);
         let mut dw = vec![0f32; o * ckk];
@@ -370,7 +313,7 @@ impl Conv2dOp {
         out
     }
 
-    /// Backward of the samples from `first` (at most [`WGRAD_CHUNK`] of them): returns their
+    /// Backward of the samples from `first` (at most [`BATCH_CHUNK`] of them): returns their
     /// weight gradient, transposed (`[CKK, O]`), then their bias gradient (`[O]`), and writes
     /// their input gradient into `dx` (empty when the op has no input gradient).
     fn backward_chunk(
@@ -383,7 +326,7 @@ impl Conv2dOp {
     ) -> Vec<f32> {
         let (in_len, p, ckk) = (s.c * s.h * s.w, s.col_cols(), s.col_rows());
         let n = b.x.len() / in_len;
-        let cs = WGRAD_CHUNK.min(n - first);
+        let cs = BATCH_CHUNK.min(n - first);
         let kk = cs * p;
         let as_conv = Self::dx_as_conv(s);
         // Geometry of the input gradient as a convolution of the (O, OH, OW) output gradient

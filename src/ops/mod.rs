@@ -10,11 +10,15 @@
 //!
 //! Every op here is tested against numerical gradients in `tests/gradcheck.rs`.
 
+pub mod batch_sum;
 mod conv2d;
 mod im2col;
+mod linear;
+mod matmul;
 mod max_pool;
 
 pub use conv2d::Conv2dOp;
+pub use linear::LinearOp;
 pub use max_pool::MaxPool2dOp;
 
 use candle_core::{CpuStorage, Layout, Result, Tensor};
@@ -105,6 +109,19 @@ pub fn conv2d_fused(
             Some(k) => max_pool2d(&y, k, k),
             None => Ok(y),
         }
+    }
+}
+
+/// Fully connected layer: `x` (N, I) times the transpose of `weight` (O, I), plus `bias` (O).
+///
+/// On the CPU this is our [`LinearOp`], whose batch sums follow `batch_sum`'s pairwise tree so
+/// that splitting a batch across workers does not change a bit; elsewhere it is candle's
+/// `matmul` + `broadcast_add`.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() {
+        x.contiguous()?.apply_op3(weight, bias, LinearOp)
+    } else {
+        x.matmul(&weight.t()?)?.broadcast_add(bias)
     }
 }
 
