@@ -33,6 +33,10 @@
 //! formulas (tests/sim.rs), except where the formula is only a bound: the tree off a power of two,
 //! where the emulated (and simulated) schedule is faster than `2⌈log2 N⌉(α + nβ)`.
 //!
+//! `--link-latency` is the latency a message sees end to end, software included: `dptrain bench
+//! sim-check` measures the emulated link's own per-message cost (thread hand-off and wake-up,
+//! ~20 µs here) and adds it before comparing with emulated runs.
+//!
 //! Not modelled: computation of the additions in reductions, CPU contention between the
 //! communication thread and compute (on this 2-core machine it is real; measuring the profile
 //! with `--concurrent N` captures the compute side of it), data loading (assumed prefetched),
