@@ -54,10 +54,13 @@ pub struct AblationArgs {
     /// Emulated one-way link latency (e.g. 50us).
     #[arg(long, default_value = "50us")]
     pub link_latency: String,
-    /// Timed steps per row (5 more run first, untimed). lenet5 steps take a few ms, so the
-    /// default keeps the whole ablation to seconds; vgg-small takes about a minute.
-    #[arg(long, default_value_t = 100)]
+    /// Timed steps per run (5 more run first, untimed). lenet5 steps take a few ms, so the
+    /// default keeps the whole ablation to seconds; vgg-small takes a few minutes.
+    #[arg(long, default_value_t = 60)]
     pub steps: usize,
+    /// Rounds: each runs every row once; a row's images/s is its median over rounds.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
     /// Compute threads per worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -172,8 +175,10 @@ pub struct AblationSpec {
     pub threads: usize,
     /// Global batch.
     pub batch: usize,
-    /// Timed steps per row.
+    /// Timed steps per run.
     pub steps: usize,
+    /// Rounds of runs (every row once per round).
+    pub repeats: usize,
     /// `--link-bandwidth` and `--link-latency` as given; `None` for no emulation.
     pub link: Option<(String, String)>,
     /// The same, parsed (for the simulator).
@@ -210,8 +215,8 @@ impl AblationSpec {
                 a.batch, a.workers
             ));
         }
-        if a.steps == 0 || a.threads == 0 {
-            return Err("--steps and --threads must be at least 1".into());
+        if a.steps == 0 || a.threads == 0 || a.repeats == 0 {
+            return Err("--steps, --threads and --repeats must be at least 1".into());
         }
         if a.prefetch == 0 || a.loader_threads == 0 {
             return Err(
@@ -256,6 +261,7 @@ impl AblationSpec {
             threads: a.threads,
             batch: a.batch,
             steps: a.steps,
+            repeats: a.repeats,
             link,
             link_model,
             augment: a.augment.clone(),
@@ -378,10 +384,12 @@ fn median_times(steps: &[StepTimes]) -> StepTimes {
     }
 }
 
-/// Images per second of `batch` images per step at the mean step time of `steps`.
+/// Images per second of `batch` images per step at the median step time of `steps`. The
+/// median, not the mean: on a machine shared with other jobs a few steps stall for tens of
+/// ms, and the mean of a short run then says more about the neighbours than the settings.
 fn images_per_s(batch: usize, steps: &[StepTimes]) -> f64 {
-    let mean_ms = steps.iter().map(|t| t.step_ms).sum::<f64>() / steps.len().max(1) as f64;
-    batch as f64 * 1e3 / mean_ms.max(1e-9)
+    let step_ms = median(&mut steps.iter().map(|t| t.step_ms).collect::<Vec<_>>());
+    batch as f64 * 1e3 / step_ms.max(1e-9)
 }
 
 /// One measured row.
@@ -393,7 +401,7 @@ pub struct MeasuredStage {
     pub settings: Settings,
     /// Each bucket's operation as the run chose it (auto's choices show here).
     pub bucket_ops: Vec<String>,
-    /// Global batch / mean step time of worker 0 after warm-up.
+    /// Global batch / median step time of worker 0 after warm-up (median over rounds).
     pub images_per_s: f64,
     /// `images_per_s` over the baseline's.
     pub speedup: f64,
@@ -435,8 +443,10 @@ pub struct AblationReport {
     pub threads: usize,
     /// Global batch.
     pub batch: usize,
-    /// Timed steps per row.
+    /// Timed steps per run.
     pub steps: usize,
+    /// Rounds (every row once per round).
+    pub repeats: usize,
     /// Link as given.
     pub link: String,
     /// What the runs read.
@@ -464,28 +474,42 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
     let data_dir = scratch.path().join("images");
     let source = image_source_for(&spec.model);
     export_image_folder(source, spec.train_samples(), TEST_SAMPLES, &data_dir)?;
-    let run_dir = scratch.path().join("run-single");
-    train_quietly(single_worker_options(spec, &data_dir, &run_dir))?;
-    let single = images_per_s(spec.per_worker_batch(), &timed_steps(&run_dir)?);
-
+    // Rounds run every row once, in order; a row's images/s is its median over rounds. Spread
+    // this way, a slow spell of a shared machine lands on all rows rather than on one.
+    let rows = stages(spec.prefetch, spec.loader_threads);
+    let mut single_rounds = Vec::new();
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+    let mut pooled: Vec<Vec<StepTimes>> = vec![Vec::new(); rows.len()];
+    let mut ops: Vec<Vec<String>> = vec![Vec::new(); rows.len()];
+    for _ in 0..spec.repeats {
+        let run_dir = scratch.path().join("run-single");
+        train_quietly(single_worker_options(spec, &data_dir, &run_dir))?;
+        single_rounds.push(images_per_s(
+            spec.per_worker_batch(),
+            &timed_steps(&run_dir)?,
+        ));
+        for (i, stage) in rows.iter().enumerate() {
+            let run_dir = scratch.path().join(format!("run-{}", i + 1));
+            let summary = train_quietly(stage_options(spec, &stage.settings, &data_dir, &run_dir))?;
+            let steps = timed_steps(&run_dir)?;
+            rounds[i].push(images_per_s(spec.batch, &steps));
+            pooled[i].extend(steps);
+            ops[i] = summary.bucket_ops;
+        }
+    }
+    let single = median(&mut single_rounds);
     let mut measured: Vec<MeasuredStage> = Vec::new();
-    for (i, stage) in stages(spec.prefetch, spec.loader_threads)
-        .into_iter()
-        .enumerate()
-    {
-        let run_dir = scratch.path().join(format!("run-{}", i + 1));
-        let summary = train_quietly(stage_options(spec, &stage.settings, &data_dir, &run_dir))?;
-        let steps = timed_steps(&run_dir)?;
-        let ips = images_per_s(spec.batch, &steps);
+    for (i, stage) in rows.into_iter().enumerate() {
+        let ips = median(&mut rounds[i]);
         let base = measured.first().map_or(ips, |b| b.images_per_s);
         measured.push(MeasuredStage {
             adds: stage.adds.into(),
             settings: stage.settings,
-            bucket_ops: summary.bucket_ops,
+            bucket_ops: std::mem::take(&mut ops[i]),
             images_per_s: ips,
             speedup: ips / base,
             efficiency: ips / (spec.workers as f64 * single),
-            median: median_times(&steps),
+            median: median_times(&pooled[i]),
         });
     }
 
@@ -549,6 +573,7 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
         threads: spec.threads,
         batch: spec.batch,
         steps: spec.steps,
+        repeats: spec.repeats,
         link: spec.link_text(),
         data: format!(
             "ImageFolder exported from {source} ({} train PNGs decoded per sample by the loaders), augment {}",
@@ -596,17 +621,20 @@ impl AblationReport {
         let per_worker = self.batch / self.workers;
         let mut s = format!(
             "**{}**, {} workers x {} thread(s), link {}, global batch {} ({per_worker} per worker), \
-             {} timed steps per row after {WARMUP_STEPS} warm-up steps.\n\n\
+             {} rounds of one run per row, {} timed steps per run after {WARMUP_STEPS} warm-up \
+             steps.\n\n\
              Data: {}.\n\n\
-             images/s = global batch / mean step time of worker 0; speed-up over row 1; \
+             images/s = global batch / median step time of worker 0, median over rounds; speed-up \
+             over row 1; \
              efficiency = weak scaling: images/s / ({} x {:.0} images/s of 1 worker at batch \
-             {per_worker} with preloading). Step breakdown: per-phase medians in ms (they need \
-             not add up to the median step).\n\n",
+             {per_worker} with preloading). Step breakdown: per-phase medians over all timed \
+             steps of all rounds, ms (they need not add up to the median step).\n\n",
             self.model,
             self.workers,
             self.threads,
             self.link,
             self.batch,
+            self.repeats,
             self.steps,
             self.data,
             self.workers,
@@ -692,8 +720,8 @@ impl AblationReport {
 pub fn run_command(a: AblationArgs) -> Result<(), String> {
     let spec = AblationSpec::from_args(&a)?;
     println!(
-        "ablation of {} on {} workers: 6 short runs (1-worker reference + 5 rows), then a profile and the simulator",
-        spec.model, spec.workers
+        "ablation of {} on {} workers: {} round(s) of 6 short runs (1-worker reference + 5 rows), then a profile and the simulator",
+        spec.model, spec.workers, spec.repeats
     );
     let report = run(&spec)?;
     println!("{}", report.markdown());
