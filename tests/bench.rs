@@ -103,3 +103,44 @@ fn ablation_flags_are_checked_with_messages_that_say_what_to_do() {
     let none = AblationSpec::from_args(&args(&["--link-bandwidth", "none"])).unwrap();
     assert!(none.link.is_none());
 }
+
+#[test]
+fn suite_quick_writes_every_section_and_plot() {
+    use dptrain::bench::suite::{PLOTS, REPORT_FILE, SECTIONS};
+    let out = tempfile::tempdir().unwrap();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .args(["bench", "suite", "--quick", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "suite failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("total wall time"), "{stdout}");
+    let page = std::fs::read_to_string(out.path().join(REPORT_FILE)).unwrap();
+    for title in SECTIONS {
+        assert!(
+            page.contains(&format!("\n## {title}\n")),
+            "no section {title:?} in\n{page}"
+        );
+    }
+    assert_eq!(
+        page.matches("Re-run just this: `dptrain ").count(),
+        SECTIONS.len()
+    );
+    assert!(!page.contains("This section failed"), "{page}");
+    for plot in PLOTS {
+        let bytes = std::fs::read(out.path().join(plot)).unwrap_or_default();
+        assert!(bytes.starts_with(b"\x89PNG"), "{plot} is not a PNG");
+        assert!(
+            page.contains(&format!("]({plot})")),
+            "{plot} is not shown in the page"
+        );
+    }
+    for file in ["ablation.md", "ablation.json"] {
+        assert!(out.path().join(file).is_file(), "{file} missing");
+    }
+}

@@ -621,7 +621,7 @@ impl AblationReport {
         let per_worker = self.batch / self.workers;
         let mut s = format!(
             "**{}**, {} workers x {} thread(s), link {}, global batch {} ({per_worker} per worker), \
-             {} rounds of one run per row, {} timed steps per run after {WARMUP_STEPS} warm-up \
+             {} round(s) of one run per row, {} timed steps per run after {WARMUP_STEPS} warm-up \
              steps.\n\n\
              Data: {}.\n\n\
              images/s = global batch / median step time of worker 0, median over rounds; speed-up \

@@ -1,6 +1,7 @@
 //! Benchmarks: commands that print figures (never tests that fail on a slow day).
 //!
-//! One module per `dptrain bench` command.
+//! One module per `dptrain bench` command; [`suite`] runs short versions of them all and
+//! writes one markdown page with plots.
 
 pub mod ablation;
 pub mod allreduce;
@@ -9,6 +10,7 @@ pub mod overlap;
 pub mod replica;
 pub mod simcheck;
 pub mod step;
+pub mod suite;
 
 use std::path::{Path, PathBuf};
 
