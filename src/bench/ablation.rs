@@ -662,6 +662,25 @@ impl AblationReport {
                 t.update_ms
             );
         }
+        if let [.., before, last] = self.measured.as_slice() {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let busy = self.workers * self.threads + last.settings.loader_threads;
+            if last.speedup < before.speedup * 1.05 && busy > cores {
+                s += &format!(
+                    "\nPreloading took the data wait from {:.2} to {:.2} ms, yet images/s went \
+                     from {:.0} to {:.0}: its {} loader thread(s) share this machine's {cores} \
+                     core(s) with {} worker compute thread(s), so decoding still takes CPU time \
+                     from the step (and the extra thread adds scheduling noise). With spare \
+                     cores (or a GPU doing the compute) the data wait goes without that cost.\n",
+                    before.median.data_ms,
+                    last.median.data_ms,
+                    before.images_per_s,
+                    last.images_per_s,
+                    last.settings.loader_threads,
+                    self.workers * self.threads
+                );
+            }
+        }
         let worlds: Vec<usize> = {
             let mut w: Vec<usize> = self.simulated.iter().map(|r| r.workers).collect();
             w.dedup();

@@ -118,7 +118,7 @@ impl Plan {
             step_models: vec!["lenet5", "vgg-small", "resnet20"],
             step_threads: vec![1, 2],
             step_batch: 64,
-            step_steps: 10,
+            step_steps: 20,
             allreduce_sizes: vec![
                 ("4K", 4096),
                 ("64K", 65536),
@@ -133,7 +133,7 @@ impl Plan {
             overlap_model: "vgg-small",
             overlap_bandwidth: "100Mbit",
             overlap_modes: vec!["tree", "ring", "redundant", "auto"],
-            overlap_steps: 15,
+            overlap_steps: 30,
             data_steps: 60,
             data_batches: 100,
             ablation: vec![],
@@ -165,6 +165,7 @@ pub struct SuiteOutcome {
 /// written; failed sections are listed in the outcome (and in the page).
 pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     let started = Instant::now();
+    let load_before = load_average();
     std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let plan = Plan::new(quick);
     let q = if quick { " (quick)" } else { "" };
@@ -245,7 +246,12 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     }
     let wall_seconds = started.elapsed().as_secs_f64();
     let report = out.join(REPORT_FILE);
-    std::fs::write(&report, page(&done, quick, wall_seconds))
+    let load = format!(
+        "{} at the start, {} at the end",
+        load_before,
+        load_average()
+    );
+    std::fs::write(&report, page(&done, quick, wall_seconds, &load))
         .map_err(|e| format!("writing {}: {e}", report.display()))?;
     let failures = done
         .iter()
@@ -289,12 +295,14 @@ pub fn run_command(a: SuiteArgs) -> Result<(), String> {
 }
 
 /// The whole page.
-fn page(sections: &[Section], quick: bool, wall_seconds: f64) -> String {
+fn page(sections: &[Section], quick: bool, wall_seconds: f64, load: &str) -> String {
     let mut s = String::from("# Benchmark suite\n\n");
     s += &format!(
-        "Written by `dptrain bench suite{}` ({} in all, on {} CPU core(s)){}. Every figure is \
-         from this machine at that moment: on a shared machine, read differences of less than \
-         ~10% as noise. Each section says how to re-run it alone.\n\n",
+        "Written by `dptrain bench suite{}` ({} in all, on {} CPU core(s); 1-minute load \
+         average {load}){}. Every figure is from this machine at that moment: when other jobs \
+         share the cores (a load average above the core count), runs slow down unevenly, so \
+         read differences of less than ~10-20% as noise. Each section says how to re-run it \
+         alone.\n\n",
         if quick { " --quick" } else { "" },
         minutes(wall_seconds),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -319,6 +327,14 @@ fn page(sections: &[Section], quick: bool, wall_seconds: f64) -> String {
     }
     s += &format!("\nTotal wall time: {:.0} s.\n", wall_seconds);
     s
+}
+
+/// The 1-minute load average (`/proc/loadavg`), or "unknown" where there is none.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// "4.2 min" or "35 s".
@@ -609,8 +625,18 @@ fn ablation_section(plan: &Plan, out: &Path) -> Result<String, String> {
         .args;
     let report = super::ablation::run(&AblationSpec::from_args(&args)?)?;
     report.write(out)?;
-    let groups: Vec<String> = (1..=report.measured.len())
-        .map(|i| format!("row {i}"))
+    let groups: Vec<String> = report
+        .measured
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let short = m.adds.split(" (").next().unwrap_or(&m.adds);
+            format!(
+                "{} {}",
+                i + 1,
+                short.replace("+ ", "+").replace(" mode", "")
+            )
+        })
         .collect();
     let values = report.measured.iter().map(|m| m.images_per_s).collect();
     grouped_bars(
