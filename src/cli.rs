@@ -151,6 +151,12 @@ enum BenchCmd {
         #[arg(long, default_value_t = 60)]
         steps: usize,
     },
+    /// The paper's experiment: Caffe's scheme, then + overlap, + redundant mode, + auto mode,
+    /// + preloading, one row each (measured, and simulated at 8, 64 and 512 workers).
+    Ablation(crate::bench::ablation::AblationArgs),
+    /// Every comparison the project is judged on (step time, all-reduce, overlap, data wait,
+    /// ablation, simulator check), written to one markdown page with plots.
+    Suite(crate::bench::suite::SuiteArgs),
     /// The step simulator against measured emulated runs, side by side.
     SimCheck(crate::bench::simcheck::SimCheckArgs),
     /// Grid of overlap on/off x communication mode x emulated bandwidth for a model.
@@ -240,6 +246,8 @@ pub fn run() -> Result<(), String> {
     match cli.command.unwrap_or_default() {
         Command::Profile(a) => crate::sim::cli::profile(a),
         Command::Bench(BenchCmd::SimCheck(a)) => bench::simcheck::run(a),
+        Command::Bench(BenchCmd::Ablation(a)) => bench::ablation::run_command(a),
+        Command::Bench(BenchCmd::Suite(a)) => bench::suite::run_command(a),
         Command::Simulate(a) => crate::sim::cli::simulate(a),
         Command::Report { run_dirs, out } => {
             for dir in &run_dirs {

@@ -76,3 +76,38 @@ pub fn training_run(
 pub fn data_wait_pct(s: &Summary) -> f64 {
     100.0 * s.breakdown.mean.data_ms / s.breakdown.mean.step_ms.max(1e-9)
 }
+
+/// The dataset an ImageFolder for `model` is exported from: the bundled MNIST for lenet5 (real
+/// digits at its reference shape), synthetic 3x32x32 images for the CIFAR-shaped models.
+pub fn image_source_for(model: &str) -> &'static str {
+    if model == "lenet5" {
+        "mnist"
+    } else {
+        "synthetic:3x32x32"
+    }
+}
+
+/// Writes the first `train` and `test` samples of `dataset` as an ImageFolder (one PNG per
+/// sample) under `out`, so that a training run on it decodes every image in its loaders: a
+/// real per-sample loading cost, which in-memory datasets do not have (their batches collate
+/// in tens of microseconds, so preloading them shows nothing).
+pub fn export_image_folder(
+    dataset: &str,
+    train: usize,
+    test: usize,
+    out: &Path,
+) -> Result<(), String> {
+    let cfg = TrainOptions {
+        dataset: Some(dataset.to_string()),
+        train_limit: Some(train),
+        test_limit: Some(test),
+        batch: Some(1),
+        ..Default::default()
+    }
+    .resolve()?;
+    let (train, test) = crate::train::load_data(&cfg)?;
+    let pair = crate::data::DatasetPair { train, test };
+    crate::data::image_folder::export(&pair, out, None)
+        .map(|_| ())
+        .map_err(|e| format!("exporting {dataset} as images to {}: {e}", out.display()))
+}

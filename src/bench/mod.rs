@@ -1,11 +1,43 @@
 //! Benchmarks: commands that print figures (never tests that fail on a slow day).
+//!
+//! One module per `dptrain bench` command; [`suite`] runs short versions of them all and
+//! writes one markdown page with plots.
 
+pub mod ablation;
 pub mod allreduce;
 pub mod data;
 pub mod overlap;
 pub mod replica;
 pub mod simcheck;
 pub mod step;
+pub mod suite;
+
+use std::path::{Path, PathBuf};
+
+/// A directory under the system's temporary directory for one benchmark's run directories and
+/// exported data, named after the benchmark and this process; removed (with its contents) when
+/// dropped, also when the benchmark fails half-way.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// `$TMPDIR/dptrain-bench-<name>-<pid>`, emptied if it exists.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("dptrain-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+
+    /// The directory (created by whoever writes into it first).
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// Median of a list of values (sorted in place).
 pub fn median(v: &mut [f64]) -> f64 {

@@ -48,7 +48,14 @@ pub struct GridSpec {
 
 /// Runs one grid cell: a short training run of `spec.model` on synthetic data.
 pub fn run_case(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> Result<Summary, String> {
-    let opts = TrainOptions {
+    train(case_options(spec, case, dir).resolve()?)
+}
+
+/// The training options of one grid cell (what [`run_case`] runs): `spec.steps + 5` steps of
+/// one epoch on synthetic data, 100 test samples, quiet, no checkpoints, run directory `dir`.
+/// Other benchmarks start from these and change what they vary (dataset, pipeline).
+pub fn case_options(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> TrainOptions {
+    TrainOptions {
         model: Some(spec.model.clone()),
         dataset: Some(synthetic_for(&spec.model).into()),
         epochs: Some(1),
@@ -66,8 +73,7 @@ pub fn run_case(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> Result<Summa
         quiet: true,
         no_checkpoints: true,
         ..Default::default()
-    };
-    train(opts.resolve()?)
+    }
 }
 
 /// Prints the table header.

@@ -261,3 +261,188 @@ pub fn breakdown_per_run(runs: &[RunData], path: &Path) -> Result<(), String> {
     let bars: Vec<(String, [f64; 5])> = runs.iter().map(|r| (r.name(), r.phases.ms)).collect();
     stacked_bars(path, "Where a step's time goes, per run", &bars)
 }
+
+/// Colours of the series of [`grouped_bars`] and [`log_x_lines`], in order (Okabe-Ito, as
+/// the phases; repeated past eight series).
+const SERIES_COLORS: [RGBColor; 8] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(230, 159, 0),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(240, 228, 66),
+    RGBColor(0, 0, 0),
+];
+
+/// One series of a chart: its legend label and its values (one per group for bars, `(x, y)`
+/// points for lines).
+pub type NamedSeries<T> = (String, Vec<T>);
+
+/// Bars grouped along the x axis: one group per `groups` label, one bar per series within a
+/// group (series `i`'s value for group `g` is `series[i].1[g]`; a missing or non-finite value
+/// draws no bar). Used by the benchmark suite (step time per model and thread count, the
+/// overlap grid, the ablation's images/s).
+pub fn grouped_bars(
+    path: &Path,
+    title: &str,
+    y_desc: &str,
+    groups: &[String],
+    series: &[NamedSeries<f64>],
+) -> Result<(), String> {
+    let n = groups.len().max(1);
+    let per_group = series.len().max(1);
+    let top = series
+        .iter()
+        .flat_map(|s| s.1.iter().copied())
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * if series.len() > 1 { 1.35 } else { 1.1 }; // Room for the legend.
+    render(path, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 22))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(72)
+            .build_cartesian_2d(0.0..n as f64, 0.0..top)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .y_desc(y_desc)
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&|x| {
+                // Group i is centred on i + 0.5.
+                let i = (x - 0.5).round();
+                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
+                    groups.get(i as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .label_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        let width = 0.8 / per_group as f64;
+        for (s, (label, values)) in series.iter().enumerate() {
+            let color = SERIES_COLORS[s % SERIES_COLORS.len()];
+            let rects = values
+                .iter()
+                .enumerate()
+                .filter(|(g, v)| *g < n && v.is_finite())
+                .map(|(g, &v)| {
+                    let x = g as f64 + 0.1 + s as f64 * width;
+                    Rectangle::new([(x, 0.0), (x + width * 0.9, v)], color.filled())
+                });
+            let drawn = chart.draw_series(rects).map_err(err)?;
+            if series.len() > 1 {
+                drawn.label(label.as_str()).legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled())
+                });
+            }
+        }
+        if series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .label_font((FONT, 13))
+                .draw()
+                .map_err(err)?;
+        }
+        Ok(())
+    })
+}
+
+/// Lines of `(bytes, y)` points on a log2 x axis labelled in bytes (e.g. bus bandwidth against
+/// message size), one per series; x values must be positive.
+pub fn log_x_lines(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[NamedSeries<(f64, f64)>],
+) -> Result<(), String> {
+    // Plotted at log2(x) on a linear axis, so ticks fall on whole powers of two.
+    let series: Vec<NamedSeries<(f64, f64)>> = series
+        .iter()
+        .map(|(label, points)| {
+            let points = points
+                .iter()
+                .filter(|p| p.0 > 0.0)
+                .map(|&(x, y)| (x.log2(), y))
+                .collect();
+            (label.clone(), points)
+        })
+        .collect();
+    let x = padded(series.iter().flat_map(|s| s.1.iter().map(|p| p.0)), false);
+    let x = x.start.floor() - 0.5..x.end.ceil() + 0.5;
+    let y = padded(series.iter().flat_map(|s| s.1.iter().map(|p| p.1)), true);
+    let y = y.start..y.end * 1.3; // Room for the legend.
+    let ticks = (x.end - x.start).round() as usize + 1;
+    render(path, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 22))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x, y)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .x_labels(ticks)
+            .x_label_formatter(&|x| {
+                let even = (x / 2.0).round() * 2.0;
+                if (x - even).abs() < 1e-6 {
+                    human_bytes(even.exp2())
+                } else {
+                    String::new()
+                }
+            })
+            .label_style((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        for (s, (label, points)) in series.iter().enumerate() {
+            let color = SERIES_COLORS[s % SERIES_COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label(label.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)
+    })
+}
+
+/// `4K`, `64M`: a byte count in binary units, for axis labels.
+fn human_bytes(x: f64) -> String {
+    let (v, unit) = if x >= (1u64 << 30) as f64 {
+        (x / (1u64 << 30) as f64, "G")
+    } else if x >= (1 << 20) as f64 {
+        (x / (1 << 20) as f64, "M")
+    } else if x >= 1024.0 {
+        (x / 1024.0, "K")
+    } else {
+        (x, "")
+    };
+    format!("{}{unit}", (v * 10.0).round() / 10.0)
+}

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Time of one step on one worker, by phase.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
 pub struct StepTimes {
     /// Waiting for the batch.
     pub data_ms: f64,

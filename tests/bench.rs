@@ -1,0 +1,146 @@
+//! Benchmarks' set-up (not their figures, which depend on the machine): the ablation's rows
+//! are the intended configurations, and its flags are checked with messages that say what to do.
+
+use clap::Parser;
+use dptrain::bench::ablation::{
+    single_worker_options, stage_options, stages, AblationArgs, AblationSpec,
+};
+use dptrain::comm::CommMode;
+use dptrain::config::CommChoice;
+use dptrain::parallel::{BucketOp, BucketPlan};
+use std::path::Path;
+
+/// `dptrain bench ablation` flags as the command line parses them (defaults included).
+#[derive(Parser)]
+struct AblationCli {
+    #[command(flatten)]
+    args: AblationArgs,
+}
+
+fn args(flags: &[&str]) -> AblationArgs {
+    let argv = std::iter::once("ablation").chain(flags.iter().copied());
+    AblationCli::try_parse_from(argv).expect("flags parse").args
+}
+
+#[test]
+fn ablation_rows_add_one_optimisation_each() {
+    let rows = stages(2, 1);
+    assert_eq!(rows.len(), 5);
+    let base = &rows[0].settings;
+    assert_eq!(base.comm, "tree");
+    assert!(!base.overlap);
+    assert_eq!(base.prefetch, 0);
+    for pair in rows.windows(2) {
+        let changed = pair[1].settings.differences(&pair[0].settings);
+        assert_eq!(
+            changed.len(),
+            1,
+            "{:?} -> {:?} changes {changed:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let changed: Vec<_> = rows
+        .windows(2)
+        .map(|p| p[1].settings.differences(&p[0].settings)[0])
+        .collect();
+    assert_eq!(changed, ["overlap", "comm", "comm", "prefetch"]);
+    assert_eq!(rows[2].settings.comm, "redundant");
+    assert_eq!(rows[3].settings.comm, "auto");
+    assert_eq!(rows[4].settings.prefetch, 2);
+}
+
+#[test]
+fn ablation_baseline_trains_with_root_update_overlap_off_and_loading_in_the_step() {
+    let spec = AblationSpec::from_args(&args(&[])).unwrap();
+    let rows = stages(spec.prefetch, spec.loader_threads);
+    let dirs = (Path::new("/tmp/images"), Path::new("/tmp/run"));
+    let cfg = stage_options(&spec, &rows[0].settings, dirs.0, dirs.1)
+        .resolve()
+        .unwrap();
+    assert_eq!(cfg.comm, CommChoice::Fixed(CommMode::Tree));
+    assert!(!cfg.overlap);
+    assert_eq!(cfg.prefetch, 0);
+    assert_eq!(cfg.workers, 2);
+    assert_eq!(cfg.dataset, "imagefolder");
+    assert!(cfg.link.is_some(), "the default ablation emulates a link");
+    // Tree mode is Caffe's scheme: every bucket is reduced to worker 0, which updates and
+    // broadcasts the weights.
+    let net =
+        dptrain::models::build("lenet5", [1, 28, 28], 10, 1, &candle_core::Device::Cpu).unwrap();
+    let plan = BucketPlan::new(&net, cfg.first_bucket_kb * 1024, cfg.bucket_kb * 1024);
+    let ops = dptrain::train::worker::bucket_ops(&cfg, &plan);
+    assert!(!ops.is_empty());
+    assert!(ops.iter().all(|op| *op == BucketOp::ReduceToRoot));
+
+    let last = stage_options(&spec, &rows[4].settings, dirs.0, dirs.1)
+        .resolve()
+        .unwrap();
+    assert_eq!(last.comm, CommChoice::Auto);
+    assert!(last.overlap);
+    assert_eq!(last.prefetch, spec.prefetch);
+    assert_eq!(last.loader_threads, spec.loader_threads);
+
+    // Weak scaling: the 1-worker reference keeps the per-worker batch.
+    let single = single_worker_options(&spec, dirs.0, dirs.1)
+        .resolve()
+        .unwrap();
+    assert_eq!(single.workers, 1);
+    assert_eq!(single.batch, spec.batch / spec.workers);
+    assert!(single.prefetch > 0);
+}
+
+#[test]
+fn ablation_flags_are_checked_with_messages_that_say_what_to_do() {
+    let err = |flags: &[&str]| AblationSpec::from_args(&args(flags)).unwrap_err();
+    assert!(err(&["--model", "alexnet"]).contains("lenet5, vgg-small, resnet20"));
+    assert!(err(&["--workers", "0"]).contains("at least 2 workers"));
+    assert!(err(&["--workers", "3"]).contains("multiple of --workers"));
+    assert!(err(&["--link-bandwidth", "fast"]).contains("--link-bandwidth"));
+    assert!(err(&["--sim-workers", "8,0"]).contains("--sim-workers"));
+    assert!(err(&["--augment", "rotate"]).contains("--augment"));
+    assert!(err(&["--prefetch", "0"]).contains("preloading row"));
+    let none = AblationSpec::from_args(&args(&["--link-bandwidth", "none"])).unwrap();
+    assert!(none.link.is_none());
+}
+
+#[test]
+fn suite_quick_writes_every_section_and_plot() {
+    use dptrain::bench::suite::{PLOTS, REPORT_FILE, SECTIONS};
+    let out = tempfile::tempdir().unwrap();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .args(["bench", "suite", "--quick", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "suite failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("total wall time"), "{stdout}");
+    let page = std::fs::read_to_string(out.path().join(REPORT_FILE)).unwrap();
+    for title in SECTIONS {
+        assert!(
+            page.contains(&format!("\n## {title}\n")),
+            "no section {title:?} in\n{page}"
+        );
+    }
+    assert_eq!(
+        page.matches("Re-run just this: `dptrain ").count(),
+        SECTIONS.len()
+    );
+    assert!(!page.contains("This section failed"), "{page}");
+    for plot in PLOTS {
+        let bytes = std::fs::read(out.path().join(plot)).unwrap_or_default();
+        assert!(bytes.starts_with(b"\x89PNG"), "{plot} is not a PNG");
+        assert!(
+            page.contains(&format!("]({plot})")),
+            "{plot} is not shown in the page"
+        );
+    }
+    for file in ["ablation.md", "ablation.json"] {
+        assert!(out.path().join(file).is_file(), "{file} missing");
+    }
+}
