@@ -346,7 +346,13 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                     .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
                     .build()
                     .map_err(|e| e.to_string())?;
-                pool.install(|| Worker::new(setup)?.run())
+                pool.install(|| {
+                    let worker = Worker::new(setup)?;
+                    // After Worker::new has started the communication thread, which must
+                    // keep the default priority (threads inherit their creator's).
+                    rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
+                    worker.run()
+                })
             })
             .map_err(|e| format!("cannot start worker thread: {e}"))?;
         handles.push(handle);
