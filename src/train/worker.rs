@@ -6,7 +6,7 @@
 use super::fault::{maybe_panic, FaultPhase};
 use super::metrics::{ms, StepTimes};
 use super::Event;
-use crate::comm::{choose_mode, LinkModel, Transport};
+use crate::comm::{choose_mode, LeaderOp, LinkModel, Transport};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
 use crate::models;
@@ -48,14 +48,49 @@ pub struct WorkerSetup {
     pub tracer: Tracer,
 }
 
-/// Chooses each bucket's operation.
+/// Link parameters assumed by `--comm auto` for the leaders' phase of a hierarchical
+/// all-reduce (between processes) when no `--link-bandwidth` describes it: TCP or shared
+/// memory through MPI, with our non-blocking sends and polled receives.
+pub const BETWEEN_PROCESSES_LINK: LinkModel = LinkModel {
+    bandwidth_bytes_per_s: 2e9,
+    latency: Duration::from_micros(30),
+};
+
+/// Whether buckets reduce hierarchically: several processes of several workers each (and
+/// `--hierarchical on`), or `mpi-native` with several workers per process (MPI_Allreduce runs
+/// between the process leaders only).
+pub fn reduces_hierarchically(cfg: &TrainConfig) -> bool {
+    let several = cfg.processes > 1 && cfg.workers > 1;
+    let native = cfg.comm == CommChoice::Native && cfg.workers > 1;
+    (several && cfg.hierarchical) || native
+}
+
+/// Chooses each bucket's operation. Tree mode updates on worker 0 and broadcasts weights
+/// (Caffe's scheme), which stays flat over every worker even when the others reduce
+/// hierarchically.
 pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
+    let hierarchical = reduces_hierarchically(cfg);
+    let hier = |leader| BucketOp::Hierarchical {
+        leader,
+        workers_per_process: cfg.workers,
+    };
     plan.buckets
         .iter()
         .map(|b| match cfg.comm {
             CommChoice::Fixed(crate::comm::CommMode::Tree) => BucketOp::ReduceToRoot,
+            CommChoice::Fixed(m) if hierarchical => hier(LeaderOp::AllReduce(m)),
             CommChoice::Fixed(m) => BucketOp::AllReduce(m),
+            CommChoice::Native if hierarchical => hier(LeaderOp::Native),
             CommChoice::Native => BucketOp::Native,
+            CommChoice::Auto if hierarchical => {
+                // The leaders' phase crosses the link between processes; the phases within a
+                // process have no choice to make.
+                let bytes = b.len * 4;
+                let link = cfg.link.unwrap_or(BETWEEN_PROCESSES_LINK);
+                let mode = choose_mode(cfg.processes, bytes, &link);
+                tracing::debug!(bytes, %mode, "auto: the cost model's choice for the leaders");
+                hier(LeaderOp::AllReduce(mode))
+            }
             CommChoice::Auto => {
                 let bytes = b.len * 4;
                 let mode = choose_mode(cfg.world(), bytes, &cfg.link.unwrap_or(IN_PROCESS_LINK));
