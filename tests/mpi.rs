@@ -190,6 +190,24 @@ fn two_ranks_of_two_workers_hierarchical_stay_in_sync_and_close_to_four_threads(
 }
 
 #[test]
+fn bench_allreduce_over_mpi_prints_one_table_with_every_mode() {
+    for workers in ["1", "2"] {
+        let o = mpirun()
+            .args(["-np", "2", BIN, "bench", "allreduce", "--transport", "mpi"])
+            .args(["--workers", workers, "--sizes", "4K", "--iters", "2"])
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        assert_eq!(t.matches("all-reduce over MPI").count(), 1, "{t}");
+        for mode in ["tree", "ring", "hd", "redundant", "auto:", "mpi-native"] {
+            assert!(t.contains(mode), "no {mode} in:\n{t}");
+        }
+        assert_eq!(t.contains("hier:ring"), workers == "2", "{t}");
+    }
+}
+
+#[test]
 fn three_ranks_and_mpi_native_train_in_sync() {
     let tmp = tempfile::tempdir().unwrap();
     for comm in ["ring", "mpi-native"] {

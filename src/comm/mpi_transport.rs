@@ -249,59 +249,66 @@ fn tag_upper_bound(comm: &SimpleCommunicator) -> u32 {
 /// How our 64-bit tags, and the sending and receiving worker, fold into one MPI tag.
 ///
 /// Our tags are `step << 16 | bucket` (bucket 0xffff: a weight broadcast). From the low bits
-/// up, the MPI tag holds the bucket (12 bits; 0xfff stands for the broadcast), the receiving
-/// worker, the sending worker (enough bits for `workers - 1` each), then the step modulo what
-/// is left. At most two consecutive steps are ever in flight, so any step field of at least 3
-/// bits keeps tags in flight distinct.
+/// up, the MPI tag holds the bucket (up to 12 bits, fewer when the library's tags are short;
+/// the field's largest value stands for the broadcast), the receiving worker, the sending
+/// worker (enough bits for `workers - 1` each), then the step modulo what is left. At most two
+/// consecutive steps are ever in flight, so any step field of at least 3 bits keeps the tags in
+/// flight distinct.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TagLayout {
+    bucket_bits: u32,
     worker_bits: u32,
     step_bits: u32,
 }
 
-/// Bits of the bucket field.
-const BUCKET_BITS: u32 = 12;
-/// The bucket field value that stands for a weight broadcast (our bucket index 0xffff).
-const BROADCAST_FIELD: u64 = (1 << BUCKET_BITS) - 1;
+/// Most bits of the bucket field (4094 buckets and the broadcast).
+const MAX_BUCKET_BITS: u32 = 12;
+/// Fewest bits of the bucket field (62 buckets and the broadcast).
+const MIN_BUCKET_BITS: u32 = 6;
 /// The fewest step bits that keep the tags of two consecutive steps apart (with margin).
 const MIN_STEP_BITS: u32 = 3;
 
 impl TagLayout {
     /// The layout for `workers` workers per process under the library's `tag_ub`.
     pub fn new(tag_ub: u32, workers: usize) -> Result<Self, String> {
-        let tag_bits = 32 - tag_ub.saturating_add(1).leading_zeros() - 1;
+        let tag_bits = (32 - tag_ub.saturating_add(1).leading_zeros() - 1).min(31);
         let worker_bits = usize::BITS - workers.saturating_sub(1).leading_zeros();
-        let used = BUCKET_BITS + 2 * worker_bits;
-        match tag_bits.checked_sub(used) {
-            Some(step_bits) if step_bits >= MIN_STEP_BITS => Ok(Self {
-                worker_bits,
-                step_bits: step_bits.min(31 - used),
-            }),
+        let left = tag_bits.checked_sub(2 * worker_bits + MIN_STEP_BITS);
+        match left {
+            Some(left) if left >= MIN_BUCKET_BITS => {
+                let bucket_bits = left.min(MAX_BUCKET_BITS);
+                Ok(Self {
+                    bucket_bits,
+                    worker_bits,
+                    step_bits: tag_bits - bucket_bits - 2 * worker_bits,
+                })
+            }
             _ => Err(format!(
-                "this MPI library's tags go up to {tag_ub} (MPI_TAG_UB), too few to address                  {workers} workers per process; start more MPI ranks with fewer --workers each"
+                "this MPI library's tags go up to {tag_ub} (MPI_TAG_UB), too few to address \
+                 {workers} workers per process; start more MPI ranks with fewer --workers each"
             )),
         }
     }
 
     /// The MPI tag of our `tag` from local worker `src` to local worker `dst`.
     pub fn tag(&self, tag: u64, src: usize, dst: usize) -> Result<i32, CommError> {
+        let broadcast = (1u64 << self.bucket_bits) - 1;
         let bucket = match tag & 0xffff {
-            0xffff => BROADCAST_FIELD,
-            b if b < BROADCAST_FIELD => b,
+            0xffff => broadcast,
+            b if b < broadcast => b,
             b => {
                 return Err(CommError::Transport {
                     rank: src,
                     detail: format!(
-                        "bucket {b} does not fit in an MPI tag (at most {} buckets); use \
-                         larger buckets (--bucket-kb)",
-                        BROADCAST_FIELD
+                        "bucket {b} does not fit in this MPI library's tags (at most {broadcast} \
+                         buckets); use larger buckets (--bucket-kb)"
                     ),
                 })
             }
         };
         let step = (tag >> 16) & ((1 << self.step_bits) - 1);
         let folded = (((step << self.worker_bits | src as u64) << self.worker_bits | dst as u64)
-            << BUCKET_BITS)
+            << self.bucket_bits)
             | bucket;
         Ok(folded as i32)
     }
@@ -642,5 +649,30 @@ impl Drop for Endpoint {
         // SAFETY: `shared` is not used after this; the progress thread, which held the only
         // other reference, has been joined. Freeing the communicator happens under MPI_CALLS.
         unsafe { ManuallyDrop::drop(&mut self.shared) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_fit_the_bound_and_keep_workers_buckets_and_steps_apart() {
+        let layout = TagLayout::new(32767, 2).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for step in 0..8u64 {
+            for bucket in [0u64, 1, 100, 0xffff] {
+                for (src, dst) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                    let t = layout.tag(step << 16 | bucket, src, dst).unwrap();
+                    assert!((0..=32767).contains(&t), "{t}");
+                    assert!(seen.insert(t), "step {step} bucket {bucket} {src}->{dst}");
+                }
+            }
+        }
+        assert!(layout.tag(1023, 0, 0).is_err());
+        assert!(TagLayout::new(32767, 4).is_ok());
+        let err = TagLayout::new(32767, 16).unwrap_err();
+        assert!(err.contains("fewer --workers"), "{err}");
+        assert!(TagLayout::new(i32::MAX as u32, 64).is_ok());
     }
 }

@@ -54,6 +54,29 @@ impl std::fmt::Display for BucketOp {
     }
 }
 
+impl BucketOp {
+    /// Runs this operation on `buf` over `t` (see [`crate::comm::AllReduce::all_reduce_sum`]
+    /// for the calling contract). After [`BucketOp::ReduceToRoot`] only rank 0's `buf` holds
+    /// the sum; after the others every rank holds the same bits.
+    pub fn run(
+        self,
+        t: &dyn Transport,
+        buf: &mut [f32],
+        tag: u64,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        match self {
+            BucketOp::AllReduce(mode) => all_reduce_sum(mode, t, buf, tag, scratch),
+            BucketOp::ReduceToRoot => tree_reduce(t, buf, 0, tag, scratch),
+            BucketOp::Native => t.native_all_reduce_sum(buf, scratch),
+            BucketOp::Hierarchical {
+                leader,
+                workers_per_process,
+            } => hierarchical_all_reduce_sum(t, workers_per_process, leader, buf, tag, scratch),
+        }
+    }
+}
+
 enum Job {
     Bucket {
         index: usize,
@@ -371,22 +394,7 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
             if inject_panic {
                 panic!("injected fault: Comm while reducing bucket {index}");
             }
-            match op {
-                BucketOp::AllReduce(mode) => all_reduce_sum(mode, t, &mut buf, tag, scratch)?,
-                BucketOp::ReduceToRoot => tree_reduce(t, &mut buf, 0, tag, scratch)?,
-                BucketOp::Native => t.native_all_reduce_sum(&mut buf, scratch)?,
-                BucketOp::Hierarchical {
-                    leader,
-                    workers_per_process,
-                } => hierarchical_all_reduce_sum(
-                    t,
-                    workers_per_process,
-                    leader,
-                    &mut buf,
-                    tag,
-                    scratch,
-                )?,
-            }
+            op.run(t, &mut buf, tag, scratch)?;
             Ok(Done::Bucket {
                 index,
                 buf,

@@ -84,7 +84,11 @@ impl ProcessGroup {
         #[cfg(feature = "mpi")]
         if let Some(rt) = &self.mpi {
             let ports = rt.ports(workers, self.timeout)?;
-            let local = crate::comm::InProcessFabric::new(workers, None, self.timeout);
+            // Waits for a thread of this process get twice the timeout: a local peer is only
+            // late because it waits on another process (a hierarchical leader, say), and that
+            // wait, which names the process that was lost, must time out and report first; the
+            // local waits then end at once, their peer's endpoint gone.
+            let local = crate::comm::InProcessFabric::new(workers, None, 2 * self.timeout);
             return Ok(Some(
                 local
                     .into_iter()

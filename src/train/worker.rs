@@ -48,13 +48,24 @@ pub struct WorkerSetup {
     pub tracer: Tracer,
 }
 
-/// Link parameters assumed by `--comm auto` for the leaders' phase of a hierarchical
-/// all-reduce (between processes) when no `--link-bandwidth` describes it: TCP or shared
-/// memory through MPI, with our non-blocking sends and polled receives.
+/// Link parameters assumed by `--comm auto` between processes (an MPI run's flat modes, and
+/// the leaders' phase of a hierarchical all-reduce) when no `--link-bandwidth` describes the
+/// link: 10 Gbit/s Ethernet between machines. With `--transport mpi`, `--link-*` only informs
+/// this choice; nothing is emulated.
 pub const BETWEEN_PROCESSES_LINK: LinkModel = LinkModel {
-    bandwidth_bytes_per_s: 2e9,
-    latency: Duration::from_micros(30),
+    bandwidth_bytes_per_s: 1.25e9,
+    latency: Duration::from_micros(20),
 };
+
+/// The link `--comm auto` plans for: the one given with `--link-*`, else the slowest on the
+/// way (between processes in a multi-process run, between threads otherwise).
+pub fn auto_link(cfg: &TrainConfig) -> LinkModel {
+    cfg.link.unwrap_or(if cfg.processes > 1 {
+        BETWEEN_PROCESSES_LINK
+    } else {
+        IN_PROCESS_LINK
+    })
+}
 
 /// Whether buckets reduce hierarchically: several processes of several workers each (and
 /// `--hierarchical on`), or `mpi-native` with several workers per process (MPI_Allreduce runs
@@ -86,14 +97,13 @@ pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
                 // The leaders' phase crosses the link between processes; the phases within a
                 // process have no choice to make.
                 let bytes = b.len * 4;
-                let link = cfg.link.unwrap_or(BETWEEN_PROCESSES_LINK);
-                let mode = choose_mode(cfg.processes, bytes, &link);
+                let mode = choose_mode(cfg.processes, bytes, &auto_link(cfg));
                 tracing::debug!(bytes, %mode, "auto: the cost model's choice for the leaders");
                 hier(LeaderOp::AllReduce(mode))
             }
             CommChoice::Auto => {
                 let bytes = b.len * 4;
-                let mode = choose_mode(cfg.world(), bytes, &cfg.link.unwrap_or(IN_PROCESS_LINK));
+                let mode = choose_mode(cfg.world(), bytes, &auto_link(cfg));
                 tracing::debug!(bytes, %mode, "auto: the cost model's choice for a bucket");
                 BucketOp::AllReduce(mode)
             }
