@@ -594,6 +594,19 @@ mod tests {
         o.resolve()
     }
 
+    #[cfg(feature = "mpi")]
+    #[test]
+    fn mpi_native_with_several_workers_needs_the_hierarchy() {
+        let err = opts(|o| {
+            o.transport = Some("mpi".into());
+            o.comm = Some("mpi-native".into());
+            o.workers = Some(2);
+            o.hierarchical = Some("off".into());
+        })
+        .unwrap_err();
+        assert!(err.contains("--hierarchical on"), "{err}");
+    }
+
     #[test]
     fn bad_options_are_refused_with_a_reason() {
         type Case = (Box<dyn FnOnce(&mut TrainOptions)>, &'static str);
@@ -627,6 +640,10 @@ mod tests {
                 "needs --transport mpi",
             ),
             (Box::new(|o| o.overlap = Some("maybe".into())), "--overlap"),
+            (
+                Box::new(|o| o.hierarchical = Some("sometimes".into())),
+                "--hierarchical must be on or off",
+            ),
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
             (
                 Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())),

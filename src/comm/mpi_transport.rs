@@ -439,11 +439,12 @@ fn lock_for_mpi(s: &Shared) -> MpiGuard<'_> {
 impl Endpoint {
     /// Duplicates `parent` (collective) and starts the progress thread.
     fn new(parent: &SimpleCommunicator, timeout: Duration, layout: TagLayout) -> Self {
-        let comm = {
+        let (comm, rank, size) = {
             let _mpi = mpi_calls();
-            parent.duplicate()
+            let comm = parent.duplicate();
+            let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+            (comm, rank, size)
         };
-        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         let shared = Arc::new(Shared {
             comm,
             pending: Mutex::new(Pending {
