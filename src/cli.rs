@@ -93,11 +93,17 @@ enum BenchCmd {
         #[arg(long, default_value_t = 30)]
         steps: usize,
     },
-    /// In-process all-reduce time, algbw and busbw per size and mode.
+    /// All-reduce time, algbw and busbw per size and mode: worker threads of this process, or
+    /// (`--transport mpi`, under `mpirun -np P`) across MPI ranks next to MPI_Allreduce.
     Allreduce {
-        /// Workers.
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
+        /// Workers (in-process), or worker threads per MPI rank [default: 2 in-process, 1 per
+        /// rank with --transport mpi].
+        #[arg(long)]
+        workers: Option<usize>,
+        /// inproc (worker threads of this process) or mpi (run under mpirun; only rank 0
+        /// prints) [default: inproc].
+        #[arg(long, default_value = "inproc")]
+        transport: String,
         /// Sizes in bytes, comma-separated; K, M suffixes allowed.
         #[arg(long, default_value = "4K,64K,1M,16M,64M")]
         sizes: String,
@@ -512,16 +518,30 @@ pub fn run() -> Result<(), String> {
         }
         Command::Bench(BenchCmd::Allreduce {
             workers,
+            transport,
             sizes,
             comm,
             link_bandwidth,
             link_latency,
             iters,
         }) => {
-            if workers == 0 {
-                return Err("--workers must be at least 1".into());
+            let transport = crate::config::TransportKind::parse(&transport)?;
+            let mpi = transport == crate::config::TransportKind::Mpi;
+            let workers = workers.unwrap_or(if mpi { 1 } else { 2 });
+            if workers == 0 || iters == 0 {
+                return Err("--workers and --iters must be at least 1".into());
             }
             let sizes = list(&sizes, parse_size)?;
+            if mpi {
+                if comm != "all" || link_bandwidth.is_some() || link_latency.is_some() {
+                    return Err(
+                        "bench allreduce --transport mpi compares every mode on the \
+                                real link: leave out --comm and --link-*"
+                            .into(),
+                    );
+                }
+                return bench_allreduce_mpi(workers, &sizes, iters);
+            }
             // "auto" runs the mode the cost model picks for each size (shown as auto:MODE).
             let with_auto = comm == "all" || comm.split(',').any(|m| m.trim() == "auto");
             let modes = if comm == "all" {
@@ -580,4 +600,37 @@ pub fn run() -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// `bench allreduce --transport mpi`: this process is one rank; rank 0 prints the table.
+fn bench_allreduce_mpi(workers: usize, sizes: &[usize], iters: usize) -> Result<(), String> {
+    let timeout = std::time::Duration::from_secs(120);
+    let group = crate::train::ProcessGroup::start(crate::config::TransportKind::Mpi, timeout)?;
+    let result = bench::allreduce::bench_allreduce_processes(&group, workers, sizes, iters);
+    let (rank, processes) = (group.rank(), group.size());
+    group.end(result.is_ok());
+    let rows = result.map_err(|e| format!("rank {rank} of {processes}: {e}"))?;
+    if rank != 0 {
+        return Ok(());
+    }
+    println!(
+        "all-reduce over MPI: {processes} processes x {workers} workers ({} in all), median of \
+         {iters}; busbw = algbw * 2(N-1)/N",
+        processes * workers
+    );
+    println!(
+        "{:>12} {:>20} {:>12} {:>12} {:>12}",
+        "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s"
+    );
+    for r in rows {
+        println!(
+            "{:>12} {:>20} {:>12.1} {:>12.3} {:>12.3}",
+            r.bytes,
+            r.name,
+            r.time.as_secs_f64() * 1e6,
+            r.algbw / 1e9,
+            r.busbw / 1e9
+        );
+    }
+    Ok(())
 }

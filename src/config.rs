@@ -75,6 +75,10 @@ pub struct TrainConfig {
     pub overlap: bool,
     /// Communication mode.
     pub comm: CommChoice,
+    /// With several processes of several workers: reduce within the process, across the
+    /// process leaders, back within the process (see [`crate::comm::hierarchical`]); off: one
+    /// flat all-reduce over every worker. No effect with one process or one worker each.
+    pub hierarchical: bool,
     /// Bucket cap in KiB (0: one block per bucket).
     pub bucket_kb: usize,
     /// Cap of the first bucket in KiB.
@@ -226,6 +230,11 @@ pub struct TrainOptions {
     /// Communication mode: auto, tree, ring, hd, redundant [default: auto].
     #[arg(long)]
     pub comm: Option<String>,
+    /// With several MPI ranks of several --workers each: on reduces within each process, then
+    /// between one leader per process with the --comm mode, then back within the process; off
+    /// runs the mode flat over every worker [default: on].
+    #[arg(long)]
+    pub hierarchical: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
@@ -325,7 +334,7 @@ impl TrainConfig {
             "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
             "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
-            "comm": self.comm.to_string(), "transport": self.transport.to_string(),
+            "comm": self.comm.to_string(), "hierarchical": self.hierarchical, "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.bucket_kb, "first_bucket_kb": self.first_bucket_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
@@ -367,6 +376,7 @@ impl TrainOptions {
             threads,
             overlap,
             comm,
+            hierarchical,
             bucket_kb,
             first_bucket_kb,
             link_bandwidth,
@@ -427,6 +437,18 @@ impl TrainOptions {
         let transport = TransportKind::parse(self.transport.as_deref().unwrap_or("inproc"))?;
         if comm == CommChoice::Native && transport != TransportKind::Mpi {
             return Err("--comm mpi-native needs --transport mpi".into());
+        }
+        let hierarchical = match self.hierarchical.as_deref().unwrap_or("on") {
+            "on" | "true" => true,
+            "off" | "false" => false,
+            h => return Err(format!("--hierarchical must be on or off, not '{h}'")),
+        };
+        if comm == CommChoice::Native && !hierarchical && workers > 1 {
+            return Err(
+                "--comm mpi-native with --workers > 1 needs --hierarchical on \
+                        (MPI_Allreduce runs once per process, between the process leaders)"
+                    .into(),
+            );
         }
         let link = match &self.link_bandwidth {
             None if self.link_latency.is_some() => {
@@ -522,6 +544,7 @@ impl TrainOptions {
             threads,
             overlap,
             comm,
+            hierarchical,
             // Per-block buckets by default: our models are small (largest block 0.3 MB) and one
             // bucket per block hid the most communication in `bench overlap` (vgg-small, 2 workers).
             bucket_kb: self.bucket_kb.unwrap_or(0),
@@ -571,6 +594,19 @@ mod tests {
         o.resolve()
     }
 
+    #[cfg(feature = "mpi")]
+    #[test]
+    fn mpi_native_with_several_workers_needs_the_hierarchy() {
+        let err = opts(|o| {
+            o.transport = Some("mpi".into());
+            o.comm = Some("mpi-native".into());
+            o.workers = Some(2);
+            o.hierarchical = Some("off".into());
+        })
+        .unwrap_err();
+        assert!(err.contains("--hierarchical on"), "{err}");
+    }
+
     #[test]
     fn bad_options_are_refused_with_a_reason() {
         type Case = (Box<dyn FnOnce(&mut TrainOptions)>, &'static str);
@@ -604,6 +640,10 @@ mod tests {
                 "needs --transport mpi",
             ),
             (Box::new(|o| o.overlap = Some("maybe".into())), "--overlap"),
+            (
+                Box::new(|o| o.hierarchical = Some("sometimes".into())),
+                "--hierarchical must be on or off",
+            ),
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
             (
                 Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())),

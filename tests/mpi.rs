@@ -119,6 +119,94 @@ fn two_ranks_match_two_worker_threads_bit_for_bit() {
     }
 }
 
+/// Trains `comm` on 2 MPI ranks x 2 worker threads (`hierarchical` on or off) and on 4 worker
+/// threads in one process; returns both run directories.
+fn two_by_two_and_four_threads(
+    tmp: &Path,
+    comm: &str,
+    hierarchical: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (mpi_dir, thr_dir) = (
+        tmp.join(format!("{comm}-{hierarchical}")),
+        tmp.join(format!("{comm}-{hierarchical}-t")),
+    );
+    let mut args = small(&mpi_dir, &["--comm", comm, "--workers", "2"]);
+    args.extend(["--hierarchical".into(), hierarchical.into()]);
+    let out = run_mpi(2, &args);
+    assert_eq!(out.matches("done:").count(), 1, "{out}");
+    // MPI_Allreduce has no in-process counterpart: its threads run redundant mode.
+    let thr_comm = if comm == "mpi-native" {
+        "redundant"
+    } else {
+        comm
+    };
+    let o = Command::new(BIN)
+        .args(small(&thr_dir, &["--comm", thr_comm, "--workers", "4"]))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let h = replica_hashes(&mpi_dir);
+    assert_eq!(h.len(), 4, "{comm}: one hash per worker of the run");
+    assert!(
+        h.iter().all(|&x| x == h[0]),
+        "{comm}: replicas differ {h:x?}"
+    );
+    (mpi_dir, thr_dir)
+}
+
+#[test]
+fn two_ranks_of_two_workers_flat_match_four_worker_threads_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    for comm in ["ring", "tree", "redundant"] {
+        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "off");
+        assert!(
+            weights(&mpi_dir) == weights(&thr_dir),
+            "{comm}: 2 ranks x 2 workers and 4 threads trained different weights"
+        );
+        assert_eq!(replica_hashes(&mpi_dir), replica_hashes(&thr_dir), "{comm}");
+    }
+}
+
+#[test]
+fn two_ranks_of_two_workers_hierarchical_stay_in_sync_and_close_to_four_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    for comm in ["redundant", "ring", "auto", "mpi-native"] {
+        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "on");
+        let (a, b) = (weights(&mpi_dir), weights(&thr_dir));
+        assert_eq!(a.len(), b.len());
+        let mut worst = 0f32;
+        for ((name, x), (_, y)) in a.iter().zip(&b) {
+            for (u, v) in x.iter().zip(y) {
+                let d = (f32::from_bits(*u) - f32::from_bits(*v)).abs();
+                assert!(d.is_finite(), "{comm}: {name} is not finite");
+                worst = worst.max(d);
+            }
+        }
+        assert!(
+            worst <= 1e-5,
+            "{comm}: hierarchical weights differ from 4 threads' by up to {worst}"
+        );
+    }
+}
+
+#[test]
+fn bench_allreduce_over_mpi_prints_one_table_with_every_mode() {
+    for workers in ["1", "2"] {
+        let o = mpirun()
+            .args(["-np", "2", BIN, "bench", "allreduce", "--transport", "mpi"])
+            .args(["--workers", workers, "--sizes", "4K", "--iters", "2"])
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        assert_eq!(t.matches("all-reduce over MPI").count(), 1, "{t}");
+        for mode in ["tree", "ring", "hd", "redundant", "auto:", "mpi-native"] {
+            assert!(t.contains(mode), "no {mode} in:\n{t}");
+        }
+        assert_eq!(t.contains("hier:ring"), workers == "2", "{t}");
+    }
+}
+
 #[test]
 fn three_ranks_and_mpi_native_train_in_sync() {
     let tmp = tempfile::tempdir().unwrap();
@@ -181,7 +269,7 @@ fn rank_pid(mark: &str, rank: usize) -> Option<u32> {
 
 /// Starts a long 2-rank run, sends `signal` to rank 1 once training is under way, and returns
 /// the output and how long after the signal mpirun was done.
-fn lose_rank_1(signal: &str, extra_mpirun: &[&str]) -> (String, Duration) {
+fn lose_rank_1(signal: &str, extra_mpirun: &[&str], extra: &[&str]) -> (String, Duration) {
     let tmp = tempfile::tempdir().unwrap();
     let mark = format!("{signal}-{}", std::process::id());
     let args = small(
@@ -200,6 +288,7 @@ fn lose_rank_1(signal: &str, extra_mpirun: &[&str]) -> (String, Duration) {
         .args(["-x", "DPTRAIN_TEST_MARK", "-np", "2", BIN])
         .args(&args)
         .args(["--transport", "mpi", "--log-every", "5", "--no-checkpoints"])
+        .args(extra)
         .env("DPTRAIN_TEST_MARK", &mark)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -232,7 +321,7 @@ fn lose_rank_1(signal: &str, extra_mpirun: &[&str]) -> (String, Duration) {
 
 #[test]
 fn a_stalled_rank_ends_the_others_within_the_timeout() {
-    let (t, took) = lose_rank_1("STOP", &[]);
+    let (t, took) = lose_rank_1("STOP", &[], &[]);
     assert!(
         t.contains("error: rank 0 of 2:") && t.contains("waited 3.") && t.contains("from rank 1"),
         "{t}"
@@ -244,9 +333,21 @@ fn a_stalled_rank_ends_the_others_within_the_timeout() {
 fn a_killed_rank_ends_the_others_within_the_timeout() {
     // --enable-recovery keeps mpirun from tearing the job down itself when a rank dies, so
     // this checks that our own timeout ends the survivors.
-    let (t, took) = lose_rank_1("KILL", &["--enable-recovery"]);
+    let (t, took) = lose_rank_1("KILL", &["--enable-recovery"], &[]);
     assert!(
         t.contains("error: rank 0 of 2:") && t.contains("from rank 1"),
+        "{t}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{t}");
+}
+
+#[test]
+fn a_killed_rank_of_two_workers_ends_the_others_within_the_timeout() {
+    // Rank 1 holds workers 2 and 3 of the run; rank 0's workers wait for them.
+    let (t, took) = lose_rank_1("KILL", &["--enable-recovery"], &["--workers", "2"]);
+    assert!(
+        t.contains("error: rank 0 of 2:")
+            && (t.contains("from rank 2") || t.contains("from rank 3")),
         "{t}"
     );
     assert!(took < Duration::from_secs(30), "took {took:?}:\n{t}");

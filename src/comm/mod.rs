@@ -35,6 +35,8 @@
 pub mod cost_model;
 pub mod error;
 pub mod halving_doubling;
+pub mod hierarchical;
+pub mod hybrid;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
 pub mod redundant;
@@ -49,6 +51,8 @@ use std::str::FromStr;
 pub use crate::comm::cost_model::{choose_mode, cost_terms, predicted_time, CostTerms};
 pub use crate::comm::error::CommError;
 pub use crate::comm::halving_doubling::HalvingDoublingAllReduce;
+pub use crate::comm::hierarchical::{hierarchical_all_reduce_sum, LeaderOp, LeaderView};
+pub use crate::comm::hybrid::{HybridTransport, RemotePort};
 pub use crate::comm::redundant::RedundantAllReduce;
 pub use crate::comm::ring::RingAllReduce;
 pub use crate::comm::transport::{

@@ -49,6 +49,20 @@ pub trait Transport: Send + Sync {
             what: "a native all-reduce (--comm mpi-native needs --transport mpi)",
         })
     }
+    /// Sums `buf` over the *processes* of the run with the transport's own all-reduce: called
+    /// by exactly one rank per process (its leader, in a hierarchical all-reduce), each with
+    /// its process's sum. The default has none and says so.
+    fn native_all_reduce_sum_across_processes(
+        &self,
+        buf: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        let _ = (buf, scratch);
+        Err(CommError::Unsupported {
+            what: "a native all-reduce across processes (--comm mpi-native needs --transport \
+                   mpi)",
+        })
+    }
 }
 
 /// Bandwidth/latency description of every rank's network port.

@@ -12,7 +12,10 @@
 //! and no step allocates: the same buffers go round and round.
 
 use super::bucket::BucketPlan;
-use crate::comm::{all_reduce_sum, tree_broadcast, tree_reduce, CommError, CommMode, Transport};
+use crate::comm::{
+    all_reduce_sum, hierarchical_all_reduce_sum, tree_broadcast, tree_reduce, CommError, CommMode,
+    LeaderOp, Transport,
+};
 use crate::nn::Param;
 use crate::ops::with_f32;
 use candle_core::backprop::GradStore;
@@ -29,6 +32,15 @@ pub enum BucketOp {
     ReduceToRoot,
     /// The transport's own all-reduce (MPI_Allreduce with `--comm mpi-native`).
     Native,
+    /// Within the process to its leader, `leader` between the process leaders, back within the
+    /// process ([`crate::comm::hierarchical`]); ranks are process-major, `workers_per_process`
+    /// per process.
+    Hierarchical {
+        /// What the leaders run among themselves.
+        leader: LeaderOp,
+        /// Workers per process.
+        workers_per_process: usize,
+    },
 }
 
 impl std::fmt::Display for BucketOp {
@@ -37,6 +49,30 @@ impl std::fmt::Display for BucketOp {
             Self::AllReduce(m) => write!(f, "{m}"),
             Self::ReduceToRoot => f.write_str("tree-reduce+root-update"),
             Self::Native => f.write_str("mpi-native"),
+            Self::Hierarchical { leader, .. } => write!(f, "hier:{leader}"),
+        }
+    }
+}
+
+impl BucketOp {
+    /// Runs this operation on `buf` over `t` (see [`crate::comm::AllReduce::all_reduce_sum`]
+    /// for the calling contract). After [`BucketOp::ReduceToRoot`] only rank 0's `buf` holds
+    /// the sum; after the others every rank holds the same bits.
+    pub fn run(
+        self,
+        t: &dyn Transport,
+        buf: &mut [f32],
+        tag: u64,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        match self {
+            BucketOp::AllReduce(mode) => all_reduce_sum(mode, t, buf, tag, scratch),
+            BucketOp::ReduceToRoot => tree_reduce(t, buf, 0, tag, scratch),
+            BucketOp::Native => t.native_all_reduce_sum(buf, scratch),
+            BucketOp::Hierarchical {
+                leader,
+                workers_per_process,
+            } => hierarchical_all_reduce_sum(t, workers_per_process, leader, buf, tag, scratch),
         }
     }
 }
@@ -363,11 +399,7 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
             if inject_panic {
                 panic!("injected fault: Comm while reducing bucket {index}");
             }
-            match op {
-                BucketOp::AllReduce(mode) => all_reduce_sum(mode, t, &mut buf, tag, scratch)?,
-                BucketOp::ReduceToRoot => tree_reduce(t, &mut buf, 0, tag, scratch)?,
-                BucketOp::Native => t.native_all_reduce_sum(&mut buf, scratch)?,
-            }
+            op.run(t, &mut buf, tag, scratch)?;
             Ok(Done::Bucket {
                 index,
                 buf,

@@ -249,13 +249,6 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     if !lead {
         cfg.quiet = true;
     }
-    if cfg.processes > 1 && cfg.workers > 1 {
-        return Err(
-            "--workers > 1 per process with --transport mpi is not supported yet; \
-             start one process per worker instead (mpirun -np <processes x workers>)"
-                .into(),
-        );
-    }
     if !cfg.batch.is_multiple_of(cfg.world()) {
         return Err(format!(
             "--batch {} must be a multiple of the {} workers of the run ({} per process x {} \
@@ -297,8 +290,15 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     // Lives until every worker has been joined; dropping it joins the loader threads.
     let (pipeline, feeds) = start_pipeline(&cfg, train_source, start_epoch, load_stats.clone())?;
     let test_set = Arc::new(test_set);
+    // Over several processes every worker thread gets a transport over the whole run (global
+    // ranks, process-major), so every mode, flat or hierarchical, runs across them unchanged.
     let transports = if cfg.processes > 1 {
-        vec![group.transport()]
+        group
+            .transports(cfg.workers)?
+            .ok_or("MPI is not running in this process")?
+            .into_iter()
+            .map(Some)
+            .collect()
     } else if cfg.workers > 1 {
         InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout)
             .into_iter()

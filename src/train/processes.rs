@@ -75,14 +75,33 @@ impl ProcessGroup {
         self.size
     }
 
-    /// A gradient transport across the processes (one worker per process), or `None` in a
-    /// single-process run. Collective: every process calls it once, in the same order.
-    pub fn transport(&self) -> Option<Box<dyn Transport>> {
+    /// The gradient transports of this process's `workers` worker threads (element `w` for
+    /// local worker `w`), each over every worker of the run: global rank
+    /// `rank() * workers + w` of `size() * workers`, the threads of this process reached
+    /// through an in-process fabric, the others through MPI. `None` in a single-process run.
+    /// Collective: every process calls it once, with the same `workers`, in the same order.
+    pub fn transports(&self, workers: usize) -> Result<Option<Vec<Box<dyn Transport>>>, String> {
         #[cfg(feature = "mpi")]
         if let Some(rt) = &self.mpi {
-            return Some(Box::new(rt.transport(self.timeout)));
+            let ports = rt.ports(workers, self.timeout)?;
+            // Waits for a thread of this process get twice the timeout: a local peer is only
+            // late because it waits on another process (a hierarchical leader, say), and that
+            // wait, which names the process that was lost, must time out and report first; the
+            // local waits then end at once, their peer's endpoint gone.
+            let local = crate::comm::InProcessFabric::new(workers, None, 2 * self.timeout);
+            return Ok(Some(
+                local
+                    .into_iter()
+                    .zip(ports)
+                    .map(|(local, port)| {
+                        Box::new(crate::comm::HybridTransport::new(local, Box::new(port)))
+                            as Box<dyn Transport>
+                    })
+                    .collect(),
+            ));
         }
-        None
+        let _ = workers;
+        Ok(None)
     }
 
     /// Every process's `mine`, in rank order.
@@ -246,6 +265,7 @@ pub fn run_description(
         ("augment".into(), s(&cfg.augment)),
         ("comm".into(), s(&cfg.comm)),
         ("overlap".into(), s(&cfg.overlap)),
+        ("hierarchical".into(), s(&cfg.hierarchical)),
         (
             "bucket plan".into(),
             format!("{} [{}]", plan.describe(), sizes.join(",")),

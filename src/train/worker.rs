@@ -6,7 +6,7 @@
 use super::fault::{maybe_panic, FaultPhase};
 use super::metrics::{ms, StepTimes};
 use super::Event;
-use crate::comm::{choose_mode, LinkModel, Transport};
+use crate::comm::{choose_mode, LeaderOp, LinkModel, Transport};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
 use crate::models;
@@ -48,17 +48,62 @@ pub struct WorkerSetup {
     pub tracer: Tracer,
 }
 
-/// Chooses each bucket's operation.
+/// Link parameters assumed by `--comm auto` between processes (an MPI run's flat modes, and
+/// the leaders' phase of a hierarchical all-reduce) when no `--link-bandwidth` describes the
+/// link: 10 Gbit/s Ethernet between machines. With `--transport mpi`, `--link-*` only informs
+/// this choice; nothing is emulated.
+pub const BETWEEN_PROCESSES_LINK: LinkModel = LinkModel {
+    bandwidth_bytes_per_s: 1.25e9,
+    latency: Duration::from_micros(20),
+};
+
+/// The link `--comm auto` plans for: the one given with `--link-*`, else the slowest on the
+/// way (between processes in a multi-process run, between threads otherwise).
+pub fn auto_link(cfg: &TrainConfig) -> LinkModel {
+    cfg.link.unwrap_or(if cfg.processes > 1 {
+        BETWEEN_PROCESSES_LINK
+    } else {
+        IN_PROCESS_LINK
+    })
+}
+
+/// Whether buckets reduce hierarchically: several processes of several workers each (and
+/// `--hierarchical on`), or `mpi-native` with several workers per process (MPI_Allreduce runs
+/// between the process leaders only).
+pub fn reduces_hierarchically(cfg: &TrainConfig) -> bool {
+    let several = cfg.processes > 1 && cfg.workers > 1;
+    let native = cfg.comm == CommChoice::Native && cfg.workers > 1;
+    (several && cfg.hierarchical) || native
+}
+
+/// Chooses each bucket's operation. Tree mode updates on worker 0 and broadcasts weights
+/// (Caffe's scheme), which stays flat over every worker even when the others reduce
+/// hierarchically.
 pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
+    let hierarchical = reduces_hierarchically(cfg);
+    let hier = |leader| BucketOp::Hierarchical {
+        leader,
+        workers_per_process: cfg.workers,
+    };
     plan.buckets
         .iter()
         .map(|b| match cfg.comm {
             CommChoice::Fixed(crate::comm::CommMode::Tree) => BucketOp::ReduceToRoot,
+            CommChoice::Fixed(m) if hierarchical => hier(LeaderOp::AllReduce(m)),
             CommChoice::Fixed(m) => BucketOp::AllReduce(m),
+            CommChoice::Native if hierarchical => hier(LeaderOp::Native),
             CommChoice::Native => BucketOp::Native,
+            CommChoice::Auto if hierarchical => {
+                // The leaders' phase crosses the link between processes; the phases within a
+                // process have no choice to make.
+                let bytes = b.len * 4;
+                let mode = choose_mode(cfg.processes, bytes, &auto_link(cfg));
+                tracing::debug!(bytes, %mode, "auto: the cost model's choice for the leaders");
+                hier(LeaderOp::AllReduce(mode))
+            }
             CommChoice::Auto => {
                 let bytes = b.len * 4;
-                let mode = choose_mode(cfg.world(), bytes, &cfg.link.unwrap_or(IN_PROCESS_LINK));
+                let mode = choose_mode(cfg.world(), bytes, &auto_link(cfg));
                 tracing::debug!(bytes, %mode, "auto: the cost model's choice for a bucket");
                 BucketOp::AllReduce(mode)
             }
