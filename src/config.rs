@@ -81,6 +81,9 @@ pub struct TrainConfig {
     pub hierarchical: bool,
     /// Bucket cap in KiB (0: one block per bucket).
     pub bucket_kb: usize,
+    /// Neither `--bucket-kb` nor `--first-bucket-kb` was given: with `--comm auto` the caps
+    /// then follow the link (see `train::worker::bucket_caps`).
+    pub bucket_caps_from_link: bool,
     /// Cap of the first bucket in KiB.
     pub first_bucket_kb: usize,
     /// Emulated link, if any.
@@ -235,7 +238,8 @@ pub struct TrainOptions {
     /// runs the mode flat over every worker [default: on].
     #[arg(long)]
     pub hierarchical: Option<String>,
-    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 0].
+    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 0, or with --comm auto
+    /// the bytes the link moves in one latency, so that no bucket is latency-bound].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
     /// First bucket's cap in KiB [default: 0].
@@ -549,6 +553,7 @@ impl TrainOptions {
             // bucket per block hid the most communication in `bench overlap` (vgg-small, 2 workers).
             bucket_kb: self.bucket_kb.unwrap_or(0),
             first_bucket_kb: self.first_bucket_kb.unwrap_or(0),
+            bucket_caps_from_link: self.bucket_kb.is_none() && self.first_bucket_kb.is_none(),
             link,
             comm_timeout: Duration::from_secs_f64(comm_timeout),
             transport,
@@ -684,5 +689,26 @@ mod tests {
             toml::from_str::<TrainOptions>("epoks = 3").is_err(),
             "unknown keys are refused"
         );
+    }
+
+    #[test]
+    fn auto_sizes_buckets_from_the_link_unless_caps_are_given() {
+        use crate::train::worker::bucket_caps;
+        let with = |f: &dyn Fn(&mut TrainOptions)| {
+            let mut o = TrainOptions {
+                workers: Some(2),
+                link_bandwidth: Some("10Gbit".into()),
+                link_latency: Some("2ms".into()),
+                ..Default::default()
+            };
+            f(&mut o);
+            bucket_caps(&o.resolve().unwrap())
+        };
+        // 10 Gbit/s x 2 ms = 2.5 MB: a smaller bucket would wait on latency more than it sends.
+        assert_eq!(with(&|_| {}), (2_500_000, 2_500_000));
+        assert_eq!(with(&|o| o.bucket_kb = Some(0)), (0, 0));
+        assert_eq!(with(&|o| o.first_bucket_kb = Some(64)), (64 * 1024, 0));
+        assert_eq!(with(&|o| o.comm = Some("ring".into())), (0, 0));
+        assert_eq!(with(&|o| o.workers = Some(1)), (0, 0));
     }
 }

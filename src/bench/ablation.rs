@@ -523,6 +523,13 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
     let link = spec
         .link_model
         .unwrap_or(crate::train::worker::IN_PROCESS_LINK);
+    let auto_cap = |comm: CommChoice| {
+        if comm == CommChoice::Auto {
+            crate::comm::min_bucket_bytes(&link)
+        } else {
+            0
+        }
+    };
     let sim = |world: usize, comm: CommChoice, overlap: bool| {
         simulate_step(
             &profile,
@@ -531,9 +538,10 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
                 link,
                 comm,
                 overlap,
-                // The trainer's default buckets: one block each.
-                first_cap_bytes: 0,
-                cap_bytes: 0,
+                // The trainer's default buckets: one block each, or for auto what the link
+                // moves in one latency (`train::worker::bucket_caps`).
+                first_cap_bytes: auto_cap(comm),
+                cap_bytes: auto_cap(comm),
             },
         )
     };

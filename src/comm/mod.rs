@@ -48,7 +48,9 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
-pub use crate::comm::cost_model::{choose_mode, cost_terms, predicted_time, CostTerms};
+pub use crate::comm::cost_model::{
+    choose_mode, cost_terms, min_bucket_bytes, predicted_time, CostTerms,
+};
 pub use crate::comm::error::CommError;
 pub use crate::comm::halving_doubling::HalvingDoublingAllReduce;
 pub use crate::comm::hierarchical::{hierarchical_all_reduce_sum, LeaderOp, LeaderView};

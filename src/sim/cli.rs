@@ -61,12 +61,13 @@ pub struct SimulateArgs {
     /// on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
-    /// Bucket cap in KiB (0: one block per bucket, as the trainer's default).
-    #[arg(long, default_value_t = 0)]
-    pub bucket_kb: usize,
-    /// First bucket's cap in KiB.
-    #[arg(long, default_value_t = 0)]
-    pub first_bucket_kb: usize,
+    /// Bucket cap in KiB (0: one block per bucket) [default, as the trainer's: 0, or with
+    /// --comm auto the bytes the link moves in one latency].
+    #[arg(long)]
+    pub bucket_kb: Option<usize>,
+    /// First bucket's cap in KiB [default: as --bucket-kb's].
+    #[arg(long)]
+    pub first_bucket_kb: Option<usize>,
     /// Try a range of bucket caps and report the best for each configuration.
     #[arg(long)]
     pub search_buckets: bool,
@@ -173,9 +174,12 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         link,
         comm: CommChoice::Fixed(CommMode::Ring),
         overlap: true,
-        first_cap_bytes: a.first_bucket_kb * 1024,
-        cap_bytes: a.bucket_kb * 1024,
+        first_cap_bytes: a.first_bucket_kb.unwrap_or(0) * 1024,
+        cap_bytes: a.bucket_kb.unwrap_or(0) * 1024,
     };
+    // The trainer's rule (`train::worker::bucket_caps`): with auto and no caps given, a bucket
+    // holds at least what the link moves in one latency.
+    let caps_from_link = a.bucket_kb.is_none() && a.first_bucket_kb.is_none();
     let single = simulate_step(&p, &base)?.step_ms;
     println!("{}", describe_profile(&p).lines().next().unwrap_or(""));
     println!(
@@ -186,16 +190,20 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
     for &world in &workers {
         for &comm in &comms {
             for &overlap in &overlaps {
-                let cfg = StepConfig {
+                let mut cfg = StepConfig {
                     world,
                     comm,
                     overlap,
                     ..base
                 };
+                if caps_from_link && comm == CommChoice::Auto {
+                    cfg.first_cap_bytes = crate::comm::min_bucket_bytes(&link);
+                    cfg.cap_bytes = cfg.first_cap_bytes;
+                }
                 let (kb, r) = if a.search_buckets {
                     search_buckets(&p, &cfg)?
                 } else {
-                    (a.bucket_kb, simulate_step(&p, &cfg)?)
+                    (cfg.cap_bytes.div_ceil(1024), simulate_step(&p, &cfg)?)
                 };
                 println!("{}", row(&cfg, kb, &r, single, p.batch));
             }

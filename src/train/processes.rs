@@ -229,8 +229,10 @@ pub fn run_description(
         &device,
     )
     .map_err(|e| e.to_string())?;
-    let plan =
-        crate::parallel::BucketPlan::new(&net, cfg.first_bucket_kb * 1024, cfg.bucket_kb * 1024);
+    let plan = {
+        let (first_cap, cap) = crate::train::worker::bucket_caps(cfg);
+        crate::parallel::BucketPlan::new(&net, first_cap, cap)
+    };
     let ops: Vec<String> = crate::train::worker::bucket_ops(cfg, &plan)
         .iter()
         .map(|o| o.to_string())
