@@ -352,3 +352,17 @@ fn a_killed_rank_of_two_workers_ends_the_others_within_the_timeout() {
     );
     assert!(took < Duration::from_secs(30), "took {took:?}:\n{t}");
 }
+
+#[test]
+fn a_stalled_rank_ends_mpi_native_within_the_timeout() {
+    // MPI_Allreduce is posted non-blocking and tested against --comm-timeout, so the reference
+    // mode cannot hang on a stalled peer either.
+    let (t, took) = lose_rank_1("STOP", &[], &["--comm", "mpi-native"]);
+    assert!(
+        t.contains("error: rank 0 of 2:")
+            && t.contains("MPI_Allreduce")
+            && t.contains("--comm-timeout"),
+        "{t}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}:\n{t}");
+}
