@@ -86,6 +86,13 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                 bandwidth_bytes_per_s: parse_bandwidth(bw)?,
                 latency: parse_duration(&a.link_latency)?,
             };
+            // The trainer's bucket caps (`train::worker::bucket_caps` with no caps given): one
+            // block per bucket, or for auto what the specified link moves in one latency.
+            let caps = if comm == CommChoice::Auto {
+                crate::comm::min_bucket_bytes(&link)
+            } else {
+                0
+            };
             let overhead = message_overhead(a.workers, &link)?;
             println!(
                 "{model} at {bw}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
@@ -103,18 +110,15 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                     latency: Some(a.link_latency.clone()),
                 };
                 let measured = run_case(&spec, &case, &tmp)?.breakdown.mean;
-                // The trainer's defaults: one block per bucket (bucket_kb = first_bucket_kb = 0).
-                let sim = simulate_step(
-                    &profile,
-                    &StepConfig {
-                        world: a.workers,
-                        link,
-                        comm,
-                        overlap,
-                        first_cap_bytes: 0,
-                        cap_bytes: 0,
-                    },
-                )?;
+                let step = StepConfig {
+                    world: a.workers,
+                    link,
+                    comm,
+                    overlap,
+                    first_cap_bytes: caps,
+                    cap_bytes: caps,
+                };
+                let sim = simulate_step(&profile, &step)?;
                 // The run's own compute totals with the profile's per-block shape: isolates the
                 // communication and overlap model from compute-speed drift on a shared machine.
                 let cal = simulate_step(
@@ -123,14 +127,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                         measured.backward_ms,
                         measured.update_ms,
                     ),
-                    &StepConfig {
-                        world: a.workers,
-                        link,
-                        comm,
-                        overlap,
-                        first_cap_bytes: 0,
-                        cap_bytes: 0,
-                    },
+                    &step,
                 )?;
                 let cal_err = 100.0 * (cal.step_ms / measured.step_ms - 1.0);
                 let err = 100.0 * (sim.step_ms / measured.step_ms - 1.0);

@@ -204,15 +204,7 @@ fn stacked_bars(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Result
             .disable_x_mesh()
             .y_desc("ms per step")
             .x_labels(2 * n + 1)
-            .x_label_formatter(&|x| {
-                // Bar i is centred on i + 0.5.
-                let i = (x - 0.5).round();
-                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
-                    labels.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&|x| centred_label(&labels, *x))
             .label_style((FONT, 14))
             .draw()
             .map_err(err)?;
@@ -312,15 +304,7 @@ pub fn grouped_bars(
             .disable_x_mesh()
             .y_desc(y_desc)
             .x_labels(2 * n + 1)
-            .x_label_formatter(&|x| {
-                // Group i is centred on i + 0.5.
-                let i = (x - 0.5).round();
-                if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
-                    groups.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&|x| centred_label(groups, *x))
             .label_style((FONT, 13))
             .draw()
             .map_err(err)?;
@@ -445,4 +429,15 @@ fn human_bytes(x: f64) -> String {
         (x, "")
     };
     format!("{}{unit}", (v * 10.0).round() / 10.0)
+}
+
+/// The x-axis label at `x` for bars (or groups) centred on `i + 0.5`: `labels[i]` there, empty
+/// elsewhere (the axis asks for ticks at every half unit).
+fn centred_label(labels: &[String], x: f64) -> String {
+    let i = (x - 0.5).round();
+    if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 {
+        labels.get(i as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
 }
