@@ -25,8 +25,7 @@ pub fn pairwise_sum_in_place(parts: &mut [Vec<f32>]) {
     if parts.len() <= 1 {
         return;
     }
-    let mid = parts.len().div_ceil(2);
-    let (left, right) = parts.split_at_mut(mid);
+    let (left, right) = parts.split_at_mut(pairwise_split(0, parts.len()));
     pairwise_sum_in_place(left);
     pairwise_sum_in_place(right);
     for (a, b) in left[0].iter_mut().zip(&right[0]) {

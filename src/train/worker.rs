@@ -83,8 +83,8 @@ pub fn reduces_hierarchically(cfg: &TrainConfig) -> bool {
 /// moves in one latency (`bandwidth x latency`, see [`min_bucket_bytes`]): buckets are reduced
 /// one after another on the communication thread, so a bucket smaller than that spends most of
 /// its time waiting on latency, and merging it with the next one costs less overlap than the
-/// latency it saves. Measured (lenet5, 2 workers, 10 Gbit/s, 2 ms): one bucket per block,
-/// auto 13.6 ms a step; buckets merged, 6.8 ms. On slow or short links the cap is below our
+/// latency it saves. Measured (lenet5, 2 workers x 1 thread, 10 Gbit/s, 2 ms): one bucket per
+/// block, auto 11.5 ms a step; with this cap (one bucket) 4.7 ms; tree mode 6.7 ms. On slow or short links the cap is below our
 /// smallest blocks (100 Mbit/s, 50 us: 625 bytes), which keeps one block per bucket.
 pub fn bucket_caps(cfg: &TrainConfig) -> (usize, usize) {
     if cfg.bucket_caps_from_link && cfg.comm == CommChoice::Auto && cfg.world() > 1 {
