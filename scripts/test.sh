@@ -1,26 +1,48 @@
 #!/usr/bin/env bash
-# Runs the whole test suite from a fresh clone. Installs what the tests need first:
-# the Debian package with Fashion-MNIST (the reader is tested on the real files).
+# The whole test suite, from a fresh clone: the README's test command and what CI runs.
+#
+# What the tests need from the machine, and nothing else:
+# - the Rust toolchain with rustfmt and clippy (the machine's rustup toolchain);
+# - the Debian packages in PACKAGES below. As root they are installed every time (apt-get
+#   install of what is already there is a no-op); as another user each is checked with
+#   `dpkg -s` and the one command that installs the missing ones is printed.
+# Presence is never inferred from files: a glob once matched the image's libclang-cpp14 and
+# libclang-dev was never installed (issue 12). scripts/fresh-check.sh removes these packages
+# and runs this script from a clean clone, to reproduce a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
-# The MPI build (`--features mpi`): OpenMPI, its launcher, and libclang for the bindings.
-command -v mpirun >/dev/null || need+=(openmpi-bin)
-[ -f /usr/include/x86_64-linux-gnu/mpi.h ] || [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
-  || need+=(libopenmpi-dev)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || need+=(libclang-dev)
-if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "installing ${need[*]}"
-    (apt-get update -qq || true) >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-  else
-    echo "missing packages: ${need[*]}; install them with: sudo apt-get install ${need[*]}" >&2
-    exit 1
+# shellcheck source=scripts/packages.sh
+. scripts/packages.sh
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+done
+if [ "$(id -u)" = 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt-get install -y -qq "${PACKAGES[@]}" >/tmp/dptrain-apt.log 2>&1; then
+    # A fresh machine may have no (or stale) package lists: refresh them once and retry.
+    echo "apt-get install failed; refreshing package lists and retrying" >&2
+    apt-get update -qq >>/tmp/dptrain-apt.log 2>&1 || true
+    apt-get install -y -qq "${PACKAGES[@]}" >>/tmp/dptrain-apt.log 2>&1 || {
+      tail -n 20 /tmp/dptrain-apt.log >&2
+      echo "error: could not install ${PACKAGES[*]} (log: /tmp/dptrain-apt.log)" >&2
+      exit 1
+    }
   fi
+  [ ${#missing[@]} -eq 0 ] || echo "installed ${missing[*]}"
+elif [ ${#missing[@]} -gt 0 ]; then
+  echo "error: missing Debian packages: ${missing[*]}" >&2
+  echo "install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
 fi
+for tool in rustfmt clippy-driver; do
+  command -v "$tool" >/dev/null || {
+    echo "error: $tool not found: the tests need the rustfmt and clippy components (rustup component add rustfmt clippy)" >&2
+    exit 1
+  }
+done
 
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
