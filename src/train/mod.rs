@@ -109,6 +109,11 @@ pub struct Summary {
     pub skipped_samples: usize,
     /// The first few skipped samples and why, each naming its file.
     pub skipped_examples: Vec<String>,
+    /// Over several processes, each rank's step breakdown and link figures (in rank order);
+    /// empty in a single-process run.
+    pub ranks: Vec<processes::RankBreakdown>,
+    /// The ranks whose compute or link is much slower than the others', and why.
+    pub slow_ranks: Vec<processes::SlowRank>,
 }
 
 /// Loads the configured dataset (with optional size limits).
@@ -386,6 +391,8 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         peak_rss_mb: 0.0,
         skipped_samples: 0,
         skipped_examples: Vec::new(),
+        ranks: Vec::new(),
+        slow_ranks: Vec::new(),
     };
     let mut epoch_breakdown = Breakdown::default();
     let mut train_seconds = 0.0;
@@ -573,6 +580,16 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         .any(|&h| h != summary.replica_hashes[0])
     {
         return Err(format!("replicas diverged: final weight hashes differ across workers {:x?}; this is a bug, please report it", summary.replica_hashes));
+    }
+    if cfg.processes > 1 {
+        // In a multi-process run this process's breakdown covers its own workers only.
+        (summary.ranks, summary.slow_ranks) = group.rank_report(&summary.breakdown)?;
+        if !cfg.quiet && !json_log {
+            println!(
+                "{}",
+                processes::describe_ranks(&summary.ranks, &summary.slow_ranks)
+            );
+        }
     }
     summary.images_per_s = (total_steps * cfg.batch) as f64 / train_seconds.max(1e-9);
     summary.wall_seconds = wall.elapsed().as_secs_f64();

@@ -9,10 +9,17 @@
 //! global batch, communication mode, bucket plan, ...) as `key = value` lines and exchanges a
 //! hash of them; if the hashes differ, ranks exchange the lines themselves so that every rank
 //! stops with an error that names the keys that differ and each rank's value.
+//!
+//! The per-rank report: at the end of a multi-process run every rank sends rank 0 where its
+//! steps' time went ([`RankBreakdown`]: its own compute, waiting for the other ranks, waiting
+//! for data) and how fast the gradient traffic from each other rank arrived; [`diagnose`] names
+//! a rank that computes much slower than the others, or whose link is much slower.
 
 use crate::comm::Transport;
 use crate::config::{TrainConfig, TransportKind};
 use crate::pipeline::Source;
+use crate::train::metrics::Breakdown;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Tags of the run's control messages (their own communicator, so any values would do).
@@ -20,6 +27,7 @@ const TAG_HANDSHAKE_HASH: u64 = 1;
 const TAG_HANDSHAKE_LINES: u64 = 2;
 const TAG_REPLICAS: u64 = 3;
 const TAG_END: u64 = 4;
+const TAG_RANKS: u64 = 5;
 
 /// This process's place in the run.
 pub struct ProcessGroup {
@@ -201,6 +209,49 @@ impl ProcessGroup {
         ))
     }
 
+    /// The per-rank report (see the module docs): this process's `breakdown` (the mean over its
+    /// workers' steps) and link timings, gathered from every process, with what [`diagnose`]
+    /// finds in them. Collective; in a single-process run, this process alone and no verdict.
+    pub fn rank_report(
+        &self,
+        breakdown: &Breakdown,
+    ) -> Result<(Vec<RankBreakdown>, Vec<SlowRank>), String> {
+        let m = &breakdown.mean;
+        let mine = RankBreakdown {
+            rank: self.rank,
+            host: host_name(),
+            steps: breakdown.steps,
+            step_ms: m.step_ms,
+            compute_ms: m.forward_ms + m.backward_ms + m.update_ms,
+            comm_wait_ms: m.exposed_comm_ms,
+            data_wait_ms: m.data_ms,
+            received: self
+                .received_links()
+                .into_iter()
+                .map(|(bytes, seconds)| LinkTiming { bytes, seconds })
+                .collect(),
+            link_mb_per_s: None,
+        };
+        let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
+        let mut ranks = self
+            .all_gather(&bytes, TAG_RANKS)?
+            .iter()
+            .map(|b| serde_json::from_slice::<RankBreakdown>(b))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("a rank sent an unreadable per-rank report: {e}"))?;
+        let slow = diagnose(&mut ranks);
+        Ok((ranks, slow))
+    }
+
+    /// Bytes and seconds of the timed gradient receives from each process (empty without MPI).
+    fn received_links(&self) -> Vec<(u64, f64)> {
+        #[cfg(feature = "mpi")]
+        if let Some(rt) = &self.mpi {
+            return rt.received_links();
+        }
+        Vec::new()
+    }
+
     /// Every process's final weight hashes (its workers'), concatenated in rank order.
     pub fn gather_hashes(&self, mine: &[u64]) -> Result<Vec<u64>, String> {
         let bytes: Vec<u8> = mine.iter().flat_map(|h| h.to_le_bytes()).collect();
@@ -211,6 +262,165 @@ impl ProcessGroup {
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect())
     }
+}
+
+/// One rank's part of the per-rank report of a multi-process run (`ranks` in `summary.json`).
+/// Times are means per step over the rank's workers, the first steps excluded as in the run's
+/// breakdown.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankBreakdown {
+    /// MPI rank.
+    pub rank: usize,
+    /// The host it ran on (its hostname).
+    pub host: String,
+    /// Worker steps averaged.
+    pub steps: usize,
+    /// Whole step.
+    pub step_ms: f64,
+    /// Forward, backward and update: the rank's own work.
+    pub compute_ms: f64,
+    /// Exposed communication: the step waiting for the other ranks' gradients.
+    pub comm_wait_ms: f64,
+    /// Waiting for the input pipeline.
+    pub data_wait_ms: f64,
+    /// Per source rank (element `q` for rank `q`), the timed gradient transfers received from
+    /// it: large messages from their match to their completion (see
+    /// [`crate::comm::mpi_transport`]).
+    pub received: Vec<LinkTiming>,
+    /// The fastest timed path into or out of this rank, in MB/s (filled in by [`diagnose`];
+    /// `None` when no transfer to or from it was timed). A path is as fast as the slower of
+    /// its two ends' links, so this is the rank's own link speed as soon as any peer's link is
+    /// at least as fast, and never more than it.
+    pub link_mb_per_s: Option<f64>,
+}
+
+/// Timed transfers on one path between two ranks.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct LinkTiming {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Seconds they took.
+    pub seconds: f64,
+}
+
+/// A rank the per-rank report singles out, and why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SlowRank {
+    /// MPI rank.
+    pub rank: usize,
+    /// Its host.
+    pub host: String,
+    /// What is slow about it, with the figures.
+    pub reason: String,
+}
+
+/// A rank's link or compute stands out when it is this many times slower than the median of
+/// the others': far outside the run-to-run noise of a shared machine, well inside the 10x of a
+/// mis-configured or failing NIC.
+const SLOW_FACTOR: f64 = 2.0;
+
+/// Fills in every rank's `link_mb_per_s` and names the ranks that are slow: a link whose fastest
+/// path is [`SLOW_FACTOR`] below the others' median (with two ranks every path touches both, so
+/// no link can be blamed), or compute [`SLOW_FACTOR`] above the others' median. The ranks that
+/// merely wait for a slow one are not named: their compute is normal and their fastest path,
+/// to a rank other than the slow one, is fast.
+pub fn diagnose(ranks: &mut [RankBreakdown]) -> Vec<SlowRank> {
+    let rate = |to: &RankBreakdown, from: usize| {
+        to.received
+            .get(from)
+            .filter(|t| t.bytes > 0 && t.seconds > 0.0)
+            .map(|t| t.bytes as f64 / t.seconds / 1e6)
+    };
+    let links: Vec<Option<f64>> = (0..ranks.len())
+        .map(|r| {
+            (0..ranks.len())
+                .filter(|&q| q != r)
+                .flat_map(|q| [rate(&ranks[r], q), rate(&ranks[q], r)])
+                .flatten()
+                .reduce(f64::max)
+        })
+        .collect();
+    let mut slow = Vec::new();
+    for r in 0..ranks.len() {
+        ranks[r].link_mb_per_s = links[r];
+        let others = |f: &dyn Fn(usize) -> Option<f64>| {
+            median((0..ranks.len()).filter(|&q| q != r).filter_map(f).collect())
+        };
+        let mut reasons = Vec::new();
+        if let (Some(mine), Some(theirs)) = (links[r], others(&|q| links[q])) {
+            if mine * SLOW_FACTOR < theirs {
+                reasons.push(format!(
+                    "its link is slow: its fastest path moves {mine:.1} MB/s, the other ranks' \
+                     {theirs:.1} MB/s (median)"
+                ));
+            }
+        }
+        let compute = ranks[r].compute_ms;
+        if let Some(theirs) = others(&|q| Some(ranks[q].compute_ms).filter(|_| ranks[q].steps > 0))
+        {
+            if ranks[r].steps > 0 && compute > SLOW_FACTOR * theirs {
+                reasons.push(format!(
+                    "it computes slowly: {compute:.2} ms a step, the other ranks {theirs:.2} ms \
+                     (median)"
+                ));
+            }
+        }
+        if !reasons.is_empty() {
+            slow.push(SlowRank {
+                rank: ranks[r].rank,
+                host: ranks[r].host.clone(),
+                reason: reasons.join("; "),
+            });
+        }
+    }
+    slow
+}
+
+/// The per-rank report as printed by rank 0: one line per rank, then the verdict.
+pub fn describe_ranks(ranks: &[RankBreakdown], slow: &[SlowRank]) -> String {
+    let mut out = String::from("per rank, mean per step:");
+    for r in ranks {
+        let link = r
+            .link_mb_per_s
+            .map_or("not timed".into(), |l| format!("{l:.1} MB/s"));
+        out.push_str(&format!(
+            "\n  rank {} ({}): step {:.2} ms = compute {:.2} + waiting for ranks {:.2} + \
+             waiting for data {:.2}; fastest link {link}",
+            r.rank, r.host, r.step_ms, r.compute_ms, r.comm_wait_ms, r.data_wait_ms
+        ));
+    }
+    if slow.is_empty() {
+        out.push_str("\n  no rank stands out");
+    }
+    for s in slow {
+        out.push_str(&format!(
+            "\n  slow: rank {} ({}): {}",
+            s.rank, s.host, s.reason
+        ));
+    }
+    out
+}
+
+/// The median of `v` (`None` when empty).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// This machine's host name (per UTS namespace, so each host of `scripts/cluster.sh` has its
+/// own), or "?" where the kernel does not say.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// What every process of a run must agree on, as `key = value` lines for the handshake.
@@ -281,4 +491,85 @@ fn hash_bytes(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
         (h ^ *x as u64).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rank that computed `compute_ms` a step and received `bytes` in `ms` from each rank.
+    fn rank(r: usize, compute_ms: f64, from: &[(u64, f64)]) -> RankBreakdown {
+        RankBreakdown {
+            rank: r,
+            host: format!("h{}", r + 1),
+            steps: 10,
+            step_ms: compute_ms + 1.0,
+            compute_ms,
+            comm_wait_ms: 1.0,
+            data_wait_ms: 0.0,
+            received: from
+                .iter()
+                .map(|&(bytes, ms)| LinkTiming {
+                    bytes,
+                    seconds: ms / 1e3,
+                })
+                .collect(),
+            link_mb_per_s: None,
+        }
+    }
+
+    #[test]
+    fn a_slow_link_is_blamed_on_its_rank_not_on_those_waiting_for_it() {
+        // Three ranks; every path touching rank 1 moves 1 MB in 100 ms, the others in 10 ms.
+        let mb = 1_000_000;
+        let mut ranks = vec![
+            rank(0, 5.0, &[(0, 0.0), (mb, 100.0), (mb, 10.0)]),
+            rank(1, 5.0, &[(mb, 100.0), (0, 0.0), (mb, 100.0)]),
+            rank(2, 5.0, &[(mb, 10.0), (mb, 100.0), (0, 0.0)]),
+        ];
+        let slow = diagnose(&mut ranks);
+        assert_eq!(slow.len(), 1, "{slow:?}");
+        assert_eq!((slow[0].rank, slow[0].host.as_str()), (1, "h2"));
+        assert!(
+            slow[0].reason.contains("link is slow"),
+            "{}",
+            slow[0].reason
+        );
+        let links: Vec<f64> = ranks.iter().map(|r| r.link_mb_per_s.unwrap()).collect();
+        assert_eq!(links, [100.0, 10.0, 100.0]);
+        let text = describe_ranks(&ranks, &slow);
+        assert!(text.contains("slow: rank 1 (h2)"), "{text}");
+    }
+
+    #[test]
+    fn two_ranks_or_even_links_blame_no_link_but_slow_compute_is_named() {
+        let mb = 1_000_000;
+        // Two ranks: the one path touches both ends, so neither can be blamed.
+        let mut two = vec![
+            rank(0, 5.0, &[(0, 0.0), (mb, 100.0)]),
+            rank(1, 5.0, &[(mb, 100.0), (0, 0.0)]),
+        ];
+        assert!(diagnose(&mut two).is_empty());
+        assert_eq!(two[0].link_mb_per_s, Some(10.0));
+        // Even links, rank 2 computing 4x longer.
+        let even = [(mb, 10.0), (mb, 10.0), (mb, 10.0)];
+        let mut three = vec![
+            rank(0, 5.0, &even),
+            rank(1, 6.0, &even),
+            rank(2, 22.0, &even),
+        ];
+        let slow = diagnose(&mut three);
+        assert_eq!(slow.len(), 1, "{slow:?}");
+        assert_eq!(slow[0].rank, 2);
+        assert!(
+            slow[0].reason.contains("computes slowly"),
+            "{}",
+            slow[0].reason
+        );
+        // Nothing timed: no link figures, no verdict.
+        let mut none = vec![rank(0, 5.0, &[]), rank(1, 5.0, &[]), rank(2, 5.0, &[])];
+        assert!(diagnose(&mut none).is_empty());
+        assert!(none.iter().all(|r| r.link_mb_per_s.is_none()));
+        assert!(describe_ranks(&none, &[]).contains("not timed"));
+    }
 }
