@@ -4,12 +4,13 @@
 //! so every test checks the output it expects, not only exit codes.
 #![cfg(feature = "mpi")]
 
-use dptrain::train::checkpoint::Checkpoint;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
+use common::{
+    max_weight_diff, replica_hashes, run_threads, small, text, trained, weights, when_training, BIN,
+};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// `mpirun` with what CI needs: root allowed, more ranks than cores allowed.
 fn mpirun() -> Command {
@@ -22,34 +23,7 @@ fn mpirun() -> Command {
     c
 }
 
-/// A small, fast run on the bundled MNIST; `extra` flags replace the defaults they name.
-fn small(dir: &Path, extra: &[&str]) -> Vec<String> {
-    let defaults = [
-        ("--epochs", "2"),
-        ("--train-limit", "1536"),
-        ("--test-limit", "200"),
-        ("--threads", "1"),
-        ("--comm-timeout", "30"),
-    ];
-    let mut a = vec!["train".to_string(), "--quiet".into(), "--run-dir".into()];
-    a.push(dir.display().to_string());
-    for (flag, value) in defaults {
-        if !extra.contains(&flag) {
-            a.extend([flag.to_string(), value.to_string()]);
-        }
-    }
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
+/// Trains `args` on `ranks` MPI ranks of this host; returns mpirun's output.
 fn run_mpi(ranks: usize, args: &[String]) -> String {
     let o = mpirun()
         .args(["-np", &ranks.to_string(), BIN])
@@ -57,41 +31,7 @@ fn run_mpi(ranks: usize, args: &[String]) -> String {
         .args(["--transport", "mpi"])
         .output()
         .expect("mpirun runs (install openmpi-bin)");
-    let t = text(&o);
-    assert!(
-        o.status.success() && t.contains("done:"),
-        "mpirun failed:\n{t}"
-    );
-    t
-}
-
-/// Parameters, momentum and buffers of the last checkpoint in `dir`, in name order.
-fn weights(dir: &Path) -> Vec<(String, Vec<u32>)> {
-    let ck = Checkpoint::load(&dir.join("checkpoint-epoch0002.safetensors")).unwrap();
-    let mut names: Vec<_> = ck.tensors.keys().cloned().collect();
-    names.sort();
-    names
-        .into_iter()
-        .map(|n| {
-            let t = ck.tensors[&n]
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            (n, t.iter().map(|x| x.to_bits()).collect())
-        })
-        .collect()
-}
-
-fn replica_hashes(dir: &Path) -> Vec<u64> {
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
-    s["replica_hashes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h.as_u64().unwrap())
-        .collect()
+    trained(&o)
 }
 
 #[test]
@@ -99,14 +39,8 @@ fn two_ranks_match_two_worker_threads_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     for comm in ["ring", "tree", "hd", "redundant"] {
         let (mpi_dir, thr_dir) = (tmp.path().join(comm), tmp.path().join(format!("{comm}-t")));
-        let out = run_mpi(2, &small(&mpi_dir, &["--comm", comm]));
-        // Only rank 0 prints its result.
-        assert_eq!(out.matches("done:").count(), 1, "{out}");
-        let o = Command::new(BIN)
-            .args(small(&thr_dir, &["--comm", comm, "--workers", "2"]))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", text(&o));
+        run_mpi(2, &small(&mpi_dir, &["--comm", comm]));
+        run_threads(&small(&thr_dir, &["--comm", comm, "--workers", "2"]));
         let (a, b) = (weights(&mpi_dir), weights(&thr_dir));
         assert!(!a.is_empty());
         assert!(
@@ -119,39 +53,13 @@ fn two_ranks_match_two_worker_threads_bit_for_bit() {
     }
 }
 
-/// Trains `comm` on 2 MPI ranks x 2 worker threads (`hierarchical` on or off) and on 4 worker
-/// threads in one process; returns both run directories.
+/// [`common::two_by_two_and_four_threads`] with 2 ranks on this host.
 fn two_by_two_and_four_threads(
-    tmp: &Path,
+    tmp: &std::path::Path,
     comm: &str,
     hierarchical: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
-    let (mpi_dir, thr_dir) = (
-        tmp.join(format!("{comm}-{hierarchical}")),
-        tmp.join(format!("{comm}-{hierarchical}-t")),
-    );
-    let mut args = small(&mpi_dir, &["--comm", comm, "--workers", "2"]);
-    args.extend(["--hierarchical".into(), hierarchical.into()]);
-    let out = run_mpi(2, &args);
-    assert_eq!(out.matches("done:").count(), 1, "{out}");
-    // MPI_Allreduce has no in-process counterpart: its threads run redundant mode.
-    let thr_comm = if comm == "mpi-native" {
-        "redundant"
-    } else {
-        comm
-    };
-    let o = Command::new(BIN)
-        .args(small(&thr_dir, &["--comm", thr_comm, "--workers", "4"]))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let h = replica_hashes(&mpi_dir);
-    assert_eq!(h.len(), 4, "{comm}: one hash per worker of the run");
-    assert!(
-        h.iter().all(|&x| x == h[0]),
-        "{comm}: replicas differ {h:x?}"
-    );
-    (mpi_dir, thr_dir)
+    common::two_by_two_and_four_threads(tmp, comm, hierarchical, &run_mpi)
 }
 
 #[test]
@@ -172,16 +80,7 @@ fn two_ranks_of_two_workers_hierarchical_stay_in_sync_and_close_to_four_threads(
     let tmp = tempfile::tempdir().unwrap();
     for comm in ["redundant", "ring", "auto", "mpi-native"] {
         let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "on");
-        let (a, b) = (weights(&mpi_dir), weights(&thr_dir));
-        assert_eq!(a.len(), b.len());
-        let mut worst = 0f32;
-        for ((name, x), (_, y)) in a.iter().zip(&b) {
-            for (u, v) in x.iter().zip(y) {
-                let d = (f32::from_bits(*u) - f32::from_bits(*v)).abs();
-                assert!(d.is_finite(), "{comm}: {name} is not finite");
-                worst = worst.max(d);
-            }
-        }
+        let worst = max_weight_diff(&weights(&mpi_dir), &weights(&thr_dir));
         assert!(
             worst <= 1e-5,
             "{comm}: hierarchical weights differ from 4 threads' by up to {worst}"
@@ -251,22 +150,6 @@ fn a_config_mismatch_stops_every_rank_with_what_differs() {
     assert!(!t.contains("done:"), "{t}");
 }
 
-/// Pid of MPI rank `rank` of the run whose environment carries `mark`.
-fn rank_pid(mark: &str, rank: usize) -> Option<u32> {
-    let want = [
-        format!("DPTRAIN_TEST_MARK={mark}"),
-        format!("OMPI_COMM_WORLD_RANK={rank}"),
-    ];
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let env = std::fs::read(e.path().join("environ")).ok()?;
-        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
-        want.iter()
-            .all(|w| vars.contains(&w.as_bytes()))
-            .then_some(pid)
-    })
-}
-
 /// Starts a long 2-rank run, sends `signal` to rank 1 once training is under way, and returns
 /// the output and how long after the signal mpirun was done.
 fn lose_rank_1(signal: &str, extra_mpirun: &[&str], extra: &[&str]) -> (String, Duration) {
@@ -294,21 +177,7 @@ fn lose_rank_1(signal: &str, extra_mpirun: &[&str], extra: &[&str]) -> (String, 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let metrics = tmp.path().join("metrics.jsonl");
-    let started = Instant::now();
-    let pid = loop {
-        let going = std::fs::metadata(&metrics).is_ok_and(|m| m.len() > 0);
-        match rank_pid(&mark, 1) {
-            Some(pid) if going => break pid,
-            _ if started.elapsed() > Duration::from_secs(60) => {
-                panic!(
-                    "the run did not start: {}",
-                    text(&child.wait_with_output().unwrap())
-                )
-            }
-            _ => std::thread::sleep(Duration::from_millis(100)),
-        }
-    };
+    let (child, pid) = when_training(child, &tmp.path().join("metrics.jsonl"), &mark, 1);
     let sent = Instant::now();
     let ok = Command::new("kill")
         .args([format!("-{signal}"), pid.to_string()])
