@@ -3,17 +3,19 @@
 #
 # What the tests need from the machine, and nothing else:
 # - the Rust toolchain with rustfmt and clippy (the machine's rustup toolchain);
-# - the Debian packages in PACKAGES below. As root they are installed every time (apt-get
-#   install of what is already there is a no-op); as another user each is checked with
-#   `dpkg -s` and the one command that installs the missing ones is printed.
+# - the Debian packages in PACKAGES and BASE_PACKAGES (scripts/packages.sh). As root they are
+#   installed every time (apt-get install of what is already there is a no-op); as another
+#   user each is checked with `dpkg -s` and the one command that installs the missing ones is
+#   printed.
 # Presence is never inferred from files: a glob once matched the image's libclang-cpp14 and
-# libclang-dev was never installed (issue 12). scripts/fresh-check.sh removes these packages
+# libclang-dev was never installed (issue 12). scripts/fresh-check.sh removes the PACKAGES
 # and runs this script from a clean clone, to reproduce a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # shellcheck source=scripts/packages.sh
 . scripts/packages.sh
+PACKAGES+=("${BASE_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -51,3 +53,6 @@ cargo test --release
 # one at a time (they time ranks out on purpose and share 2 cores).
 cargo clippy --release --all-targets --features mpi -- -D warnings
 cargo test --release --features mpi --test mpi -- --test-threads=1
+# Across hosts: each test brings up its own cluster of network namespaces (scripts/cluster.sh,
+# needs root: they fail and say why without it), trains over TCP only, and takes it down.
+cargo test --release --features mpi --test cluster -- --test-threads=1

@@ -1,0 +1,429 @@
+//! Multi-host training over TCP: each test brings up its own cluster of network namespaces
+//! with `scripts/cluster.sh` (unique names, so tests never share one), runs `mpirun` across its
+//! hosts (TCP only, no shared memory), and takes the cluster down again when it ends, also when
+//! it fails (a guard's `Drop`).
+//!
+//! They need root (namespaces, veth pairs, tc). Where they cannot run they fail and say why;
+//! outside CI, `DPTRAIN_SKIP_CLUSTER_TESTS=1` turns that into a loud skip instead. CI runs as
+//! root, and there the skip is refused.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use common::{
+    max_weight_diff, rank_pid, replica_hashes, run_threads, small, summary, text, trained,
+    two_by_two_and_four_threads, weights, when_training, BIN,
+};
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
+
+/// Why the cluster tests cannot run on this machine, if they cannot.
+fn cannot_run() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("they need root (network namespaces, veth pairs, tc)".into());
+    }
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("ping", "iputils-ping"),
+        ("mpirun", "openmpi-bin"),
+    ] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!("{tool} is missing (Debian package {package})"));
+        }
+    }
+    None
+}
+
+/// A cluster brought up for one test; dropping it takes it down (`scripts/cluster.sh down`),
+/// whether the test passed or panicked.
+struct Cluster {
+    name: String,
+}
+
+impl Cluster {
+    /// `scripts/cluster.sh up HOSTS` with `extra` options, named after `tag` and this test
+    /// process. `None` (after saying so on stderr) only when the tests cannot run here and
+    /// `DPTRAIN_SKIP_CLUSTER_TESTS` is set outside CI; otherwise a cluster, or a panic.
+    fn up(tag: &str, hosts: usize, extra: &[&str]) -> Option<Self> {
+        if let Some(why) = cannot_run() {
+            let skip = std::env::var_os("DPTRAIN_SKIP_CLUSTER_TESTS").is_some();
+            if skip && std::env::var_os("CI").is_none() {
+                eprintln!(
+                    "SKIPPED cluster test ({tag}): {why} (DPTRAIN_SKIP_CLUSTER_TESTS is set)"
+                );
+                return None;
+            }
+            panic!(
+                "the cluster tests cannot run: {why}. Run them as root (CI does); outside CI, \
+                 DPTRAIN_SKIP_CLUSTER_TESTS=1 skips them"
+            );
+        }
+        let name = format!("dpt{tag}{}", std::process::id());
+        let o = Command::new(SCRIPT)
+            .args(["up", &hosts.to_string(), "--name", &name])
+            .args(extra)
+            .output()
+            .expect("scripts/cluster.sh runs");
+        // A failed `up` has already removed what it made.
+        assert!(
+            o.status.success(),
+            "scripts/cluster.sh up failed:\n{}",
+            text(&o)
+        );
+        eprintln!("{}", text(&o));
+        Some(Self { name })
+    }
+
+    /// `mpirun` across the hosts (`scripts/cluster.sh mpirun`): TCP only, one rank per host.
+    fn mpirun(&self) -> Command {
+        let mut c = Command::new(SCRIPT);
+        c.args(["mpirun", "--name", &self.name]);
+        c
+    }
+
+    /// Trains `args` on `ranks` hosts; returns mpirun's output.
+    fn train(&self, ranks: usize, args: &[String]) -> String {
+        let o = self
+            .mpirun()
+            .args(["-np", &ranks.to_string(), BIN])
+            .args(args)
+            .args(["--transport", "mpi"])
+            .output()
+            .unwrap();
+        trained(&o)
+    }
+
+    /// Bytes each host has sent on its link so far.
+    fn sent_bytes(&self) -> Vec<u64> {
+        let o = Command::new(SCRIPT)
+            .args(["stats", "--name", &self.name])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+            .collect()
+    }
+
+    /// The namespace (and hostname) of host `i` (from 1).
+    fn host(&self, i: usize) -> String {
+        format!("{}-h{i}", self.name)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let o = Command::new(SCRIPT)
+            .args(["down", "--name", &self.name])
+            .output();
+        let ok = o.as_ref().is_ok_and(|o| o.status.success());
+        let left = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let gone = !left
+            .lines()
+            .any(|l| l.starts_with(&format!("{}-", self.name)));
+        let what = o.as_ref().map_or_else(|e| e.to_string(), text);
+        if !(ok && gone) {
+            // A second panic while unwinding would abort and hide the first one.
+            if std::thread::panicking() {
+                eprintln!("cluster {} was not taken down: {what}", self.name);
+            } else {
+                panic!("cluster {} was not taken down: {what}\n{left}", self.name);
+            }
+        }
+    }
+}
+
+/// Parameter values in the checkpoint of `dir` (its gradient is as long).
+fn parameter_count(dir: &Path) -> u64 {
+    weights(dir)
+        .iter()
+        .filter(|(name, _)| name.starts_with("param."))
+        .map(|(_, v)| v.len() as u64)
+        .sum()
+}
+
+/// The hosts the ranks of the run in `dir` ran on, in rank order (its per-rank report).
+fn rank_hosts(dir: &Path) -> Vec<String> {
+    summary(dir)["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["host"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn two_hosts_of_one_worker_train_like_two_threads_bit_for_bit() {
+    let Some(cluster) = Cluster::up("one", 2, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for comm in ["ring", "tree", "redundant"] {
+        let (mpi_dir, thr_dir) = (tmp.path().join(comm), tmp.path().join(format!("{comm}-t")));
+        let before = cluster.sent_bytes();
+        cluster.train(2, &small(&mpi_dir, &["--comm", comm]));
+        let after = cluster.sent_bytes();
+        run_threads(&small(&thr_dir, &["--comm", comm, "--workers", "2"]));
+        assert!(
+            weights(&mpi_dir) == weights(&thr_dir),
+            "{comm}: 2 hosts and 2 threads trained different weights"
+        );
+        let h = replica_hashes(&mpi_dir);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h, replica_hashes(&thr_dir), "{comm}");
+        assert_eq!(
+            rank_hosts(&mpi_dir),
+            [cluster.host(1), cluster.host(2)],
+            "{comm}: one rank per host"
+        );
+        // The gradients went over the hosts' links: with two ranks, every mode has each rank
+        // send a whole gradient's worth (or the weights, in tree mode) every step. 2 epochs
+        // of 1536 samples in batches of 64.
+        let steps = 2 * 1536 / 64;
+        let least = steps * 4 * parameter_count(&mpi_dir);
+        for (host, (a, b)) in before.iter().zip(&after).enumerate() {
+            assert!(
+                b - a >= least,
+                "{comm}: host {} sent {} bytes, less than the {least} bytes of the \
+                 gradients: the ranks did not talk over the cluster's links",
+                host + 1,
+                b - a
+            );
+        }
+    }
+}
+
+#[test]
+fn two_hosts_of_two_workers_stay_in_sync_flat_and_hierarchical() {
+    let Some(cluster) = Cluster::up("two", 2, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let launch = |ranks: usize, args: &[String]| cluster.train(ranks, args);
+    // Flat: bit for bit the same as 4 worker threads in one process.
+    for comm in ["ring", "tree"] {
+        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "off", &launch);
+        assert!(
+            weights(&mpi_dir) == weights(&thr_dir),
+            "{comm}: 2 hosts x 2 workers and 4 threads trained different weights"
+        );
+        assert_eq!(replica_hashes(&mpi_dir), replica_hashes(&thr_dir), "{comm}");
+    }
+    // Hierarchical: every replica identical (checked by the helper), and equal to 4 threads up
+    // to float rounding (the additions are grouped by host).
+    for comm in ["ring", "redundant"] {
+        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "on", &launch);
+        let worst = max_weight_diff(&weights(&mpi_dir), &weights(&thr_dir));
+        assert!(
+            worst <= 1e-5,
+            "{comm}: hierarchical weights differ from 4 threads' by up to {worst}"
+        );
+    }
+}
+
+/// Trains briefly with `--comm redundant` and `--comm ring` on a 3-host cluster brought up with
+/// `extra`; returns each run's `summary.json`.
+fn three_host_runs(tag: &str, extra: &[&str]) -> Option<Vec<serde_json::Value>> {
+    let cluster = Cluster::up(tag, 3, extra)?;
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = ["redundant", "ring"].map(|comm| {
+        let dir = tmp.path().join(comm);
+        let args = small(&dir, &["--comm", comm, "--batch", "48", "--epochs", "1"]);
+        cluster.train(3, &args);
+        assert_eq!(
+            rank_hosts(&dir),
+            [cluster.host(1), cluster.host(2), cluster.host(3)]
+        );
+        summary(&dir)
+    });
+    Some(runs.into())
+}
+
+/// Each rank's measured link speed (MB/s) in a run's summary.
+fn links(s: &serde_json::Value) -> Vec<f64> {
+    s["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["link_mb_per_s"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no link timed: {s:#}"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_host_on_a_ten_times_slower_link_is_named_as_the_slow_rank() {
+    // The control first: three equal links, no rank singled out.
+    let Some(even) = three_host_runs("even", &["--bandwidth", "1gbit"]) else {
+        return;
+    };
+    for s in &even {
+        assert_eq!(s["slow_ranks"], serde_json::json!([]), "{s:#}");
+        assert_eq!(links(s).len(), 3);
+    }
+    // Host 2 (rank 1) on a link 10x slower than the others'.
+    let Some(slow) = three_host_runs(
+        "slow",
+        &["--bandwidth", "1gbit", "--host-bandwidth", "2=100mbit"],
+    ) else {
+        return;
+    };
+    for s in &slow {
+        let comm = &s["config"]["comm"];
+        let named = s["slow_ranks"].as_array().unwrap();
+        assert_eq!(named.len(), 1, "{comm}: exactly one slow rank: {s:#}");
+        assert_eq!(named[0]["rank"], 1, "{comm}: {s:#}");
+        assert!(named[0]["host"].as_str().unwrap().ends_with("-h2"), "{s:#}");
+        let reason = named[0]["reason"].as_str().unwrap();
+        assert!(reason.contains("link is slow"), "{comm}: {reason}");
+        let l = links(s);
+        assert!(
+            l[1] * 4.0 < l[0].min(l[2]),
+            "{comm}: rank 1's link should measure far below the others': {l:?}"
+        );
+        // 100 Mbit/s is 12.5 MB/s; the token bucket's burst lets a little more through.
+        assert!(l[1] < 12.5 * 1.5, "{comm}: {l:?}");
+    }
+}
+
+/// Whether process `pid` is still running (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn a_killed_host_ends_the_others_within_the_timeout() {
+    let Some(cluster) = Cluster::up("kill", 2, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mark = format!("kill-host-{}", std::process::id());
+    let args = small(
+        tmp.path(),
+        &[
+            "--epochs",
+            "50",
+            "--train-limit",
+            "60000",
+            "--comm-timeout",
+            "3",
+        ],
+    );
+    let mut child = cluster
+        .mpirun()
+        .args(["-x", "DPTRAIN_TEST_MARK", "-np", "2", BIN])
+        .args(&args)
+        .args(["--transport", "mpi", "--log-every", "5", "--no-checkpoints"])
+        .env("DPTRAIN_TEST_MARK", &mark)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Collect the output as it comes: mpirun may outlive rank 0 (it cannot reach the dead
+    // host's daemon to end it), so the test cannot wait for it to exit.
+    let out = Arc::new(Mutex::new(String::new()));
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|mut r| {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = r.read(&mut buf) {
+                out.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    })
+    .collect();
+    let (mut child, _) = when_training(child, &tmp.path().join("metrics.jsonl"), &mark, 1);
+    let rank0 = rank_pid(&mark, 0).expect("rank 0 runs");
+    // Host 2 drops off the network and freezes, as if it lost power.
+    let o = Command::new(SCRIPT)
+        .args(["fail", "--name", &cluster.name, "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let killed = Instant::now();
+    while alive(rank0) && killed.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = killed.elapsed();
+    // Rank 0's last words travel through its host's daemon to mpirun.
+    let want = ["error: rank 0 of 2:", "waited 3.", "from rank 1"];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !want.iter().all(|w| out.lock().unwrap().contains(w)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    // The daemons hold the output pipes too: they close when the cluster goes.
+    drop(cluster);
+    for r in readers {
+        let _ = r.join();
+    }
+    let t = out.lock().unwrap().clone();
+    eprintln!("rank 0 ended {took:?} after host 2 failed:\n{t}");
+    assert!(
+        !alive(rank0),
+        "rank 0 still runs a minute after its peer's host died:\n{t}"
+    );
+    assert!(want.iter().all(|w| t.contains(w)), "{t}");
+    // --comm-timeout 3, then up to 2 s for the survivors to meet before they exit (6 s here),
+    // with room for a busy machine.
+    assert!(took < Duration::from_secs(15), "took {took:?}:\n{t}");
+}
+
+#[test]
+fn a_config_mismatch_across_hosts_stops_every_rank_with_what_differs() {
+    let Some(cluster) = Cluster::up("hand", 2, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let a = small(tmp.path(), &["--transport", "mpi", "--batch", "64"]);
+    let b = small(tmp.path(), &["--transport", "mpi", "--batch", "32"]);
+    // One rank per host (one slot each): rank 0 on host 1 with a, rank 1 on host 2 with b.
+    let o = cluster
+        .mpirun()
+        .args(["-np", "1", BIN])
+        .args(&a)
+        .arg(":")
+        .args(["-np", "1", BIN])
+        .args(&b)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    for rank in 0..2 {
+        let want = format!("error: rank {rank} of 2: the MPI ranks disagree");
+        assert!(t.contains(&want), "no '{want}' in:\n{t}");
+    }
+    assert!(t.contains("global batch (rank 0: 64, rank 1: 32)"), "{t}");
+    assert!(!t.contains("done:"), "{t}");
+    assert!(!o.status.success(), "{t}");
+}
