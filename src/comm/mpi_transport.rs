@@ -37,15 +37,8 @@
 //!   handshake's text; the ranks of a run share one architecture, so f32 byte order agrees.
 //! * The gradient traffic and the run's control messages have their own duplicated
 //!   communicators, so they can never match each other's receives.
-//! * **Receives time the links** ([`LinkStats`]): a large (rendezvous) message only moves
-//!   once its receiver has matched it, so the time from matching to completion is the
-//!   transfer itself, whatever the sender was late by; summed per source process it gives the
-//!   per-rank report a rate for every path between two processes (see
-//!   [`crate::train::processes::RankBreakdown`]). A message already complete when matched
-//!   (eager, small) says nothing about the link and is not counted.
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -73,8 +66,6 @@ pub struct MpiRuntime {
     size: usize,
     /// The largest tag the library accepts (`MPI_TAG_UB`).
     tag_ub: u32,
-    /// Transfer timings of the gradient traffic received, per source process.
-    links: Arc<LinkStats>,
 }
 
 impl MpiRuntime {
@@ -93,14 +84,13 @@ impl MpiRuntime {
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
         let tag_ub = tag_upper_bound(&world);
-        let control = Endpoint::new(&world, timeout, TagLayout::new(tag_ub, 1)?, None);
+        let control = Endpoint::new(&world, timeout, TagLayout::new(tag_ub, 1)?);
         Ok(Self {
             universe,
             rank,
             size,
             control,
             tag_ub,
-            links: Arc::new(LinkStats::new(size)),
         })
     }
 
@@ -120,12 +110,7 @@ impl MpiRuntime {
     /// library's tag range cannot address that many workers per process.
     pub fn ports(&self, workers: usize, timeout: Duration) -> Result<Vec<MpiPort>, String> {
         let layout = TagLayout::new(self.tag_ub, workers)?;
-        let ep = Arc::new(Endpoint::new(
-            &self.universe.world(),
-            timeout,
-            layout,
-            Some(self.links.clone()),
-        ));
+        let ep = Arc::new(Endpoint::new(&self.universe.world(), timeout, layout));
         Ok((0..workers)
             .map(|worker| MpiPort {
                 ep: ep.clone(),
@@ -133,12 +118,6 @@ impl MpiRuntime {
                 watchdog: Watchdog::new(ep.rank, ep.size),
             })
             .collect())
-    }
-
-    /// Per source process (element `p` for MPI rank `p`): the bytes and seconds of the timed
-    /// gradient transfers received from it so far (see [`LinkStats`]).
-    pub fn received_links(&self) -> Vec<(u64, f64)> {
-        self.links.snapshot()
     }
 
     /// Every rank's `mine`, in rank order (each rank sends its bytes to every other rank).
@@ -168,48 +147,36 @@ impl MpiRuntime {
             .collect()
     }
 
+    /// Sends `mine` to the next rank (`rank + 1`, wrapping) and receives the previous rank's
+    /// message of the same tag; returns how long after the call that message had arrived,
+    /// waiting at most `timeout`. Every rank calls it at once, so each link carries one message
+    /// up and one down: the per-rank report's probe of the path from the previous rank.
+    pub fn shift_exchange(
+        &self,
+        mine: &[u8],
+        tag: u64,
+        timeout: Duration,
+    ) -> Result<Duration, CommError> {
+        let started = Instant::now();
+        let (next, prev) = (
+            (self.rank + 1) % self.size,
+            (self.rank + self.size - 1) % self.size,
+        );
+        let mpi_tag = self.control.layout.tag(tag, 0, 0)?;
+        self.control.post_send(next, mpi_tag, mine);
+        let got = self
+            .control
+            .recv_owned(prev, tag, mpi_tag, started + timeout)?;
+        let took = started.elapsed();
+        self.control.give_back(got);
+        Ok(took)
+    }
+
     /// Exits without `MPI_Finalize`: after a peer died or stalled, finalising could wait for
     /// it forever. The process should exit right after; mpirun then reports it.
     pub fn abandon(self) {
         // The control endpoint is leaked too: dropping it would wait for sends to dead peers.
         std::mem::forget(self);
-    }
-}
-
-/// Bytes and nanoseconds of the timed receives from each process (see the module docs: only
-/// messages still arriving when matched are timed, from the match to their completion).
-/// Atomic counters, so the communication threads of a process add to them without a lock.
-pub struct LinkStats {
-    peers: Vec<[AtomicU64; 2]>,
-}
-
-impl LinkStats {
-    fn new(processes: usize) -> Self {
-        Self {
-            peers: (0..processes)
-                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
-                .collect(),
-        }
-    }
-
-    fn record(&self, from: usize, bytes: usize, took: Duration) {
-        if let Some([b, ns]) = self.peers.get(from) {
-            b.fetch_add(bytes as u64, Ordering::Relaxed);
-            ns.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// (bytes, seconds) per source process.
-    fn snapshot(&self) -> Vec<(u64, f64)> {
-        self.peers
-            .iter()
-            .map(|[b, ns]| {
-                (
-                    b.load(Ordering::Relaxed),
-                    ns.load(Ordering::Relaxed) as f64 * 1e-9,
-                )
-            })
-            .collect()
     }
 }
 
@@ -539,8 +506,6 @@ struct Endpoint {
     timeout: Duration,
     layout: TagLayout,
     progress: Option<JoinHandle<()>>,
-    /// Where receives record their transfer times (the gradient endpoint only).
-    links: Option<Arc<LinkStats>>,
 }
 
 /// [`MPI_CALLS`] and an endpoint's pending sends, locked in that order.
@@ -576,14 +541,8 @@ fn lock_for_mpi(s: &Shared) -> MpiGuard<'_> {
 }
 
 impl Endpoint {
-    /// Duplicates `parent` (collective) and starts the progress thread; receives record their
-    /// transfer times in `links`, if given.
-    fn new(
-        parent: &SimpleCommunicator,
-        timeout: Duration,
-        layout: TagLayout,
-        links: Option<Arc<LinkStats>>,
-    ) -> Self {
+    /// Duplicates `parent` (collective) and starts the progress thread.
+    fn new(parent: &SimpleCommunicator, timeout: Duration, layout: TagLayout) -> Self {
         let (comm, rank, size) = {
             let _mpi = mpi_calls();
             let comm = parent.duplicate();
@@ -611,7 +570,6 @@ impl Endpoint {
             timeout,
             layout,
             progress,
-            links,
         }
     }
 
@@ -676,7 +634,7 @@ impl Endpoint {
             waited: started.elapsed(),
         };
         let mut polls = 0u32;
-        let (mut request, buf, len) = loop {
+        let (mut request, buf) = loop {
             {
                 let mut p = self.lock();
                 p.reap();
@@ -685,14 +643,13 @@ impl Endpoint {
                     .process_at_rank(from as i32)
                     .immediate_matched_probe_with_tag(mpi_tag);
                 if let Some((msg, status)) = probe {
-                    let len = byte_count(&status);
-                    let ptr = Box::into_raw(p.buffer(len));
+                    let ptr = Box::into_raw(p.buffer(byte_count(&status)));
                     // SAFETY: `ptr` is a live allocation that nothing else uses until the
                     // request completes (then Box::from_raw takes it back) or is abandoned
                     // (then it is leaked), so MPI may write it for as long as it likes.
                     let buf: &'static mut [u8] = unsafe { &mut *ptr };
                     let request = msg.immediate_matched_receive_into(StaticScope, buf);
-                    break (request, ptr, len);
+                    break (request, ptr);
                 }
             }
             if Instant::now() >= deadline {
@@ -700,25 +657,15 @@ impl Endpoint {
             }
             backoff(&mut polls);
         };
-        let matched = Instant::now();
-        let mut first_test = true;
         loop {
             {
                 let _mpi = self.lock();
                 match request.test() {
-                    Ok(_) => {
-                        // Complete at the first test: it had all arrived before the match,
-                        // which times nothing about the link.
-                        if let (false, Some(links)) = (first_test, &self.links) {
-                            links.record(from, len, matched.elapsed());
-                        }
-                        // SAFETY: `buf` came from Box::into_raw above, and MPI is done with it.
-                        return Ok(unsafe { Box::from_raw(buf) });
-                    }
+                    // SAFETY: `buf` came from Box::into_raw above, and MPI is done with it.
+                    Ok(_) => return Ok(unsafe { Box::from_raw(buf) }),
                     Err(r) => request = r,
                 }
             }
-            first_test = false;
             if Instant::now() >= deadline {
                 // Dropping an incomplete request panics; it and its buffer are leaked.
                 std::mem::forget(request);

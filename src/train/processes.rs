@@ -12,8 +12,19 @@
 //!
 //! The per-rank report: at the end of a multi-process run every rank sends rank 0 where its
 //! steps' time went ([`RankBreakdown`]: its own compute, waiting for the other ranks, waiting
-//! for data) and how fast the gradient traffic from each other rank arrived; [`diagnose`] names
-//! a rank that computes much slower than the others, or whose link is much slower.
+//! for data) and how fast its link is; [`diagnose`] names a rank that computes much slower
+//! than the others, or whose link is much slower.
+//!
+//! Why the links are probed rather than read off the steps' waits: in a synchronous collective
+//! every rank waits for the slowest link alike (in a ring each waits on its left neighbour,
+//! which waits on its own), so waiting does not say whose link is slow; and timing the
+//! gradient messages themselves, as tried first, measured the ranks' scheduling on a busy
+//! machine as much as their links (lenet5's messages are a few hundred KB). So once training
+//! is over, with the cores idle, every rank sends [`PROBE_BYTES`] to the next rank at once
+//! (each link carries one message each way) and times the one from the previous rank, the best
+//! of [`PROBE_REPS`]; a rank's link is then the faster of the two paths through it (a path is
+//! as fast as the slower of its two ends, so that is the rank's own link as soon as one
+//! neighbour's is at least as fast). About 20 ms at 1 Gbit/s, 0.5 s at 100 Mbit/s.
 
 use crate::comm::Transport;
 use crate::config::{TrainConfig, TransportKind};
@@ -28,6 +39,15 @@ const TAG_HANDSHAKE_LINES: u64 = 2;
 const TAG_REPLICAS: u64 = 3;
 const TAG_END: u64 = 4;
 const TAG_RANKS: u64 = 5;
+const TAG_PROBE_START: u64 = 6;
+const TAG_PROBE: u64 = 7;
+
+/// Bytes of one link probe: large enough that the TCP start and the shaper's burst are small
+/// beside it, small enough to take milliseconds on a fast link.
+pub const PROBE_BYTES: usize = 2 << 20;
+/// Timed probes per run (after one untimed, which opens the connections); the best counts, so
+/// a probe slowed by a busy core does not make a link look slow.
+pub const PROBE_REPS: usize = 3;
 
 /// This process's place in the run.
 pub struct ProcessGroup {
@@ -210,8 +230,8 @@ impl ProcessGroup {
     }
 
     /// The per-rank report (see the module docs): this process's `breakdown` (the mean over its
-    /// workers' steps) and link timings, gathered from every process, with what [`diagnose`]
-    /// finds in them. Collective; in a single-process run, this process alone and no verdict.
+    /// workers' steps) and its probe of the path from the previous rank, gathered from every
+    /// process, with what [`diagnose`] finds in them. Collective.
     pub fn rank_report(
         &self,
         breakdown: &Breakdown,
@@ -225,11 +245,7 @@ impl ProcessGroup {
             compute_ms: m.forward_ms + m.backward_ms + m.update_ms,
             comm_wait_ms: m.exposed_comm_ms,
             data_wait_ms: m.data_ms,
-            received: self
-                .received_links()
-                .into_iter()
-                .map(|(bytes, seconds)| LinkTiming { bytes, seconds })
-                .collect(),
+            from_previous_mb_per_s: self.probe_from_previous()?,
             link_mb_per_s: None,
         };
         let bytes = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
@@ -243,13 +259,28 @@ impl ProcessGroup {
         Ok((ranks, slow))
     }
 
-    /// Bytes and seconds of the timed gradient receives from each process (empty without MPI).
-    fn received_links(&self) -> Vec<(u64, f64)> {
+    /// The rate of the path from the previous rank to this one, MB/s (see the module docs);
+    /// `None` without other processes. Collective.
+    fn probe_from_previous(&self) -> Result<Option<f64>, String> {
         #[cfg(feature = "mpi")]
-        if let Some(rt) = &self.mpi {
-            return rt.received_links();
+        if let (Some(rt), true) = (&self.mpi, self.size > 1) {
+            let payload = vec![0u8; PROBE_BYTES];
+            let mut best = Duration::MAX;
+            for rep in 0..=PROBE_REPS {
+                // Start together, so each probe times the transfer, not a late sender.
+                self.all_gather(&[], TAG_PROBE_START)?;
+                let took = rt
+                    .shift_exchange(&payload, TAG_PROBE, self.timeout)
+                    .map_err(|e| format!("probing the links: {e}"))?;
+                if rep > 0 {
+                    best = best.min(took);
+                }
+            }
+            return Ok(Some(
+                PROBE_BYTES as f64 / best.as_secs_f64().max(1e-9) / 1e6,
+            ));
         }
-        Vec::new()
+        Ok(None)
     }
 
     /// Every process's final weight hashes (its workers'), concatenated in rank order.
@@ -283,24 +314,14 @@ pub struct RankBreakdown {
     pub comm_wait_ms: f64,
     /// Waiting for the input pipeline.
     pub data_wait_ms: f64,
-    /// Per source rank (element `q` for rank `q`), the timed gradient transfers received from
-    /// it: large messages from their match to their completion (see
-    /// [`crate::comm::mpi_transport`]).
-    pub received: Vec<LinkTiming>,
-    /// The fastest timed path into or out of this rank, in MB/s (filled in by [`diagnose`];
-    /// `None` when no transfer to or from it was timed). A path is as fast as the slower of
-    /// its two ends' links, so this is the rank's own link speed as soon as any peer's link is
-    /// at least as fast, and never more than it.
+    /// The probed rate of the path from the previous rank (`rank - 1`, wrapping) into this
+    /// one, in MB/s (`None` in a single-process run).
+    pub from_previous_mb_per_s: Option<f64>,
+    /// This rank's link, in MB/s: the faster of the two probed paths through it, from the
+    /// previous rank and to the next (filled in by [`diagnose`]). A path is as fast as the
+    /// slower of its two ends' links, so this is the rank's own link as soon as a neighbour's
+    /// is at least as fast, and never more than it.
     pub link_mb_per_s: Option<f64>,
-}
-
-/// Timed transfers on one path between two ranks.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-pub struct LinkTiming {
-    /// Bytes moved.
-    pub bytes: u64,
-    /// Seconds they took.
-    pub seconds: f64,
 }
 
 /// A rank the per-rank report singles out, and why.
@@ -319,46 +340,38 @@ pub struct SlowRank {
 /// mis-configured or failing NIC.
 const SLOW_FACTOR: f64 = 2.0;
 
-/// Fills in every rank's `link_mb_per_s` and names the ranks that are slow: a link whose fastest
-/// path is [`SLOW_FACTOR`] below the others' median (with two ranks every path touches both, so
-/// no link can be blamed), or compute [`SLOW_FACTOR`] above the others' median. The ranks that
-/// merely wait for a slow one are not named: their compute is normal and their fastest path,
-/// to a rank other than the slow one, is fast.
+/// Fills in every rank's `link_mb_per_s` and names the ranks that are slow: a link
+/// [`SLOW_FACTOR`] below the others' median (with two ranks both paths touch both, so no link
+/// can be blamed), or compute [`SLOW_FACTOR`] above the others' median. The neighbours of a
+/// slow link are not named: their other path is fast.
 pub fn diagnose(ranks: &mut [RankBreakdown]) -> Vec<SlowRank> {
-    let rate = |to: &RankBreakdown, from: usize| {
-        to.received
-            .get(from)
-            .filter(|t| t.bytes > 0 && t.seconds > 0.0)
-            .map(|t| t.bytes as f64 / t.seconds / 1e6)
-    };
-    let links: Vec<Option<f64>> = (0..ranks.len())
+    let n = ranks.len();
+    let links: Vec<Option<f64>> = (0..n)
         .map(|r| {
-            (0..ranks.len())
-                .filter(|&q| q != r)
-                .flat_map(|q| [rate(&ranks[r], q), rate(&ranks[q], r)])
-                .flatten()
-                .reduce(f64::max)
+            let into = ranks[r].from_previous_mb_per_s;
+            let out = ranks[(r + 1) % n].from_previous_mb_per_s;
+            [into, out].into_iter().flatten().reduce(f64::max)
         })
         .collect();
     let mut slow = Vec::new();
-    for r in 0..ranks.len() {
+    for r in 0..n {
         ranks[r].link_mb_per_s = links[r];
         let others = |f: &dyn Fn(usize) -> Option<f64>| {
-            median((0..ranks.len()).filter(|&q| q != r).filter_map(f).collect())
+            median((0..n).filter(|&q| q != r).filter_map(f).collect())
         };
         let mut reasons = Vec::new();
         if let (Some(mine), Some(theirs)) = (links[r], others(&|q| links[q])) {
             if mine * SLOW_FACTOR < theirs {
                 reasons.push(format!(
-                    "its link is slow: its fastest path moves {mine:.1} MB/s, the other ranks' \
-                     {theirs:.1} MB/s (median)"
+                    "its link is slow: {mine:.1} MB/s, the other ranks' {theirs:.1} MB/s \
+                     (median)"
                 ));
             }
         }
         let compute = ranks[r].compute_ms;
-        if let Some(theirs) = others(&|q| Some(ranks[q].compute_ms).filter(|_| ranks[q].steps > 0))
-        {
-            if ranks[r].steps > 0 && compute > SLOW_FACTOR * theirs {
+        let steps = |q: usize| ranks[q].steps > 0;
+        if let Some(theirs) = others(&|q| steps(q).then_some(ranks[q].compute_ms)) {
+            if steps(r) && compute > SLOW_FACTOR * theirs {
                 reasons.push(format!(
                     "it computes slowly: {compute:.2} ms a step, the other ranks {theirs:.2} ms \
                      (median)"
@@ -382,10 +395,10 @@ pub fn describe_ranks(ranks: &[RankBreakdown], slow: &[SlowRank]) -> String {
     for r in ranks {
         let link = r
             .link_mb_per_s
-            .map_or("not timed".into(), |l| format!("{l:.1} MB/s"));
+            .map_or("not probed".into(), |l| format!("{l:.1} MB/s"));
         out.push_str(&format!(
             "\n  rank {} ({}): step {:.2} ms = compute {:.2} + waiting for ranks {:.2} + \
-             waiting for data {:.2}; fastest link {link}",
+             waiting for data {:.2}; link {link}",
             r.rank, r.host, r.step_ms, r.compute_ms, r.comm_wait_ms, r.data_wait_ms
         ));
     }
@@ -497,8 +510,9 @@ fn hash_bytes(b: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
-    /// A rank that computed `compute_ms` a step and received `bytes` in `ms` from each rank.
-    fn rank(r: usize, compute_ms: f64, from: &[(u64, f64)]) -> RankBreakdown {
+    /// A rank that computed `compute_ms` a step and whose path from the previous rank moved
+    /// `from_previous` MB/s.
+    fn rank(r: usize, compute_ms: f64, from_previous: Option<f64>) -> RankBreakdown {
         RankBreakdown {
             rank: r,
             host: format!("h{}", r + 1),
@@ -507,56 +521,54 @@ mod tests {
             compute_ms,
             comm_wait_ms: 1.0,
             data_wait_ms: 0.0,
-            received: from
-                .iter()
-                .map(|&(bytes, ms)| LinkTiming {
-                    bytes,
-                    seconds: ms / 1e3,
-                })
-                .collect(),
+            from_previous_mb_per_s: from_previous,
             link_mb_per_s: None,
         }
     }
 
     #[test]
-    fn a_slow_link_is_blamed_on_its_rank_not_on_those_waiting_for_it() {
-        // Three ranks; every path touching rank 1 moves 1 MB in 100 ms, the others in 10 ms.
-        let mb = 1_000_000;
+    fn a_slow_link_is_blamed_on_its_rank_not_on_its_neighbours() {
+        // Four ranks, rank 2's link 10x slower: the paths 1->2 and 2->3 are slow.
         let mut ranks = vec![
-            rank(0, 5.0, &[(0, 0.0), (mb, 100.0), (mb, 10.0)]),
-            rank(1, 5.0, &[(mb, 100.0), (0, 0.0), (mb, 100.0)]),
-            rank(2, 5.0, &[(mb, 10.0), (mb, 100.0), (0, 0.0)]),
+            rank(0, 5.0, Some(100.0)),
+            rank(1, 5.0, Some(98.0)),
+            rank(2, 5.0, Some(10.0)),
+            rank(3, 5.0, Some(9.0)),
         ];
         let slow = diagnose(&mut ranks);
         assert_eq!(slow.len(), 1, "{slow:?}");
-        assert_eq!((slow[0].rank, slow[0].host.as_str()), (1, "h2"));
+        assert_eq!((slow[0].rank, slow[0].host.as_str()), (2, "h3"));
         assert!(
             slow[0].reason.contains("link is slow"),
             "{}",
             slow[0].reason
         );
         let links: Vec<f64> = ranks.iter().map(|r| r.link_mb_per_s.unwrap()).collect();
-        assert_eq!(links, [100.0, 10.0, 100.0]);
+        assert_eq!(links, [100.0, 98.0, 10.0, 100.0]);
         let text = describe_ranks(&ranks, &slow);
-        assert!(text.contains("slow: rank 1 (h2)"), "{text}");
+        assert!(text.contains("slow: rank 2 (h3)"), "{text}");
+        // Three ranks, the middle one slow.
+        let mut three = vec![
+            rank(0, 5.0, Some(100.0)),
+            rank(1, 5.0, Some(10.0)),
+            rank(2, 5.0, Some(10.0)),
+        ];
+        let slow = diagnose(&mut three);
+        assert_eq!(slow.iter().map(|s| s.rank).collect::<Vec<_>>(), [1]);
     }
 
     #[test]
     fn two_ranks_or_even_links_blame_no_link_but_slow_compute_is_named() {
-        let mb = 1_000_000;
-        // Two ranks: the one path touches both ends, so neither can be blamed.
-        let mut two = vec![
-            rank(0, 5.0, &[(0, 0.0), (mb, 100.0)]),
-            rank(1, 5.0, &[(mb, 100.0), (0, 0.0)]),
-        ];
+        // Two ranks: both paths touch both ends, so neither can be blamed.
+        let mut two = vec![rank(0, 5.0, Some(10.0)), rank(1, 5.0, Some(100.0))];
         assert!(diagnose(&mut two).is_empty());
-        assert_eq!(two[0].link_mb_per_s, Some(10.0));
+        assert_eq!(two[0].link_mb_per_s, Some(100.0));
+        assert_eq!(two[1].link_mb_per_s, Some(100.0));
         // Even links, rank 2 computing 4x longer.
-        let even = [(mb, 10.0), (mb, 10.0), (mb, 10.0)];
         let mut three = vec![
-            rank(0, 5.0, &even),
-            rank(1, 6.0, &even),
-            rank(2, 22.0, &even),
+            rank(0, 5.0, Some(100.0)),
+            rank(1, 6.0, Some(90.0)),
+            rank(2, 22.0, Some(95.0)),
         ];
         let slow = diagnose(&mut three);
         assert_eq!(slow.len(), 1, "{slow:?}");
@@ -566,10 +578,10 @@ mod tests {
             "{}",
             slow[0].reason
         );
-        // Nothing timed: no link figures, no verdict.
-        let mut none = vec![rank(0, 5.0, &[]), rank(1, 5.0, &[]), rank(2, 5.0, &[])];
-        assert!(diagnose(&mut none).is_empty());
-        assert!(none.iter().all(|r| r.link_mb_per_s.is_none()));
-        assert!(describe_ranks(&none, &[]).contains("not timed"));
+        // Nothing probed (one process): no link figures, no verdict.
+        let mut one = vec![rank(0, 5.0, None)];
+        assert!(diagnose(&mut one).is_empty());
+        assert!(one[0].link_mb_per_s.is_none());
+        assert!(describe_ranks(&one, &[]).contains("not probed"));
     }
 }
