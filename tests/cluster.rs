@@ -14,7 +14,7 @@ use common::{
     max_weight_diff, rank_pid, replica_hashes, run_threads, small, summary, text, trained,
     two_by_two_and_four_threads, weights, when_training, BIN,
 };
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -59,7 +59,9 @@ impl Cluster {
         if let Some(why) = cannot_run() {
             let skip = std::env::var_os("DPTRAIN_SKIP_CLUSTER_TESTS").is_some();
             if skip && std::env::var_os("CI").is_none() {
-                eprintln!(
+                // Straight to stderr: the test harness hides eprintln! of a passing test.
+                let _ = writeln!(
+                    std::io::stderr(),
                     "SKIPPED cluster test ({tag}): {why} (DPTRAIN_SKIP_CLUSTER_TESTS is set)"
                 );
                 return None;
@@ -238,22 +240,17 @@ fn two_hosts_of_two_workers_stay_in_sync_flat_and_hierarchical() {
     }
 }
 
-/// Trains briefly with `--comm redundant` and `--comm ring` on a 3-host cluster brought up with
-/// `extra`; returns each run's `summary.json`.
-fn three_host_runs(tag: &str, extra: &[&str]) -> Option<Vec<serde_json::Value>> {
+/// Trains briefly on a 3-host cluster brought up with `extra`; returns the run's
+/// `summary.json`.
+fn three_host_run(tag: &str, extra: &[&str]) -> Option<serde_json::Value> {
     let cluster = Cluster::up(tag, 3, extra)?;
     let tmp = tempfile::tempdir().unwrap();
-    let runs = ["redundant", "ring"].map(|comm| {
-        let dir = tmp.path().join(comm);
-        let args = small(&dir, &["--comm", comm, "--batch", "48", "--epochs", "1"]);
-        cluster.train(3, &args);
-        assert_eq!(
-            rank_hosts(&dir),
-            [cluster.host(1), cluster.host(2), cluster.host(3)]
-        );
-        summary(&dir)
-    });
-    Some(runs.into())
+    cluster.train(3, &small(tmp.path(), &["--batch", "48", "--epochs", "1"]));
+    assert_eq!(
+        rank_hosts(tmp.path()),
+        [cluster.host(1), cluster.host(2), cluster.host(3)]
+    );
+    Some(summary(tmp.path()))
 }
 
 /// Each rank's measured link speed (MB/s) in a run's summary.
@@ -265,7 +262,7 @@ fn links(s: &serde_json::Value) -> Vec<f64> {
         .map(|r| {
             r["link_mb_per_s"]
                 .as_f64()
-                .unwrap_or_else(|| panic!("no link timed: {s:#}"))
+                .unwrap_or_else(|| panic!("no link probed: {s:#}"))
         })
         .collect()
 }
@@ -273,36 +270,34 @@ fn links(s: &serde_json::Value) -> Vec<f64> {
 #[test]
 fn a_host_on_a_ten_times_slower_link_is_named_as_the_slow_rank() {
     // The control first: three equal links, no rank singled out.
-    let Some(even) = three_host_runs("even", &["--bandwidth", "1gbit"]) else {
+    let Some(even) = three_host_run("even", &["--bandwidth", "1gbit"]) else {
         return;
     };
-    for s in &even {
-        assert_eq!(s["slow_ranks"], serde_json::json!([]), "{s:#}");
-        assert_eq!(links(s).len(), 3);
+    assert_eq!(even["slow_ranks"], serde_json::json!([]), "{even:#}");
+    // 1 Gbit/s is 125 MB/s: the probe sees the shaping (and the shaping works).
+    for l in links(&even) {
+        assert!((40.0..125.0 * 1.1).contains(&l), "{:?}", links(&even));
     }
     // Host 2 (rank 1) on a link 10x slower than the others'.
-    let Some(slow) = three_host_runs(
+    let Some(slow) = three_host_run(
         "slow",
         &["--bandwidth", "1gbit", "--host-bandwidth", "2=100mbit"],
     ) else {
         return;
     };
-    for s in &slow {
-        let comm = &s["config"]["comm"];
-        let named = s["slow_ranks"].as_array().unwrap();
-        assert_eq!(named.len(), 1, "{comm}: exactly one slow rank: {s:#}");
-        assert_eq!(named[0]["rank"], 1, "{comm}: {s:#}");
-        assert!(named[0]["host"].as_str().unwrap().ends_with("-h2"), "{s:#}");
-        let reason = named[0]["reason"].as_str().unwrap();
-        assert!(reason.contains("link is slow"), "{comm}: {reason}");
-        let l = links(s);
-        assert!(
-            l[1] * 4.0 < l[0].min(l[2]),
-            "{comm}: rank 1's link should measure far below the others': {l:?}"
-        );
-        // 100 Mbit/s is 12.5 MB/s; the token bucket's burst lets a little more through.
-        assert!(l[1] < 12.5 * 1.5, "{comm}: {l:?}");
-    }
+    let named = slow["slow_ranks"].as_array().unwrap();
+    assert_eq!(named.len(), 1, "exactly one slow rank: {slow:#}");
+    assert_eq!(named[0]["rank"], 1, "{slow:#}");
+    assert!(
+        named[0]["host"].as_str().unwrap().ends_with("-h2"),
+        "{slow:#}"
+    );
+    let reason = named[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("link is slow"), "{reason}");
+    let l = links(&slow);
+    // 100 Mbit/s is 12.5 MB/s.
+    assert!((4.0..12.5 * 1.1).contains(&l[1]), "{l:?}");
+    assert!(l[1] * 4.0 < l[0].min(l[2]), "{l:?}");
 }
 
 /// Whether process `pid` is still running (not gone, not a zombie).
