@@ -96,7 +96,10 @@ rate_bits() {
   case ${BASH_REMATCH[3]} in
     bit) scale=1 ;; kbit) scale=1e3 ;; mbit) scale=1e6 ;; gbit) scale=1e9 ;; tbit) scale=1e12 ;;
   esac
-  awk -v n="${BASH_REMATCH[1]}" -v s="$scale" 'BEGIN { printf "%.0f", n * s }'
+  local bits
+  bits=$(awk -v n="${BASH_REMATCH[1]}" -v s="$scale" 'BEGIN { printf "%.0f", n * s }')
+  [ "$bits" -ge 1000 ] || die "bandwidth '$1': too low for tbf (give at least 1kbit)"
+  echo "$bits"
 }
 
 # Shapes the egress of device $2 in namespace $1 to rate $3 (tbf).
@@ -227,7 +230,11 @@ cmd_up() {
   local shaped=""
   for i in "${!HOST_BANDWIDTH[@]}"; do shaped="$shaped, host $i at ${HOST_BANDWIDTH[$i]}"; done
   echo "cluster $NAME: $n hosts ($SUBNET.1..$SUBNET.$n, namespaces $NAME-h1..$NAME-h$n) on a bridge in $sw"
-  echo "links: $BANDWIDTH each way per host$shaped (tbf)"
+  if [ "${BANDWIDTH,,}" = none ]; then
+    echo "links: unshaped$shaped"
+  else
+    echo "links: $BANDWIDTH each way per host$shaped (tbf)"
+  fi
   echo "latency (ping round trip, average of 20):$rtts"
   echo "hostfile: $dir/hostfile"
   echo "run across the hosts (TCP only) with:"
