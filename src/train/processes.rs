@@ -39,7 +39,10 @@ const TAG_HANDSHAKE_LINES: u64 = 2;
 const TAG_REPLICAS: u64 = 3;
 const TAG_END: u64 = 4;
 const TAG_RANKS: u64 = 5;
+// Only MPI runs probe links.
+#[cfg(feature = "mpi")]
 const TAG_PROBE_START: u64 = 6;
+#[cfg(feature = "mpi")]
 const TAG_PROBE: u64 = 7;
 
 /// Bytes of one link probe: large enough that the TCP start and the shaper's burst are small
