@@ -2,11 +2,13 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the map from the paper's three ideas to these modules.
 
+pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod comm;
 pub mod config;
 pub mod data;
+pub mod model;
 pub mod models;
 pub mod nn;
 pub mod ops;

@@ -1,0 +1,589 @@
+//! 2-D convolution on NHWC activations with HWIO weights: im2col + our GEMM, and a direct
+//! kernel for depthwise convolutions.
+//!
+//! Layouts: an activation is `[n, h, w, c]` (channels innermost), a weight `[kh, kw, c/groups,
+//! o]` (TensorFlow's HWIO; checkpoints convert to PyTorch's OIHW). With channels innermost,
+//! the rows of a convolution are output pixels across samples, `y[rows, o] = col[rows, kkc] x
+//! W[kkc, o]`: one GEMM for any tile of pixels, so a 4x4-pixel layer multiplies with as long a
+//! `m` as a 32x32 one, and the weights are packed once per layer call and reused by every tile.
+//! A 1x1 stride-1 convolution multiplies the activation itself (no im2col).
+//!
+//! Forward: tiles of output rows in parallel; im2col of the tile into thread-local scratch;
+//! the GEMM; bias and the fused activation while the tile is in cache. The tiling does not
+//! change a bit (each output is one GEMM dot product, see `gemm`).
+//!
+//! Backward (the output gradient already masked by the fused activation):
+//! - weight and bias gradient: per chunk of [`BATCH_CHUNK`] samples `dW[kkc, o] = col^T x dY`
+//!   (sub-blocks of `KC` rows accumulate exactly as one GEMM would), chunk partials added as
+//!   the pairwise tree (`batch_sum`): bit-identical for any thread count and batch split;
+//! - input gradient: for stride-1 convolutions whose output is as large as the input, a full
+//!   convolution of dY with the flipped kernel (one GEMM per tile, no scatter); otherwise
+//!   `dcol = dY x W^T` and col2im, one sample per task so every addition into an input pixel
+//!   happens in a fixed order.
+//!
+//! Depthwise (groups == channels): a direct loop over taps vectorised along channels.
+
+use super::batch_sum::TreeSum;
+use super::gemm::{gemm, gemm_packed, MatRef, PackedB, KC};
+use super::Act;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Geometry of one convolution, per sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvGeom {
+    /// Input channels, height, width.
+    pub c: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Output channels.
+    pub o: usize,
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+    /// Kernel height.
+    pub kh: usize,
+    /// Kernel width.
+    pub kw: usize,
+    /// Vertical stride.
+    pub sh: usize,
+    /// Horizontal stride.
+    pub sw: usize,
+    /// Zero padding above and below.
+    pub ph: usize,
+    /// Zero padding left and right.
+    pub pw: usize,
+    /// Vertical dilation.
+    pub dh: usize,
+    /// Horizontal dilation.
+    pub dw: usize,
+    /// Groups (channels are split into this many independent convolutions).
+    pub groups: usize,
+}
+
+impl ConvGeom {
+    /// Input channels per group.
+    pub fn cg(&self) -> usize {
+        self.c / self.groups
+    }
+    /// Output channels per group.
+    pub fn og(&self) -> usize {
+        self.o / self.groups
+    }
+    /// Rows of the weight matrix of one group (`kh * kw * c / groups`).
+    pub fn kkc(&self) -> usize {
+        self.kh * self.kw * self.cg()
+    }
+    /// Weight elements.
+    pub fn weight_len(&self) -> usize {
+        self.kkc() * self.o
+    }
+    /// Output pixels per sample.
+    pub fn pixels(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// Input elements per sample.
+    pub fn in_len(&self) -> usize {
+        self.h * self.w * self.c
+    }
+    /// Output elements per sample.
+    pub fn out_len(&self) -> usize {
+        self.pixels() * self.o
+    }
+    /// A 1x1, stride-1, unpadded convolution: a plain matrix product of the activation.
+    fn pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.ph == 0 && self.pw == 0
+    }
+    /// One input channel per group: the direct depthwise kernel.
+    pub fn depthwise(&self) -> bool {
+        self.groups > 1 && self.groups == self.c
+    }
+    /// Stride 1 with an output as large as the input: the input gradient is a convolution too.
+    fn dx_as_conv(&self) -> bool {
+        self.sh == 1 && self.sw == 1 && self.oh == self.h && self.ow == self.w
+    }
+    /// The geometry of the input gradient as a convolution of the output gradient with the
+    /// flipped kernel (valid when [`Self::dx_as_conv`]).
+    fn flipped(&self) -> ConvGeom {
+        ConvGeom {
+            c: self.o,
+            h: self.oh,
+            w: self.ow,
+            o: self.c,
+            oh: self.h,
+            ow: self.w,
+            ph: self.dh * (self.kh - 1) - self.ph,
+            pw: self.dw * (self.kw - 1) - self.pw,
+            groups: self.groups,
+            ..*self
+        }
+    }
+    /// Input row and column of output pixel (`oy`, `ox`) under tap (`ki`, `kj`), if inside.
+    #[inline]
+    fn src(&self, oy: usize, ox: usize, ki: usize, kj: usize) -> Option<(usize, usize)> {
+        let iy = (oy * self.sh + ki * self.dh).checked_sub(self.ph)?;
+        let ix = (ox * self.sw + kj * self.dw).checked_sub(self.pw)?;
+        (iy < self.h && ix < self.w).then_some((iy, ix))
+    }
+}
+
+// Per-thread scratch for column matrices; it grows to the largest tile once.
+thread_local! {
+    static COL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_col<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    COL.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() < len {
+            c.resize(len, 0.0);
+        }
+        f(&mut c[..len])
+    })
+}
+
+/// Column-matrix floats a forward tile aims for (1 M floats: in L2/L3, big enough that the
+/// packed weights are reused across many rows).
+const COL_BUDGET: usize = 1 << 20;
+
+/// Writes the column matrix of output rows `r0..r0 + rows` (row `r` is pixel `r % P` of sample
+/// `r / P`) for channel group `grp` into `col` (`rows x kkc`, row-major).
+fn im2col(g: &ConvGeom, x: &[f32], grp: usize, r0: usize, rows: usize, col: &mut [f32]) {
+    let (p, cg, kkc) = (g.pixels(), g.cg(), g.kkc());
+    let c0 = grp * cg;
+    // With one group, stride-1 dilation-1 taps along a row read kw*c contiguous floats.
+    let whole_rows = g.groups == 1 && g.dw == 1;
+    for (ri, dst) in col[..rows * kkc].chunks_exact_mut(kkc).enumerate() {
+        let r = r0 + ri;
+        let (s, q) = (r / p, r % p);
+        let (oy, ox) = (q / g.ow, q % g.ow);
+        let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
+        for ki in 0..g.kh {
+            let line = &mut dst[ki * g.kw * cg..(ki + 1) * g.kw * cg];
+            let iy = (oy * g.sh + ki * g.dh)
+                .checked_sub(g.ph)
+                .filter(|&y| y < g.h);
+            let Some(iy) = iy else {
+                line.fill(0.0);
+                continue;
+            };
+            let ix0 = (ox * g.sw) as isize - g.pw as isize;
+            if whole_rows && ix0 >= 0 && ix0 as usize + g.kw <= g.w {
+                let s0 = (iy * g.w + ix0 as usize) * g.c;
+                line.copy_from_slice(&xs[s0..s0 + g.kw * g.c]);
+                continue;
+            }
+            for kj in 0..g.kw {
+                let d = &mut line[kj * cg..(kj + 1) * cg];
+                let ix = ix0 + (kj * g.dw) as isize;
+                if ix >= 0 && (ix as usize) < g.w {
+                    let s0 = (iy * g.w + ix as usize) * g.c + c0;
+                    d.copy_from_slice(&xs[s0..s0 + cg]);
+                } else {
+                    d.fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+/// Adds the column matrix of one sample's rows `q0..q0 + rows` (pixels) for group `grp` back
+/// into that sample's input gradient `dx` (the transpose of [`im2col`]).
+fn col2im_add(g: &ConvGeom, col: &[f32], grp: usize, q0: usize, rows: usize, dx: &mut [f32]) {
+    let (cg, kkc) = (g.cg(), g.kkc());
+    let c0 = grp * cg;
+    for (ri, src) in col[..rows * kkc].chunks_exact(kkc).enumerate() {
+        let q = q0 + ri;
+        let (oy, ox) = (q / g.ow, q % g.ow);
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                if let Some((iy, ix)) = g.src(oy, ox, ki, kj) {
+                    let s = &src[(ki * g.kw + kj) * cg..(ki * g.kw + kj + 1) * cg];
+                    let d = &mut dx[(iy * g.w + ix) * g.c + c0..][..cg];
+                    for (a, b) in d.iter_mut().zip(s) {
+                        *a += *b;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reusable memory of a worker's convolutions: packed weights and the weight-gradient tree.
+#[derive(Default)]
+pub struct ConvWorkspace {
+    packed: PackedB,
+    flip: Vec<f32>,
+    tree: TreeSum,
+}
+
+/// Rows per forward tile: enough to reuse the packed weights, few enough for the column
+/// matrix to stay in cache, and at least one tile per thread.
+fn tile_rows(rows: usize, kkc: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_cache = (COL_BUDGET / kkc.max(1)).max(16);
+    by_cache.min(rows.div_ceil(threads)).max(1)
+}
+
+impl ConvWorkspace {
+    /// `y[n, oh, ow, o] = act(conv(x) + bias)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        act: Act,
+        y: &mut [f32],
+    ) {
+        let (y, x) = (&mut y[..n * g.out_len()], &x[..n * g.in_len()]);
+        if g.depthwise() {
+            depthwise_forward(g, n, x, w, y);
+        } else {
+            let (rows, kkc, og, o) = (n * g.pixels(), g.kkc(), g.og(), g.o);
+            for grp in 0..g.groups {
+                self.packed
+                    .pack(MatRef::strided(&w[grp * og..], o, 1), kkc, og);
+                let packed = &self.packed;
+                let tr = tile_rows(rows, kkc);
+                y.par_chunks_mut(tr * o).enumerate().for_each(|(t, yt)| {
+                    let r0 = t * tr;
+                    let m = yt.len() / o;
+                    let yt = &mut yt[grp * og..];
+                    if g.pointwise() && g.groups == 1 {
+                        let a = MatRef::rows(&x[r0 * g.c..], g.c);
+                        gemm_packed(m, og, kkc, a, packed, yt, o, false);
+                    } else {
+                        with_col(m * kkc, |col| {
+                            im2col(g, x, grp, r0, m, col);
+                            gemm_packed(m, og, kkc, MatRef::rows(col, kkc), packed, yt, o, false);
+                        });
+                    }
+                });
+            }
+        }
+        epilogue(y, g.o, bias, act);
+    }
+
+    /// Gradients of a convolution: `dwb` gets the weight gradient followed (if `has_bias`) by
+    /// the bias gradient; `dx`, if given, gets the input gradient (added to it when
+    /// `accumulate`). `dy` is the output gradient after the fused activation's mask.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        x: &[f32],
+        w: &[f32],
+        dy: &[f32],
+        dwb: &mut [f32],
+        has_bias: bool,
+        dx: Option<(&mut [f32], bool)>,
+    ) {
+        let (x, dy) = (&x[..n * g.in_len()], &dy[..n * g.out_len()]);
+        let wl = g.weight_len();
+        debug_assert_eq!(dwb.len(), wl + if has_bias { g.o } else { 0 });
+        if g.depthwise() {
+            self.tree.sum_chunks(n, dwb, &|r, part| {
+                depthwise_weight_grad(g, x, dy, r, part, has_bias)
+            });
+            if let Some((dx, acc)) = dx {
+                depthwise_input_grad(g, n, dy, w, &mut dx[..n * g.in_len()], acc);
+            }
+            return;
+        }
+        self.tree.sum_chunks(n, dwb, &|r, part| {
+            weight_grad_chunk(g, x, dy, r, part, has_bias)
+        });
+        if let Some((dx, acc)) = dx {
+            let dx = &mut dx[..n * g.in_len()];
+            if g.dx_as_conv() {
+                self.input_grad_as_conv(g, n, dy, w, dx, acc);
+            } else {
+                self.input_grad_col2im(g, n, dy, w, dx, acc);
+            }
+        }
+    }
+
+    /// dx as the convolution of dy with the flipped kernel (stride 1, same size).
+    #[allow(clippy::too_many_arguments)]
+    fn input_grad_as_conv(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        dy: &[f32],
+        w: &[f32],
+        dx: &mut [f32],
+        acc: bool,
+    ) {
+        let f = g.flipped();
+        let (cg, og) = (g.cg(), g.og());
+        let fk = f.kkc(); // kh * kw * og
+        for grp in 0..g.groups {
+            // Wflip[(ki', kj', o), c] = W[(kh-1-ki', kw-1-kj', c), o], for this group.
+            self.flip.resize(fk * cg, 0.0);
+            for ki in 0..g.kh {
+                for kj in 0..g.kw {
+                    let src_tap = (g.kh - 1 - ki) * g.kw + (g.kw - 1 - kj);
+                    for oi in 0..og {
+                        let row = &mut self.flip[((ki * g.kw + kj) * og + oi) * cg..][..cg];
+                        for (ci, v) in row.iter_mut().enumerate() {
+                            *v = w[(src_tap * cg + ci) * g.o + grp * og + oi];
+                        }
+                    }
+                }
+            }
+            self.packed.pack(MatRef::rows(&self.flip, cg), fk, cg);
+            let packed = &self.packed;
+            let rows = n * f.pixels();
+            let tr = tile_rows(rows, fk);
+            dx.par_chunks_mut(tr * g.c)
+                .enumerate()
+                .for_each(|(t, dxt)| {
+                    let r0 = t * tr;
+                    let m = dxt.len() / g.c;
+                    with_col(m * fk, |col| {
+                        im2col(&f, dy, grp, r0, m, col);
+                        let dst = &mut dxt[grp * cg..];
+                        gemm_packed(m, cg, fk, MatRef::rows(col, fk), packed, dst, g.c, acc);
+                    });
+                });
+        }
+    }
+
+    /// dx by `dcol = dy x W^T` and col2im, one sample per task.
+    #[allow(clippy::too_many_arguments)]
+    fn input_grad_col2im(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        dy: &[f32],
+        w: &[f32],
+        dx: &mut [f32],
+        acc: bool,
+    ) {
+        let (og, kkc, p, o) = (g.og(), g.kkc(), g.pixels(), g.o);
+        // Rows of dcol per pass: whole samples' pixels, in KC-sized blocks of the budget.
+        let block = (COL_BUDGET / kkc.max(1)).clamp(1, p);
+        if !acc {
+            dx.par_chunks_mut(1 << 14).for_each(|d| d.fill(0.0));
+        }
+        for grp in 0..g.groups {
+            // B = W^T for this group: element (o_local, r) = W[r, grp*og + o_local].
+            self.packed
+                .pack(MatRef::strided(&w[grp * og..], 1, o), og, kkc);
+            let packed = &self.packed;
+            dx.par_chunks_mut(g.in_len())
+                .enumerate()
+                .for_each(|(s, dxs)| {
+                    let mut q0 = 0;
+                    while q0 < p {
+                        let m = block.min(p - q0);
+                        with_col(m * kkc, |col| {
+                            let a = MatRef::rows(&dy[(s * p + q0) * o + grp * og..], o);
+                            gemm_packed(m, kkc, og, a, packed, col, kkc, false);
+                            col2im_add(g, col, grp, q0, m, dxs);
+                        });
+                        q0 += m;
+                    }
+                });
+        }
+        let _ = n;
+    }
+}
+
+/// One chunk's weight (and bias) gradient: `part = [dW (kkc x o) | db (o)]`, overwritten.
+fn weight_grad_chunk(
+    g: &ConvGeom,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+    part: &mut [f32],
+    has_bias: bool,
+) {
+    let (p, kkc, og, o) = (g.pixels(), g.kkc(), g.og(), g.o);
+    let (r0, r1) = (samples.start * p, samples.end * p);
+    let (pw, pb) = part.split_at_mut(g.weight_len());
+    for grp in 0..g.groups {
+        // Sub-blocks of KC rows: accumulating them gives the same bits as one GEMM over all
+        // rows (the GEMM restarts its sums every KC values of k and adds them to C in order).
+        let mut r = r0;
+        while r < r1 {
+            let m = (KC * 4).min(r1 - r);
+            let b = MatRef::strided(&dy[r * o + grp * og..], o, 1);
+            let c = &mut pw[grp * og..];
+            if g.pointwise() && g.groups == 1 {
+                let a = MatRef::strided(&x[r * g.c..], 1, g.c);
+                gemm(kkc, og, m, a, b, c, o, r > r0);
+            } else {
+                with_col(m * kkc, |col| {
+                    im2col(g, x, grp, r, m, col);
+                    gemm(kkc, og, m, MatRef::strided(col, 1, kkc), b, c, o, r > r0);
+                });
+            }
+            r += m;
+        }
+    }
+    if has_bias {
+        column_sums(&dy[r0 * o..r1 * o], o, pb);
+    }
+}
+
+/// `out[j] = sum over rows of m[row, j]` (rows of `cols` floats), accumulated in f64.
+pub(crate) fn column_sums(m: &[f32], cols: usize, out: &mut [f32]) {
+    // Stack space for the common widths; wider matrices in blocks of 512 columns.
+    let mut acc = [0f64; 512];
+    for c0 in (0..cols).step_by(512) {
+        let w = 512.min(cols - c0);
+        acc[..w].fill(0.0);
+        for row in m.chunks_exact(cols) {
+            for (a, &v) in acc[..w].iter_mut().zip(&row[c0..c0 + w]) {
+                *a += v as f64;
+            }
+        }
+        for (o, a) in out[c0..c0 + w].iter_mut().zip(&acc[..w]) {
+            *o = *a as f32;
+        }
+    }
+}
+
+/// Bias and activation on rows of `o` outputs, in place.
+fn epilogue(y: &mut [f32], o: usize, bias: Option<&[f32]>, act: Act) {
+    if bias.is_none() && act == Act::None {
+        return;
+    }
+    let rows_per = (1 << 14) / o.max(1) + 1;
+    y.par_chunks_mut(rows_per * o).for_each(|t| {
+        for row in t.chunks_exact_mut(o) {
+            if let Some(b) = bias {
+                for (v, &bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+            act.apply(row);
+        }
+    });
+}
+
+// ---- depthwise ------------------------------------------------------------------------
+
+/// Depthwise forward (no bias, no activation: the caller's epilogue adds them). With a channel
+/// multiplier `m = o / c`, output channel `ci * m + j` reads input channel `ci`.
+fn depthwise_forward(g: &ConvGeom, n: usize, x: &[f32], w: &[f32], y: &mut [f32]) {
+    let (o, mult) = (g.o, g.o / g.c);
+    let _ = n;
+    y.par_chunks_mut(g.ow * o)
+        .enumerate()
+        .for_each(|(line, yl)| {
+            let (s, oy) = (line / g.oh, line % g.oh);
+            let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
+            yl.fill(0.0);
+            for (ox, yp) in yl.chunks_exact_mut(o).enumerate() {
+                for ki in 0..g.kh {
+                    for kj in 0..g.kw {
+                        let Some((iy, ix)) = g.src(oy, ox, ki, kj) else {
+                            continue;
+                        };
+                        let xp = &xs[(iy * g.w + ix) * g.c..][..g.c];
+                        let wt = &w[(ki * g.kw + kj) * o..][..o];
+                        if mult == 1 {
+                            for ((yv, &xv), &wv) in yp.iter_mut().zip(xp).zip(wt) {
+                                *yv = xv.mul_add(wv, *yv);
+                            }
+                        } else {
+                            for (oi, yv) in yp.iter_mut().enumerate() {
+                                *yv = xp[oi / mult].mul_add(wt[oi], *yv);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+}
+
+/// Depthwise weight (and bias) gradient of the samples in `r`, overwriting `part`.
+fn depthwise_weight_grad(
+    g: &ConvGeom,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+    part: &mut [f32],
+    has_bias: bool,
+) {
+    let (o, mult) = (g.o, g.o / g.c);
+    let (pw, pb) = part.split_at_mut(g.weight_len());
+    pw.fill(0.0);
+    for s in samples.clone() {
+        let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
+        let ds = &dy[s * g.out_len()..(s + 1) * g.out_len()];
+        for oy in 0..g.oh {
+            for ox in 0..g.ow {
+                let d = &ds[(oy * g.ow + ox) * o..][..o];
+                for ki in 0..g.kh {
+                    for kj in 0..g.kw {
+                        let Some((iy, ix)) = g.src(oy, ox, ki, kj) else {
+                            continue;
+                        };
+                        let xp = &xs[(iy * g.w + ix) * g.c..][..g.c];
+                        let wt = &mut pw[(ki * g.kw + kj) * o..][..o];
+                        if mult == 1 {
+                            for ((a, &xv), &dv) in wt.iter_mut().zip(xp).zip(d) {
+                                *a = xv.mul_add(dv, *a);
+                            }
+                        } else {
+                            for (oi, a) in wt.iter_mut().enumerate() {
+                                *a = xp[oi / mult].mul_add(d[oi], *a);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if has_bias {
+        let p = g.pixels();
+        column_sums(&dy[samples.start * p * o..samples.end * p * o], o, pb);
+    }
+}
+
+/// Depthwise input gradient, one sample per task (a fixed order of additions per pixel).
+fn depthwise_input_grad(g: &ConvGeom, n: usize, dy: &[f32], w: &[f32], dx: &mut [f32], acc: bool) {
+    let (o, mult) = (g.o, g.o / g.c);
+    let _ = n;
+    dx.par_chunks_mut(g.in_len())
+        .enumerate()
+        .for_each(|(s, dxs)| {
+            if !acc {
+                dxs.fill(0.0);
+            }
+            let ds = &dy[s * g.out_len()..(s + 1) * g.out_len()];
+            for oy in 0..g.oh {
+                for ox in 0..g.ow {
+                    let d = &ds[(oy * g.ow + ox) * o..][..o];
+                    for ki in 0..g.kh {
+                        for kj in 0..g.kw {
+                            let Some((iy, ix)) = g.src(oy, ox, ki, kj) else {
+                                continue;
+                            };
+                            let xp = &mut dxs[(iy * g.w + ix) * g.c..][..g.c];
+                            let wt = &w[(ki * g.kw + kj) * o..][..o];
+                            if mult == 1 {
+                                for ((a, &dv), &wv) in xp.iter_mut().zip(d).zip(wt) {
+                                    *a = dv.mul_add(wv, *a);
+                                }
+                            } else {
+                                for (oi, (&dv, &wv)) in d.iter().zip(wt).enumerate() {
+                                    xp[oi / mult] = dv.mul_add(wv, xp[oi / mult]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+}

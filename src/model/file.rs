@@ -1,0 +1,730 @@
+//! Model files: TOML, Caffe's prototxt idea (a list of named layers, each naming its inputs),
+//! with templates for repeated structures. The format is documented, with an example per
+//! layer type, in `docs/MODEL_FILES.md`.
+//!
+//! ```toml
+//! name = "tiny"
+//! input = [1, 28, 28]
+//! layers = [
+//!   { type = "conv2d", name = "conv1", out = 8, kernel = 3, padding = 1 },
+//!   { type = "relu" },                     # reads the previous layer
+//!   { use = "block", name = "b1", out = 8 },
+//!   { type = "global_avg_pool" },
+//!   { type = "linear", name = "fc", out = "classes" },
+//! ]
+//! [template.block]
+//! params = ["out"]
+//! layers = [
+//!   { type = "conv2d", name = "conv", out = "$out", kernel = 3, padding = 1 },
+//!   { type = "add", inputs = ["conv", "input"] },   # "input": the instance's input
+//! ]
+//! ```
+
+use super::error::{ModelError, ModelErrorKind};
+use super::expr::{Expr, SHAPE_VARS};
+use super::spec::{
+    BatchNorm, Conv2d, Layer, Linear, ModelSpec, Op, Origin, Pool, SoftmaxCrossEntropy, Units,
+    INPUT,
+};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use toml::{Spanned, Table, Value};
+
+/// Every layer type a file can name.
+pub const TYPES: [&str; 13] = [
+    "conv2d",
+    "batch_norm",
+    "relu",
+    "relu6",
+    "max_pool",
+    "avg_pool",
+    "global_avg_pool",
+    "linear",
+    "dropout",
+    "add",
+    "concat",
+    "flatten",
+    "softmax_cross_entropy",
+];
+
+/// Templates may use templates, this deep.
+const MAX_DEPTH: usize = 8;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: Option<String>,
+    #[serde(default)]
+    description: String,
+    input: Option<[usize; 3]>,
+    classes: Option<usize>,
+    layers: Vec<Spanned<Table>>,
+    #[serde(default)]
+    template: BTreeMap<String, Spanned<RawTemplate>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTemplate {
+    #[serde(default)]
+    params: Vec<String>,
+    #[serde(default)]
+    defaults: Table,
+    layers: Vec<Spanned<Table>>,
+}
+
+/// Parses a model file's text. `file` names it in messages; `default_name` is used when the
+/// file has no `name`.
+pub fn parse(text: &str, file: &str, default_name: &str) -> Result<ModelSpec, ModelError> {
+    let raw: RawModel = toml::from_str(text).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        let msg = e.message().trim().to_string();
+        ModelError::file(file, line, ModelErrorKind::Syntax(msg))
+    })?;
+    let mut cx = Expander {
+        text,
+        file: Arc::from(file),
+        templates: &raw.template,
+        layers: Vec::new(),
+        first_line: BTreeMap::new(),
+        unnamed: 0,
+        aliases: BTreeMap::new(),
+    };
+    let scope = Scope {
+        prefix: String::new(),
+        input: INPUT.to_string(),
+        bindings: BTreeMap::new(),
+        instance_line: None,
+        depth: 0,
+    };
+    cx.expand(&raw.layers, &scope)?;
+    // Reading a template instance by name reads its last layer.
+    let aliases = std::mem::take(&mut cx.aliases);
+    for l in &mut cx.layers {
+        for i in &mut l.inputs {
+            let mut hops = 0;
+            while let Some(target) = aliases.get(i.as_str()) {
+                *i = target.clone();
+                hops += 1;
+                if hops > MAX_DEPTH {
+                    break;
+                }
+            }
+        }
+    }
+    if cx.layers.is_empty() {
+        return Err(ModelError::file(
+            file,
+            None,
+            ModelErrorKind::Graph("the model has no layers".into()),
+        ));
+    }
+    Ok(ModelSpec {
+        name: raw.name.unwrap_or_else(|| default_name.to_string()),
+        description: raw.description,
+        default_input: raw.input,
+        default_classes: raw.classes,
+        layers: cx.layers,
+        source: file.to_string(),
+    })
+}
+
+/// 1-based line of byte offset `pos`.
+fn line_of(text: &str, pos: usize) -> usize {
+    text.as_bytes()[..pos.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+struct Expander<'a> {
+    text: &'a str,
+    file: Arc<str>,
+    templates: &'a BTreeMap<String, Spanned<RawTemplate>>,
+    layers: Vec<Layer>,
+    first_line: BTreeMap<String, usize>,
+    unnamed: usize,
+    /// Template instance name -> the name of its last layer (what reading the instance reads).
+    aliases: BTreeMap<String, String>,
+}
+
+/// Where a list of layers is being expanded: at the top level, or inside a template instance.
+struct Scope {
+    /// `NAME.` of the instance (empty at the top level).
+    prefix: String,
+    /// What `input` (and the first layer's default input) refers to.
+    input: String,
+    /// Template parameters.
+    bindings: BTreeMap<String, Value>,
+    /// Line of the instance (for layers made by a template).
+    instance_line: Option<usize>,
+    depth: usize,
+}
+
+impl Scope {
+    /// The full name of a name written in this scope.
+    fn resolve(&self, local: &str) -> String {
+        if local == INPUT {
+            self.input.clone()
+        } else {
+            format!("{}{local}", self.prefix)
+        }
+    }
+}
+
+/// One layer table being read: its remaining keys, for the unknown-key check.
+struct Keys<'t> {
+    table: Table,
+    err: &'t dyn Fn(ModelErrorKind) -> ModelError,
+    ty: String,
+    allowed: Vec<&'static str>,
+    ints: BTreeMap<String, i64>,
+}
+
+impl Keys<'_> {
+    fn bad(&self, key: &str, message: impl Into<String>) -> ModelError {
+        (self.err)(ModelErrorKind::BadValue {
+            key: key.to_string(),
+            message: message.into(),
+        })
+    }
+
+    fn take(&mut self, key: &'static str) -> Option<Value> {
+        self.allowed.push(key);
+        self.table.remove(key)
+    }
+
+    fn int_value(&self, key: &str, v: &Value) -> Result<i64, ModelError> {
+        match v {
+            Value::Integer(i) => Ok(*i),
+            Value::String(s) => {
+                let e = Expr::parse(s).map_err(|m| self.bad(key, m))?;
+                e.bind(&self.ints)
+                    .eval(&self.ints)
+                    .map_err(|m| self.bad(key, m))
+            }
+            other => Err(self.bad(
+                key,
+                format!("expected an integer, got {}", other.type_str()),
+            )),
+        }
+    }
+
+    fn usize_of(&self, key: &str, v: &Value, min: i64) -> Result<usize, ModelError> {
+        let i = self.int_value(key, v)?;
+        if i < min {
+            return Err(self.bad(key, format!("must be at least {min}, got {i}")));
+        }
+        Ok(i as usize)
+    }
+
+    /// An integer or `[rows, cols]`.
+    fn pair(
+        &mut self,
+        key: &'static str,
+        default: [usize; 2],
+        min: i64,
+    ) -> Result<[usize; 2], ModelError> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Array(a)) if a.len() == 2 => Ok([
+                self.usize_of(key, &a[0], min)?,
+                self.usize_of(key, &a[1], min)?,
+            ]),
+            Some(Value::Array(_)) => Err(self.bad(key, "expected an integer or [rows, columns]")),
+            Some(v) => {
+                let n = self.usize_of(key, &v, min)?;
+                Ok([n, n])
+            }
+        }
+    }
+
+    fn required_pair(&mut self, key: &'static str) -> Result<[usize; 2], ModelError> {
+        if !self.table.contains_key(key) {
+            return Err(self.bad(key, "missing (required)"));
+        }
+        self.pair(key, [0, 0], 1)
+    }
+
+    /// A count that may depend on `channels` / `classes`.
+    fn units(&mut self, key: &'static str, default: Option<Units>) -> Result<Units, ModelError> {
+        let Some(v) = self.take(key) else {
+            return default.ok_or_else(|| self.bad(key, "missing (required)"));
+        };
+        match &v {
+            Value::Integer(i) if *i >= 1 => Ok(Units::Fixed(*i as usize)),
+            Value::String(s) => {
+                let e = Expr::parse(s)
+                    .map_err(|m| self.bad(key, m))?
+                    .bind(&self.ints);
+                let mut free = Vec::new();
+                e.free_vars(&mut free);
+                if let Some(f) = free.iter().find(|f| !SHAPE_VARS.contains(&f.as_str())) {
+                    return Err(self.bad(key, format!("unknown variable ${f} (template parameters, channels and classes can be used)")));
+                }
+                if free.is_empty() {
+                    let n = e.eval(&self.ints).map_err(|m| self.bad(key, m))?;
+                    if n < 1 {
+                        return Err(self.bad(key, format!("must be at least 1, got {n}")));
+                    }
+                    return Ok(Units::Fixed(n as usize));
+                }
+                Ok(Units::Expr(e))
+            }
+            other => Err(self.bad(
+                key,
+                format!(
+                    "expected a positive integer or an expression such as \"classes\", got {other}"
+                ),
+            )),
+        }
+    }
+
+    fn bool(&mut self, key: &'static str, default: bool) -> Result<bool, ModelError> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Boolean(b)) => Ok(b),
+            Some(v) => Err(self.bad(key, format!("expected true or false, got {v}"))),
+        }
+    }
+
+    fn float(
+        &mut self,
+        key: &'static str,
+        default: f64,
+        lo: f64,
+        hi: f64,
+    ) -> Result<f32, ModelError> {
+        let v = match self.take(key) {
+            None => return Ok(default as f32),
+            Some(Value::Float(f)) => f,
+            Some(Value::Integer(i)) => i as f64,
+            Some(v) => return Err(self.bad(key, format!("expected a number, got {v}"))),
+        };
+        if !(lo..=hi).contains(&v) {
+            return Err(self.bad(key, format!("must be in [{lo}, {hi}], got {v}")));
+        }
+        Ok(v as f32)
+    }
+
+    /// Fails on any key not taken.
+    fn finish(self) -> Result<(), ModelError> {
+        if let Some(key) = self.table.keys().next() {
+            return Err((self.err)(ModelErrorKind::UnknownKey {
+                key: key.clone(),
+                ty: self.ty.clone(),
+                allowed: self.allowed.join(", "),
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// Replaces every string value that is exactly `$name` by the bound value (any type); other
+/// strings with `$` stay expressions, evaluated where a number is expected.
+fn substitute(v: &mut Value, bindings: &BTreeMap<String, Value>) {
+    match v {
+        Value::String(s) => {
+            if let Some(b) = s.strip_prefix('$').and_then(|n| bindings.get(n)) {
+                *v = b.clone();
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| substitute(x, bindings)),
+        Value::Table(t) => t.iter_mut().for_each(|(_, x)| substitute(x, bindings)),
+        _ => {}
+    }
+}
+
+impl Expander<'_> {
+    fn expand(&mut self, tables: &[Spanned<Table>], scope: &Scope) -> Result<String, ModelError> {
+        let mut prev = scope.input.clone();
+        for t in tables {
+            let line = line_of(self.text, t.span().start);
+            let mut table = t.get_ref().clone();
+            for (_, v) in table.iter_mut() {
+                substitute(v, &scope.bindings);
+            }
+            prev = if table.contains_key("use") {
+                self.instance(table, line, scope, &prev)?
+            } else {
+                self.layer(table, line, scope, &prev)?
+            };
+        }
+        Ok(prev)
+    }
+
+    fn origin(&self, line: usize, scope: &Scope) -> Origin {
+        match scope.instance_line {
+            Some(inst) => Origin {
+                file: self.file.clone(),
+                line: inst,
+                template_line: Some(line),
+            },
+            None => Origin {
+                file: self.file.clone(),
+                line,
+                template_line: None,
+            },
+        }
+    }
+
+    fn err_at(
+        &self,
+        line: usize,
+        scope: &Scope,
+        layer: Option<String>,
+        kind: ModelErrorKind,
+    ) -> ModelError {
+        let o = self.origin(line, scope);
+        let file = match o.template_line {
+            Some(t) => format!("{} (template line {t})", o.file),
+            None => o.file.to_string(),
+        };
+        ModelError {
+            file,
+            line: Some(o.line),
+            layer,
+            kind,
+        }
+    }
+
+    fn string(
+        &self,
+        table: &mut Table,
+        key: &str,
+        err: &dyn Fn(ModelErrorKind) -> ModelError,
+    ) -> Result<Option<String>, ModelError> {
+        match table.remove(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(err(ModelErrorKind::BadValue {
+                key: key.into(),
+                message: format!("expected a string, got {v}"),
+            })),
+        }
+    }
+
+    /// The full names of the inputs a table names (`input = "x"` or `inputs = [...]`).
+    fn inputs(
+        &self,
+        table: &mut Table,
+        scope: &Scope,
+        prev: &str,
+        err: &dyn Fn(ModelErrorKind) -> ModelError,
+    ) -> Result<Vec<String>, ModelError> {
+        let bad = |m: String| {
+            err(ModelErrorKind::BadValue {
+                key: "inputs".into(),
+                message: m,
+            })
+        };
+        match (table.remove("input"), table.remove("inputs")) {
+            (Some(_), Some(_)) => Err(bad("give either 'input' or 'inputs', not both".into())),
+            (Some(Value::String(s)), None) => Ok(vec![scope.resolve(&s)]),
+            (Some(v), None) => Err(bad(format!("'input' must be a layer name, got {v}"))),
+            (None, Some(Value::Array(a))) => a
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(scope.resolve(s)),
+                    other => Err(bad(format!("expected layer names, got {other}"))),
+                })
+                .collect(),
+            (None, Some(v)) => Err(bad(format!("expected an array of layer names, got {v}"))),
+            (None, None) => Ok(vec![prev.to_string()]),
+        }
+    }
+
+    fn claim_name(&mut self, name: &str, line: usize, scope: &Scope) -> Result<(), ModelError> {
+        if name == INPUT || name.is_empty() {
+            return Err(self.err_at(line, scope, Some(format!("'{name}'")), ModelErrorKind::BadValue {
+                key: "name".into(),
+                message: format!("'{INPUT}' (and the empty name) refer to the network's input; choose another name"),
+            }));
+        }
+        if let Some(&first) = self.first_line.get(name) {
+            return Err(self.err_at(
+                line,
+                scope,
+                Some(format!("'{name}'")),
+                ModelErrorKind::DuplicateName {
+                    name: name.to_string(),
+                    first_line: first,
+                },
+            ));
+        }
+        self.first_line.insert(name.to_string(), line);
+        Ok(())
+    }
+
+    fn layer(
+        &mut self,
+        mut table: Table,
+        line: usize,
+        scope: &Scope,
+        prev: &str,
+    ) -> Result<String, ModelError> {
+        let plain = |k: ModelErrorKind| self.err_at(line, scope, None, k);
+        let ty = match table.remove("type") {
+            Some(Value::String(s)) => s,
+            Some(v) => {
+                return Err(plain(ModelErrorKind::BadValue {
+                    key: "type".into(),
+                    message: format!("expected a layer type name, got {v}"),
+                }))
+            }
+            None => {
+                return Err(plain(ModelErrorKind::BadValue {
+                    key: "type".into(),
+                    message: "missing: every layer needs a 'type' (or 'use' for a template)".into(),
+                }))
+            }
+        };
+        if !TYPES.contains(&ty.as_str()) {
+            return Err(plain(ModelErrorKind::UnknownType(ty)));
+        }
+        let local = self.string(&mut table, "name", &plain)?;
+        let name = match &local {
+            Some(n) => scope.resolve(n),
+            None => {
+                self.unnamed += 1;
+                format!("{}{ty}_{}", scope.prefix, self.unnamed)
+            }
+        };
+        let label = format!("'{name}' ({ty})");
+        let err = |k: ModelErrorKind| self.err_at(line, scope, Some(label.clone()), k);
+        let inputs = self.inputs(&mut table, scope, prev, &err)?;
+        let ints = scope
+            .bindings
+            .iter()
+            .filter_map(|(k, v)| v.as_integer().map(|i| (k.clone(), i)))
+            .collect();
+        let mut keys = Keys {
+            table,
+            err: &err,
+            ty: ty.clone(),
+            allowed: vec!["type", "name", "input", "inputs"],
+            ints,
+        };
+        let op = parse_op(&ty, &mut keys)?;
+        keys.finish()?;
+        self.claim_name(&name, line, scope)?;
+        self.layers.push(Layer {
+            name: name.clone(),
+            op,
+            inputs,
+            origin: Some(self.origin(line, scope)),
+        });
+        Ok(name)
+    }
+
+    fn instance(
+        &mut self,
+        mut table: Table,
+        line: usize,
+        scope: &Scope,
+        prev: &str,
+    ) -> Result<String, ModelError> {
+        let plain = |k: ModelErrorKind| self.err_at(line, scope, None, k);
+        let tname = self.string(&mut table, "use", &plain)?.unwrap_or_default();
+        let Some(template) = self.templates.get(&tname) else {
+            return Err(plain(ModelErrorKind::UnknownTemplate {
+                name: tname,
+                known: self
+                    .templates
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }));
+        };
+        if scope.depth >= MAX_DEPTH {
+            return Err(plain(ModelErrorKind::Graph(format!(
+                "templates nest deeper than {MAX_DEPTH} levels (does '{tname}' use itself?)"
+            ))));
+        }
+        let local = self.string(&mut table, "name", &plain)?;
+        let name = match &local {
+            Some(n) => scope.resolve(n),
+            None => {
+                self.unnamed += 1;
+                format!("{}{tname}_{}", scope.prefix, self.unnamed)
+            }
+        };
+        let label = format!("'{name}' (template {tname})");
+        let err = |k: ModelErrorKind| self.err_at(line, scope, Some(label.clone()), k);
+        let inputs = self.inputs(&mut table, scope, prev, &err)?;
+        if inputs.len() != 1 {
+            return Err(err(ModelErrorKind::BadValue {
+                key: "inputs".into(),
+                message: format!("a template instance reads one input, got {}", inputs.len()),
+            }));
+        }
+        let t = template.get_ref();
+        let mut bindings = BTreeMap::new();
+        for (k, v) in t.defaults.iter() {
+            if !t.params.contains(k) {
+                let tl = line_of(self.text, template.span().start);
+                return Err(self.err_at(
+                    tl,
+                    scope,
+                    None,
+                    ModelErrorKind::BadValue {
+                        key: format!("template.{tname}.defaults.{k}"),
+                        message: format!(
+                            "'{k}' is not one of the template's params ({})",
+                            t.params.join(", ")
+                        ),
+                    },
+                ));
+            }
+            bindings.insert(k.clone(), v.clone());
+        }
+        for (k, v) in table {
+            if !t.params.contains(&k) {
+                let mut allowed = vec!["use".to_string(), "name".into(), "input".into()];
+                allowed.extend(t.params.iter().cloned());
+                return Err(err(ModelErrorKind::UnknownKey {
+                    key: k,
+                    ty: format!("template {tname}"),
+                    allowed: allowed.join(", "),
+                }));
+            }
+            bindings.insert(k, v);
+        }
+        if let Some(missing) = t.params.iter().find(|p| !bindings.contains_key(*p)) {
+            return Err(err(ModelErrorKind::BadValue {
+                key: missing.clone(),
+                message: format!("missing: template '{tname}' needs {}", t.params.join(", ")),
+            }));
+        }
+        self.claim_name(&name, line, scope)?;
+        let inner = Scope {
+            prefix: format!("{name}."),
+            input: inputs[0].clone(),
+            bindings,
+            instance_line: Some(scope.instance_line.unwrap_or(line)),
+            depth: scope.depth + 1,
+        };
+        let last = self.expand(&t.layers, &inner)?;
+        self.aliases.insert(name, last.clone());
+        Ok(last)
+    }
+}
+
+/// Reads the settings of a layer of type `ty`.
+fn parse_op(ty: &str, k: &mut Keys) -> Result<Op, ModelError> {
+    Ok(match ty {
+        "conv2d" => {
+            let out = k.units("out", None)?;
+            let kernel = k.required_pair("kernel")?;
+            let stride = k.pair("stride", [1, 1], 1)?;
+            let dilation = k.pair("dilation", [1, 1], 1)?;
+            let padding = match k.take("padding") {
+                Some(Value::String(s)) if s == "same" => None,
+                Some(v) => {
+                    k.table.insert("padding".into(), v);
+                    k.allowed.pop();
+                    Some(k.pair("padding", [0, 0], 0)?)
+                }
+                None => Some([0, 0]),
+            };
+            let groups = k.units("groups", Some(Units::Fixed(1)))?;
+            let bias = k.bool("bias", true)?;
+            Op::Conv2d(Conv2d {
+                out,
+                kernel,
+                stride,
+                padding,
+                dilation,
+                groups,
+                bias,
+            })
+        }
+        "batch_norm" => Op::BatchNorm(BatchNorm {
+            momentum: k.float("momentum", 0.1, 0.0, 1.0)?,
+            eps: k.float("eps", 1e-5, 1e-12, 1.0)?,
+        }),
+        "relu" => Op::Relu,
+        "relu6" => Op::Relu6,
+        "max_pool" | "avg_pool" => {
+            let kernel = k.required_pair("kernel")?;
+            let stride = k.pair("stride", kernel, 1)?;
+            let padding = k.pair("padding", [0, 0], 0)?;
+            let pool = Pool {
+                kernel,
+                stride,
+                padding,
+            };
+            if ty == "max_pool" {
+                Op::MaxPool(pool)
+            } else {
+                Op::AvgPool(pool, k.bool("count_include_pad", true)?)
+            }
+        }
+        "global_avg_pool" => Op::GlobalAvgPool,
+        "linear" => Op::Linear(Linear {
+            out: k.units("out", None)?,
+            bias: k.bool("bias", true)?,
+        }),
+        "dropout" => {
+            let p = k.float("p", 0.5, 0.0, 1.0)?;
+            if p >= 1.0 {
+                return Err(k.bad("p", "must be below 1 (dropout of every element)"));
+            }
+            Op::Dropout(p)
+        }
+        "add" => Op::Add,
+        "concat" => Op::Concat,
+        "flatten" => Op::Flatten,
+        "softmax_cross_entropy" => Op::SoftmaxCrossEntropy(SoftmaxCrossEntropy {
+            label_smoothing: k.float("label_smoothing", 0.0, 0.0, 1.0)?,
+            weight: k.float("weight", 1.0, 0.0, 1e6)?,
+        }),
+        other => unreachable!("type '{other}' was checked against TYPES"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_expand_with_prefixed_names_and_inputs() {
+        let text = r#"
+name = "t"
+layers = [
+  { type = "conv2d", name = "stem", out = 4, kernel = 3, padding = 1 },
+  { use = "block", name = "b1", out = 4 },
+  { use = "block", name = "b2", out = "$x", x = 8 },
+]
+[template.block]
+params = ["out"]
+layers = [
+  { type = "conv2d", name = "c", out = "$out * 2", kernel = 1 },
+  { type = "relu" },
+  { type = "add", inputs = ["c", "input"] },
+]
+"#;
+        let e = parse(text, "t.toml", "t").unwrap_err();
+        // b2 passes an unknown parameter 'x'.
+        assert!(
+            matches!(e.kind, ModelErrorKind::UnknownKey { ref key, .. } if key == "x"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(6));
+        let text = text.replace(r#"out = "$x", x = 8"#, "out = 8");
+        let spec = parse(&text, "t.toml", "t").unwrap();
+        let names: Vec<&str> = spec.layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names[0], "stem");
+        assert_eq!(names[1], "b1.c");
+        assert_eq!(spec.layers[1].inputs, vec!["stem"]);
+        assert_eq!(spec.layers[3].inputs, vec!["b1.c", "stem"]);
+        assert_eq!(spec.layers[4].inputs, vec![names[3]]);
+        match &spec.layers[4].op {
+            Op::Conv2d(c) => assert_eq!(c.out, Units::Fixed(16)),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,644 @@
+//! A model made concrete for one input: layers in topological order, every shape inferred and
+//! checked, every count resolved. What the trainer, `model show`, `profile` and `simulate`
+//! all work from.
+
+use super::error::{ModelError, ModelErrorKind};
+use super::spec::{Layer, ModelSpec, Op, Units, INPUT};
+use std::collections::{BTreeMap, HashMap};
+
+/// The shape of one sample: channels x height x width (a vector of `n` is `n x 1 x 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Channels (or vector length).
+    pub c: usize,
+    /// Height.
+    pub h: usize,
+    /// Width.
+    pub w: usize,
+}
+
+impl Shape {
+    /// Elements per sample.
+    pub fn numel(&self) -> usize {
+        self.c * self.h * self.w
+    }
+    /// Spatial positions.
+    pub fn pixels(&self) -> usize {
+        self.h * self.w
+    }
+    /// A vector (no spatial extent).
+    pub fn is_flat(&self) -> bool {
+        self.h == 1 && self.w == 1
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_flat() {
+            write!(f, "{}", self.c)
+        } else {
+            write!(f, "{}x{}x{}", self.c, self.h, self.w)
+        }
+    }
+}
+
+/// A layer with everything resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// The layer's name (`input` for node 0).
+    pub name: String,
+    /// What it computes (with `Units` resolved to `Fixed`).
+    pub op: NodeOp,
+    /// Indices of the nodes it reads.
+    pub inputs: Vec<usize>,
+    /// Output shape per sample.
+    pub shape: Shape,
+    /// Trainable parameters.
+    pub params: usize,
+    /// Multiply-accumulates per sample in forward (convolutions and linear layers; one per
+    /// element for batch norm, as the simulator's FLOPs profiles count them).
+    pub macs: u64,
+    /// Where it was defined.
+    pub origin: String,
+}
+
+/// A node's computation with every count known.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeOp {
+    /// The network's input.
+    Input,
+    /// A layer of the model.
+    Layer(Op),
+}
+
+impl Node {
+    /// The layer's op (`None` for the input node).
+    pub fn layer(&self) -> Option<&Op> {
+        match &self.op {
+            NodeOp::Input => None,
+            NodeOp::Layer(op) => Some(op),
+        }
+    }
+    /// The type name, as in model files (`input` for the input).
+    pub fn type_name(&self) -> &'static str {
+        self.layer().map_or("input", Op::type_name)
+    }
+}
+
+/// The concrete model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Graph {
+    /// Model name.
+    pub name: String,
+    /// Where its description came from.
+    pub source: String,
+    /// Classes of the dataset (the loss's width).
+    pub classes: usize,
+    /// Nodes in topological order; node 0 is the input.
+    pub nodes: Vec<Node>,
+    /// The loss nodes (softmax cross-entropy), the first one's input being the model's
+    /// prediction.
+    pub losses: Vec<usize>,
+}
+
+impl Graph {
+    /// The input shape.
+    pub fn input(&self) -> Shape {
+        self.nodes[0].shape
+    }
+    /// The node holding the logits the model predicts with (the first loss's input).
+    pub fn logits(&self) -> usize {
+        self.nodes[self.losses[0]].inputs[0]
+    }
+    /// Total trainable parameters.
+    pub fn num_params(&self) -> usize {
+        self.nodes.iter().map(|n| n.params).sum()
+    }
+    /// Total forward multiply-accumulates per sample.
+    pub fn macs(&self) -> u64 {
+        self.nodes.iter().map(|n| n.macs).sum()
+    }
+    /// A fingerprint of the structure (names, ops, shapes): equal for the same model on the
+    /// same input, used to check that a checkpoint or a peer has this model.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for n in &self.nodes {
+            let s = format!("{}|{:?}|{:?}|{}", n.name, n.op, n.inputs, n.shape);
+            for b in s.bytes() {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    /// Builds the graph of `spec` for samples of shape `input` (C, H, W) and `classes`
+    /// classes: resolves names, orders the layers, infers and checks every shape. A model
+    /// without a loss layer gets a softmax cross-entropy on its last layer.
+    pub fn build(spec: &ModelSpec, input: [usize; 3], classes: usize) -> Result<Graph, ModelError> {
+        let file_err = |kind| ModelError::file(&spec.source, None, kind);
+        if input.iter().any(|&d| d == 0) || classes == 0 {
+            return Err(file_err(ModelErrorKind::Shape(format!(
+                "the input {}x{}x{} with {classes} classes has a zero dimension",
+                input[0], input[1], input[2]
+            ))));
+        }
+        let mut layers: Vec<Layer> = spec.layers.clone();
+        if !layers
+            .iter()
+            .any(|l| matches!(l.op, Op::SoftmaxCrossEntropy(_)))
+        {
+            let last = layers.last().map(|l| l.name.clone()).unwrap_or_default();
+            layers.push(Layer {
+                name: "loss".into(),
+                op: Op::SoftmaxCrossEntropy(Default::default()),
+                inputs: vec![last],
+                origin: None,
+            });
+        }
+        let err_at = |l: &Layer, kind| ModelError {
+            file: l
+                .origin
+                .as_ref()
+                .map_or(spec.source.clone(), |o| match o.template_line {
+                    Some(t) => format!("{} (template line {t})", o.file),
+                    None => o.file.to_string(),
+                }),
+            line: l.origin.as_ref().map(|o| o.line),
+            layer: Some(format!("'{}' ({})", l.name, l.op.type_name())),
+            kind,
+        };
+        // Names to layer indices (1-based: 0 is the input).
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        index.insert(INPUT, 0);
+        for (i, l) in layers.iter().enumerate() {
+            if index.insert(l.name.as_str(), i + 1).is_some() {
+                return Err(err_at(
+                    l,
+                    ModelErrorKind::DuplicateName {
+                        name: l.name.clone(),
+                        first_line: 0,
+                    },
+                ));
+            }
+        }
+        let mut reads: Vec<Vec<usize>> = vec![Vec::new()];
+        for l in &layers {
+            let mut r = Vec::new();
+            for name in &l.inputs {
+                let Some(&j) = index.get(name.as_str()) else {
+                    return Err(err_at(
+                        l,
+                        ModelErrorKind::MissingInput {
+                            name: name.clone(),
+                            hint: similar(name, &index),
+                        },
+                    ));
+                };
+                if r.contains(&j) {
+                    return Err(err_at(
+                        l,
+                        ModelErrorKind::Graph(format!(
+                            "reads '{name}' twice; read it once (add(x, x) is scale(x, 2))"
+                        )),
+                    ));
+                }
+                r.push(j);
+            }
+            if r.is_empty() {
+                return Err(err_at(l, ModelErrorKind::Graph("reads nothing".into())));
+            }
+            reads.push(r);
+        }
+        let order = topo_order(&reads).map_err(|cycle| {
+            let names: Vec<String> = cycle.iter().map(|&i| layers[i - 1].name.clone()).collect();
+            err_at(&layers[cycle[0] - 1], ModelErrorKind::Cycle(names))
+        })?;
+        let mut pos = vec![0; reads.len()];
+        for (p, &i) in order.iter().enumerate() {
+            pos[i] = p;
+        }
+        let mut nodes: Vec<Node> = Vec::with_capacity(order.len());
+        nodes.push(Node {
+            name: INPUT.into(),
+            op: NodeOp::Input,
+            inputs: Vec::new(),
+            shape: Shape {
+                c: input[0],
+                h: input[1],
+                w: input[2],
+            },
+            params: 0,
+            macs: 0,
+            origin: spec.source.clone(),
+        });
+        for &i in &order[1..] {
+            let l = &layers[i - 1];
+            let ins: Vec<usize> = reads[i].iter().map(|&j| pos[j]).collect();
+            let shapes: Vec<(String, Shape)> = ins
+                .iter()
+                .map(|&j| (nodes[j].name.clone(), nodes[j].shape))
+                .collect();
+            let (op, shape, params, macs) =
+                infer(&l.op, &shapes, classes).map_err(|m| err_at(l, ModelErrorKind::Shape(m)))?;
+            nodes.push(Node {
+                name: l.name.clone(),
+                op: NodeOp::Layer(op),
+                inputs: ins,
+                shape,
+                params,
+                macs,
+                origin: l
+                    .origin
+                    .as_ref()
+                    .map_or(spec.source.clone(), |o| o.to_string()),
+            });
+        }
+        // Every output is used: by a later layer, or it is a loss.
+        let mut used = vec![false; nodes.len()];
+        for n in &nodes {
+            for &j in &n.inputs {
+                used[j] = true;
+            }
+        }
+        let weight = |i: usize| match nodes[i].layer() {
+            Some(Op::SoftmaxCrossEntropy(l)) => Some(l.weight),
+            _ => None,
+        };
+        let mut losses: Vec<usize> = (0..nodes.len()).filter(|&i| weight(i).is_some()).collect();
+        // The prediction is the input of the loss with the largest weight (the main head;
+        // auxiliary heads have smaller ones): it goes first.
+        losses.sort_by(|&a, &b| {
+            weight(b)
+                .partial_cmp(&weight(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        for (i, n) in nodes.iter().enumerate().skip(1) {
+            if !used[i] && !losses.contains(&i) {
+                let l = &layers[order[i] - 1];
+                return Err(err_at(
+                    l,
+                    ModelErrorKind::Graph(
+                        "its output is used by no layer (only loss layers may end the network)"
+                            .into(),
+                    ),
+                ));
+            }
+            if losses.contains(&i) && used[i] {
+                let l = &layers[order[i] - 1];
+                return Err(err_at(
+                    l,
+                    ModelErrorKind::Graph(format!(
+                        "a loss ends the network, but '{}' reads it",
+                        n.name
+                    )),
+                ));
+            }
+        }
+        Ok(Graph {
+            name: spec.name.clone(),
+            source: spec.source.clone(),
+            classes,
+            nodes,
+            losses,
+        })
+    }
+}
+
+/// A defined name close to `name` ("did you mean"), or empty.
+fn similar(name: &str, index: &HashMap<&str, usize>) -> String {
+    let dist = |a: &str, b: &str| -> usize {
+        let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for i in 1..=a.len() {
+            let mut cur = vec![i; b.len() + 1];
+            for j in 1..=b.len() {
+                let sub = prev[j - 1] + (a[i - 1] != b[j - 1]) as usize;
+                cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    };
+    index
+        .keys()
+        .map(|k| (dist(name, k), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| format!(" (did you mean '{k}'?)"))
+        .unwrap_or_default()
+}
+
+/// Kahn's algorithm, taking the lowest-numbered ready layer first (so a file in a valid order
+/// keeps its order); returns the cycle's layers (indices into `reads`) on failure.
+fn topo_order(reads: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
+    let n = reads.len();
+    let mut indeg = vec![0usize; n];
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, r) in reads.iter().enumerate() {
+        indeg[i] = r.len();
+        for &j in r {
+            users[j].push(i);
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &u in &users[i] {
+            indeg[u] -= 1;
+            if indeg[u] == 0 {
+                ready.insert(u);
+            }
+        }
+    }
+    if order.len() == n {
+        return Ok(order);
+    }
+    // Walk back along unfinished reads from an unfinished layer until one repeats.
+    let mut at = (0..n)
+        .find(|&i| indeg[i] > 0)
+        .expect("some layer is unfinished");
+    let mut seen = vec![usize::MAX; n];
+    let mut path = Vec::new();
+    while seen[at] == usize::MAX {
+        seen[at] = path.len();
+        path.push(at);
+        at = *reads[at]
+            .iter()
+            .find(|&&j| indeg[j] > 0)
+            .expect("an unfinished layer reads one");
+    }
+    let mut cycle = path[seen[at]..].to_vec();
+    cycle.reverse();
+    cycle.push(cycle[0]);
+    Err(cycle)
+}
+
+fn resolve(u: &Units, key: &str, channels: usize, classes: usize) -> Result<usize, String> {
+    match u {
+        Units::Fixed(n) => Ok(*n),
+        Units::Expr(e) => {
+            let vars: BTreeMap<String, i64> = [
+                ("channels".to_string(), channels as i64),
+                ("classes".to_string(), classes as i64),
+            ]
+            .into();
+            let v = e.eval(&vars).map_err(|m| format!("'{key}' = {e}: {m}"))?;
+            if v < 1 {
+                return Err(format!(
+                    "'{key}' = {e} is {v} for {channels} input channels; it must be at least 1"
+                ));
+            }
+            Ok(v as usize)
+        }
+    }
+}
+
+/// Output size of a sliding window, or why it does not fit.
+fn window(len: usize, k: usize, s: usize, p: usize, d: usize, axis: &str) -> Result<usize, String> {
+    let span = d * (k - 1) + 1;
+    if len + 2 * p < span {
+        return Err(format!(
+            "a window of {k} (dilation {d}, padding {p}) does not fit the input's {axis} of {len}"
+        ));
+    }
+    Ok((len + 2 * p - span) / s + 1)
+}
+
+type Inferred = (Op, Shape, usize, u64);
+
+/// The output shape, parameter count and MACs of `op` on inputs of `shapes`, with `Units`
+/// resolved, or a message naming the shapes that do not fit.
+fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred, String> {
+    let (first_name, x) = (&shapes[0].0, shapes[0].1);
+    let one = || -> Result<(), String> {
+        if shapes.len() != 1 {
+            return Err(format!(
+                "{} takes one input, got {}",
+                op.type_name(),
+                shapes.len()
+            ));
+        }
+        Ok(())
+    };
+    Ok(match op {
+        Op::Conv2d(c) => {
+            one()?;
+            let out = resolve(&c.out, "out", x.c, classes)?;
+            let groups = resolve(&c.groups, "groups", x.c, classes)?;
+            if x.c % groups != 0 || out % groups != 0 {
+                return Err(format!("groups = {groups} must divide the input channels ({}, from '{first_name}' of {x}) and the output channels ({out})", x.c));
+            }
+            let padding = match c.padding {
+                Some(p) => p,
+                None => {
+                    if c.stride != [1, 1] || c.kernel.iter().any(|k| k % 2 == 0) {
+                        return Err("padding = \"same\" needs stride 1 and odd kernel sizes".into());
+                    }
+                    [
+                        c.dilation[0] * (c.kernel[0] - 1) / 2,
+                        c.dilation[1] * (c.kernel[1] - 1) / 2,
+                    ]
+                }
+            };
+            let oh = window(
+                x.h,
+                c.kernel[0],
+                c.stride[0],
+                padding[0],
+                c.dilation[0],
+                "height",
+            )
+            .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
+            let ow = window(
+                x.w,
+                c.kernel[1],
+                c.stride[1],
+                padding[1],
+                c.dilation[1],
+                "width",
+            )
+            .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
+            let per_out = c.kernel[0] * c.kernel[1] * x.c / groups;
+            let params = out * per_out + if c.bias { out } else { 0 };
+            let mut c2 = c.clone();
+            c2.out = Units::Fixed(out);
+            c2.groups = Units::Fixed(groups);
+            c2.padding = Some(padding);
+            let shape = Shape {
+                c: out,
+                h: oh,
+                w: ow,
+            };
+            (
+                Op::Conv2d(c2),
+                shape,
+                params,
+                (out * per_out * oh * ow) as u64,
+            )
+        }
+        Op::BatchNorm(_) => {
+            one()?;
+            (op.clone(), x, 2 * x.c, x.numel() as u64)
+        }
+        Op::Relu | Op::Relu6 | Op::Dropout(_) => {
+            one()?;
+            (op.clone(), x, 0, 0)
+        }
+        Op::MaxPool(p) | Op::AvgPool(p, _) => {
+            one()?;
+            if op.type_name() == "max_pool" && p.kernel[0] * p.kernel[1] > 255 {
+                return Err(format!(
+                    "max_pool windows are at most 255 elements, got {}x{}",
+                    p.kernel[0], p.kernel[1]
+                ));
+            }
+            if 2 * p.padding[0] > p.kernel[0] || 2 * p.padding[1] > p.kernel[1] {
+                return Err(format!(
+                    "padding {:?} must be at most half the window {:?} (as in PyTorch)",
+                    p.padding, p.kernel
+                ));
+            }
+            let oh = window(x.h, p.kernel[0], p.stride[0], p.padding[0], 1, "height")
+                .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
+            let ow = window(x.w, p.kernel[1], p.stride[1], p.padding[1], 1, "width")
+                .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
+            (
+                op.clone(),
+                Shape {
+                    c: x.c,
+                    h: oh,
+                    w: ow,
+                },
+                0,
+                0,
+            )
+        }
+        Op::GlobalAvgPool => {
+            one()?;
+            (op.clone(), Shape { c: x.c, h: 1, w: 1 }, 0, 0)
+        }
+        Op::Flatten => {
+            one()?;
+            (
+                op.clone(),
+                Shape {
+                    c: x.numel(),
+                    h: 1,
+                    w: 1,
+                },
+                0,
+                0,
+            )
+        }
+        Op::Linear(l) => {
+            one()?;
+            if !x.is_flat() {
+                return Err(format!("linear needs a flat input, but '{first_name}' is {x}: put a flatten (or global_avg_pool) before it"));
+            }
+            let out = resolve(&l.out, "out", x.c, classes)?;
+            let mut l2 = l.clone();
+            l2.out = Units::Fixed(out);
+            let params = out * x.c + if l.bias { out } else { 0 };
+            (
+                Op::Linear(l2),
+                Shape { c: out, h: 1, w: 1 },
+                params,
+                (out * x.c) as u64,
+            )
+        }
+        Op::Add => {
+            if shapes.len() < 2 {
+                return Err(format!(
+                    "add needs at least two inputs, got {}",
+                    shapes.len()
+                ));
+            }
+            if let Some((n, s)) = shapes.iter().find(|(_, s)| *s != x) {
+                return Err(format!(
+                    "add needs inputs of one shape, but '{first_name}' is {x} and '{n}' is {s}"
+                ));
+            }
+            (op.clone(), x, 0, 0)
+        }
+        Op::Concat => {
+            if shapes.len() < 2 {
+                return Err(format!(
+                    "concat needs at least two inputs, got {}",
+                    shapes.len()
+                ));
+            }
+            if let Some((n, s)) = shapes.iter().find(|(_, s)| (s.h, s.w) != (x.h, x.w)) {
+                return Err(format!("concat joins channels of inputs of one height and width, but '{first_name}' is {x} and '{n}' is {s}"));
+            }
+            let c = shapes.iter().map(|(_, s)| s.c).sum();
+            (op.clone(), Shape { c, h: x.h, w: x.w }, 0, 0)
+        }
+        Op::SoftmaxCrossEntropy(_) => {
+            one()?;
+            if !x.is_flat() || x.c != classes {
+                return Err(format!(
+                    "the loss needs one logit per class ({classes}), but '{first_name}' gives {x}"
+                ));
+            }
+            (op.clone(), Shape { c: 1, h: 1, w: 1 }, 0, 0)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::file::parse;
+
+    fn build(text: &str) -> Result<Graph, ModelError> {
+        Graph::build(&parse(text, "m.toml", "m").unwrap(), [1, 8, 8], 10)
+    }
+
+    #[test]
+    fn infers_shapes_and_orders_forward_references() {
+        let g = build(
+            r#"layers = [
+  { type = "conv2d", name = "a", out = 4, kernel = 3, padding = 1 },
+  { type = "add", name = "sum", inputs = ["a", "b"] },
+  { type = "conv2d", name = "b", input = "a", out = 4, kernel = 1 },
+  { type = "global_avg_pool", input = "sum" },
+  { type = "linear", name = "fc", out = "classes" },
+]"#,
+        )
+        .unwrap();
+        let names: Vec<&str> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(&names[..4], &["input", "a", "b", "sum"]);
+        assert_eq!(g.nodes[3].shape, Shape { c: 4, h: 8, w: 8 });
+        assert_eq!(g.num_params(), (4 * 9 + 4) + (4 * 4 + 4) + (10 * 4 + 10));
+    }
+
+    #[test]
+    fn errors_name_line_layer_and_shapes() {
+        let e = build(
+            r#"layers = [
+  { type = "conv2d", name = "a", out = 4, kernel = 3 },
+  { type = "add", inputs = ["a", "input"] },
+]"#,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("m.toml:3: layer"), "{msg}");
+        assert!(msg.contains("4x6x6") && msg.contains("1x8x8"), "{msg}");
+        let e = build(
+            r#"layers = [
+  { type = "relu", name = "a", input = "b" },
+  { type = "relu", name = "b", input = "a" },
+  { type = "linear", out = 10, input = "a" },
+]"#,
+        )
+        .unwrap_err();
+        assert!(matches!(e.kind, ModelErrorKind::Cycle(_)), "{e}");
+        assert!(
+            e.to_string().contains("a -> b -> a") || e.to_string().contains("b -> a -> b"),
+            "{e}"
+        );
+        let e = build(r#"layers = [ { type = "relu", input = "nope" } ]"#).unwrap_err();
+        assert!(matches!(e.kind, ModelErrorKind::MissingInput { .. }), "{e}");
+    }
+}
