@@ -2,7 +2,6 @@
 //! and validation of the whole before anything starts.
 
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
-use crate::models::MODEL_NAMES;
 use crate::optim::{LrSchedule, SgdConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -79,13 +78,11 @@ pub struct TrainConfig {
     /// process leaders, back within the process (see [`crate::comm::hierarchical`]); off: one
     /// flat all-reduce over every worker. No effect with one process or one worker each.
     pub hierarchical: bool,
-    /// Bucket cap in KiB (0: one block per bucket).
-    pub bucket_kb: usize,
-    /// Neither `--bucket-kb` nor `--first-bucket-kb` was given: with `--comm auto` the caps
-    /// then follow the link (see `train::worker::bucket_caps`).
-    pub bucket_caps_from_link: bool,
+    /// Bucket cap in KiB (0: one layer per bucket); with neither cap given the caps follow
+    /// the link (see [`crate::parallel::bucket_caps`]).
+    pub bucket_kb: Option<usize>,
     /// Cap of the first bucket in KiB.
-    pub first_bucket_kb: usize,
+    pub first_bucket_kb: Option<usize>,
     /// Emulated link, if any.
     pub link: Option<LinkModel>,
     /// How long a collective may wait for a peer.
@@ -411,12 +408,9 @@ impl TrainOptions {
     /// with a message that says what to do.
     pub fn resolve(&self) -> Result<TrainConfig, String> {
         let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
-        if !MODEL_NAMES.contains(&model.as_str()) {
-            return Err(format!(
-                "unknown model '{model}': choose one of {}",
-                MODEL_NAMES.join(", ")
-            ));
-        }
+        // Parsed here so that a bad model file fails before anything starts; its shapes are
+        // checked once the dataset is known.
+        let model_name = crate::model::load(&model).map_err(|e| e.to_string())?.name;
         let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
         let workers = self.workers.unwrap_or(1);
         if workers == 0 {
@@ -527,7 +521,10 @@ impl TrainOptions {
             f => return Err(format!("--log-format must be text or json, not '{f}'")),
         };
         let run_dir = self.run_dir.clone().unwrap_or_else(|| {
-            PathBuf::from(format!("runs/{model}-{}", dataset.replace([':', '/'], "_")))
+            PathBuf::from(format!(
+                "runs/{model_name}-{}",
+                dataset.replace([':', '/'], "_")
+            ))
         });
         Ok(TrainConfig {
             model,
@@ -549,11 +546,8 @@ impl TrainOptions {
             overlap,
             comm,
             hierarchical,
-            // Per-block buckets by default: our models are small (largest block 0.3 MB) and one
-            // bucket per block hid the most communication in `bench overlap` (vgg-small, 2 workers).
-            bucket_kb: self.bucket_kb.unwrap_or(0),
-            first_bucket_kb: self.first_bucket_kb.unwrap_or(0),
-            bucket_caps_from_link: self.bucket_kb.is_none() && self.first_bucket_kb.is_none(),
+            bucket_kb: self.bucket_kb,
+            first_bucket_kb: self.first_bucket_kb,
             link,
             comm_timeout: Duration::from_secs_f64(comm_timeout),
             transport,
@@ -684,7 +678,7 @@ mod tests {
             ..Default::default()
         };
         let cfg = file.overlaid_with(&cli).resolve().unwrap();
-        assert_eq!((cfg.epochs, cfg.batch, cfg.bucket_kb), (2, 32, 128));
+        assert_eq!((cfg.epochs, cfg.batch, cfg.bucket_kb), (2, 32, Some(128)));
         assert!(
             toml::from_str::<TrainOptions>("epoks = 3").is_err(),
             "unknown keys are refused"

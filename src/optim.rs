@@ -1,13 +1,12 @@
 //! The solver: SGD with momentum, weight decay and Nesterov, and learning-rate schedules.
 //!
-//! The update reads gradients from one flat buffer (the same memory the gradient buckets are
-//! reduced in) and writes the parameters in place through a candle in-place op, so a step
-//! allocates nothing.
+//! The update reads each layer's gradient where the reducer left it (its bucket buffer) and
+//! writes the network's flat parameter vector in place, on the worker's threads, allocating
+//! nothing.
 
-use crate::nn::Param;
-use candle_core::{CpuStorage, InplaceOp1, Layout, Result};
+use crate::nn::ParamBlock;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::cell::RefCell;
 
 /// SGD hyper-parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -20,112 +19,81 @@ pub struct SgdConfig {
     pub nesterov: bool,
 }
 
-/// SGD with momentum buffers kept per parameter, in parameter order.
+/// SGD with a momentum buffer laid out as the parameters.
 pub struct Sgd {
     cfg: SgdConfig,
-    momentum: Vec<Vec<f32>>,
+    momentum: Vec<f32>,
 }
 
-/// Updates one parameter in place: PyTorch's SGD, step for step.
-struct SgdUpdate<'a> {
-    grad: &'a [f32],
-    momentum: RefCell<&'a mut [f32]>,
-    lr: f32,
-    grad_scale: f32,
-    cfg: SgdConfig,
-}
-
-impl InplaceOp1 for SgdUpdate<'_> {
-    fn name(&self) -> &'static str {
-        "dptrain-sgd-update"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("sgd: parameters must be f32");
-        };
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("sgd: parameters must be contiguous");
-        };
-        let w = &mut data[start..end];
-        if w.len() != self.grad.len() {
-            candle_core::bail!(
-                "sgd: parameter has {} elements, gradient {}",
-                w.len(),
-                self.grad.len()
-            );
-        }
-        let mut mom = self.momentum.borrow_mut();
-        let SgdConfig {
-            momentum: mu,
-            weight_decay: wd,
-            nesterov,
-        } = self.cfg;
-        for ((w, &g), m) in w.iter_mut().zip(self.grad).zip(mom.iter_mut()) {
-            let d = g * self.grad_scale + wd * *w;
-            let step = if mu == 0.0 {
-                d
-            } else {
-                *m = mu * *m + d;
-                if nesterov {
-                    d + mu * *m
-                } else {
-                    *m
-                }
-            };
-            *w -= self.lr * step;
-        }
-        Ok(())
-    }
-}
+/// Elements per parallel task of the update.
+const BLOCK: usize = 1 << 14;
 
 impl Sgd {
-    /// Makes an optimiser for `params` with zeroed momentum buffers.
-    pub fn new(cfg: SgdConfig, params: &[Param]) -> Self {
+    /// An optimiser for `len` parameters with zeroed momentum.
+    pub fn new(cfg: SgdConfig, len: usize) -> Self {
         Self {
             cfg,
-            momentum: params.iter().map(|p| vec![0.0; p.numel()]).collect(),
+            momentum: vec![0.0; len],
         }
     }
 
-    /// The momentum buffers, in parameter order (for checkpoints).
-    pub fn momentum(&self) -> &[Vec<f32>] {
+    /// The momentum buffer (for checkpoints), laid out as the parameters.
+    pub fn momentum(&self) -> &[f32] {
         &self.momentum
     }
 
-    /// Replaces the momentum buffers (from a checkpoint); lengths must match.
-    pub fn set_momentum(&mut self, m: Vec<Vec<f32>>) -> std::result::Result<(), String> {
-        if m.len() != self.momentum.len()
-            || m.iter()
-                .zip(&self.momentum)
-                .any(|(a, b)| a.len() != b.len())
-        {
-            return Err("optimizer state does not match the model's parameters".into());
+    /// Replaces the momentum buffer (from a checkpoint); the length must match.
+    pub fn set_momentum(&mut self, m: Vec<f32>) -> Result<(), String> {
+        if m.len() != self.momentum.len() {
+            return Err(format!(
+                "optimizer state has {} values, the model {} parameters",
+                m.len(),
+                self.momentum.len()
+            ));
         }
         self.momentum = m;
         Ok(())
     }
 
-    /// One step: `grad(i)` is parameter i's gradient (a lookup, so a step builds no list),
-    /// multiplied by `grad_scale` first (1/N to turn a sum over N workers into a mean).
+    /// One step, PyTorch's SGD: for each block, `grad(b)` is its gradient (a lookup, so a
+    /// step builds no list), multiplied by `grad_scale` first.
     pub fn step<'g>(
         &mut self,
-        params: &[Param],
+        params: &mut [f32],
+        blocks: &[ParamBlock],
         grad: impl Fn(usize) -> &'g [f32],
         lr: f32,
         grad_scale: f32,
-    ) -> Result<()> {
-        for (i, (p, m)) in params.iter().zip(self.momentum.iter_mut()).enumerate() {
-            let op = SgdUpdate {
-                grad: grad(i),
-                momentum: RefCell::new(m.as_mut_slice()),
-                lr,
-                grad_scale,
-                cfg: self.cfg,
-            };
-            p.var.as_tensor().inplace_op1(&op)?;
+    ) {
+        let SgdConfig {
+            momentum: mu,
+            weight_decay: wd,
+            nesterov,
+        } = self.cfg;
+        for (bi, b) in blocks.iter().enumerate() {
+            let g = grad(bi);
+            let w = &mut params[b.range.clone()];
+            let m = &mut self.momentum[b.range.clone()];
+            w.par_chunks_mut(BLOCK)
+                .zip(m.par_chunks_mut(BLOCK))
+                .zip(g.par_chunks(BLOCK))
+                .for_each(|((w, m), g)| {
+                    for ((w, m), &g) in w.iter_mut().zip(m.iter_mut()).zip(g) {
+                        let d = g * grad_scale + wd * *w;
+                        let step = if mu == 0.0 {
+                            d
+                        } else {
+                            *m = mu * *m + d;
+                            if nesterov {
+                                d + mu * *m
+                            } else {
+                                *m
+                            }
+                        };
+                        *w -= lr * step;
+                    }
+                });
         }
-        Ok(())
     }
 }
 
@@ -209,7 +177,6 @@ impl LrSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Device, Var};
 
     #[test]
     fn sgd_matches_pytorch_formulas() {
@@ -221,27 +188,33 @@ mod tests {
             weight_decay: 0.01,
             nesterov: true,
         };
-        let var = Var::from_vec(vec![1.0f32, -2.0], 2, &Device::Cpu).unwrap();
-        let p = Param {
+        let block = ParamBlock {
             name: "w".into(),
-            var: var.clone(),
+            node: 1,
+            exec: 0,
+            range: 0..2,
+            state_range: 0..0,
+            tensors: Vec::new(),
+            state_tensors: Vec::new(),
         };
-        let mut opt = Sgd::new(cfg, std::slice::from_ref(&p));
+        let mut params = vec![1.0f32, -2.0];
+        let mut opt = Sgd::new(cfg, 2);
         let g = [1.0f32, 0.5]; // scaled by 0.5 below
         let mut w = [1.0f64, -2.0];
         let mut m = [0.0f64, 0.0];
         for _ in 0..2 {
-            opt.step(std::slice::from_ref(&p), |_| &g, 0.1, 0.5)
-                .unwrap();
+            opt.step(&mut params, std::slice::from_ref(&block), |_| &g, 0.1, 0.5);
             for i in 0..2 {
                 let d = g[i] as f64 * 0.5 + 0.01 * w[i];
                 m[i] = 0.9 * m[i] + d;
                 w[i] -= 0.1 * (d + 0.9 * m[i]);
             }
         }
-        let got = var.as_tensor().to_vec1::<f32>().unwrap();
         for i in 0..2 {
-            assert!((got[i] as f64 - w[i]).abs() < 1e-6, "{got:?} vs {w:?}");
+            assert!(
+                (params[i] as f64 - w[i]).abs() < 1e-6,
+                "{params:?} vs {w:?}"
+            );
         }
     }
 

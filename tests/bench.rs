@@ -7,7 +7,7 @@ use dptrain::bench::ablation::{
 };
 use dptrain::comm::CommMode;
 use dptrain::config::CommChoice;
-use dptrain::parallel::{BucketOp, BucketPlan};
+use dptrain::parallel::BucketOp;
 use std::path::Path;
 
 /// `dptrain bench ablation` flags as the command line parses them (defaults included).
@@ -66,9 +66,17 @@ fn ablation_baseline_trains_with_root_update_overlap_off_and_loading_in_the_step
     assert!(cfg.link.is_some(), "the default ablation emulates a link");
     // Tree mode is Caffe's scheme: every bucket is reduced to worker 0, which updates and
     // broadcasts the weights.
-    let net =
-        dptrain::models::build("lenet5", [1, 28, 28], 10, 1, &candle_core::Device::Cpu).unwrap();
-    let plan = BucketPlan::new(&net, cfg.first_bucket_kb * 1024, cfg.bucket_kb * 1024);
+    let graph =
+        std::sync::Arc::new(dptrain::train::build_graph("lenet5", [1, 28, 28], 10).unwrap());
+    let net = dptrain::nn::Net::new(
+        graph,
+        dptrain::nn::NetConfig {
+            max_batch: 1,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    let plan = dptrain::train::worker::bucket_plan(&cfg, &net);
     let ops = dptrain::train::worker::bucket_ops(&cfg, &plan);
     assert!(!ops.is_empty());
     assert!(ops.iter().all(|op| *op == BucketOp::ReduceToRoot));

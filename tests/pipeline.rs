@@ -2,7 +2,6 @@
 //! queue stays bounded, bad images are reported (or skipped) by name, and shutdown joins every
 //! thread. Every wait is under a timeout so a hang fails the test instead of stalling CI.
 
-use candle_core::Device;
 use dptrain::config::TrainOptions;
 use dptrain::data::{image_folder, synthetic, Dataset, DatasetPair};
 use dptrain::pipeline::{
@@ -71,14 +70,14 @@ fn batches_are_bitwise_identical_for_any_loader_thread_count_and_prefetch() {
     let c = collator(pair.train, "crop:2,flip", false);
     let sampler = DistributedSampler::new(200, 24, 2, 5);
     let mut sync: Vec<BatchFeed> = (0..2)
-        .map(|r| BatchFeed::synchronous(r, c.clone(), sampler.clone(), &Device::Cpu))
+        .map(|r| BatchFeed::synchronous(r, c.clone(), sampler.clone()))
         .collect();
     let reference = all_batches(&mut sync, &sampler, 1..4);
     assert_eq!(reference.len(), 3 * 8 * 2);
     // Augmentation is on: some batch differs from its un-augmented self.
     let plain = collator(small_pair(200, 10, (3, 8, 8)).train, "off", false);
     let mut unaug: Vec<BatchFeed> = (0..2)
-        .map(|r| BatchFeed::synchronous(r, plain.clone(), sampler.clone(), &Device::Cpu))
+        .map(|r| BatchFeed::synchronous(r, plain.clone(), sampler.clone()))
         .collect();
     assert_ne!(all_batches(&mut unaug, &sampler, 1..2), reference[..16]);
     for threads in [1, 2, 4] {
@@ -86,7 +85,7 @@ fn batches_are_bitwise_identical_for_any_loader_thread_count_and_prefetch() {
             let (c, s) = (c.clone(), sampler.clone());
             let got = within(60, "a pipeline run", move || {
                 let (p, mut feeds) =
-                    Pipeline::start(c, s.clone(), 1..4, threads, prefetch, &Device::Cpu).unwrap();
+                    Pipeline::start(c, s.clone(), 1..4, threads, prefetch).unwrap();
                 let got = all_batches(&mut feeds, &s, 1..4);
                 drop(feeds);
                 assert_eq!(p.shutdown(), threads);
@@ -107,7 +106,7 @@ fn the_queue_never_holds_more_than_k_batches_and_the_pool_is_fixed() {
     let sampler = DistributedSampler::new(400, 16, 2, 1);
     let k = 3;
     within(60, "a slow consumer", move || {
-        let (p, mut feeds) = Pipeline::start(c, sampler.clone(), 0..2, 4, k, &Device::Cpu).unwrap();
+        let (p, mut feeds) = Pipeline::start(c, sampler.clone(), 0..2, 4, k).unwrap();
         assert_eq!(p.pool_capacity(), 2 * (k + 1));
         let mut order = Vec::new();
         for epoch in 0..2 {
@@ -163,8 +162,7 @@ fn shutdown_mid_epoch_joins_every_thread_and_wakes_a_waiting_worker() {
     let c = collator(pair.train, "crop:4,flip", false);
     let sampler = DistributedSampler::new(2000, 32, 2, 1);
     within(30, "shutdown", move || {
-        let (p, mut feeds) =
-            Pipeline::start(c, sampler.clone(), 0..50, 4, 2, &Device::Cpu).unwrap();
+        let (p, mut feeds) = Pipeline::start(c, sampler.clone(), 0..50, 4, 2).unwrap();
         let mut order = Vec::new();
         sampler.epoch_order(0, &mut order);
         for step in 0..3 {
@@ -364,7 +362,7 @@ fn without_augmentation_batches_equal_the_plain_collation() {
     let c = collator(pair.train, "off", false);
     let sampler = DistributedSampler::new(64, 16, 2, 9);
     let mut feeds: Vec<BatchFeed> = (0..2)
-        .map(|r| BatchFeed::synchronous(r, c.clone(), sampler.clone(), &Device::Cpu))
+        .map(|r| BatchFeed::synchronous(r, c.clone(), sampler.clone()))
         .collect();
     let got = all_batches(&mut feeds, &sampler, 0..1);
     let mut order = Vec::new();

@@ -270,19 +270,29 @@ fn architectures_have_the_published_sizes() {
         let m = a.macs() as f64;
         assert!((m / macs - 1.0).abs() < 0.03, "{name}: {m} MACs vs {macs}");
     }
-    // Our models are described from the models themselves.
-    for name in ["lenet5", "vgg-small", "resnet20"] {
+    // Our models are described from the same graph the trainer runs: one block per layer
+    // with parameters.
+    for name in ["lenet5", "vgg-small", "resnet20", "resnet18", "mobilenetv2"] {
         let a = describe(name).unwrap();
-        let net = dptrain::models::build(name, a.input, 10, 1, &candle_core::Device::Cpu).unwrap();
-        assert_eq!(a.params(), net.num_params(), "{name}");
-        assert_eq!(a.blocks.len(), net.blocks.len());
+        let g = dptrain::bench::replica::reference_graph(name).unwrap();
+        assert_eq!(a.params(), g.num_params(), "{name}");
+        assert_eq!(a.macs(), g.macs(), "{name}");
+        assert_eq!(
+            a.blocks.len(),
+            g.nodes.iter().filter(|n| n.params > 0).count()
+        );
     }
-    assert!(describe("resnet18").unwrap_err().contains("alexnet"));
+    let e = describe("alexnet2").unwrap_err();
+    assert!(
+        e.contains("unknown model 'alexnet2'") && e.contains("alexnet"),
+        "{e}"
+    );
 }
 
 #[test]
 fn measured_profile_has_every_block() {
     let p = dptrain::sim::measure("lenet5", 4, 1, 2, 2).unwrap();
+    // c1, c2, f1, f2, f3.
     assert_eq!(p.blocks.len(), 5);
     assert!(p
         .blocks

@@ -38,11 +38,7 @@ fn weights(s: &Summary) -> Vec<(String, Vec<f32>)> {
     names
         .into_iter()
         .map(|n| {
-            let v = ck.tensors[&n]
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let v = ck.tensors[&n].values();
             (n, v)
         })
         .collect()
@@ -179,16 +175,7 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
         names.sort();
         names
             .into_iter()
-            .map(|n| {
-                (
-                    n.clone(),
-                    ck2.tensors[&n]
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1::<f32>()
-                        .unwrap(),
-                )
-            })
+            .map(|n| (n.clone(), ck2.tensors[&n].values()))
             .collect::<Vec<_>>()
     });
     assert_eq!(Checkpoint::load(&copy).unwrap().state, ck.state);

@@ -196,13 +196,7 @@ pub struct AblationSpec {
 impl AblationSpec {
     /// Checks the arguments; the error says which flag to change and how.
     pub fn from_args(a: &AblationArgs) -> Result<Self, String> {
-        if !crate::models::MODEL_NAMES.contains(&a.model.as_str()) {
-            return Err(format!(
-                "--model {:?}: the ablation trains one of our models: {}",
-                a.model,
-                crate::models::MODEL_NAMES.join(", ")
-            ));
-        }
+        crate::model::load(&a.model).map_err(|e| format!("--model: {e}"))?;
         if a.workers < 2 {
             return Err(format!(
                 "--workers {}: the ablation compares ways of communicating, so it needs at least 2 workers",

@@ -1,34 +1,38 @@
 //! One model replica training on a fixed synthetic batch: the harness that `bench step` and
-//! `dptrain profile` time. It runs the trainer's step (forward, block-wise backward with the
-//! gradients copied out per block as the reducer does, in-place SGD) without data or comm.
+//! `dptrain profile` time. It runs the trainer's step (forward, backward into gradient
+//! buffers, in-place SGD) without data loading or communication.
 
-use crate::models;
-use crate::nn::{Net, Param};
+use crate::model::{self, Graph};
+use crate::nn::{FlatGrads, Mode, Net, NetConfig, StepInfo};
 use crate::optim::{Sgd, SgdConfig};
-use candle_core::{Device, Result, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
 use std::time::Instant;
 
-/// The input shape a model was defined for: 1x28x28 for lenet5, 3x32x32 otherwise.
-pub fn reference_input(model: &str) -> [usize; 3] {
-    if model == "lenet5" {
-        [1, 28, 28]
-    } else {
-        [3, 32, 32]
-    }
+/// The graph of `model` on the input it was designed for (its file's `input`, `classes`;
+/// 10 classes when it names none).
+pub fn reference_graph(model: &str) -> Result<Graph, String> {
+    let spec = model::load(model).map_err(|e| e.to_string())?;
+    let input = spec.default_input.ok_or_else(|| {
+        format!(
+            "model '{}' names no input shape (add `input = [C, H, W]` to its file)",
+            spec.name
+        )
+    })?;
+    Graph::build(&spec, input, spec.default_classes.unwrap_or(10)).map_err(|e| e.to_string())
 }
 
 /// A replica with its optimizer, a random batch and gradient buffers.
 pub struct SyntheticReplica {
     /// The network.
     pub net: Net,
-    params: Vec<Param>,
     sgd: Sgd,
-    x: Tensor,
-    y: Tensor,
-    block_params: Vec<Vec<usize>>,
-    grads: Vec<Vec<f32>>,
+    grads: FlatGrads,
+    x: Vec<f32>,
+    y: Vec<u32>,
+    batch: usize,
+    step: u64,
 }
 
 /// When each phase of a step ended.
@@ -38,82 +42,90 @@ pub struct StepMarks {
     pub start: Instant,
     /// Forward and loss done.
     pub forward: Instant,
-    /// Backward (and gradient copies) done.
+    /// Backward done.
     pub backward: Instant,
     /// Update done.
     pub update: Instant,
 }
 
 impl SyntheticReplica {
-    /// Builds `model` (10 classes, its reference input) with a random batch of `batch`. Call
-    /// it inside the rayon pool it will run in: that pool's size is what candle is told.
-    pub fn new(model: &str, batch: usize) -> Result<Self> {
-        crate::ops::set_threads_per_worker(rayon::current_num_threads());
-        let dev = Device::Cpu;
-        let input = reference_input(model);
-        let net = models::build(model, input, 10, 1, &dev)?;
-        let params = net.params();
+    /// Builds `model` on its reference input with a random batch of `batch`. Runs on the
+    /// rayon pool it is called in (that pool's threads are the worker's compute threads).
+    pub fn new(model: &str, batch: usize) -> Result<Self, String> {
+        let g = Arc::new(reference_graph(model)?);
+        let input = g.input();
+        let classes = g.classes as u32;
+        let net = Net::new(
+            g,
+            NetConfig {
+                max_batch: batch,
+                seed: 1,
+            },
+        )
+        .map_err(|e| e.to_string())?;
         let sgd = Sgd::new(
             SgdConfig {
                 momentum: 0.9,
                 weight_decay: 5e-4,
                 nesterov: false,
             },
-            &params,
+            net.params().len(),
         );
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let n = batch * input.iter().product::<usize>();
-        let data: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-        let x = Tensor::from_vec(data, (batch, input[0], input[1], input[2]), &dev)?;
-        let labels: Vec<u32> = (0..batch).map(|_| rng.gen_range(0..10u32)).collect();
-        let y = Tensor::from_vec(labels, batch, &dev)?;
-        let block_params = crate::parallel::BucketPlan::new(&net, 0, 0).block_params;
-        let grads = params.iter().map(|p| vec![0.0; p.numel()]).collect();
+        let x = (0..batch * input.numel())
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let y = (0..batch).map(|_| rng.gen_range(0..classes)).collect();
+        let grads = FlatGrads::for_net(&net);
         Ok(Self {
             net,
-            params,
             sgd,
+            grads,
             x,
             y,
-            block_params,
-            grads,
+            batch,
+            step: 0,
         })
     }
 
-    /// One training step; `on_forward(k)` runs as block k's forward ends, `on_backward(k)` as
-    /// block k's backward (with its gradient copy) ends.
+    /// One training step; `on_forward(e)` runs as exec e's forward ends, `on_backward(e)` as
+    /// its backward ends.
     pub fn step(
         &mut self,
-        on_forward: impl FnMut(usize),
+        mut on_forward: impl FnMut(usize),
         mut on_backward: impl FnMut(usize),
-    ) -> Result<StepMarks> {
+    ) -> StepMarks {
         let start = Instant::now();
-        let fp = self.net.forward_observed(&self.x, true, on_forward)?;
-        let loss = candle_nn::loss::cross_entropy(fp.logits(), &self.y)?;
-        loss.to_scalar::<f32>()?;
+        let info = StepInfo {
+            seed: 1,
+            step: self.step,
+            first_sample: 0,
+            global_batch: self.batch,
+        };
+        self.step += 1;
+        self.net.forward_observed(
+            &self.x,
+            &self.y,
+            self.batch,
+            Mode::Train(info),
+            &mut on_forward,
+        );
         let forward = Instant::now();
-        let (params, grads, block_params) = (&self.params, &mut self.grads, &self.block_params);
-        self.net.backward(&fp, &loss, |k, g| {
-            for &p in &block_params[k] {
-                if let Some(t) = g.get(params[p].var.as_tensor()) {
-                    crate::ops::with_f32(t, "gradient", |v| {
-                        grads[p].copy_from_slice(v);
-                        Ok(())
-                    })?;
-                }
-            }
-            on_backward(k);
-            Ok(())
-        })?;
+        self.net
+            .backward(&mut self.grads, &mut |d| {
+                on_backward(d.exec);
+                Ok(())
+            })
+            .expect("a backward without a reducer cannot fail");
         let backward = Instant::now();
         let grads = &self.grads;
-        self.sgd
-            .step(&self.params, |p| grads[p].as_slice(), 0.01, 1.0)?;
-        Ok(StepMarks {
+        let (params, blocks) = self.net.params_and_blocks();
+        self.sgd.step(params, blocks, |b| grads.block(b), 0.01, 1.0);
+        StepMarks {
             start,
             forward,
             backward,
             update: Instant::now(),
-        })
+        }
     }
 }

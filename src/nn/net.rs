@@ -1,123 +1,680 @@
-//! The network: blocks in order, forward with the graph cut at block boundaries, and the
-//! block-wise backward that hands each block's gradients out as soon as they exist.
+//! The executable network (Caffe's Net): a [`Graph`]'s layers with every buffer allocated once,
+//! an explicit forward, and a backward in reverse topological order that writes each layer's
+//! parameter gradients straight into the caller's memory (the reducer's bucket buffers) and
+//! reports each layer as soon as it is done.
 //!
-//! Why cut the graph: candle's `backward()` computes every gradient of a graph at once. To get
-//! the last block's gradients before the first block's (so their communication can start while
-//! backward goes on), forward detaches each block's input into a fresh `Var`. Backward then runs
-//! `loss.backward()` for the last block, and `(out_k * grad_k).sum_all().backward()` for each
-//! earlier block k, where `grad_k` is the (detached) gradient that reached block k+1's input.
-//! The chain rule makes this exactly the full backward, bit for bit (tested).
+//! Set-up (once, for batches of up to `max_batch` samples):
+//! - fusion: a `relu`/`relu6` whose input is a `conv2d`, `batch_norm`, `linear` or `add` read
+//!   by nothing else runs inside that layer (the activation is applied to the output in
+//!   cache, and backward masks the gradient in place), one "exec" instead of two;
+//! - one activation buffer per exec output (all are read by backward);
+//! - gradient buffers for activations, shared by liveness: a gradient lives from the backward
+//!   of its tensor's last reader to the backward of its producer, and buffers whose lives do
+//!   not overlap are the same memory;
+//! - for each tensor read by several layers, which reader's gradient is written first (the
+//!   last reader in forward order) and which ones add to it: a fixed order of additions;
+//! - which layers need a backward at all (those with parameters or upstream of one) and
+//!   which inputs need a gradient (no gradient for the data, nor for a branch without
+//!   parameters upstream).
+//!
+//! Parameters live in one flat vector, a contiguous block per layer ([`ParamBlock`]);
+//! gradients have the same block layout wherever they are ([`GradSink`]).
 
-use super::{Block, Buffer, Param};
-use candle_core::backprop::GradStore;
-use candle_core::{Result, Tensor, Var};
+use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS};
+use super::layers;
+use crate::backend::cpu::Cpu;
+use crate::backend::{Act, ConvGeom, Kernels, PoolGeom};
+use crate::model::{Graph, Op};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::ops::Range;
+use std::sync::Arc;
 
-/// A network: an ordered list of blocks plus what it expects as input.
-pub struct Net {
-    /// Model name (`lenet5`, `vgg-small`, `resnet20`).
-    pub name: String,
-    /// Blocks in forward order.
-    pub blocks: Vec<Block>,
-    /// Input shape of one sample (C, H, W).
-    pub input: [usize; 3],
-    /// Number of output classes.
-    pub classes: usize,
-}
-
-/// What forward keeps for the block-wise backward.
-pub struct ForwardPass {
-    /// Input of each block; for blocks after the first, a detached `Var` that collects the
-    /// gradient flowing out of the block.
-    inputs: Vec<Tensor>,
-    /// Output of each block (still attached to the block's graph).
-    outputs: Vec<Tensor>,
-}
-
-impl ForwardPass {
-    /// The network's output (logits).
-    pub fn logits(&self) -> &Tensor {
-        self.outputs.last().expect("a net has at least one block")
+/// Where parameter gradients go during backward: the block of one layer, same layout as its
+/// parameters. The reducer hands out views into its bucket buffers (PyTorch DDP's
+/// `gradient_as_bucket_view`: no copy).
+pub trait GradSink {
+    /// The gradient memory of parameter block `block` (overwritten by backward).
+    fn block_grads(&mut self, block: usize) -> &mut [f32];
+    /// Backward has finished writing block `block` (the reducer may send its bucket).
+    fn block_written(&mut self, _block: usize) -> Result<(), String> {
+        Ok(())
     }
 }
+
+/// A gradient buffer per block, for code that needs gradients without a reducer (profiling,
+/// benchmarks, tests).
+pub struct FlatGrads {
+    /// The gradients, laid out as the parameters.
+    pub data: Vec<f32>,
+    ranges: Vec<Range<usize>>,
+}
+
+impl FlatGrads {
+    /// Zeroed gradients for `net`'s parameters.
+    pub fn for_net(net: &Net) -> Self {
+        Self {
+            data: vec![0.0; net.params().len()],
+            ranges: net.blocks().iter().map(|b| b.range.clone()).collect(),
+        }
+    }
+    /// Block `b`'s gradient.
+    pub fn block(&self, b: usize) -> &[f32] {
+        &self.data[self.ranges[b].clone()]
+    }
+}
+
+impl GradSink for FlatGrads {
+    fn block_grads(&mut self, block: usize) -> &mut [f32] {
+        &mut self.data[self.ranges[block].clone()]
+    }
+}
+
+/// The parameters (and state) of one layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamBlock {
+    /// The layer's name (tensor names are `NAME.SUFFIX`).
+    pub name: String,
+    /// Its graph node.
+    pub node: usize,
+    /// Its exec (index into [`Net::exec_names`]).
+    pub exec: usize,
+    /// Range in [`Net::params`].
+    pub range: Range<usize>,
+    /// Range in [`Net::state`].
+    pub state_range: Range<usize>,
+    /// The parameter tensors (offsets within the block).
+    pub tensors: Vec<TensorInfo>,
+    /// The state tensors (offsets within the state block).
+    pub state_tensors: Vec<TensorInfo>,
+}
+
+/// How a net is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct NetConfig {
+    /// The largest batch a call may pass.
+    pub max_batch: usize,
+    /// Seed of the initial weights (same seed, same weights).
+    pub seed: u64,
+}
+
+/// One step of the forward list: a layer (maybe with an activation fused in).
+struct Exec {
+    /// Graph node whose activation it writes.
+    out: usize,
+    /// Display name (the primary layer's).
+    name: String,
+    /// The primary graph node (the layer, not a fused activation).
+    node: usize,
+    /// Graph nodes it reads.
+    inputs: Vec<usize>,
+    /// Per input: whether backward adds to its gradient (another reader wrote it first).
+    acc: Vec<bool>,
+    /// Per input: whether a gradient is needed.
+    needs_dx: Vec<bool>,
+    /// Parameter block, if any.
+    block: Option<usize>,
+    /// Whether backward runs (parameters here or upstream).
+    backward: bool,
+    /// A loss (no output gradient).
+    loss: bool,
+    layer: Box<dyn Layer>,
+}
+
+/// What a backward reports after each exec.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecDone {
+    /// The exec.
+    pub exec: usize,
+    /// Its parameter block, if it has one (now written).
+    pub block: Option<usize>,
+}
+
+/// An executable network.
+pub struct Net {
+    graph: Arc<Graph>,
+    execs: Vec<Exec>,
+    /// Activation per graph node (empty for nodes fused away and for losses).
+    acts: Vec<Vec<f32>>,
+    /// Gradient buffers, shared by liveness.
+    grads: Vec<Vec<f32>>,
+    /// Graph node -> gradient buffer.
+    grad_slot: Vec<Option<usize>>,
+    params: Vec<f32>,
+    state: Vec<f32>,
+    blocks: Vec<ParamBlock>,
+    kernels: Box<dyn Kernels>,
+    max_batch: usize,
+    /// The batch size of the last forward (what backward runs on).
+    last_n: usize,
+    last_step: StepInfo,
+    labels: Vec<u32>,
+}
+
+/// Why a net cannot be built for a graph.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NetError(pub String);
 
 impl Net {
-    /// All parameters, in forward order.
-    pub fn params(&self) -> Vec<Param> {
-        self.blocks.iter().flat_map(|b| b.params()).collect()
+    /// Sets up `graph` for batches of up to `cfg.max_batch` samples with weights from
+    /// `cfg.seed`, on the CPU backend.
+    pub fn new(graph: Arc<Graph>, cfg: NetConfig) -> Result<Self, NetError> {
+        Self::with_kernels(graph, cfg, Box::new(Cpu::default()))
     }
 
-    /// All buffers (BatchNorm running statistics), in forward order.
-    pub fn buffers(&self) -> Vec<Buffer> {
-        self.blocks.iter().flat_map(|b| b.buffers()).collect()
-    }
-
-    /// Total number of trainable scalars.
-    pub fn num_params(&self) -> usize {
-        self.params().iter().map(|p| p.numel()).sum()
-    }
-
-    /// Forward with the graph cut at every block boundary, for [`Net::backward`].
-    pub fn forward(&self, x: &Tensor, train: bool) -> Result<ForwardPass> {
-        self.forward_observed(x, train, |_| {})
-    }
-
-    /// [`Net::forward`], calling `on_block(k)` as soon as block k's output exists (the timeline
-    /// times blocks with it; a closure, so an untraced forward pays nothing for the hook).
-    pub fn forward_observed(
-        &self,
-        x: &Tensor,
-        train: bool,
-        mut on_block: impl FnMut(usize),
-    ) -> Result<ForwardPass> {
-        let mut inputs = Vec::with_capacity(self.blocks.len());
-        let mut outputs: Vec<Tensor> = Vec::with_capacity(self.blocks.len());
-        for block in &self.blocks {
-            let input = match outputs.last() {
-                None => x.clone(),
-                // A fresh leaf: backward of block k stops here and leaves the gradient on it.
-                Some(prev) if train => Var::from_tensor(&prev.detach())?.as_tensor().clone(),
-                Some(prev) => prev.clone(),
-            };
-            outputs.push(block.forward(&input, train)?);
-            inputs.push(input);
-            on_block(outputs.len() - 1);
-        }
-        Ok(ForwardPass { inputs, outputs })
-    }
-
-    /// Forward without cuts: one graph from input to logits (for evaluation and for checking
-    /// the block-wise backward).
-    pub fn forward_uncut(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut x = x.clone();
-        for block in &self.blocks {
-            x = block.forward(&x, train)?;
-        }
-        Ok(x)
-    }
-
-    /// Block-wise backward from `loss` (computed from `fp.logits()`): calls `on_block(k, grads)`
-    /// for k = last..0, with `grads` holding the gradients of block k's parameters, as soon as
-    /// they are computed.
-    pub fn backward(
-        &self,
-        fp: &ForwardPass,
-        loss: &Tensor,
-        mut on_block: impl FnMut(usize, &GradStore) -> Result<()>,
-    ) -> Result<()> {
-        let last = self.blocks.len() - 1;
-        let mut grads = loss.backward()?;
-        for k in (0..=last).rev() {
-            if k < last {
-                let upstream = grads
-                    .get(&fp.inputs[k + 1])
-                    .ok_or_else(|| {
-                        candle_core::Error::Msg(format!("no gradient reached block {}", k + 1))
-                    })?
-                    .detach();
-                grads = (&fp.outputs[k] * &upstream)?.sum_all()?.backward()?;
+    /// [`Net::new`] on given kernels.
+    pub fn with_kernels(
+        graph: Arc<Graph>,
+        cfg: NetConfig,
+        kernels: Box<dyn Kernels>,
+    ) -> Result<Self, NetError> {
+        let g = &*graph;
+        let nn = g.nodes.len();
+        let mb = cfg.max_batch.max(1);
+        // Readers of each node.
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); nn];
+        for (i, n) in g.nodes.iter().enumerate() {
+            for &j in &n.inputs {
+                readers[j].push(i);
             }
-            on_block(k, &grads)?;
+            if n.inputs.len() > MAX_INPUTS {
+                return Err(NetError(format!(
+                    "layer '{}' reads {} inputs; at most {MAX_INPUTS} are supported",
+                    n.name,
+                    n.inputs.len()
+                )));
+            }
+        }
+        // Fusion: node i (conv/bn/linear/add) whose only reader is an activation.
+        let mut fused_into = vec![None; nn]; // activation node -> producer
+        let mut fused_act = vec![Act::None; nn]; // producer -> its fused activation
+        for (j, n) in g.nodes.iter().enumerate() {
+            let act = match n.layer() {
+                Some(Op::Relu) => Act::Relu,
+                Some(Op::Relu6) => Act::Relu6,
+                _ => continue,
+            };
+            let i = n.inputs[0];
+            let fusable = matches!(
+                g.nodes[i].layer(),
+                Some(Op::Conv2d(_) | Op::BatchNorm(_) | Op::Linear(_) | Op::Add)
+            );
+            if fusable && readers[i].len() == 1 && fused_act[i] == Act::None {
+                fused_into[j] = Some(i);
+                fused_act[i] = act;
+            }
+        }
+        // Where each node's value lives: its own buffer, or (fused producer) its activation's.
+        let mut value_of: Vec<usize> = (0..nn).collect();
+        for j in 0..nn {
+            if let Some(i) = fused_into[j] {
+                value_of[i] = j;
+            }
+        }
+        let main_loss = g.losses[0];
+        let mut execs: Vec<Exec> = Vec::new();
+        let mut producer = vec![usize::MAX; nn]; // value node -> exec
+        let mut blocks = Vec::new();
+        let (mut plen, mut slen) = (0usize, 0usize);
+        for (i, n) in g.nodes.iter().enumerate().skip(1) {
+            if fused_into[i].is_some() {
+                continue;
+            }
+            let out = value_of[i];
+            let inputs: Vec<usize> = n.inputs.iter().map(|&j| value_of[j]).collect();
+            let layer = make_layer(g, i, fused_act[i], i == main_loss, mb)?;
+            let e = execs.len();
+            let (pt, st) = (layer.param_tensors(), layer.state_tensors());
+            let block = if pt.is_empty() {
+                None
+            } else {
+                let len: usize = pt.iter().map(|t| t.len).sum();
+                let slen_here: usize = st.iter().map(|t| t.len.max(1)).sum();
+                blocks.push(ParamBlock {
+                    name: n.name.clone(),
+                    node: i,
+                    exec: e,
+                    range: plen..plen + len,
+                    state_range: slen..slen + slen_here,
+                    tensors: pt,
+                    state_tensors: st,
+                });
+                plen += len;
+                slen += slen_here;
+                Some(blocks.len() - 1)
+            };
+            producer[out] = e;
+            execs.push(Exec {
+                out,
+                name: n.name.clone(),
+                node: i,
+                needs_dx: vec![false; inputs.len()],
+                acc: vec![false; inputs.len()],
+                inputs,
+                block,
+                backward: false,
+                loss: matches!(n.layer(), Some(Op::SoftmaxCrossEntropy(_))),
+                layer,
+            });
+        }
+        // Which execs need a backward, which inputs a gradient (forward order).
+        let mut needs_grad = vec![false; nn];
+        for e in 0..execs.len() {
+            let ex = &mut execs[e];
+            for (k, &j) in ex.inputs.iter().enumerate() {
+                ex.needs_dx[k] = needs_grad[j];
+            }
+            ex.backward = ex.block.is_some() || ex.needs_dx.iter().any(|&b| b);
+            needs_grad[ex.out] = ex.backward && !ex.loss;
+        }
+        // Gradient buffers by liveness, walking backward.
+        let numel = |j: usize| mb * g.nodes[j].shape.numel();
+        let mut grad_slot: Vec<Option<usize>> = vec![None; nn];
+        let mut grads: Vec<Vec<f32>> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
+        let mut written = vec![false; nn];
+        for e in (0..execs.len()).rev() {
+            if !execs[e].backward {
+                continue;
+            }
+            for k in 0..execs[e].inputs.len() {
+                let j = execs[e].inputs[k];
+                if !execs[e].needs_dx[k] {
+                    continue;
+                }
+                execs[e].acc[k] = written[j];
+                written[j] = true;
+                if grad_slot[j].is_none() {
+                    // Reuse a free buffer (the largest, grown if needed), else a new one.
+                    let pick = free
+                        .iter()
+                        .enumerate()
+                        .max_by_key(|(_, &b)| grads[b].len())
+                        .map(|(fi, _)| fi);
+                    let b = match pick {
+                        Some(fi) => free.swap_remove(fi),
+                        None => {
+                            grads.push(Vec::new());
+                            grads.len() - 1
+                        }
+                    };
+                    if grads[b].len() < numel(j) {
+                        grads[b].resize(numel(j), 0.0);
+                    }
+                    grad_slot[j] = Some(b);
+                }
+            }
+            // This exec's output gradient dies here.
+            if let Some(b) = grad_slot[execs[e].out] {
+                if !execs[e].loss {
+                    free.push(b);
+                }
+            }
+        }
+        let mut acts: Vec<Vec<f32>> = vec![Vec::new(); nn];
+        acts[0] = vec![0.0; numel(0)];
+        for ex in &execs {
+            if !ex.loss {
+                acts[ex.out] = vec![0.0; numel(ex.out)];
+            }
+        }
+        let mut params = vec![0.0; plen];
+        let mut state = vec![0.0; slen];
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5eed_1717_0000_0001);
+        for b in &blocks {
+            execs[b.exec].layer.init(
+                &mut params[b.range.clone()],
+                &mut state[b.state_range.clone()],
+                &mut rng,
+            );
+        }
+        Ok(Self {
+            graph,
+            execs,
+            acts,
+            grads,
+            grad_slot,
+            params,
+            state,
+            blocks,
+            kernels,
+            max_batch: mb,
+            last_n: 0,
+            last_step: StepInfo {
+                seed: cfg.seed,
+                step: 0,
+                first_sample: 0,
+                global_batch: 1,
+            },
+            labels: vec![0; mb],
+        })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+    /// The largest batch.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    /// All parameters, block after block.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+    /// All parameters, mutable (the optimizer, weight broadcasts, checkpoints).
+    pub fn params_mut(&mut self) -> &mut [f32] {
+        &mut self.params
+    }
+    /// The parameters, mutable, with their block layout (for the optimizer).
+    pub fn params_and_blocks(&mut self) -> (&mut [f32], &[ParamBlock]) {
+        (&mut self.params, &self.blocks)
+    }
+    /// Non-trained state (running statistics), block after block.
+    pub fn state(&self) -> &[f32] {
+        &self.state
+    }
+    /// The state, mutable (checkpoints).
+    pub fn state_mut(&mut self) -> &mut [f32] {
+        &mut self.state
+    }
+    /// The parameter blocks, in forward order.
+    pub fn blocks(&self) -> &[ParamBlock] {
+        &self.blocks
+    }
+    /// The execs' names, in forward order.
+    pub fn exec_names(&self) -> impl Iterator<Item = &str> {
+        self.execs.iter().map(|e| e.name.as_str())
+    }
+    /// The graph node each exec computes (its layer; a fused activation is not counted).
+    pub fn exec_nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.execs.iter().map(|e| e.node)
+    }
+    /// Number of execs.
+    pub fn num_execs(&self) -> usize {
+        self.execs.len()
+    }
+    /// Bytes of activation and gradient buffers (what a step keeps in memory besides the
+    /// parameters).
+    pub fn buffer_bytes(&self) -> usize {
+        4 * (self.acts.iter().map(Vec::len).sum::<usize>()
+            + self.grads.iter().map(Vec::len).sum::<usize>())
+    }
+    /// The logits of the last forward (`n x classes`). (The logits' only reader is the loss,
+    /// so they are never fused away.)
+    pub fn logits(&self) -> &[f32] {
+        &self.acts[self.graph.logits()][..self.last_n * self.graph.classes]
+    }
+
+    /// Forward on `n` samples: `images` in the loader's NCHW layout, `labels` for the loss.
+    /// Returns the losses' sum over samples and the main head's correct predictions.
+    pub fn forward(&mut self, images: &[f32], labels: &[u32], n: usize, mode: Mode) -> LossReport {
+        self.forward_observed(images, labels, n, mode, &mut |_| {})
+    }
+
+    /// [`Net::forward`], calling `on_exec(e)` after each exec (the timeline times layers
+    /// with it).
+    pub fn forward_observed(
+        &mut self,
+        images: &[f32],
+        labels: &[u32],
+        n: usize,
+        mode: Mode,
+        on_exec: &mut dyn FnMut(usize),
+    ) -> LossReport {
+        assert!(
+            n >= 1 && n <= self.max_batch,
+            "batch of {n} for a net set up for at most {}",
+            self.max_batch
+        );
+        let input = self.graph.input();
+        assert!(
+            images.len() >= n * input.numel() && labels.len() >= n,
+            "batch buffers too small"
+        );
+        self.last_n = n;
+        self.labels[..n].copy_from_slice(&labels[..n]);
+        if let Mode::Train(s) = mode {
+            self.last_step = s;
+        }
+        let k = &mut *self.kernels;
+        k.nchw_to_nhwc(n, input.c, input.pixels(), images, &mut self.acts[0]);
+        let mut report = LossReport::default();
+        for e in 0..self.execs.len() {
+            let ex = &mut self.execs[e];
+            let mut out = std::mem::take(&mut self.acts[ex.out]);
+            {
+                let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
+                for (slot, &j) in ins.iter_mut().zip(&ex.inputs) {
+                    *slot = &self.acts[j][..n * self.graph.nodes[j].shape.numel()];
+                }
+                let (prange, srange) = match ex.block {
+                    Some(b) => (
+                        self.blocks[b].range.clone(),
+                        self.blocks[b].state_range.clone(),
+                    ),
+                    None => (0..0, 0..0),
+                };
+                let olen = n * self.graph.nodes[ex.out].shape.numel();
+                ex.layer.forward(Forward {
+                    k,
+                    n,
+                    inputs: &ins[..ex.inputs.len()],
+                    out: if ex.loss { &mut [] } else { &mut out[..olen] },
+                    params: &self.params[prange],
+                    state: &mut self.state[srange],
+                    mode,
+                    labels: &self.labels[..n],
+                    report: &mut report,
+                });
+            }
+            self.acts[ex.out] = out;
+            on_exec(e);
+        }
+        report
+    }
+
+    /// Backward of the last training forward: parameter gradients into `grads` (each block
+    /// overwritten), calling `on_done` after each exec that ran, in the order they ran
+    /// (reverse topological); an error from `on_done` stops the backward and is returned.
+    pub fn backward(
+        &mut self,
+        grads: &mut dyn GradSink,
+        on_done: &mut dyn FnMut(ExecDone) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let n = self.last_n;
+        assert!(n > 0, "backward before a training forward");
+        let step = self.last_step;
+        let k = &mut *self.kernels;
+        for e in (0..self.execs.len()).rev() {
+            let ex = &mut self.execs[e];
+            if !ex.backward {
+                continue;
+            }
+            let mut dout = match (ex.loss, self.grad_slot[ex.out]) {
+                (false, Some(b)) => std::mem::take(&mut self.grads[b]),
+                _ => Vec::new(),
+            };
+            let mut taken: [Vec<f32>; MAX_INPUTS] = Default::default();
+            for (kk, &j) in ex.inputs.iter().enumerate() {
+                if ex.needs_dx[kk] {
+                    let b =
+                        self.grad_slot[j].expect("a gradient slot for every input that needs one");
+                    taken[kk] = std::mem::take(&mut self.grads[b]);
+                }
+            }
+            {
+                let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
+                for (slot, &j) in ins.iter_mut().zip(&ex.inputs) {
+                    *slot = &self.acts[j][..n * self.graph.nodes[j].shape.numel()];
+                }
+                let mut dins: [Option<(&mut [f32], bool)>; MAX_INPUTS] = Default::default();
+                for (kk, (slot, t)) in dins
+                    .iter_mut()
+                    .zip(taken.iter_mut())
+                    .enumerate()
+                    .take(ex.inputs.len())
+                {
+                    if ex.needs_dx[kk] {
+                        let len = n * self.graph.nodes[ex.inputs[kk]].shape.numel();
+                        *slot = Some((&mut t[..len], ex.acc[kk]));
+                    }
+                }
+                let (prange, srange) = match ex.block {
+                    Some(b) => (
+                        self.blocks[b].range.clone(),
+                        self.blocks[b].state_range.clone(),
+                    ),
+                    None => (0..0, 0..0),
+                };
+                let olen = if ex.loss {
+                    0
+                } else {
+                    n * self.graph.nodes[ex.out].shape.numel()
+                };
+                let dparams: &mut [f32] = match ex.block {
+                    Some(b) => grads.block_grads(b),
+                    None => &mut [],
+                };
+                ex.layer.backward(Backward {
+                    k,
+                    n,
+                    inputs: &ins[..ex.inputs.len()],
+                    out: &self.acts[ex.out][..olen],
+                    dout: if ex.loss { &mut [] } else { &mut dout[..olen] },
+                    dinputs: &mut dins[..ex.inputs.len()],
+                    params: &self.params[prange],
+                    dparams,
+                    state: &self.state[srange],
+                    step,
+                    labels: &self.labels[..n],
+                });
+            }
+            if let (false, Some(b)) = (ex.loss, self.grad_slot[ex.out]) {
+                self.grads[b] = dout;
+            }
+            for (kk, &j) in ex.inputs.iter().enumerate() {
+                if ex.needs_dx[kk] {
+                    let b = self.grad_slot[j].expect("checked above");
+                    self.grads[b] = std::mem::take(&mut taken[kk]);
+                }
+            }
+            if let Some(b) = ex.block {
+                grads.block_written(b)?;
+            }
+            on_done(ExecDone {
+                exec: e,
+                block: ex.block,
+            })?;
         }
         Ok(())
     }
+}
+
+/// The layer implementing node `i` (with `act` fused in).
+fn make_layer(
+    g: &Graph,
+    i: usize,
+    act: Act,
+    main_loss: bool,
+    mb: usize,
+) -> Result<Box<dyn Layer>, NetError> {
+    let n = &g.nodes[i];
+    let x = g.nodes[n.inputs[0]].shape;
+    let y = n.shape;
+    let op = n.layer().expect("node 0 is the input; layers start at 1");
+    let fixed = |u: &crate::model::Units| match u {
+        crate::model::Units::Fixed(v) => *v,
+        crate::model::Units::Expr(e) => unreachable!("units resolved by Graph::build: {e}"),
+    };
+    Ok(match op {
+        Op::Conv2d(c) => {
+            let p = c.padding.expect("padding resolved by Graph::build");
+            let geom = ConvGeom {
+                c: x.c,
+                h: x.h,
+                w: x.w,
+                o: y.c,
+                oh: y.h,
+                ow: y.w,
+                kh: c.kernel[0],
+                kw: c.kernel[1],
+                sh: c.stride[0],
+                sw: c.stride[1],
+                ph: p[0],
+                pw: p[1],
+                dh: c.dilation[0],
+                dw: c.dilation[1],
+                groups: fixed(&c.groups),
+            };
+            Box::new(layers::Conv {
+                geom,
+                bias: c.bias,
+                act,
+            })
+        }
+        Op::BatchNorm(b) => Box::new(layers::BatchNorm::new(
+            x.c,
+            x.pixels(),
+            b.momentum,
+            b.eps,
+            act,
+        )),
+        Op::Relu => Box::new(layers::Activation(Act::Relu)),
+        Op::Relu6 => Box::new(layers::Activation(Act::Relu6)),
+        Op::MaxPool(p) | Op::AvgPool(p, _) => {
+            let geom = PoolGeom {
+                c: x.c,
+                h: x.h,
+                w: x.w,
+                oh: y.h,
+                ow: y.w,
+                kh: p.kernel[0],
+                kw: p.kernel[1],
+                sh: p.stride[0],
+                sw: p.stride[1],
+                ph: p.padding[0],
+                pw: p.padding[1],
+            };
+            match op {
+                Op::MaxPool(_) => Box::new(layers::MaxPool::new(geom, mb)),
+                Op::AvgPool(_, include_pad) => Box::new(layers::AvgPool {
+                    geom,
+                    include_pad: *include_pad,
+                }),
+                _ => unreachable!(),
+            }
+        }
+        Op::GlobalAvgPool => Box::new(layers::GlobalAvgPool {
+            pixels: x.pixels(),
+            c: x.c,
+        }),
+        Op::Linear(l) => Box::new(layers::Linear {
+            i: x.c,
+            o: y.c,
+            bias: l.bias,
+            act,
+        }),
+        Op::Dropout(p) => Box::new(layers::Dropout {
+            p: *p,
+            len: x.numel(),
+        }),
+        Op::Add => Box::new(layers::Add { act }),
+        Op::Concat => Box::new(layers::Concat {
+            widths: n.inputs.iter().map(|&j| g.nodes[j].shape.c).collect(),
+            pixels: x.pixels(),
+        }),
+        Op::Flatten => Box::new(layers::Flatten {
+            pixels: x.pixels(),
+            c: x.c,
+        }),
+        Op::SoftmaxCrossEntropy(l) => Box::new(layers::SoftmaxCrossEntropy::new(
+            x.c,
+            l.label_smoothing,
+            l.weight,
+            main_loss,
+            mb,
+        )),
+    })
 }

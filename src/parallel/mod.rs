@@ -3,69 +3,22 @@
 //!
 //! One step on each worker:
 //! 1. forward on the worker's shard of the global batch;
-//! 2. block-wise backward, last block first; after each block the [`Reducer`] copies the
-//!    block's gradients into their bucket and, once a bucket is complete, hands it to the
+//! 2. backward in reverse topological order; each layer writes its parameter gradients
+//!    straight into its slot of a bucket buffer (the [`Reducer`] is the backward's gradient
+//!    sink), and once a layer completes a bucket, the [`Reducer`] hands the bucket to the
 //!    worker's communication thread, which all-reduces it while backward continues;
 //! 3. [`Reducer::finish`] waits for the remaining buckets (the exposed communication);
 //! 4. the update: every worker applies the same update to the same summed gradient
 //!    (all-reduce modes) or worker 0 updates and broadcasts the weights (tree mode, Caffe's
 //!    scheme).
 //!
-//! The bucket plan is in [`bucket`]; the algorithms are in [`crate::comm`].
+//! The bucket plan and its cap rule are in [`bucket`]; the algorithms are in [`crate::comm`].
 
 pub mod bucket;
 mod reducer;
 
-pub use bucket::{Bucket, BucketPlan, ParamSlot};
+pub use bucket::{bucket_caps, Bucket, BucketPlan, Slot};
 pub use reducer::{panic_message, BucketOp, BucketSpan, CommTimes, Reducer};
-
-use crate::nn::Param;
-use crate::ops::with_f32;
-use candle_core::{CpuStorage, InplaceOp1, Layout};
-
-/// Copies every parameter, in order, into `flat` (for a weight broadcast).
-pub fn read_params(params: &[Param], flat: &mut [f32]) -> candle_core::Result<()> {
-    let mut off = 0;
-    for p in params {
-        let n = p.numel();
-        with_f32(p.var.as_tensor(), "parameter", |v| {
-            flat[off..off + n].copy_from_slice(v);
-            Ok(())
-        })?;
-        off += n;
-    }
-    Ok(())
-}
-
-/// Overwrites every parameter, in place, from `flat` (after a weight broadcast).
-pub fn write_params(params: &[Param], flat: &[f32]) -> candle_core::Result<()> {
-    struct CopyFrom<'a>(&'a [f32]);
-    impl InplaceOp1 for CopyFrom<'_> {
-        fn name(&self) -> &'static str {
-            "dptrain-copy-from"
-        }
-        fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle_core::Result<()> {
-            match (s, l.contiguous_offsets()) {
-                (CpuStorage::F32(v), Some((a, b))) if b - a == self.0.len() => {
-                    v[a..b].copy_from_slice(self.0);
-                    Ok(())
-                }
-                _ => candle_core::bail!(
-                    "write_params: parameter is not a contiguous f32 tensor of the right size"
-                ),
-            }
-        }
-    }
-    let mut off = 0;
-    for p in params {
-        let n = p.numel();
-        p.var
-            .as_tensor()
-            .inplace_op1(&CopyFrom(&flat[off..off + n]))?;
-        off += n;
-    }
-    Ok(())
-}
 
 /// Lowers the calling (compute) thread's scheduling priority a little (nice +5), so that a
 /// communication thread woken to reduce a bucket gets a core sooner.

@@ -1,9 +1,11 @@
 //! The reducer: gradient buckets handed to a communication thread while backward goes on.
 //!
-//! Each worker owns one `Reducer`. During the block-wise backward, [`Reducer::on_block`] copies
-//! the block's parameter gradients into their bucket's flat buffer; when the block completes a
-//! bucket, the buffer itself (a `Vec<f32>`, moved, not copied) goes down a channel to this
-//! worker's communication thread, which reduces it with the bucket's mode and sends it back.
+//! Each worker owns one `Reducer`. It is the backward's [`GradSink`]: each layer writes its
+//! parameter gradients straight into its slot of a bucket's flat buffer (PyTorch DDP's
+//! `gradient_as_bucket_view`: no copy). When backward reports a layer done
+//! (`GradSink::block_written`) and that layer completes a bucket, the buffer itself (a
+//! `Vec<f32>`, moved, not copied) goes down a channel to this worker's communication thread,
+//! which reduces it with the bucket's mode and sends it back.
 //! With overlap off, buckets are only sent once backward has finished: the baseline.
 //! [`Reducer::finish`] waits for every bucket to come back; the time it waits is the *exposed*
 //! communication, the part that computation did not hide.
@@ -16,9 +18,7 @@ use crate::comm::{
     all_reduce_sum, hierarchical_all_reduce_sum, tree_broadcast, tree_reduce, CommError, CommMode,
     LeaderOp, Transport,
 };
-use crate::nn::Param;
-use crate::ops::with_f32;
-use candle_core::backprop::GradStore;
+use crate::nn::GradSink;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -213,29 +213,11 @@ impl Reducer {
         &self.spans
     }
 
-    /// Takes block `k`'s gradients from `grads`; sends the bucket it completes, if overlap is on.
-    pub fn on_block(
-        &mut self,
-        k: usize,
-        params: &[Param],
-        grads: &GradStore,
-    ) -> candle_core::Result<()> {
-        for &p in &self.plan.block_params[k] {
-            let slot = &self.plan.slots[p];
-            let buf = self.buffers[slot.bucket]
-                .as_mut()
-                .expect("bucket buffers are home during backward");
-            let dst = &mut buf[slot.range.clone()];
-            match grads.get(params[p].var.as_tensor()) {
-                Some(g) => with_f32(g, "gradient", |g| {
-                    dst.copy_from_slice(g);
-                    Ok(())
-                })?,
-                None => dst.fill(0.0),
-            }
-        }
+    /// Called when backward has written block `b`'s gradients: sends the bucket it completes,
+    /// if overlap is on.
+    fn block_done(&mut self, b: usize) -> Result<(), String> {
         if self.overlap {
-            if let Some(bi) = self.plan.ready_at_block[k] {
+            if let Some(bi) = self.plan.ready_at_block[b] {
                 self.send_bucket(bi)?;
                 // Let the communication thread, just woken, have this core now: when compute
                 // threads fill every core the scheduler otherwise lets it wait for a time
@@ -247,7 +229,7 @@ impl Reducer {
         Ok(())
     }
 
-    fn send_bucket(&mut self, index: usize) -> candle_core::Result<()> {
+    fn send_bucket(&mut self, index: usize) -> Result<(), String> {
         if self.world == 1 {
             return Ok(());
         }
@@ -273,7 +255,7 @@ impl Reducer {
 
     /// Called when backward has ended: sends what is left (everything, with overlap off) and
     /// waits until every bucket is reduced. Returns the step's communication times.
-    pub fn finish(&mut self) -> candle_core::Result<CommTimes> {
+    pub fn finish(&mut self) -> Result<CommTimes, String> {
         let backward_end = Instant::now();
         for i in 0..self.buffers.len() {
             if self.buffers[i].is_some() && self.world > 1 {
@@ -299,7 +281,7 @@ impl Reducer {
                     });
                     self.in_flight -= 1;
                 }
-                Done::Failed(e) => return Err(candle_core::Error::Msg(e)),
+                Done::Failed(e) => return Err(e),
                 Done::Broadcast { .. } => unreachable!("no broadcast is in flight during a step"),
             }
         }
@@ -307,9 +289,9 @@ impl Reducer {
         Ok(self.times)
     }
 
-    /// Parameter `p`'s reduced gradient (a sum over workers), valid after [`Reducer::finish`].
-    pub fn grad(&self, p: usize) -> &[f32] {
-        let slot = &self.plan.slots[p];
+    /// Block `b`'s reduced gradient (a sum over workers), valid after [`Reducer::finish`].
+    pub fn grad(&self, b: usize) -> &[f32] {
+        let slot = &self.plan.slots[b];
         &self.buffers[slot.bucket]
             .as_ref()
             .expect("buckets are home after finish")[slot.range.clone()]
@@ -317,7 +299,7 @@ impl Reducer {
 
     /// Broadcasts `buf` from worker 0 to every worker (initial weights; tree mode's updated
     /// weights). `buf` goes to the communication thread and comes back.
-    pub fn broadcast(&mut self, buf: Vec<f32>) -> candle_core::Result<Vec<f32>> {
+    pub fn broadcast(&mut self, buf: Vec<f32>) -> Result<Vec<f32>, String> {
         if self.world == 1 {
             return Ok(buf);
         }
@@ -329,9 +311,23 @@ impl Reducer {
             .map_err(|_| comm_gone())?;
         match self.done.recv().map_err(|_| comm_gone())? {
             Done::Broadcast { buf } => Ok(buf),
-            Done::Failed(e) => Err(candle_core::Error::Msg(e)),
+            Done::Failed(e) => Err(e),
             Done::Bucket { .. } => unreachable!("no bucket is in flight during a broadcast"),
         }
+    }
+}
+
+impl GradSink for Reducer {
+    /// The bucket-buffer view of block `b` (home during backward until its bucket is sent).
+    fn block_grads(&mut self, b: usize) -> &mut [f32] {
+        let slot = &self.plan.slots[b];
+        &mut self.buffers[slot.bucket]
+            .as_mut()
+            .expect("bucket buffers are home during backward")[slot.range.clone()]
+    }
+
+    fn block_written(&mut self, b: usize) -> Result<(), String> {
+        self.block_done(b)
     }
 }
 
@@ -345,10 +341,8 @@ impl Drop for Reducer {
     }
 }
 
-fn comm_gone() -> candle_core::Error {
-    candle_core::Error::Msg(
-        "the communication thread stopped (a peer failed; see the first error)".into(),
-    )
+fn comm_gone() -> String {
+    "the communication thread stopped (a peer failed; see the first error)".into()
 }
 
 /// The communication thread: runs jobs in arrival order, one at a time, on its transport.

@@ -17,7 +17,6 @@
 use super::queue::{PrefetchQueue, Reserved};
 use super::{Batch, BufferPool, Collator, DistributedSampler, SampleScratch, Source, Staged};
 use super::{Normalize, Staging};
-use candle_core::Device;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -129,7 +128,6 @@ impl Pipeline {
         epochs: Range<usize>,
         loader_threads: usize,
         prefetch: usize,
-        device: &Device,
     ) -> Result<(Pipeline, Vec<BatchFeed>), String> {
         if !(1..=MAX_LOADER_THREADS).contains(&loader_threads) {
             return Err(format!(
@@ -182,7 +180,7 @@ impl Pipeline {
                     next_seq: 0,
                 },
                 collator: shared.collator.clone(),
-                staging: Staging::new(device),
+                staging: Staging::new(),
                 current: None,
             })
             .collect();
@@ -323,12 +321,7 @@ pub struct BatchFeed {
 impl BatchFeed {
     /// The synchronous feed (`--prefetch 0`): every batch is collated inside
     /// [`BatchFeed::next`], on the worker's thread, with the same code the loaders run.
-    pub fn synchronous(
-        rank: usize,
-        collator: Collator,
-        sampler: DistributedSampler,
-        device: &Device,
-    ) -> Self {
+    pub fn synchronous(rank: usize, collator: Collator, sampler: DistributedSampler) -> Self {
         Self {
             rank,
             kind: Kind::Sync {
@@ -337,7 +330,7 @@ impl BatchFeed {
                 spare: Batch::default(),
             },
             collator,
-            staging: Staging::new(device),
+            staging: Staging::new(),
             current: None,
         }
     }
@@ -392,11 +385,6 @@ impl BatchFeed {
             }
         };
         Ok(self.current.insert(self.staging.stage(batch)))
-    }
-
-    /// The device batches are staged onto.
-    pub fn device(&self) -> &Device {
-        self.staging.device()
     }
 }
 

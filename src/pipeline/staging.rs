@@ -1,5 +1,5 @@
 //! Staging: the last stage between the prefetch queue and the worker, where a host batch becomes
-//! the worker's input tensors on its device.
+//! resident where the worker computes (the kernel backend's memory, see `crate::backend`).
 //!
 //! This is the single place a CUDA version drops in. There, [`Staging::stage`] would copy the
 //! batch from a pinned (page-locked) host buffer into device memory with an asynchronous copy
@@ -10,16 +10,13 @@
 //! the copy overlaps step s's compute.
 //!
 //! On the CPU there is nothing to copy ahead: staging hands the buffer over as it is, and the
-//! tensors are built from it when the worker asks.
+//! network reads it in place.
 
 use super::Batch;
-use candle_core::{Device, Tensor};
 
-/// Makes batches resident on one worker's device.
-#[derive(Debug, Clone)]
-pub struct Staging {
-    device: Device,
-}
+/// Makes batches resident on one worker's device (the CPU today: nothing to do).
+#[derive(Debug, Clone, Default)]
+pub struct Staging {}
 
 /// A batch on its way to (on the CPU: already at) the device.
 #[derive(Debug)]
@@ -28,16 +25,9 @@ pub struct Staged {
 }
 
 impl Staging {
-    /// Staging onto `device`.
-    pub fn new(device: &Device) -> Self {
-        Self {
-            device: device.clone(),
-        }
-    }
-
-    /// The device batches are staged onto.
-    pub fn device(&self) -> &Device {
-        &self.device
+    /// Staging onto the CPU backend.
+    pub fn new() -> Self {
+        Self {}
     }
 
     /// Starts making `batch` resident. On the CPU: no copy, the buffer is handed over.
@@ -47,22 +37,10 @@ impl Staging {
 }
 
 impl Staged {
-    /// The host side of the batch.
+    /// The batch (images NCHW, labels); on a device backend this is where the worker would
+    /// wait for the copy.
     pub fn host(&self) -> &Batch {
         &self.batch
-    }
-
-    /// The batch as `(images (N, C, H, W), labels (N))` on `device` (where the copy is waited
-    /// for, on CUDA).
-    pub fn tensors(
-        &self,
-        [c, h, w]: [usize; 3],
-        device: &Device,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
-        let n = self.batch.len();
-        let x = Tensor::from_slice(&self.batch.images, (n, c, h, w), device)?;
-        let y = Tensor::from_slice(&self.batch.labels, n, device)?;
-        Ok((x, y))
     }
 
     /// The host buffer back, for recycling (on CUDA, once the copy has completed).

@@ -85,15 +85,7 @@ pub fn profile(a: ProfileArgs) -> Result<(), String> {
                 mem_gbs: a.mem_gbs,
             },
         )?,
-        None => {
-            if !crate::models::MODEL_NAMES.contains(&a.model.as_str()) {
-                return Err(format!(
-                    "{} can only be profiled from FLOPs here: add --device-tflops",
-                    a.model
-                ));
-            }
-            measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)?
-        }
+        None => measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)?,
     };
     p.save(&a.out)?;
     println!("{}", describe_profile(&p));
@@ -177,9 +169,8 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         first_cap_bytes: a.first_bucket_kb.unwrap_or(0) * 1024,
         cap_bytes: a.bucket_kb.unwrap_or(0) * 1024,
     };
-    // The trainer's rule (`train::worker::bucket_caps`): with auto and no caps given, a bucket
-    // holds at least what the link moves in one latency.
-    let caps_from_link = a.bucket_kb.is_none() && a.first_bucket_kb.is_none();
+    // The trainer's rule: given caps, or what the link moves in one latency.
+    let (first_cap, cap) = crate::parallel::bucket_caps(a.first_bucket_kb, a.bucket_kb, &link);
     let single = simulate_step(&p, &base)?.step_ms;
     println!("{}", describe_profile(&p).lines().next().unwrap_or(""));
     println!(
@@ -196,10 +187,8 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
                     overlap,
                     ..base
                 };
-                if caps_from_link && comm == CommChoice::Auto {
-                    cfg.first_cap_bytes = crate::comm::min_bucket_bytes(&link);
-                    cfg.cap_bytes = cfg.first_cap_bytes;
-                }
+                cfg.first_cap_bytes = first_cap;
+                cfg.cap_bytes = cap;
                 let (kb, r) = if a.search_buckets {
                     search_buckets(&p, &cfg)?
                 } else {

@@ -49,7 +49,7 @@ pub mod profile;
 pub mod schedule;
 pub mod step;
 
-pub use arch::{describe, Arch, ArchBlock, ARCH_NAMES};
+pub use arch::{describe, segments, Arch, ArchBlock};
 pub use profile::{from_flops, measure, BlockProfile, DeviceSpec, Profile};
 pub use schedule::Collective;
 pub use step::{search_buckets, simulate_step, CommChoice, StepConfig, StepResult};

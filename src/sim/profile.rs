@@ -220,39 +220,50 @@ fn measure_one(model: &str, batch: usize, threads: usize, steps: usize) -> Resul
         .num_threads(threads)
         .build()
         .map_err(|e| e.to_string())?;
-    pool.install(|| -> candle_core::Result<Timings> {
+    pool.install(|| -> Result<Timings, String> {
         let mut replica = SyntheticReplica::new(model, batch)?;
-        let nb = replica.net.blocks.len();
+        // Each exec's time goes to the block (layer with parameters) its node belongs to.
+        let seg = super::arch::segments(replica.net.graph());
+        let nb = seg.iter().flatten().max().map_or(0, |m| m + 1);
+        let exec_block: Vec<usize> = replica
+            .net
+            .exec_nodes()
+            .map(|node| seg[node].unwrap_or(0))
+            .collect();
+        let ne = exec_block.len();
         let mut fwd: Vec<Vec<f64>> = vec![Vec::new(); nb];
         let mut bwd: Vec<Vec<f64>> = vec![Vec::new(); nb];
         let mut upd = Vec::new();
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-        let (mut f_end, mut b_end) = (vec![None; nb], vec![None; nb]);
+        let (mut f_end, mut b_end) = (vec![None; ne], vec![None; ne]);
         for i in 0..steps + 3 {
             f_end.fill(None);
             b_end.fill(None);
-            // Copying each block's gradients out is part of the block's backward time, as the
-            // reducer does it in the trainer's backward callback.
             let m = replica.step(
-                |k| f_end[k] = Some(Instant::now()),
-                |k| b_end[k] = Some(Instant::now()),
-            )?;
+                |e| f_end[e] = Some(Instant::now()),
+                |e| b_end[e] = Some(Instant::now()),
+            );
             if i < 3 {
                 continue;
             }
+            let (mut f, mut b) = (vec![0.0; nb], vec![0.0; nb]);
             let mut mark = m.start;
-            for k in 0..nb {
-                let end = f_end[k].unwrap_or(mark);
-                // The loss belongs to the last block's forward, as in the trainer's forward phase.
-                let end = if k + 1 == nb { m.forward } else { end };
-                fwd[k].push(ms(mark, end));
+            for e in 0..ne {
+                let end = f_end[e].unwrap_or(mark);
+                f[exec_block[e]] += ms(mark, end);
                 mark = end;
             }
+            // The loss belongs to the last block's forward, as in the trainer's forward phase.
+            f[nb - 1] += ms(mark, m.forward);
             let mut mark = m.forward;
-            for k in (0..nb).rev() {
-                let end = b_end[k].unwrap_or(mark);
-                bwd[k].push(ms(mark, end));
+            for e in (0..ne).rev() {
+                let Some(end) = b_end[e] else { continue };
+                b[exec_block[e]] += ms(mark, end);
                 mark = end;
+            }
+            for k in 0..nb {
+                fwd[k].push(f[k]);
+                bwd[k].push(b[k]);
             }
             upd.push(ms(m.backward, m.update));
         }
@@ -262,5 +273,4 @@ fn measure_one(model: &str, batch: usize, threads: usize, steps: usize) -> Resul
             update_ms: median(&mut upd),
         })
     })
-    .map_err(|e| e.to_string())
 }

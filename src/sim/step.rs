@@ -84,7 +84,12 @@ pub fn simulate_step(profile: &Profile, cfg: &StepConfig) -> Result<StepResult, 
     if cfg.world == 0 {
         return Err("workers must be at least 1".into());
     }
-    let plan = BucketPlan::from_sizes(&profile.block_sizes(), cfg.first_cap_bytes, cfg.cap_bytes);
+    let lens: Vec<usize> = profile
+        .block_sizes()
+        .iter()
+        .map(|s| s.iter().sum())
+        .collect();
+    let plan = BucketPlan::new(&lens, cfg.first_cap_bytes, cfg.cap_bytes);
     let forward = profile.forward_ms() / 1e3;
     let backward = profile.backward_ms() / 1e3;
     let update = profile.update_ms / 1e3;
@@ -102,7 +107,7 @@ pub fn simulate_step(profile: &Profile, cfg: &StepConfig) -> Result<StepResult, 
         .iter()
         .map(|b| {
             if cfg.overlap {
-                done_at[b.ready_after_block()]
+                done_at[*b.blocks.last().expect("a bucket holds a block")]
             } else {
                 bwd_end
             }

@@ -116,6 +116,22 @@ pub struct Summary {
     pub slow_ranks: Vec<processes::SlowRank>,
 }
 
+/// The model `--model NAME|FILE` made concrete for samples of `shape` and `classes`
+/// classes: a model file error names the file, line and layer.
+pub fn build_graph(
+    model: &str,
+    shape: [usize; 3],
+    classes: usize,
+) -> Result<crate::model::Graph, String> {
+    let spec = crate::model::load(model).map_err(|e| e.to_string())?;
+    crate::model::Graph::build(&spec, shape, classes).map_err(|e| {
+        format!(
+            "{e}\n(model '{}' on the dataset's {}x{}x{} images with {classes} classes)",
+            spec.name, shape[0], shape[1], shape[2]
+        )
+    })
+}
+
 /// Loads the configured dataset (with optional size limits).
 pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
@@ -183,7 +199,6 @@ pub fn start_pipeline(
     first_epoch: usize,
     stats: Arc<LoadStats>,
 ) -> Result<(Option<Pipeline>, Vec<BatchFeed>), String> {
-    let device = candle_core::Device::Cpu;
     let collator = Collator {
         norm: source.normalize(),
         source,
@@ -204,7 +219,7 @@ pub fn start_pipeline(
     );
     if cfg.prefetch == 0 {
         let feeds = (0..cfg.workers)
-            .map(|r| BatchFeed::synchronous(r, collator.clone(), sampler.clone(), &device))
+            .map(|r| BatchFeed::synchronous(r, collator.clone(), sampler.clone()))
             .collect();
         return Ok((None, feeds));
     }
@@ -214,7 +229,6 @@ pub fn start_pipeline(
         first_epoch..cfg.epochs,
         cfg.loader_threads,
         cfg.prefetch,
-        &device,
     )?;
     Ok((Some(p), feeds))
 }
@@ -247,7 +261,6 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
 /// checkpoints and the summary; every rank can resume from rank 0's checkpoint.
 pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, String> {
     let wall = Instant::now();
-    crate::ops::set_threads_per_worker(cfg.threads);
     cfg.processes = group.size();
     cfg.process_rank = group.rank();
     let lead = cfg.process_rank == 0;
@@ -265,6 +278,11 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         ));
     }
     let (train_source, test_set) = load_sources(&cfg)?;
+    let graph = Arc::new(build_graph(
+        &cfg.model,
+        train_source.shape(),
+        train_source.num_classes(),
+    )?);
     if lead {
         std::fs::create_dir_all(&cfg.run_dir)
             .map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
@@ -286,7 +304,8 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         ));
     }
     if group.size() > 1 {
-        let lines = processes::run_description(&cfg, &train_source, test_set.len(), start_epoch)?;
+        let lines =
+            processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)?;
         group.handshake(&lines)?;
     }
     let cfg = Arc::new(cfg);
@@ -326,6 +345,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         let setup = WorkerSetup {
             rank,
             cfg: cfg.clone(),
+            graph: graph.clone(),
             feed,
             test: test_set.clone(),
             transport: transport.map(|t| t as Box<dyn crate::comm::Transport>),

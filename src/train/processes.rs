@@ -442,23 +442,20 @@ fn host_name() -> String {
 /// What every process of a run must agree on, as `key = value` lines for the handshake.
 pub fn run_description(
     cfg: &TrainConfig,
+    graph: &std::sync::Arc<crate::model::Graph>,
     train: &Source,
     test_len: usize,
     start_epoch: usize,
 ) -> Result<Vec<(String, String)>, String> {
-    let device = candle_core::Device::Cpu;
-    let net = crate::models::build(
-        &cfg.model,
-        train.shape(),
-        train.num_classes(),
-        cfg.seed,
-        &device,
+    let net = crate::nn::Net::new(
+        graph.clone(),
+        crate::nn::NetConfig {
+            max_batch: 1,
+            seed: cfg.seed,
+        },
     )
     .map_err(|e| e.to_string())?;
-    let plan = {
-        let (first_cap, cap) = crate::train::worker::bucket_caps(cfg);
-        crate::parallel::BucketPlan::new(&net, first_cap, cap)
-    };
+    let plan = crate::train::worker::bucket_plan(cfg, &net);
     let ops: Vec<String> = crate::train::worker::bucket_ops(cfg, &plan)
         .iter()
         .map(|o| o.to_string())
@@ -472,6 +469,10 @@ pub fn run_description(
     Ok(vec![
         ("dptrain version".into(), s(&env!("CARGO_PKG_VERSION"))),
         ("model".into(), s(&cfg.model)),
+        (
+            "model fingerprint".into(),
+            format!("{:016x}", graph.fingerprint()),
+        ),
         ("dataset".into(), s(&cfg.dataset)),
         ("training samples".into(), s(&train.len())),
         (

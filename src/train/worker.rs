@@ -1,21 +1,21 @@
 //! One worker: a model replica that trains on its shard of every global batch.
 //!
-//! The whole step lives in [`Worker::step`]: batch, forward, block-wise backward feeding the
-//! reducer, the wait for the last bucket, the update. Every phase is timed.
+//! The whole step lives in [`Worker::step`]: batch, forward, backward writing gradients into
+//! the reducer's buckets (which go to the communication thread as they fill), the wait for the
+//! last bucket, the update. Every phase is timed.
 
 use super::fault::{maybe_panic, FaultPhase};
 use super::metrics::{ms, StepTimes};
 use super::Event;
-use crate::comm::{choose_mode, min_bucket_bytes, LeaderOp, LinkModel, Transport};
+use crate::comm::{choose_mode, LeaderOp, LinkModel, Transport};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
-use crate::models;
-use crate::nn::{Net, Param};
+use crate::model::Graph;
+use crate::nn::{Mode, Net, NetConfig, StepInfo};
 use crate::optim::Sgd;
-use crate::parallel::{read_params, write_params, BucketOp, BucketPlan, Reducer};
+use crate::parallel::{bucket_caps as plan_caps, BucketOp, BucketPlan, Reducer};
 use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
 use crate::trace::{comm_tid, worker_tid, Tracer};
-use candle_core::{Device, Tensor};
 use crossbeam_channel::Sender;
 use serde_json::json;
 use std::sync::Arc;
@@ -34,6 +34,8 @@ pub struct WorkerSetup {
     pub rank: usize,
     /// The run's configuration.
     pub cfg: Arc<TrainConfig>,
+    /// The model, made concrete for the dataset.
+    pub graph: Arc<Graph>,
     /// This worker's end of the input pipeline (training set, normalisation, batches).
     pub feed: BatchFeed,
     /// Test set (evaluated by worker 0).
@@ -76,23 +78,17 @@ pub fn reduces_hierarchically(cfg: &TrainConfig) -> bool {
     (several && cfg.hierarchical) || native
 }
 
-/// The bucket caps (first, others) in bytes, as `BucketPlan` takes them.
-///
-/// Given caps are used as they are. Without them, `--comm tree|ring|hd|redundant` get one
-/// block per bucket (0, 0), and `--comm auto` closes a bucket only once it holds what the link
-/// moves in one latency (`bandwidth x latency`, see [`min_bucket_bytes`]): buckets are reduced
-/// one after another on the communication thread, so a bucket smaller than that spends most of
-/// its time waiting on latency, and merging it with the next one costs less overlap than the
-/// latency it saves. Measured (lenet5, 2 workers x 1 thread, 10 Gbit/s, 2 ms): one bucket per
-/// block, auto 11.5 ms a step; with this cap (one bucket) 4.7 ms; tree mode 6.7 ms. On slow or short links the cap is below our
-/// smallest blocks (100 Mbit/s, 50 us: 625 bytes), which keeps one block per bucket.
+/// The bucket caps (first, others) in bytes of this run: [`crate::parallel::bucket_caps`] for
+/// the link `--comm auto` plans for.
 pub fn bucket_caps(cfg: &TrainConfig) -> (usize, usize) {
-    if cfg.bucket_caps_from_link && cfg.comm == CommChoice::Auto && cfg.world() > 1 {
-        let cap = min_bucket_bytes(&auto_link(cfg));
-        (cap, cap)
-    } else {
-        (cfg.first_bucket_kb * 1024, cfg.bucket_kb * 1024)
-    }
+    plan_caps(cfg.first_bucket_kb, cfg.bucket_kb, &auto_link(cfg))
+}
+
+/// The bucket plan of a run of `net`.
+pub fn bucket_plan(cfg: &TrainConfig, net: &Net) -> BucketPlan {
+    let lens: Vec<usize> = net.blocks().iter().map(|b| b.range.len()).collect();
+    let (first, rest) = bucket_caps(cfg);
+    BucketPlan::new(&lens, first, rest)
 }
 
 /// Chooses each bucket's operation. Tree mode updates on worker 0 and broadcasts weights
@@ -135,15 +131,16 @@ pub struct Worker {
     rank: usize,
     cfg: Arc<TrainConfig>,
     net: Net,
-    params: Vec<Param>,
     sgd: Sgd,
     reducer: Reducer,
     sampler: DistributedSampler,
     norm: Normalize,
     feed: BatchFeed,
+    /// A copy of the weights for broadcasts (tree mode, start).
     param_flat: Vec<f32>,
-    device: Device,
     test: Arc<Dataset>,
+    /// Evaluation batches are collated here.
+    eval_batch: Batch,
     events: Sender<Event>,
     start_epoch: usize,
     /// The phase the step is in, for the message if it panics.
@@ -152,6 +149,8 @@ pub struct Worker {
     skipped_updates: usize,
     global_step: usize,
     tracer: Tracer,
+    /// The bucket each block completes (the plan's, for the timeline's arrows).
+    ready_at: Vec<Option<usize>>,
 }
 
 /// Attaches "worker R, PHASE, step S" to an error.
@@ -169,22 +168,24 @@ impl Worker {
     /// worker 0's (a broadcast).
     pub fn new(s: WorkerSetup) -> Result<Self, String> {
         let cfg = s.cfg.clone();
-        let device = Device::Cpu;
-        let input = s.feed.source().shape();
-        let classes = s.feed.source().num_classes();
-        let net = models::build(&cfg.model, input, classes, cfg.seed, &device)
-            .map_err(|e| e.to_string())?;
-        let params = net.params();
-        let mut sgd = Sgd::new(cfg.sgd, &params);
+        let local_batch = cfg.batch / cfg.world();
+        let mut net = Net::new(
+            s.graph.clone(),
+            NetConfig {
+                max_batch: local_batch,
+                seed: cfg.seed,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let mut sgd = Sgd::new(cfg.sgd, net.params().len());
         let (mut start_epoch, mut global_step) = (0, 0);
         if let Some(ck) = &s.resume {
-            let m = ck.restore(&cfg.model, &params, &net.buffers())?;
+            let m = ck.restore(&mut net)?;
             sgd.set_momentum(m)?;
             start_epoch = ck.state.epoch;
             global_step = ck.state.global_step;
         }
-        let (first_cap, cap) = bucket_caps(&cfg);
-        let plan = BucketPlan::new(&net, first_cap, cap);
+        let plan = bucket_plan(&cfg, &net);
         let ops = bucket_ops(&cfg, &plan);
         if s.rank == 0 {
             let ops = ops.iter().map(|o| o.to_string()).collect();
@@ -193,7 +194,8 @@ impl Worker {
                 ops,
             });
         }
-        let total: usize = params.iter().map(|p| p.numel()).sum();
+        let total = net.params().len();
+        let ready_at = plan.ready_at_block.clone();
         let reducer = Reducer::new(plan, ops, cfg.overlap, s.transport);
         let mut w = Self {
             rank: s.rank,
@@ -206,19 +208,19 @@ impl Worker {
             norm: s.feed.normalize().clone(),
             cfg,
             net,
-            params,
             sgd,
             reducer,
             feed: s.feed,
             param_flat: vec![0.0; total],
-            device,
             test: s.test,
+            eval_batch: Batch::default(),
             events: s.events,
             start_epoch,
             phase: "start",
             skipped_updates: 0,
             global_step,
             tracer: s.tracer,
+            ready_at,
         };
         w.broadcast_params()
             .map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
@@ -226,17 +228,17 @@ impl Worker {
     }
 
     /// Makes every replica's weights equal to worker 0's.
-    fn broadcast_params(&mut self) -> candle_core::Result<()> {
+    fn broadcast_params(&mut self) -> Result<(), String> {
         if self.cfg.world() == 1 {
             return Ok(());
         }
         if self.rank == 0 {
-            read_params(&self.params, &mut self.param_flat)?;
+            self.param_flat.copy_from_slice(self.net.params());
         }
         let flat = std::mem::take(&mut self.param_flat);
         self.param_flat = self.reducer.broadcast(flat)?;
         if self.rank != 0 {
-            write_params(&self.params, &self.param_flat)?;
+            self.net.params_mut().copy_from_slice(&self.param_flat);
         }
         Ok(())
     }
@@ -286,10 +288,11 @@ impl Worker {
             }
             let train_seconds = started.elapsed().as_secs_f64();
             if self.rank == 0 {
-                let (test_loss, test_accuracy) =
-                    ctx(self.evaluate(), self.rank, "evaluation", self.global_step)?;
+                self.phase = "evaluation";
+                let (test_loss, test_accuracy) = self.evaluate();
                 let state = super::checkpoint::TrainState {
-                    model: self.cfg.model.clone(),
+                    model: self.net.graph().name.clone(),
+                    fingerprint: self.net.graph().fingerprint(),
                     epoch: epoch + 1,
                     global_step: self.global_step,
                 };
@@ -297,17 +300,11 @@ impl Worker {
                 let every = self.cfg.checkpoint_every;
                 let due = last || (every > 0 && (epoch + 1) % every == 0);
                 let checkpoint = if due && !self.cfg.no_checkpoints {
-                    let ck = ctx(
-                        super::checkpoint::Checkpoint::capture(
-                            state,
-                            &self.params,
-                            self.sgd.momentum(),
-                            &self.net.buffers(),
-                        ),
-                        0,
-                        "checkpoint",
-                        self.global_step,
-                    )?;
+                    let ck = super::checkpoint::Checkpoint::capture(
+                        state,
+                        &self.net,
+                        self.sgd.momentum(),
+                    );
                     let path = super::checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
                     let slow = self
                         .cfg
@@ -333,15 +330,9 @@ impl Worker {
                 });
             }
         }
-        ctx(
-            read_params(&self.params, &mut self.param_flat),
-            self.rank,
-            "final weight check",
-            self.global_step,
-        )?;
         let _ = self.events.send(Event::Done {
             rank: self.rank,
-            weights_hash: hash_f32(&self.param_flat),
+            weights_hash: hash_f32(self.net.params()),
             skipped_updates: self.skipped_updates,
         });
         Ok(())
@@ -362,40 +353,41 @@ impl Worker {
         // wait of the step breakdown.
         self.phase = "data";
         let staged = ctx(self.feed.next(epoch, step, order), rank, "data", gs)?;
-        let (x, y) = ctx(
-            staged.tensors(self.net.input, &self.device),
-            rank,
-            "data",
-            gs,
-        )?;
+        let batch = staged.host();
+        let n = batch.len();
         let t1 = Instant::now();
         self.phase = "forward";
         let fault = self.cfg.fault;
         maybe_panic(fault, FaultPhase::Forward, gs, rank);
+        let info = StepInfo {
+            seed: self.cfg.seed,
+            step: global as u64,
+            first_sample: (rank * n) as u64,
+            global_batch: self.cfg.batch,
+        };
         let (tracer, mut mark) = (&mut self.tracer, t1);
-        let fp = self.net.forward_observed(&x, true, |k| {
-            if tracer.active() {
-                let now = Instant::now();
-                let name = format!("forward {}", self.net.blocks[k].name);
-                tracer.span(
-                    worker_tid(rank),
-                    "forward",
-                    name,
-                    mark,
-                    now,
-                    json!({"block": k}),
-                );
-                mark = now;
-            }
-        });
-        let fp = ctx(fp, rank, "forward", gs)?;
-        let loss = ctx(
-            candle_nn::loss::cross_entropy(fp.logits(), &y),
-            rank,
-            "forward",
-            gs,
-        )?;
-        let loss_value = ctx(loss.to_scalar::<f32>(), rank, "forward", gs)?;
+        let net = &mut self.net;
+        let report = net.forward_observed(
+            &batch.images,
+            &batch.labels,
+            n,
+            Mode::Train(info),
+            &mut |e| {
+                if tracer.active() {
+                    let now = Instant::now();
+                    tracer.span(
+                        worker_tid(rank),
+                        "forward",
+                        format!("forward exec {e}"),
+                        mark,
+                        now,
+                        json!({"exec": e}),
+                    );
+                    mark = now;
+                }
+            },
+        );
+        let loss_value = (report.loss_sum / n as f64) as f32;
         if !loss_value.is_finite() && !self.cfg.skip_nonfinite {
             return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr (or pass --on-nonfinite skip)"));
         }
@@ -405,36 +397,29 @@ impl Worker {
         if fault.is_some_and(|f| f.hits(FaultPhase::Comm, gs, rank)) {
             self.reducer.inject_panic_on_next_bucket();
         }
-        let (net, reducer, params) = (&self.net, &mut self.reducer, &self.params);
-        let (tracer, mut mark) = (&mut self.tracer, t2);
         let flows = self.cfg.overlap && self.cfg.world() > 1;
-        let backward = net.backward(&fp, &loss, |k, grads| {
+        let (tracer, mut mark, ready_at) = (&mut self.tracer, t2, &self.ready_at);
+        let backward = self.net.backward(&mut self.reducer, &mut |done| {
             maybe_panic(fault, FaultPhase::Backward, gs, rank);
-            let r = reducer.on_block(k, params, grads);
             if tracer.active() {
                 let now = Instant::now();
-                let name = format!("backward {}", net.blocks[k].name);
                 tracer.span(
                     worker_tid(rank),
                     "backward",
-                    name,
+                    format!("backward exec {}", done.exec),
                     mark,
                     now,
-                    json!({"block": k}),
+                    json!({"exec": done.exec}),
                 );
                 // An arrow from the hand-off to the bucket's reduction on the comm track.
-                match reducer.plan().ready_at_block[k] {
-                    Some(b) if flows => {
-                        tracer.flow(worker_tid(rank), flow_id(rank, global, b), now, true)
-                    }
-                    _ => {}
+                if let (true, Some(b)) = (flows, done.block.and_then(|b| ready_at[b])) {
+                    tracer.flow(worker_tid(rank), flow_id(rank, global, b), now, true);
                 }
                 mark = now;
             }
-            r
+            Ok(())
         });
         ctx(backward, rank, "backward", gs)?;
-        drop(fp);
         let t3 = Instant::now();
         self.phase = "communication";
         let comm = ctx(self.reducer.finish(), rank, "communication", gs)?;
@@ -447,7 +432,6 @@ impl Worker {
             self.sampler.steps_per_epoch(),
             self.cfg.warmup_steps,
         );
-        let scale = 1.0 / self.cfg.world() as f32;
         let root_updates = matches!(
             self.cfg.comm,
             CommChoice::Fixed(crate::comm::CommMode::Tree)
@@ -457,14 +441,12 @@ impl Worker {
             let reducer = &self.reducer;
             // The reduced gradient is bit-identical on every worker (worker 0 alone holds it
             // in tree mode, where it alone updates), so every worker takes the same decision.
-            let n = self.params.len();
-            if (0..n).all(|p| reducer.grad(p).iter().all(|v| v.is_finite())) {
-                ctx(
-                    self.sgd.step(&self.params, |p| reducer.grad(p), lr, scale),
-                    rank,
-                    "update",
-                    gs,
-                )?;
+            // The loss is a mean over the global batch, so the sum over workers is the
+            // gradient itself (scale 1).
+            let blocks = self.net.blocks().len();
+            if (0..blocks).all(|b| reducer.grad(b).iter().all(|v| v.is_finite())) {
+                let (params, blocks) = self.net.params_and_blocks();
+                self.sgd.step(params, blocks, |b| reducer.grad(b), lr, 1.0);
             } else if self.cfg.skip_nonfinite {
                 self.skipped_updates += 1;
             } else {
@@ -542,8 +524,8 @@ impl Worker {
     }
 
     /// Test loss and top-1 accuracy.
-    fn evaluate(&self) -> candle_core::Result<(f64, f64)> {
-        evaluate(&self.net, &self.test, &self.norm, &self.device)
+    fn evaluate(&mut self) -> (f64, f64) {
+        evaluate(&mut self.net, &self.test, &self.norm, &mut self.eval_batch)
     }
 }
 
@@ -559,32 +541,20 @@ pub fn hash_f32(v: &[f32]) -> u64 {
     })
 }
 
-/// Test loss and top-1 accuracy of `net` on `ds`.
-pub fn evaluate(
-    net: &Net,
-    ds: &Dataset,
-    norm: &Normalize,
-    dev: &Device,
-) -> candle_core::Result<(f64, f64)> {
-    let mut batch = Batch::default();
+/// Test loss and top-1 accuracy of `net` on `ds`, in batches of the net's largest batch
+/// (collated into `batch`, whose buffers are reused).
+pub fn evaluate(net: &mut Net, ds: &Dataset, norm: &Normalize, batch: &mut Batch) -> (f64, f64) {
     let (mut loss_sum, mut correct) = (0.0f64, 0usize);
-    let [c, h, w] = net.input;
-    let indices: Vec<u32> = (0..ds.len() as u32).collect();
-    for chunk in indices.chunks(500) {
-        collate(ds, chunk, norm, &mut batch);
-        let n = chunk.len();
-        let x = Tensor::from_slice(&batch.images, (n, c, h, w), dev)?;
-        let y = Tensor::from_slice(&batch.labels, n, dev)?;
-        let logits = net.forward_uncut(&x, false)?;
-        loss_sum +=
-            candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * n as f64;
-        let pred = logits.argmax(1)?.to_vec1::<u32>()?;
-        correct += pred
-            .iter()
-            .zip(&batch.labels)
-            .filter(|(a, b)| a == b)
-            .count();
+    let chunk = net.max_batch();
+    let mut indices: Vec<u32> = Vec::with_capacity(chunk);
+    for start in (0..ds.len()).step_by(chunk.max(1)) {
+        indices.clear();
+        indices.extend(start as u32..(start + chunk).min(ds.len()) as u32);
+        collate(ds, &indices, norm, batch);
+        let r = net.forward(&batch.images, &batch.labels, indices.len(), Mode::Eval);
+        loss_sum += r.loss_sum;
+        correct += r.correct;
     }
     let n = ds.len().max(1) as f64;
-    Ok((loss_sum / n, correct as f64 / n))
+    (loss_sum / n, correct as f64 / n)
 }
