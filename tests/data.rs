@@ -107,8 +107,10 @@ fn tampered_mnist_copy_fails_checksum_naming_file() {
     let n = bytes.len();
     bytes[n / 2] ^= 1;
     fs::write(&victim, bytes).unwrap();
+    // A damaged bundled copy (the copy stands in for data/mnist).
     let m = err_msg(data::load(&DatasetSpec::Mnist {
         dir: tmp.path().into(),
+        bundled: true,
     }));
     assert!(m.contains("train-labels-idx1-ubyte.gz"), "{m}");
     assert!(m.contains("SHA-256 mismatch"), "{m}");
@@ -130,6 +132,7 @@ fn mnist_lfs_pointer_and_missing_sums() {
     .unwrap();
     let spec = DatasetSpec::Mnist {
         dir: tmp.path().into(),
+        bundled: true,
     };
     let m = err_msg(data::load(&spec));
     assert!(m.contains("t10k-images-idx3-ubyte.gz"), "{m}");

@@ -40,6 +40,10 @@ pub struct ProfileArgs {
     pub out: PathBuf,
 }
 
+/// Largest per-worker batch a profile is made for: far past any real per-worker batch, and
+/// small enough that step times and byte counts stay in range of the simulator's arithmetic.
+pub const MAX_PROFILE_BATCH: usize = 1 << 20;
+
 /// Arguments of `dptrain simulate`.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
@@ -73,8 +77,81 @@ pub struct SimulateArgs {
     pub search_buckets: bool,
 }
 
+/// Bytes per sample of a measured training step, as a multiple of the f32 bytes of the input
+/// plus each block's output counted once per parameter tensor of the block (a stand-in for
+/// its layers: a block of several convolutions and BatchNorms holds an activation of about
+/// its output's size per layer). What autograd keeps for backward, the gradients and the
+/// im2col buffers come on top; measured as the peak-RSS slope between batches 256 and 1024 of
+/// `dptrain profile`: 5.0 (lenet5), 4.3 (vgg-small), 2.9 (resnet20) times that figure, so 6
+/// leaves a margin.
+const STEP_BYTES_FACTOR: f64 = 6.0;
+
+/// Refuses a measured step of our model `model` at per-replica `batch` with `replicas`
+/// replicas at once if it would not fit in this machine's memory (`profile --batch
+/// 100000000` used to abort on a 313 GB allocation). Names that are not our models pass (the
+/// caller reports them).
+pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
+    if !crate::models::MODEL_NAMES.contains(&model) {
+        return Ok(());
+    }
+    let input = super::arch::own_input(model);
+    let net = crate::models::build(model, input, 10, 1, &candle_core::Device::Cpu)
+        .map_err(|e| e.to_string())?;
+    let mut shape = input.to_vec();
+    let mut elems: usize = shape.iter().product();
+    for b in &net.blocks {
+        shape = b.flops(&shape).1;
+        elems += shape.iter().product::<usize>() * b.params().len().max(1);
+    }
+    let bytes = 4.0 * elems as f64 * STEP_BYTES_FACTOR * batch as f64 * replicas as f64;
+    tracing::debug!(
+        model,
+        batch,
+        replicas,
+        elems,
+        bytes,
+        "estimated step memory"
+    );
+    crate::limits::check_memory(
+        &format!(
+            "a {model} step at batch {batch}{}",
+            if replicas > 1 {
+                format!(" on {replicas} replicas")
+            } else {
+                String::new()
+            }
+        ),
+        bytes,
+        "lower --batch",
+    )
+}
+
 /// Runs `dptrain profile`.
 pub fn profile(a: ProfileArgs) -> Result<(), String> {
+    // An unknown name is an unknown name, whether or not --device-tflops was given.
+    describe(&a.model)?;
+    if a.batch == 0 || a.batch > MAX_PROFILE_BATCH {
+        return Err(format!(
+            "--batch {}: give a per-worker batch from 1 to {MAX_PROFILE_BATCH}",
+            a.batch
+        ));
+    }
+    // The output is checked before the minutes of measuring it would hold.
+    crate::output::check_writable(&a.out).map_err(|e| format!("--out: {e}"))?;
+    if a.device_tflops.is_none() {
+        if a.threads == 0 {
+            return Err("--threads 0: a step needs at least 1 compute thread".into());
+        }
+        if a.threads > crate::limits::cores() {
+            crate::cli::print_warning(&format!(
+                "--threads {} is more than the {} cores this process may use: the measured \
+                 times include time-slicing",
+                a.threads,
+                crate::limits::cores()
+            ));
+        }
+        check_step_memory(&a.model, a.batch, a.concurrent.max(1))?;
+    }
     let p = match a.device_tflops {
         Some(tflops) => from_flops(
             &describe(&a.model)?,
@@ -95,7 +172,7 @@ pub fn profile(a: ProfileArgs) -> Result<(), String> {
             measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)?
         }
     };
-    p.save(&a.out)?;
+    p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
     println!("{}", describe_profile(&p));
     println!("profile written to {}", a.out.display());
     Ok(())
@@ -159,8 +236,12 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         .workers
         .split(',')
         .map(|w| match w.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(format!("bad worker count '{w}'")),
+            Ok(n) if (1..=super::validate::MAX_WORKERS).contains(&n) => Ok(n),
+            Ok(n) if n > 1 => Err(format!(
+                "--workers {n}: the simulator takes up to {} workers",
+                super::validate::MAX_WORKERS
+            )),
+            _ => Err(format!("bad worker count '{w}': use whole numbers from 1")),
         })
         .collect::<Result<_, _>>()?;
     let link = LinkModel {
@@ -169,6 +250,9 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
     };
     let comms = comm_list(&a.comm)?;
     let overlaps = overlap_list(&a.overlap)?;
+    if !(link.bandwidth_bytes_per_s.is_finite() && link.bandwidth_bytes_per_s > 0.0) {
+        return Err("--link-bandwidth must be a positive bandwidth".into());
+    }
     let base = StepConfig {
         world: 1,
         link,
@@ -186,7 +270,7 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         "link {} / {} per worker port; weak scaling at batch {} per worker; 1 worker: {single:.3} ms/step",
         a.link_bandwidth, a.link_latency, p.batch
     );
-    println!("{}", header());
+    let mut cfgs = Vec::new();
     for &world in &workers {
         for &comm in &comms {
             for &overlap in &overlaps {
@@ -200,14 +284,22 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
                     cfg.first_cap_bytes = crate::comm::min_bucket_bytes(&link);
                     cfg.cap_bytes = cfg.first_cap_bytes;
                 }
-                let (kb, r) = if a.search_buckets {
-                    search_buckets(&p, &cfg)?
-                } else {
-                    (cfg.cap_bytes.div_ceil(1024), simulate_step(&p, &cfg)?)
-                };
-                println!("{}", row(&cfg, kb, &r, single, p.batch));
+                cfgs.push(cfg);
             }
         }
+    }
+    // Every configuration is sized before any runs: none may take minutes or exhaust memory.
+    for cfg in &cfgs {
+        super::validate::simulation_size(&p, cfg, a.search_buckets)?;
+    }
+    println!("{}", header());
+    for cfg in &cfgs {
+        let (kb, r) = if a.search_buckets {
+            search_buckets(&p, cfg)?
+        } else {
+            (cfg.cap_bytes.div_ceil(1024), simulate_step(&p, cfg)?)
+        };
+        println!("{}", row(cfg, kb, &r, single, p.batch));
     }
     Ok(())
 }

@@ -288,11 +288,8 @@ impl Worker {
             if self.rank == 0 {
                 let (test_loss, test_accuracy) =
                     ctx(self.evaluate(), self.rank, "evaluation", self.global_step)?;
-                let state = super::checkpoint::TrainState {
-                    model: self.cfg.model.clone(),
-                    epoch: epoch + 1,
-                    global_step: self.global_step,
-                };
+                let state =
+                    super::checkpoint::TrainState::new(&self.cfg, epoch + 1, self.global_step);
                 let last = epoch + 1 == self.cfg.epochs;
                 let every = self.cfg.checkpoint_every;
                 let due = last || (every > 0 && (epoch + 1) % every == 0);
