@@ -297,11 +297,11 @@ pub fn print_error(message: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
-/// Prints `warning: MESSAGE` to stderr in one write (see [`print_error`]).
+/// Prints `warning: MESSAGE` to stderr as one preformatted string (one write, see
+/// [`print_error`]); through `eprint!`, so that tests capture it.
 pub fn print_warning(message: &str) {
-    use std::io::Write;
     let line = format!("warning: {message}\n");
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    eprint!("{line}");
 }
 
 /// Parses the command line and runs the command; the error is the message to print.

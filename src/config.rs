@@ -739,11 +739,70 @@ mod tests {
                 Box::new(|o| o.log_format = Some("xml".into())),
                 "--log-format",
             ),
+            (
+                Box::new(|o| o.test_limit = Some(0)),
+                "--test-limit 0 leaves no test set",
+            ),
+            (
+                Box::new(|o| o.train_limit = Some(0)),
+                "--train-limit 0 leaves nothing",
+            ),
+            (
+                Box::new(|o| o.threads = Some(0)),
+                "--threads must be at least 1",
+            ),
+            (
+                Box::new(|o| o.comm_timeout = Some(1e30)),
+                "--comm-timeout must be a positive number of seconds up to",
+            ),
+            (
+                Box::new(|o| {
+                    o.link_bandwidth = Some("1bit".into());
+                    o.comm_timeout = Some(5.0);
+                }),
+                "moves one float (4 bytes) in 32 s",
+            ),
+            (
+                Box::new(|o| {
+                    o.link_bandwidth = Some("1Gbit".into());
+                    o.link_latency = Some("1000s".into());
+                    o.comm_timeout = Some(5.0);
+                }),
+                "--link-latency 1000 s is not below --comm-timeout 5 s",
+            ),
+            (
+                Box::new(|o| o.resume_changed = true),
+                "--resume-changed only applies with --resume",
+            ),
         ];
         for (f, want) in cases {
             let err = opts(f).unwrap_err();
             assert!(err.contains(want), "expected '{want}' in '{err}'");
         }
+    }
+
+    #[test]
+    fn threads_past_the_cores_are_capped_and_said() {
+        let cores = crate::limits::cores();
+        let cfg = opts(|o| o.threads = Some(cores + 1000)).unwrap();
+        assert_eq!(cfg.threads, cores);
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.contains(&format!("--threads {}", cores + 1000))),
+            "{:?}",
+            cfg.warnings
+        );
+        let cfg = opts(|o| {
+            o.workers = Some(cores + 1);
+            o.batch = Some(cores + 1);
+        })
+        .unwrap();
+        assert!(
+            cfg.warnings.iter().any(|w| w.contains("oversubscribed")),
+            "{:?}",
+            cfg.warnings
+        );
     }
 
     #[test]

@@ -42,6 +42,17 @@ pub enum OutputError {
         /// What is there ("character device", "fifo", ...).
         kind: &'static str,
     },
+    /// Something other than a directory is where an output directory should be.
+    #[error(
+        "{}: is a {kind}, not a directory: give the path of a new or existing directory",
+        path.display()
+    )]
+    NotADirTarget {
+        /// The output directory.
+        path: PathBuf,
+        /// What is there.
+        kind: &'static str,
+    },
     /// The output path is a symbolic link.
     #[error(
         "{}: is a symbolic link; dptrain neither writes through links nor replaces them: give \
@@ -348,10 +359,10 @@ pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => return Ok(()),
         Ok(m) => {
-            return Err(OutputError::NotRegular {
+            return Err(OutputError::NotADirTarget {
                 path: dir.to_path_buf(),
                 kind: if m.is_file() {
-                    "regular file (a directory is needed)"
+                    "regular file"
                 } else {
                     kind_of(&m.file_type())
                 },

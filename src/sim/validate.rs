@@ -53,8 +53,14 @@ pub fn profile(p: &Profile) -> Result<(), String> {
         if v.is_finite() && (0.0..=MAX_MS).contains(&v) {
             Ok(())
         } else {
+            // Huge and tiny values in exponent form: 1e300, not 301 digits.
+            let shown = if v.is_finite() && v != 0.0 && !(1e-3..1e9).contains(&v.abs()) {
+                format!("{v:e}")
+            } else {
+                format!("{v}")
+            };
             Err(format!(
-                "{what} is {v}: times must be finite, >= 0 and at most {MAX_MS} ms (a day); \
+                "{what} is {shown}: times must be finite, >= 0 and at most {MAX_MS} ms (a day); \
                  re-create the profile with `dptrain profile`"
             ))
         }

@@ -30,6 +30,8 @@ pub const CHECKSUM_KEY: &str = "tensor_sha256";
 pub struct RunIdentity {
     /// Dataset name as given (`--dataset`).
     pub dataset: String,
+    /// `--data-dir`, if given.
+    pub data_dir: Option<String>,
     /// Global batch (`--batch`).
     pub batch: usize,
     /// Seed (`--seed`).
@@ -46,6 +48,7 @@ impl RunIdentity {
     pub fn of(cfg: &crate::config::TrainConfig) -> Self {
         Self {
             dataset: cfg.dataset.clone(),
+            data_dir: cfg.data_dir.as_ref().map(|d| d.display().to_string()),
             batch: cfg.batch,
             seed: cfg.seed,
             train_limit: cfg.train_limit,
@@ -58,8 +61,12 @@ impl RunIdentity {
     pub fn changes(&self, now: &RunIdentity) -> Vec<(&'static str, String, String)> {
         let limit = |l: Option<usize>| l.map_or_else(|| "none".to_string(), |n| n.to_string());
         let mut out = Vec::new();
-        if self.dataset != now.dataset {
-            out.push(("--dataset", self.dataset.clone(), now.dataset.clone()));
+        if !same_dataset(self, now) {
+            let show = |r: &RunIdentity| match &r.data_dir {
+                Some(d) => format!("{} (--data-dir {d})", r.dataset),
+                None => r.dataset.clone(),
+            };
+            out.push(("--dataset", show(self), show(now)));
         }
         if self.batch != now.batch {
             out.push(("--batch", self.batch.to_string(), now.batch.to_string()));
@@ -75,6 +82,24 @@ impl RunIdentity {
             ));
         }
         out
+    }
+}
+
+/// Whether two runs name the same dataset: equal as parsed (so `synthetic` and
+/// `synthetic:1x28x28:10` are one dataset, and `mnist` is the bundled copy wherever the run
+/// starts), or, for names that no longer parse, equal as written.
+fn same_dataset(a: &RunIdentity, b: &RunIdentity) -> bool {
+    let parse = |r: &RunIdentity| {
+        crate::data::DatasetSpec::parse(
+            &r.dataset,
+            r.data_dir.as_deref().map(Path::new),
+            Path::new("(bundled)"),
+        )
+        .ok()
+    };
+    match (parse(a), parse(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => (&a.dataset, &a.data_dir) == (&b.dataset, &b.data_dir),
     }
 }
 
@@ -115,6 +140,9 @@ impl TrainState {
         .collect();
         if let Some(r) = &self.run {
             m.insert("dataset".into(), r.dataset.clone());
+            if let Some(d) = &r.data_dir {
+                m.insert("data_dir".into(), d.clone());
+            }
             m.insert("batch".into(), r.batch.to_string());
             m.insert("seed".into(), r.seed.to_string());
             m.insert(
@@ -140,6 +168,7 @@ impl TrainState {
             None => None,
             Some(dataset) => Some(RunIdentity {
                 dataset: dataset.clone(),
+                data_dir: meta.get("data_dir").cloned(),
                 batch: num("batch")?,
                 seed: meta
                     .get("seed")

@@ -167,6 +167,13 @@ pub fn check_resume(
     state: &checkpoint::TrainState,
     path: &Path,
 ) -> Result<Option<String>, String> {
+    // The model first: its tensors could not be loaded into another one anyway.
+    if state.model != cfg.model {
+        return Err(format!(
+            "the checkpoint is for model '{}', not '{}': resume with --model {}",
+            state.model, cfg.model, state.model
+        ));
+    }
     let Some(then) = &state.run else {
         return Ok(Some(format!(
             "checkpoint {} does not record its run's dataset, batch and seed (written by an \
@@ -375,12 +382,18 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     if let Some(w) = rundir::check_trace_steps(&cfg, start_epoch, steps_per_epoch)? {
         warn(&cfg, &w);
     }
+    // The run directory first: a trace file may go into it.
+    let prepared = if lead {
+        Some(rundir::prepare(&cfg)?)
+    } else {
+        None
+    };
     let trace_path = rundir::check_trace(&cfg)?;
-    if lead {
+    if let Some(prepared) = prepared {
         for w in &cfg.warnings {
             warn(&cfg, w);
         }
-        for note in rundir::prepare(&cfg)? {
+        for note in prepared.clear(&cfg.run_dir)? {
             if !cfg.quiet {
                 eprintln!("note: {note}");
             }

@@ -43,13 +43,55 @@ pub fn run_files_in(dir: &Path) -> Vec<String> {
     found
 }
 
+/// A run directory checked by [`prepare`]: what `--overwrite` will delete once every other
+/// check has passed ([`Prepared::clear`]), and what to tell the user.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// An earlier run's files, to delete (`--overwrite`).
+    pub to_delete: Vec<PathBuf>,
+    /// Things done or found that the user should know about.
+    pub notes: Vec<String>,
+}
+
+impl Prepared {
+    /// Deletes the earlier run's files (`--overwrite`); returns the notes, with what was
+    /// deleted.
+    pub fn clear(mut self, dir: &Path) -> Result<Vec<String>, String> {
+        for path in &self.to_delete {
+            std::fs::remove_file(path).map_err(|e| {
+                OutputError::Io {
+                    path: path.clone(),
+                    action: "delete (--overwrite)",
+                    cause: e,
+                }
+                .to_string()
+            })?;
+        }
+        if !self.to_delete.is_empty() {
+            let names: Vec<String> = self
+                .to_delete
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            self.notes.push(format!(
+                "--overwrite: deleted the earlier run's {} in {}",
+                names.join(", "),
+                dir.display()
+            ));
+        }
+        Ok(self.notes)
+    }
+}
+
 /// Creates the run directory (one level; two for the default `runs/<model>-<dataset>`, whose
 /// parent the user did not name either), removes temporary files that killed runs left there,
-/// refuses (or, with `--overwrite`, deletes) another run's files, and checks that every file the
-/// run writes can be written. Returns what the user should be told (files removed).
-pub fn prepare(cfg: &TrainConfig) -> Result<Vec<String>, String> {
+/// refuses another run's files (with `--overwrite`, lists them for [`Prepared::clear`], which
+/// the caller runs once its other checks have passed, so a refused run deletes nothing), and
+/// checks that every file the run writes can be written.
+pub fn prepare(cfg: &TrainConfig) -> Result<Prepared, String> {
     let dir = &cfg.run_dir;
     let mut notes = Vec::new();
+    let mut to_delete = Vec::new();
     if cfg.resume.is_some() && cfg.overwrite {
         return Err(
             "--overwrite deletes the run directory's files, and with --resume those are \
@@ -91,20 +133,7 @@ pub fn prepare(cfg: &TrainConfig) -> Result<Vec<String>, String> {
             let path = dir.join(name);
             // Only regular files are deleted; anything else with such a name is refused.
             output::check_file_target(&path).map_err(run_dir_error)?;
-            std::fs::remove_file(&path).map_err(|e| {
-                run_dir_error(OutputError::Io {
-                    path: path.clone(),
-                    action: "delete (--overwrite)",
-                    cause: e,
-                })
-            })?;
-        }
-        if !found.is_empty() {
-            notes.push(format!(
-                "--overwrite: deleted the earlier run's {} in {}",
-                found.join(", "),
-                dir.display()
-            ));
+            to_delete.push(path);
         }
     }
     let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|f| dir.join(f)).collect();
@@ -115,7 +144,7 @@ pub fn prepare(cfg: &TrainConfig) -> Result<Vec<String>, String> {
         output::check_file_target(t).map_err(run_dir_error)?;
     }
     output::check_writable(&dir.join("summary.json")).map_err(run_dir_error)?;
-    Ok(notes)
+    Ok(Prepared { to_delete, notes })
 }
 
 /// Checks, before the first step, that the trace file of this process (`PATH`, or
