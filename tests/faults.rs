@@ -317,22 +317,29 @@ fn outputs_that_are_not_regular_files_are_refused_and_left_untouched() {
     std::os::unix::fs::symlink(t.join("victim"), t.join("link")).unwrap();
     std::os::unix::fs::symlink(t.join("nowhere"), t.join("dangling")).unwrap();
     let mut targets: Vec<(PathBuf, &str)> = vec![
-        (PathBuf::from("/dev/null"), "character device"),
-        (PathBuf::from("/dev/full"), "character device"),
         (fifo, "fifo"),
         (t.join("adir"), "directory"),
         (t.join("link"), "symbolic link"),
         (t.join("dangling"), "symbolic link"),
     ];
-    // As root (as CI runs), a device node made here: the case that replaced /dev/full.
+    // Device nodes. As root (as CI runs) the ones that were replaced, /dev/null and /dev/full,
+    // are made again here with mknod: a broken check must not be able to replace the real
+    // ones, which root could. Other users cannot replace anything in /dev, so the real ones
+    // are safe targets for them.
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } == 0 {
-        let node = t.join("full-node");
-        let c = std::ffi::CString::new(node.as_os_str().as_bytes()).unwrap();
-        // SAFETY: mknod with a valid path; (1, 7) is /dev/full's device number.
-        let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) };
-        assert_eq!(made, 0, "mknod as root");
-        targets.push((node, "character device"));
+        for (name, minor) in [("null-node", 3), ("full-node", 7)] {
+            let node = t.join(name);
+            let c = std::ffi::CString::new(node.as_os_str().as_bytes()).unwrap();
+            // SAFETY: mknod with a valid path; (1, 3) and (1, 7) are /dev/null and /dev/full.
+            let made =
+                unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
+            assert_eq!(made, 0, "mknod as root");
+            targets.push((node, "character device"));
+        }
+    } else {
+        targets.push((PathBuf::from("/dev/null"), "character device"));
+        targets.push((PathBuf::from("/dev/full"), "character device"));
     }
     // Two finished runs, for `report --out`.
     for run in ["ra", "rb"] {
