@@ -4,7 +4,7 @@ use crate::bench;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
 use crate::config::TrainOptions;
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Fast data-parallel training of convolutional neural networks.
 #[derive(Debug, Parser)]
@@ -35,9 +35,10 @@ enum Command {
         /// Run directories.
         #[arg(required = true)]
         run_dirs: Vec<PathBuf>,
-        /// Where the comparison (comparison.md, breakdown.png) goes, with several runs.
-        #[arg(long, default_value = "runs/comparison")]
-        out: PathBuf,
+        /// Where the comparison (comparison.md, breakdown.png) goes, with several runs (the
+        /// directory is created; its parent must exist) [default: runs/comparison].
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -52,12 +53,15 @@ enum DataCmd {
         /// Its directory, where it needs one.
         #[arg(long)]
         data_dir: Option<PathBuf>,
-        /// Output directory.
+        /// Output directory: new or empty (created if absent; its parent must exist).
         #[arg(long)]
         out: PathBuf,
         /// Export only the first N samples of each split.
         #[arg(long)]
         limit: Option<usize>,
+        /// Replace an earlier export in --out (its train/ and test/ are deleted first).
+        #[arg(long)]
+        overwrite: bool,
     },
 }
 
@@ -208,9 +212,57 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>().map(|n| n * mult).map_err(|_| {
-        format!("bad size '{s}': use bytes with an optional K, M or G suffix (e.g. 64M)")
-    })
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| {
+            format!("bad size '{s}': use bytes with an optional K, M or G suffix (e.g. 64M)")
+        })
+}
+
+/// Parses one entry of a `--threads` list: a count of at least 1.
+fn parse_thread_count(t: &str) -> Result<usize, String> {
+    match t.parse::<usize>() {
+        Ok(0) => Err("--threads 0: a step needs at least 1 compute thread".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "bad thread count '{t}': use whole numbers, e.g. 1,2"
+        )),
+    }
+}
+
+/// Benchmarks measure the thread counts asked for, also past the cores (that is a measurement
+/// too), but never silently: each count above the cores gets a warning.
+fn check_bench_threads(threads: &[usize]) {
+    let cores = crate::limits::cores();
+    for &t in threads.iter().filter(|&&t| t > cores) {
+        print_warning(&format!(
+            "--threads {t} is more than the {cores} cores this process may use: those threads \
+             time-slice, so the step time measured for {t} is not a {t}-core figure"
+        ));
+    }
+}
+
+/// Sizes in bytes for an all-reduce of f32 values: below one f32 (4 bytes) is refused, and a
+/// size that is not a whole number of f32s is rounded down to one, with a note saying so.
+fn float_sizes(sizes: &[usize]) -> Result<Vec<usize>, String> {
+    let mut out = Vec::with_capacity(sizes.len());
+    for &s in sizes {
+        if s < 4 {
+            return Err(format!(
+                "--sizes: {s} bytes is less than one f32 (4 bytes), and the all-reduce sums \
+                 f32 values: give at least 4"
+            ));
+        }
+        let rounded = s - s % 4;
+        if rounded != s {
+            print_warning(&format!(
+                "--sizes: {s} bytes is not a whole number of f32 values: measuring {rounded} bytes"
+            ));
+        }
+        out.push(rounded);
+    }
+    Ok(out)
 }
 
 fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<LinkModel>, String> {
@@ -245,6 +297,13 @@ pub fn print_error(message: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// Prints `warning: MESSAGE` to stderr as one preformatted string (one write, see
+/// [`print_error`]); through `eprint!`, so that tests capture it.
+pub fn print_warning(message: &str) {
+    let line = format!("warning: {message}\n");
+    eprint!("{line}");
+}
+
 /// Parses the command line and runs the command; the error is the message to print.
 pub fn run() -> Result<(), String> {
     let cli = Cli::parse();
@@ -261,6 +320,14 @@ pub fn run() -> Result<(), String> {
                 println!("{}: report.md and {} figures", dir.display(), figures.len());
             }
             if run_dirs.len() > 1 {
+                let out = match out {
+                    Some(out) => out,
+                    None => {
+                        // The default is ours, not the user's: its parent `runs/` may be made.
+                        crate::output::create_dir(Path::new("runs"))?;
+                        PathBuf::from("runs/comparison")
+                    }
+                };
                 let table = crate::report::write_comparison(&run_dirs, &out)?;
                 println!("{table}\ncomparison written to {}", out.display());
             }
@@ -289,6 +356,7 @@ pub fn run() -> Result<(), String> {
             if rank != 0 {
                 return Ok(());
             }
+            let warnings = s.warnings();
             if json_log {
                 let line = serde_json::json!({
                     "kind": "done",
@@ -296,6 +364,9 @@ pub fn run() -> Result<(), String> {
                     "images_per_s": s.images_per_s,
                     "wall_seconds": s.wall_seconds,
                     "breakdown": s.breakdown,
+                    "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
+                    "steps": s.steps,
+                    "warnings": warnings,
                     "run_dir": run_dir,
                 });
                 println!("{line}");
@@ -309,6 +380,9 @@ pub fn run() -> Result<(), String> {
                 s.breakdown.describe(),
                 run_dir.display()
             );
+            for w in &warnings {
+                println!("warning: {w}");
+            }
             Ok(())
         }
         Command::Bench(BenchCmd::Step {
@@ -317,10 +391,14 @@ pub fn run() -> Result<(), String> {
             threads,
             steps,
         }) => {
-            let threads = list(&threads, |t| {
-                t.parse::<usize>()
-                    .map_err(|_| format!("bad thread count '{t}'"))
-            })?;
+            let threads = list(&threads, parse_thread_count)?;
+            check_bench_threads(&threads);
+            if batch == 0 || steps == 0 {
+                return Err("--batch and --steps must be at least 1".into());
+            }
+            for m in model.split(',') {
+                crate::sim::cli::check_step_memory(m.trim(), batch, 1)?;
+            }
             println!(
                 "{:<10} {:>5} {:>7} {:>10} {:>10} {:>10} {:>10}",
                 "model", "batch", "threads", "step ms", "fwd ms", "bwd ms", "upd ms"
@@ -405,7 +483,11 @@ pub fn run() -> Result<(), String> {
             data_dir,
             out,
             limit,
+            overwrite,
         }) => {
+            // Checked before the dataset is loaded: a refusal costs nothing.
+            crate::data::image_folder::prepare_export_dir(&out, overwrite)
+                .map_err(|e| e.to_string())?;
             let cfg = TrainOptions {
                 dataset: Some(dataset),
                 data_dir,
@@ -531,7 +613,7 @@ pub fn run() -> Result<(), String> {
             if workers == 0 || iters == 0 {
                 return Err("--workers and --iters must be at least 1".into());
             }
-            let sizes = list(&sizes, parse_size)?;
+            let sizes = float_sizes(&list(&sizes, parse_size)?)?;
             if mpi {
                 if comm != "all" || link_bandwidth.is_some() || link_latency.is_some() {
                     return Err(
@@ -559,6 +641,16 @@ pub fn run() -> Result<(), String> {
                 })?
             };
             let link = parse_link(&link_bandwidth, &link_latency)?;
+            if let Some(l) = &link {
+                crate::config::check_link_against_timeout(l, bench::allreduce::TIMEOUT_S as f64)?;
+            }
+            // Each worker holds the buffer, a scratch copy and the messages in flight.
+            let largest = sizes.iter().copied().max().unwrap_or(0);
+            crate::limits::check_memory(
+                &format!("an all-reduce of {largest} bytes on {workers} workers"),
+                3.0 * workers as f64 * largest as f64,
+                "give smaller --sizes or fewer --workers",
+            )?;
             println!(
                 "all-reduce, {workers} workers, link: {}",
                 link.map_or("none (memory)".to_string(), |l| format!(

@@ -95,6 +95,16 @@ pub struct TrainConfig {
     pub process_rank: usize,
     /// Where metrics, summary and checkpoints go.
     pub run_dir: PathBuf,
+    /// `--run-dir` was given (else it is the default `runs/<model>-<dataset>`, whose parent
+    /// `runs/` may be created too: see [`crate::output`]).
+    pub run_dir_given: bool,
+    /// Delete an earlier run's files found in the run directory instead of refusing it.
+    pub overwrite: bool,
+    /// Resume even if the checkpoint's run had another dataset, batch, seed or training limit.
+    pub resume_changed: bool,
+    /// Things the user should know that do not stop the run (threads capped, cores
+    /// oversubscribed); the run prints them at the start.
+    pub warnings: Vec<String>,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -267,6 +277,16 @@ pub struct TrainOptions {
     /// Resume from this checkpoint file.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// With --resume: accept a checkpoint whose run had another --dataset, --batch, --seed or
+    /// --train-limit (refused otherwise, since the run would continue under other settings).
+    #[arg(long)]
+    #[serde(default)]
+    pub resume_changed: bool,
+    /// Reuse a run directory that holds another run's files (metrics, summary, report,
+    /// checkpoints): they are deleted first. Without it such a directory is refused.
+    #[arg(long)]
+    #[serde(default)]
+    pub overwrite: bool,
     /// Write no checkpoints (for benchmark runs).
     #[arg(long)]
     #[serde(default)]
@@ -316,6 +336,35 @@ pub struct TrainOptions {
     /// [default: text].
     #[arg(long)]
     pub log_format: Option<String>,
+}
+
+/// Longest `--comm-timeout`, in seconds (a year): anything longer means "never" and would
+/// overflow the clock arithmetic of the deadlines.
+pub const MAX_COMM_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Refuses an emulated link on which no message could arrive within the timeout: the latency
+/// alone, or one f32 (the smallest message a collective sends) at the bandwidth, takes longer.
+/// Messages the link cannot deliver in time for other reasons (bigger ones) fail at once in the
+/// transport ([`crate::comm::CommError::LinkTooSlow`]), so no run sleeps past its timeout.
+pub fn check_link_against_timeout(link: &LinkModel, timeout_s: f64) -> Result<(), String> {
+    let latency = link.latency.as_secs_f64();
+    if latency >= timeout_s {
+        return Err(format!(
+            "--link-latency {latency} s is not below --comm-timeout {timeout_s} s: every message \
+             waits the latency, so every collective would time out; lower the latency or raise \
+             --comm-timeout"
+        ));
+    }
+    let one_float = latency + 4.0 / link.bandwidth_bytes_per_s;
+    if one_float >= timeout_s {
+        return Err(format!(
+            "--link-bandwidth {} bytes/s moves one float (4 bytes) in {:.0} s, not within \
+             --comm-timeout {timeout_s} s, and a step moves the whole gradient: raise the \
+             bandwidth (e.g. 1Gbit) or --comm-timeout",
+            link.bandwidth_bytes_per_s, one_float
+        ));
+    }
+    Ok(())
 }
 
 macro_rules! overlay {
@@ -401,6 +450,8 @@ impl TrainOptions {
         self.quiet |= over.quiet;
         self.skip_bad_samples |= over.skip_bad_samples;
         self.no_checkpoints |= over.no_checkpoints;
+        self.overwrite |= over.overwrite;
+        self.resume_changed |= over.resume_changed;
         self
     }
 
@@ -420,11 +471,10 @@ impl TrainOptions {
         if batch == 0 || !batch.is_multiple_of(workers) {
             return Err(format!("--batch {batch} must be a positive multiple of --workers {workers} (each worker takes batch/workers samples)"));
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = self.threads.unwrap_or((cores / workers).max(1));
-        if threads == 0 {
+        if self.threads == Some(0) {
             return Err("--threads must be at least 1".into());
         }
+        let (threads, warnings) = crate::limits::threads_per_worker(self.threads, workers);
         let overlap = match self.overlap.as_deref().unwrap_or("on") {
             "on" | "true" => true,
             "off" | "false" => false,
@@ -477,10 +527,14 @@ impl TrainOptions {
             return Err("Nesterov momentum needs --momentum > 0 (or --nesterov false)".into());
         }
         let comm_timeout = self.comm_timeout.unwrap_or(120.0);
-        if !(comm_timeout > 0.0 && comm_timeout.is_finite()) {
+        if !(comm_timeout > 0.0 && comm_timeout <= MAX_COMM_TIMEOUT_S) {
             return Err(format!(
-                "--comm-timeout must be a positive number of seconds, not {comm_timeout}"
+                "--comm-timeout must be a positive number of seconds up to {MAX_COMM_TIMEOUT_S} \
+                 (a year), not {comm_timeout}"
             ));
+        }
+        if let Some(l) = &link {
+            check_link_against_timeout(l, comm_timeout)?;
         }
         let epochs = self.epochs.unwrap_or(4);
         if epochs == 0 {
@@ -490,6 +544,18 @@ impl TrainOptions {
             if !r.is_file() {
                 return Err(format!("--resume {}: no such checkpoint file", r.display()));
             }
+        } else if self.resume_changed {
+            return Err("--resume-changed only applies with --resume CHECKPOINT".into());
+        }
+        if self.test_limit == Some(0) {
+            return Err(
+                "--test-limit 0 leaves no test set to evaluate on: give at least 1 (or leave \
+                 the option out to use the whole test set)"
+                    .into(),
+            );
+        }
+        if self.train_limit == Some(0) {
+            return Err("--train-limit 0 leaves nothing to train on: give at least --batch samples (or leave the option out)".into());
         }
         let loader_threads = self
             .loader_threads
@@ -554,6 +620,10 @@ impl TrainOptions {
             processes: 1,
             process_rank: 0,
             run_dir,
+            run_dir_given: self.run_dir.is_some(),
+            overwrite: self.overwrite,
+            resume_changed: self.resume_changed,
+            warnings,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
             no_checkpoints: self.no_checkpoints,
@@ -663,11 +733,70 @@ mod tests {
                 Box::new(|o| o.log_format = Some("xml".into())),
                 "--log-format",
             ),
+            (
+                Box::new(|o| o.test_limit = Some(0)),
+                "--test-limit 0 leaves no test set",
+            ),
+            (
+                Box::new(|o| o.train_limit = Some(0)),
+                "--train-limit 0 leaves nothing",
+            ),
+            (
+                Box::new(|o| o.threads = Some(0)),
+                "--threads must be at least 1",
+            ),
+            (
+                Box::new(|o| o.comm_timeout = Some(1e30)),
+                "--comm-timeout must be a positive number of seconds up to",
+            ),
+            (
+                Box::new(|o| {
+                    o.link_bandwidth = Some("1bit".into());
+                    o.comm_timeout = Some(5.0);
+                }),
+                "moves one float (4 bytes) in 32 s",
+            ),
+            (
+                Box::new(|o| {
+                    o.link_bandwidth = Some("1Gbit".into());
+                    o.link_latency = Some("1000s".into());
+                    o.comm_timeout = Some(5.0);
+                }),
+                "--link-latency 1000 s is not below --comm-timeout 5 s",
+            ),
+            (
+                Box::new(|o| o.resume_changed = true),
+                "--resume-changed only applies with --resume",
+            ),
         ];
         for (f, want) in cases {
             let err = opts(f).unwrap_err();
             assert!(err.contains(want), "expected '{want}' in '{err}'");
         }
+    }
+
+    #[test]
+    fn threads_past_the_cores_are_capped_and_said() {
+        let cores = crate::limits::cores();
+        let cfg = opts(|o| o.threads = Some(cores + 1000)).unwrap();
+        assert_eq!(cfg.threads, cores);
+        assert!(
+            cfg.warnings
+                .iter()
+                .any(|w| w.contains(&format!("--threads {}", cores + 1000))),
+            "{:?}",
+            cfg.warnings
+        );
+        let cfg = opts(|o| {
+            o.workers = Some(cores + 1);
+            o.batch = Some(cores + 1);
+        })
+        .unwrap();
+        assert!(
+            cfg.warnings.iter().any(|w| w.contains("oversubscribed")),
+            "{:?}",
+            cfg.warnings
+        );
     }
 
     #[test]

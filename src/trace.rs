@@ -136,13 +136,11 @@ impl TraceSink {
             .expect("trace events serialise")
     }
 
-    /// Writes the trace to `path` atomically (a temporary file renamed over it).
+    /// Writes the trace to `path` atomically (see [`crate::output`]: a regular file only, in a
+    /// directory that exists).
     pub fn write(&self, path: &Path) -> Result<(), String> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        crate::train::checkpoint::write_atomically(path, self.to_json().as_bytes())
+        crate::output::write_atomically(path, self.to_json().as_bytes())
+            .map_err(|e| format!("--trace: {e}"))
     }
 }
 

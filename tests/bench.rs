@@ -152,3 +152,71 @@ fn suite_quick_writes_every_section_and_plot() {
         assert!(out.path().join(file).is_file(), "{file} missing");
     }
 }
+
+fn dptrain(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bench_sizes_and_thread_counts_that_mean_nothing_are_refused_or_said() {
+    // A step on no threads: refused, not run and printed as threads=0.
+    let (code, out, err) = dptrain(&["bench", "step", "--model", "lenet5", "--threads", "0"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("--threads 0") && !out.contains("threads=0"),
+        "{err}"
+    );
+    // Threads past the cores are measured, with a warning.
+    let many = (dptrain::limits::cores() + 1).to_string();
+    let (code, out, err) = dptrain(&[
+        "bench",
+        "step",
+        "--model",
+        "lenet5",
+        "--batch",
+        "8",
+        "--steps",
+        "1",
+        "--threads",
+        &many,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("warning: --threads {many} is more than")),
+        "{err}"
+    );
+    assert!(out.contains(&format!("threads={many}")), "{out}");
+    // An all-reduce of less than one f32: refused, not reported as bandwidth of zero floats.
+    let (code, out, err) = dptrain(&["bench", "allreduce", "--sizes", "1", "--iters", "1"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("1 bytes is less than one f32"), "{err}");
+    // Not a whole number of f32s: rounded down, and said.
+    let (code, out, err) = dptrain(&[
+        "bench",
+        "allreduce",
+        "--sizes",
+        "6",
+        "--iters",
+        "1",
+        "--comm",
+        "ring",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("measuring 4 bytes"), "{err}");
+    assert!(
+        out.lines().any(|l| l.trim_start().starts_with("4 ")),
+        "{out}"
+    );
+    // Sizes no machine holds: refused before allocating.
+    let (code, _, err) = dptrain(&["bench", "allreduce", "--sizes", "1000000G", "--iters", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("needs about"), "{err}");
+}

@@ -299,3 +299,65 @@ fn emulated_bandwidth_matches_model() {
         );
     }
 }
+
+#[test]
+fn an_emulated_link_too_slow_for_the_timeout_fails_at_once() {
+    // 1 kB/s: 4000 bytes take 4 s, past the 1 s timeout. The send fails now, not after
+    // sleeping 4 s, and names what to change.
+    let slow = LinkModel {
+        bandwidth_bytes_per_s: 1e3,
+        latency: Duration::ZERO,
+    };
+    let eps = InProcessFabric::new(2, Some(slow), Duration::from_secs(1));
+    let started = Instant::now();
+    let err = eps[0].send(1, 3, &[0.0; 1000]).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(
+            err,
+            CommError::LinkTooSlow {
+                rank: 0,
+                peer: 1,
+                tag: 3,
+                bytes: 4000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--link-bandwidth") && msg.contains("--comm-timeout"),
+        "{msg}"
+    );
+    // What fits is sent as before.
+    eps[0].send(1, 4, &[1.0; 10]).unwrap();
+    let mut out = [0.0; 10];
+    eps[1].recv(0, 4, &mut out).unwrap();
+    assert_eq!(out, [1.0; 10]);
+    // The latency counts against the receiver's timeout too: a message that arrives after the
+    // deadline is reported when it is seen, without sleeping until it arrives.
+    let far = LinkModel {
+        bandwidth_bytes_per_s: 1e12,
+        latency: Duration::from_millis(900),
+    };
+    let eps = InProcessFabric::new(2, Some(far), Duration::from_secs(1));
+    std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            let mut out = [0.0; 4];
+            let started = Instant::now();
+            let r = eps[1].recv(0, 5, &mut out);
+            (r, started.elapsed())
+        });
+        // Sent 500 ms into the receiver's 1 s wait: it would arrive at 1.4 s.
+        std::thread::sleep(Duration::from_millis(500));
+        eps[0].send(1, 5, &[2.0; 4]).unwrap();
+        let (r, took) = receiver.join().unwrap();
+        assert!(matches!(r, Err(CommError::LinkTooSlow { .. })), "{r:?}");
+        assert!(took < Duration::from_millis(900), "{took:?}");
+    });
+}

@@ -107,8 +107,10 @@ fn tampered_mnist_copy_fails_checksum_naming_file() {
     let n = bytes.len();
     bytes[n / 2] ^= 1;
     fs::write(&victim, bytes).unwrap();
+    // A damaged bundled copy (the copy stands in for data/mnist).
     let m = err_msg(data::load(&DatasetSpec::Mnist {
         dir: tmp.path().into(),
+        bundled: true,
     }));
     assert!(m.contains("train-labels-idx1-ubyte.gz"), "{m}");
     assert!(m.contains("SHA-256 mismatch"), "{m}");
@@ -130,6 +132,7 @@ fn mnist_lfs_pointer_and_missing_sums() {
     .unwrap();
     let spec = DatasetSpec::Mnist {
         dir: tmp.path().into(),
+        bundled: true,
     };
     let m = err_msg(data::load(&spec));
     assert!(m.contains("t10k-images-idx3-ubyte.gz"), "{m}");
@@ -423,4 +426,408 @@ fn synthetic_spec_loads() {
     let d = data::load(&small).unwrap();
     assert_eq!(d.train.pixels.len(), 10 * 3 * 32 * 32);
     assert_eq!(d.test.len(), 4);
+}
+
+/// Counts this thread's live heap bytes and their peak, so a test can bound what a decode
+/// allocates while other tests of this binary allocate on their own threads.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub struct Counting;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn track(delta: isize) {
+        let _ = LIVE.try_with(|live| {
+            let v = live.get() + delta;
+            live.set(v);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(v)));
+        });
+    }
+
+    // SAFETY: every call is forwarded to the system allocator unchanged; only counts are kept.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let p = System.alloc(l);
+            if !p.is_null() {
+                track(l.size() as isize);
+            }
+            p
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            let p = System.alloc_zeroed(l);
+            if !p.is_null() {
+                track(l.size() as isize);
+            }
+            p
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            System.dealloc(p, l);
+            track(-(l.size() as isize));
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            let q = System.realloc(p, l, new);
+            if !q.is_null() {
+                track(new as isize - l.size() as isize);
+            }
+            q
+        }
+    }
+
+    /// Runs `f` and returns its result and the most heap bytes it held at once (this thread).
+    pub fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        let base = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(base));
+        let out = f();
+        let peak = PEAK.with(Cell::get);
+        (out, (peak - base).max(0) as usize)
+    }
+}
+
+#[global_allocator]
+static ALLOC: counting::Counting = counting::Counting;
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                0xedb8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+fn png_chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut v = (data.len() as u32).to_be_bytes().to_vec();
+    let mut body = kind.to_vec();
+    body.extend_from_slice(data);
+    v.extend_from_slice(&body);
+    v.extend_from_slice(&crc32(&body).to_be_bytes());
+    v
+}
+
+/// A PNG of a valid header claiming `w`x`h` (bit depth and colour type as given), followed by
+/// `tail` (image data, possibly garbage or cut short).
+fn png_header(w: u32, h: u32, depth: u8, color: u8, interlace: u8, tail: &[u8]) -> Vec<u8> {
+    let mut ihdr = w.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[depth, color, 0, 0, interlace]);
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    v.extend(png_chunk(b"IHDR", &ihdr));
+    v.extend_from_slice(tail);
+    v
+}
+
+/// A baseline JPEG's markers up to its first scan, claiming `w`x`h`, then `tail`.
+fn jpeg_header(w: u16, h: u16, components: u8, tail: &[u8]) -> Vec<u8> {
+    let mut v = vec![0xff, 0xd8];
+    // One quantisation table (all ones).
+    v.extend_from_slice(&[0xff, 0xdb, 0x00, 0x43, 0x00]);
+    v.extend(std::iter::repeat_n(1u8, 64));
+    // Start of frame: precision 8, height, width, components with sampling 1x1, table 0.
+    let len = 8 + 3 * components as u16;
+    v.extend_from_slice(&[0xff, 0xc0]);
+    v.extend_from_slice(&len.to_be_bytes());
+    v.push(8);
+    v.extend_from_slice(&h.to_be_bytes());
+    v.extend_from_slice(&w.to_be_bytes());
+    v.push(components);
+    for c in 0..components {
+        v.extend_from_slice(&[c + 1, 0x11, 0]);
+    }
+    // A minimal Huffman table (DC, class 0, id 0: one code of length 1).
+    let mut counts = [0u8; 16];
+    counts[0] = 1;
+    v.extend_from_slice(&[0xff, 0xc4, 0x00, 0x14, 0x00]);
+    v.extend_from_slice(&counts);
+    v.push(0);
+    // Start of scan over every component.
+    let sos_len = 6 + 2 * components as u16;
+    v.extend_from_slice(&[0xff, 0xda]);
+    v.extend_from_slice(&sos_len.to_be_bytes());
+    v.push(components);
+    for c in 0..components {
+        v.extend_from_slice(&[c + 1, 0x00]);
+    }
+    v.extend_from_slice(&[0, 63, 0]);
+    v.extend_from_slice(tail);
+    v
+}
+
+/// Most heap one open-and-read of a hostile file may take: the largest image accepted
+/// (4096x4096) decoded through the widest buffer a decoder uses (16-bit RGBA, 8 bytes a pixel)
+/// plus its RGB copy and the sample buffer, with room for the decoders' state. A 65535x65535
+/// header used to ask for 4.3 G pixels per image (1.29 TB for the split).
+const DECODE_BOUND: usize = 320 << 20;
+
+/// Opens an ImageFolder whose only training image is `bytes` (in `dir`), reads every sample
+/// and decodes the split whole; returns the errors, and fails the test if any step holds
+/// more than [`DECODE_BOUND`] of heap.
+fn open_hostile(dir: &Path, name: &str, bytes: &[u8]) -> Vec<String> {
+    use dptrain::data::image_folder::{DecodeScratch, ImageFolder};
+    let class = dir.join("train/0");
+    let _ = fs::remove_dir_all(dir.join("train"));
+    fs::create_dir_all(&class).unwrap();
+    let path = class.join(name);
+    fs::write(&path, bytes).unwrap();
+    let mut errors = Vec::new();
+    let (opened, peak) = counting::peak_during(|| ImageFolder::open(&dir.join("train"), None));
+    assert!(peak <= DECODE_BOUND, "{name}: open held {peak} bytes");
+    match opened {
+        Err(e) => errors.push(e.to_string()),
+        Ok(folder) => {
+            // What the loaders will allocate per sample, from the header: bounded too.
+            assert!(
+                folder.sample_len() <= DECODE_BOUND,
+                "{name}: accepted a header claiming {}x{}x{}",
+                folder.channels,
+                folder.height,
+                folder.width
+            );
+            let (read, peak) = counting::peak_during(|| {
+                let mut scratch = DecodeScratch::default();
+                let mut out = vec![0u8; folder.sample_len()];
+                folder.read(0, &mut scratch, &mut out)
+            });
+            assert!(peak <= DECODE_BOUND, "{name}: read held {peak} bytes");
+            if let Err(e) = read {
+                errors.push(e.to_string());
+            }
+            let (all, peak) = counting::peak_during(|| folder.decode_all("hostile").map(|_| ()));
+            assert!(peak <= DECODE_BOUND, "{name}: decode_all held {peak} bytes");
+            if let Err(e) = all {
+                errors.push(e.to_string());
+            }
+        }
+    }
+    for e in &errors {
+        assert!(e.contains(name), "the error does not name the file: {e}");
+    }
+    errors
+}
+
+#[test]
+fn hostile_image_headers_are_refused_within_a_memory_bound() {
+    use rand::{Rng, SeedableRng};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
+    // The reported case first: ~100 bytes claiming 65535 x 65535.
+    let mut tail = png_chunk(b"IDAT", &[0x78, 0x9c, 0x63, 0, 0, 0, 1, 0, 1]);
+    tail.extend(png_chunk(b"IEND", &[]));
+    let huge = png_header(65535, 65535, 8, 2, 0, &tail);
+    assert!(huge.len() < 100);
+    let errors = open_hostile(tmp.path(), "huge.png", &huge);
+    assert!(
+        errors[0].contains("claims 65535x65535 pixels") && errors[0].contains("4096x4096"),
+        "{errors:?}"
+    );
+    let errors = open_hostile(
+        tmp.path(),
+        "huge.jpg",
+        &jpeg_header(65535, 65535, 3, &[0; 16]),
+    );
+    assert!(
+        errors[0].contains("claims 65535x65535 pixels"),
+        "{errors:?}"
+    );
+    // Then a few hundred: sizes up to 65535 a side (many near the cap and near 1), every PNG
+    // colour layout, interlaced or not, data cut short or garbage.
+    let side = |rng: &mut rand_chacha::ChaCha8Rng| -> u32 {
+        match rng.gen_range(0..4) {
+            0 => rng.gen_range(1..=16),
+            1 => rng.gen_range(4000..=4200),
+            2 => 65535 - rng.gen_range(0..4),
+            _ => rng.gen_range(1..=65535),
+        }
+    };
+    for i in 0..300 {
+        let (w, h) = (side(&mut rng), side(&mut rng));
+        let mut garbage: Vec<u8> = (0..rng.gen_range(0..64)).map(|_| rng.gen()).collect();
+        // Half of the image data starts like a zlib stream, so inflating begins.
+        if rng.gen_bool(0.5) {
+            garbage.splice(0..0, [0x78, 0x9c]);
+        }
+        let (name, mut bytes) = if i % 2 == 0 {
+            let (depth, color) = [
+                (1, 0),
+                (8, 0),
+                (16, 0),
+                (8, 2),
+                (16, 2),
+                (8, 3),
+                (8, 4),
+                (8, 6),
+                (16, 6),
+            ][rng.gen_range(0..9)];
+            let idat = png_chunk(b"IDAT", &garbage);
+            (
+                format!("case{i}.png"),
+                png_header(w, h, depth, color, rng.gen_range(0..2), &idat),
+            )
+        } else {
+            let c = [1, 3][rng.gen_range(0..2)];
+            (
+                format!("case{i}.jpg"),
+                jpeg_header(w.min(65535) as u16, h.min(65535) as u16, c, &garbage),
+            )
+        };
+        // Cut short at a random point half of the time.
+        if rng.gen_bool(0.5) {
+            let keep = rng.gen_range(8..=bytes.len());
+            bytes.truncate(keep);
+        }
+        let errors = open_hostile(tmp.path(), &name, &bytes);
+        // None of these is a whole image: each one fails somewhere, naming the file.
+        assert!(!errors.is_empty(), "{name} ({w}x{h}) was accepted");
+    }
+}
+
+#[test]
+fn an_own_mnist_dir_that_fails_its_checks_does_not_blame_the_bundled_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_mnist_to(tmp.path());
+    let victim = tmp.path().join(mnist::TEST_LABELS);
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[10] ^= 1;
+    fs::write(&victim, bytes).unwrap();
+    // As `--dataset mnist --data-dir DIR` gives it.
+    let spec = DatasetSpec::parse("mnist", Some(tmp.path()), Path::new(MNIST_DIR)).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("SHA-256 mismatch") && m.contains("t10k-labels"),
+        "{m}"
+    );
+    assert!(!m.contains("bundled"), "{m}");
+    assert!(m.contains("--dataset idx --data-dir"), "{m}");
+    fs::remove_file(tmp.path().join(mnist::SHA256SUMS)).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("SHA256SUMS: not found") && !m.contains("bundled"),
+        "{m}"
+    );
+    // The bundled copy's own failure still says how to restore it.
+    let spec = DatasetSpec::parse("mnist", None, tmp.path()).unwrap();
+    assert!(err_msg(data::load(&spec)).contains("the bundled MNIST copy is damaged"));
+}
+
+fn dptrain_cli(args: &[&str], dir: &Path) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn export_images_refuses_a_directory_that_holds_something() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let export = |extra: &[&str]| {
+        let mut args = vec![
+            "data",
+            "export-images",
+            "--dataset",
+            "synthetic",
+            "--limit",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        dptrain_cli(&args, t)
+    };
+    let (code, err) = export(&["--out", "png"]);
+    assert_eq!(code, 0, "{err}");
+    let count = |d: &str| walk(&t.join(d)).len();
+    assert_eq!(count("png"), 8);
+    // Into the same directory again: two datasets would mix; refused, nothing written.
+    let (code, err) = dptrain_cli(
+        &[
+            "data",
+            "export-images",
+            "--dataset",
+            "synthetic",
+            "--limit",
+            "2",
+            "--out",
+            "png",
+        ],
+        t,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("holds an earlier export") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(count("png"), 8);
+    // --overwrite replaces it.
+    let (code, err) = dptrain_cli(
+        &[
+            "data",
+            "export-images",
+            "--dataset",
+            "synthetic",
+            "--limit",
+            "2",
+            "--out",
+            "png",
+            "--overwrite",
+        ],
+        t,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(count("png"), 4);
+    // Anything else in the directory is not ours: refused even with --overwrite.
+    fs::write(t.join("png/notes.txt"), b"mine").unwrap();
+    let (code, err) = export(&["--out", "png", "--overwrite"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("notes.txt") && err.contains("is not empty"),
+        "{err}"
+    );
+    assert_eq!(fs::read(t.join("png/notes.txt")).unwrap(), b"mine");
+    // A write that fails says so ("cannot create"), not "cannot read".
+    let ro = t.join("ro");
+    fs::create_dir(&ro).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    // Modes do not stop root: sysfs does.
+    let target = if fs::write(ro.join("probe"), b"").is_ok() {
+        "/sys/kernel/dptrain-export".to_string()
+    } else {
+        ro.join("png").display().to_string()
+    };
+    let (code, err) = export(&["--out", &target]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot create") && !err.contains("cannot read"),
+        "{err}"
+    );
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
 }

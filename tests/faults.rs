@@ -1,10 +1,13 @@
 //! Failure propagation: an injected panic or loader failure anywhere ends the whole run within
 //! seconds, with an error that names the worker, the phase and the step; a process killed while
-//! writing a checkpoint leaves the previous checkpoint loadable.
+//! writing a checkpoint leaves the previous checkpoint loadable. And what a run touches: only
+//! regular files at the outputs it was given (never a device node, fifo, link target or
+//! directory), no directory beyond the one named, no other run's files, no temporary file left
+//! on any failure; every output is checked before the first step.
 
 use dptrain::config::TrainOptions;
 use dptrain::train::checkpoint::Checkpoint;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +72,8 @@ fn injected_faults_end_the_run_quickly_with_the_cause() {
                 "communication",
                 "step 3",
                 "communication thread panicked",
+                // The payload, not "unknown panic".
+                "injected fault: Comm while reducing bucket",
             ][..],
         ),
         (
@@ -128,10 +133,10 @@ fn kill_during_checkpoint_write_leaves_the_previous_checkpoint() {
         .spawn()
         .unwrap();
     let first = dir.join("checkpoint-epoch0001.safetensors");
-    let second_tmp = dir.join("checkpoint-epoch0002.safetensors.tmp");
+    let second_tmp = || temp_files(&dir, "checkpoint-epoch0002.safetensors");
     let deadline = Instant::now() + Duration::from_secs(60);
     // Wait until the first checkpoint is complete and the second is being written.
-    while !(first.is_file() && second_tmp.is_file()) {
+    while !first.is_file() || second_tmp().is_empty() {
         assert!(
             Instant::now() < deadline,
             "the run never reached its second checkpoint"
@@ -151,20 +156,497 @@ fn kill_during_checkpoint_write_leaves_the_previous_checkpoint() {
     );
     let ck = Checkpoint::load(&first).expect("the previous checkpoint must still load");
     assert_eq!(ck.state.epoch, 1);
-    // And training resumes from it.
+    assert_eq!(
+        second_tmp().len(),
+        1,
+        "the killed write left its temporary file"
+    );
+    // And training resumes from it, in the same directory, which also removes the temporary
+    // file the killed process could not (on a small disk it would keep the disk full).
     let resumed = TrainOptions {
         dataset: Some("synthetic".into()),
         epochs: Some(2),
         batch: Some(16),
         train_limit: Some(64),
         test_limit: Some(32),
-        run_dir: Some(tmp.path().join("resumed")),
+        run_dir: Some(dir.clone()),
         resume: Some(first),
         quiet: true,
         ..Default::default()
     };
     let s = dptrain::train::train(resumed.resolve().unwrap()).unwrap();
     assert_eq!(s.epochs.len(), 1);
+    assert!(
+        second_tmp().is_empty(),
+        "the stale temporary file is still there"
+    );
+    assert!(dir.join("checkpoint-epoch0002.safetensors").is_file());
+}
+
+/// Temporary files of an atomic write of `target` in `dir`.
+fn temp_files(dir: &Path, target: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| dptrain::output::is_temp_of(n, target))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every temporary file (`*.tmp`) under `dir`, recursively.
+fn any_temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(any_temp_files(&p));
+        } else if p.to_string_lossy().ends_with(".tmp") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Runs the dptrain binary with `args`; fails the test after 60 s (a hang). Returns the exit
+/// code, stdout and stderr.
+fn dptrain(args: &[&str], dir: &Path) -> (i32, String, String) {
+    dptrain_with(
+        std::process::Command::new(env!("CARGO_BIN_EXE_dptrain")).args(args),
+        dir,
+    )
+}
+
+fn dptrain_with(cmd: &mut std::process::Command, dir: &Path) -> (i32, String, String) {
+    let child = cmd
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("dptrain did not end within 60 s: a hang")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A short training run's flags (2 workers on synthetic data, a second or two).
+const SHORT: &[&str] = &[
+    "train",
+    "--dataset",
+    "synthetic",
+    "--epochs",
+    "1",
+    "--batch",
+    "16",
+    "--train-limit",
+    "64",
+    "--test-limit",
+    "32",
+    "--threads",
+    "1",
+    "--quiet",
+];
+
+/// [`SHORT`] with `extra` flags added; a flag in `extra` replaces [`SHORT`]'s value of it.
+fn short(extra: &[&str]) -> Vec<String> {
+    let mut args = vec![SHORT[0].to_string()];
+    let mut rest = &SHORT[1..];
+    while let Some((flag, tail)) = rest.split_first() {
+        let takes_value = tail.first().is_some_and(|v| !v.starts_with("--"));
+        let n = if takes_value { 2 } else { 1 };
+        if !extra.contains(flag) {
+            args.extend(rest[..n].iter().map(|s| s.to_string()));
+        }
+        rest = &rest[n..];
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    // A trace of the run's few steps (the default window, 5..8, is past a 4-step run).
+    if extra.contains(&"--trace") && !extra.contains(&"--trace-steps") {
+        args.extend(["--trace-steps".to_string(), "1..3".to_string()]);
+    }
+    args
+}
+
+fn run_short(extra: &[&str], dir: &Path) -> (i32, String, String) {
+    let args = short(extra);
+    dptrain(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir)
+}
+
+/// The file type and device number of `path` (not following links).
+#[cfg(unix)]
+fn identity(path: &Path) -> (std::fs::FileType, u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.file_type(), m.rdev(), m.ino())
+}
+
+/// Owned arguments from string slices.
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+fn run_args(args: &[String], dir: &Path) -> (i32, String, String) {
+    dptrain(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir)
+}
+
+#[cfg(unix)]
+#[test]
+fn outputs_that_are_not_regular_files_are_refused_and_left_untouched() {
+    use std::os::unix::ffi::OsStrExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    // A fifo, a directory, a link to a file and a dangling link, made here.
+    let fifo = t.join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    std::fs::create_dir(t.join("adir")).unwrap();
+    std::fs::write(t.join("victim"), b"keep me").unwrap();
+    std::os::unix::fs::symlink(t.join("victim"), t.join("link")).unwrap();
+    std::os::unix::fs::symlink(t.join("nowhere"), t.join("dangling")).unwrap();
+    let mut targets: Vec<(PathBuf, &str)> = vec![
+        (fifo, "fifo"),
+        (t.join("adir"), "directory"),
+        (t.join("link"), "symbolic link"),
+        (t.join("dangling"), "symbolic link"),
+    ];
+    // Device nodes. As root (as CI runs) the ones that were replaced, /dev/null and /dev/full,
+    // are made again here with mknod: a broken check must not be able to replace the real
+    // ones, which root could. Other users cannot replace anything in /dev, so the real ones
+    // are safe targets for them.
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } == 0 {
+        for (name, minor) in [("null-node", 3), ("full-node", 7)] {
+            let node = t.join(name);
+            let c = std::ffi::CString::new(node.as_os_str().as_bytes()).unwrap();
+            // SAFETY: mknod with a valid path; (1, 3) and (1, 7) are /dev/null and /dev/full.
+            let made =
+                unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, minor)) };
+            assert_eq!(made, 0, "mknod as root");
+            targets.push((node, "character device"));
+        }
+    } else {
+        targets.push((PathBuf::from("/dev/null"), "character device"));
+        targets.push((PathBuf::from("/dev/full"), "character device"));
+    }
+    // Two finished runs, for `report --out`.
+    for run in ["ra", "rb"] {
+        let (code, _, err) = run_short(&["--run-dir", run], t);
+        assert_eq!(code, 0, "{err}");
+    }
+    for (i, (target, kind)) in targets.iter().enumerate() {
+        let before = identity(target);
+        let target_s = target.to_str().unwrap();
+        let run_dir = t.join(format!("run{i}"));
+        let run_dir_s = run_dir.to_str().unwrap();
+        // Writers of one file, then writers of a directory (which take a directory).
+        let files: Vec<(&str, Vec<String>)> = vec![
+            (
+                "--trace",
+                short(&["--run-dir", run_dir_s, "--trace", target_s]),
+            ),
+            (
+                "profile --out",
+                owned(&[
+                    "profile",
+                    "--model",
+                    "lenet5",
+                    "--device-tflops",
+                    "1",
+                    "--out",
+                    target_s,
+                ]),
+            ),
+        ];
+        let mut dirs: Vec<(&str, Vec<String>)> = vec![
+            (
+                "export-images --out",
+                owned(&[
+                    "data",
+                    "export-images",
+                    "--dataset",
+                    "synthetic",
+                    "--limit",
+                    "2",
+                    "--out",
+                    target_s,
+                ]),
+            ),
+            (
+                "report --out",
+                owned(&["report", "ra", "rb", "--out", target_s]),
+            ),
+            (
+                "bench suite --out",
+                owned(&["bench", "suite", "--quick", "--out", target_s]),
+            ),
+            ("--run-dir", short(&["--run-dir", target_s])),
+        ];
+        if *kind == "directory" {
+            dirs.clear(); // an existing directory is what these take
+        }
+        for (what, args) in files.iter().chain(&dirs) {
+            let (code, out, err) = run_args(args, t);
+            assert_eq!(code, 1, "{what} {target_s}: exit {code}\n{out}\n{err}");
+            assert!(err.contains(target_s), "{what} {target_s}: {err}");
+            // Named as what it is (a link to a file reads as the file it points to where a
+            // directory is wanted).
+            let named =
+                err.contains(kind) || (*kind == "symbolic link" && err.contains("not a directory"));
+            assert!(named, "{what} {target_s}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+            assert_eq!(identity(target), before, "{what} replaced {target_s}");
+        }
+        assert!(
+            !run_dir.join("metrics.jsonl").exists(),
+            "--trace {target_s}: training ran before the output was checked"
+        );
+    }
+    assert_eq!(std::fs::read(t.join("victim")).unwrap(), b"keep me");
+    assert!(
+        !t.join("nowhere").exists(),
+        "a dangling link's target was created"
+    );
+    assert!(any_temp_files(t).is_empty(), "{:?}", any_temp_files(t));
+}
+
+#[test]
+fn no_directory_beyond_the_one_named_is_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "--trace",
+            short(&["--run-dir", "run", "--trace", "missing/deeper/t.json"]),
+        ),
+        ("--run-dir", short(&["--run-dir", "missing/deeper/run"])),
+        (
+            "profile --out",
+            owned(&[
+                "profile",
+                "--model",
+                "lenet5",
+                "--device-tflops",
+                "1",
+                "--out",
+                "missing/p.json",
+            ]),
+        ),
+        (
+            "export --out",
+            owned(&[
+                "data",
+                "export-images",
+                "--dataset",
+                "synthetic",
+                "--limit",
+                "2",
+                "--out",
+                "missing/deeper/png",
+            ]),
+        ),
+    ];
+    for (what, args) in cases {
+        let (code, _, err) = run_args(&args, t);
+        assert_eq!(code, 1, "{what}: {err}");
+        assert!(
+            err.contains("does not exist") && err.contains("create it first"),
+            "{what}: {err}"
+        );
+        assert!(!t.join("missing").exists(), "{what} created a directory");
+    }
+    // One level is fine: the run directory itself (and the trace in it).
+    let (code, _, err) = run_short(&["--run-dir", "new-run", "--trace", "new-run/t.json"], t);
+    assert_eq!(code, 0, "{err}");
+    assert!(t.join("new-run/summary.json").is_file() && t.join("new-run/t.json").is_file());
+}
+
+#[test]
+fn a_run_directory_holding_another_run_is_refused_unless_overwrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let (code, _, err) = run_short(&["--run-dir", "X", "--epochs", "3"], t);
+    assert_eq!(code, 0, "{err}");
+    let old_metrics = std::fs::read_to_string(t.join("X/metrics.jsonl")).unwrap();
+    // Reused without --resume: refused, naming the files and the ways out; nothing touched.
+    let (code, _, err) = run_short(&["--run-dir", "X", "--seed", "7"], t);
+    assert_eq!(code, 1, "{err}");
+    for want in [
+        "holds the files of another run",
+        "checkpoint-epoch0003.safetensors",
+        "metrics.jsonl",
+        "--resume X/checkpoint-epoch0003.safetensors",
+        "--overwrite",
+    ] {
+        assert!(err.contains(want), "'{want}' missing: {err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(t.join("X/metrics.jsonl")).unwrap(),
+        old_metrics
+    );
+    // With --overwrite the old run's files go first, so the latest checkpoint is the new run's.
+    let (code, _, err) = run_short(&["--run-dir", "X", "--seed", "7", "--overwrite"], t);
+    assert_eq!(code, 0, "{err}");
+    let mut names: Vec<String> = std::fs::read_dir(t.join("X"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["checkpoint-epoch0001.safetensors"]);
+    let ck = Checkpoint::load(&t.join("X/checkpoint-epoch0001.safetensors")).unwrap();
+    assert_eq!(ck.state.run.unwrap().seed, 7);
+    let metrics = std::fs::read_to_string(t.join("X/metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 1, "{metrics}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_failed_checkpoint_write_leaves_no_temporary_file() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let args = short(&[
+        "--run-dir",
+        "run",
+        "--model",
+        "vgg-small",
+        "--dataset",
+        "synthetic:3x32x32",
+    ]);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"));
+    cmd.args(&args);
+    // A disk that fills up: writes past 256 KiB fail (EFBIG) in the child, like ENOSPC; the
+    // checkpoint of vgg-small is larger, the metrics lines are not.
+    // SAFETY: setrlimit and signal only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256 << 10,
+                rlim_max: 256 << 10,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let (code, _, err) = dptrain_with(&mut cmd, tmp.path());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot write") && err.contains("checkpoint-epoch0001.safetensors"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot read"), "{err}");
+    let left = any_temp_files(tmp.path());
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}
+
+#[test]
+fn unwritable_outputs_are_found_before_the_first_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    // A read-only directory: mode 0555, or (as root, whom modes do not stop) sysfs.
+    let ro = t.join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    }
+    let ro = if std::fs::write(ro.join("probe"), b"").is_ok() {
+        PathBuf::from("/sys/kernel")
+    } else {
+        ro
+    };
+    let ro_s = ro.to_str().unwrap();
+    let started = Instant::now();
+    let (code, _, err) = run_short(&["--run-dir", ro_s, "--epochs", "50"], t);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(ro_s) && err.contains("cannot create a file"),
+        "{err}"
+    );
+    // 50 epochs would take far longer: refused before training.
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let trace = format!("{ro_s}/trace.json");
+    let (code, _, err) = run_short(&["--run-dir", "ok", "--trace", &trace, "--epochs", "50"], t);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--trace") && err.contains("cannot create a file"),
+        "{err}"
+    );
+    assert!(!t.join("ok/metrics.jsonl").exists(), "training ran");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn an_emulated_link_too_slow_for_the_timeout_fails_fast() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    // Refused up front: nothing could arrive in time.
+    for (bw, lat, want) in [
+        ("1bit", "0", "--link-bandwidth"),
+        (
+            "1Gbit",
+            "1000s",
+            "--link-latency 1000 s is not below --comm-timeout",
+        ),
+    ] {
+        let (code, _, err) = run_short(
+            &[
+                "--run-dir",
+                "r",
+                "--workers",
+                "2",
+                "--link-bandwidth",
+                bw,
+                "--link-latency",
+                lat,
+                "--comm-timeout",
+                "5",
+            ],
+            t,
+        );
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(want), "{err}");
+    }
+    // A link on which one float arrives in time but the gradients take hours: the emulated
+    // transmit time counts against --comm-timeout, so the run ends now, not after sleeping.
+    let started = Instant::now();
+    let (code, _, err) = run_short(
+        &[
+            "--run-dir",
+            "r",
+            "--workers",
+            "2",
+            "--link-bandwidth",
+            "100bit",
+            "--comm-timeout",
+            "100",
+        ],
+        t,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the emulated link needs") && err.contains("longer than --comm-timeout"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -193,6 +675,32 @@ fn nonfinite_loss_stops_with_the_step_or_is_skipped_and_counted() {
     );
     let s = dptrain::train::train(diverging("skip", "skip").resolve().unwrap()).unwrap();
     assert!(s.skipped_nonfinite_updates > 0, "no update was skipped");
+    // Said, loudly when most were skipped (here: all).
+    let w = s.warnings().join("\n");
+    assert!(
+        w.contains("MOST UPDATES WERE SKIPPED")
+            && w.contains(&format!(
+                "{} of {} updates",
+                s.skipped_nonfinite_updates, s.steps
+            )),
+        "{w}"
+    );
+    // And on stdout, where a person looks.
+    let (code, out, err) = run_short(
+        &[
+            "--run-dir",
+            "cli",
+            "--lr",
+            "1e30",
+            "--warmup-steps",
+            "0",
+            "--on-nonfinite",
+            "skip",
+        ],
+        tmp.path(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("warning: MOST UPDATES WERE SKIPPED"), "{out}");
     assert!(
         s.replica_hashes.iter().all(|&h| h == s.replica_hashes[0]),
         "replicas differ after skipped updates"

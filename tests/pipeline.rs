@@ -253,7 +253,7 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
             "prefetch {prefetch}: error does not name {name}: {e}"
         );
         assert!(e.contains("--skip-bad-samples"), "{e}");
-        let s = folder_run(&dir, &tmp.path().join("s"), |o| {
+        let s = folder_run(&dir, &tmp.path().join(format!("s{prefetch}")), |o| {
             o.prefetch = Some(prefetch);
             o.skip_bad_samples = true;
         })
@@ -265,6 +265,12 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
             "{:?}",
             s.skipped_examples
         );
+        // The flag is set: nothing suggests setting it.
+        assert!(
+            !s.skipped_examples[0].contains("--skip-bad-samples"),
+            "{:?}",
+            s.skipped_examples
+        );
         assert!(s.peak_rss_mb > 0.0);
     }
     // Not an image at all, with an image extension.
@@ -272,6 +278,25 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
     let e = folder_run(&dir, &tmp.path().join("t"), |_| {}).unwrap_err();
     assert!(
         e.contains(&name) && e.contains("neither PNG nor JPEG"),
+        "{e}"
+    );
+    // A bad test image stops the start even with --skip-bad-samples, and says why the flag
+    // does not help there (the test split is decoded whole, nothing is left out of it).
+    let test_class = dir.join("test/1");
+    let mut test_files: Vec<_> = std::fs::read_dir(&test_class)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    test_files.sort();
+    std::fs::write(&test_files[0], b"\x89PNG\r\n\x1a\n cut").unwrap();
+    let test_name = test_files[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let e = folder_run(&dir, &tmp.path().join("u"), |o| o.skip_bad_samples = true).unwrap_err();
+    assert!(
+        e.contains(&test_name) && e.contains("only leaves out training samples"),
         "{e}"
     );
 }

@@ -301,3 +301,205 @@ fn measured_profile_has_every_block() {
     assert!(p.update_ms > 0.0);
     assert_eq!(p.grad_bytes(), 4 * describe("lenet5").unwrap().params());
 }
+
+fn dptrain(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{args:?} took {:?}",
+        started.elapsed()
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn profiles_with_unphysical_numbers_are_refused_on_load_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.json");
+    let good = serde_json::to_value(uneven()).unwrap();
+    let cases: [(&str, serde_json::Value, &str); 6] = [
+        (
+            "/blocks/1/forward_ms",
+            (-5.0).into(),
+            "block 1 ('b1') forward_ms is -5",
+        ),
+        (
+            "/blocks/0/backward_ms",
+            1e300.into(),
+            "block 0 ('b0') backward_ms is 1e300",
+        ),
+        ("/update_ms", (-0.5).into(), "update_ms is -0.5"),
+        ("/batch", 0.into(), "batch is 0"),
+        ("/input/1", 0.into(), "input is [3, 0, 8]"),
+        (
+            "/blocks/0/param_sizes/0",
+            (1u64 << 60).into(),
+            "more than the 1 TiB a profile may describe",
+        ),
+    ];
+    for (pointer, value, want) in cases {
+        let mut bad = good.clone();
+        *bad.pointer_mut(pointer).unwrap() = value;
+        std::fs::write(&path, bad.to_string()).unwrap();
+        let err = Profile::load(&path).unwrap_err();
+        assert!(
+            err.contains(want) && err.contains("p.json"),
+            "{pointer}: {err}"
+        );
+        // `simulate` exits 1 with it instead of printing 300-digit step times.
+        let (code, out, err) = dptrain(
+            &["simulate", "--profile", "p.json", "--workers", "8"],
+            dir.path(),
+        );
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn simulations_too_big_for_the_machine_are_refused_up_front() {
+    use dptrain::sim::validate::{simulation_size, MAX_WORKERS};
+    let p = uneven();
+    let l = link(1.25e9, 5);
+    // Rank-symmetric schedules simulate one representative rank: a million workers is fine.
+    for mode in [CommMode::Ring, CommMode::Redundant] {
+        simulation_size(
+            &p,
+            &cfg(1_000_000, l, CommChoice::Fixed(mode), true, 0),
+            false,
+        )
+        .unwrap();
+    }
+    // Every rank's program, O(workers x rounds), or O(workers^2) once a bucket needs it.
+    for comm in [
+        CommChoice::Fixed(CommMode::Tree),
+        CommChoice::Fixed(CommMode::HalvingDoubling),
+        CommChoice::Auto,
+    ] {
+        let err = simulation_size(&p, &cfg(1_000_000, l, comm, true, 0), false).unwrap_err();
+        assert!(
+            err.contains("simulating 1000000 workers") && err.contains("fewer --workers"),
+            "{comm}: {err}"
+        );
+    }
+    // What it accepts, it runs in seconds.
+    let started = std::time::Instant::now();
+    let c = cfg(100_000, l, CommChoice::Fixed(CommMode::Tree), true, 0);
+    simulation_size(&p, &c, false).unwrap();
+    simulate_step(&p, &c).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // The command line: absurd worker counts and every mode at a million.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = dptrain(
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "10",
+            "--out",
+            "l.json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = dptrain(
+        &["simulate", "--profile", "l.json", "--workers", "4000000000"],
+        dir.path(),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("up to {MAX_WORKERS} workers")),
+        "{err}"
+    );
+    let (code, out, err) = dptrain(
+        &[
+            "simulate",
+            "--profile",
+            "l.json",
+            "--workers",
+            "1000000",
+            "--comm",
+            "all",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("simulating 1000000 workers with --comm"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("1000000 "),
+        "rows were printed before the refusal: {out}"
+    );
+}
+
+#[test]
+fn profile_refuses_unknown_names_and_batches_the_machine_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = dptrain(
+        &["profile", "--model", "alexnet2", "--out", "a.json"],
+        dir.path(),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("unknown architecture 'alexnet2'") && err.contains("alexnet, vgg16"),
+        "{err}"
+    );
+    assert!(!err.contains("can only be profiled from FLOPs"), "{err}");
+    // 313 GB of input alone: refused, not aborted.
+    let (code, _, err) = dptrain(
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--batch",
+            "100000000",
+            "--out",
+            "b.json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--batch 100000000"), "{err}");
+    let (code, _, err) = dptrain(
+        &[
+            "profile",
+            "--model",
+            "vgg-small",
+            "--batch",
+            "1000000",
+            "--out",
+            "b.json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("needs about") && err.contains("lower --batch"),
+        "{err}"
+    );
+    assert!(!dir.path().join("b.json").exists());
+    // Small enough, it runs.
+    let (code, _, err) = dptrain(
+        &[
+            "profile", "--model", "lenet5", "--batch", "8", "--steps", "1", "--out", "c.json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{err}");
+}

@@ -326,3 +326,81 @@ fn json_log_format_prints_one_json_object_per_epoch_and_no_bar() {
         .collect();
     assert_eq!(kinds, ["epoch", "epoch", "done"]);
 }
+
+#[test]
+fn a_trace_window_that_misses_the_run_is_refused_before_training() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    // 10 steps of 16 (global steps 0..10).
+    let run = |window: &str, dir: &str| {
+        train(config(&tmp.path().join(dir), |o| {
+            o.trace = Some(tmp.path().join(format!("{dir}.json")));
+            o.trace_steps = Some(window.into());
+        }))
+    };
+    let err = run("100..110", "past").unwrap_err();
+    assert!(
+        err.contains("--trace-steps 100..110 misses every step")
+            && err.contains("global steps 0..10"),
+        "{err}"
+    );
+    assert!(
+        !tmp.path().join("past/metrics.jsonl").exists(),
+        "it trained"
+    );
+    assert!(!tmp.path().join("past.json").exists());
+    // A window that reaches past the end traces what there is.
+    run("8..20", "partly").unwrap();
+    let (spans, _) = read_trace(&tmp.path().join("partly.json"));
+    assert!(spans.iter().any(|s| s.args["global_step"] == 9));
+}
+
+#[test]
+fn report_refuses_a_summary_of_the_wrong_types_naming_the_field() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    train(config(&dir, |_| {})).unwrap();
+    let path = dir.join("summary.json");
+    let good: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let cases: [(&str, Value, &str); 4] = [
+        (
+            "images_per_s",
+            "fast".into(),
+            "field 'images_per_s' is a string, not a number",
+        ),
+        (
+            "epochs",
+            3.into(),
+            "field 'epochs' is a number, not an array",
+        ),
+        (
+            "config",
+            "x".into(),
+            "field 'config' is a string, not an object",
+        ),
+        (
+            "breakdown",
+            serde_json::json!({"steps": 5, "mean": {"step_ms": "slow"}}),
+            "field 'breakdown.mean.step_ms' is a string, not a number",
+        ),
+    ];
+    for (key, value, want) in cases {
+        let mut bad = good.clone();
+        bad[key] = value;
+        std::fs::write(&path, bad.to_string()).unwrap();
+        let err = dptrain::report::write_run_report(&dir).unwrap_err();
+        assert!(err.contains(want) && err.contains("summary.json"), "{err}");
+    }
+    std::fs::write(&path, "[1, 2]").unwrap();
+    let err = dptrain::report::write_run_report(&dir).unwrap_err();
+    assert!(err.contains("is an array, not a JSON object"), "{err}");
+    // The binary exits 1 with the message.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .arg("report")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a JSON object"));
+}

@@ -197,11 +197,7 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
 #[test]
 fn pruning_keeps_the_last_k_of_this_run_and_never_touches_later_epochs() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("reused");
-    std::fs::create_dir_all(&dir).unwrap();
-    // A checkpoint left by an earlier, longer run in the same directory.
-    let stale = dir.join("checkpoint-epoch0009.safetensors");
-    std::fs::write(&stale, b"earlier run").unwrap();
+    let dir = tmp.path().join("run");
     run(&dir, |o| {
         o.epochs = Some(3);
         o.train_limit = Some(32);
@@ -213,5 +209,138 @@ fn pruning_keeps_the_last_k_of_this_run_and_never_touches_later_epochs() {
         ck(2).is_file() && ck(3).is_file(),
         "the run's last two checkpoints must stay"
     );
-    assert!(stale.is_file(), "another run's checkpoint was deleted");
+    // A resumed run prunes its own older checkpoints, never later ones (a run resumed from an
+    // earlier epoch of a longer run keeps that run's later checkpoints).
+    std::fs::write(ck(9), b"a later epoch").unwrap();
+    dptrain::train::checkpoint::prune(&dir, 1, 3);
+    assert!(!ck(2).exists() && ck(3).is_file());
+    assert!(ck(9).is_file(), "a later epoch's checkpoint was deleted");
+}
+
+#[test]
+fn resume_refuses_another_run_unless_told_and_says_what_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = run(&tmp.path().join("a"), |o| o.train_limit = Some(64));
+    let ck = s.checkpoint.clone().unwrap();
+    let state = Checkpoint::load(&ck).unwrap().state;
+    let identity = state.run.clone().expect("the run is recorded");
+    assert_eq!(
+        (
+            identity.dataset.as_str(),
+            identity.batch,
+            identity.seed,
+            identity.train_limit
+        ),
+        ("synthetic", 16, 1, Some(64))
+    );
+    type Change = (&'static str, Box<dyn Fn(&mut TrainOptions)>, &'static str);
+    let changes: Vec<Change> = vec![
+        (
+            "batch",
+            Box::new(|o| o.batch = Some(32)),
+            "--batch 16 in the checkpoint, 32 now",
+        ),
+        (
+            "seed",
+            Box::new(|o| o.seed = Some(7)),
+            "--seed 1 in the checkpoint, 7 now",
+        ),
+        (
+            "dataset",
+            Box::new(|o| o.dataset = Some("mnist".into())),
+            "--dataset synthetic in the checkpoint, mnist now",
+        ),
+        (
+            "train-limit",
+            Box::new(|o| o.train_limit = Some(128)),
+            "--train-limit 64 in the checkpoint, 128 now",
+        ),
+    ];
+    for (name, change, want) in changes {
+        let resume = |accept: bool, dir: &str| {
+            train(config(&tmp.path().join(dir), |o| {
+                o.train_limit = Some(64);
+                o.epochs = Some(2);
+                o.resume = Some(ck.clone());
+                o.resume_changed = accept;
+                change(o);
+            }))
+        };
+        let err = resume(false, &format!("refused-{name}")).unwrap_err();
+        assert!(
+            err.contains(want) && err.contains("--resume-changed"),
+            "{name}: {err}"
+        );
+        // Accepted when asked for, and the new checkpoint records the new settings.
+        let s = resume(true, &format!("accepted-{name}")).unwrap();
+        let now = Checkpoint::load(s.checkpoint.as_ref().unwrap())
+            .unwrap()
+            .state;
+        assert_ne!(now.run, state.run, "{name}");
+    }
+    // The same settings resume silently, also with the dataset spelt out in full (the same
+    // data), and the workers may change (same data, same order).
+    train(config(&tmp.path().join("same"), |o| {
+        o.train_limit = Some(64);
+        o.epochs = Some(2);
+        o.workers = Some(2);
+        o.dataset = Some("synthetic:1x28x28:10".into());
+        o.resume = Some(ck.clone());
+    }))
+    .unwrap();
+}
+
+#[test]
+fn a_changed_checkpoint_is_reported_corrupt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = run(&tmp.path().join("a"), |o| o.train_limit = Some(64));
+    let path = s.checkpoint.clone().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let data = 8 + header;
+    // One flipped bit anywhere in the tensor data, and a weight set to NaN (which used to load
+    // and then read as "training diverged").
+    let mut nan = bytes.clone();
+    nan[data..data + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    for (what, bad) in [
+        ("a flipped bit", {
+            let mut b = bytes.clone();
+            b[data + (bytes.len() - data) / 2] ^= 0x10;
+            b
+        }),
+        ("a NaN weight", nan),
+    ] {
+        let copy = tmp.path().join("bad.safetensors");
+        std::fs::write(&copy, &bad).unwrap();
+        let err = Checkpoint::load(&copy).err().unwrap();
+        assert!(
+            err.contains("bad.safetensors is corrupt (checksum mismatch"),
+            "{what}: {err}"
+        );
+        let err = train(config(&tmp.path().join("resumed"), |o| {
+            o.train_limit = Some(64);
+            o.epochs = Some(2);
+            o.resume = Some(copy.clone());
+        }))
+        .unwrap_err();
+        assert!(err.contains("is corrupt"), "{what}: {err}");
+    }
+    // The untouched file still loads.
+    Checkpoint::load(&path).unwrap();
+}
+
+#[test]
+fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 3 steps: all of them untimed warm-up.
+    let s = run(&tmp.path().join("short"), |o| o.train_limit = Some(48));
+    assert_eq!(s.breakdown.steps, 0);
+    let d = s.breakdown.describe();
+    assert!(
+        d.contains("no timed steps") && !d.contains("0.00 ms"),
+        "{d}"
+    );
+    assert!(s.warnings().iter().any(|w| w.contains("no timed steps")));
+    let report = std::fs::read_to_string(tmp.path().join("short/report.md")).unwrap();
+    assert!(report.contains("No timed steps"), "{report}");
 }

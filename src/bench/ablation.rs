@@ -724,14 +724,14 @@ impl AblationReport {
         s
     }
 
-    /// Writes `ablation.md` and `ablation.json` into `dir` (created if needed).
+    /// Writes `ablation.md` and `ablation.json` into `dir` (created if needed: one level, see
+    /// [`crate::output`]).
     pub fn write(&self, dir: &Path) -> Result<(), String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        crate::output::create_dir(dir)?;
         let md = format!("# Ablation\n\n{}", self.markdown());
         let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
         for (name, text) in [("ablation.md", md), ("ablation.json", json)] {
-            let path = dir.join(name);
-            std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            crate::output::write_atomically(&dir.join(name), text.as_bytes())?;
         }
         Ok(())
     }
@@ -740,6 +740,12 @@ impl AblationReport {
 /// Runs `dptrain bench ablation`: prints the tables, and writes them with `--out`.
 pub fn run_command(a: AblationArgs) -> Result<(), String> {
     let spec = AblationSpec::from_args(&a)?;
+    if let Some(dir) = &a.out {
+        // Checked before the minutes of runs whose tables it would hold.
+        crate::output::create_dir(dir).map_err(|e| format!("--out: {e}"))?;
+        crate::output::check_writable(&dir.join("ablation.md"))
+            .map_err(|e| format!("--out: {e}"))?;
+    }
     println!(
         "ablation of {} on {} workers: {} round(s) of 6 short runs (1-worker reference + 5 rows), then a profile and the simulator",
         spec.model, spec.workers, spec.repeats

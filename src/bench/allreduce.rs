@@ -28,6 +28,9 @@ pub struct AllReduceRow {
     pub busbw: f64,
 }
 
+/// How long a collective of the benchmark may wait for a peer, in seconds.
+pub const TIMEOUT_S: u64 = 120;
+
 /// Runs `iters` timed all-reduces (after 2 warm-ups) of `bytes` with `workers` threads.
 pub fn bench_allreduce(
     workers: usize,
@@ -37,7 +40,7 @@ pub fn bench_allreduce(
     iters: usize,
 ) -> Result<AllReduceRow, String> {
     let len = bytes / 4;
-    let fabric = InProcessFabric::new(workers, link, Duration::from_secs(120));
+    let fabric = InProcessFabric::new(workers, link, Duration::from_secs(TIMEOUT_S));
     let barrier = Arc::new(Barrier::new(workers));
     let handles: Vec<_> = fabric
         .into_iter()

@@ -67,6 +67,8 @@ pub fn training_run(
     o.train_limit = Some(o.batch.unwrap_or(64) * (steps + 5));
     o.test_limit = Some(o.test_limit.unwrap_or(100));
     o.run_dir = Some(dir.to_path_buf());
+    // Run after run in one scratch run directory of the benchmark's own.
+    o.overwrite = true;
     o.quiet = true;
     o.no_checkpoints = true;
     train(o.resolve()?)

@@ -20,14 +20,17 @@ use std::path::{Path, PathBuf};
 pub struct ScratchDir(PathBuf);
 
 impl ScratchDir {
-    /// `$TMPDIR/dptrain-bench-<name>-<pid>`, emptied if it exists.
+    /// `$TMPDIR/dptrain-bench-<name>-<pid>`, emptied if it exists, and created: what goes
+    /// into it creates one level at most (see [`crate::output`]). If it cannot be created, the
+    /// first write into it says why.
     pub fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("dptrain-bench-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = crate::output::create_dir(&dir);
         Self(dir)
     }
 
-    /// The directory (created by whoever writes into it first).
+    /// The directory.
     pub fn path(&self) -> &Path {
         &self.0
     }

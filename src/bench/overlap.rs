@@ -70,6 +70,8 @@ pub fn case_options(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> TrainOpt
         train_limit: Some(spec.batch * (spec.steps + 5)),
         test_limit: Some(100),
         run_dir: Some(dir.to_path_buf()),
+        // The benchmarks run case after case in one scratch run directory of their own.
+        overwrite: true,
         quiet: true,
         no_checkpoints: true,
         ..Default::default()

@@ -166,7 +166,9 @@ pub struct SuiteOutcome {
 pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     let started = Instant::now();
     let load_before = load_average();
-    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    // Checked before the minutes of benchmarks whose page it would hold.
+    crate::output::create_dir(out).map_err(|e| format!("--out: {e}"))?;
+    crate::output::check_writable(&out.join(REPORT_FILE)).map_err(|e| format!("--out: {e}"))?;
     let plan = Plan::new(quick);
     let q = if quick { " (quick)" } else { "" };
     type SectionFn = fn(&Plan, &Path) -> Result<String, String>;
@@ -251,8 +253,7 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
         load_before,
         load_average()
     );
-    std::fs::write(&report, page(&done, quick, wall_seconds, &load))
-        .map_err(|e| format!("writing {}: {e}", report.display()))?;
+    crate::output::write_atomically(&report, page(&done, quick, wall_seconds, &load).as_bytes())?;
     let failures = done
         .iter()
         .filter_map(|s| {

@@ -27,6 +27,31 @@ pub enum CommError {
         waited: Duration,
     },
 
+    /// The emulated link would make a message wait longer than the timeout: the send (its
+    /// queue and transmit time) or its arrival (plus latency) lies past the deadline. Reported
+    /// at once instead of after sleeping that long, so an absurd link (`--link-bandwidth 1bit`)
+    /// cannot hang a run.
+    #[error(
+        "rank {rank}: the emulated link needs {needed:.3?} to move {bytes} bytes \
+         to rank {peer} (tag {tag}), longer than --comm-timeout ({timeout:?}): a step would \
+         never finish in time; raise --link-bandwidth, lower --link-latency or raise \
+         --comm-timeout"
+    )]
+    LinkTooSlow {
+        /// Rank that saw it.
+        rank: usize,
+        /// The other end of the message.
+        peer: usize,
+        /// Message tag.
+        tag: u64,
+        /// Message size.
+        bytes: usize,
+        /// How long the message would take from now (queue, transmit, latency).
+        needed: Duration,
+        /// The transport's timeout.
+        timeout: Duration,
+    },
+
     /// The peer's endpoint was dropped (its thread exited or panicked), so
     /// the message can never arrive / be delivered.
     #[error(

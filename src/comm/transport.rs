@@ -399,8 +399,29 @@ impl InProcessTransport {
 
     /// Copies a matched message out, waits for its emulated arrival, and
     /// recycles its buffer.
-    fn deliver(&self, from: usize, msg: Msg, out: &mut [f32]) -> Result<(), CommError> {
+    fn deliver(
+        &self,
+        from: usize,
+        msg: Msg,
+        out: &mut [f32],
+        deadline: Instant,
+    ) -> Result<(), CommError> {
         if let Some(ready) = msg.ready_at {
+            // The emulated arrival counts against the receive's timeout: a message that only
+            // arrives after the deadline is a timeout now, not after sleeping until then.
+            if ready > deadline {
+                let bytes = std::mem::size_of_val(msg.data.as_slice());
+                let tag = msg.tag;
+                self.recycle(from, msg.data);
+                return Err(CommError::LinkTooSlow {
+                    rank: self.rank,
+                    peer: from,
+                    tag,
+                    bytes,
+                    needed: ready.saturating_duration_since(Instant::now()),
+                    timeout: self.timeout,
+                });
+            }
             sleep_until(ready);
         }
         let result = if msg.data.len() == out.len() {
@@ -440,11 +461,30 @@ impl Transport for InProcessTransport {
                 let now = Instant::now();
                 let mut ports = lock(&link.ports);
                 let start = now.max(ports.tx_free[self.rank]).max(ports.rx_free[to]);
-                let end = start + link.model.transfer_time(bytes);
+                let end = start.checked_add(link.model.transfer_time(bytes));
+                // The emulated transmit time counts against the timeout like any wait: a send
+                // whose last byte would leave after it fails now, before taking the ports.
+                let end = match end.filter(|e| *e <= now + self.timeout) {
+                    Some(end) => end,
+                    None => {
+                        return Err(CommError::LinkTooSlow {
+                            rank: self.rank,
+                            peer: to,
+                            tag,
+                            bytes,
+                            needed: end.map_or(Duration::MAX, |e| e - now),
+                            timeout: self.timeout,
+                        })
+                    }
+                };
                 ports.tx_free[self.rank] = end;
                 ports.rx_free[to] = end;
                 drop(ports);
-                (Some(end + link.model.latency), Some(end))
+                // Far past any deadline (Instant overflow): the receiver's check refuses it.
+                let ready = end
+                    .checked_add(link.model.latency)
+                    .unwrap_or(now + self.timeout + Duration::from_secs(1));
+                (Some(ready), Some(end))
             }
             _ => (None, None),
         };
@@ -483,7 +523,7 @@ impl Transport for InProcessTransport {
             if let Some(pos) = state.stash.iter().position(|m| m.tag == tag) {
                 let msg = state.stash.remove(pos).expect("position is in range");
                 drop(state);
-                return self.deliver(from, msg, out);
+                return self.deliver(from, msg, out, deadline);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -510,7 +550,7 @@ impl Transport for InProcessTransport {
             match got {
                 Ok(msg) if msg.tag == tag => {
                     drop(state);
-                    return self.deliver(from, msg, out);
+                    return self.deliver(from, msg, out, deadline);
                 }
                 Ok(msg) => state.stash.push_back(msg),
                 Err(RecvTimeoutError::Timeout) => return Err(timeout_err()),

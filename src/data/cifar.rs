@@ -176,10 +176,7 @@ pub fn write_cifar10_batch(path: &Path, images: &[u8], labels: &[u8]) -> Result<
         out.push(*l);
         out.extend_from_slice(img);
     }
-    fs::write(path, out).map_err(|e| DataError::Io {
-        path: path.to_path_buf(),
-        cause: e,
-    })
+    Ok(crate::output::write_atomically(path, &out)?)
 }
 
 #[cfg(test)]

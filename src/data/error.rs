@@ -27,6 +27,11 @@ pub enum DataError {
         cause: io::Error,
     },
 
+    /// Writing a file (a dataset writer, `data export-images`) failed: the output rules of
+    /// [`crate::output`] refused the path, or the OS refused the write.
+    #[error(transparent)]
+    Output(#[from] crate::output::OutputError),
+
     /// A required file or directory is absent.
     #[error("{}: not found; {hint}", path.display())]
     NotFound {

@@ -261,17 +261,15 @@ pub fn write_idx_u8(path: &Path, dims: &[u32], data: &[u8], gzip: bool) -> Resul
         let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
         enc.write_all(&buf)
             .and_then(|_| enc.finish())
-            .map_err(|e| DataError::Io {
+            .map_err(|e| crate::output::OutputError::Io {
                 path: path.to_path_buf(),
+                action: "compress",
                 cause: e,
             })?
     } else {
         buf
     };
-    fs::write(path, out).map_err(|e| DataError::Io {
-        path: path.to_path_buf(),
-        cause: e,
-    })
+    Ok(crate::output::write_atomically(path, &out)?)
 }
 
 /// Human description of a header's declared contents, e.g.

@@ -52,12 +52,24 @@ pub struct DecodeScratch {
     hwc: Vec<u8>,
 }
 
+/// A bad image file. The message says to replace or delete it; whether `--skip-bad-samples`
+/// would help depends on where it was read (the training loaders say so, see
+/// `pipeline::Collator::fill`), so it is not added here.
 fn invalid(path: &Path, what: impl std::fmt::Display) -> DataError {
-    DataError::invalid(
-        path,
-        format!("{what}; replace or delete the file (or train with --skip-bad-samples)"),
-    )
+    DataError::invalid(path, format!("{what}; replace or delete the file"))
 }
+
+/// Most pixels one image may have (4096 x 4096 = 16.8 M, 48 MiB decoded as RGB). Checked from
+/// the header before anything is decoded or allocated: a ~100-byte PNG whose header claims
+/// 65535 x 65535 pixels otherwise made the loader allocate 1.29 TB for the split (4.3 G pixels
+/// per image). Datasets this trainer trains on are far smaller (MNIST 28 x 28, ImageNet crops
+/// a few hundred pixels a side).
+pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
+
+/// What the decoder itself may allocate for one file (`image::Limits::max_alloc`): the largest
+/// image at 8 bytes a pixel (16-bit RGBA, the widest layout a PNG decodes to) plus 16 MiB of
+/// decoder state.
+pub const MAX_DECODE_BYTES: u64 = MAX_IMAGE_PIXELS * 8 + (16 << 20);
 
 impl ImageFolder {
     /// Lists `split_dir` (one subdirectory per class) and probes its first image for the shape.
@@ -243,6 +255,19 @@ impl ImageFolder {
     /// reads whole every epoch, and [`crate::data::load`]).
     pub fn decode_all(&self, name: &str) -> Result<Dataset, DataError> {
         let n = self.sample_len();
+        // The whole split in memory: checked against the machine before allocating it.
+        crate::limits::check_memory(
+            &format!(
+                "decoding its {} images of {}x{}x{}",
+                self.len(),
+                self.channels,
+                self.height,
+                self.width
+            ),
+            self.len() as f64 * n as f64,
+            "use fewer test images (--test-limit) or smaller ones",
+        )
+        .map_err(|e| DataError::invalid(&self.root, e))?;
         let mut pixels = vec![0u8; self.len() * n];
         let mut scratch = DecodeScratch::default();
         for (i, out) in pixels.chunks_exact_mut(n.max(1)).enumerate() {
@@ -288,16 +313,45 @@ impl ImageFolder {
 
 /// A decoder for `bytes` (the contents of `path`), by content, not by extension.
 fn decoder<'a>(path: &Path, bytes: &'a [u8]) -> Result<impl ImageDecoder + 'a, DataError> {
-    let reader = ImageReader::new(Cursor::new(bytes))
+    let mut reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| invalid(path, e))?;
     match reader.format() {
         Some(ImageFormat::Png | ImageFormat::Jpeg) => {}
         _ => return Err(invalid(path, "is neither PNG nor JPEG data")),
     }
-    reader
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let d = reader
         .into_decoder()
-        .map_err(|e| invalid(path, format!("cannot decode: {e}")))
+        .map_err(|e| invalid(path, format!("cannot decode: {e}")))?;
+    check_dimensions(path, d.dimensions())?;
+    Ok(d)
+}
+
+/// Refuses an image header that claims no pixels or more than [`MAX_IMAGE_PIXELS`].
+fn check_dimensions(path: &Path, (w, h): (u32, u32)) -> Result<(), DataError> {
+    let pixels = u64::from(w) * u64::from(h);
+    if pixels == 0 {
+        return Err(invalid(
+            path,
+            format!("has no pixels ({w}x{h} in its header)"),
+        ));
+    }
+    if pixels > MAX_IMAGE_PIXELS {
+        return Err(invalid(
+            path,
+            format!(
+                "claims {w}x{h} pixels in its header ({:.1} M), more than the {:.1} M (4096x4096) \
+                 an ImageFolder image may have: the file is damaged, or the image is too large \
+                 (resize it)",
+                pixels as f64 / 1e6,
+                MAX_IMAGE_PIXELS as f64 / 1e6
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Width, height and whether the image is greyscale, from the header of `path`.
@@ -332,19 +386,94 @@ pub fn open_pair(dir: &Path) -> Result<(ImageFolder, ImageFolder), DataError> {
     Ok((train, test))
 }
 
+/// The split directories [`export`] writes into its output directory.
+const EXPORT_SPLITS: [&str; 2] = ["train", "test"];
+
+/// Gets `out` ready for [`export`]: created if absent (one level: its parent must exist), and
+/// empty. An earlier export there is refused, since writing into it would mix two datasets
+/// (files of the old one stay where the new one has fewer); with `overwrite` its `train/` and
+/// `test/` are deleted first, and anything else in `out` is refused even then, because it is
+/// not ours to delete.
+pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> {
+    use crate::output::{create_dir, OutputError};
+    create_dir(out)?;
+    let read = |dir: &Path| -> Result<Vec<String>, DataError> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map_err(|e| DataError::Io {
+                path: dir.to_path_buf(),
+                cause: e,
+            })?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        Ok(names)
+    };
+    let found = read(out)?;
+    if found.is_empty() {
+        return Ok(());
+    }
+    let foreign: Vec<String> = found
+        .iter()
+        .filter(|n| !EXPORT_SPLITS.contains(&n.as_str()))
+        .cloned()
+        .collect();
+    if !overwrite || !foreign.is_empty() {
+        let (what, todo) = if foreign.is_empty() {
+            (
+                "holds an earlier export",
+                "exporting into it would mix two datasets: choose a new or empty directory, or \
+                 pass --overwrite to delete its train/ and test/ first",
+            )
+        } else {
+            (
+                "is not empty",
+                "exporting into it would mix the images with what is there: choose a new or \
+                 empty directory (--overwrite only replaces an earlier export's train/ and test/)",
+            )
+        };
+        return Err(OutputError::NotEmpty {
+            path: out.to_path_buf(),
+            what: what.into(),
+            entries: if foreign.is_empty() { found } else { foreign },
+            todo: todo.into(),
+        }
+        .into());
+    }
+    for split in &found {
+        let path = out.join(split);
+        // Only directories are ours to delete; remove_dir_all does not follow links inside.
+        let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+        let removed = if is_dir {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| OutputError::Io {
+            path,
+            action: "delete (--overwrite)",
+            cause: e,
+        })?;
+    }
+    Ok(())
+}
+
 /// Writes the first `limit` samples (all when `None`) of each split of `pair` as PNG files in
 /// ImageFolder layout under `out` (class directories named by zero-padded label, so their sorted
-/// order is label order). Returns the number of files written.
+/// order is label order). Returns the number of files written. `out` is prepared with
+/// [`prepare_export_dir`] (without overwriting: an existing export is refused); every file
+/// goes through [`crate::output`].
 pub fn export(pair: &DatasetPair, out: &Path, limit: Option<usize>) -> Result<usize, DataError> {
     use rayon::prelude::*;
+    prepare_export_dir(out, false)?;
     let mut written = 0;
     for (split, ds) in [("train", &pair.train), ("test", &pair.test)] {
         let n = limit.unwrap_or(usize::MAX).min(ds.len());
         let digits = (ds.num_classes.max(2) - 1).to_string().len();
         let class_dir = |c: usize| out.join(split).join(format!("{c:0digits$}"));
+        crate::output::create_dir(&out.join(split))?;
         for c in 0..ds.num_classes {
-            let d = class_dir(c);
-            std::fs::create_dir_all(&d).map_err(|e| DataError::Io { path: d, cause: e })?;
+            crate::output::create_dir(&class_dir(c))?;
         }
         let (w, h, plane) = (ds.width, ds.height, ds.width * ds.height);
         (0..n).into_par_iter().try_for_each(|i| {
@@ -365,15 +494,18 @@ pub fn export(pair: &DatasetPair, out: &Path, limit: Option<usize>) -> Result<us
                     ))
                 }
             };
-            image::save_buffer_with_format(
-                &path,
+            let mut png = Cursor::new(Vec::new());
+            image::write_buffer_with_format(
+                &mut png,
                 &bytes,
                 w as u32,
                 h as u32,
                 color,
                 ImageFormat::Png,
             )
-            .map_err(|e| DataError::invalid(&path, format!("cannot write: {e}")))
+            .map_err(|e| DataError::invalid(&path, format!("cannot encode as PNG: {e}")))?;
+            crate::output::write_new_file(&path, png.get_ref())?;
+            Ok(())
         })?;
         written += n;
     }

@@ -39,31 +39,47 @@ const REPAIR_HINT: &str = "the bundled MNIST copy is damaged: restore it with \
      `git checkout -- data/mnist` (run `git lfs pull` first if the repository uses Git LFS), or \
      re-clone the repository";
 
-/// Loads bundled MNIST from `dir`, verifying every file against
-/// `dir/SHA256SUMS` first.
-pub fn load_mnist(dir: &Path) -> Result<DatasetPair, DataError> {
+/// What to tell someone whose own MNIST directory (`--data-dir`, `mnist:<dir>`) fails its
+/// checks: the files are theirs, so nothing about the bundled copy applies.
+fn own_copy_hint(dir: &Path) -> String {
+    format!(
+        "the MNIST files in {} do not match the SHA256SUMS there (`--dataset mnist` with a \
+         directory checks the four .gz files against it): replace the damaged file, or train \
+         on the files unchecked with --dataset idx --data-dir {}",
+        dir.display(),
+        dir.display()
+    )
+}
+
+/// Loads MNIST from `dir`, verifying every file against `dir/SHA256SUMS` first; `bundled`
+/// says whether `dir` is the copy shipped with dptrain (it decides what a failure tells the
+/// user to do).
+pub fn load_mnist(dir: &Path, bundled: bool) -> Result<DatasetPair, DataError> {
+    let hint = if bundled {
+        REPAIR_HINT.to_string()
+    } else {
+        own_copy_hint(dir)
+    };
+    let hint = hint.as_str();
     let sums_path = dir.join(SHA256SUMS);
     let sums_text = std::fs::read_to_string(&sums_path).map_err(|e| {
         DataError::from_io(
             &sums_path,
             e,
             &format!(
-                "MNIST is loaded only with its checksums; {REPAIR_HINT} (or load unverified files \
-                 with idx:{})",
+                "MNIST is loaded only with its checksums; {hint} (or load unverified files with \
+                 idx:{})",
                 dir.display()
             ),
         )
     })?;
-    let sums = parse_sha256sums(&sums_path, &sums_text)?;
+    let sums = parse_sums(&sums_path, &sums_text, hint)?;
     let expected = |file: &str| -> Result<String, DataError> {
         sums.iter()
             .find(|(name, _)| name == file)
             .map(|(_, h)| h.clone())
             .ok_or_else(|| {
-                DataError::invalid(
-                    &sums_path,
-                    format!("has no entry for {file}; {REPAIR_HINT}"),
-                )
+                DataError::invalid(&sums_path, format!("has no entry for {file}; {hint}"))
             })
     };
     let hashes = [
@@ -73,8 +89,8 @@ pub fn load_mnist(dir: &Path) -> Result<DatasetPair, DataError> {
         expected(TEST_LABELS)?,
     ];
     let split = |images: &str, ih: &str, labels: &str, lh: &str| -> Result<Dataset, DataError> {
-        let (ip, ib) = read_verified(&dir.join(images), ih)?;
-        let (lp, lb) = read_verified(&dir.join(labels), lh)?;
+        let (ip, ib) = read_checked(&dir.join(images), ih, hint)?;
+        let (lp, lb) = read_checked(&dir.join(labels), lh, hint)?;
         let im = idx::parse_images(&ip, &ib)?;
         drop(ib);
         let lb = idx::parse_labels(&lp, &lb, TEN_CLASSES)?;
@@ -92,6 +108,11 @@ pub fn load_mnist(dir: &Path) -> Result<DatasetPair, DataError> {
 /// Blank lines and `#` comments are skipped; anything else is an error so a
 /// mangled file is not mistaken for a missing entry.
 pub fn parse_sha256sums(path: &Path, text: &str) -> Result<Vec<(String, String)>, DataError> {
+    parse_sums(path, text, REPAIR_HINT)
+}
+
+/// [`parse_sha256sums`] with the repair hint for the copy being read.
+fn parse_sums(path: &Path, text: &str, hint: &str) -> Result<Vec<(String, String)>, DataError> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end();
@@ -108,10 +129,7 @@ pub fn parse_sha256sums(path: &Path, text: &str) -> Result<Vec<(String, String)>
             None => {
                 return Err(DataError::invalid(
                     path,
-                    format!(
-                        "line {} is not `<sha256 hex>  <file name>`; {REPAIR_HINT}",
-                        n + 1
-                    ),
+                    format!("line {} is not `<sha256 hex>  <file name>`; {hint}", n + 1),
                 ))
             }
         }
@@ -130,7 +148,12 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Reads `path` and checks its SHA-256 against `expected` (hex), returning
 /// the path and the bytes so they are parsed exactly as verified.
 pub fn read_verified(path: &Path, expected: &str) -> Result<(PathBuf, Vec<u8>), DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::from_io(path, e, REPAIR_HINT))?;
+    read_checked(path, expected, REPAIR_HINT)
+}
+
+/// [`read_verified`] with the repair hint for the copy being read.
+fn read_checked(path: &Path, expected: &str, hint: &str) -> Result<(PathBuf, Vec<u8>), DataError> {
+    let bytes = std::fs::read(path).map_err(|e| DataError::from_io(path, e, hint))?;
     let actual = sha256_hex(&bytes);
     if !actual.eq_ignore_ascii_case(expected) {
         let hint = if bytes.starts_with(LFS_POINTER_PREFIX) {
@@ -138,7 +161,7 @@ pub fn read_verified(path: &Path, expected: &str) -> Result<(PathBuf, Vec<u8>), 
              Git LFS installed)"
                 .to_string()
         } else {
-            REPAIR_HINT.to_string()
+            hint.to_string()
         };
         return Err(DataError::Checksum {
             path: path.to_path_buf(),

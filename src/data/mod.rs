@@ -179,6 +179,9 @@ pub enum DatasetSpec {
     Mnist {
         /// Directory with the files.
         dir: PathBuf,
+        /// The copy bundled with dptrain (`data/mnist`), not a directory the user gave: decides
+        /// what a failed check tells them (restore the checkout, or check their own files).
+        bundled: bool,
     },
     /// Fashion-MNIST (unverified IDX files, raw or gzipped).
     FashionMnist {
@@ -266,8 +269,15 @@ impl DatasetSpec {
             }
         };
         match head.as_str() {
-            "mnist" => Ok(DatasetSpec::Mnist {
-                dir: dir_of(arg)?.unwrap_or_else(|| bundled_mnist_dir.to_path_buf()),
+            "mnist" => Ok(match dir_of(arg)? {
+                Some(dir) => DatasetSpec::Mnist {
+                    dir,
+                    bundled: false,
+                },
+                None => DatasetSpec::Mnist {
+                    dir: bundled_mnist_dir.to_path_buf(),
+                    bundled: true,
+                },
             }),
             "fashion-mnist" | "fashion_mnist" | "fashionmnist" => Ok(DatasetSpec::FashionMnist {
                 dir: dir_of(arg)?.unwrap_or_else(|| PathBuf::from(FASHION_MNIST_DEFAULT_DIR)),
@@ -352,7 +362,7 @@ fn parse_synthetic_arg(arg: &str) -> Result<((usize, usize, usize), usize), Stri
 /// Loads (or generates) both splits of the dataset described by `spec`.
 pub fn load(spec: &DatasetSpec) -> Result<DatasetPair, DataError> {
     match spec {
-        DatasetSpec::Mnist { dir } => mnist::load_mnist(dir),
+        DatasetSpec::Mnist { dir, bundled } => mnist::load_mnist(dir, *bundled),
         DatasetSpec::FashionMnist { dir } => load_idx_dir(
             dir,
             "fashion-mnist",
@@ -482,7 +492,8 @@ mod tests {
         assert_eq!(
             parse("mnist", None).unwrap(),
             DatasetSpec::Mnist {
-                dir: "bundled".into()
+                dir: "bundled".into(),
+                bundled: true
             }
         );
         assert_eq!(

@@ -18,7 +18,33 @@ pub mod bucket;
 mod reducer;
 
 pub use bucket::{bucket_caps, Bucket, BucketPlan, Slot};
-pub use reducer::{panic_message, BucketOp, BucketSpan, CommTimes, Reducer};
+pub use reducer::{BucketOp, BucketSpan, CommTimes, Reducer};
+
+/// The text of a panic payload, for the error that reports the panic.
+///
+/// `panic!("...")` carries a `&str` or a `String`; `std::panic::panic_any` may carry an error
+/// value. A caller that passes `&payload` where `payload` is the `Box<dyn Any + Send>` from
+/// `catch_unwind` hands over the box itself (the reference coerces to `&dyn Any` of the
+/// `Box`), which made the communication thread's panics read "unknown panic": the box is
+/// looked into here, so both ways of passing it give the message.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        return (*s).to_string();
+    }
+    if let Some(s) = payload.downcast_ref::<String>() {
+        return s.clone();
+    }
+    if let Some(inner) = payload.downcast_ref::<Box<dyn std::any::Any + Send>>() {
+        return panic_message(inner.as_ref());
+    }
+    if let Some(e) = payload.downcast_ref::<Box<dyn std::error::Error + Send + Sync>>() {
+        return e.to_string();
+    }
+    if let Some(e) = payload.downcast_ref::<Box<dyn std::error::Error + Send>>() {
+        return e.to_string();
+    }
+    "a panic whose payload is neither a string nor an error (no message to show)".into()
+}
 
 /// Lowers the calling (compute) thread's scheduling priority a little (nice +5), so that a
 /// communication thread woken to reduce a bucket gets a core sooner.
@@ -36,5 +62,29 @@ pub fn yield_cpu_to_communication() {
     // SAFETY: setpriority on this thread's id (who = 0 means the caller) takes no pointers.
     unsafe {
         let _ = libc::setpriority(libc::PRIO_PROCESS, 0, 5);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+
+    #[test]
+    fn panic_payloads_keep_their_message_however_they_are_passed() {
+        let caught = |f: fn()| std::panic::catch_unwind(f).unwrap_err();
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let literal = caught(|| panic!("plain"));
+        let formatted = caught(|| panic!("formatted {}", 7));
+        let error = caught(|| {
+            std::panic::panic_any(Box::<dyn std::error::Error + Send + Sync>::from("an error"))
+        });
+        std::panic::set_hook(hook);
+        assert_eq!(panic_message(&*literal), "plain");
+        assert_eq!(panic_message(&*formatted), "formatted 7");
+        assert_eq!(panic_message(&*error), "an error");
+        // Passed as the box itself, as the communication thread did.
+        assert_eq!(panic_message(&literal), "plain");
+        assert_eq!(panic_message(&formatted), "formatted 7");
     }
 }

@@ -408,11 +408,4 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
     }
 }
 
-/// The text of a panic payload.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
+use super::panic_message;

@@ -165,7 +165,12 @@ impl Collator {
                     n += 1;
                 }
                 Err(e) if self.skip_bad => self.stats.record(format!("sample {i}: {e}")),
-                Err(e) => return Err(format!("sample {i}: {e}")),
+                Err(e) => {
+                    return Err(format!(
+                        "sample {i}: {e} (or train with --skip-bad-samples to leave unreadable \
+                         samples out and count them)"
+                    ))
+                }
             }
         }
         batch.images.truncate(n * len);

@@ -95,10 +95,18 @@ impl RunData {
     pub fn load(dir: &Path) -> Result<Self, String> {
         let summary_path = dir.join("summary.json");
         let summary: Option<Value> = match std::fs::read_to_string(&summary_path) {
-            Ok(text) => Some(
-                serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: {e}", summary_path.display()))?,
-            ),
+            Ok(text) => {
+                let v: Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: {e}", summary_path.display()))?;
+                check_types(&v, SUMMARY_FIELDS).map_err(|e| {
+                    format!(
+                        "{}: {e}; it is not a summary dptrain wrote (or it was edited): \
+                         re-run the training, or remove the file to report from metrics.jsonl",
+                        summary_path.display()
+                    )
+                })?;
+                Some(v)
+            }
             Err(_) => None,
         };
         let metrics_path = dir.join("metrics.jsonl");
@@ -112,6 +120,13 @@ impl RunData {
                 let v: Value = serde_json::from_str(line)
                     .map_err(|e| format!("{} line {}: {e}", metrics_path.display(), i + 1))?;
                 if v.get("kind").and_then(Value::as_str) == Some("epoch") {
+                    check_types(&v, EPOCH_FIELDS).map_err(|e| {
+                        format!(
+                            "{} line {}: {e}; it is not a line dptrain wrote (or it was edited)",
+                            metrics_path.display(),
+                            i + 1
+                        )
+                    })?;
                     lines.push(v);
                 }
             }
@@ -194,6 +209,110 @@ impl RunData {
     }
 }
 
+/// The JSON type a field must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Number,
+    Text,
+    Array,
+    Object,
+}
+
+impl Kind {
+    fn holds(self, v: &Value) -> bool {
+        match self {
+            // serde_json writes a NaN as null: a run's own summary may hold one.
+            Kind::Number => v.is_number() || v.is_null(),
+            Kind::Text => v.is_string(),
+            Kind::Array => v.is_array(),
+            Kind::Object => v.is_object(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Number => "a number",
+            Kind::Text => "a string",
+            Kind::Array => "an array",
+            Kind::Object => "an object",
+        }
+    }
+}
+
+/// The type of a JSON value, in words.
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Fields of `summary.json` the report reads, with their types (as `train::Summary` writes
+/// them); `/` separates nested keys.
+const SUMMARY_FIELDS: &[(&str, Kind)] = &[
+    ("config", Kind::Object),
+    ("epochs", Kind::Array),
+    ("final_test_accuracy", Kind::Number),
+    ("images_per_s", Kind::Number),
+    ("wall_seconds", Kind::Number),
+    ("peak_rss_mb", Kind::Number),
+    ("buckets", Kind::Text),
+    ("replica_hashes", Kind::Array),
+    ("breakdown", Kind::Object),
+    ("breakdown/steps", Kind::Number),
+    ("breakdown/mean", Kind::Object),
+    ("breakdown/mean/data_ms", Kind::Number),
+    ("breakdown/mean/forward_ms", Kind::Number),
+    ("breakdown/mean/backward_ms", Kind::Number),
+    ("breakdown/mean/exposed_comm_ms", Kind::Number),
+    ("breakdown/mean/comm_total_ms", Kind::Number),
+    ("breakdown/mean/update_ms", Kind::Number),
+    ("breakdown/mean/step_ms", Kind::Number),
+];
+
+/// Fields of an epoch line of `metrics.jsonl` the report reads.
+const EPOCH_FIELDS: &[(&str, Kind)] = &[
+    ("epoch", Kind::Number),
+    ("train_loss", Kind::Number),
+    ("test_loss", Kind::Number),
+    ("test_accuracy", Kind::Number),
+    ("images_per_s", Kind::Number),
+    ("breakdown", Kind::Object),
+    ("breakdown/steps", Kind::Number),
+    ("breakdown/mean", Kind::Object),
+    ("breakdown/mean/step_ms", Kind::Number),
+];
+
+/// Checks that `v` is an object whose fields in `fields` have the stated types. Absent fields
+/// pass (older runs, runs that stopped early); present ones of another type are an error
+/// naming the field, since reading them as zeros gave an all-zero report.
+fn check_types(v: &Value, fields: &[(&str, Kind)]) -> Result<(), String> {
+    if !v.is_object() {
+        return Err(format!("is {}, not a JSON object", kind_of(v)));
+    }
+    for (path, kind) in fields {
+        let found = path
+            .split('/')
+            .try_fold(v, |node, key| node.as_object().and_then(|o| o.get(key)));
+        match found {
+            Some(x) if !kind.holds(x) => {
+                return Err(format!(
+                    "field '{}' is {}, not {}",
+                    path.replace('/', "."),
+                    kind_of(x),
+                    kind.name()
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Step-weighted mean of the epochs' breakdowns.
 fn mean_phases(lines: &[Value]) -> Phases {
     let mut sum = Phases::default();
@@ -222,6 +341,13 @@ fn mean_phases(lines: &[Value]) -> Phases {
 
 /// The step breakdown as a Markdown table: one row per phase, ms and % of the step.
 pub fn breakdown_table(p: &Phases) -> String {
+    if p.step_ms <= 0.0 {
+        return format!(
+            "No timed steps: the first {} steps of a run are untimed warm-up, and this run had no \
+             more.\n",
+            crate::train::metrics::WARMUP_STEPS
+        );
+    }
     let mut t = String::from("| phase | ms per step | % of step |\n|---|---:|---:|\n");
     for (i, name) in PHASES.iter().enumerate() {
         let _ = writeln!(t, "| {name} | {:.2} | {:.1} |", p.ms[i], p.pct(i));
@@ -322,7 +448,7 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
             let _ = writeln!(md, "| {k} | {} |", run.config_str(k));
         }
     }
-    crate::train::checkpoint::write_atomically(&run.dir.join("report.md"), md.as_bytes())?;
+    crate::output::write_atomically(&run.dir.join("report.md"), md.as_bytes())?;
     tracing::info!(dir = %run.dir.display(), figures = figures.len(), "report written");
     Ok(figures)
 }
@@ -372,10 +498,10 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
         });
     }
     row("comm hidden", &|r| format!("{:.0}%", r.phases.hidden_pct()));
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    crate::output::create_dir(out)?;
     plot::breakdown_per_run(&runs, &out.join("breakdown.png"))?;
     let md =
         format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](breakdown.png)\n");
-    crate::train::checkpoint::write_atomically(&out.join("comparison.md"), md.as_bytes())?;
+    crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes())?;
     Ok(t)
 }

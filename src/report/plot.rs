@@ -59,7 +59,7 @@ fn render(
     let mut png = std::io::Cursor::new(Vec::new());
     img.write_to(&mut png, image::ImageFormat::Png)
         .map_err(|e| format!("encoding {}: {e}", path.display()))?;
-    crate::train::checkpoint::write_atomically(path, png.get_ref())
+    crate::output::write_atomically(path, png.get_ref()).map_err(String::from)
 }
 
 /// `lo..hi` padded by 5% (and made non-empty when all values are equal).

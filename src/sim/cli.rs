@@ -40,6 +40,10 @@ pub struct ProfileArgs {
     pub out: PathBuf,
 }
 
+/// Largest per-worker batch a profile is made for: far past any real per-worker batch, and
+/// small enough that step times and byte counts stay in range of the simulator's arithmetic.
+pub const MAX_PROFILE_BATCH: usize = 1 << 20;
+
 /// Arguments of `dptrain simulate`.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
@@ -73,8 +77,66 @@ pub struct SimulateArgs {
     pub search_buckets: bool,
 }
 
+/// Bytes a measured training step needs per sample, as a multiple of the f32 bytes of every
+/// layer's output: the network keeps each output for backward and at most as much again in
+/// gradient buffers (shared by liveness, usually far less); 2.5 leaves a margin for the
+/// kernels' scratch.
+const STEP_BYTES_FACTOR: f64 = 2.5;
+
+/// Refuses a measured profile whose step would not fit in this machine's memory.
+pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
+    let g = crate::bench::replica::reference_graph(model)?;
+    let elems: usize = g.nodes.iter().map(|n| n.shape.numel()).sum();
+    let bytes = 4.0 * elems as f64 * STEP_BYTES_FACTOR * batch as f64 * replicas as f64
+        + 16.0 * g.num_params() as f64 * replicas as f64;
+    tracing::debug!(
+        model,
+        batch,
+        replicas,
+        elems,
+        bytes,
+        "estimated step memory"
+    );
+    crate::limits::check_memory(
+        &format!(
+            "a {model} step at batch {batch}{}",
+            if replicas > 1 {
+                format!(" on {replicas} replicas")
+            } else {
+                String::new()
+            }
+        ),
+        bytes,
+        "lower --batch",
+    )
+}
+
 /// Runs `dptrain profile`.
 pub fn profile(a: ProfileArgs) -> Result<(), String> {
+    // An unknown name is an unknown name, whether or not --device-tflops was given.
+    describe(&a.model)?;
+    if a.batch == 0 || a.batch > MAX_PROFILE_BATCH {
+        return Err(format!(
+            "--batch {}: give a per-worker batch from 1 to {MAX_PROFILE_BATCH}",
+            a.batch
+        ));
+    }
+    // The output is checked before the minutes of measuring it would hold.
+    crate::output::check_writable(&a.out).map_err(|e| format!("--out: {e}"))?;
+    if a.device_tflops.is_none() {
+        if a.threads == 0 {
+            return Err("--threads 0: a step needs at least 1 compute thread".into());
+        }
+        if a.threads > crate::limits::cores() {
+            crate::cli::print_warning(&format!(
+                "--threads {} is more than the {} cores this process may use: the measured \
+                 times include time-slicing",
+                a.threads,
+                crate::limits::cores()
+            ));
+        }
+        check_step_memory(&a.model, a.batch, a.concurrent.max(1))?;
+    }
     let p = match a.device_tflops {
         Some(tflops) => from_flops(
             &describe(&a.model)?,
@@ -87,7 +149,7 @@ pub fn profile(a: ProfileArgs) -> Result<(), String> {
         )?,
         None => measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)?,
     };
-    p.save(&a.out)?;
+    p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
     println!("{}", describe_profile(&p));
     println!("profile written to {}", a.out.display());
     Ok(())
@@ -151,8 +213,12 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         .workers
         .split(',')
         .map(|w| match w.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(format!("bad worker count '{w}'")),
+            Ok(n) if (1..=super::validate::MAX_WORKERS).contains(&n) => Ok(n),
+            Ok(n) if n > 1 => Err(format!(
+                "--workers {n}: the simulator takes up to {} workers",
+                super::validate::MAX_WORKERS
+            )),
+            _ => Err(format!("bad worker count '{w}': use whole numbers from 1")),
         })
         .collect::<Result<_, _>>()?;
     let link = LinkModel {
@@ -161,6 +227,9 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
     };
     let comms = comm_list(&a.comm)?;
     let overlaps = overlap_list(&a.overlap)?;
+    if !(link.bandwidth_bytes_per_s.is_finite() && link.bandwidth_bytes_per_s > 0.0) {
+        return Err("--link-bandwidth must be a positive bandwidth".into());
+    }
     let base = StepConfig {
         world: 1,
         link,
@@ -177,7 +246,7 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         "link {} / {} per worker port; weak scaling at batch {} per worker; 1 worker: {single:.3} ms/step",
         a.link_bandwidth, a.link_latency, p.batch
     );
-    println!("{}", header());
+    let mut cfgs = Vec::new();
     for &world in &workers {
         for &comm in &comms {
             for &overlap in &overlaps {
@@ -189,14 +258,22 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
                 };
                 cfg.first_cap_bytes = first_cap;
                 cfg.cap_bytes = cap;
-                let (kb, r) = if a.search_buckets {
-                    search_buckets(&p, &cfg)?
-                } else {
-                    (cfg.cap_bytes.div_ceil(1024), simulate_step(&p, &cfg)?)
-                };
-                println!("{}", row(&cfg, kb, &r, single, p.batch));
+                cfgs.push(cfg);
             }
         }
+    }
+    // Every configuration is sized before any runs: none may take minutes or exhaust memory.
+    for cfg in &cfgs {
+        super::validate::simulation_size(&p, cfg, a.search_buckets)?;
+    }
+    println!("{}", header());
+    for cfg in &cfgs {
+        let (kb, r) = if a.search_buckets {
+            search_buckets(&p, cfg)?
+        } else {
+            (cfg.cap_bytes.div_ceil(1024), simulate_step(&p, cfg)?)
+        };
+        println!("{}", row(cfg, kb, &r, single, p.batch));
     }
     Ok(())
 }

@@ -48,6 +48,7 @@ pub mod engine;
 pub mod profile;
 pub mod schedule;
 pub mod step;
+pub mod validate;
 
 pub use arch::{describe, segments, Arch, ArchBlock};
 pub use profile::{from_flops, measure, BlockProfile, DeviceSpec, Profile};

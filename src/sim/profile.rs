@@ -86,7 +86,7 @@ impl Profile {
     /// Writes the profile as pretty JSON.
     pub fn save(&self, path: &Path) -> Result<(), String> {
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))
+        crate::output::write_atomically(path, (text + "\n").as_bytes()).map_err(String::from)
     }
 
     /// Reads a profile written by [`Profile::save`].
@@ -97,6 +97,7 @@ impl Profile {
         if p.blocks.is_empty() {
             return Err(format!("{}: profile has no blocks", path.display()));
         }
+        super::validate::profile(&p).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(p)
     }
 }

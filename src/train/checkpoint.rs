@@ -9,22 +9,111 @@
 //! if not k.startswith("optimizer.")})` loads the weights. The momentum buffers are
 //! `optimizer.momentum.LAYER.SUFFIX`, same shapes.
 //!
-//! Atomic means: write `NAME.tmp`, fsync it, rename it over `NAME`, fsync the directory. A crash
-//! at any point leaves either the old file or the new one, never half of one. The data order of
-//! an epoch is derived from (seed, epoch), so the epoch number is the whole sampler and RNG
-//! state: resuming at an epoch boundary continues bit-exactly.
+//! Atomic means (through [`crate::output`]): write a temporary file, fsync it, rename it over
+//! `NAME`, fsync the directory. A crash at any point leaves either the old file or the new one,
+//! never half of one. The data order of an epoch is derived from (seed, epoch), so the epoch
+//! number is the whole sampler and RNG state: resuming at an epoch boundary continues
+//! bit-exactly.
+//!
+//! The metadata also records what the run trained on (dataset, global batch, seed, training
+//! limit: [`RunIdentity`]), so that `--resume` can refuse a run that would continue under other
+//! settings, and the SHA-256 of the tensor data (the bytes after the safetensors header,
+//! whatever tensors they hold), checked on every load: a changed byte is reported as a corrupt
+//! checkpoint instead of loading silently.
 
 use crate::nn::{Net, TensorInfo};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Format tag stored in every checkpoint.
 pub const FORMAT: &str = "dptrain-checkpoint-2";
 
+/// Metadata key of the SHA-256 (lower-case hex) of the tensor data.
+pub const CHECKSUM_KEY: &str = "tensor_sha256";
+
 /// Prefix of the optimizer's tensors.
 const MOMENTUM: &str = "optimizer.momentum.";
+
+/// What a run trains on and how: the settings that decide which samples make up each step and
+/// in which order. A resumed run must have the same, or it would continue at a global step
+/// computed for another run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIdentity {
+    /// Dataset name as given (`--dataset`).
+    pub dataset: String,
+    /// `--data-dir`, if given.
+    pub data_dir: Option<String>,
+    /// Global batch (`--batch`).
+    pub batch: usize,
+    /// Seed (`--seed`).
+    pub seed: u64,
+    /// `--train-limit`, if any.
+    pub train_limit: Option<usize>,
+    /// Workers of the run (all processes). Recorded, not compared: the global batch and the data
+    /// order do not depend on it.
+    pub world: usize,
+}
+
+impl RunIdentity {
+    /// The identity of the run `cfg` describes.
+    pub fn of(cfg: &crate::config::TrainConfig) -> Self {
+        Self {
+            dataset: cfg.dataset.clone(),
+            data_dir: cfg.data_dir.as_ref().map(|d| d.display().to_string()),
+            batch: cfg.batch,
+            seed: cfg.seed,
+            train_limit: cfg.train_limit,
+            world: cfg.world(),
+        }
+    }
+
+    /// The fields that differ between the checkpoint's run (`self`) and `now`: (option, the
+    /// checkpoint's value, this run's value).
+    pub fn changes(&self, now: &RunIdentity) -> Vec<(&'static str, String, String)> {
+        let limit = |l: Option<usize>| l.map_or_else(|| "none".to_string(), |n| n.to_string());
+        let mut out = Vec::new();
+        if !same_dataset(self, now) {
+            let show = |r: &RunIdentity| match &r.data_dir {
+                Some(d) => format!("{} (--data-dir {d})", r.dataset),
+                None => r.dataset.clone(),
+            };
+            out.push(("--dataset", show(self), show(now)));
+        }
+        if self.batch != now.batch {
+            out.push(("--batch", self.batch.to_string(), now.batch.to_string()));
+        }
+        if self.seed != now.seed {
+            out.push(("--seed", self.seed.to_string(), now.seed.to_string()));
+        }
+        if self.train_limit != now.train_limit {
+            out.push((
+                "--train-limit",
+                limit(self.train_limit),
+                limit(now.train_limit),
+            ));
+        }
+        out
+    }
+}
+
+/// Whether two runs name the same dataset: equal as parsed (so `synthetic` and
+/// `synthetic:1x28x28:10` are one dataset, and `mnist` is the bundled copy wherever the run
+/// starts), or, for names that no longer parse, equal as written.
+fn same_dataset(a: &RunIdentity, b: &RunIdentity) -> bool {
+    let parse = |r: &RunIdentity| {
+        crate::data::DatasetSpec::parse(
+            &r.dataset,
+            r.data_dir.as_deref().map(Path::new),
+            Path::new("(bundled)"),
+        )
+        .ok()
+    };
+    match (parse(a), parse(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => (&a.dataset, &a.data_dir) == (&b.dataset, &b.data_dir),
+    }
+}
 
 /// Position in training stored with the tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +126,108 @@ pub struct TrainState {
     pub epoch: usize,
     /// Optimizer steps completed.
     pub global_step: usize,
+    /// What the run trained on.
+    pub run: Option<RunIdentity>,
+}
+
+impl TrainState {
+    /// The state after `epoch` epochs and `global_step` steps of the run `cfg` describes, on
+    /// model `graph`.
+    pub fn new(
+        cfg: &crate::config::TrainConfig,
+        graph: &crate::model::Graph,
+        epoch: usize,
+        global_step: usize,
+    ) -> Self {
+        Self {
+            model: graph.name.clone(),
+            fingerprint: graph.fingerprint(),
+            epoch,
+            global_step,
+            run: Some(RunIdentity::of(cfg)),
+        }
+    }
+
+    /// The metadata entries of this state (all but the format tag and the checksum).
+    fn to_metadata(&self) -> HashMap<String, String> {
+        let mut m: HashMap<String, String> = [
+            ("format", FORMAT.to_string()),
+            ("model", self.model.clone()),
+            ("fingerprint", format!("{:016x}", self.fingerprint)),
+            ("epoch", self.epoch.to_string()),
+            ("global_step", self.global_step.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        if let Some(r) = &self.run {
+            m.insert("dataset".into(), r.dataset.clone());
+            if let Some(d) = &r.data_dir {
+                m.insert("data_dir".into(), d.clone());
+            }
+            m.insert("batch".into(), r.batch.to_string());
+            m.insert("seed".into(), r.seed.to_string());
+            m.insert(
+                "train_limit".into(),
+                r.train_limit.map_or_else(String::new, |n| n.to_string()),
+            );
+            m.insert("world".into(), r.world.to_string());
+        }
+        m
+    }
+
+    /// Reads the state back from checkpoint metadata; `what` wraps messages.
+    fn from_metadata(
+        meta: &HashMap<String, String>,
+        what: &dyn Fn(String) -> String,
+    ) -> Result<Self, String> {
+        let num = |k: &str| -> Result<usize, String> {
+            meta.get(k)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| what(format!("metadata '{k}' missing or not a number")))
+        };
+        let run = match meta.get("dataset") {
+            None => None,
+            Some(dataset) => Some(RunIdentity {
+                dataset: dataset.clone(),
+                data_dir: meta.get("data_dir").cloned(),
+                batch: num("batch")?,
+                seed: meta
+                    .get("seed")
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| what("metadata 'seed' missing or not a number".into()))?,
+                train_limit: match meta.get("train_limit").map(String::as_str) {
+                    None | Some("") => None,
+                    Some(_) => Some(num("train_limit")?),
+                },
+                world: num("world")?,
+            }),
+        };
+        let fingerprint = meta
+            .get("fingerprint")
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .ok_or_else(|| what("metadata 'fingerprint' missing or not a number".into()))?;
+        Ok(Self {
+            model: meta.get("model").cloned().unwrap_or_default(),
+            fingerprint,
+            epoch: num("epoch")?,
+            global_step: num("global_step")?,
+            run,
+        })
+    }
+}
+
+/// The tensor data of serialised safetensors bytes: everything after the 8-byte header length
+/// and the header. `None` when the bytes are too short for the header they announce.
+fn data_section(bytes: &[u8]) -> Option<&[u8]> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let start = usize::try_from(n).ok()?.checked_add(8)?;
+    bytes.get(start..)
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+fn sha256_hex(bytes: &[u8]) -> String {
+    crate::data::mnist::sha256_hex(bytes)
 }
 
 /// One stored tensor: f32 values, or an int64 counter.
@@ -116,22 +307,8 @@ impl Checkpoint {
         self.save_paced(path, false)
     }
 
-    /// The checkpoint as safetensors bytes.
+    /// The checkpoint as safetensors bytes, its checksum in the header.
     pub fn to_bytes(&self) -> Result<Vec<u8>, String> {
-        let metadata: HashMap<String, String> = [
-            ("format".to_string(), FORMAT.to_string()),
-            ("model".to_string(), self.state.model.clone()),
-            (
-                "fingerprint".to_string(),
-                format!("{:016x}", self.state.fingerprint),
-            ),
-            ("epoch".to_string(), self.state.epoch.to_string()),
-            (
-                "global_step".to_string(),
-                self.state.global_step.to_string(),
-            ),
-        ]
-        .into();
         let raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = self
             .tensors
             .iter()
@@ -145,22 +322,33 @@ impl Checkpoint {
                 Stored::I64(x) => (k.clone(), Dtype::I64, Vec::new(), x.to_le_bytes().to_vec()),
             })
             .collect();
-        let views = raw
-            .iter()
-            .map(|(k, dtype, shape, data)| {
-                TensorView::new(*dtype, shape.clone(), data)
-                    .map(|v| (k.as_str(), v))
-                    .map_err(|e| format!("cannot serialise checkpoint tensor '{k}': {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        safetensors::serialize(views, Some(metadata))
-            .map_err(|e| format!("cannot serialise checkpoint: {e}"))
+        let serialise = |metadata: HashMap<String, String>| -> Result<Vec<u8>, String> {
+            let views = raw
+                .iter()
+                .map(|(k, dtype, shape, data)| {
+                    TensorView::new(*dtype, shape.clone(), data)
+                        .map(|v| (k.as_str(), v))
+                        .map_err(|e| format!("cannot serialise checkpoint tensor '{k}': {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            safetensors::serialize(views, Some(metadata))
+                .map_err(|e| format!("cannot serialise checkpoint: {e}"))
+        };
+        // The checksum covers the data section, which the metadata does not change: serialise
+        // once to hash it, then again with the digest in the header.
+        let mut metadata = self.state.to_metadata();
+        let unsigned = serialise(metadata.clone())?;
+        let digest = sha256_hex(data_section(&unsigned).ok_or("cannot serialise checkpoint")?);
+        drop(unsigned);
+        metadata.insert(CHECKSUM_KEY.into(), digest);
+        serialise(metadata)
     }
 
     /// [`Checkpoint::save`]; with `slow`, the write pauses between chunks for about two
     /// seconds in all, so a test can kill the process in the middle of it.
     pub fn save_paced(&self, path: &Path, slow: bool) -> Result<(), String> {
-        write_atomically_paced(path, &self.to_bytes()?, slow)
+        crate::output::write_atomically_paced(path, &self.to_bytes()?, slow)
+            .map_err(|e| e.to_string())
     }
 
     /// Reads and checks a checkpoint file.
@@ -184,21 +372,25 @@ impl Checkpoint {
             }
             _ => return Err(what("not a dptrain checkpoint (no format tag)".into())),
         }
-        let num = |k: &str| -> Result<usize, String> {
-            meta.get(k)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| what(format!("metadata '{k}' missing or not a number")))
-        };
-        let fingerprint = meta
-            .get("fingerprint")
-            .and_then(|v| u64::from_str_radix(v, 16).ok())
-            .ok_or_else(|| what("metadata 'fingerprint' missing or not a number".into()))?;
-        let state = TrainState {
-            model: meta.get("model").cloned().unwrap_or_default(),
-            fingerprint,
-            epoch: num("epoch")?,
-            global_step: num("global_step")?,
-        };
+        match meta.get(CHECKSUM_KEY) {
+            Some(want) => {
+                let got = data_section(bytes).map(sha256_hex).unwrap_or_default();
+                if !got.eq_ignore_ascii_case(want) {
+                    return Err(format!(
+                        "checkpoint {} is corrupt (checksum mismatch: its tensor data hashes to \
+                         {got}, it was written as {want}): the file changed after it was \
+                         written; resume from another checkpoint",
+                        path.display()
+                    ));
+                }
+            }
+            None => tracing::warn!(
+                "checkpoint {} has no checksum (written by an older dptrain): its tensors \
+                 cannot be verified",
+                path.display()
+            ),
+        }
+        let state = TrainState::from_metadata(&meta, &what)?;
         let st = safetensors::SafeTensors::deserialize(bytes)
             .map_err(|e| what(format!("not a safetensors file ({e})")))?;
         let mut tensors = BTreeMap::new();
@@ -277,45 +469,6 @@ impl Checkpoint {
         }
         Ok(momentum)
     }
-}
-
-/// Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    write_atomically_paced(path, bytes, false)
-}
-
-fn write_atomically_paced(path: &Path, bytes: &[u8], slow: bool) -> Result<(), String> {
-    let err = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", path.display());
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = tmp_path(path);
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| err("create temporary file for", e))?;
-        if slow {
-            let chunk = bytes.len().div_ceil(20).max(1);
-            for part in bytes.chunks(chunk) {
-                f.write_all(part).map_err(|e| err("write", e))?;
-                f.flush().map_err(|e| err("write", e))?;
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        } else {
-            f.write_all(bytes).map_err(|e| err("write", e))?;
-        }
-        f.sync_all().map_err(|e| err("fsync", e))?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| err("rename into place", e))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".tmp");
-    PathBuf::from(s)
 }
 
 /// Path of the checkpoint after `epoch` in `dir`.

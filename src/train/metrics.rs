@@ -1,7 +1,6 @@
 //! Where each step's time went, and the files a run leaves behind.
 
 use serde::Serialize;
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
@@ -37,6 +36,10 @@ impl StepTimes {
     }
 }
 
+/// Steps at the start of a run left out of its step breakdown: the first steps pay for
+/// allocations, page faults and the loaders filling their queues.
+pub const WARMUP_STEPS: usize = 5;
+
 /// Mean step breakdown over many steps and workers.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Breakdown {
@@ -61,8 +64,15 @@ impl Breakdown {
         self.steps += 1;
     }
 
-    /// One-line table row: each phase in ms and % of the step.
+    /// One-line table row: each phase in ms and % of the step; says so when no step was timed
+    /// (a run shorter than the untimed warm-up), rather than printing zeros.
     pub fn describe(&self) -> String {
+        if self.steps == 0 {
+            return format!(
+                "no timed steps: the first {WARMUP_STEPS} steps of a run are untimed warm-up \
+                 and this run had no more; train longer for a step breakdown"
+            );
+        }
         let m = &self.mean;
         let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
         format!(
@@ -118,12 +128,13 @@ pub fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Appends one JSON line to `path`.
-pub fn append_jsonl(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)?;
-    let line = serde_json::to_string(value).map_err(std::io::Error::other)?;
-    writeln!(f, "{line}")
+/// Appends one JSON line to `path` (through [`crate::output::append_line`]: a regular file
+/// only, never through a link).
+pub fn append_jsonl(path: &Path, value: &impl Serialize) -> Result<(), crate::output::OutputError> {
+    let line = serde_json::to_string(value).map_err(|e| crate::output::OutputError::Io {
+        path: path.to_path_buf(),
+        action: "serialise a line for",
+        cause: std::io::Error::other(e),
+    })?;
+    crate::output::append_line(path, &line)
 }

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod fault;
 pub mod metrics;
 pub mod processes;
+pub mod rundir;
 pub mod worker;
 
 use crate::comm::InProcessFabric;
@@ -114,6 +115,100 @@ pub struct Summary {
     pub ranks: Vec<processes::RankBreakdown>,
     /// The ranks whose compute or link is much slower than the others', and why.
     pub slow_ranks: Vec<processes::SlowRank>,
+    /// Optimizer steps of this run (after the resumed ones, if any).
+    pub steps: usize,
+}
+
+impl Summary {
+    /// What a person should be told about the run besides its results: updates skipped for a
+    /// non-finite gradient (loudly when most were), sample reads skipped, no timed steps.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        let (skipped, steps) = (self.skipped_nonfinite_updates, self.steps);
+        if skipped > 0 {
+            let msg = format!(
+                "{skipped} of {steps} updates were skipped for a NaN or infinite gradient \
+                 (--on-nonfinite skip)"
+            );
+            // More than half skipped: the model barely trained, whatever the accuracy says.
+            if 2 * skipped > steps {
+                w.push(format!(
+                    "MOST UPDATES WERE SKIPPED: {msg}; the model hardly trained: lower --lr (or \
+                     raise --warmup-steps) and run again"
+                ));
+            } else {
+                w.push(msg);
+            }
+        }
+        if self.skipped_samples > 0 {
+            w.push(format!(
+                "{} sample reads were skipped as unreadable (--skip-bad-samples), e.g. {}",
+                self.skipped_samples,
+                self.skipped_examples.first().map_or("-", String::as_str)
+            ));
+        }
+        if self.breakdown.steps == 0 {
+            w.push(self.breakdown.describe());
+        }
+        w
+    }
+}
+
+/// Prints a warning on stderr (rank 0 only; shown also with `--quiet`, which keeps stdout
+/// quiet).
+fn warn(cfg: &TrainConfig, message: &str) {
+    if cfg.process_rank == 0 {
+        crate::cli::print_warning(message);
+    }
+}
+
+/// Checks that the checkpoint's run trained on the same data in the same order as this one
+/// would (dataset, global batch, seed, training limit): otherwise the resumed run would continue
+/// at a global step computed for another run. Refused naming each field and both values, unless
+/// `--resume-changed`; returns the warning to show when it was accepted that way, or when the
+/// checkpoint is too old to tell.
+pub fn check_resume(
+    cfg: &TrainConfig,
+    model: &str,
+    state: &checkpoint::TrainState,
+    path: &Path,
+) -> Result<Option<String>, String> {
+    // The model first: its tensors could not be loaded into another one anyway.
+    if state.model != model {
+        return Err(format!(
+            "the checkpoint is for model '{}', not '{model}': resume with --model {}",
+            state.model, state.model
+        ));
+    }
+    let Some(then) = &state.run else {
+        return Ok(Some(format!(
+            "checkpoint {} does not record its run's dataset, batch and seed (written by an \
+             older dptrain): resuming without checking them",
+            path.display()
+        )));
+    };
+    let changes = then.changes(&checkpoint::RunIdentity::of(cfg));
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let list = changes
+        .iter()
+        .map(|(flag, old, new)| format!("{flag} {old} in the checkpoint, {new} now"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if cfg.resume_changed {
+        return Ok(Some(format!(
+            "--resume-changed: resuming {} under other settings ({list}); the data order and \
+             step count follow the new settings",
+            path.display()
+        )));
+    }
+    Err(format!(
+        "--resume {}: this run differs from the checkpoint's ({list}); resuming would continue \
+         at a step computed for another run: give the checkpoint's values, or pass \
+         --resume-changed to resume anyway",
+        path.display()
+    ))
 }
 
 /// The model `--model NAME|FILE` made concrete for samples of `shape` and `classes`
@@ -188,7 +283,12 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), String> {
             cfg.batch
         ));
     }
-    let test = test.decode_all("imagefolder").map_err(|e| e.to_string())?;
+    let test = test.decode_all("imagefolder").map_err(|e| {
+        format!(
+            "{e} (the test split is decoded whole before training; --skip-bad-samples only \
+             leaves out training samples)"
+        )
+    })?;
     Ok((Source::Folder(Arc::new(train)), test))
 }
 
@@ -283,25 +383,45 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         train_source.shape(),
         train_source.num_classes(),
     )?);
-    if lead {
-        std::fs::create_dir_all(&cfg.run_dir)
-            .map_err(|e| format!("cannot create run directory {}: {e}", cfg.run_dir.display()))?;
-    }
     let metrics_path = cfg.run_dir.join("metrics.jsonl");
     let resume = match &cfg.resume {
-        Some(p) => Some(Arc::new(checkpoint::Checkpoint::load(p)?)),
-        None => {
-            if lead {
-                let _ = std::fs::remove_file(&metrics_path);
+        Some(p) => {
+            let ck = checkpoint::Checkpoint::load(p)?;
+            if let Some(note) = check_resume(&cfg, &graph.name, &ck.state, p)? {
+                warn(&cfg, &note);
             }
-            None
+            Some(Arc::new(ck))
         }
+        None => None,
     };
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
     if start_epoch >= cfg.epochs {
         return Err(format!(
             "the checkpoint has already completed {start_epoch} epochs; ask for more with --epochs"
         ));
+    }
+    // Every output is checked (and the run directory prepared) before the first step, so a
+    // path that cannot be written costs no training.
+    let steps_per_epoch = train_source.len() / cfg.batch;
+    if let Some(w) = rundir::check_trace_steps(&cfg, start_epoch, steps_per_epoch)? {
+        warn(&cfg, &w);
+    }
+    // The run directory first: a trace file may go into it.
+    let prepared = if lead {
+        Some(rundir::prepare(&cfg)?)
+    } else {
+        None
+    };
+    let trace_path = rundir::check_trace(&cfg)?;
+    if let Some(prepared) = prepared {
+        for w in &cfg.warnings {
+            warn(&cfg, w);
+        }
+        for note in prepared.clear(&cfg.run_dir)? {
+            if !cfg.quiet {
+                eprintln!("note: {note}");
+            }
+        }
     }
     if group.size() > 1 {
         let lines =
@@ -384,7 +504,8 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     }
     drop(tx);
 
-    let spe = train_len / cfg.batch;
+    let spe = steps_per_epoch;
+    debug_assert_eq!(spe, train_len / cfg.batch);
     let total_steps = (cfg.epochs - start_epoch) * spe;
     let json_log = cfg.log_format == crate::config::LogFormat::Json;
     let bar = if cfg.quiet || json_log {
@@ -413,6 +534,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         skipped_examples: Vec::new(),
         ranks: Vec::new(),
         slow_ranks: Vec::new(),
+        steps: 0,
     };
     let mut epoch_breakdown = Breakdown::default();
     let mut train_seconds = 0.0;
@@ -449,7 +571,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                 loss,
                 times,
             } => {
-                if step >= 5 || epoch > start_epoch {
+                if step >= metrics::WARMUP_STEPS || epoch > start_epoch {
                     summary.breakdown.add(&times);
                     epoch_breakdown.add(&times);
                 }
@@ -559,19 +681,15 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     }
     drop(pipeline);
     // Every worker has been joined, so every tracer has handed in its events. Written before
-    // the error checks: a timeline of a failed run helps to see why it failed.
-    if let (Some(sink), Some(path)) = (&trace_sink, &cfg.trace) {
-        // Each MPI rank traces its own workers: rank 0 writes PATH, rank r PATH.rank<r>.
-        let path = if cfg.process_rank == 0 {
-            path.clone()
-        } else {
-            let mut p = path.clone().into_os_string();
-            p.push(format!(".rank{}", cfg.process_rank));
-            PathBuf::from(p)
-        };
-        let path = &path;
-        sink.write(path)?;
-        tracing::info!(path = %path.display(), events = sink.len(), "trace written");
+    // the error checks: a timeline of a failed run helps to see why it failed. A failure to
+    // write it is reported after the summary and report are written, which it must not cost.
+    // Each MPI rank traces its own workers: rank 0 writes PATH, rank r PATH.rank<r>.
+    let mut trace_error = None;
+    if let (Some(sink), Some(path)) = (&trace_sink, &trace_path) {
+        match sink.write(path) {
+            Ok(()) => tracing::info!(path = %path.display(), events = sink.len(), "trace written"),
+            Err(e) => trace_error = Some(e),
+        }
     }
     // The first failure reported is the cause; the rest are its echoes (peers whose
     // collectives or input pipeline stopped because of it).
@@ -586,9 +704,6 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     }
     if let Some(first) = errors.first() {
         return Err(first.clone());
-    }
-    if let Some(e) = io_error {
-        return Err(format!("cannot write {}: {e}", metrics_path.display()));
     }
     if cfg.processes > 1 {
         // Every rank checks every replica, so a divergence stops all of them alike.
@@ -616,14 +731,25 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     summary.peak_rss_mb = peak_rss_mb();
     summary.skipped_samples = load_stats.skipped();
     summary.skipped_examples = load_stats.examples();
-    if !lead {
-        return Ok(summary);
+    summary.steps = total_steps;
+    if lead {
+        let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
+        crate::output::write_atomically(&cfg.run_dir.join("summary.json"), json.as_bytes())?;
+        // The report is a view of the files just written; failing to draw it loses no result.
+        if let Err(e) = crate::report::write_run_report(&cfg.run_dir) {
+            tracing::warn!("cannot write the run report: {e}");
+        }
     }
-    let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
-    checkpoint::write_atomically(&cfg.run_dir.join("summary.json"), json.as_bytes())?;
-    // The report is a view of the files just written; failing to draw it loses no result.
-    if let Err(e) = crate::report::write_run_report(&cfg.run_dir) {
-        tracing::warn!("cannot write the run report: {e}");
+    if let Some(e) = io_error {
+        return Err(format!(
+            "{e} (summary.json and report.md were written; the per-epoch lines are missing)"
+        ));
+    }
+    if let Some(e) = trace_error {
+        return Err(format!(
+            "{e} (training finished; summary.json and report.md are in {})",
+            cfg.run_dir.display()
+        ));
     }
     Ok(summary)
 }

@@ -290,12 +290,12 @@ impl Worker {
             if self.rank == 0 {
                 self.phase = "evaluation";
                 let (test_loss, test_accuracy) = self.evaluate();
-                let state = super::checkpoint::TrainState {
-                    model: self.net.graph().name.clone(),
-                    fingerprint: self.net.graph().fingerprint(),
-                    epoch: epoch + 1,
-                    global_step: self.global_step,
-                };
+                let state = super::checkpoint::TrainState::new(
+                    &self.cfg,
+                    self.net.graph(),
+                    epoch + 1,
+                    self.global_step,
+                );
                 let last = epoch + 1 == self.cfg.epochs;
                 let every = self.cfg.checkpoint_every;
                 let due = last || (every > 0 && (epoch + 1) % every == 0);

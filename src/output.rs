@@ -1,0 +1,470 @@
+//! Every file and directory dptrain writes goes through this module, so one set of rules holds
+//! for all of them (trace, run directory, checkpoints, summary, report and plots, `report
+//! --out`, `profile --out`, `bench --out`, `data export-images --out`):
+//!
+//! - **Only regular files are written or replaced.** An existing device node, fifo, socket or
+//!   directory at an output path is refused, never replaced: before this rule `--trace
+//!   /dev/full`, run as root, renamed a JSON file over the device node.
+//! - **Symbolic links are neither followed nor replaced** at the file itself: a link given as an
+//!   output would otherwise let a write land on (or replace) whatever it points to. Links to
+//!   directories *above* the file are fine (e.g. `runs/` linked to a bigger disk): they do not
+//!   replace anything.
+//! - **No directory is created beyond the one named**: a missing parent is an error that says to
+//!   create it. [`create_dir`] makes exactly one level; the trainer's own default
+//!   (`runs/<model>-<dataset>`) is the one place where two levels are made, because the user
+//!   named neither.
+//! - **Replacing writes are atomic**: the bytes go to a temporary file in the same directory,
+//!   created with `create_new` (so it can be neither a link planted in advance nor someone
+//!   else's file), fsynced and renamed over the target. A crash leaves the old file or the new
+//!   one; every failure path (disk full included) removes the temporary file, and temporary
+//!   files of killed processes are removed by [`remove_stale_temps`].
+//!
+//! Errors are [`OutputError`]: each names the path, what was wrong and what to do.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why an output path cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// Something other than a regular file is at the path (device node, fifo, socket,
+    /// directory).
+    #[error(
+        "{}: is a {kind}, not a regular file; dptrain writes only regular files and never \
+         replaces anything else: give the path of a new or existing regular file",
+        path.display()
+    )]
+    NotRegular {
+        /// The output path.
+        path: PathBuf,
+        /// What is there ("character device", "fifo", ...).
+        kind: &'static str,
+    },
+    /// Something other than a directory is where an output directory should be.
+    #[error(
+        "{}: is a {kind}, not a directory: give the path of a new or existing directory",
+        path.display()
+    )]
+    NotADirTarget {
+        /// The output directory.
+        path: PathBuf,
+        /// What is there.
+        kind: &'static str,
+    },
+    /// The output path is a symbolic link.
+    #[error(
+        "{}: is a symbolic link; dptrain neither writes through links nor replaces them: give \
+         the real path",
+        path.display()
+    )]
+    Symlink {
+        /// The output path.
+        path: PathBuf,
+    },
+    /// The directory the output goes into does not exist.
+    #[error(
+        "{}: the directory {} does not exist; create it first (dptrain creates no directory \
+         beyond the one named)",
+        path.display(),
+        dir.display()
+    )]
+    MissingDir {
+        /// The output path.
+        path: PathBuf,
+        /// Its missing directory.
+        dir: PathBuf,
+    },
+    /// Something on the way to the output path is not a directory.
+    #[error("{}: {} is not a directory", path.display(), dir.display())]
+    NotADir {
+        /// The output path.
+        path: PathBuf,
+        /// The component that should be a directory.
+        dir: PathBuf,
+    },
+    /// An output directory holds files that writing into it would mix with or overwrite.
+    #[error(
+        "{}: {what} ({}); {todo}",
+        path.display(),
+        list_some(entries)
+    )]
+    NotEmpty {
+        /// The directory.
+        path: PathBuf,
+        /// What it holds, in words.
+        what: String,
+        /// Some of the entries found.
+        entries: Vec<String>,
+        /// What the user can do.
+        todo: String,
+    },
+    /// The operating system refused a write.
+    #[error("cannot {action} {}: {cause}", path.display())]
+    Io {
+        /// The path being written.
+        path: PathBuf,
+        /// What was being done ("write", "create the directory", ...).
+        action: &'static str,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+}
+
+impl From<OutputError> for String {
+    fn from(e: OutputError) -> Self {
+        e.to_string()
+    }
+}
+
+/// The first few names of a list, then how many more.
+fn list_some(entries: &[String]) -> String {
+    const SHOWN: usize = 6;
+    let mut s = entries
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if entries.len() > SHOWN {
+        s += &format!(" and {} more", entries.len() - SHOWN);
+    }
+    s
+}
+
+/// What a non-regular file is, in words.
+fn kind_of(ft: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_char_device() {
+            return "character device";
+        }
+        if ft.is_block_device() {
+            return "block device";
+        }
+        if ft.is_fifo() {
+            return "fifo (named pipe)";
+        }
+        if ft.is_socket() {
+            return "socket";
+        }
+    }
+    if ft.is_dir() {
+        "directory"
+    } else if ft.is_symlink() {
+        "symbolic link"
+    } else {
+        "special file"
+    }
+}
+
+/// The directory `path` is in (`.` for a bare file name).
+pub fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Checks that `path` may be written as a file: it is absent or a regular file (not a link,
+/// device, fifo, socket or directory), and its directory exists. Touches nothing.
+pub fn check_file_target(path: &Path) -> Result<(), OutputError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(OutputError::Symlink {
+                path: path.to_path_buf(),
+            })
+        }
+        Ok(m) if !m.file_type().is_file() => {
+            return Err(OutputError::NotRegular {
+                path: path.to_path_buf(),
+                kind: kind_of(&m.file_type()),
+            })
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(OutputError::Io {
+                path: path.to_path_buf(),
+                action: "inspect",
+                cause: e,
+            })
+        }
+    }
+    let dir = parent_dir(path);
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(OutputError::NotADir {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(OutputError::MissingDir {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        }),
+        Err(e) => Err(OutputError::Io {
+            path: path.to_path_buf(),
+            action: "inspect the directory of",
+            cause: e,
+        }),
+    }
+}
+
+/// [`check_file_target`], and proves the directory takes new files by creating and removing a
+/// temporary one: a read-only directory or file system, or a full disk's inode table, shows
+/// here, before the work whose result would be lost.
+pub fn check_writable(path: &Path) -> Result<(), OutputError> {
+    check_file_target(path)?;
+    let (tmp, file) = create_temp(path)?;
+    drop(file);
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// Temporary files of this process are numbered, so two writers of one target never share one.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Suffix of every temporary file: `NAME.<pid>.<n>.tmp`.
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// Creates a new temporary file next to `path` (`NAME.<pid>.<n>.tmp`) with `create_new`, so
+/// nothing that already exists, a planted link included, is ever opened.
+fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
+    let dir = parent_dir(path);
+    loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!("{name}.{}.{n}{TEMP_SUFFIX}", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            // A leftover of an earlier process with our pid; take the next number.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(OutputError::Io {
+                    path: path.to_path_buf(),
+                    action: "create a file next to",
+                    cause: e,
+                })
+            }
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically (see the module comment); the path must pass
+/// [`check_file_target`].
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
+    write_atomically_paced(path, bytes, false)
+}
+
+/// [`write_atomically`]; with `slow`, the write pauses between chunks for about two seconds in
+/// all, so a test can kill the process in the middle of it.
+pub fn write_atomically_paced(path: &Path, bytes: &[u8], slow: bool) -> Result<(), OutputError> {
+    check_file_target(path)?;
+    let (tmp, mut f) = create_temp(path)?;
+    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        action,
+        cause,
+    };
+    let written = (|| {
+        if slow {
+            let chunk = bytes.len().div_ceil(20).max(1);
+            for part in bytes.chunks(chunk) {
+                f.write_all(part).map_err(|e| io("write", e))?;
+                f.flush().map_err(|e| io("write", e))?;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        } else {
+            f.write_all(bytes).map_err(|e| io("write", e))?;
+        }
+        f.sync_all().map_err(|e| io("write (fsync)", e))?;
+        drop(f);
+        // Checked again right before the rename: something may have appeared meanwhile.
+        check_file_target(path)?;
+        std::fs::rename(&tmp, path).map_err(|e| io("rename into place", e))
+    })();
+    if let Err(e) = written {
+        // Never leave the temporary file behind: on a full disk it would keep the disk full.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Ok(d) = File::open(parent_dir(path)) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Creates `path` and writes `bytes` to it; the file must not exist yet (`create_new`: nothing
+/// is replaced, no link followed). A failed write removes the partial file. For the many small
+/// files of an export, which are new by construction.
+pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| OutputError::Io {
+            path: path.to_path_buf(),
+            action: "create",
+            cause: e,
+        })?;
+    if let Err(e) = f.write_all(bytes) {
+        drop(f);
+        let _ = std::fs::remove_file(path);
+        return Err(OutputError::Io {
+            path: path.to_path_buf(),
+            action: "write",
+            cause: e,
+        });
+    }
+    Ok(())
+}
+
+/// Appends `line` and a newline to `path` (created if absent), which must pass
+/// [`check_file_target`]; the open does not follow a link planted after the check.
+pub fn append_line(path: &Path, line: &str) -> Result<(), OutputError> {
+    check_file_target(path)?;
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        action,
+        cause,
+    };
+    let mut f = options
+        .open(path)
+        .map_err(|e| io("open for appending", e))?;
+    let m = f.metadata().map_err(|e| io("inspect", e))?;
+    if !m.is_file() {
+        return Err(OutputError::NotRegular {
+            path: path.to_path_buf(),
+            kind: kind_of(&m.file_type()),
+        });
+    }
+    f.write_all(format!("{line}\n").as_bytes())
+        .map_err(|e| io("append to", e))
+}
+
+/// Makes sure `dir` is a directory, creating it (one level: its parent must exist) if absent.
+/// An existing directory, also one reached through a link, is used as it is.
+pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(m) => {
+            return Err(OutputError::NotADirTarget {
+                path: dir.to_path_buf(),
+                kind: if m.is_file() {
+                    "regular file"
+                } else {
+                    kind_of(&m.file_type())
+                },
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(OutputError::Io {
+                path: dir.to_path_buf(),
+                action: "inspect",
+                cause: e,
+            })
+        }
+    }
+    // A dangling link would make create_dir create its target somewhere else.
+    if std::fs::symlink_metadata(dir).is_ok() {
+        return Err(OutputError::Symlink {
+            path: dir.to_path_buf(),
+        });
+    }
+    let parent = parent_dir(dir);
+    match std::fs::metadata(parent) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(OutputError::NotADir {
+                path: dir.to_path_buf(),
+                dir: parent.to_path_buf(),
+            })
+        }
+        Err(_) => {
+            return Err(OutputError::MissingDir {
+                path: dir.to_path_buf(),
+                dir: parent.to_path_buf(),
+            })
+        }
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        // Another process made it in between: fine, as long as it is a directory.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(OutputError::Io {
+            path: dir.to_path_buf(),
+            action: "create the directory",
+            cause: e,
+        }),
+    }
+}
+
+/// Removes temporary files (`NAME.<pid>.<n>.tmp`, see [`write_atomically`]) that processes no
+/// longer running left in `dir` when they were killed mid-write; returns what was removed.
+/// Files of live processes (this one included) and anything that is not a regular file are
+/// left alone.
+pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return removed;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = temp_owner(&name) else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        let regular = e.file_type().is_ok_and(|t| t.is_file());
+        if !alive && regular && std::fs::remove_file(e.path()).is_ok() {
+            removed.push(e.path());
+        }
+    }
+    removed
+}
+
+/// The pid in a temporary file's name `NAME.<pid>.<n>.tmp`, if it is one.
+fn temp_owner(name: &str) -> Option<u32> {
+    let stem = name.strip_suffix(TEMP_SUFFIX)?;
+    let mut parts = stem.rsplitn(3, '.');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    parts.next().filter(|s| !s.is_empty())?;
+    n.parse::<u64>().ok()?;
+    pid.parse::<u32>().ok()
+}
+
+/// True when `name` is a temporary file of [`write_atomically`] for the file `target`.
+pub fn is_temp_of(name: &str, target: &str) -> bool {
+    temp_owner(name).is_some()
+        && name
+            .strip_prefix(target)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temp_names_are_recognised() {
+        assert_eq!(temp_owner("summary.json.123.0.tmp"), Some(123));
+        assert_eq!(temp_owner("a.b.c.45.7.tmp"), Some(45));
+        assert_eq!(temp_owner("summary.json.tmp"), None);
+        assert_eq!(temp_owner(".1.2.tmp"), None);
+        assert_eq!(temp_owner("x.y.1.tmp"), None);
+        assert!(is_temp_of("c.safetensors.9.3.tmp", "c.safetensors"));
+        assert!(!is_temp_of("c.safetensors.9.3.tmp", "c.safe"));
+    }
+}

@@ -1,0 +1,221 @@
+//! The run directory and the other outputs of a run, checked before the first step.
+//!
+//! A run writes `metrics.jsonl`, checkpoints, `summary.json`, `report.md` and its plots into its
+//! run directory, and `--trace` wherever that points. Each of those is checked here before any
+//! training (a path that cannot be written used to be found after the whole run, losing the
+//! summary and report with it), and a directory that holds another run's files is refused: a
+//! new run there deleted the old metrics, overwrote some checkpoints and left the later ones,
+//! so "resume the latest" would have picked up the other run. `--overwrite` deletes those files
+//! first instead, and says which.
+
+use crate::config::TrainConfig;
+use crate::output::{self, OutputError};
+use std::path::{Path, PathBuf};
+
+/// Files a run writes into its directory (besides the checkpoints).
+pub const RUN_FILES: [&str; 6] = [
+    "metrics.jsonl",
+    "summary.json",
+    "report.md",
+    "loss.png",
+    "accuracy.png",
+    "breakdown.png",
+];
+
+/// True for the name of a checkpoint file (`checkpoint-epochNNNN.safetensors`).
+pub fn is_checkpoint_name(name: &str) -> bool {
+    name.strip_prefix("checkpoint-epoch")
+        .and_then(|n| n.strip_suffix(".safetensors"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The files of a run found in `dir` (sorted names); empty if it does not exist.
+pub fn run_files_in(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| RUN_FILES.contains(&n.as_str()) || is_checkpoint_name(n))
+        .collect();
+    found.sort();
+    found
+}
+
+/// A run directory checked by [`prepare`]: what `--overwrite` will delete once every other
+/// check has passed ([`Prepared::clear`]), and what to tell the user.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// An earlier run's files, to delete (`--overwrite`).
+    pub to_delete: Vec<PathBuf>,
+    /// Things done or found that the user should know about.
+    pub notes: Vec<String>,
+}
+
+impl Prepared {
+    /// Deletes the earlier run's files (`--overwrite`); returns the notes, with what was
+    /// deleted.
+    pub fn clear(mut self, dir: &Path) -> Result<Vec<String>, String> {
+        for path in &self.to_delete {
+            std::fs::remove_file(path).map_err(|e| {
+                OutputError::Io {
+                    path: path.clone(),
+                    action: "delete (--overwrite)",
+                    cause: e,
+                }
+                .to_string()
+            })?;
+        }
+        if !self.to_delete.is_empty() {
+            let names: Vec<String> = self
+                .to_delete
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            self.notes.push(format!(
+                "--overwrite: deleted the earlier run's {} in {}",
+                names.join(", "),
+                dir.display()
+            ));
+        }
+        Ok(self.notes)
+    }
+}
+
+/// Creates the run directory (one level; two for the default `runs/<model>-<dataset>`, whose
+/// parent the user did not name either), removes temporary files that killed runs left there,
+/// refuses another run's files (with `--overwrite`, lists them for [`Prepared::clear`], which
+/// the caller runs once its other checks have passed, so a refused run deletes nothing), and
+/// checks that every file the run writes can be written.
+pub fn prepare(cfg: &TrainConfig) -> Result<Prepared, String> {
+    let dir = &cfg.run_dir;
+    let mut notes = Vec::new();
+    let mut to_delete = Vec::new();
+    if cfg.resume.is_some() && cfg.overwrite {
+        return Err(
+            "--overwrite deletes the run directory's files, and with --resume those are \
+                    the run being continued: leave out one of the two"
+                .into(),
+        );
+    }
+    let run_dir_error = |e: OutputError| format!("--run-dir: {e}");
+    if !cfg.run_dir_given {
+        let parent = output::parent_dir(dir);
+        if parent != Path::new(".") {
+            output::create_dir(parent).map_err(run_dir_error)?;
+        }
+    }
+    output::create_dir(dir).map_err(run_dir_error)?;
+    for stale in output::remove_stale_temps(dir) {
+        notes.push(format!(
+            "removed {}, left by a run that was killed while writing it",
+            stale.display()
+        ));
+    }
+    if cfg.resume.is_none() {
+        let found = run_files_in(dir);
+        if !found.is_empty() && !cfg.overwrite {
+            let latest = found.iter().filter(|n| is_checkpoint_name(n)).max();
+            let resume = latest.map_or(String::new(), |c| {
+                format!("continue it with --resume {}, ", dir.join(c).display())
+            });
+            return Err(run_dir_error(OutputError::NotEmpty {
+                path: dir.clone(),
+                what: "holds the files of another run".into(),
+                entries: found,
+                todo: format!(
+                    "{resume}choose another --run-dir, or pass --overwrite to delete them first"
+                ),
+            }));
+        }
+        for name in &found {
+            let path = dir.join(name);
+            // Only regular files are deleted; anything else with such a name is refused.
+            output::check_file_target(&path).map_err(run_dir_error)?;
+            to_delete.push(path);
+        }
+    }
+    let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|f| dir.join(f)).collect();
+    if !cfg.no_checkpoints {
+        targets.extend((1..=cfg.epochs).map(|e| super::checkpoint::checkpoint_path(dir, e)));
+    }
+    for t in &targets {
+        output::check_file_target(t).map_err(run_dir_error)?;
+    }
+    output::check_writable(&dir.join("summary.json")).map_err(run_dir_error)?;
+    Ok(Prepared { to_delete, notes })
+}
+
+/// Checks, before the first step, that the trace file of this process (`PATH`, or
+/// `PATH.rankN` on MPI rank N) can be written, and returns its path.
+pub fn check_trace(cfg: &TrainConfig) -> Result<Option<PathBuf>, String> {
+    let Some(path) = &cfg.trace else {
+        return Ok(None);
+    };
+    let path = trace_path(path, cfg.process_rank);
+    output::check_writable(&path).map_err(|e| format!("--trace: {e}"))?;
+    Ok(Some(path))
+}
+
+/// The trace file of MPI rank `rank`: rank 0 writes `path`, rank r `path.rank<r>`.
+pub fn trace_path(path: &Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let mut p = path.to_path_buf().into_os_string();
+    p.push(format!(".rank{rank}"));
+    PathBuf::from(p)
+}
+
+/// Checks `--trace-steps` against the global steps the run will take (counted from 0 over all
+/// epochs: `start_epoch * steps_per_epoch` up to `epochs * steps_per_epoch`): a window that
+/// misses them all is an error (it would write an empty trace after the whole run); one that
+/// reaches past them is a warning, returned.
+pub fn check_trace_steps(
+    cfg: &TrainConfig,
+    start_epoch: usize,
+    steps_per_epoch: usize,
+) -> Result<Option<String>, String> {
+    if cfg.trace.is_none() {
+        return Ok(None);
+    }
+    let steps = start_epoch * steps_per_epoch..cfg.epochs * steps_per_epoch;
+    let w = &cfg.trace_steps;
+    if w.start >= steps.end || w.end <= steps.start {
+        return Err(format!(
+            "--trace-steps {}..{} misses every step of this run: it runs global steps {}..{} \
+             ({steps_per_epoch} per epoch, counted from 0 over all epochs); choose a window \
+             inside them",
+            w.start, w.end, steps.start, steps.end
+        ));
+    }
+    if w.end > steps.end || w.start < steps.start {
+        return Ok(Some(format!(
+            "--trace-steps {}..{} reaches past this run's global steps {}..{}: only steps {}..{} \
+             are traced",
+            w.start,
+            w.end,
+            steps.start,
+            steps.end,
+            w.start.max(steps.start),
+            w.end.min(steps.end)
+        )));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_names_are_recognised() {
+        assert!(is_checkpoint_name("checkpoint-epoch0003.safetensors"));
+        assert!(!is_checkpoint_name("checkpoint-epoch.safetensors"));
+        assert!(!is_checkpoint_name(
+            "checkpoint-epoch0003.safetensors.1.2.tmp"
+        ));
+        assert!(!is_checkpoint_name("checkpoint-epochx.safetensors"));
+    }
+}
