@@ -24,6 +24,9 @@ enum Command {
     /// Dataset tools.
     #[command(subcommand)]
     Data(DataCmd),
+    /// Model tools.
+    #[command(subcommand)]
+    Model(ModelCmd),
     /// Measure (or derive from FLOPs) a model's per-block step profile and write it as JSON.
     Profile(crate::sim::cli::ProfileArgs),
     /// Simulate a training step on N workers from a profile: step time, exposed communication
@@ -40,6 +43,24 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCmd {
+    /// Check a model and print each layer's output shape, parameters, multiply-accumulates
+    /// and activation memory per sample, with the totals.
+    Show {
+        /// A built-in model name or a model file (see docs/MODEL_FILES.md).
+        model: String,
+        /// Input shape CxHxW [default: the model file's `input`, else 3x32x32].
+        #[arg(long)]
+        input: Option<String>,
+        /// Classes [default: the model file's `classes`, else 10].
+        #[arg(long)]
+        classes: Option<usize>,
+    },
+    /// List the built-in models.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -304,12 +325,58 @@ pub fn print_warning(message: &str) {
     eprint!("{line}");
 }
 
+/// `dptrain model show`.
+fn model_show(model: &str, input: Option<&str>, classes: Option<usize>) -> Result<(), String> {
+    let spec = crate::model::load(model).map_err(|e| e.to_string())?;
+    let shape = match input {
+        Some(s) => {
+            let dims: Vec<usize> = s
+                .split('x')
+                .map(|d| d.trim().parse().map_err(|_| format!("--input {s:?}: expected CxHxW, e.g. 3x32x32")))
+                .collect::<Result<_, _>>()?;
+            match dims[..] {
+                [c, h, w] if c > 0 && h > 0 && w > 0 => [c, h, w],
+                _ => return Err(format!("--input {s:?}: expected three positive sizes CxHxW, e.g. 3x32x32")),
+            }
+        }
+        None => spec.default_input.unwrap_or([3, 32, 32]),
+    };
+    let classes = classes.or(spec.default_classes).unwrap_or(10);
+    if classes == 0 {
+        return Err("--classes must be at least 1".into());
+    }
+    let g = crate::model::Graph::build(&spec, shape, classes).map_err(|e| e.to_string())?;
+    println!(
+        "{} ({}): input {}x{}x{}, {classes} classes{}",
+        g.name,
+        spec.source,
+        shape[0],
+        shape[1],
+        shape[2],
+        if spec.description.is_empty() { String::new() } else { format!("; {}", spec.description) }
+    );
+    print!("{}", crate::model::summary::render(&g));
+    Ok(())
+}
+
 /// Parses the command line and runs the command; the error is the message to print.
 pub fn run() -> Result<(), String> {
     let cli = Cli::parse();
     init_logging();
     match cli.command.unwrap_or_default() {
         Command::Profile(a) => crate::sim::cli::profile(a),
+        Command::Model(ModelCmd::Show {
+            model,
+            input,
+            classes,
+        }) => model_show(&model, input.as_deref(), classes),
+        Command::Model(ModelCmd::List) => {
+            for name in crate::model::builtin_names() {
+                let spec = crate::model::load(name).map_err(|e| e.to_string())?;
+                println!("{name:<20} {}", spec.description);
+            }
+            Ok(())
+        }
         Command::Bench(BenchCmd::SimCheck(a)) => bench::simcheck::run(a),
         Command::Bench(BenchCmd::Ablation(a)) => bench::ablation::run_command(a),
         Command::Bench(BenchCmd::Suite(a)) => bench::suite::run_command(a),

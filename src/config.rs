@@ -815,7 +815,7 @@ mod tests {
     }
 
     #[test]
-    fn auto_sizes_buckets_from_the_link_unless_caps_are_given() {
+    fn buckets_follow_the_link_unless_caps_are_given() {
         use crate::train::worker::bucket_caps;
         let with = |f: &dyn Fn(&mut TrainOptions)| {
             let mut o = TrainOptions {
@@ -831,7 +831,7 @@ mod tests {
         assert_eq!(with(&|_| {}), (2_500_000, 2_500_000));
         assert_eq!(with(&|o| o.bucket_kb = Some(0)), (0, 0));
         assert_eq!(with(&|o| o.first_bucket_kb = Some(64)), (64 * 1024, 0));
-        assert_eq!(with(&|o| o.comm = Some("ring".into())), (0, 0));
-        assert_eq!(with(&|o| o.workers = Some(1)), (0, 0));
+        // One rule for every mode (layers are small units; a fixed mode gets the same caps).
+        assert_eq!(with(&|o| o.comm = Some("ring".into())), (2_500_000, 2_500_000));
     }
 }

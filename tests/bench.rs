@@ -101,7 +101,7 @@ fn ablation_baseline_trains_with_root_update_overlap_off_and_loading_in_the_step
 #[test]
 fn ablation_flags_are_checked_with_messages_that_say_what_to_do() {
     let err = |flags: &[&str]| AblationSpec::from_args(&args(flags)).unwrap_err();
-    assert!(err(&["--model", "alexnet"]).contains("lenet5, vgg-small, resnet20"));
+    assert!(err(&["--model", "alexnet2"]).contains("lenet5, vgg-small, resnet20"));
     assert!(err(&["--workers", "0"]).contains("at least 2 workers"));
     assert!(err(&["--workers", "3"]).contains("multiple of --workers"));
     assert!(err(&["--link-bandwidth", "fast"]).contains("--link-bandwidth"));

@@ -457,7 +457,7 @@ fn profile_refuses_unknown_names_and_batches_the_machine_cannot_hold() {
     );
     assert_eq!(code, 1);
     assert!(
-        err.contains("unknown architecture 'alexnet2'") && err.contains("alexnet, vgg16"),
+        err.contains("unknown model 'alexnet2'") && err.contains("alexnet, vgg16"),
         "{err}"
     );
     assert!(!err.contains("can only be profiled from FLOPs"), "{err}");

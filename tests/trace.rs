@@ -187,13 +187,16 @@ fn traced_run(dir: &Path, overlap: &str) -> usize {
                 .count();
             assert_eq!(n, 6, "worker {rank}: {phase}");
         }
-        // lenet5 has five blocks: each is timed forward and backward.
+        // Every layer (a fused activation with its layer) is timed forward and backward,
+        // under its name: lenet5 runs 9 (c1+relu, pool, c2+relu, pool, flatten, f1+relu,
+        // f2+relu, f3, the loss), all of them in backward too.
         for pass in ["forward ", "backward "] {
-            let blocks = spans
+            let layers = spans
                 .iter()
                 .filter(|s| s.tid == tid && s.name.starts_with(pass))
                 .count();
-            assert_eq!(blocks, 6 * 5, "worker {rank}: {pass}blocks");
+            assert_eq!(layers, 6 * 9, "worker {rank}: {pass}layers");
+            assert!(spans.iter().any(|s| s.tid == tid && s.name == format!("{pass}c1")));
         }
     }
     let leads = reduction_leads(&spans, &names);

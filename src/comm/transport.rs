@@ -36,6 +36,13 @@ pub trait Transport: Send + Sync {
     /// The message length must equal `out.len()` exactly, otherwise
     /// [`CommError::SizeMismatch`] is returned (and the message is consumed).
     fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError>;
+    /// Called once on the thread that will receive, before any collective, with the largest
+    /// message (in floats) it will send: whatever a first blocking wait allocates (a
+    /// channel's list of waiters, the thread's wait context) and the message buffers are
+    /// allocated here instead of in a training step. The default does nothing.
+    fn warm_up(&self, largest_message: usize) {
+        let _ = largest_message;
+    }
     /// Sums `buf` over all ranks with the transport's own all-reduce, if it has one (MPI's
     /// `MPI_Allreduce` for `--comm mpi-native`, the reference our modes are measured
     /// against). The default has none and says so.
@@ -272,7 +279,10 @@ impl InProcessFabric {
             .collect();
         for (from, row) in senders.iter_mut().enumerate() {
             for inbox_row in receivers.iter_mut() {
-                let (tx, rx) = crossbeam_channel::unbounded();
+                // Bounded (a ring allocated once): an unbounded channel allocates a block every
+                // 31 messages, on the hot path of every collective. No collective has nearly
+                // this many messages in flight between two workers.
+                let (tx, rx) = crossbeam_channel::bounded(IN_FLIGHT);
                 row.push(tx);
                 inbox_row[from] = Some(rx);
             }
@@ -290,7 +300,8 @@ impl InProcessFabric {
                     .map(|rx| Inbox {
                         rx: rx.expect("every channel was created"),
                         state: Mutex::new(InboxState {
-                            stash: VecDeque::new(),
+                            // Sized once: stashing a message never allocates in a step.
+                            stash: VecDeque::with_capacity(IN_FLIGHT),
                             reader_active: false,
                         }),
                         arrived: Condvar::new(),
@@ -441,9 +452,36 @@ impl InProcessTransport {
     }
 }
 
+/// Messages one worker may have sent to another and not yet received.
+const IN_FLIGHT: usize = 256;
+
 impl Transport for InProcessTransport {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn warm_up(&self, largest_message: usize) {
+        // Park once on every inbox until a 1 ms wait times out: crossbeam allocates a
+        // channel's waiter list the first time a receiver blocks on it. Messages that arrive
+        // meanwhile are stashed, where `recv` looks first.
+        for inbox in &self.inboxes {
+            for _ in 0..16 {
+                match inbox.rx.recv_timeout(Duration::from_millis(1)) {
+                    Ok(msg) => lock(&inbox.state).stash.push_back(msg),
+                    Err(_) => break,
+                }
+            }
+        }
+        // Message buffers of the largest size, enough for every message one rank can have
+        // in flight (at most one per peer in any collective here, plus slack), so no step
+        // allocates or grows one.
+        let mut pool = lock(&self.pools[self.rank]);
+        for b in pool.iter_mut() {
+            b.reserve(largest_message.saturating_sub(b.len()));
+        }
+        while pool.len() < (2 * self.world).min(MAX_POOLED) {
+            pool.push(Vec::with_capacity(largest_message));
+        }
     }
 
     fn world(&self) -> usize {
@@ -488,16 +526,26 @@ impl Transport for InProcessTransport {
             }
             _ => (None, None),
         };
+        let msg = Msg {
+            tag,
+            data,
+            ready_at,
+        };
         self.senders[to]
-            .send(Msg {
-                tag,
-                data,
-                ready_at,
-            })
-            .map_err(|_| CommError::PeerGone {
-                rank: self.rank,
-                peer: to,
-                tag,
+            .send_timeout(msg, self.timeout)
+            .map_err(|e| match e {
+                crossbeam_channel::SendTimeoutError::Disconnected(_) => CommError::PeerGone {
+                    rank: self.rank,
+                    peer: to,
+                    tag,
+                },
+                // The peer has not taken IN_FLIGHT messages within the timeout: it is stuck.
+                crossbeam_channel::SendTimeoutError::Timeout(_) => CommError::Timeout {
+                    rank: self.rank,
+                    from: to,
+                    tag,
+                    waited: self.timeout,
+                },
             })?;
         // The sender's port is busy until the last byte is out.
         if let Some(end) = busy_until {

@@ -162,10 +162,19 @@ impl Reducer {
         let buckets = plan.buckets.len();
         let (job_tx, job_rx) = bounded::<Job>(buckets + 1);
         let (done_tx, done_rx) = bounded::<Done>(plan.buckets.len() + 1);
+        // A channel's first blocking receive allocates its waiter list: wait once on each
+        // here, while nothing can be in flight, instead of in a step.
+        let warm = std::time::Duration::from_millis(1);
+        if transport.as_ref().is_some_and(|t| t.world() > 1) {
+            let _ = job_rx.recv_timeout(warm);
+            let _ = done_rx.recv_timeout(warm);
+        }
+        // The largest message: a whole bucket, or the weights (broadcasts).
+        let largest = plan.buckets.iter().map(|b| b.len).max().unwrap_or(0).max(plan.total_len());
         let thread = transport.filter(|t| t.world() > 1).map(|t| {
             std::thread::Builder::new()
                 .name(format!("comm-{}", t.rank()))
-                .spawn(move || comm_thread(t, job_rx, done_tx))
+                .spawn(move || comm_thread(t, job_rx, done_tx, largest))
                 .expect("spawning the communication thread")
         });
         Self {
@@ -349,8 +358,10 @@ fn comm_gone() -> String {
 ///
 /// A failure (an error, or a panic, caught here) is reported to the worker, and the thread
 /// ends: dropping the transport is what tells the peers, so nobody waits on a dead collective.
-fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>) {
+fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>, largest: usize) {
     let mut scratch = Vec::new();
+    // First blocking waits allocate (see `Transport::warm_up`).
+    t.warm_up(largest);
     for job in jobs.iter() {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             run_job(t.as_ref(), job, &mut scratch)

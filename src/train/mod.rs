@@ -456,7 +456,9 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         .trace
         .as_ref()
         .map(|_| crate::trace::TraceSink::new(wall, cfg.trace_steps.clone()));
-    let (tx, rx) = crossbeam_channel::unbounded();
+    // Bounded (a fixed ring): a worker's step sends its times without allocating; the run's
+    // thread drains it far faster than steps fill it.
+    let (tx, rx) = crossbeam_channel::bounded(4096);
     let mut handles = Vec::new();
     // Workers are numbered across the run: this process's are first_rank.. (rank 0 leads).
     let first_rank = cfg.process_rank * cfg.workers;

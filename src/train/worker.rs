@@ -126,6 +126,26 @@ pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
         .collect()
 }
 
+/// Something told when a worker starts and ends each step (on the worker's thread): `(rank,
+/// global step, started)`. For measurements around steps, e.g. the allocation test, which
+/// counts what steady-state steps allocate; at most one per process ([`set_step_observer`]).
+pub type StepObserver = fn(usize, usize, bool);
+
+static STEP_OBSERVER: std::sync::OnceLock<StepObserver> = std::sync::OnceLock::new();
+
+/// Installs the process's step observer; fails if one is installed already.
+pub fn set_step_observer(f: StepObserver) -> Result<(), String> {
+    STEP_OBSERVER
+        .set(f)
+        .map_err(|_| "a step observer is already installed".to_string())
+}
+
+fn observe(rank: usize, global: usize, started: bool) {
+    if let Some(f) = STEP_OBSERVER.get() {
+        f(rank, global, started);
+    }
+}
+
 /// A worker's state.
 pub struct Worker {
     rank: usize,
@@ -151,6 +171,8 @@ pub struct Worker {
     tracer: Tracer,
     /// The bucket each block completes (the plan's, for the timeline's arrows).
     ready_at: Vec<Option<usize>>,
+    /// Each exec's layer name, for the timeline.
+    exec_names: Vec<String>,
 }
 
 /// Attaches "worker R, PHASE, step S" to an error.
@@ -196,6 +218,7 @@ impl Worker {
         }
         let total = net.params().len();
         let ready_at = plan.ready_at_block.clone();
+        let exec_names = net.exec_names().map(String::from).collect();
         let reducer = Reducer::new(plan, ops, cfg.overlap, s.transport);
         let mut w = Self {
             rank: s.rank,
@@ -221,6 +244,7 @@ impl Worker {
             global_step,
             tracer: s.tracer,
             ready_at,
+            exec_names,
         };
         w.broadcast_params()
             .map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
@@ -276,7 +300,10 @@ impl Worker {
             let started = Instant::now();
             let mut loss_sum = 0.0;
             for step in 0..spe {
-                let (loss, times) = self.step(&order, epoch, step, epoch * spe + step)?;
+                let global = epoch * spe + step;
+                observe(self.rank, global, true);
+                let (loss, times) = self.step(&order, epoch, step, global)?;
+                observe(self.rank, global, false);
                 loss_sum += loss as f64;
                 let _ = self.events.send(Event::Step {
                     rank: self.rank,
@@ -365,7 +392,7 @@ impl Worker {
             first_sample: (rank * n) as u64,
             global_batch: self.cfg.batch,
         };
-        let (tracer, mut mark) = (&mut self.tracer, t1);
+        let (tracer, mut mark, names) = (&mut self.tracer, t1, &self.exec_names);
         let net = &mut self.net;
         let report = net.forward_observed(
             &batch.images,
@@ -378,7 +405,7 @@ impl Worker {
                     tracer.span(
                         worker_tid(rank),
                         "forward",
-                        format!("forward exec {e}"),
+                        format!("forward {}", names[e]),
                         mark,
                         now,
                         json!({"exec": e}),
@@ -398,7 +425,7 @@ impl Worker {
             self.reducer.inject_panic_on_next_bucket();
         }
         let flows = self.cfg.overlap && self.cfg.world() > 1;
-        let (tracer, mut mark, ready_at) = (&mut self.tracer, t2, &self.ready_at);
+        let (tracer, mut mark, ready_at, names) = (&mut self.tracer, t2, &self.ready_at, &self.exec_names);
         let backward = self.net.backward(&mut self.reducer, &mut |done| {
             maybe_panic(fault, FaultPhase::Backward, gs, rank);
             if tracer.active() {
@@ -406,7 +433,7 @@ impl Worker {
                 tracer.span(
                     worker_tid(rank),
                     "backward",
-                    format!("backward exec {}", done.exec),
+                    format!("backward {}", names[done.exec]),
                     mark,
                     now,
                     json!({"exec": done.exec}),

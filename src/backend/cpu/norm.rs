@@ -1,22 +1,24 @@
 //! Batch normalisation over NHWC activations (statistics per channel over all rows), with the
 //! following activation fused in both directions.
 //!
-//! Forward (training): one pass for the per-channel sum and sum of squares (f64, per block of
-//! [`ROW_BLOCK`] rows in parallel, blocks combined in order: the same bits on any thread
-//! count), one pass for `act(x * scale + shift)`. Backward: the incoming gradient is masked by
-//! the activation in place, one pass for `sum(dy)` and `sum(dy * xhat)`, one for the input
-//! gradient. The statistics are this worker's (as in PyTorch DDP without SyncBatchNorm).
+//! Forward (training): one pass for the per-channel sum and sum of squares, one pass for
+//! `act(x * scale + shift)`. Backward: one pass that masks the incoming gradient by the
+//! activation (in place) and sums `dy` and `dy * xhat`, one for the input gradient. Sums run
+//! per block of [`ROW_BLOCK`] rows in parallel (f32, of values shifted by the first row so
+//! that the sum of squares does not cancel) and the blocks are added in order in f64: the
+//! same bits on any thread count. The statistics are this worker's (as in PyTorch DDP without
+//! SyncBatchNorm).
 
 use super::Act;
 use rayon::prelude::*;
 
 /// Rows per block of the statistics passes (fixed: the blocks' order is the sum's order).
-const ROW_BLOCK: usize = 256;
+const ROW_BLOCK: usize = 128;
 
 /// A batch-norm layer's reusable memory (sized for its channel count on first use).
 #[derive(Default)]
 pub struct BnScratch {
-    blocks: Vec<f64>,
+    blocks: Vec<f32>,
     totals: Vec<f64>,
     tmp: Vec<f32>,
 }
@@ -31,18 +33,20 @@ pub struct BnSaved<'a> {
     pub var_unbiased: &'a mut [f32],
 }
 
-/// Per-channel sums over `rows` rows of `c` channels of `f(row_values) -> (a, b)` pairs,
-/// accumulated in f64 per block and combined in block order into `out` (`[sum_a | sum_b]`).
+/// Per-channel sums over `rows` rows of `c` channels: `block(r0, n, part)` adds two values
+/// per channel of rows `r0..r0+n` into `part` (`[a | b]`, zeroed); blocks are combined in
+/// order, in f64, into `totals`.
 fn channel_sums2(
     rows: usize,
     c: usize,
-    scratch: &mut Vec<f64>,
-    out: &mut Vec<f64>,
-    block: impl Fn(usize, usize, &mut [f64]) + Sync,
+    scratch: &mut Vec<f32>,
+    totals: &mut Vec<f64>,
+    block: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) {
     let blocks = rows.div_ceil(ROW_BLOCK);
     scratch.resize(blocks * 2 * c, 0.0);
-    out.resize(2 * c, 0.0);
+    totals.clear();
+    totals.resize(2 * c, 0.0);
     scratch
         .par_chunks_mut(2 * c)
         .enumerate()
@@ -51,10 +55,9 @@ fn channel_sums2(
             let r0 = b * ROW_BLOCK;
             block(r0, ROW_BLOCK.min(rows - r0), part);
         });
-    out[..2 * c].fill(0.0);
     for part in scratch.chunks_exact(2 * c) {
-        for (o, p) in out.iter_mut().zip(part) {
-            *o += *p;
+        for (t, &p) in totals.iter_mut().zip(part) {
+            *t += p as f64;
         }
     }
 }
@@ -74,42 +77,31 @@ pub fn forward_train(
     scratch: &mut BnScratch,
 ) {
     let x = &x[..rows * c];
-    let BnScratch {
-        blocks,
-        totals,
-        tmp,
-    } = scratch;
+    let BnScratch { blocks, totals, tmp } = scratch;
+    tmp.resize(tmp.len().max(3 * c), 0.0);
+    let (scale_shift, rest) = tmp.split_at_mut(2 * c);
+    let shift = &mut rest[..c];
+    shift.copy_from_slice(&x[..c]);
+    let shift = &*shift;
     channel_sums2(rows, c, blocks, totals, |r0, n, part| {
         let (s, q) = part.split_at_mut(c);
         for row in x[r0 * c..(r0 + n) * c].chunks_exact(c) {
-            for ((s, q), &v) in s.iter_mut().zip(q.iter_mut()).zip(row) {
-                let v = v as f64;
-                *s += v;
-                *q += v * v;
+            for (((s, q), &v), &m) in s.iter_mut().zip(q.iter_mut()).zip(row).zip(shift) {
+                let d = v - m;
+                *s += d;
+                *q += d * d;
             }
         }
     });
     let nf = rows as f64;
     for ch in 0..c {
-        let mean = totals[ch] / nf;
-        let var = (totals[c + ch] / nf - mean * mean).max(0.0);
-        saved.mean[ch] = mean as f32;
+        let m = totals[ch] / nf;
+        let var = (totals[c + ch] / nf - m * m).max(0.0);
+        saved.mean[ch] = (shift[ch] as f64 + m) as f32;
         saved.invstd[ch] = (1.0 / (var + eps as f64).sqrt()) as f32;
         saved.var_unbiased[ch] = (var * nf / (nf - 1.0).max(1.0)) as f32;
     }
-    tmp.resize(tmp.len().max(2 * c), 0.0);
-    normalize(
-        rows,
-        c,
-        x,
-        gamma,
-        beta,
-        saved.mean,
-        saved.invstd,
-        act,
-        y,
-        tmp,
-    );
+    normalize(rows, c, x, gamma, beta, saved.mean, saved.invstd, act, y, scale_shift);
 }
 
 /// Evaluation forward with the running statistics.
@@ -127,14 +119,13 @@ pub fn forward_eval(
     y: &mut [f32],
     scratch: &mut BnScratch,
 ) {
-    let mut invstd = std::mem::take(&mut scratch.tmp);
-    invstd.resize(3 * c, 0.0);
-    for (i, v) in invstd[2 * c..].iter_mut().zip(running_var) {
+    let tmp = &mut scratch.tmp;
+    tmp.resize(tmp.len().max(3 * c), 0.0);
+    let (scale_shift, inv) = tmp.split_at_mut(2 * c);
+    for (i, v) in inv[..c].iter_mut().zip(running_var) {
         *i = 1.0 / (v + eps).sqrt();
     }
-    let (tmp, inv) = invstd.split_at_mut(2 * c);
-    normalize(rows, c, x, gamma, beta, running_mean, inv, act, y, tmp);
-    scratch.tmp = invstd;
+    normalize(rows, c, x, gamma, beta, running_mean, &inv[..c], act, y, scale_shift);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -163,7 +154,7 @@ fn normalize(
         .for_each(|(yb, xb)| {
             for (yr, xr) in yb.chunks_exact_mut(c).zip(xb.chunks_exact(c)) {
                 for (((o, &v), &s), &t) in yr.iter_mut().zip(xr).zip(scale).zip(shift) {
-                    *o = v.mul_add(s, t);
+                    *o = v * s + t;
                 }
                 act.apply(yr);
             }
@@ -187,32 +178,42 @@ pub fn backward(
     dx: Option<(&mut [f32], bool)>,
     scratch: &mut BnScratch,
 ) {
-    let (x, dy) = (&x[..rows * c], &mut dy[..rows * c]);
+    let (x, y) = (&x[..rows * c], &y[..rows * c]);
     let per = ROW_BLOCK * c;
-    if act != Act::None {
-        dy.par_chunks_mut(per)
-            .zip(y[..rows * c].par_chunks(per))
-            .for_each(|(d, yv)| act.mask_grad(yv, d));
-    }
-    let dy = &*dy;
-    let BnScratch {
-        blocks,
-        totals,
-        tmp,
-    } = scratch;
-    channel_sums2(rows, c, blocks, totals, |r0, n, part| {
-        let (sg, sb) = part.split_at_mut(c);
-        let rows = x[r0 * c..(r0 + n) * c]
-            .chunks_exact(c)
-            .zip(dy[r0 * c..(r0 + n) * c].chunks_exact(c));
-        for (xr, dr) in rows {
-            for ch in 0..c {
-                let xhat = (xr[ch] - mean[ch]) * invstd[ch];
-                sg[ch] += (dr[ch] * xhat) as f64;
-                sb[ch] += dr[ch] as f64;
+    let BnScratch { blocks, totals, tmp } = scratch;
+    // Pass 1, in the same blocks as the sums: mask dy in place, then sum it and dy * xhat.
+    blocks.resize(rows.div_ceil(ROW_BLOCK) * 2 * c, 0.0);
+    dy[..rows * c]
+        .par_chunks_mut(per)
+        .zip(blocks.par_chunks_mut(2 * c))
+        .enumerate()
+        .for_each(|(b, (db, part))| {
+            let r0 = b * ROW_BLOCK;
+            let (xb, yb) = (&x[r0 * c..r0 * c + db.len()], &y[r0 * c..r0 * c + db.len()]);
+            act.mask_grad(yb, db);
+            let (sg, sb) = part.split_at_mut(c);
+            sg.fill(0.0);
+            sb.fill(0.0);
+            for (xr, gr) in xb.chunks_exact(c).zip(db.chunks_exact(c)) {
+                for ((((sg, sb), &xv), &g), (&m, &is)) in sg
+                    .iter_mut()
+                    .zip(sb.iter_mut())
+                    .zip(xr)
+                    .zip(gr)
+                    .zip(mean.iter().zip(invstd))
+                {
+                    *sg += g * ((xv - m) * is);
+                    *sb += g;
+                }
             }
+        });
+    totals.clear();
+    totals.resize(2 * c, 0.0);
+    for part in blocks.chunks_exact(2 * c) {
+        for (t, &p) in totals.iter_mut().zip(part) {
+            *t += p as f64;
         }
-    });
+    }
     let (dgamma, dbeta) = dgb.split_at_mut(c);
     for ch in 0..c {
         dgamma[ch] = totals[ch] as f32;
@@ -221,29 +222,31 @@ pub fn backward(
     let Some((dx, accumulate)) = dx else {
         return;
     };
+    // dx = k * (g - dbeta/N - xhat * dgamma/N) = k*g - p*x + q with k = gamma * invstd,
+    // p = k * invstd * dgamma / N, q = p * mean - k * dbeta / N.
     let nf = rows as f32;
     tmp.resize(tmp.len().max(3 * c), 0.0);
     let (k, rest) = tmp[..3 * c].split_at_mut(c);
-    let (mg, mb) = rest.split_at_mut(c);
+    let (p, q) = rest.split_at_mut(c);
     for ch in 0..c {
         k[ch] = gamma[ch] * invstd[ch];
-        mg[ch] = dgamma[ch] / nf;
-        mb[ch] = dbeta[ch] / nf;
+        p[ch] = k[ch] * invstd[ch] * dgamma[ch] / nf;
+        q[ch] = p[ch] * mean[ch] - k[ch] * dbeta[ch] / nf;
     }
-    let (k, mg, mb) = (&k[..c], &mg[..c], &mb[..c]);
+    let (k, p, q) = (&*k, &*p, &*q);
+    let dy = &*dy;
     dx[..rows * c]
         .par_chunks_mut(per)
-        .zip(x.par_chunks(per).zip(dy.par_chunks(per)))
-        .for_each(|(db, (xb, dyb))| {
+        .zip(x.par_chunks(per).zip(dy[..rows * c].par_chunks(per)))
+        .for_each(|(db, (xb, gb))| {
             for ((dr, xr), gr) in db
                 .chunks_exact_mut(c)
                 .zip(xb.chunks_exact(c))
-                .zip(dyb.chunks_exact(c))
+                .zip(gb.chunks_exact(c))
             {
-                for ch in 0..c {
-                    let xhat = (xr[ch] - mean[ch]) * invstd[ch];
-                    let v = k[ch] * (gr[ch] - mb[ch] - xhat * mg[ch]);
-                    dr[ch] = if accumulate { dr[ch] + v } else { v };
+                for (((((d, &xv), &g), &kv), &pv), &qv) in dr.iter_mut().zip(xr).zip(gr).zip(k).zip(p).zip(q) {
+                    let v = kv * g - pv * xv + qv;
+                    *d = if accumulate { *d + v } else { v };
                 }
             }
         });

@@ -1,0 +1,120 @@
+//! A steady-state training step allocates nothing: a counting global allocator watches every
+//! thread of the run but the test's own (workers, their communication threads, the loader
+//! threads) while worker 0 runs steps 3 to 10, with 2 workers and overlap on, for each
+//! built-in model that trains here.
+
+use dptrain::config::TrainOptions;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+static BYTES: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    // The test's thread (which runs the run's event loop: progress, metrics) is not counted.
+    static EXEMPT: Cell<bool> = const { Cell::new(false) };
+}
+
+static TRACE: AtomicBool = AtomicBool::new(false);
+static TRACES: std::sync::Mutex<Vec<(usize, std::backtrace::Backtrace)>> = std::sync::Mutex::new(Vec::new());
+
+thread_local! {
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count(size: usize) {
+    if COUNTING.load(Ordering::Relaxed) && !EXEMPT.with(|e| e.get()) && !INSIDE.with(|i| i.get()) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(size, Ordering::Relaxed);
+        // DPTRAIN_ALLOC_TRACE=1: where each counted allocation comes from.
+        if TRACE.load(Ordering::Relaxed) {
+            INSIDE.with(|i| i.set(true));
+            let bt = std::backtrace::Backtrace::force_capture();
+            TRACES.lock().unwrap().push((size, bt));
+            INSIDE.with(|i| i.set(false));
+        }
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        count(l.size());
+        System.alloc(l)
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        count(l.size());
+        System.alloc_zeroed(l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        count(new);
+        System.realloc(p, l, new)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Counts from the start of worker 0's step 3 to the end of its step 10.
+fn observer(rank: usize, step: usize, started: bool) {
+    if rank != 0 {
+        return;
+    }
+    if started && step == 3 {
+        COUNTING.store(true, Ordering::SeqCst);
+    }
+    if !started && step == 10 {
+        COUNTING.store(false, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn steady_state_steps_allocate_nothing() {
+    dptrain::train::worker::set_step_observer(observer).unwrap();
+    TRACE.store(std::env::var_os("DPTRAIN_ALLOC_TRACE").is_some(), Ordering::SeqCst);
+    EXEMPT.with(|e| e.set(true));
+    let dir = tempfile::tempdir().unwrap();
+    // (model, dataset, batch): 14+ steps in one epoch, so no evaluation falls in the window.
+    let cases = [
+        ("lenet5", "synthetic:1x28x28:10", 32),
+        ("vgg-small", "synthetic:3x32x32:10", 16),
+        ("resnet20", "synthetic:3x32x32:10", 16),
+        ("mobilenetv2", "synthetic:3x32x32:10", 8),
+        ("resnet18", "synthetic:3x32x32:10", 8),
+        ("densenet-small", "synthetic:3x32x32:10", 16),
+    ];
+    for (model, dataset, batch) in cases {
+        ALLOCATIONS.store(0, Ordering::SeqCst);
+        BYTES.store(0, Ordering::SeqCst);
+        let o = TrainOptions {
+            model: Some(model.into()),
+            dataset: Some(dataset.into()),
+            workers: Some(2),
+            threads: Some(1),
+            batch: Some(batch),
+            epochs: Some(1),
+            train_limit: Some(batch * 12),
+            test_limit: Some(16),
+            overlap: Some("on".into()),
+            comm: Some("ring".into()),
+            bucket_kb: Some(64),
+            run_dir: Some(dir.path().join(model)),
+            quiet: true,
+            no_checkpoints: true,
+            ..Default::default()
+        };
+        dptrain::train::train(o.resolve().unwrap()).unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert!(!COUNTING.load(Ordering::SeqCst), "{model}: the window closed");
+        let (n, bytes) = (ALLOCATIONS.load(Ordering::SeqCst), BYTES.load(Ordering::SeqCst));
+        for (size, bt) in TRACES.lock().unwrap().drain(..) {
+            eprintln!("{model}: allocation of {size} bytes:\n{bt}");
+        }
+        assert_eq!(n, 0, "{model}: steps 3-10 allocated {n} times ({bytes} bytes)");
+    }
+}
