@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # Side-by-side, interleaved comparison with the PyTorch baselines in ../shared/peers/.
 # Needs a PyTorch venv (see ../shared/peers/README.md); set TORCH_PY to its python.
-# Usage: scripts/compare_pytorch.sh [rounds]     Prints medians per (model, threads) and ratios.
+# Usage: scripts/compare_pytorch.sh [rounds] [models]
+#   models: comma-separated dptrain names (default lenet5,vgg-small,resnet20,resnet18,mobilenetv2)
+# Prints medians per (model, threads) and ratios: one training step at batch 64 on 1 and 2
+# threads, and 2 workers x 1 thread against PyTorch DDP (gloo, 2 processes x 1 thread).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
+models=${2:-lenet5,vgg-small,resnet20,resnet18,mobilenetv2}
 py=${TORCH_PY:-$HOME/torchvenv/bin/python}
 peers=../shared/peers
 bin=target/release/dptrain
 cargo build --release -q
 out=$(mktemp)
+torch_name() { case $1 in lenet5) echo lenet ;; vgg-small) echo vgg ;; *) echo "$1" ;; esac; }
+steps_for() { case $1 in resnet18|mobilenetv2) echo 5 ;; resnet20) echo 10 ;; *) echo 20 ;; esac; }
 for r in $(seq "$rounds"); do
-  for m in lenet vgg; do
-    model=$([ $m = lenet ] && echo lenet5 || echo vgg-small)
+  for model in ${models//,/ }; do
+    m=$(torch_name "$model"); s=$(steps_for "$model")
     for t in 1 2; do
-      "$py" "$peers/pytorch_step.py" $m $t 20 | grep RESULT | sed "s/^/step $model $t /" >>"$out"
-      $bin bench step --model $model --threads $t --steps 20 | grep RESULT | sed "s/^/step $model $t /" >>"$out"
+      WARM=2 "$py" "$peers/pytorch_step.py" "$m" $t "$s" | grep RESULT | sed "s/^/step $model $t /" >>"$out"
+      $bin bench step --model "$model" --threads $t --steps "$s" | grep RESULT | sed "s/^/step $model $t /" >>"$out"
     done
+    case $model in resnet18|mobilenetv2) continue ;; esac
     # Data-parallel, 2 workers: PyTorch DDP (gloo, 2 processes x 1 thread) vs dptrain (2 worker threads x 1 thread).
-    "$py" "$peers/pytorch_ddp.py" $m 2 30 1 | grep RESULT | sed "s/^/ddp $model 2 /" >>"$out"
-    $bin bench overlap --model $model --workers 2 --threads 1 --link-bandwidth none --comm auto --steps 30 \
-      | awk -v m=$model '$1=="none" && $3=="on" {print "ddp " m " 2 RESULT dptrain imgs_per_s=" $9}' >>"$out"
+    "$py" "$peers/pytorch_ddp.py" "$m" 2 $((s + 10)) 1 | grep RESULT | sed "s/^/ddp $model 2 /" >>"$out"
+    $bin bench overlap --model "$model" --workers 2 --threads 1 --link-bandwidth none --comm auto --steps $((s + 10)) \
+      | awk -v m="$model" '$1=="none" && $3=="on" {print "ddp " m " 2 RESULT dptrain imgs_per_s=" $9}' >>"$out"
   done
 done
 python3 - "$out" <<'PY'
@@ -30,14 +37,17 @@ for line in open(sys.argv[1]):
     kind, model, t, _, who = line.split()[:5]
     m = re.search(r"(median_ms|imgs_per_s)=([0-9.]+)", line)
     vals[(kind, model, t, who)].append(float(m.group(2)))
-rows = sorted({k[:3] for k in vals})
-print(f"{'what':<6}{'model':<11}{'thr/wk':>7}{'dptrain':>12}{'pytorch':>12}{'ratio':>8}   (medians of {len(next(iter(vals.values())))} rounds)")
+rows = sorted({k[:3] for k in vals}, key=lambda k: (k[0] != 'step', k[1], k[2]))
+n = max(len(v) for v in vals.values())
+print(f"{'what':<6}{'model':<13}{'thr/wk':>7}{'dptrain':>13}{'pytorch':>13}{'ratio':>8}   (medians of {n} rounds)")
 for kind, model, t in rows:
-    ours = statistics.median(vals[(kind, model, t, 'dptrain')])
-    torch = statistics.median(vals[(kind, model, t, 'torch' if kind == 'step' else 'torch-ddp')])
+    ours = vals.get((kind, model, t, 'dptrain'))
+    torch = vals.get((kind, model, t, 'torch' if kind == 'step' else 'torch-ddp'))
+    if not ours or not torch:
+        continue
+    ours, torch = statistics.median(ours), statistics.median(torch)
     unit = 'ms' if kind == 'step' else 'img/s'
-    ratio = ours / torch if kind == 'step' else ours / torch
-    print(f"{kind:<6}{model:<11}{t:>7}{ours:>10.1f}{unit:>2}{torch:>10.1f}{unit:>2}{ratio:>8.2f}")
+    print(f"{kind:<6}{model:<13}{t:>7}{ours:>11.1f}{unit:>2}{torch:>11.1f}{unit:>2}{ours / torch:>8.2f}")
 print("step: ratio = dptrain time / PyTorch time (lower is better); ddp: ratio = dptrain images/s / PyTorch DDP images/s (higher is better)")
 PY
 rm -f "$out"

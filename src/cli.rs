@@ -332,11 +332,19 @@ fn model_show(model: &str, input: Option<&str>, classes: Option<usize>) -> Resul
         Some(s) => {
             let dims: Vec<usize> = s
                 .split('x')
-                .map(|d| d.trim().parse().map_err(|_| format!("--input {s:?}: expected CxHxW, e.g. 3x32x32")))
+                .map(|d| {
+                    d.trim()
+                        .parse()
+                        .map_err(|_| format!("--input {s:?}: expected CxHxW, e.g. 3x32x32"))
+                })
                 .collect::<Result<_, _>>()?;
             match dims[..] {
                 [c, h, w] if c > 0 && h > 0 && w > 0 => [c, h, w],
-                _ => return Err(format!("--input {s:?}: expected three positive sizes CxHxW, e.g. 3x32x32")),
+                _ => {
+                    return Err(format!(
+                        "--input {s:?}: expected three positive sizes CxHxW, e.g. 3x32x32"
+                    ))
+                }
             }
         }
         None => spec.default_input.unwrap_or([3, 32, 32]),
@@ -353,7 +361,11 @@ fn model_show(model: &str, input: Option<&str>, classes: Option<usize>) -> Resul
         shape[0],
         shape[1],
         shape[2],
-        if spec.description.is_empty() { String::new() } else { format!("; {}", spec.description) }
+        if spec.description.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", spec.description)
+        }
     );
     print!("{}", crate::model::summary::render(&g));
     Ok(())

@@ -46,8 +46,11 @@ impl std::fmt::Display for CommChoice {
 /// Everything a training run needs, validated.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
-    /// Model name.
+    /// Model: a built-in name or a model file.
     pub model: String,
+    /// A model laid out in code ([`crate::model::ModelBuilder`]), trained instead of loading
+    /// `model` (which is then its name).
+    pub model_spec: Option<std::sync::Arc<crate::model::ModelSpec>>,
     /// Dataset name (`mnist`, `fashion-mnist`, `cifar10`, `idx`, `synthetic[:CxHxW]`).
     pub dataset: String,
     /// Dataset directory, where the dataset needs one.
@@ -458,10 +461,28 @@ impl TrainOptions {
     /// Applies defaults and validates everything, so a bad option fails before training starts,
     /// with a message that says what to do.
     pub fn resolve(&self) -> Result<TrainConfig, String> {
-        let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
-        // Parsed here so that a bad model file fails before anything starts; its shapes are
-        // checked once the dataset is known.
-        let model_name = crate::model::load(&model).map_err(|e| e.to_string())?.name;
+        self.resolve_for(None)
+    }
+
+    /// [`TrainOptions::resolve`] for a model laid out in code (`--model` is ignored).
+    pub fn resolve_with_model(&self, spec: crate::model::ModelSpec) -> Result<TrainConfig, String> {
+        self.resolve_for(Some(std::sync::Arc::new(spec)))
+    }
+
+    fn resolve_for(
+        &self,
+        model_spec: Option<std::sync::Arc<crate::model::ModelSpec>>,
+    ) -> Result<TrainConfig, String> {
+        let (model, model_name) = match &model_spec {
+            Some(spec) => (spec.name.clone(), spec.name.clone()),
+            None => {
+                let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
+                // Parsed here so that a bad model file fails before anything starts; its shapes
+                // are checked once the dataset is known.
+                let name = crate::model::load(&model).map_err(|e| e.to_string())?.name;
+                (model, name)
+            }
+        };
         let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
         let workers = self.workers.unwrap_or(1);
         if workers == 0 {
@@ -594,6 +615,7 @@ impl TrainOptions {
         });
         Ok(TrainConfig {
             model,
+            model_spec,
             dataset,
             data_dir: self.data_dir.clone(),
             epochs,
@@ -832,6 +854,9 @@ mod tests {
         assert_eq!(with(&|o| o.bucket_kb = Some(0)), (0, 0));
         assert_eq!(with(&|o| o.first_bucket_kb = Some(64)), (64 * 1024, 0));
         // One rule for every mode (layers are small units; a fixed mode gets the same caps).
-        assert_eq!(with(&|o| o.comm = Some("ring".into())), (2_500_000, 2_500_000));
+        assert_eq!(
+            with(&|o| o.comm = Some("ring".into())),
+            (2_500_000, 2_500_000)
+        );
     }
 }

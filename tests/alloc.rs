@@ -20,7 +20,8 @@ thread_local! {
 }
 
 static TRACE: AtomicBool = AtomicBool::new(false);
-static TRACES: std::sync::Mutex<Vec<(usize, std::backtrace::Backtrace)>> = std::sync::Mutex::new(Vec::new());
+static TRACES: std::sync::Mutex<Vec<(usize, std::backtrace::Backtrace)>> =
+    std::sync::Mutex::new(Vec::new());
 
 thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
@@ -77,7 +78,10 @@ fn observer(rank: usize, step: usize, started: bool) {
 #[test]
 fn steady_state_steps_allocate_nothing() {
     dptrain::train::worker::set_step_observer(observer).unwrap();
-    TRACE.store(std::env::var_os("DPTRAIN_ALLOC_TRACE").is_some(), Ordering::SeqCst);
+    TRACE.store(
+        std::env::var_os("DPTRAIN_ALLOC_TRACE").is_some(),
+        Ordering::SeqCst,
+    );
     EXEMPT.with(|e| e.set(true));
     let dir = tempfile::tempdir().unwrap();
     // (model, dataset, batch): 14+ steps in one epoch, so no evaluation falls in the window.
@@ -110,11 +114,20 @@ fn steady_state_steps_allocate_nothing() {
             ..Default::default()
         };
         dptrain::train::train(o.resolve().unwrap()).unwrap_or_else(|e| panic!("{model}: {e}"));
-        assert!(!COUNTING.load(Ordering::SeqCst), "{model}: the window closed");
-        let (n, bytes) = (ALLOCATIONS.load(Ordering::SeqCst), BYTES.load(Ordering::SeqCst));
+        assert!(
+            !COUNTING.load(Ordering::SeqCst),
+            "{model}: the window closed"
+        );
+        let (n, bytes) = (
+            ALLOCATIONS.load(Ordering::SeqCst),
+            BYTES.load(Ordering::SeqCst),
+        );
         for (size, bt) in TRACES.lock().unwrap().drain(..) {
             eprintln!("{model}: allocation of {size} bytes:\n{bt}");
         }
-        assert_eq!(n, 0, "{model}: steps 3-10 allocated {n} times ({bytes} bytes)");
+        assert_eq!(
+            n, 0,
+            "{model}: steps 3-10 allocated {n} times ({bytes} bytes)"
+        );
     }
 }

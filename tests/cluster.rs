@@ -156,7 +156,11 @@ impl Drop for Cluster {
 fn parameter_count(dir: &Path) -> u64 {
     weights(dir)
         .iter()
-        .filter(|(name, _)| name.starts_with("param."))
+        .filter(|(name, _)| {
+            !name.starts_with("optimizer.")
+                && !name.contains(".running_")
+                && !name.ends_with(".num_batches_tracked")
+        })
         .map(|(_, v)| v.len() as u64)
         .sum()
 }

@@ -512,6 +512,28 @@ fn a_run_directory_holding_another_run_is_refused_unless_overwrite() {
     assert_eq!(metrics.lines().count(), 1, "{metrics}");
 }
 
+#[test]
+fn the_default_run_directory_moves_on_to_a_numbered_one() {
+    // Without --run-dir (the README's first command run twice), an earlier run is left as it
+    // is and the new one gets the next free runs/<model>-<dataset>-N.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let (code, _, err) = run_short(&[], t);
+    assert_eq!(code, 0, "{err}");
+    let first = std::fs::read_to_string(t.join("runs/lenet5-synthetic/metrics.jsonl")).unwrap();
+    for n in [2, 3] {
+        let (code, out, err) = run_short(&["--seed", "9"], t);
+        assert_eq!(code, 0, "{err}");
+        let dir = format!("runs/lenet5-synthetic-{n}");
+        assert!(err.contains(&dir) || out.contains(&dir), "{out}{err}");
+        assert!(t.join(&dir).join("summary.json").is_file());
+    }
+    assert_eq!(
+        std::fs::read_to_string(t.join("runs/lenet5-synthetic/metrics.jsonl")).unwrap(),
+        first
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn a_failed_checkpoint_write_leaves_no_temporary_file() {

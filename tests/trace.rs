@@ -196,7 +196,9 @@ fn traced_run(dir: &Path, overlap: &str) -> usize {
                 .filter(|s| s.tid == tid && s.name.starts_with(pass))
                 .count();
             assert_eq!(layers, 6 * 9, "worker {rank}: {pass}layers");
-            assert!(spans.iter().any(|s| s.tid == tid && s.name == format!("{pass}c1")));
+            assert!(spans
+                .iter()
+                .any(|s| s.tid == tid && s.name == format!("{pass}c1")));
         }
     }
     let leads = reduction_leads(&spans, &names);

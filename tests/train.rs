@@ -44,10 +44,18 @@ fn weights(s: &Summary) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
-fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], prefix: &str) -> f32 {
+/// The largest difference between the model tensors (weights and running statistics, not the
+/// optimizer's) of two checkpoints' [`weights`]; fails if there are none to compare.
+fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    let model = |x: &&(String, Vec<f32>)| !x.0.starts_with("optimizer.");
+    assert!(
+        a.iter().filter(model).count() > 0,
+        "no model tensors to compare"
+    );
+    assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)
-        .filter(|(x, _)| x.0.starts_with(prefix))
+        .filter(|(x, _)| model(x))
         .map(|(x, y)| {
             assert_eq!(x.0, y.0);
             x.1.iter()
@@ -58,38 +66,73 @@ fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], prefix: &str) ->
         .fold(0.0, f32::max)
 }
 
-/// N workers x batch b must train like 1 worker x batch N*b, and here they do bit for bit: every
-/// batch sum in our kernels and the cross-worker sum follow the same pairwise tree (see
-/// `ops::batch_sum`), so splitting the batch changes no rounding. This holds for every mode at
-/// 2 workers and for `redundant` at any power of two; per-worker batches are a multiple of 4.
-/// Without it, rounding differences of ~1e-8 move a pre-activation across a ReLU or max-pool
-/// kink within a few steps and the runs drift apart by ~1e-4 (vgg-small at lr 0.01) or more.
-/// Other modes at 4 workers (and odd counts) sum in another order: those stay within rounding
-/// for a step and are covered by the replica and all-reduce tests.
+/// N workers x batch b train like 1 worker x batch N*b, bit for bit, exactly where the README
+/// says: models without batch norm (its statistics are each worker's), N a power of two, b a
+/// multiple of 4, with `--comm redundant` (any mode at N = 2). Every parameter gradient is a
+/// sum over 4-sample chunks added as a pairwise tree split at the middle, rounding up
+/// (`backend::cpu::batch_sum`), the loss is a mean over the global batch (each sample's
+/// gradient the same whatever N), and `redundant` adds the workers' sums in the same tree. The
+/// grid covers every power of two up to 8 against per-worker batches 4, 8, 12, 16 and 24
+/// (12 and 24: an odd number of chunks per worker); weights and momentum after 5 steps.
 #[test]
-fn n_workers_match_one_worker_with_the_whole_batch() {
-    let cases = [("lenet5", "synthetic"), ("vgg-small", "synthetic:3x32x32")];
-    for (model, dataset) in cases {
-        let tmp = tempfile::tempdir().unwrap();
-        let setup = |o: &mut TrainOptions| {
+fn n_workers_match_one_worker_with_the_whole_batch_over_a_grid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let go = |name: &str, model: &str, dataset: &str, workers: usize, batch: usize, comm: &str| {
+        let s = run(&tmp.path().join(name), |o| {
             o.model = Some(model.into());
             o.dataset = Some(dataset.into());
-            o.train_limit = Some(16 * 20);
-        };
-        let one = run(&tmp.path().join("one"), setup);
-        for (workers, comm) in [(2, "ring"), (2, "tree"), (4, "redundant")] {
-            let many = run(&tmp.path().join(format!("{workers}-{comm}")), |o| {
-                setup(o);
-                o.workers = Some(workers);
-                o.comm = Some(comm.into());
-            });
-            let d = max_diff(&weights(&one), &weights(&many), "param.");
-            assert_eq!(
-                d,
-                0.0,
-                "{model}: {workers} workers x batch {} ({comm}) differ from 1 worker x 16 by {d} after 20 steps",
-                16 / workers
-            );
+            o.workers = Some(workers);
+            o.batch = Some(batch);
+            o.train_limit = Some(batch * 5);
+            o.test_limit = Some(8);
+            o.comm = Some(comm.into());
+            o.warmup_steps = Some(0);
+        });
+        weights(&s)
+    };
+    for (model, dataset, sizes) in [
+        ("lenet5", "synthetic", &[4usize, 8, 12, 16, 24][..]),
+        ("vgg-small", "synthetic:3x32x32", &[4, 12][..]),
+    ] {
+        let mut ones = std::collections::HashMap::new();
+        for &b in sizes {
+            for workers in [2usize, 4, 8] {
+                let total = workers * b;
+                let one = ones
+                    .entry(total)
+                    .or_insert_with(|| {
+                        go(
+                            &format!("{model}-1x{total}"),
+                            model,
+                            dataset,
+                            1,
+                            total,
+                            "redundant",
+                        )
+                    })
+                    .clone();
+                let mut comms = vec!["redundant"];
+                if workers == 2 {
+                    comms.extend(["ring", "tree", "hd", "auto"]);
+                }
+                for comm in comms {
+                    let many = go(
+                        &format!("{model}-{workers}x{b}-{comm}"),
+                        model,
+                        dataset,
+                        workers,
+                        workers * b,
+                        comm,
+                    );
+                    let d = max_diff(&one, &many);
+                    assert_eq!(
+                        d,
+                        0.0,
+                        "{model}: {workers} workers x {b} ({comm}) differ from 1 x {} by {d}",
+                        workers * b
+                    );
+                }
+            }
         }
     }
 }
@@ -118,7 +161,7 @@ fn replicas_stay_bit_identical_in_every_mode_and_overlap_does_not_change_results
             per_overlap.push(weights(&s));
         }
         assert_eq!(
-            max_diff(&per_overlap[0], &per_overlap[1], "param."),
+            max_diff(&per_overlap[0], &per_overlap[1]),
             0.0,
             "{comm}: overlap on and off give different weights"
         );
@@ -343,4 +386,30 @@ fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
     assert!(s.warnings().iter().any(|w| w.contains("no timed steps")));
     let report = std::fs::read_to_string(tmp.path().join("short/report.md")).unwrap();
     assert!(report.contains("No timed steps"), "{report}");
+}
+
+#[test]
+fn the_custom_model_example_builds_a_network_in_code_and_trains_it() {
+    // `cargo test` builds the examples next to the test binaries (target/<profile>/examples).
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let example = dir.join("examples").join("custom_model");
+    assert!(example.is_file(), "{} not built", example.display());
+    let out = std::process::Command::new(&example).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("block.c1") && stdout.contains("conv2d"),
+        "{stdout}"
+    );
+    let acc: f64 = stdout
+        .rsplit("test accuracy ")
+        .next()
+        .and_then(|s| s.trim().trim_end_matches('%').parse().ok())
+        .unwrap_or_else(|| panic!("no accuracy in {stdout}"));
+    assert!(acc > 80.0, "one epoch on 4096 images reached only {acc}%");
 }

@@ -170,7 +170,13 @@ impl Reducer {
             let _ = done_rx.recv_timeout(warm);
         }
         // The largest message: a whole bucket, or the weights (broadcasts).
-        let largest = plan.buckets.iter().map(|b| b.len).max().unwrap_or(0).max(plan.total_len());
+        let largest = plan
+            .buckets
+            .iter()
+            .map(|b| b.len)
+            .max()
+            .unwrap_or(0)
+            .max(plan.total_len());
         let thread = transport.filter(|t| t.world() > 1).map(|t| {
             std::thread::Builder::new()
                 .name(format!("comm-{}", t.rank()))

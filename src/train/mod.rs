@@ -219,7 +219,16 @@ pub fn build_graph(
     classes: usize,
 ) -> Result<crate::model::Graph, String> {
     let spec = crate::model::load(model).map_err(|e| e.to_string())?;
-    crate::model::Graph::build(&spec, shape, classes).map_err(|e| {
+    graph_of(&spec, shape, classes)
+}
+
+/// [`build_graph`] for a loaded (or built) model.
+pub fn graph_of(
+    spec: &crate::model::ModelSpec,
+    shape: [usize; 3],
+    classes: usize,
+) -> Result<crate::model::Graph, String> {
+    crate::model::Graph::build(spec, shape, classes).map_err(|e| {
         format!(
             "{e}\n(model '{}' on the dataset's {}x{}x{} images with {classes} classes)",
             spec.name, shape[0], shape[1], shape[2]
@@ -378,11 +387,10 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         ));
     }
     let (train_source, test_set) = load_sources(&cfg)?;
-    let graph = Arc::new(build_graph(
-        &cfg.model,
-        train_source.shape(),
-        train_source.num_classes(),
-    )?);
+    let graph = Arc::new(match &cfg.model_spec {
+        Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
+        None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
+    });
     let metrics_path = cfg.run_dir.join("metrics.jsonl");
     let resume = match &cfg.resume {
         Some(p) => {
@@ -408,7 +416,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     }
     // The run directory first: a trace file may go into it.
     let prepared = if lead {
-        Some(rundir::prepare(&cfg)?)
+        Some(rundir::prepare(&mut cfg)?)
     } else {
         None
     };

@@ -88,9 +88,39 @@ impl Prepared {
 /// refuses another run's files (with `--overwrite`, lists them for [`Prepared::clear`], which
 /// the caller runs once its other checks have passed, so a refused run deletes nothing), and
 /// checks that every file the run writes can be written.
-pub fn prepare(cfg: &TrainConfig) -> Result<Prepared, String> {
-    let dir = &cfg.run_dir;
+///
+/// The default directory (no `--run-dir`) is never refused for holding an earlier run: the
+/// run goes to the first free `runs/<model>-<dataset>-N` instead (said in a note), so the
+/// README's first command works every time and leaves every earlier run as it was.
+pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, String> {
     let mut notes = Vec::new();
+    if !cfg.run_dir_given
+        && cfg.resume.is_none()
+        && !cfg.overwrite
+        && !run_files_in(&cfg.run_dir).is_empty()
+    {
+        let base = cfg.run_dir.clone();
+        let free = (2..10_000)
+            .map(|n| {
+                let mut name = base.as_os_str().to_owned();
+                name.push(format!("-{n}"));
+                PathBuf::from(name)
+            })
+            .find(|d| !d.exists() || run_files_in(d).is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "--run-dir: {} and 9998 numbered ones hold earlier runs: choose a --run-dir",
+                    base.display()
+                )
+            })?;
+        notes.push(format!(
+            "{} holds an earlier run (left as it is): this run writes to {}",
+            base.display(),
+            free.display()
+        ));
+        cfg.run_dir = free;
+    }
+    let dir = &cfg.run_dir;
     let mut to_delete = Vec::new();
     if cfg.resume.is_some() && cfg.overwrite {
         return Err(

@@ -425,7 +425,8 @@ impl Worker {
             self.reducer.inject_panic_on_next_bucket();
         }
         let flows = self.cfg.overlap && self.cfg.world() > 1;
-        let (tracer, mut mark, ready_at, names) = (&mut self.tracer, t2, &self.ready_at, &self.exec_names);
+        let (tracer, mut mark, ready_at, names) =
+            (&mut self.tracer, t2, &self.ready_at, &self.exec_names);
         let backward = self.net.backward(&mut self.reducer, &mut |done| {
             maybe_panic(fault, FaultPhase::Backward, gs, rank);
             if tracer.active() {

@@ -77,7 +77,11 @@ pub fn forward_train(
     scratch: &mut BnScratch,
 ) {
     let x = &x[..rows * c];
-    let BnScratch { blocks, totals, tmp } = scratch;
+    let BnScratch {
+        blocks,
+        totals,
+        tmp,
+    } = scratch;
     tmp.resize(tmp.len().max(3 * c), 0.0);
     let (scale_shift, rest) = tmp.split_at_mut(2 * c);
     let shift = &mut rest[..c];
@@ -101,7 +105,18 @@ pub fn forward_train(
         saved.invstd[ch] = (1.0 / (var + eps as f64).sqrt()) as f32;
         saved.var_unbiased[ch] = (var * nf / (nf - 1.0).max(1.0)) as f32;
     }
-    normalize(rows, c, x, gamma, beta, saved.mean, saved.invstd, act, y, scale_shift);
+    normalize(
+        rows,
+        c,
+        x,
+        gamma,
+        beta,
+        saved.mean,
+        saved.invstd,
+        act,
+        y,
+        scale_shift,
+    );
 }
 
 /// Evaluation forward with the running statistics.
@@ -125,7 +140,18 @@ pub fn forward_eval(
     for (i, v) in inv[..c].iter_mut().zip(running_var) {
         *i = 1.0 / (v + eps).sqrt();
     }
-    normalize(rows, c, x, gamma, beta, running_mean, &inv[..c], act, y, scale_shift);
+    normalize(
+        rows,
+        c,
+        x,
+        gamma,
+        beta,
+        running_mean,
+        &inv[..c],
+        act,
+        y,
+        scale_shift,
+    );
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -180,7 +206,11 @@ pub fn backward(
 ) {
     let (x, y) = (&x[..rows * c], &y[..rows * c]);
     let per = ROW_BLOCK * c;
-    let BnScratch { blocks, totals, tmp } = scratch;
+    let BnScratch {
+        blocks,
+        totals,
+        tmp,
+    } = scratch;
     // Pass 1, in the same blocks as the sums: mask dy in place, then sum it and dy * xhat.
     blocks.resize(rows.div_ceil(ROW_BLOCK) * 2 * c, 0.0);
     dy[..rows * c]
@@ -244,7 +274,9 @@ pub fn backward(
                 .zip(xb.chunks_exact(c))
                 .zip(gb.chunks_exact(c))
             {
-                for (((((d, &xv), &g), &kv), &pv), &qv) in dr.iter_mut().zip(xr).zip(gr).zip(k).zip(p).zip(q) {
+                for (((((d, &xv), &g), &kv), &pv), &qv) in
+                    dr.iter_mut().zip(xr).zip(gr).zip(k).zip(p).zip(q)
+                {
                     let v = kv * g - pv * xv + qv;
                     *d = if accumulate { *d + v } else { v };
                 }
