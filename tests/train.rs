@@ -413,3 +413,53 @@ fn the_custom_model_example_builds_a_network_in_code_and_trains_it() {
         .unwrap_or_else(|| panic!("no accuracy in {stdout}"));
     assert!(acc > 80.0, "one epoch on 4096 images reached only {acc}%");
 }
+
+#[test]
+fn checkpoints_hold_the_pytorch_state_dict_of_the_reference_models() {
+    // tests/fixtures/state_dict_*.txt: names and shapes of `net.state_dict()` of
+    // ../shared/peers/models.py, written by PyTorch.
+    for model in ["lenet5", "vgg-small", "resnet20", "resnet18", "mobilenetv2"] {
+        let want: std::collections::BTreeMap<String, Vec<usize>> =
+            std::fs::read_to_string(format!("tests/fixtures/state_dict_{model}.txt"))
+                .unwrap()
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| {
+                    let mut it = l.split_whitespace();
+                    let name = it.next().unwrap().to_string();
+                    (name, it.map(|d| d.parse().unwrap()).collect())
+                })
+                .collect();
+        let g = std::sync::Arc::new(dptrain::bench::replica::reference_graph(model).unwrap());
+        let net = dptrain::nn::Net::new(
+            g.clone(),
+            dptrain::nn::NetConfig {
+                max_batch: 1,
+                seed: 1,
+            },
+        )
+        .unwrap();
+        let state = dptrain::train::checkpoint::TrainState {
+            model: g.name.clone(),
+            fingerprint: g.fingerprint(),
+            epoch: 0,
+            global_step: 0,
+            run: None,
+        };
+        let momentum = vec![0.0; net.params().len()];
+        let ck = Checkpoint::capture(state, &net, &momentum);
+        let got: std::collections::BTreeMap<String, Vec<usize>> = ck
+            .tensors
+            .iter()
+            .filter(|(k, _)| !k.starts_with("optimizer."))
+            .map(|(k, v)| {
+                let shape = match v {
+                    dptrain::train::checkpoint::Stored::F32(s, _) => s.clone(),
+                    dptrain::train::checkpoint::Stored::I64(_) => Vec::new(),
+                };
+                (k.clone(), shape)
+            })
+            .collect();
+        assert_eq!(got, want, "{model}");
+    }
+}
