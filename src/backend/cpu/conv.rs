@@ -24,7 +24,7 @@
 //! Depthwise (groups == channels): a direct loop over taps vectorised along channels.
 
 use super::batch_sum::TreeSum;
-use super::gemm::{gemm, gemm_packed, MatRef, PackedB, KC};
+use super::gemm::{copy_short, gemm, gemm_packed, zero_short, MatRef, PackedB, KC};
 use super::Act;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -154,39 +154,50 @@ const COL_BUDGET: usize = 3 << 16;
 fn im2col(g: &ConvGeom, x: &[f32], grp: usize, r0: usize, rows: usize, col: &mut [f32]) {
     let (p, cg, kkc) = (g.pixels(), g.cg(), g.kkc());
     let c0 = grp * cg;
-    // With one group, stride-1 dilation-1 taps along a row read kw*c contiguous floats.
+    // With one group and dilation 1, the taps of a kernel row read kw*c contiguous floats.
     let whole_rows = g.groups == 1 && g.dw == 1;
-    for (ri, dst) in col[..rows * kkc].chunks_exact_mut(kkc).enumerate() {
-        let r = r0 + ri;
+    let seg = g.kw * cg;
+    let mut r = r0;
+    let mut out = &mut col[..rows * kkc];
+    // One output line (a sample's output row) at a time: the vertical tap checks are per
+    // line, the horizontal ones per pixel, and nothing is divided per row.
+    while r < r0 + rows {
         let (s, q) = (r / p, r % p);
-        let (oy, ox) = (q / g.ow, q % g.ow);
+        let (oy, ox0) = (q / g.ow, q % g.ow);
+        let n = (g.ow - ox0).min(r0 + rows - r);
+        let (line_cols, rest) = std::mem::take(&mut out).split_at_mut(n * kkc);
+        out = rest;
         let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
         for ki in 0..g.kh {
-            let line = &mut dst[ki * g.kw * cg..(ki + 1) * g.kw * cg];
-            let iy = (oy * g.sh + ki * g.dh)
-                .checked_sub(g.ph)
-                .filter(|&y| y < g.h);
+            let iy = (oy * g.sh + ki * g.dh).checked_sub(g.ph).filter(|&y| y < g.h);
             let Some(iy) = iy else {
-                line.fill(0.0);
+                for dst in line_cols.chunks_exact_mut(kkc) {
+                    zero_short(&mut dst[ki * seg..(ki + 1) * seg]);
+                }
                 continue;
             };
-            let ix0 = (ox * g.sw) as isize - g.pw as isize;
-            if whole_rows && ix0 >= 0 && ix0 as usize + g.kw <= g.w {
-                let s0 = (iy * g.w + ix0 as usize) * g.c;
-                line.copy_from_slice(&xs[s0..s0 + g.kw * g.c]);
-                continue;
-            }
-            for kj in 0..g.kw {
-                let d = &mut line[kj * cg..(kj + 1) * cg];
-                let ix = ix0 + (kj * g.dw) as isize;
-                if ix >= 0 && (ix as usize) < g.w {
-                    let s0 = (iy * g.w + ix as usize) * g.c + c0;
-                    d.copy_from_slice(&xs[s0..s0 + cg]);
-                } else {
-                    d.fill(0.0);
+            let row = &xs[iy * g.w * g.c..(iy + 1) * g.w * g.c];
+            for (i, dst) in line_cols.chunks_exact_mut(kkc).enumerate() {
+                let line = &mut dst[ki * seg..(ki + 1) * seg];
+                let ix0 = ((ox0 + i) * g.sw) as isize - g.pw as isize;
+                if whole_rows && ix0 >= 0 && ix0 as usize + g.kw <= g.w {
+                    let s0 = ix0 as usize * g.c;
+                    copy_short(line, &row[s0..s0 + seg]);
+                    continue;
+                }
+                for kj in 0..g.kw {
+                    let d = &mut line[kj * cg..(kj + 1) * cg];
+                    let ix = ix0 + (kj * g.dw) as isize;
+                    if ix >= 0 && (ix as usize) < g.w {
+                        let s0 = ix as usize * g.c + c0;
+                        copy_short(d, &row[s0..s0 + cg]);
+                    } else {
+                        zero_short(d);
+                    }
                 }
             }
         }
+        r += n;
     }
 }
 

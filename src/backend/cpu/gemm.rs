@@ -164,6 +164,71 @@ impl PackedB {
     }
 }
 
+/// `dst = src` for the short copies of packing and im2col (a few channels, up to a panel
+/// width): fixed-size moves the compiler inlines. A plain loop or `copy_from_slice` of a
+/// variable length became a call to `memcpy` per row, most of the time of LeNet's first layer.
+#[inline(always)]
+pub(crate) fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len();
+    if n > 64 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let src = &src[..n];
+    let mut i = 0;
+    while i + 16 <= n {
+        dst[i..i + 16].copy_from_slice(&src[i..i + 16]);
+        i += 16;
+    }
+    let r = n - i;
+    if r & 8 != 0 {
+        dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
+        i += 8;
+    }
+    if r & 4 != 0 {
+        dst[i..i + 4].copy_from_slice(&src[i..i + 4]);
+        i += 4;
+    }
+    if r & 2 != 0 {
+        dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
+        i += 2;
+    }
+    if r & 1 != 0 {
+        dst[i] = src[i];
+    }
+}
+
+/// `dst = 0`, inlined likewise.
+#[inline(always)]
+pub(crate) fn zero_short(dst: &mut [f32]) {
+    let n = dst.len();
+    if n > 64 {
+        dst.fill(0.0);
+        return;
+    }
+    let mut i = 0;
+    while i + 16 <= n {
+        dst[i..i + 16].copy_from_slice(&[0.0; 16]);
+        i += 16;
+    }
+    let r = n - i;
+    if r & 8 != 0 {
+        dst[i..i + 8].copy_from_slice(&[0.0; 8]);
+        i += 8;
+    }
+    if r & 4 != 0 {
+        dst[i..i + 4].copy_from_slice(&[0.0; 4]);
+        i += 4;
+    }
+    if r & 2 != 0 {
+        dst[i..i + 2].copy_from_slice(&[0.0; 2]);
+        i += 2;
+    }
+    if r & 1 != 0 {
+        dst[i] = 0.0;
+    }
+}
+
 /// Packs rows `k0..k0+kb` of `b` (all `n` columns) into nr-wide micro-panels.
 fn pack_b_block(b: MatRef, k0: usize, kb: usize, n: usize, nr: usize, out: &mut [f32]) {
     for jp in 0..n.div_ceil(nr) {
@@ -174,8 +239,8 @@ fn pack_b_block(b: MatRef, k0: usize, kb: usize, n: usize, nr: usize, out: &mut 
             for kk in 0..kb {
                 let s = (k0 + kk) * b.rs + j0;
                 let row = &mut dst[kk * nr..(kk + 1) * nr];
-                row[..w].copy_from_slice(&b.data[s..s + w]);
-                row[w..].fill(0.0);
+                copy_short(&mut row[..w], &b.data[s..s + w]);
+                zero_short(&mut row[w..]);
             }
         } else {
             for kk in 0..kb {
@@ -200,8 +265,8 @@ fn pack_a_block(a: MatRef, m0: usize, mb: usize, k0: usize, kb: usize, mr: usize
             for kk in 0..kb {
                 let s = (k0 + kk) * a.cs + i0;
                 let col = &mut dst[kk * mr..(kk + 1) * mr];
-                col[..h].copy_from_slice(&a.data[s..s + h]);
-                col[h..].fill(0.0);
+                copy_short(&mut col[..h], &a.data[s..s + h]);
+                zero_short(&mut col[h..]);
             }
         } else {
             // Row-major (or general) A: gather the mr rows' values of each k; the rows are
@@ -213,7 +278,7 @@ fn pack_a_block(a: MatRef, m0: usize, mb: usize, k0: usize, kb: usize, mr: usize
                 for i in 0..h {
                     col[i] = a.data[rows[i] + off];
                 }
-                col[h..].fill(0.0);
+                zero_short(&mut col[h..]);
             }
         }
     }

@@ -46,6 +46,38 @@ impl PoolGeom {
     }
 }
 
+/// Max-pool forward without padding, the window wholly inside: one pass per tap over the
+/// output's channels (the general version's per-tap checks cost more than the comparisons
+/// for few channels).
+fn max_forward_unpadded(g: &PoolGeom, xs: &[f32], ys: &mut [f32], args: &mut [u8]) {
+    let c = g.c;
+    for oy in 0..g.oh {
+        for ox in 0..g.ow {
+            let o = (oy * g.ow + ox) * c;
+            let (yp, ap) = (&mut ys[o..o + c], &mut args[o..o + c]);
+            let first = &xs[((oy * g.sh) * g.w + ox * g.sw) * c..][..c];
+            yp.copy_from_slice(first);
+            ap.fill(0);
+            for ki in 0..g.kh {
+                let line = ((oy * g.sh + ki) * g.w + ox * g.sw) * c;
+                for kj in 0..g.kw {
+                    if ki == 0 && kj == 0 {
+                        continue;
+                    }
+                    let xp = &xs[line + kj * c..][..c];
+                    let pos = (ki * g.kw + kj) as u8;
+                    for ((yv, av), &v) in yp.iter_mut().zip(ap.iter_mut()).zip(xp) {
+                        // NaN wins, as in PyTorch.
+                        let take = v > *yv || (v.is_nan() && !yv.is_nan());
+                        *yv = if take { v } else { *yv };
+                        *av = if take { pos } else { *av };
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Max-pool forward; `arg` records each output's window position (`ki * kw + kj`; windows are
 /// at most 255 elements). Ties go to the first maximum in row-major order; NaN wins (PyTorch).
 pub fn max_forward(g: &PoolGeom, n: usize, x: &[f32], y: &mut [f32], arg: &mut [u8]) {
@@ -56,12 +88,13 @@ pub fn max_forward(g: &PoolGeom, n: usize, x: &[f32], y: &mut [f32], arg: &mut [
         .enumerate()
         .for_each(|(s, (ys, args))| {
             let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
+            if g.ph == 0 && g.pw == 0 {
+                return max_forward_unpadded(g, xs, ys, args);
+            }
             for oy in 0..g.oh {
                 for ox in 0..g.ow {
                     let o = (oy * g.ow + ox) * c;
                     let (yp, ap) = (&mut ys[o..o + c], &mut args[o..o + c]);
-                    yp.fill(f32::NEG_INFINITY);
-                    ap.fill(0);
                     let mut first = true;
                     for ki in 0..g.kh {
                         for kj in 0..g.kw {
@@ -78,6 +111,12 @@ pub fn max_forward(g: &PoolGeom, n: usize, x: &[f32], y: &mut [f32], arg: &mut [
                             }
                             first = false;
                         }
+                    }
+                    if first {
+                        // No tap inside the image (not possible with padding <= half the
+                        // window, which the model checks).
+                        yp.fill(f32::NEG_INFINITY);
+                        ap.fill(0);
                     }
                 }
             }
@@ -142,7 +181,7 @@ pub fn avg_forward(g: &PoolGeom, n: usize, x: &[f32], y: &mut [f32], include_pad
             for oy in 0..g.oh {
                 for ox in 0..g.ow {
                     let yp = &mut ys[(oy * g.ow + ox) * c..][..c];
-                    yp.fill(0.0);
+                    crate::backend::cpu::gemm::zero_short(yp);
                     for ki in 0..g.kh {
                         for kj in 0..g.kw {
                             if let Some((iy, ix)) = g.src(oy, ox, ki, kj) {
