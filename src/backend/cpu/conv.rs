@@ -169,7 +169,9 @@ fn im2col(g: &ConvGeom, x: &[f32], grp: usize, r0: usize, rows: usize, col: &mut
         out = rest;
         let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
         for ki in 0..g.kh {
-            let iy = (oy * g.sh + ki * g.dh).checked_sub(g.ph).filter(|&y| y < g.h);
+            let iy = (oy * g.sh + ki * g.dh)
+                .checked_sub(g.ph)
+                .filter(|&y| y < g.h);
             let Some(iy) = iy else {
                 for dst in line_cols.chunks_exact_mut(kkc) {
                     zero_short(&mut dst[ki * seg..(ki + 1) * seg]);
