@@ -22,6 +22,9 @@ pub use cpu::{Act, ConvGeom, DropoutMask, PoolGeom};
 /// tensor read by several layers sums their gradients in a fixed (reverse topological) order.
 #[allow(clippy::too_many_arguments)]
 pub trait Kernels: Send {
+    /// Samples per chunk of every parameter-gradient batch sum (see `cpu::batch_sum`): the
+    /// network sets it once, before any call.
+    fn set_batch_chunk(&mut self, samples: usize);
     /// Convolution forward: `y = act(conv(x, w) + bias)`.
     fn conv2d_forward(
         &mut self,

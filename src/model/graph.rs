@@ -33,12 +33,9 @@ impl Shape {
 }
 
 impl std::fmt::Display for Shape {
+    /// `CxHxW`, also for vectors (`120x1x1`): a 16x1x1 image and a vector of 16 are the same.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.is_flat() {
-            write!(f, "{}", self.c)
-        } else {
-            write!(f, "{}x{}x{}", self.c, self.h, self.w)
-        }
+        write!(f, "{}x{}x{}", self.c, self.h, self.w)
     }
 }
 

@@ -22,6 +22,7 @@
 
 use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS};
 use super::layers;
+use crate::backend::cpu::batch_sum::{BATCH_CHUNK, BN_BATCH_CHUNK};
 use crate::backend::cpu::Cpu;
 use crate::backend::{Act, ConvGeom, Kernels, PoolGeom};
 use crate::model::{Graph, Op};
@@ -167,8 +168,16 @@ impl Net {
     pub fn with_kernels(
         graph: Arc<Graph>,
         cfg: NetConfig,
-        kernels: Box<dyn Kernels>,
+        mut kernels: Box<dyn Kernels>,
     ) -> Result<Self, NetError> {
+        // Batch sums in 4-sample chunks make a split batch give the same bits, which only a
+        // network without batch norm can (its statistics are each worker's): others sum in
+        // larger chunks, with fewer partial gradients to add.
+        let has_bn = graph
+            .nodes
+            .iter()
+            .any(|n| matches!(n.layer(), Some(Op::BatchNorm(_))));
+        kernels.set_batch_chunk(if has_bn { BN_BATCH_CHUNK } else { BATCH_CHUNK });
         let g = &*graph;
         let nn = g.nodes.len();
         let mb = cfg.max_batch.max(1);

@@ -13,7 +13,7 @@
 //! change a bit (each output is one GEMM dot product, see `gemm`).
 //!
 //! Backward (the output gradient already masked by the fused activation):
-//! - weight and bias gradient: per chunk of [`BATCH_CHUNK`] samples `dW[kkc, o] = col^T x dY`
+//! - weight and bias gradient: per chunk of [`super::batch_sum::BATCH_CHUNK`] samples `dW[kkc, o] = col^T x dY`
 //!   (sub-blocks of `KC` rows accumulate exactly as one GEMM would), chunk partials added as
 //!   the pairwise tree (`batch_sum`): bit-identical for any thread count and batch split;
 //! - input gradient: for stride-1 convolutions whose output is as large as the input, a full
@@ -242,6 +242,11 @@ fn tile_rows(rows: usize, kkc: usize) -> usize {
 }
 
 impl ConvWorkspace {
+    /// Sets the samples per chunk of the weight-gradient sums.
+    pub fn set_chunk(&mut self, samples: usize) {
+        self.tree.set_chunk(samples);
+    }
+
     /// `y[n, oh, ow, o] = act(conv(x) + bias)`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(

@@ -1,6 +1,6 @@
 //! Fully connected layer, `y[n, o] = x[n, i] x W^T + b` with PyTorch's `W[o, i]`.
 //!
-//! The weight gradient is a sum over the batch: per chunk of [`BATCH_CHUNK`] samples
+//! The weight gradient is a sum over the batch: per chunk of [`super::batch_sum::BATCH_CHUNK`] samples
 //! `dW = dY_c^T x X_c`, chunks added as the pairwise tree (see `batch_sum`).
 
 use super::batch_sum::TreeSum;
@@ -20,6 +20,11 @@ pub struct LinearWorkspace {
 const ROWS: usize = 64;
 
 impl LinearWorkspace {
+    /// Sets the samples per chunk of the weight-gradient sums.
+    pub fn set_chunk(&mut self, samples: usize) {
+        self.tree.set_chunk(samples);
+    }
+
     /// `y = act(x W^T + b)` for `n` rows of `i` inputs and `o` outputs.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(

@@ -32,6 +32,10 @@ pub struct Cpu {
 }
 
 impl Kernels for Cpu {
+    fn set_batch_chunk(&mut self, samples: usize) {
+        self.conv.set_chunk(samples);
+        self.linear.set_chunk(samples);
+    }
     fn conv2d_forward(
         &mut self,
         g: &ConvGeom,
