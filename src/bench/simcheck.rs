@@ -13,7 +13,8 @@
 use super::allreduce::bench_allreduce;
 use super::overlap::{run_case, GridSpec, OverlapCase};
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
-use crate::sim::{measure, simulate_step, CommChoice, StepConfig};
+use crate::config::CommChoice;
+use crate::sim::{measure, Simulator, StepConfig, Stragglers, Topology};
 
 /// Arguments of `dptrain bench sim-check`.
 #[derive(Debug, clap::Args)]
@@ -71,6 +72,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
         "sim cpt"
     );
     let (mut worst, mut worst_cal): (f64, f64) = (0.0, 0.0);
+    let mut simulator = Simulator::new();
     for model in a.model.split(',').map(str::trim) {
         let profile = measure(model, a.batch / a.workers, a.threads, a.steps, a.workers)?;
         let spec = GridSpec {
@@ -86,13 +88,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                 bandwidth_bytes_per_s: parse_bandwidth(bw)?,
                 latency: parse_duration(&a.link_latency)?,
             };
-            // The trainer's bucket caps (`train::worker::bucket_caps` with no caps given): one
-            // block per bucket, or for auto what the specified link moves in one latency.
-            let caps = if comm == CommChoice::Auto {
-                crate::comm::min_bucket_bytes(&link)
-            } else {
-                0
-            };
+            let given = link;
             let overhead = message_overhead(a.workers, &link)?;
             println!(
                 "{model} at {bw}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
@@ -111,17 +107,19 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                 };
                 let measured = run_case(&spec, &case, &tmp)?.breakdown.mean;
                 let step = StepConfig {
-                    world: a.workers,
-                    link,
+                    topology: Topology::flat(a.workers, link),
                     comm,
+                    hierarchical: true,
                     overlap,
-                    first_cap_bytes: caps,
-                    cap_bytes: caps,
+                    // The trainer's default caps, planned for the link the run was given.
+                    bucket_kb: None,
+                    planning_link: Some(given),
+                    stragglers: Stragglers::NONE,
                 };
-                let sim = simulate_step(&profile, &step)?;
+                let sim = simulator.step(&profile, &step)?;
                 // The run's own compute totals with the profile's per-block shape: isolates the
                 // communication and overlap model from compute-speed drift on a shared machine.
-                let cal = simulate_step(
+                let cal = simulator.step(
                     &profile.rescaled(
                         measured.data_ms + measured.forward_ms,
                         measured.backward_ms,
