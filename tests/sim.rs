@@ -687,3 +687,19 @@ fn measured_profile_has_every_block_and_its_spread() {
     let spread = p.compute_spread.unwrap();
     assert!((0.0..1.0).contains(&spread), "{spread}");
 }
+
+#[test]
+fn the_published_run_is_predicted_within_ten_points() {
+    // Goyal et al. 2017: ~90% from 8 to 256 P100s; the inputs and their sources are in
+    // `bench::simcheck::goyal2017` (and docs/bench/sim-check.md).
+    let p = dptrain::bench::simcheck::goyal2017().unwrap();
+    assert_eq!(p.published, 90.0);
+    let d = p.predicted() - p.published;
+    assert!(d.abs() <= 10.0, "predicted {:.1}%", p.predicted());
+    // Every input says where it comes from.
+    assert!(p.assumptions.iter().all(|a| !a.source.is_empty()));
+    // The variants move the way the inputs say: a slower NIC or no overlap costs efficiency.
+    let eff = |name: &str| p.rows.iter().find(|r| r.0.starts_with(name)).unwrap().3;
+    assert!(eff("NIC at half") < p.predicted());
+    assert!(eff("overlap off") < p.predicted());
+}

@@ -344,6 +344,16 @@ pub fn measure(
     })
 }
 
+/// The parameter sizes of each block of one of the training engine's models (what a measured
+/// profile's `param_sizes` will be): builds a replica at batch 1 (its 3 warm-up steps run).
+pub fn blocks_of(model: &str) -> Result<Vec<Vec<usize>>, String> {
+    Ok(time_replica(model, 1, 1, 0)?
+        .blocks
+        .into_iter()
+        .map(|b| b.param_sizes)
+        .collect())
+}
+
 /// One replica's measurement: its blocks (with zero times) and every timed step.
 struct ReplicaTimings {
     input: [usize; 3],
