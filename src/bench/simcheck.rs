@@ -507,6 +507,51 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
             // queue behind the other direction's data), so each model gets the fit at its
             // largest bucket.
             let name = fit_mode.to_string();
+            // Within a host, a message also waits for the receiving thread to wake up in a
+            // process of the cluster; the trainer's own hierarchical all-reduce of 4 bytes times
+            // it: its leaders' part is the flat one of one worker per host, and the rest is one
+            // message to the leader and one back.
+            let small = |workers: usize, op: &str| -> Result<std::time::Duration, String> {
+                let mut args = vec![exe.display().to_string()];
+                args.extend(
+                    [
+                        "bench",
+                        "allreduce",
+                        "--transport",
+                        "mpi",
+                        "--iters",
+                        "30",
+                        "--sizes",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string()),
+                );
+                args.extend([
+                    FIT_SIZES.0.to_string(),
+                    "--workers".into(),
+                    workers.to_string(),
+                ]);
+                parse_allreduce(&cluster.mpirun(hosts, &args)?, op, FIT_SIZES.0)
+            };
+            let flat_small = small(1, &name)?;
+            let mut intra_of: Vec<(usize, LinkModel)> = vec![(1, intra)];
+            for &d in per_host.iter().filter(|&&d| d > 1) {
+                let hier = small(d, &format!("hier:{name}"))?;
+                let extra = hier.saturating_sub(flat_small) / 2;
+                let link = LinkModel {
+                    latency: intra.latency.max(extra),
+                    ..intra
+                };
+                println!(
+                    "{hosts} hosts at {bw}, {d} workers per host: within a host {:.1} us per \
+                     message (hier:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
+                    link.latency.as_secs_f64() * 1e6,
+                    FIT_SIZES.0,
+                    hier.as_secs_f64() * 1e6,
+                    flat_small.as_secs_f64() * 1e6
+                );
+                intra_of.push((d, link));
+            }
             let mut fits: Vec<(String, LinkModel)> = Vec::new();
             for model in a.model.split(',').map(str::trim) {
                 let probe = crate::sim::profile::blocks_of(model)?;
@@ -628,6 +673,10 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     .find(|(m, _)| m == model)
                     .expect("fitted above")
                     .1;
+                let intra = intra_of
+                    .iter()
+                    .find(|(dd, _)| *dd == d)
+                    .map_or(intra, |(_, l)| *l);
                 let topology = Topology {
                     hosts,
                     devices_per_host: d,
@@ -645,6 +694,12 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                         // as many replicas at once.
                         let p =
                             measure(model, a.worker_batch, a.threads, a.steps.min(20), workers)?;
+                        println!(
+                            "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
+                             step, spread {:.1}%)",
+                            p.forward_ms() + p.backward_ms() + p.update_ms,
+                            100.0 * p.compute_spread.unwrap_or(0.0)
+                        );
                         profiles.push((model.to_string(), workers, p.clone()));
                         p
                     }
@@ -657,7 +712,12 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     overlap,
                     bucket_kb: None,
                     planning_link: Some(planning),
-                    stragglers: Stragglers::NONE,
+                    // The workers' compute varies as much as the profile's replicas' did.
+                    stragglers: Stragglers {
+                        spread: profile.compute_spread.unwrap_or(0.0),
+                        seed: 1,
+                        steps: 50,
+                    },
                 };
                 let sim = simulator.step(&profile, &step)?;
                 let cal = simulator.step(
