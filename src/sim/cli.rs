@@ -160,10 +160,10 @@ pub struct SimulateArgs {
     /// Try a range of bucket caps and report the best for each configuration.
     #[arg(long)]
     pub search_buckets: bool,
-    /// Coefficient of variation of each worker's compute per step (stragglers) [default: the
-    /// profile's measured spread, or 0].
-    #[arg(long)]
-    pub compute_spread: Option<f64>,
+    /// Coefficient of variation of each worker's compute per step (stragglers), e.g. 0.02, or
+    /// `profile`: the spread measured with the profile. Above 0 every worker is simulated.
+    #[arg(long, default_value = "0")]
+    pub compute_spread: String,
     /// Seed of the straggler draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -284,7 +284,23 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
     let comms = comm_list(&a.comm)?;
     let overlaps = on_off_list("overlap", &a.overlap)?;
     let hiers = on_off_list("hierarchical", &a.hierarchical)?;
-    let spread = a.compute_spread.or(p.compute_spread).unwrap_or(0.0);
+    let spread = match a.compute_spread.trim() {
+        "profile" => p.compute_spread.ok_or_else(|| {
+            format!(
+                "--compute-spread profile: {} has no measured spread (profiles from FLOPs or \
+                 images/s have none); give a number",
+                p.model
+            )
+        })?,
+        v => match v.parse::<f64>() {
+            Ok(x) if x >= 0.0 && x.is_finite() => x,
+            _ => {
+                return Err(format!(
+                    "--compute-spread {v:?}: give a number >= 0 (e.g. 0.02) or `profile`"
+                ))
+            }
+        },
+    };
     let stragglers = Stragglers {
         spread,
         seed: a.seed,

@@ -321,7 +321,8 @@ pub fn compile(
     link(job, topo, symmetry, len, &programs).map_err(|e| format!("{}: {e}", what()))
 }
 
-/// Host 0's programs renumbered to host `k` under `sym`, in canonical form.
+/// A program in canonical form, for comparing two: each run of receives between two sends
+/// sorted.
 fn canonical(events: impl Iterator<Item = Event>) -> Vec<Event> {
     // Receives between two sends are a set for the timing (the next send waits for all of
     // them), so each run of receives is sorted.

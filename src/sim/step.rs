@@ -170,11 +170,6 @@ impl Simulator {
         if let Some(i) = found {
             return Ok(i);
         }
-        // What the cache already holds counts against the budget too.
-        let held: usize = self.cache.iter().map(|(_, c)| c.steps.len()).sum();
-        if held > MAX_EVENTS {
-            self.cache.clear();
-        }
         let c = compile(job, topo, ranks, MAX_EVENTS)?;
         self.cache.push((ranks, c));
         Ok(self.cache.len() - 1)
@@ -190,6 +185,12 @@ impl Simulator {
                 "the compute spread must be a number >= 0 and the steps at least 1, not {} and {}",
                 st.spread, st.steps
             ));
+        }
+        // Compiled schedules are kept for the next steps, within the budget of one step: past
+        // it they are dropped here, before this step takes indices into the cache.
+        let held: usize = self.cache.iter().map(|(_, c)| c.steps.len()).sum();
+        if held > MAX_EVENTS {
+            self.cache.clear();
         }
         let world = topo.workers();
         let (plan, ops) = plan(profile, cfg)?;
