@@ -28,10 +28,11 @@ fn loss(net: &mut Net, x: &[f32], y: &[u32], n: usize) -> f64 {
 
 /// Checks every parameter block of `spec` on input `input` with batch `n`.
 fn check(label: &str, spec: &ModelSpec, input: [usize; 3], classes: usize, n: usize) {
-    check_within(label, spec, input, classes, n, 3e-2)
+    check_within(label, spec, input, classes, n, 3e-2, 24)
 }
 
-/// [`check`] with a given relative tolerance.
+/// [`check`] with a given relative tolerance, checking up to `picks` random elements of each
+/// parameter block (all of a smaller block).
 fn check_within(
     label: &str,
     spec: &ModelSpec,
@@ -39,6 +40,7 @@ fn check_within(
     classes: usize,
     n: usize,
     tol: f64,
+    picks: usize,
 ) {
     let g = Arc::new(Graph::build(spec, input, classes).unwrap_or_else(|e| panic!("{label}: {e}")));
     let mut net = Net::new(
@@ -80,10 +82,10 @@ fn check_within(
     let rel = |a: f64, b: f64| (a - b).abs() / a.abs().max(b.abs()).max(1e-2);
     for (bi, b) in blocks.iter().enumerate() {
         let len = b.range.len();
-        let picks: Vec<usize> = if len <= 24 {
+        let picks: Vec<usize> = if len <= picks {
             (0..len).collect()
         } else {
-            (0..24).map(|_| rng.gen_range(0..len)).collect()
+            (0..picks).map(|_| rng.gen_range(0..len)).collect()
         };
         let (mut checked, mut worst) = (0, (0.0f64, 0usize, 0.0, 0.0));
         for &i in &picks {

@@ -19,14 +19,14 @@ fn model_file_errors_name_the_line_and_the_layer() {
         "layers = [\n  { type = \"conv2d\", name = \"a\", out = 4, kernel = 3 },\n  { type = \"conv2d\", name = \"b\", input = \"input\", out = 4, kernel = 1 },\n  { type = \"add\", name = \"sum\", inputs = [\"a\", \"b\"] },\n]\n",
     );
     let msg = e.to_string();
-    assert!(matches!(e.kind, ModelErrorKind::Shape(_)), "{msg}");
+    assert!(matches!(*e.kind, ModelErrorKind::Shape(_)), "{msg}");
     assert!(msg.starts_with("bad.toml:4: layer 'sum' (add)"), "{msg}");
     assert!(msg.contains("4x6x6") && msg.contains("4x8x8"), "{msg}");
     // A cycle.
     let e = parse_err(
         "layers = [\n  { type = \"relu\", name = \"a\", input = \"b\" },\n  { type = \"relu\", name = \"b\", input = \"a\" },\n  { type = \"linear\", out = 10, input = \"b\" },\n]\n",
     );
-    assert!(matches!(e.kind, ModelErrorKind::Cycle(_)), "{e}");
+    assert!(matches!(*e.kind, ModelErrorKind::Cycle(_)), "{e}");
     assert!(
         e.to_string().starts_with("bad.toml:2: layer 'a' (relu)")
             || e.to_string().starts_with("bad.toml:3: layer 'b' (relu)"),
@@ -35,7 +35,7 @@ fn model_file_errors_name_the_line_and_the_layer() {
     // An unknown layer type.
     let e = parse_err("layers = [\n  { type = \"conv2d\", out = 4, kernel = 3 },\n  { type = \"convolution\", name = \"c\" },\n]\n");
     assert!(
-        matches!(e.kind, ModelErrorKind::UnknownType(ref t) if t == "convolution"),
+        matches!(*e.kind, ModelErrorKind::UnknownType(ref t) if t == "convolution"),
         "{e}"
     );
     assert!(
@@ -44,7 +44,10 @@ fn model_file_errors_name_the_line_and_the_layer() {
     );
     // A missing input, with a suggestion.
     let e = parse_err("layers = [\n  { type = \"conv2d\", name = \"conv1\", out = 4, kernel = 3 },\n  { type = \"relu\", name = \"r\", input = \"conv2\" },\n]\n");
-    assert!(matches!(e.kind, ModelErrorKind::MissingInput { .. }), "{e}");
+    assert!(
+        matches!(*e.kind, ModelErrorKind::MissingInput { .. }),
+        "{e}"
+    );
     assert!(
         e.to_string().starts_with("bad.toml:3: layer 'r' (relu)")
             && e.to_string().contains("did you mean 'conv1'"),
@@ -55,7 +58,7 @@ fn model_file_errors_name_the_line_and_the_layer() {
         "layers = [\n  { type = \"conv2d\", name = \"c\", out = 4, kernel = 3, stide = 2 },\n]\n",
     );
     assert!(
-        matches!(e.kind, ModelErrorKind::UnknownKey { ref key, .. } if key == "stide"),
+        matches!(*e.kind, ModelErrorKind::UnknownKey { ref key, .. } if key == "stide"),
         "{e}"
     );
     assert!(
@@ -66,7 +69,7 @@ fn model_file_errors_name_the_line_and_the_layer() {
     // An unknown top-level key (TOML's own message, with the line).
     let e = parse_err("name = \"x\"\nlayer = []\n");
     assert!(
-        matches!(e.kind, ModelErrorKind::Syntax(_)) && e.line == Some(2),
+        matches!(*e.kind, ModelErrorKind::Syntax(_)) && e.line == Some(2),
         "{e}"
     );
     // Inside a template: the instance's line and the template's.

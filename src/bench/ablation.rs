@@ -26,8 +26,9 @@ use super::median;
 use super::overlap::{case_options, GridSpec, OverlapCase};
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, LinkModel};
+use crate::config::CommChoice;
 use crate::config::TrainOptions;
-use crate::sim::{measure, simulate_step, CommChoice, StepConfig};
+use crate::sim::{measure, Simulator, StepConfig, Stragglers, Topology};
 use crate::train::metrics::StepTimes;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -517,25 +518,20 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
     let link = spec
         .link_model
         .unwrap_or(crate::train::worker::IN_PROCESS_LINK);
-    let auto_cap = |comm: CommChoice| {
-        if comm == CommChoice::Auto {
-            crate::comm::min_bucket_bytes(&link)
-        } else {
-            0
-        }
-    };
-    let sim = |world: usize, comm: CommChoice, overlap: bool| {
-        simulate_step(
+    let mut simulator = Simulator::new();
+    let mut sim = |world: usize, comm: CommChoice, overlap: bool| {
+        simulator.step(
             &profile,
             &StepConfig {
-                world,
-                link,
+                topology: Topology::flat(world, link),
                 comm,
+                hierarchical: true,
                 overlap,
-                // The trainer's default buckets: one block each, or for auto what the link
-                // moves in one latency (`train::worker::bucket_caps`).
-                first_cap_bytes: auto_cap(comm),
-                cap_bytes: auto_cap(comm),
+                // The trainer's default buckets (`train::worker::bucket_caps`), as the
+                // measured rows ran.
+                bucket_kb: None,
+                planning_link: None,
+                stragglers: Stragglers::NONE,
             },
         )
     };

@@ -1,7 +1,17 @@
-//! `dptrain bench sim-check`: the simulator against measured emulated runs. For each model,
-//! a profile measured here (with as many concurrent replicas as workers, so compute sees the
-//! same contention as in the run), then for each bandwidth and overlap on/off a short emulated
-//! training run ([`super::overlap::run_case`]) and the simulated step beside it.
+//! `dptrain bench sim-check`: the simulator against measured runs and a published one.
+//!
+//! * `--against emulated` (the default): in-process runs over the emulated link. For each
+//!   model, a profile measured here (with as many concurrent replicas as workers, so compute
+//!   sees the same contention as in the run), then for each bandwidth and overlap on/off a
+//!   short emulated training run ([`super::overlap::run_case`]) and the simulated step beside
+//!   it.
+//! * `--against cluster`: the namespace cluster of `scripts/cluster.sh` (root, and a binary
+//!   built with `--features mpi`): per bandwidth and host count a cluster is brought up, its
+//!   links are measured with all-reduce microbenchmarks across it ([`fit_link`]), and per
+//!   workers per host, model and overlap a short `mpirun` training run is set beside the
+//!   simulated step of that topology ([`run_cluster`]).
+//! * `--against published`: Goyal et al. 2017, ResNet-50 on 256 P100s, every input stated
+//!   with its source ([`run_published`]).
 //!
 //! The emulated link adds software costs the specified link does not have: handing a message
 //! between threads and waking the receiver (tens of µs per message here). A real network's
@@ -11,13 +21,19 @@
 //! header prints it). Without it, steps with many small buckets were under-predicted.
 
 use super::allreduce::bench_allreduce;
+use super::median;
 use super::overlap::{run_case, GridSpec, OverlapCase};
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
-use crate::sim::{measure, simulate_step, CommChoice, StepConfig};
+use crate::config::CommChoice;
+use crate::sim::{measure, Simulator, StepConfig, Stragglers, Topology};
 
 /// Arguments of `dptrain bench sim-check`.
 #[derive(Debug, clap::Args)]
 pub struct SimCheckArgs {
+    /// What to check against: emulated (in-process runs over the emulated link), cluster (the
+    /// namespace cluster: root and --features mpi), published (Goyal et al. 2017), or all.
+    #[arg(long, default_value = "emulated")]
+    pub against: String,
     /// Models, comma-separated (ours: lenet5, vgg-small, resnet20).
     #[arg(long, default_value = "vgg-small,lenet5")]
     pub model: String,
@@ -42,10 +58,53 @@ pub struct SimCheckArgs {
     /// Timed steps per run (and per profile).
     #[arg(long, default_value_t = 30)]
     pub steps: usize,
+    /// Cluster: host counts, comma-separated.
+    #[arg(long, default_value = "2,4")]
+    pub hosts: String,
+    /// Cluster: workers per host, comma-separated.
+    #[arg(long, default_value = "1,2")]
+    pub workers_per_host: String,
+    /// Cluster: every host's link (tbf rate), comma-separated.
+    #[arg(long, default_value = "100mbit,1gbit")]
+    pub cluster_bandwidth: String,
+    /// Cluster: batch per worker (the global batch is this times the workers).
+    #[arg(long, default_value_t = 32)]
+    pub worker_batch: usize,
+    /// Cluster: overlap on, off or both.
+    #[arg(long, default_value = "both")]
+    pub overlap: String,
+    /// Cluster: passes over every case (each case's figures are its median pass).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Cluster: the script that makes the cluster.
+    #[arg(long, default_value = "scripts/cluster.sh")]
+    pub cluster_script: std::path::PathBuf,
+    /// Cluster: its name (namespaces NAME-sw, NAME-h1, ...).
+    #[arg(long, default_value = "dpsimchk")]
+    pub cluster_name: String,
 }
 
-/// Runs the comparison and prints one row per (model, bandwidth, overlap).
+/// Runs the comparisons `--against` names.
 pub fn run(a: SimCheckArgs) -> Result<(), String> {
+    match a.against.as_str() {
+        "emulated" => run_emulated(&a),
+        "cluster" => run_cluster(&a),
+        "published" => run_published().map(|_| ()),
+        "all" => {
+            run_emulated(&a)?;
+            println!();
+            run_cluster(&a)?;
+            println!();
+            run_published().map(|_| ())
+        }
+        o => Err(format!(
+            "--against {o:?}: use emulated, cluster, published or all"
+        )),
+    }
+}
+
+/// The in-process comparison: one row per (model, bandwidth, overlap).
+pub fn run_emulated(a: &SimCheckArgs) -> Result<(), String> {
     if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
         return Err("--workers must be at least 2 and divide --batch".into());
     }
@@ -71,6 +130,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
         "sim cpt"
     );
     let (mut worst, mut worst_cal): (f64, f64) = (0.0, 0.0);
+    let mut simulator = Simulator::new();
     for model in a.model.split(',').map(str::trim) {
         let profile = measure(model, a.batch / a.workers, a.threads, a.steps, a.workers)?;
         let spec = GridSpec {
@@ -86,13 +146,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                 bandwidth_bytes_per_s: parse_bandwidth(bw)?,
                 latency: parse_duration(&a.link_latency)?,
             };
-            // The trainer's bucket caps (`train::worker::bucket_caps` with no caps given): one
-            // block per bucket, or for auto what the specified link moves in one latency.
-            let caps = if comm == CommChoice::Auto {
-                crate::comm::min_bucket_bytes(&link)
-            } else {
-                0
-            };
+            let given = link;
             let overhead = message_overhead(a.workers, &link)?;
             println!(
                 "{model} at {bw}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
@@ -111,17 +165,19 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
                 };
                 let measured = run_case(&spec, &case, &tmp)?.breakdown.mean;
                 let step = StepConfig {
-                    world: a.workers,
-                    link,
+                    topology: Topology::flat(a.workers, link),
                     comm,
+                    hierarchical: true,
                     overlap,
-                    first_cap_bytes: caps,
-                    cap_bytes: caps,
+                    // The trainer's default caps, planned for the link the run was given.
+                    bucket_kb: None,
+                    planning_link: Some(given),
+                    stragglers: Stragglers::NONE,
                 };
-                let sim = simulate_step(&profile, &step)?;
+                let sim = simulator.step(&profile, &step)?;
                 // The run's own compute totals with the profile's per-block shape: isolates the
                 // communication and overlap model from compute-speed drift on a shared machine.
-                let cal = simulate_step(
+                let cal = simulator.step(
                     &profile.rescaled(
                         measured.data_ms + measured.forward_ms,
                         measured.backward_ms,
@@ -172,4 +228,845 @@ fn message_overhead(workers: usize, link: &LinkModel) -> Result<std::time::Durat
     let model = predicted_time(CommMode::Ring, workers, bytes, link);
     let messages = 2 * (workers - 1) as u32;
     Ok(measured.saturating_sub(model) / messages)
+}
+
+/// Fits a link to two timings of `mode` over `world` ranks with the cost model's formula
+/// (`time = latency_terms x α + serialized_bytes x β`, [`crate::comm::cost_terms`]): two
+/// equations, solved for α and β. The link as the transport delivers it for this pattern and
+/// these sizes of messages: software costs, TCP and MPI included.
+pub fn fit_link(
+    mode: CommMode,
+    world: usize,
+    (small_bytes, small): (usize, std::time::Duration),
+    (large_bytes, large): (usize, std::time::Duration),
+) -> Result<LinkModel, String> {
+    let ts = crate::comm::cost_terms(mode, world, small_bytes);
+    let tl = crate::comm::cost_terms(mode, world, large_bytes);
+    let det = ts.latency_terms * tl.serialized_bytes - tl.latency_terms * ts.serialized_bytes;
+    if ts.latency_terms == 0.0 || det <= 0.0 {
+        return Err(format!(
+            "{mode} over {world} ranks at {small_bytes} and {large_bytes} bytes: two sizes with \
+             different shares of latency and bytes are needed"
+        ));
+    }
+    let (s, l) = (small.as_secs_f64(), large.as_secs_f64());
+    let alpha = (s * tl.serialized_bytes - l * ts.serialized_bytes) / det;
+    let beta = (ts.latency_terms * l - tl.latency_terms * s) / det;
+    if beta <= 0.0 || alpha < 0.0 {
+        return Err(format!(
+            "{mode} over {world}: {large_bytes} bytes took {large:?} and {small_bytes} bytes \
+             {small:?}, which no link explains (the large size is too small or the timings \
+             too noisy): time a larger size"
+        ));
+    }
+    Ok(LinkModel {
+        bandwidth_bytes_per_s: 1.0 / beta,
+        latency: std::time::Duration::from_secs_f64(alpha),
+    })
+}
+
+/// The sizes the links are timed at: one message's latency, and (within a host) enough bytes
+/// that the rate dominates.
+const FIT_SIZES: (usize, usize) = (4, 4 << 20);
+
+/// A namespace cluster made by `scripts/cluster.sh`, taken down when dropped (also when the
+/// check fails half-way).
+struct Cluster {
+    script: std::path::PathBuf,
+    name: String,
+}
+
+impl Cluster {
+    fn up(
+        script: &std::path::Path,
+        name: &str,
+        hosts: usize,
+        bandwidth: &str,
+    ) -> Result<Self, String> {
+        if !script.is_file() {
+            return Err(format!(
+                "{}: no such script; run from the repository root or give --cluster-script",
+                script.display()
+            ));
+        }
+        let c = Self {
+            script: script.to_path_buf(),
+            name: name.to_string(),
+        };
+        let out = std::process::Command::new(&c.script)
+            .args([
+                "up",
+                &hosts.to_string(),
+                "--bandwidth",
+                bandwidth,
+                "--name",
+                name,
+            ])
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} up {hosts} --bandwidth {bandwidth} failed: {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The mean ping round trip `up` measured, ms.
+    fn rtt_ms(&self) -> Result<f64, String> {
+        let dir = std::env::var("DPTRAIN_CLUSTER_DIR").unwrap_or("/tmp/dptrain-cluster".into());
+        let path = std::path::Path::new(&dir)
+            .join(&self.name)
+            .join("cluster.env");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("RTT="))
+            .ok_or_else(|| format!("{}: no RTT line", path.display()))?;
+        let v: Vec<f64> = line
+            .split(|c: char| c.is_whitespace() || c == ',' || c == '\'')
+            .filter_map(|w| w.parse::<f64>().ok())
+            .collect();
+        if v.is_empty() {
+            return Err(format!("{}: no round trips in {line:?}", path.display()));
+        }
+        Ok(v.iter().sum::<f64>() / v.len() as f64)
+    }
+
+    /// Runs `args` under `mpirun -np np` across the hosts; returns stdout.
+    fn mpirun(&self, np: usize, args: &[String]) -> Result<String, String> {
+        let out = std::process::Command::new(&self.script)
+            .args(["mpirun", "--name", &self.name, "-np", &np.to_string()])
+            .args(args)
+            .output()
+            .map_err(|e| format!("running {} mpirun: {e}", self.script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mpirun -np {np} {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(&self.script)
+            .args(["down", "--name", &self.name])
+            .output();
+    }
+}
+
+/// The median time of `mode` at `bytes` in `bench allreduce --transport mpi`'s table.
+fn parse_allreduce(out: &str, mode: &str, bytes: usize) -> Result<std::time::Duration, String> {
+    out.lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() >= 3 && w[0] == bytes.to_string() && w[1] == mode)
+                .then(|| w[2].parse::<f64>().ok())
+                .flatten()
+        })
+        .map(|us| std::time::Duration::from_secs_f64(us / 1e6))
+        .ok_or_else(|| format!("no {mode} row at {bytes} bytes in:\n{out}"))
+}
+
+/// One run's step, phase by phase: medians over its timed steps (worker 0 of rank 0), or
+/// medians of such medians over passes.
+#[derive(Debug, Clone, Copy)]
+struct Phases {
+    step: f64,
+    data: f64,
+    forward: f64,
+    backward: f64,
+    update: f64,
+    exposed: f64,
+}
+
+impl Phases {
+    /// From a run's `metrics.jsonl` (written with `--log-every 1`), leaving out the first 5
+    /// steps as the summary does. Medians, not means: on a machine shared with other jobs a
+    /// few steps stall for tens of ms.
+    fn median_of_steps(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let steps: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["kind"] == "step" && v["step"].as_u64().is_some_and(|s| s >= 5))
+            .collect();
+        if steps.is_empty() {
+            return Err(format!("{}: no timed steps", path.display()));
+        }
+        let med = |k: &str| {
+            median(
+                &mut steps
+                    .iter()
+                    .map(|v| v["times"][k].as_f64().unwrap_or(f64::NAN))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        Ok(Self {
+            step: med("step_ms"),
+            data: med("data_ms"),
+            forward: med("forward_ms"),
+            backward: med("backward_ms"),
+            update: med("update_ms"),
+            exposed: med("exposed_comm_ms"),
+        })
+    }
+
+    /// The median pass of each phase.
+    fn median_of(runs: &[Phases]) -> Self {
+        let med = |f: fn(&Phases) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+        Self {
+            step: med(|p| p.step),
+            data: med(|p| p.data),
+            forward: med(|p| p.forward),
+            backward: med(|p| p.backward),
+            update: med(|p| p.update),
+            exposed: med(|p| p.exposed),
+        }
+    }
+}
+
+/// The namespace-cluster comparison: one row per (bandwidth, hosts, workers per host, model,
+/// overlap).
+pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
+    if !cfg!(feature = "mpi") {
+        return Err(
+            "bench sim-check --against cluster runs the trainer over MPI: build with `cargo \
+             build --release --features mpi`"
+                .into(),
+        );
+    }
+    let comm = CommChoice::parse(&a.comm)?;
+    // The pattern the links are timed with: the run's mode (ring for auto).
+    let fit_mode = match comm {
+        CommChoice::Fixed(m) => m,
+        _ => CommMode::Ring,
+    };
+    let hosts_list = crate::sim::cli::worker_list(&a.hosts)?;
+    let per_host = crate::sim::cli::worker_list(&a.workers_per_host)?;
+    let overlaps = crate::sim::cli::on_off_list("overlap", &a.overlap)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let scratch = super::ScratchDir::new("simcheck-cluster");
+    // Within a host the trainer's workers are threads of one process: time that link here.
+    let t = |bytes| bench_allreduce(2, bytes, fit_mode, None, 40).map(|r| r.time);
+    let intra = fit_link(
+        fit_mode,
+        2,
+        (FIT_SIZES.0, t(FIT_SIZES.0)?),
+        (FIT_SIZES.1, t(FIT_SIZES.1)?),
+    )?;
+    println!(
+        "namespace cluster, {}, {} thread(s) per worker, batch {} per worker, {} timed steps; \
+         within a host (threads, timed here): {:.2} GB/s, {:.1} us per message",
+        a.comm,
+        a.threads,
+        a.worker_batch,
+        a.steps,
+        intra.bandwidth_bytes_per_s / 1e9,
+        intra.latency.as_secs_f64() * 1e6
+    );
+    let header = format!(
+        "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "link",
+        "hosts",
+        "w/h",
+        "model",
+        "overlap",
+        "meas ms",
+        "sim ms",
+        "err%",
+        "cal ms",
+        "err%",
+        "meas exp",
+        "sim exp",
+        "meas cpt",
+        "sim cpt"
+    );
+    let mut profiles: Vec<(String, usize, crate::sim::Profile)> = Vec::new();
+    let mut simulator = Simulator::new();
+    let (mut worst, mut worst_cal, mut rows): (f64, f64, usize) = (0.0, 0.0, 0);
+    for bw in a.cluster_bandwidth.split(',').map(str::trim) {
+        for &hosts in &hosts_list {
+            if hosts < 2 {
+                return Err("--hosts: a cluster needs at least 2 hosts".into());
+            }
+            // tc's rate ("100mbit") in our spelling ("100Mbit"), for the trainer's flags.
+            let ours = bw.replace("mbit", "Mbit").replace("gbit", "Gbit");
+            parse_bandwidth(&ours).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
+            let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
+            let rtt = cluster.rtt_ms()?;
+            // The links are timed at the sizes the runs send: the transport's rate depends on
+            // the message size here (tbf lets a burst through at once; MPI's large messages
+            // queue behind the other direction's data), so each model gets the fit at its
+            // largest bucket.
+            let name = fit_mode.to_string();
+            // Within a host, a message also waits for the receiving thread to wake up in a
+            // process of the cluster; the trainer's own hierarchical all-reduce of 4 bytes times
+            // it: its leaders' part is the flat one of one worker per host, and the rest is one
+            // message to the leader and one back.
+            let small = |workers: usize, op: &str| -> Result<std::time::Duration, String> {
+                let mut args = vec![exe.display().to_string()];
+                args.extend(
+                    [
+                        "bench",
+                        "allreduce",
+                        "--transport",
+                        "mpi",
+                        "--iters",
+                        "30",
+                        "--sizes",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string()),
+                );
+                args.extend([
+                    FIT_SIZES.0.to_string(),
+                    "--workers".into(),
+                    workers.to_string(),
+                ]);
+                parse_allreduce(&cluster.mpirun(hosts, &args)?, op, FIT_SIZES.0)
+            };
+            let flat_small = small(1, &name)?;
+            let mut intra_of: Vec<(usize, LinkModel)> = vec![(1, intra)];
+            for &d in per_host.iter().filter(|&&d| d > 1) {
+                let hier = small(d, &format!("hier:{name}"))?;
+                let extra = hier.saturating_sub(flat_small) / 2;
+                let link = LinkModel {
+                    latency: intra.latency.max(extra),
+                    ..intra
+                };
+                println!(
+                    "{hosts} hosts at {bw}, {d} workers per host: within a host {:.1} us per \
+                     message (hier:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
+                    link.latency.as_secs_f64() * 1e6,
+                    FIT_SIZES.0,
+                    hier.as_secs_f64() * 1e6,
+                    flat_small.as_secs_f64() * 1e6
+                );
+                intra_of.push((d, link));
+            }
+            let mut fits: Vec<(String, LinkModel)> = Vec::new();
+            for model in a.model.split(',').map(str::trim) {
+                let probe = crate::sim::profile::blocks_of(model)?;
+                let largest = probe
+                    .iter()
+                    .map(|b| 4 * b.iter().sum::<usize>())
+                    .max()
+                    .unwrap_or(4);
+                // A whole number of f32 per rank, as the all-reduce bench takes it.
+                let large = largest.div_ceil(4 * hosts) * 4 * hosts;
+                let mut args = vec![exe.display().to_string()];
+                args.extend(
+                    [
+                        "bench",
+                        "allreduce",
+                        "--transport",
+                        "mpi",
+                        "--workers",
+                        "1",
+                        "--iters",
+                        "30",
+                        "--sizes",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string()),
+                );
+                args.push(format!("{},{large}", FIT_SIZES.0));
+                let out = cluster.mpirun(hosts, &args)?;
+                let nic = fit_link(
+                    fit_mode,
+                    hosts,
+                    (FIT_SIZES.0, parse_allreduce(&out, &name, FIT_SIZES.0)?),
+                    (large, parse_allreduce(&out, &name, large)?),
+                )?;
+                println!(
+                    "\n{hosts} hosts at {bw} (tbf), ping round trip {rtt:.3} ms; {model}: between \
+                     hosts (MPI over TCP; {name} all-reduce of {} B and of its largest bucket, {large} \
+                     B, timed across the cluster) {:.1} MB/s, {:.1} us per message",
+                    FIT_SIZES.0,
+                    nic.bandwidth_bytes_per_s / 1e6,
+                    nic.latency.as_secs_f64() * 1e6
+                );
+                fits.push((model.to_string(), nic));
+            }
+            println!("{header}");
+            // What `--comm auto` plans for in the runs and in the simulator alike.
+            let planning = LinkModel {
+                bandwidth_bytes_per_s: parse_bandwidth(&ours)?,
+                latency: std::time::Duration::from_secs_f64(rtt / 2e3),
+            };
+            // Every case of this cluster, then `rounds` passes over them: a slow spell of the
+            // shared machine lands on all cases, and each case's figure is its median pass.
+            let mut cases: Vec<(usize, &str, bool)> = Vec::new();
+            for &d in &per_host {
+                for model in a.model.split(',').map(str::trim) {
+                    for &overlap in &overlaps {
+                        cases.push((d, model, overlap));
+                    }
+                }
+            }
+            let mut passes: Vec<Vec<Phases>> = vec![Vec::new(); cases.len()];
+            for round in 0..a.rounds.max(1) {
+                for (i, &(d, model, overlap)) in cases.iter().enumerate() {
+                    let dir = scratch
+                        .path()
+                        .join(format!("{model}-{hosts}x{d}-{overlap}-{round}"));
+                    let batch = a.worker_batch * hosts * d;
+                    let mut args: Vec<String> = vec![exe.display().to_string()];
+                    args.extend(
+                        [
+                            "train",
+                            "--transport",
+                            "mpi",
+                            "--model",
+                            model,
+                            "--dataset",
+                            super::overlap::synthetic_for(model),
+                            "--epochs",
+                            "1",
+                            "--test-limit",
+                            "100",
+                            "--quiet",
+                            "--no-checkpoints",
+                            "--log-every",
+                            "1",
+                            "--comm",
+                            &a.comm,
+                        ]
+                        .iter()
+                        .map(|s| s.to_string()),
+                    );
+                    args.extend([
+                        "--workers".into(),
+                        d.to_string(),
+                        "--threads".into(),
+                        a.threads.to_string(),
+                        "--batch".into(),
+                        batch.to_string(),
+                        "--train-limit".into(),
+                        (batch * (a.steps + 5)).to_string(),
+                        "--overlap".into(),
+                        if overlap { "on" } else { "off" }.into(),
+                        "--link-bandwidth".into(),
+                        ours.clone(),
+                        "--link-latency".into(),
+                        format!("{:.0}us", rtt / 2.0 * 1e3),
+                        "--run-dir".into(),
+                        dir.display().to_string(),
+                    ]);
+                    cluster.mpirun(hosts, &args)?;
+                    passes[i].push(Phases::median_of_steps(&dir.join("metrics.jsonl"))?);
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+            for (&(d, model, overlap), runs) in cases.iter().zip(&passes) {
+                let workers = hosts * d;
+                let nic = fits
+                    .iter()
+                    .find(|(m, _)| m == model)
+                    .expect("fitted above")
+                    .1;
+                let intra = intra_of
+                    .iter()
+                    .find(|(dd, _)| *dd == d)
+                    .map_or(intra, |(_, l)| *l);
+                let topology = Topology {
+                    hosts,
+                    devices_per_host: d,
+                    intra,
+                    nic,
+                    overhead: std::time::Duration::ZERO,
+                };
+                let profile = match profiles
+                    .iter()
+                    .find(|(m, w, _)| m == model && *w == workers)
+                {
+                    Some((_, _, p)) => p.clone(),
+                    None => {
+                        // Every worker of the cluster shares this machine's cores: measure with
+                        // as many replicas at once.
+                        let p =
+                            measure(model, a.worker_batch, a.threads, a.steps.min(20), workers)?;
+                        println!(
+                            "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
+                             step, spread {:.1}%)",
+                            p.forward_ms() + p.backward_ms() + p.update_ms,
+                            100.0 * p.compute_spread.unwrap_or(0.0)
+                        );
+                        profiles.push((model.to_string(), workers, p.clone()));
+                        p
+                    }
+                };
+                let m = Phases::median_of(runs);
+                let step = StepConfig {
+                    topology,
+                    comm,
+                    hierarchical: true,
+                    overlap,
+                    bucket_kb: None,
+                    planning_link: Some(planning),
+                    // The workers' compute varies as much as the profile's replicas' did.
+                    stragglers: Stragglers {
+                        spread: profile.compute_spread.unwrap_or(0.0),
+                        seed: 1,
+                        steps: 50,
+                    },
+                };
+                let sim = simulator.step(&profile, &step)?;
+                let cal = simulator.step(
+                    &profile.rescaled(m.data + m.forward, m.backward, m.update),
+                    &step,
+                )?;
+                let err = 100.0 * (sim.step_ms / m.step - 1.0);
+                let cal_err = 100.0 * (cal.step_ms / m.step - 1.0);
+                worst = worst.max(err.abs());
+                worst_cal = worst_cal.max(cal_err.abs());
+                rows += 1;
+                println!(
+                    "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                    bw,
+                    hosts,
+                    d,
+                    model,
+                    if overlap { "on" } else { "off" },
+                    m.step,
+                    sim.step_ms,
+                    err,
+                    cal.step_ms,
+                    cal_err,
+                    m.exposed,
+                    sim.exposed_ms,
+                    m.data + m.forward + m.backward + m.update,
+                    sim.forward_ms + sim.backward_ms + sim.update_ms
+                );
+                println!(
+                    "RESULT dptrain simcheck-cluster bw={bw} hosts={hosts} workers_per_host={d} model={model} overlap={overlap} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+                    m.step, sim.step_ms, cal.step_ms
+                );
+            }
+            drop(cluster);
+        }
+    }
+    println!(
+        "\n{rows} rows; largest |error|: {worst:.1}% from the profile, {worst_cal:.1}% with the \
+         run's compute (target: within 10%); exp = exposed comm, cpt = data + forward + \
+         backward + update"
+    );
+    Ok(())
+}
+
+/// One input of the published comparison, and where it comes from.
+#[derive(Debug, Clone)]
+pub struct Assumption {
+    /// What it is.
+    pub what: &'static str,
+    /// The figure fed to the simulator.
+    pub value: String,
+    /// Its source, or why it was assumed.
+    pub source: &'static str,
+}
+
+/// The published comparison: inputs, the prediction beside the published figure, and how the
+/// prediction moves when the least certain inputs change.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// Every input and its source.
+    pub assumptions: Vec<Assumption>,
+    /// The published scaling efficiency 8 -> 256 GPUs, %.
+    pub published: f64,
+    /// (variant, 8-GPU step ms, 256-GPU step ms, efficiency %); the first row is the
+    /// prediction from the stated inputs.
+    pub rows: Vec<(String, f64, f64, f64)>,
+}
+
+impl Published {
+    /// The prediction from the stated inputs, %.
+    pub fn predicted(&self) -> f64 {
+        self.rows[0].3
+    }
+}
+
+/// P100's backward pass of ResNet-50 at 32 images (Goyal et al. 2017, §4), s.
+const GOYAL_BACKWARD_S: f64 = 0.120;
+
+/// Goyal et al. 2017 ("Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour",
+/// arXiv:1706.02677): ResNet-50 on 32 servers of 8 P100s, ~90% weak-scaling efficiency from 8
+/// to 256 GPUs. Simulates the 8-GPU baseline (one server) and the 256-GPU run with the inputs
+/// below, and variants of the uncertain ones.
+pub fn goyal2017() -> Result<Published, String> {
+    let graph = crate::sim::model_graph("resnet50")?;
+    let batch = 32;
+    let mem_gbs = 732.0;
+    // The step at the per-GPU batch: backward as published, forward half of it (2 x MACs
+    // against 4 x MACs: the 1:2 split the profiles use), plus the memory-bound update; as a
+    // device throughput for --device-images-per-s.
+    let update_s = graph.num_params() as f64 * 20.0 / (mem_gbs * 1e9);
+    let images_per_s = batch as f64 / (1.5 * GOYAL_BACKWARD_S + update_s);
+    let profile = crate::sim::from_graph(
+        &graph,
+        batch,
+        crate::sim::DeviceSpeed::ImagesPerSecond {
+            images_per_s,
+            mem_gbs,
+        },
+    )?;
+    let us = std::time::Duration::from_micros;
+    let topo = Topology {
+        hosts: 1,
+        devices_per_host: 8,
+        intra: LinkModel {
+            bandwidth_bytes_per_s: 20e9,
+            latency: us(5),
+        },
+        nic: LinkModel {
+            bandwidth_bytes_per_s: 50e9 / 8.0 * 0.94,
+            latency: us(10),
+        },
+        overhead: us(5),
+    };
+    let base = StepConfig {
+        topology: topo,
+        comm: CommChoice::Fixed(CommMode::HalvingDoubling),
+        hierarchical: true,
+        overlap: true,
+        bucket_kb: None,
+        planning_link: None,
+        stragglers: Stragglers::NONE,
+    };
+    let assumptions = vec![
+        Assumption {
+            what: "model",
+            value: format!(
+                "ResNet-50 (torchvision v1.5 graph, {:.2} M parameters, {:.2} GMACs per image)",
+                graph.num_params() as f64 / 1e6,
+                graph.macs() as f64 / 1e9
+            ),
+            source: "Goyal et al. 2017 train ResNet-50 (§4: \"approximately 25 million parameters\")",
+        },
+        Assumption {
+            what: "batch per GPU",
+            value: format!("{batch} images"),
+            source: "Goyal et al. 2017: n = 32 images per GPU throughout (kn = 256 on 8 GPUs, 8k on 256)",
+        },
+        Assumption {
+            what: "compute per GPU",
+            value: format!(
+                "backward {:.0} ms, forward {:.0} ms, update {:.1} ms at 32 images: \
+                 --device-images-per-s {images_per_s:.1}",
+                GOYAL_BACKWARD_S * 1e3,
+                GOYAL_BACKWARD_S * 0.5e3,
+                update_s * 1e3
+            ),
+            source: "backward: Goyal et al. 2017 §4 (\"Backwards pass time for ResNet-50 on a \
+                     single NVIDIA Tesla P100 GPU is 120 ms\"); forward = backward / 2: our FLOPs \
+                     rule (backward computes two products per forward one), assumed; update: SGD \
+                     with momentum, 20 bytes per parameter at P100's 732 GB/s HBM2 (NVIDIA P100 \
+                     datasheet)",
+        },
+        Assumption {
+            what: "cluster",
+            value: "32 servers x 8 GPUs; baseline 1 server x 8".into(),
+            source: "Goyal et al. 2017 §4 (Big Basin servers, 8 P100 each) and abstract (8 -> 256 GPUs)",
+        },
+        Assumption {
+            what: "within a server",
+            value: "20 GB/s per GPU port, 5 us".into(),
+            source: "NVLink: 20 GB/s per link and direction on P100 (NVIDIA P100 whitepaper; \
+                     Big Basin's OCP specification shows the NVLink hybrid cube mesh at 20 GB/s \
+                     per link); one link per GPU port assumed (the mesh gives each GPU 4 links, \
+                     to 4 of its 7 peers); latency assumed",
+        },
+        Assumption {
+            what: "between servers",
+            value: format!(
+                "one NIC per server, {:.1} Gbit/s full duplex, 10 us",
+                topo.nic.bandwidth_bytes_per_s * 8.0 / 1e9
+            ),
+            source: "Goyal et al. 2017 §4: Mellanox ConnectX-4 50 Gbit Ethernet per server; \
+                     TCP payload 94% of the line rate at a 1500-byte MTU (1448 of 1538 bytes on \
+                     the wire), assumed; latency assumed (not published)",
+        },
+        Assumption {
+            what: "per-message overhead",
+            value: "5 us".into(),
+            source: "assumed (software cost of a message in Gloo/NCCL-class libraries; not published)",
+        },
+        Assumption {
+            what: "algorithm",
+            value: "hierarchical: within the server to GPU 0, recursive halving-doubling among \
+                    the 32 servers' GPU 0s, back within (our --comm hd --hierarchical on); the \
+                    8-GPU baseline is one process, so flat hd over its 8 GPUs as the trainer \
+                    runs it"
+                .into(),
+            source: "Goyal et al. 2017 §4: three phases (sum within each server, all-reduce \
+                     across servers with recursive halving and doubling, broadcast within); they \
+                     used NCCL within a server, where our trainer gathers to the leader",
+        },
+        Assumption {
+            what: "overlap and buckets",
+            value: "overlap on; one bucket per layer with parameters (the trainer's default)".into(),
+            source: "Goyal et al. 2017 §4: a layer's gradient is aggregated as soon as it is \
+                     computed, while backprop continues",
+        },
+        Assumption {
+            what: "stragglers",
+            value: "none (every GPU equally fast)".into(),
+            source: "no published spread; the variants show 2%",
+        },
+    ];
+    let mut sim = Simulator::new();
+    let mut rows = Vec::new();
+    let mut variant = |name: &str, f: &dyn Fn(&mut StepConfig)| -> Result<(), String> {
+        let mut c = base;
+        f(&mut c);
+        let small = sim.step(&profile, &c)?.step_ms;
+        let large = StepConfig {
+            topology: c.topology.with_workers(256)?,
+            ..c
+        };
+        let big = sim.step(&profile, &large)?.step_ms;
+        rows.push((name.to_string(), small, big, 100.0 * small / big));
+        Ok(())
+    };
+    variant("as stated above", &|_| {})?;
+    variant("NIC at half the rate (23.5 Gbit/s)", &|c| {
+        c.topology.nic.bandwidth_bytes_per_s /= 2.0
+    })?;
+    variant("latency + overhead 50 us per message", &|c| {
+        c.topology.nic.latency = us(45);
+        c.topology.intra.latency = us(45);
+    })?;
+    variant("within a server 10 GB/s", &|c| {
+        c.topology.intra.bandwidth_bytes_per_s = 10e9
+    })?;
+    variant("within a server 80 GB/s (all 4 NVLinks)", &|c| {
+        c.topology.intra.bandwidth_bytes_per_s = 80e9
+    })?;
+    variant("stragglers: 2% compute spread (20 seeded steps)", &|c| {
+        c.stragglers = Stragglers {
+            spread: 0.02,
+            seed: 1,
+            steps: 20,
+        }
+    })?;
+    variant("ring among the servers", &|c| {
+        c.comm = CommChoice::Fixed(CommMode::Ring)
+    })?;
+    variant("flat hd over every GPU (--hierarchical off)", &|c| {
+        c.hierarchical = false
+    })?;
+    variant("overlap off", &|c| c.overlap = false)?;
+    Ok(Published {
+        assumptions,
+        published: 90.0,
+        rows,
+    })
+}
+
+/// Prints [`goyal2017`]: inputs with sources, prediction beside the published figure, variants.
+pub fn run_published() -> Result<Published, String> {
+    let p = goyal2017()?;
+    println!(
+        "Goyal et al. 2017 (arXiv:1706.02677), ResNet-50 on P100s: published ~{:.0}% scaling \
+         efficiency from 8 to 256 GPUs (abstract); efficiency = 8-GPU step / 256-GPU step at 32 \
+         images per GPU",
+        p.published
+    );
+    println!("inputs:");
+    for a in &p.assumptions {
+        println!("  {}: {}\n      source: {}", a.what, a.value, a.source);
+    }
+    println!(
+        "{:<50} {:>12} {:>12} {:>8} {:>10}",
+        "variant", "8 GPUs ms", "256 GPUs ms", "eff%", "vs 90%"
+    );
+    for (name, small, big, eff) in &p.rows {
+        println!(
+            "{name:<50} {small:>12.1} {big:>12.1} {eff:>8.1} {:>+10.1}",
+            eff - p.published
+        );
+    }
+    let d = p.predicted() - p.published;
+    println!(
+        "prediction from the stated inputs: {:.1}% against the published ~{:.0}%: {d:+.1} points \
+         (target: within 10)",
+        p.predicted(),
+        p.published
+    );
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_link_fitted_to_its_own_predictions_comes_back() {
+        let link = LinkModel {
+            bandwidth_bytes_per_s: 12.5e6,
+            latency: Duration::from_micros(40),
+        };
+        for mode in CommMode::ALL {
+            for world in [2usize, 4, 8] {
+                let t = |b| predicted_time(mode, world, b, &link);
+                let small = t(4);
+                let large = t(1 << 20);
+                let got = fit_link(mode, world, (4, small), (1 << 20, large)).unwrap();
+                let lat = got.latency.as_secs_f64() / link.latency.as_secs_f64();
+                assert!((lat - 1.0).abs() < 1e-6, "{mode} {world}: {got:?}");
+                let bw = got.bandwidth_bytes_per_s / link.bandwidth_bytes_per_s;
+                assert!((bw - 1.0).abs() < 1e-6, "{mode} {world}: {got:?}");
+            }
+        }
+        // A large size no slower than latency alone cannot give a rate.
+        let e = fit_link(
+            CommMode::Ring,
+            2,
+            (4, Duration::from_micros(100)),
+            (1 << 20, Duration::from_micros(100)),
+        )
+        .unwrap_err();
+        assert!(e.contains("time a larger size"), "{e}");
+    }
+
+    #[test]
+    fn the_mpi_allreduce_table_and_step_lines_are_read() {
+        let out = "all-reduce over MPI: 2 processes x 1 workers\n\
+                   \x20      bytes                 mode      time us   algbw GB/s   busbw GB/s\n\
+                   \x20          4                 ring        115.5        0.000        0.000\n\
+                   \x20    4194304                 ring     698659.2        0.006        0.006\n";
+        assert_eq!(
+            parse_allreduce(out, "ring", 4).unwrap(),
+            Duration::from_secs_f64(115.5e-6)
+        );
+        assert!(parse_allreduce(out, "hd", 4)
+            .unwrap_err()
+            .contains("no hd row"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        let mut text = String::new();
+        for step in 0..9 {
+            // Steps 0-4 are warm-up; of 5..=8 (10 to 13 ms) the median is 11.5.
+            let ms = if step < 5 {
+                100.0
+            } else {
+                9.0 + step as f64 - 4.0
+            };
+            text += &format!(
+                "{{\"kind\": \"step\", \"step\": {step}, \"times\": {{\"step_ms\": {ms}, \"data_ms\": 0, \"forward_ms\": 1, \"backward_ms\": 2, \"update_ms\": 0.5, \"exposed_comm_ms\": 3}}}}\n"
+            );
+        }
+        text += "{\"kind\": \"epoch\"}\n";
+        std::fs::write(&path, text).unwrap();
+        let p = Phases::median_of_steps(&path).unwrap();
+        assert_eq!((p.step, p.backward, p.exposed), (11.5, 2.0, 3.0));
+    }
 }

@@ -23,6 +23,13 @@ pub(crate) fn prev_power_of_two(n: usize) -> usize {
     1 << (usize::BITS - 1 - n.leading_zeros())
 }
 
+/// Into how many chunks the algorithm cuts a buffer over `world` ranks: one per rank of the
+/// power-of-two core. The algorithm below and the schedule recorder
+/// ([`crate::comm::record`]) both use this.
+pub(crate) fn chunks(world: usize) -> usize {
+    prev_power_of_two(world)
+}
+
 impl AllReduce for HalvingDoublingAllReduce {
     fn all_reduce_sum(
         &self,
@@ -37,7 +44,7 @@ impl AllReduce for HalvingDoublingAllReduce {
         if n <= 1 || len == 0 {
             return Ok(());
         }
-        let p2 = prev_power_of_two(n);
+        let p2 = chunks(n);
         let rem = n - p2;
         let paired = r < 2 * rem;
 

@@ -39,6 +39,7 @@ pub mod hierarchical;
 pub mod hybrid;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
+pub mod record;
 pub mod redundant;
 pub mod ring;
 pub mod transport;
@@ -84,6 +85,18 @@ impl CommMode {
         CommMode::HalvingDoubling,
         CommMode::Redundant,
     ];
+
+    /// Into how many equal chunks this mode's algorithm cuts a buffer over `world` ranks (1:
+    /// it only sends whole buffers). A buffer whose length is a multiple of this is split
+    /// exactly, so every message is a fixed fraction of it; the schedule recorder
+    /// ([`record`]) relies on that to record a schedule once and scale it to any size.
+    pub fn chunks(self, world: usize) -> usize {
+        match self {
+            CommMode::Ring => ring::chunks(world),
+            CommMode::HalvingDoubling => halving_doubling::chunks(world),
+            CommMode::Tree | CommMode::Redundant => 1,
+        }
+    }
 
     /// The algorithm implementing this mode.
     pub fn algorithm(self) -> &'static dyn AllReduce {

@@ -14,6 +14,13 @@ use crate::comm::{add_into, chunk_range, scratch_slice, AllReduce, CommError, Tr
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RingAllReduce;
 
+/// Into how many chunks the ring cuts a buffer over `world` ranks: one per rank. The
+/// algorithm below and the schedule recorder ([`crate::comm::record`]) both use this, so the
+/// recorder's message sizes follow the algorithm's partition.
+pub(crate) fn chunks(world: usize) -> usize {
+    world
+}
+
 impl AllReduce for RingAllReduce {
     fn all_reduce_sum(
         &self,
@@ -28,6 +35,7 @@ impl AllReduce for RingAllReduce {
         if n <= 1 || len == 0 {
             return Ok(());
         }
+        let parts = chunks(n);
         let right = (r + 1) % n;
         let left = (r + n - 1) % n;
         // Chunks may be empty when len < world; they are still exchanged so
@@ -35,8 +43,8 @@ impl AllReduce for RingAllReduce {
         for step in 0..n - 1 {
             let send_c = (r + n - step) % n;
             let recv_c = (r + 2 * n - step - 1) % n;
-            t.send(right, tag, &buf[chunk_range(len, n, send_c)])?;
-            let range = chunk_range(len, n, recv_c);
+            t.send(right, tag, &buf[chunk_range(len, parts, send_c)])?;
+            let range = chunk_range(len, parts, recv_c);
             let incoming = scratch_slice(scratch, range.len());
             t.recv(left, tag, incoming)?;
             add_into(&mut buf[range], incoming);
@@ -44,8 +52,8 @@ impl AllReduce for RingAllReduce {
         for step in 0..n - 1 {
             let send_c = (r + 1 + n - step) % n;
             let recv_c = (r + n - step) % n;
-            t.send(right, tag, &buf[chunk_range(len, n, send_c)])?;
-            t.recv(left, tag, &mut buf[chunk_range(len, n, recv_c)])?;
+            t.send(right, tag, &buf[chunk_range(len, parts, send_c)])?;
+            t.recv(left, tag, &mut buf[chunk_range(len, parts, recv_c)])?;
         }
         Ok(())
     }

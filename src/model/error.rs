@@ -74,8 +74,9 @@ pub struct ModelError {
     pub line: Option<usize>,
     /// The layer (with its type), when the error is about one.
     pub layer: Option<String>,
-    /// What is wrong.
-    pub kind: ModelErrorKind,
+    /// What is wrong (boxed: errors travel in `Result`s on every parse path, and the kind's
+    /// strings would make each of those results large).
+    pub kind: Box<ModelErrorKind>,
 }
 
 fn location(file: &str, line: &Option<usize>) -> String {
@@ -99,7 +100,7 @@ impl ModelError {
             file: file.to_string(),
             line,
             layer: None,
-            kind,
+            kind: Box::new(kind),
         }
     }
 }

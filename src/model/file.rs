@@ -386,7 +386,7 @@ impl Expander<'_> {
             file,
             line: Some(o.line),
             layer,
-            kind,
+            kind: Box::new(kind),
         }
     }
 
@@ -710,7 +710,7 @@ layers = [
         let e = parse(text, "t.toml", "t").unwrap_err();
         // b2 passes an unknown parameter 'x'.
         assert!(
-            matches!(e.kind, ModelErrorKind::UnknownKey { ref key, .. } if key == "x"),
+            matches!(*e.kind, ModelErrorKind::UnknownKey { ref key, .. } if key == "x"),
             "{e}"
         );
         assert_eq!(e.line, Some(6));

@@ -133,7 +133,7 @@ impl Graph {
     /// without a loss layer gets a softmax cross-entropy on its last layer.
     pub fn build(spec: &ModelSpec, input: [usize; 3], classes: usize) -> Result<Graph, ModelError> {
         let file_err = |kind| ModelError::file(&spec.source, None, kind);
-        if input.iter().any(|&d| d == 0) || classes == 0 {
+        if input.contains(&0) || classes == 0 {
             return Err(file_err(ModelErrorKind::Shape(format!(
                 "the input {}x{}x{} with {classes} classes has a zero dimension",
                 input[0], input[1], input[2]
@@ -162,7 +162,7 @@ impl Graph {
                 }),
             line: l.origin.as_ref().map(|o| o.line),
             layer: Some(format!("'{}' ({})", l.name, l.op.type_name())),
-            kind,
+            kind: Box::new(kind),
         };
         // Names to layer indices (1-based: 0 is the input).
         let mut index: HashMap<&str, usize> = HashMap::new();
@@ -630,12 +630,15 @@ mod tests {
 ]"#,
         )
         .unwrap_err();
-        assert!(matches!(e.kind, ModelErrorKind::Cycle(_)), "{e}");
+        assert!(matches!(*e.kind, ModelErrorKind::Cycle(_)), "{e}");
         assert!(
             e.to_string().contains("a -> b -> a") || e.to_string().contains("b -> a -> b"),
             "{e}"
         );
         let e = build(r#"layers = [ { type = "relu", input = "nope" } ]"#).unwrap_err();
-        assert!(matches!(e.kind, ModelErrorKind::MissingInput { .. }), "{e}");
+        assert!(
+            matches!(*e.kind, ModelErrorKind::MissingInput { .. }),
+            "{e}"
+        );
     }
 }

@@ -216,8 +216,8 @@ impl Net {
         }
         // Where each node's value lives: its own buffer, or (fused producer) its activation's.
         let mut value_of: Vec<usize> = (0..nn).collect();
-        for j in 0..nn {
-            if let Some(i) = fused_into[j] {
+        for (j, into) in fused_into.iter().enumerate() {
+            if let Some(i) = *into {
                 value_of[i] = j;
             }
         }
@@ -269,8 +269,7 @@ impl Net {
         }
         // Which execs need a backward, which inputs a gradient (forward order).
         let mut needs_grad = vec![false; nn];
-        for e in 0..execs.len() {
-            let ex = &mut execs[e];
+        for ex in &mut execs {
             for (k, &j) in ex.inputs.iter().enumerate() {
                 ex.needs_dx[k] = needs_grad[j];
             }

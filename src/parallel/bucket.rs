@@ -32,6 +32,16 @@ pub struct Bucket {
     pub len: usize,
 }
 
+impl Bucket {
+    /// The block whose backward completes the bucket (the last one backward writes).
+    pub fn ready_after_block(&self) -> usize {
+        *self
+            .blocks
+            .last()
+            .expect("a bucket holds at least one block")
+    }
+}
+
 /// The buckets of one model for given caps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketPlan {

@@ -1,16 +1,53 @@
 //! `dptrain profile` and `dptrain simulate`: arguments and the printed tables.
 
-use super::arch::describe;
-use super::profile::{from_flops, measure, DeviceSpec, Profile};
-use super::step::{search_buckets, simulate_step, CommChoice, StepConfig, StepResult};
+use super::profile::{from_graph, measure, model_graph, DeviceSpec, DeviceSpeed, Profile};
+use super::step::{search_buckets, Simulator, StepConfig, StepResult, Stragglers};
+use super::topology::Topology;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
+use crate::config::CommChoice;
 use std::path::PathBuf;
+
+/// How fast the device is, for a profile from the model's graph.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeviceArgs {
+    /// Derive times from FLOPs for a device of this peak TFLOPS.
+    #[arg(long)]
+    pub device_tflops: Option<f64>,
+    /// Fraction of peak reached, with --device-tflops.
+    #[arg(long, default_value_t = 0.4)]
+    pub efficiency: f64,
+    /// Derive times from this device's training throughput on the model (images/s at the
+    /// profile's batch, e.g. a published single-device figure).
+    #[arg(long, conflicts_with = "device_tflops")]
+    pub device_images_per_s: Option<f64>,
+    /// Device memory bandwidth in GB/s (the update is memory-bound).
+    #[arg(long, default_value_t = 900.0)]
+    pub mem_gbs: f64,
+}
+
+impl DeviceArgs {
+    /// The device speed given, if any.
+    pub fn speed(&self) -> Option<DeviceSpeed> {
+        match (self.device_tflops, self.device_images_per_s) {
+            (Some(tflops), _) => Some(DeviceSpeed::Flops(DeviceSpec {
+                tflops,
+                efficiency: self.efficiency,
+                mem_gbs: self.mem_gbs,
+            })),
+            (None, Some(images_per_s)) => Some(DeviceSpeed::ImagesPerSecond {
+                images_per_s,
+                mem_gbs: self.mem_gbs,
+            }),
+            (None, None) => None,
+        }
+    }
+}
 
 /// Arguments of `dptrain profile`.
 #[derive(Debug, clap::Args)]
 pub struct ProfileArgs {
-    /// Model: lenet5, vgg-small, resnet20 (measured or by FLOPs); alexnet, vgg16, resnet50,
-    /// inception-v3, inception-v3-noaux (by FLOPs only).
+    /// Model: a built-in name or a model file. Measured on this machine's training engine, or
+    /// derived from its graph with --device-tflops or --device-images-per-s.
     #[arg(long)]
     pub model: String,
     /// Per-worker batch.
@@ -26,15 +63,9 @@ pub struct ProfileArgs {
     /// sharing this machine.
     #[arg(long, default_value_t = 1)]
     pub concurrent: usize,
-    /// Derive times from FLOPs for a device of this peak TFLOPS instead of measuring.
-    #[arg(long)]
-    pub device_tflops: Option<f64>,
-    /// Fraction of peak reached, with --device-tflops.
-    #[arg(long, default_value_t = 0.4)]
-    pub efficiency: f64,
-    /// Device memory bandwidth in GB/s (the update is memory-bound), with --device-tflops.
-    #[arg(long, default_value_t = 900.0)]
-    pub mem_gbs: f64,
+    /// The device, instead of measuring.
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Output JSON file.
     #[arg(long)]
     pub out: PathBuf,
@@ -44,24 +75,121 @@ pub struct ProfileArgs {
 /// small enough that step times and byte counts stay in range of the simulator's arithmetic.
 pub const MAX_PROFILE_BATCH: usize = 1 << 20;
 
+/// Bytes a measured training step needs per sample, as a multiple of the f32 bytes of every
+/// layer's output: the network keeps each output for backward and at most as much again in
+/// gradient buffers (shared by liveness, usually far less); 2.5 leaves a margin for the
+/// kernels' scratch.
+const STEP_BYTES_FACTOR: f64 = 2.5;
+
+/// Refuses a measured profile whose step would not fit in this machine's memory.
+pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
+    let g = model_graph(model)?;
+    let elems: usize = g.nodes.iter().map(|n| n.shape.numel()).sum();
+    let bytes = 4.0 * elems as f64 * STEP_BYTES_FACTOR * batch as f64 * replicas as f64
+        + 16.0 * g.num_params() as f64 * replicas as f64;
+    let replicas = if replicas > 1 {
+        format!(" on {replicas} replicas")
+    } else {
+        String::new()
+    };
+    crate::limits::check_memory(
+        &format!("a {model} step at batch {batch}{replicas}"),
+        bytes,
+        "lower --batch",
+    )
+}
+
+/// Builds the profile `profile`/`simulate` were asked for: from the graph and a device speed,
+/// or measured on this machine. Either is checked as a loaded profile is.
+fn make_profile(
+    model: &str,
+    batch: usize,
+    device: &DeviceArgs,
+    measured: impl FnOnce() -> Result<Profile, String>,
+) -> Result<Profile, String> {
+    // An unknown name is an unknown name, whether or not a device speed was given.
+    let graph = model_graph(model)?;
+    if batch == 0 || batch > MAX_PROFILE_BATCH {
+        return Err(format!(
+            "--batch {batch}: give a per-worker batch from 1 to {MAX_PROFILE_BATCH}"
+        ));
+    }
+    let p = match device.speed() {
+        Some(speed) => from_graph(&graph, batch, speed)?,
+        None => measured()?,
+    };
+    super::validate::profile(&p)?;
+    Ok(p)
+}
+
+/// Runs `dptrain profile`.
+pub fn profile(a: ProfileArgs) -> Result<(), String> {
+    // The output is checked before the minutes of measuring it would hold.
+    crate::output::check_writable(&a.out).map_err(|e| format!("--out: {e}"))?;
+    let p = make_profile(&a.model, a.batch, &a.device, || {
+        if a.threads == 0 {
+            return Err("--threads 0: a step needs at least 1 compute thread".into());
+        }
+        if a.threads > crate::limits::cores() {
+            crate::cli::print_warning(&format!(
+                "--threads {} is more than the {} cores this process may use: the measured \
+                 times include time-slicing",
+                a.threads,
+                crate::limits::cores()
+            ));
+        }
+        check_step_memory(&a.model, a.batch, a.concurrent.max(1))?;
+        measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)
+    })?;
+    p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
+    println!("{}", describe_profile(&p));
+    println!("profile written to {}", a.out.display());
+    Ok(())
+}
+
 /// Arguments of `dptrain simulate`.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
-    /// Profile JSON (from `dptrain profile`).
-    #[arg(long)]
-    pub profile: PathBuf,
-    /// Worker counts, comma-separated.
+    /// Profile JSON (from `dptrain profile`); or give --model and a device speed.
+    #[arg(long, required_unless_present = "model")]
+    pub profile: Option<PathBuf>,
+    /// Model to profile from its graph (with --device-tflops or --device-images-per-s).
+    #[arg(long, conflicts_with = "profile")]
+    pub model: Option<String>,
+    /// Per-worker batch, with --model.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// The device, with --model.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Worker counts, comma-separated (multiples of --devices-per-host).
     #[arg(long, default_value = "2,4,8,16,32,64,128,256,512,1024")]
     pub workers: String,
-    /// Port bandwidth of every worker (e.g. 10Gbit, 400MB/s).
+    /// Devices (workers) per host; they share the host's NIC.
+    #[arg(long, default_value_t = 1)]
+    pub devices_per_host: usize,
+    /// NIC bandwidth of every host (e.g. 10Gbit, 400MB/s); with one device per host, every
+    /// worker's port.
     #[arg(long, default_value = "10Gbit")]
     pub link_bandwidth: String,
-    /// One-way latency (e.g. 5us).
+    /// NIC one-way latency (e.g. 5us).
     #[arg(long, default_value = "5us")]
     pub link_latency: String,
+    /// Bandwidth of a device's port within its host (needed with --devices-per-host > 1).
+    #[arg(long)]
+    pub intra_bandwidth: Option<String>,
+    /// Latency within a host.
+    #[arg(long, default_value = "1us")]
+    pub intra_latency: String,
+    /// Software cost of every message, added to its link's latency.
+    #[arg(long, default_value = "0")]
+    pub message_overhead: String,
     /// Modes, comma-separated (tree, ring, hd, redundant, auto), or all.
     #[arg(long, default_value = "all")]
     pub comm: String,
+    /// Reduce within each host first (on), flat over every worker (off), or both.
+    #[arg(long, default_value = "on")]
+    pub hierarchical: String,
     /// on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
@@ -75,97 +203,31 @@ pub struct SimulateArgs {
     /// Try a range of bucket caps and report the best for each configuration.
     #[arg(long)]
     pub search_buckets: bool,
-}
-
-/// Bytes a measured training step needs per sample, as a multiple of the f32 bytes of every
-/// layer's output: the network keeps each output for backward and at most as much again in
-/// gradient buffers (shared by liveness, usually far less); 2.5 leaves a margin for the
-/// kernels' scratch.
-const STEP_BYTES_FACTOR: f64 = 2.5;
-
-/// Refuses a measured profile whose step would not fit in this machine's memory.
-pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
-    let g = crate::bench::replica::reference_graph(model)?;
-    let elems: usize = g.nodes.iter().map(|n| n.shape.numel()).sum();
-    let bytes = 4.0 * elems as f64 * STEP_BYTES_FACTOR * batch as f64 * replicas as f64
-        + 16.0 * g.num_params() as f64 * replicas as f64;
-    tracing::debug!(
-        model,
-        batch,
-        replicas,
-        elems,
-        bytes,
-        "estimated step memory"
-    );
-    crate::limits::check_memory(
-        &format!(
-            "a {model} step at batch {batch}{}",
-            if replicas > 1 {
-                format!(" on {replicas} replicas")
-            } else {
-                String::new()
-            }
-        ),
-        bytes,
-        "lower --batch",
-    )
-}
-
-/// Runs `dptrain profile`.
-pub fn profile(a: ProfileArgs) -> Result<(), String> {
-    // An unknown name is an unknown name, whether or not --device-tflops was given.
-    describe(&a.model)?;
-    if a.batch == 0 || a.batch > MAX_PROFILE_BATCH {
-        return Err(format!(
-            "--batch {}: give a per-worker batch from 1 to {MAX_PROFILE_BATCH}",
-            a.batch
-        ));
-    }
-    // The output is checked before the minutes of measuring it would hold.
-    crate::output::check_writable(&a.out).map_err(|e| format!("--out: {e}"))?;
-    if a.device_tflops.is_none() {
-        if a.threads == 0 {
-            return Err("--threads 0: a step needs at least 1 compute thread".into());
-        }
-        if a.threads > crate::limits::cores() {
-            crate::cli::print_warning(&format!(
-                "--threads {} is more than the {} cores this process may use: the measured \
-                 times include time-slicing",
-                a.threads,
-                crate::limits::cores()
-            ));
-        }
-        check_step_memory(&a.model, a.batch, a.concurrent.max(1))?;
-    }
-    let p = match a.device_tflops {
-        Some(tflops) => from_flops(
-            &describe(&a.model)?,
-            a.batch,
-            DeviceSpec {
-                tflops,
-                efficiency: a.efficiency,
-                mem_gbs: a.mem_gbs,
-            },
-        )?,
-        None => measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)?,
-    };
-    p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
-    println!("{}", describe_profile(&p));
-    println!("profile written to {}", a.out.display());
-    Ok(())
+    /// Coefficient of variation of each worker's compute per step (stragglers), e.g. 0.02, or
+    /// `profile`: the spread measured with the profile. Above 0 every worker is simulated.
+    #[arg(long, default_value = "0")]
+    pub compute_spread: String,
+    /// Seed of the straggler draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Steps simulated and averaged when the spread is above 0.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
 }
 
 /// A short table of a profile's blocks.
 pub fn describe_profile(p: &Profile) -> String {
     let mut s = format!(
-        "{} at batch {} ({}): forward {:.3} ms, backward {:.3} ms, update {:.3} ms, {:.2} M params\n",
+        "{} at batch {} ({}): forward {:.3} ms, backward {:.3} ms, update {:.3} ms, {:.2} M params{}\n",
         p.model,
         p.batch,
         p.source,
         p.forward_ms(),
         p.backward_ms(),
         p.update_ms,
-        p.grad_bytes() as f64 / 4e6
+        p.grad_bytes() as f64 / 4e6,
+        p.compute_spread
+            .map_or(String::new(), |c| format!(", compute spread {:.1}%", 100.0 * c))
     );
     s += &format!(
         "{:<16} {:>10} {:>10} {:>12} {:>14}\n",
@@ -185,7 +247,7 @@ pub fn describe_profile(p: &Profile) -> String {
 }
 
 /// Parses `auto`, a mode, or `all` (every mode and auto).
-fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
+pub fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
     if s.trim() == "all" {
         let mut v: Vec<CommChoice> = CommMode::ALL
             .iter()
@@ -197,83 +259,169 @@ fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
     s.split(',').map(|m| CommChoice::parse(m.trim())).collect()
 }
 
-fn overlap_list(s: &str) -> Result<Vec<bool>, String> {
+/// Parses `on`, `off` or `both`.
+pub fn on_off_list(flag: &str, s: &str) -> Result<Vec<bool>, String> {
     match s.trim() {
         "on" => Ok(vec![true]),
         "off" => Ok(vec![false]),
         "both" => Ok(vec![true, false]),
-        o => Err(format!("--overlap {o:?}: use on, off or both")),
+        o => Err(format!("--{flag} {o:?}: use on, off or both")),
     }
+}
+
+/// Parses a comma-separated list of worker counts; each must be a positive integer.
+pub fn worker_list(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|w| match w.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!(
+                "bad worker count '{w}': give positive integers, e.g. 8,64,512"
+            )),
+        })
+        .collect()
 }
 
 /// Runs `dptrain simulate`.
 pub fn simulate(a: SimulateArgs) -> Result<(), String> {
-    let p = Profile::load(&a.profile)?;
-    let workers: Vec<usize> = a
-        .workers
-        .split(',')
-        .map(|w| match w.trim().parse::<usize>() {
-            Ok(n) if (1..=super::validate::MAX_WORKERS).contains(&n) => Ok(n),
-            Ok(n) if n > 1 => Err(format!(
-                "--workers {n}: the simulator takes up to {} workers",
-                super::validate::MAX_WORKERS
-            )),
-            _ => Err(format!("bad worker count '{w}': use whole numbers from 1")),
-        })
-        .collect::<Result<_, _>>()?;
-    let link = LinkModel {
-        bandwidth_bytes_per_s: parse_bandwidth(&a.link_bandwidth)?,
-        latency: parse_duration(&a.link_latency)?,
+    let p = match (&a.profile, &a.model) {
+        (Some(path), _) => Profile::load(path)?,
+        (None, Some(model)) => make_profile(model, a.batch, &a.device, || {
+            Err(format!(
+                "simulate --model {model} needs --device-tflops or --device-images-per-s (or \
+                 measure a profile with `dptrain profile` and pass --profile)"
+            ))
+        })?,
+        (None, None) => return Err("give --profile FILE, or --model with a device speed".into()),
+    };
+    let workers = worker_list(&a.workers)?;
+    let nic = LinkModel {
+        bandwidth_bytes_per_s: parse_bandwidth(&a.link_bandwidth)
+            .map_err(|e| format!("--link-bandwidth: {e}"))?,
+        latency: parse_duration(&a.link_latency).map_err(|e| format!("--link-latency: {e}"))?,
+    };
+    let d = a.devices_per_host;
+    let intra = match &a.intra_bandwidth {
+        Some(b) => LinkModel {
+            bandwidth_bytes_per_s: parse_bandwidth(b)
+                .map_err(|e| format!("--intra-bandwidth: {e}"))?,
+            latency: parse_duration(&a.intra_latency)
+                .map_err(|e| format!("--intra-latency: {e}"))?,
+        },
+        None if d > 1 => {
+            return Err(format!(
+                "--devices-per-host {d} needs --intra-bandwidth (and --intra-latency): the link \
+                 between the devices of a host, e.g. 20GB/s for one NVLink, 12GB/s for PCIe 3 x16"
+            ))
+        }
+        None => nic,
+    };
+    let overhead =
+        parse_duration(&a.message_overhead).map_err(|e| format!("--message-overhead: {e}"))?;
+    let base = Topology {
+        hosts: 1,
+        devices_per_host: d,
+        intra,
+        nic,
+        overhead,
     };
     let comms = comm_list(&a.comm)?;
-    let overlaps = overlap_list(&a.overlap)?;
-    if !(link.bandwidth_bytes_per_s.is_finite() && link.bandwidth_bytes_per_s > 0.0) {
-        return Err("--link-bandwidth must be a positive bandwidth".into());
-    }
-    let base = StepConfig {
-        world: 1,
-        link,
-        comm: CommChoice::Fixed(CommMode::Ring),
-        overlap: true,
-        first_cap_bytes: a.first_bucket_kb.unwrap_or(0) * 1024,
-        cap_bytes: a.bucket_kb.unwrap_or(0) * 1024,
+    let overlaps = on_off_list("overlap", &a.overlap)?;
+    let hiers = on_off_list("hierarchical", &a.hierarchical)?;
+    let spread = match a.compute_spread.trim() {
+        "profile" => p.compute_spread.ok_or_else(|| {
+            format!(
+                "--compute-spread profile: {} has no measured spread (profiles from FLOPs or \
+                 images/s have none); give a number",
+                p.model
+            )
+        })?,
+        v => match v.parse::<f64>() {
+            Ok(x) if x >= 0.0 && x.is_finite() => x,
+            _ => {
+                return Err(format!(
+                    "--compute-spread {v:?}: give a number >= 0 (e.g. 0.02) or `profile`"
+                ))
+            }
+        },
     };
-    // The trainer's rule: given caps, or what the link moves in one latency.
-    let (first_cap, cap) = crate::parallel::bucket_caps(a.first_bucket_kb, a.bucket_kb, &link);
-    let single = simulate_step(&p, &base)?.step_ms;
+    let stragglers = Stragglers {
+        spread,
+        seed: a.seed,
+        steps: a.steps,
+    };
+    let bucket_kb = match (a.first_bucket_kb, a.bucket_kb) {
+        (None, None) => None,
+        (f, b) => Some((f.or(b).unwrap_or(0), b.unwrap_or(0))),
+    };
+    let mut sim = Simulator::new();
+    let single_cfg = StepConfig {
+        topology: Topology::flat(1, nic),
+        comm: CommChoice::Fixed(CommMode::Ring),
+        hierarchical: true,
+        overlap: true,
+        bucket_kb,
+        planning_link: None,
+        stragglers,
+    };
+    let single = sim.step(&p, &single_cfg)?.step_ms;
     println!("{}", describe_profile(&p).lines().next().unwrap_or(""));
     println!(
-        "link {} / {} per worker port; weak scaling at batch {} per worker; 1 worker: {single:.3} ms/step",
-        a.link_bandwidth, a.link_latency, p.batch
+        "{} device(s) per host; NIC {} / {}{}; message overhead {}; compute spread {:.1}%{}; \
+         weak scaling at batch {} per worker; 1 worker: {single:.3} ms/step",
+        d,
+        a.link_bandwidth,
+        a.link_latency,
+        if d > 1 {
+            format!(
+                ", within a host {} / {}",
+                a.intra_bandwidth.as_deref().unwrap_or(""),
+                a.intra_latency
+            )
+        } else {
+            String::new()
+        },
+        a.message_overhead,
+        100.0 * spread,
+        if spread > 0.0 {
+            format!(" (mean of {} seeded steps)", a.steps)
+        } else {
+            String::new()
+        },
+        p.batch
     );
-    let mut cfgs = Vec::new();
-    for &world in &workers {
+    println!("{}", header());
+    for &n in &workers {
+        let topology = base.with_workers(n)?;
         for &comm in &comms {
-            for &overlap in &overlaps {
-                let mut cfg = StepConfig {
-                    world,
-                    comm,
-                    overlap,
-                    ..base
-                };
-                cfg.first_cap_bytes = first_cap;
-                cfg.cap_bytes = cap;
-                cfgs.push(cfg);
+            for &hierarchical in &hiers {
+                for &overlap in &overlaps {
+                    let cfg = StepConfig {
+                        topology,
+                        comm,
+                        hierarchical,
+                        overlap,
+                        ..single_cfg
+                    };
+                    let result = if a.search_buckets {
+                        search_buckets(&mut sim, &p, &cfg).map(|(kb, r)| (Some(kb), r))
+                    } else {
+                        sim.step(&p, &cfg).map(|r| (bucket_kb.map(|(_, b)| b), r))
+                    };
+                    // A configuration too large to simulate says why and the sweep goes on.
+                    match result {
+                        Ok((kb, r)) => println!("{}", row(&cfg, kb, &r, single, p.batch)),
+                        Err(e) => println!(
+                            "{:>7} {:>9} {:>10} {:>5} {:>7} refused: {e}",
+                            n,
+                            format!("{}x{}", topology.hosts, topology.devices_per_host),
+                            comm.to_string(),
+                            if hierarchical { "on" } else { "off" },
+                            if overlap { "on" } else { "off" },
+                        ),
+                    }
+                }
             }
         }
-    }
-    // Every configuration is sized before any runs: none may take minutes or exhaust memory.
-    for cfg in &cfgs {
-        super::validate::simulation_size(&p, cfg, a.search_buckets)?;
-    }
-    println!("{}", header());
-    for cfg in &cfgs {
-        let (kb, r) = if a.search_buckets {
-            search_buckets(&p, cfg)?
-        } else {
-            (cfg.cap_bytes.div_ceil(1024), simulate_step(&p, cfg)?)
-        };
-        println!("{}", row(cfg, kb, &r, single, p.batch));
     }
     Ok(())
 }
@@ -281,9 +429,11 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
 /// The table header of [`row`].
 pub fn header() -> String {
     format!(
-        "{:>7} {:>10} {:>7} {:>9} {:>7} {:>10} {:>10} {:>10} {:>11} {:>6}",
+        "{:>7} {:>9} {:>10} {:>5} {:>7} {:>9} {:>7} {:>10} {:>10} {:>10} {:>11} {:>6}",
         "workers",
+        "hosts",
         "comm",
+        "hier",
         "overlap",
         "bucket",
         "buckets",
@@ -295,32 +445,36 @@ pub fn header() -> String {
     )
 }
 
-/// One configuration's line: `single` is the 1-worker step time (weak-scaling efficiency).
+/// One configuration's line: `single` is the 1-worker step time (weak-scaling efficiency);
+/// `bucket_kb` the cap searched or given (`None`: the trainer's default).
 pub fn row(
     cfg: &StepConfig,
-    bucket_kb: usize,
+    bucket_kb: Option<usize>,
     r: &StepResult,
     single: f64,
     batch: usize,
 ) -> String {
-    let bucket = if bucket_kb == 0 {
-        "block".to_string()
-    } else if bucket_kb >= 1 << 30 {
-        "all".to_string()
-    } else {
-        format!("{bucket_kb}K")
+    let bucket = match bucket_kb {
+        None => "default".to_string(),
+        Some(0) => "block".to_string(),
+        Some(kb) if kb >= 1 << 30 => "all".to_string(),
+        Some(kb) => format!("{kb}K"),
     };
+    let t = &cfg.topology;
+    let world = t.workers();
     format!(
-        "{:>7} {:>10} {:>7} {:>9} {:>7} {:>10.3} {:>10.3} {:>10.3} {:>11.0} {:>6.1}",
-        cfg.world,
+        "{:>7} {:>9} {:>10} {:>5} {:>7} {:>9} {:>7} {:>10.3} {:>10.3} {:>10.3} {:>11.0} {:>6.1}",
+        world,
+        format!("{}x{}", t.hosts, t.devices_per_host),
         cfg.comm.to_string(),
+        if cfg.hierarchical { "on" } else { "off" },
         if cfg.overlap { "on" } else { "off" },
         bucket,
         r.bucket_bytes.len(),
         r.step_ms,
         r.comm_ms,
         r.exposed_ms,
-        (cfg.world * batch) as f64 / (r.step_ms / 1e3),
+        (world * batch) as f64 / (r.step_ms / 1e3),
         100.0 * single / r.step_ms
     )
 }

@@ -1,56 +1,58 @@
 //! Planning past this machine: profiles of one worker's step, and a discrete-event simulation of
-//! a data-parallel step on N workers.
+//! a data-parallel step on a cluster of hosts.
 //!
-//! The question: "what will my model do on N devices with this network, in each communication
-//! mode, with overlap on or off, and with which bucket size?", answered before renting the
-//! cluster. Top-down:
+//! The question: "what will my model do on H hosts of D devices with this network, in each
+//! communication mode, flat or hierarchical, with overlap on or off, with which bucket size,
+//! and with workers that are not all equally fast?", answered before renting the cluster.
+//! Top-down:
 //!
 //! 1. **A profile** ([`profile`]) is one worker's step, block by block: forward and backward
-//!    times at a per-worker batch, each block's parameter sizes (its gradient bytes), and the
-//!    update time. `dptrain profile` measures it here (per-block medians, timed through the
-//!    block-wise backward's callback exactly where the trainer's reducer takes the gradients),
-//!    or derives it from FLOPs and a stated device (`--device-tflops`, `--efficiency`) using the
-//!    architecture descriptions in [`arch`] (ours, plus AlexNet, VGG-16, ResNet-50 and
-//!    Inception-v3 computed from their layer shapes).
-//! 2. **A step** ([`step`]) replays the worker's timeline: forward, then backward last block
-//!    first; the trainer's own [`crate::parallel::BucketPlan`] cuts the gradients into buckets,
-//!    and a bucket is ready when backward finishes its lowest block (overlap on) or when backward
-//!    ends (overlap off). Each rank has one communication channel (the trainer's communication
-//!    thread) that runs bucket collectives one at a time, in order. Weak scaling: every worker
-//!    runs the same profile, so the 1-worker step is the reference for efficiency.
-//! 3. **Collectives** ([`schedule`]) are the algorithms' actual message schedules, mirroring
-//!    `src/comm/*.rs` send for send; tree mode is the trainer's (reduce per bucket, root update,
-//!    weight broadcast).
-//! 4. **The engine** ([`engine`]) runs those schedules in virtual time under the link
-//!    emulation's port model: one full-duplex port per rank, a send occupies the sender's
-//!    transmit and the receiver's receive side for `bytes / bandwidth` and arrives `latency`
-//!    later. Rank-symmetric schedules (ring, redundant, halving-doubling on a power of two) are
-//!    simulated through one representative rank, which is exact when every rank is in the same
-//!    state; the others (tree, halving-doubling off a power of two, and any step that mixes
-//!    them) run every rank's program, so ranks drifting apart between buckets is modelled too.
+//!    times at a per-worker batch, each block's parameter sizes (its gradient bytes), the
+//!    update time, and for measured profiles the spread of the step's compute. `dptrain
+//!    profile` measures it here (per-block medians, timed through the block-wise backward's
+//!    callback exactly where the trainer's reducer takes the gradients), or derives it from a
+//!    model's graph ([`crate::model::Graph`]: one block per layer with parameters) and a stated
+//!    device: its FLOPS and efficiency, or its training images/s for the model (a published
+//!    single-device figure).
+//! 2. **The cluster** ([`topology`]): hosts x devices per host, a port per device within its
+//!    host, one NIC per host shared by its devices, and a per-message software overhead.
+//! 3. **A step** ([`step`]) replays every worker's timeline: forward, then backward last block
+//!    first; the trainer's own rules cut the gradients into buckets and choose each bucket's
+//!    operation (flat or hierarchical, `auto`'s mode), and a bucket is ready when backward
+//!    finishes its lowest block (overlap on) or when backward ends (overlap off). Each worker's
+//!    communication thread runs bucket collectives one at a time, in order. Weak scaling: every
+//!    worker runs the same profile (scaled per worker by the straggler draws), so the 1-worker
+//!    step is the reference for efficiency.
+//! 4. **Schedules** ([`schedule`]) are recorded by running the real `comm/` algorithms over a
+//!    recording transport ([`crate::comm::record`]), so simulator and trainer cannot drift;
+//!    symmetric schedules are simulated through one host's ranks.
+//! 5. **The engine** ([`engine`]) runs them in virtual time under the port model.
 //!
-//! With no compute and one bucket the result equals [`crate::comm::predicted_time`]'s alpha-beta
-//! formulas (tests/sim.rs), except where the formula is only a bound: the tree off a power of two,
-//! where the emulated (and simulated) schedule is faster than `2⌈log2 N⌉(α + nβ)`.
-//!
-//! `--link-latency` is the latency a message sees end to end, software included: `dptrain bench
-//! sim-check` measures the emulated link's own per-message cost (thread hand-off and wake-up,
-//! ~20 µs here) and adds it before comparing with emulated runs.
+//! On one flat network with no compute and one bucket the result equals
+//! [`crate::comm::predicted_time`]'s alpha-beta formulas (tests/sim.rs), except where the
+//! formula is only a bound: the tree off a power of two, where the schedule is faster than
+//! `2⌈log2 N⌉(α + nβ)`, and halving-doubling off a power of two, where early ranks' sends can
+//! hold a late rank's port.
 //!
 //! Not modelled: computation of the additions in reductions, CPU contention between the
 //! communication thread and compute (on this 2-core machine it is real; measuring the profile
-//! with `--concurrent N` captures the compute side of it), data loading (assumed prefetched),
-//! and stragglers (all ranks are equally fast).
+//! with `--concurrent N` captures the compute side of it), and data loading (assumed
+//! prefetched).
 
-pub mod arch;
 pub mod cli;
 pub mod engine;
 pub mod profile;
 pub mod schedule;
 pub mod step;
+pub mod topology;
 pub mod validate;
 
-pub use arch::{describe, segments, Arch, ArchBlock};
-pub use profile::{from_flops, measure, BlockProfile, DeviceSpec, Profile};
-pub use schedule::Collective;
-pub use step::{search_buckets, simulate_step, CommChoice, StepConfig, StepResult};
+pub use profile::{
+    from_graph, measure, model_graph, BlockProfile, DeviceSpec, DeviceSpeed, Profile,
+};
+pub use schedule::{Job, Symmetry, MAX_EVENTS};
+pub use step::{
+    plan, search_buckets, simulate_step, trainer_config, Simulator, StepConfig, StepResult,
+    Stragglers,
+};
+pub use topology::Topology;

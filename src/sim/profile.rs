@@ -1,9 +1,15 @@
 //! Profiles: per-block forward and backward times, gradient sizes and the update time of one
-//! worker's step, measured on this machine or derived from FLOPs and a stated device speed.
+//! worker's step, measured on this machine or derived from a model's graph and a stated device
+//! speed (its FLOPS, or its published images/s for the model).
+//!
+//! A block is the unit whose gradients become ready together. Measured profiles have the
+//! training engine's blocks; profiles from a [`Graph`] have one block per node with parameters,
+//! in topological order, so backward (which runs the blocks last first) produces them in reverse
+//! topological order.
 
-use super::arch::Arch;
 use crate::bench::median;
 use crate::bench::replica::SyntheticReplica;
+use crate::model::Graph;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
@@ -45,6 +51,12 @@ pub struct Profile {
     pub blocks: Vec<BlockProfile>,
     /// Optimizer update of all parameters, ms.
     pub update_ms: f64,
+    /// Coefficient of variation of one worker's step compute (forward + backward + update)
+    /// across the measured steps and replicas (robust: from the median absolute deviation):
+    /// the spread stragglers are drawn from. Absent in
+    /// profiles from FLOPs or images/s, and in files written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_spread: Option<f64>,
 }
 
 impl Profile {
@@ -63,7 +75,7 @@ impl Profile {
         self.blocks.iter().map(|b| b.grad_bytes()).sum()
     }
 
-    /// Parameter sizes per block, the input of [`crate::parallel::BucketPlan::from_sizes`].
+    /// Parameter sizes per block, summed per block, the input of [`crate::parallel::BucketPlan::new`].
     pub fn block_sizes(&self) -> Vec<Vec<usize>> {
         self.blocks.iter().map(|b| b.param_sizes.clone()).collect()
     }
@@ -113,48 +125,161 @@ pub struct DeviceSpec {
     pub mem_gbs: f64,
 }
 
+/// How fast the simulated device computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeviceSpeed {
+    /// From FLOPs: a stated peak and the fraction of it reached.
+    Flops(DeviceSpec),
+    /// From a measured or published training throughput of this model on one device: the step
+    /// (forward, backward and update) at the profile's batch takes `batch / images_per_s`.
+    ImagesPerSecond {
+        /// Training images per second of one device.
+        images_per_s: f64,
+        /// Memory bandwidth in GB/s, for the update's share of the step.
+        mem_gbs: f64,
+    },
+}
+
 /// Bytes of memory traffic per parameter in an SGD-with-momentum update: read weight, gradient
 /// and momentum, write weight and momentum (f32 each).
 const UPDATE_BYTES_PER_PARAM: f64 = 20.0;
 
-/// A profile from FLOPs: forward of a block takes `2 * MACs * batch` FLOPs, backward twice that
-/// (gradients with respect to inputs and to weights), at `tflops * efficiency`; the update is
-/// memory-bound at `mem_gbs`.
-pub fn from_flops(arch: &Arch, batch: usize, dev: DeviceSpec) -> Result<Profile, String> {
-    if !(dev.tflops > 0.0 && dev.efficiency > 0.0 && dev.efficiency <= 1.0 && dev.mem_gbs > 0.0) {
-        return Err("--device-tflops and --mem-gbs must be > 0, --efficiency in (0, 1]".into());
+/// A profile from a model's graph: one block per node with parameters (see the module docs).
+/// Forward of a block takes `2 x MACs x batch` FLOPs and backward twice that (gradients with
+/// respect to inputs and to weights); nodes without MACs (activations, pooling) take no time in
+/// this model. The update is memory-bound at `mem_gbs`. With [`DeviceSpeed::ImagesPerSecond`]
+/// the same 1:2 split of forward and backward by MACs is scaled so that the whole step matches
+/// the stated throughput.
+pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Profile, String> {
+    if batch == 0 {
+        return Err("the batch must be at least 1".into());
     }
-    let flops_per_ms = dev.tflops * dev.efficiency * 1e12 / 1e3;
-    let blocks = arch
-        .blocks
-        .iter()
-        .map(|b| {
-            let fwd = 2.0 * b.macs as f64 * batch as f64 / flops_per_ms;
-            BlockProfile {
-                name: b.name.clone(),
-                forward_ms: fwd,
-                backward_ms: 2.0 * fwd,
-                param_sizes: b.param_sizes.clone(),
-                macs_per_sample: b.macs,
+    let mem_gbs = match speed {
+        DeviceSpeed::Flops(d) => {
+            if !(d.tflops > 0.0 && d.efficiency > 0.0 && d.efficiency <= 1.0 && d.mem_gbs > 0.0) {
+                return Err(
+                    "--device-tflops and --mem-gbs must be > 0, --efficiency in (0, 1]".into(),
+                );
             }
-        })
-        .collect();
-    let update_ms = arch.params() as f64 * UPDATE_BYTES_PER_PARAM / (dev.mem_gbs * 1e9) * 1e3;
-    Ok(Profile {
-        model: arch.name.clone(),
-        source: format!(
+            d.mem_gbs
+        }
+        DeviceSpeed::ImagesPerSecond {
+            images_per_s,
+            mem_gbs,
+        } => {
+            if !(images_per_s > 0.0 && images_per_s.is_finite() && mem_gbs > 0.0) {
+                return Err("--device-images-per-s and --mem-gbs must be > 0".into());
+            }
+            mem_gbs
+        }
+    };
+    let nodes: Vec<_> = graph.nodes.iter().filter(|n| n.params > 0).collect();
+    if nodes.is_empty() {
+        return Err(format!("{} has no parameters to train", graph.name));
+    }
+    let update_ms = graph.num_params() as f64 * UPDATE_BYTES_PER_PARAM / (mem_gbs * 1e9) * 1e3;
+    // Forward FLOPs of the whole model at this batch; every block's forward is its share.
+    let total_macs: u64 = graph.macs();
+    let forward_total_ms = match speed {
+        DeviceSpeed::Flops(d) => {
+            2.0 * total_macs as f64 * batch as f64 / (d.tflops * d.efficiency * 1e12) * 1e3
+        }
+        DeviceSpeed::ImagesPerSecond { images_per_s, .. } => {
+            let step_ms = batch as f64 / images_per_s * 1e3;
+            if step_ms <= update_ms {
+                return Err(format!(
+                    "{images_per_s} images/s at batch {batch} is a {step_ms:.3} ms step, no \
+                     longer than the update alone ({update_ms:.3} ms at {mem_gbs} GB/s): check \
+                     the figures"
+                ));
+            }
+            (step_ms - update_ms) / 3.0
+        }
+    };
+    let mut blocks = graph_blocks(graph);
+    for b in &mut blocks {
+        let share = if total_macs > 0 {
+            b.macs_per_sample as f64 / total_macs as f64
+        } else {
+            1.0 / nodes.len() as f64
+        };
+        b.forward_ms = forward_total_ms * share;
+        b.backward_ms = 2.0 * b.forward_ms;
+    }
+    let source = match speed {
+        DeviceSpeed::Flops(d) => format!(
             "flops: {} TFLOPS x {} efficiency, {} GB/s memory",
-            dev.tflops, dev.efficiency, dev.mem_gbs
+            d.tflops, d.efficiency, d.mem_gbs
         ),
+        DeviceSpeed::ImagesPerSecond {
+            images_per_s,
+            mem_gbs,
+        } => format!(
+            "device throughput: {images_per_s} images/s at batch {batch} (forward:backward 1:2 \
+             by MACs), {mem_gbs} GB/s memory"
+        ),
+    };
+    let i = graph.input();
+    Ok(Profile {
+        model: graph.name.clone(),
+        source,
         batch,
-        input: arch.input,
+        input: [i.c, i.h, i.w],
         blocks,
         update_ms,
+        compute_spread: None,
     })
 }
 
-/// Measures a profile of one of our models on this CPU: `steps` timed steps after 3 warm-up
-/// steps at per-worker `batch` on `threads` compute threads; block times are medians.
+/// One block (with zero times) per node with parameters, in topological order. MACs of nodes
+/// without parameters (none in the graphs' accounting, which counts convolutions, linear layers
+/// and batch norm, all with parameters) join the block before them, or the first block, so no
+/// work is lost.
+fn graph_blocks(graph: &Graph) -> Vec<BlockProfile> {
+    let mut blocks: Vec<BlockProfile> = Vec::new();
+    let mut pending = 0u64;
+    for n in &graph.nodes {
+        match blocks.last_mut() {
+            _ if n.params > 0 => blocks.push(BlockProfile {
+                name: n.name.clone(),
+                forward_ms: 0.0,
+                backward_ms: 0.0,
+                param_sizes: vec![n.params],
+                macs_per_sample: n.macs + std::mem::take(&mut pending),
+            }),
+            Some(b) => b.macs_per_sample += n.macs,
+            None => pending += n.macs,
+        }
+    }
+    blocks
+}
+
+/// The block each graph node's time belongs to: the last node with parameters at or before it
+/// (the first block for nodes before any), matching [`graph_blocks`].
+fn node_blocks(graph: &Graph) -> Vec<usize> {
+    let mut count = 0usize;
+    graph
+        .nodes
+        .iter()
+        .map(|n| {
+            if n.params > 0 {
+                count += 1;
+            }
+            count.saturating_sub(1)
+        })
+        .collect()
+}
+
+/// The graph of a built-in model or model file at its default input and classes (10 classes
+/// for models that do not say), as `profile` and `simulate` describe it: the graph the
+/// benchmarks and measured profiles train.
+pub fn model_graph(name: &str) -> Result<Graph, String> {
+    crate::bench::replica::reference_graph(name)
+}
+
+/// Measures a profile of one of the training engine's models on this CPU: `steps` timed steps
+/// after 3 warm-up steps at per-worker `batch` on `threads` compute threads; block times are
+/// medians, and [`Profile::compute_spread`] is the spread of the per-step compute.
 ///
 /// With `concurrent` > 1, that many replicas run at once (each on its own `threads` threads) and
 /// each block's time is the median over replicas too: N emulated workers share this machine's
@@ -170,10 +295,9 @@ pub fn measure(
     if batch == 0 || threads == 0 || steps == 0 || concurrent == 0 {
         return Err("batch, threads, steps and concurrent must be at least 1".into());
     }
-    let arch = super::arch::describe(model)?;
-    let runs: Vec<Result<Timings, String>> = std::thread::scope(|s| {
+    let runs: Vec<Result<ReplicaTimings, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
-            .map(|_| s.spawn(|| measure_one(model, batch, threads, steps)))
+            .map(|_| s.spawn(|| time_replica(model, batch, threads, steps)))
             .collect();
         handles
             .into_iter()
@@ -184,59 +308,114 @@ pub fn measure(
             .collect()
     });
     let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let pick = |f: &dyn Fn(&Timings) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
-    let blocks = arch
+    let first = &runs[0];
+    // Per block, the median over every (replica, step); per step, its compute total.
+    let pool = |f: &dyn Fn(&StepTimes) -> f64| {
+        median(
+            &mut runs
+                .iter()
+                .flat_map(|r| r.steps.iter().map(f))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let blocks = first
         .blocks
         .iter()
         .enumerate()
         .map(|(k, b)| BlockProfile {
             name: b.name.clone(),
-            forward_ms: pick(&|t| t.forward_ms[k]),
-            backward_ms: pick(&|t| t.backward_ms[k]),
+            forward_ms: pool(&|t| t.forward_ms[k]),
+            backward_ms: pool(&|t| t.backward_ms[k]),
             param_sizes: b.param_sizes.clone(),
-            macs_per_sample: b.macs,
+            macs_per_sample: b.macs_per_sample,
         })
         .collect();
+    let totals: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| {
+            r.steps.iter().map(|t| {
+                t.forward_ms.iter().sum::<f64>() + t.backward_ms.iter().sum::<f64>() + t.update_ms
+            })
+        })
+        .collect();
+    // A robust coefficient of variation (1.4826 x the median absolute deviation over the
+    // median: the standard deviation for a normal spread): on a shared machine a few steps
+    // stall for tens of ms, and the plain standard deviation would say more about the
+    // neighbours than about how workers differ.
+    let mut totals = totals;
+    let mid = median(&mut totals);
+    let mut dev: Vec<f64> = totals.iter().map(|x| (x - mid).abs()).collect();
+    let spread = if mid > 0.0 {
+        1.4826 * median(&mut dev) / mid
+    } else {
+        0.0
+    };
     Ok(Profile {
         model: model.to_string(),
         source: format!(
             "measured on this machine: {threads} thread(s), {concurrent} concurrent replica(s), median of {steps} steps"
         ),
         batch,
-        input: arch.input,
+        input: first.input,
         blocks,
-        update_ms: pick(&|t| t.update_ms),
+        update_ms: pool(&|t| t.update_ms),
+        compute_spread: Some(spread),
     })
 }
 
-/// Median times of one replica.
-struct Timings {
+/// The parameter sizes of each block of one of the training engine's models (what a measured
+/// profile's `param_sizes` will be): builds a replica at batch 1 (its 3 warm-up steps run).
+pub fn blocks_of(model: &str) -> Result<Vec<Vec<usize>>, String> {
+    Ok(time_replica(model, 1, 1, 0)?
+        .blocks
+        .into_iter()
+        .map(|b| b.param_sizes)
+        .collect())
+}
+
+/// One replica's measurement: its blocks (with zero times) and every timed step.
+struct ReplicaTimings {
+    input: [usize; 3],
+    blocks: Vec<BlockProfile>,
+    steps: Vec<StepTimes>,
+}
+
+/// One timed step, per block.
+struct StepTimes {
     forward_ms: Vec<f64>,
     backward_ms: Vec<f64>,
     update_ms: f64,
 }
 
-fn measure_one(model: &str, batch: usize, threads: usize, steps: usize) -> Result<Timings, String> {
+/// **The engine seam of measured profiles**: builds one replica of `model` in the training
+/// engine and times `steps` training steps (after 3 warm-up steps) block by block, on a pool of
+/// `threads` compute threads. Everything else in this module works from what it returns.
+///
+/// Each block's forward ends where the engine reports it; its backward includes copying its
+/// gradients out, as the trainer's reducer does in the backward callback.
+fn time_replica(
+    model: &str,
+    batch: usize,
+    threads: usize,
+    steps: usize,
+) -> Result<ReplicaTimings, String> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .map_err(|e| e.to_string())?;
-    pool.install(|| -> Result<Timings, String> {
+    pool.install(|| -> Result<ReplicaTimings, String> {
         let mut replica = SyntheticReplica::new(model, batch)?;
-        // Each exec's time goes to the block (layer with parameters) its node belongs to.
-        let seg = super::arch::segments(replica.net.graph());
-        let nb = seg.iter().flatten().max().map_or(0, |m| m + 1);
-        let exec_block: Vec<usize> = replica
-            .net
-            .exec_nodes()
-            .map(|node| seg[node].unwrap_or(0))
-            .collect();
-        let ne = exec_block.len();
-        let mut fwd: Vec<Vec<f64>> = vec![Vec::new(); nb];
-        let mut bwd: Vec<Vec<f64>> = vec![Vec::new(); nb];
-        let mut upd = Vec::new();
+        let graph = replica.net.graph();
+        let blocks = graph_blocks(graph);
+        let i = graph.input();
+        let input = [i.c, i.h, i.w];
+        // Each exec's time goes to the block its layer belongs to.
+        let node_block = node_blocks(graph);
+        let exec_block: Vec<usize> = replica.net.exec_nodes().map(|n| node_block[n]).collect();
+        let (nb, ne) = (blocks.len(), exec_block.len());
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
         let (mut f_end, mut b_end) = (vec![None; ne], vec![None; ne]);
+        let mut timed = Vec::with_capacity(steps);
         for i in 0..steps + 3 {
             f_end.fill(None);
             b_end.fill(None);
@@ -247,31 +426,31 @@ fn measure_one(model: &str, batch: usize, threads: usize, steps: usize) -> Resul
             if i < 3 {
                 continue;
             }
-            let (mut f, mut b) = (vec![0.0; nb], vec![0.0; nb]);
+            let (mut forward_ms, mut backward_ms) = (vec![0.0; nb], vec![0.0; nb]);
             let mut mark = m.start;
-            for e in 0..ne {
-                let end = f_end[e].unwrap_or(mark);
-                f[exec_block[e]] += ms(mark, end);
+            for (e, end) in f_end.iter().enumerate() {
+                let end = end.unwrap_or(mark);
+                forward_ms[exec_block[e]] += ms(mark, end);
                 mark = end;
             }
             // The loss belongs to the last block's forward, as in the trainer's forward phase.
-            f[nb - 1] += ms(mark, m.forward);
+            forward_ms[nb - 1] += ms(mark, m.forward);
             let mut mark = m.forward;
             for e in (0..ne).rev() {
                 let Some(end) = b_end[e] else { continue };
-                b[exec_block[e]] += ms(mark, end);
+                backward_ms[exec_block[e]] += ms(mark, end);
                 mark = end;
             }
-            for k in 0..nb {
-                fwd[k].push(f[k]);
-                bwd[k].push(b[k]);
-            }
-            upd.push(ms(m.backward, m.update));
+            timed.push(StepTimes {
+                forward_ms,
+                backward_ms,
+                update_ms: ms(m.backward, m.update),
+            });
         }
-        Ok(Timings {
-            forward_ms: fwd.iter_mut().map(|v| median(v)).collect(),
-            backward_ms: bwd.iter_mut().map(|v| median(v)).collect(),
-            update_ms: median(&mut upd),
+        Ok(ReplicaTimings {
+            input,
+            blocks,
+            steps: timed,
         })
     })
 }

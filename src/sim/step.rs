@@ -1,224 +1,397 @@
-//! One simulated training step: the worker's timeline from the profile, buckets from the
-//! trainer's [`BucketPlan`], and their collectives on each rank's communication channel.
+//! One simulated training step: every worker's timeline from the profile, the buckets and their
+//! operations from the trainer's own rules, and the collectives on each worker's communication
+//! thread through the engine.
+//!
+//! **The trainer's rules, not copies.** The bucket caps and each bucket's operation (flat or
+//! hierarchical, `auto`'s choice of mode per bucket from the cost model) come from
+//! `train::worker::bucket_caps` and `train::worker::bucket_ops`, called on the
+//! [`TrainConfig`] the trainer would run with on this cluster ([`trainer_config`]: hosts are
+//! processes, devices their workers); the buckets from [`BucketPlan::new`], the plan the trainer
+//! builds from its blocks' sizes.
+//!
+//! **Stragglers.** With a compute spread `s` > 0, every worker's compute (forward, backward and
+//! update alike) is scaled in each simulated step by its own draw from a log-normal with mean 1
+//! and coefficient of variation `s` (seeded, so a configuration always gives the same figures),
+//! and the result is the mean over `steps` such steps. A synchronous step waits for its slowest
+//! worker, so this is what a measured spread costs at scale.
 
-use super::engine::{run_ranks, run_symmetric};
+use super::engine::{run, Segment};
 use super::profile::Profile;
-use super::schedule::{rank_program, symmetric_program, Collective, Op};
-use crate::comm::{choose_mode, CommMode, LinkModel};
-use crate::parallel::BucketPlan;
+use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
+use super::topology::Topology;
+use crate::comm::LinkModel;
+use crate::config::{CommChoice, TrainConfig, TrainOptions};
+use crate::parallel::{BucketOp, BucketPlan};
+use crate::train::worker::{bucket_caps, bucket_ops};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
-/// How the simulated buckets pick their algorithm (the trainer's `--comm`, less the transports'
-/// native all-reduce, which has no schedule to simulate).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommChoice {
-    /// Per bucket, the mode the alpha-beta cost model predicts fastest for the link.
-    Auto,
-    /// One mode for every bucket.
-    Fixed(CommMode),
+/// Per-worker compute variation (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stragglers {
+    /// Coefficient of variation of one worker's compute per step (0: every worker alike).
+    pub spread: f64,
+    /// Seed of the draws.
+    pub seed: u64,
+    /// Steps simulated and averaged when `spread` > 0.
+    pub steps: usize,
 }
 
-impl CommChoice {
-    /// Parses `auto` or a mode name.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        match s.trim() {
-            "auto" => Ok(Self::Auto),
-            m => m
-                .parse::<CommMode>()
-                .map(Self::Fixed)
-                .map_err(|e| format!("{e} (or auto)")),
-        }
-    }
-}
-
-impl std::fmt::Display for CommChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Auto => f.write_str("auto"),
-            Self::Fixed(m) => write!(f, "{m}"),
-        }
-    }
+impl Stragglers {
+    /// Every worker equally fast.
+    pub const NONE: Stragglers = Stragglers {
+        spread: 0.0,
+        seed: 1,
+        steps: 1,
+    };
 }
 
 /// What varies between simulated configurations.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepConfig {
-    /// Workers (ranks).
-    pub world: usize,
-    /// Every rank's port.
-    pub link: LinkModel,
-    /// Communication mode, or `auto` (per bucket, [`choose_mode`] for this link).
+    /// The cluster.
+    pub topology: Topology,
+    /// Communication mode, or `auto` (mpi-native is refused: its messages are MPI's).
     pub comm: CommChoice,
+    /// Reduce within each host first (the trainer's `--hierarchical`, default on).
+    pub hierarchical: bool,
     /// Buckets start as soon as they are ready (on), or all after backward (off).
     pub overlap: bool,
-    /// First bucket's cap, bytes (as `--first-bucket-kb`).
-    pub first_cap_bytes: usize,
-    /// Other buckets' cap, bytes (as `--bucket-kb`; 0: one block per bucket).
-    pub cap_bytes: usize,
+    /// Bucket caps (first, others) in KiB as `--first-bucket-kb` and `--bucket-kb`; `None`:
+    /// the trainer's default (what the planning link moves in one latency).
+    pub bucket_kb: Option<(usize, usize)>,
+    /// The link `--comm auto` plans for (`--link-bandwidth`/`--link-latency` of the run);
+    /// `None`: the NIC's figures, or the intra-host link's on one host.
+    pub planning_link: Option<LinkModel>,
+    /// Per-worker compute variation.
+    pub stragglers: Stragglers,
 }
 
-/// One simulated step (times in ms; all ranks' slowest).
+/// One simulated step (times in ms, means over the simulated steps).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepResult {
-    /// Whole step.
+    /// Whole step: until the last worker is done.
     pub step_ms: f64,
-    /// Forward.
+    /// Forward (mean over workers).
     pub forward_ms: f64,
-    /// Backward.
+    /// Backward (mean over workers).
     pub backward_ms: f64,
-    /// Update (the root's, in tree mode).
+    /// Update (mean over the workers that update: the root only in tree mode).
     pub update_ms: f64,
-    /// Communication not hidden by backward (tree mode: plus the weight broadcast).
+    /// The last worker's step minus its own compute: communication that compute did not hide,
+    /// and waiting for slower workers (tree mode: with the weight broadcast).
     pub exposed_ms: f64,
-    /// Time the communication channel spent in collectives.
+    /// Time the busiest communication thread spent in collectives.
     pub comm_ms: f64,
     /// Bucket sizes in bytes, in the order they become ready.
     pub bucket_bytes: Vec<usize>,
-    /// The collective of each bucket.
-    pub bucket_ops: Vec<Collective>,
+    /// Each bucket's operation, as the trainer chooses it.
+    pub bucket_ops: Vec<BucketOp>,
+    /// Ranks the engine simulated: one host's with a symmetric schedule, else all.
+    pub simulated_ranks: usize,
 }
 
-/// Simulates one step of `profile` under `cfg`. Every rank runs the same profile, so their
-/// buckets become ready at the same times; the ranks differ only in what the schedules make
-/// them do.
-pub fn simulate_step(profile: &Profile, cfg: &StepConfig) -> Result<StepResult, String> {
-    if cfg.world == 0 {
-        return Err("workers must be at least 1".into());
+/// The trainer's configuration for `cfg`'s cluster: hosts are processes, devices the workers
+/// of each (the figures `bucket_caps` and `bucket_ops` read; the rest are defaults).
+pub fn trainer_config(cfg: &StepConfig) -> Result<TrainConfig, String> {
+    let topo = &cfg.topology;
+    let d = topo.devices_per_host;
+    let mut t = TrainOptions {
+        workers: Some(d),
+        batch: Some(d),
+        ..Default::default()
     }
+    .resolve()?;
+    t.processes = topo.hosts;
+    t.comm = cfg.comm;
+    t.hierarchical = cfg.hierarchical;
+    t.overlap = cfg.overlap;
+    t.link = Some(
+        cfg.planning_link
+            .unwrap_or(if topo.hosts > 1 { topo.nic } else { topo.intra }),
+    );
+    (t.first_bucket_kb, t.bucket_kb) = match cfg.bucket_kb {
+        None => (None, None),
+        Some((first, others)) => (Some(first), Some(others)),
+    };
+    Ok(t)
+}
+
+/// The buckets and their operations the trainer would use for `profile` under `cfg`.
+pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<BucketOp>), String> {
+    if cfg.comm == CommChoice::Native {
+        return Err(
+            "--comm mpi-native runs MPI's own all-reduce, whose messages are MPI's and not \
+             ours to simulate: choose tree, ring, hd, redundant or auto"
+                .into(),
+        );
+    }
+    let t = trainer_config(cfg)?;
+    let (first, others) = bucket_caps(&t);
     let lens: Vec<usize> = profile
         .block_sizes()
         .iter()
         .map(|s| s.iter().sum())
         .collect();
-    let plan = BucketPlan::new(&lens, cfg.first_cap_bytes, cfg.cap_bytes);
-    let forward = profile.forward_ms() / 1e3;
-    let backward = profile.backward_ms() / 1e3;
-    let update = profile.update_ms / 1e3;
-    // Backward runs the last block first; block k ends once every block >= k has run.
-    let nb = profile.blocks.len();
-    let mut done_at = vec![0.0; nb];
-    let mut t = forward;
-    for k in (0..nb).rev() {
-        t += profile.blocks[k].backward_ms / 1e3;
-        done_at[k] = t;
-    }
-    let bwd_end = forward + backward;
-    let ready: Vec<f64> = plan
-        .buckets
-        .iter()
-        .map(|b| {
-            if cfg.overlap {
-                done_at[*b.blocks.last().expect("a bucket holds a block")]
-            } else {
-                bwd_end
-            }
-        })
-        .collect();
-    let bytes: Vec<usize> = plan.buckets.iter().map(|b| b.len * 4).collect();
-    let tree = cfg.comm == CommChoice::Fixed(CommMode::Tree);
-    let ops: Vec<Collective> = bytes
-        .iter()
-        .map(|&n| match cfg.comm {
-            CommChoice::Fixed(CommMode::Tree) => Collective::Reduce,
-            CommChoice::Fixed(m) => Collective::AllReduce(m),
-            CommChoice::Auto => Collective::AllReduce(choose_mode(cfg.world, n, &cfg.link)),
-        })
-        .collect();
-    let result = |comm_end: f64, step: f64, comm: f64, upd: f64| StepResult {
-        step_ms: step * 1e3,
-        forward_ms: forward * 1e3,
-        backward_ms: backward * 1e3,
-        update_ms: upd * 1e3,
-        exposed_ms: (comm_end - bwd_end).max(0.0) * 1e3,
-        comm_ms: comm * 1e3,
-        bucket_bytes: bytes.clone(),
-        bucket_ops: ops.clone(),
-    };
-    if cfg.world == 1 {
-        return Ok(result(bwd_end, bwd_end + update, 0.0, update));
+    let plan = BucketPlan::new(&lens, first, others);
+    let ops = bucket_ops(&t, &plan);
+    Ok((plan, ops))
+}
+
+/// Simulates steps, keeping the compiled schedules between calls (a schedule depends on the
+/// job and the cluster's shape only, not on bucket sizes or links), so sweeps over bucket caps
+/// or links record each algorithm once.
+#[derive(Debug, Default)]
+pub struct Simulator {
+    cache: Vec<(Ranks, CompiledJob)>,
+    every_rank: bool,
+}
+
+impl Simulator {
+    /// A simulator with nothing compiled yet.
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    // Rank-symmetric collectives: every rank's channel is in the same state, so one channel
-    // queue with the representative's durations is exact.
-    let symmetric: Option<Vec<f64>> = if tree {
-        None
-    } else {
-        ops.iter()
-            .zip(&bytes)
-            .map(|(&op, &n)| {
-                symmetric_program(op, cfg.world, n as f64).map(|p| run_symmetric(&p, &cfg.link))
-            })
-            .collect()
-    };
-    if let Some(durations) = symmetric {
-        let mut free = 0.0f64;
-        for (r, d) in ready.iter().zip(&durations) {
-            free = free.max(*r) + d;
+    /// Never takes the symmetric shortcut: simulates every rank, to check the shortcut.
+    pub fn every_rank(mut self) -> Self {
+        self.every_rank = true;
+        self
+    }
+
+    fn compiled(&mut self, job: Job, topo: &Topology, ranks: Ranks) -> Result<usize, String> {
+        let found = self.cache.iter().position(|(r, c)| {
+            // A job compiled without symmetry serves both.
+            (*r == ranks || c.symmetry.is_none())
+                && c.job == job
+                && c.hosts == topo.hosts
+                && c.devices_per_host == topo.devices_per_host
+        });
+        if let Some(i) = found {
+            return Ok(i);
         }
-        let comm_end = free.max(bwd_end);
-        return Ok(result(
-            comm_end,
-            comm_end + update,
-            durations.iter().sum(),
-            update,
-        ));
+        let c = compile(job, topo, ranks, MAX_EVENTS)?;
+        self.cache.push((ranks, c));
+        Ok(self.cache.len() - 1)
     }
 
-    // Otherwise every rank's program, in full.
-    let world = cfg.world;
-    let total_bytes: f64 = bytes.iter().sum::<usize>() as f64;
-    let programs: Vec<Vec<Op>> = (0..world)
-        .map(|r| {
-            let mut p = Vec::new();
-            for (i, (&op, &n)) in ops.iter().zip(&bytes).enumerate() {
-                p.push(Op::WaitUntil(ready[i]));
-                rank_program(op, world, r, n as f64, i as u32, &mut p);
-            }
-            if tree {
-                // Caffe's scheme, as the trainer runs it: the root updates once every bucket is
-                // reduced, then its new weights go down the tree.
-                p.push(Op::WaitUntil(bwd_end));
-                if r == 0 {
-                    p.push(Op::Compute(update));
+    /// Simulates one step of `profile` under `cfg` (see the module docs).
+    pub fn step(&mut self, profile: &Profile, cfg: &StepConfig) -> Result<StepResult, String> {
+        let topo = cfg.topology;
+        topo.validate()?;
+        let st = cfg.stragglers;
+        if !(st.spread >= 0.0 && st.spread.is_finite()) || st.steps == 0 {
+            return Err(format!(
+                "the compute spread must be a number >= 0 and the steps at least 1, not {} and {}",
+                st.spread, st.steps
+            ));
+        }
+        // Compiled schedules are kept for the next steps, within the budget of one step: past
+        // it they are dropped here, before this step takes indices into the cache.
+        let held: usize = self.cache.iter().map(|(_, c)| c.steps.len()).sum();
+        if held > MAX_EVENTS {
+            self.cache.clear();
+        }
+        let world = topo.workers();
+        let (plan, ops) = plan(profile, cfg)?;
+        let bytes: Vec<usize> = plan.buckets.iter().map(|b| b.len * 4).collect();
+        let root_updates = ops.contains(&BucketOp::ReduceToRoot);
+        let mut jobs: Vec<Job> = ops.iter().map(|&op| Job::Bucket(op)).collect();
+        if root_updates {
+            jobs.push(Job::WeightBroadcast);
+        }
+        let nb = profile.blocks.len();
+        let (fwd, upd) = (profile.forward_ms() / 1e3, profile.update_ms / 1e3);
+        let ready_after: Vec<usize> = plan.buckets.iter().map(|b| b.ready_after_block()).collect();
+        let total_bytes: f64 = bytes.iter().sum::<usize>() as f64;
+
+        // The ranks to simulate: one host's if every job is symmetric and the workers alike.
+        let mut idx = Vec::with_capacity(jobs.len());
+        if world > 1 {
+            if st.spread == 0.0 && !self.every_rank {
+                for &job in &jobs {
+                    idx.push(self.compiled(job, &topo, Ranks::Symmetric)?);
                 }
-                rank_program(
-                    Collective::Broadcast,
-                    world,
-                    r,
-                    total_bytes,
-                    ops.len() as u32,
-                    &mut p,
-                );
             }
-            p
+            let r0 = idx.first().map(|&i| self.cache[i].1.ranks);
+            if idx.is_empty() || idx.iter().any(|&i| Some(self.cache[i].1.ranks) != r0) {
+                // A job without symmetry (or stragglers) needs every rank, so all jobs do.
+                idx.clear();
+                for &job in &jobs {
+                    idx.push(self.compiled(job, &topo, Ranks::All)?);
+                }
+            }
+            let events: usize = idx.iter().map(|&i| self.cache[i].1.steps.len()).sum();
+            if events > MAX_EVENTS {
+                return Err(format!(
+                    "{world} workers ({} hosts x {}) with {} buckets: one step is {events} \
+                     simulated messages, over the limit of {MAX_EVENTS} (a few seconds of \
+                     simulation); simulate fewer workers or fewer buckets (a larger --bucket-kb)",
+                    topo.hosts,
+                    topo.devices_per_host,
+                    bytes.len()
+                ));
+            }
+        }
+        let sim_ranks = idx.first().map_or(1, |&i| self.cache[i].1.ranks);
+
+        let mut acc = Acc::default();
+        let draws = if st.spread > 0.0 { st.steps } else { 1 };
+        for draw in 0..draws {
+            let factors = compute_factors(sim_ranks, st, draw);
+            let mut bwd_end = Vec::with_capacity(sim_ranks);
+            let mut ready: Vec<Vec<f64>> = vec![Vec::with_capacity(sim_ranks); bytes.len()];
+            for &f in &factors {
+                let mut t = fwd * f;
+                let mut done = vec![0.0; nb];
+                for k in (0..nb).rev() {
+                    t += profile.blocks[k].backward_ms / 1e3 * f;
+                    done[k] = t;
+                }
+                bwd_end.push(t);
+                for (b, &k) in ready_after.iter().enumerate() {
+                    ready[b].push(if cfg.overlap { done[k] } else { t });
+                }
+            }
+            let updates = |r: usize| !root_updates || r == 0;
+            let update_of = |r: usize| if updates(r) { upd * factors[r] } else { 0.0 };
+            let end: Vec<f64> = if world == 1 {
+                bwd_end.clone()
+            } else {
+                let mut segments: Vec<Segment> = idx
+                    .iter()
+                    .zip(&jobs)
+                    .enumerate()
+                    .map(|(b, (&i, job))| {
+                        let is_broadcast = *job == Job::WeightBroadcast;
+                        Segment {
+                            job: &self.cache[i].1,
+                            bytes: if is_broadcast {
+                                total_bytes
+                            } else {
+                                bytes[b] as f64
+                            },
+                            ready: if is_broadcast {
+                                bwd_end.clone()
+                            } else {
+                                std::mem::take(&mut ready[b])
+                            },
+                            // Caffe's scheme: the root updates once every bucket is reduced,
+                            // then its new weights go down the tree.
+                            before: if is_broadcast {
+                                (0..sim_ranks).map(update_of).collect()
+                            } else {
+                                Vec::new()
+                            },
+                        }
+                    })
+                    .collect();
+                // An empty bucket sends nothing (the algorithms return at once).
+                segments.retain(|s| s.bytes > 0.0);
+                let times = run(&segments, &topo)?;
+                acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
+                times.end
+            };
+            // A worker is done when its last collective is back and its backward is over, then
+            // it updates (in tree mode the root's update and the broadcast are in the segments).
+            let mut step = 0.0f64;
+            let mut last = 0;
+            for r in 0..sim_ranks {
+                let done = end[r].max(bwd_end[r])
+                    + if root_updates && world > 1 {
+                        0.0
+                    } else {
+                        update_of(r)
+                    };
+                if done > step {
+                    step = done;
+                    last = r;
+                }
+            }
+            let compute_last = bwd_end[last] + update_of(last);
+            acc.step += step;
+            acc.exposed += (step - compute_last).max(0.0);
+            let n = sim_ranks as f64;
+            acc.forward += factors.iter().map(|f| fwd * f).sum::<f64>() / n;
+            acc.backward +=
+                bwd_end.iter().sum::<f64>() / n - factors.iter().map(|f| fwd * f).sum::<f64>() / n;
+            let updaters: Vec<f64> = (0..sim_ranks)
+                .filter(|&r| updates(r))
+                .map(update_of)
+                .collect();
+            acc.update += updaters.iter().sum::<f64>() / updaters.len().max(1) as f64;
+        }
+        let k = draws as f64;
+        Ok(StepResult {
+            step_ms: acc.step / k * 1e3,
+            forward_ms: acc.forward / k * 1e3,
+            backward_ms: acc.backward / k * 1e3,
+            update_ms: acc.update / k * 1e3,
+            exposed_ms: acc.exposed / k * 1e3,
+            comm_ms: acc.comm / k * 1e3,
+            bucket_bytes: bytes,
+            bucket_ops: ops,
+            simulated_ranks: sim_ranks,
         })
-        .collect();
-    let times = run_ranks(&programs, &cfg.link)?;
-    let comm = times.comm.iter().cloned().fold(0.0, f64::max);
-    if tree {
-        let step = times.end.iter().cloned().fold(bwd_end, f64::max);
-        let mut r = result(step - update, step, comm, update);
-        r.exposed_ms = (step - bwd_end - update).max(0.0) * 1e3;
-        Ok(r)
-    } else {
-        let comm_end = times.end.iter().cloned().fold(bwd_end, f64::max);
-        Ok(result(comm_end, comm_end + update, comm, update))
     }
+}
+
+/// Sums over the simulated steps.
+#[derive(Default)]
+struct Acc {
+    step: f64,
+    forward: f64,
+    backward: f64,
+    update: f64,
+    exposed: f64,
+    comm: f64,
+}
+
+/// Each simulated rank's compute factor in simulated step `draw`: 1 without spread, else a
+/// log-normal draw with mean 1 and coefficient of variation `spread`.
+fn compute_factors(ranks: usize, st: Stragglers, draw: usize) -> Vec<f64> {
+    if st.spread == 0.0 {
+        return vec![1.0; ranks];
+    }
+    let sigma2 = (1.0 + st.spread * st.spread).ln();
+    let (sigma, mu) = (sigma2.sqrt(), -sigma2 / 2.0);
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(st.seed ^ (draw as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    (0..ranks)
+        .map(|_| {
+            // Box-Muller: one standard normal from two uniforms in (0, 1].
+            let u1: f64 = 1.0 - rng.gen::<f64>();
+            let u2: f64 = rng.gen::<f64>();
+            let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+            (mu + sigma * z).exp()
+        })
+        .collect()
+}
+
+/// Simulates one step of `profile` under `cfg` (a [`Simulator`] for one call).
+pub fn simulate_step(profile: &Profile, cfg: &StepConfig) -> Result<StepResult, String> {
+    Simulator::new().step(profile, cfg)
 }
 
 /// The bucket caps (KiB) `--search-buckets` tries; 0 is one block per bucket and the last is
 /// "everything in one bucket".
 pub const SEARCH_CAPS_KB: [usize; 10] = [0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 30];
 
-/// Tries each cap of [`SEARCH_CAPS_KB`] (first cap as in `cfg`) and returns the fastest
-/// `(cap_kb, result)`.
-pub fn search_buckets(profile: &Profile, cfg: &StepConfig) -> Result<(usize, StepResult), String> {
+/// Tries each cap of [`SEARCH_CAPS_KB`] (the first bucket's cap as in `cfg`, or the same) and
+/// returns the fastest `(cap_kb, result)`.
+pub fn search_buckets(
+    sim: &mut Simulator,
+    profile: &Profile,
+    cfg: &StepConfig,
+) -> Result<(usize, StepResult), String> {
     let mut best: Option<(usize, StepResult)> = None;
     for &kb in &SEARCH_CAPS_KB {
+        let first = cfg.bucket_kb.map_or(kb, |(f, _)| f);
         let c = StepConfig {
-            cap_bytes: kb.saturating_mul(1024),
+            bucket_kb: Some((first, kb)),
             ..*cfg
         };
-        let r = simulate_step(profile, &c)?;
+        let r = sim.step(profile, &c)?;
         if best.as_ref().is_none_or(|(_, b)| r.step_ms < b.step_ms) {
             best = Some((kb, r));
         }

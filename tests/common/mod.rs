@@ -68,11 +68,7 @@ pub fn weights(dir: &Path) -> Vec<(String, Vec<u32>)> {
     names
         .into_iter()
         .map(|n| {
-            let t = ck.tensors[&n]
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let t = ck.tensors[&n].values();
             (n, t.iter().map(|x| x.to_bits()).collect())
         })
         .collect()

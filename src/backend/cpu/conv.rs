@@ -511,11 +511,11 @@ fn depthwise_forward(g: &ConvGeom, n: usize, x: &[f32], w: &[f32], y: &mut [f32]
                         let wt = &w[(ki * g.kw + kj) * o..][..o];
                         if mult == 1 {
                             for ((yv, &xv), &wv) in yp.iter_mut().zip(xp).zip(wt) {
-                                *yv = xv * wv + *yv;
+                                *yv += xv * wv;
                             }
                         } else {
                             for (oi, yv) in yp.iter_mut().enumerate() {
-                                *yv = xp[oi / mult] * wt[oi] + *yv;
+                                *yv += xp[oi / mult] * wt[oi];
                             }
                         }
                     }
@@ -551,11 +551,11 @@ fn depthwise_weight_grad(
                         let wt = &mut pw[(ki * g.kw + kj) * o..][..o];
                         if mult == 1 {
                             for ((a, &xv), &dv) in wt.iter_mut().zip(xp).zip(d) {
-                                *a = xv * dv + *a;
+                                *a += xv * dv;
                             }
                         } else {
                             for (oi, a) in wt.iter_mut().enumerate() {
-                                *a = xp[oi / mult] * d[oi] + *a;
+                                *a += xp[oi / mult] * d[oi];
                             }
                         }
                     }
@@ -592,11 +592,11 @@ fn depthwise_input_grad(g: &ConvGeom, n: usize, dy: &[f32], w: &[f32], dx: &mut 
                             let wt = &w[(ki * g.kw + kj) * o..][..o];
                             if mult == 1 {
                                 for ((a, &dv), &wv) in xp.iter_mut().zip(d).zip(wt) {
-                                    *a = dv * wv + *a;
+                                    *a += dv * wv;
                                 }
                             } else {
                                 for (oi, (&dv, &wv)) in d.iter().zip(wt).enumerate() {
-                                    xp[oi / mult] = dv * wv + xp[oi / mult];
+                                    xp[oi / mult] += dv * wv;
                                 }
                             }
                         }

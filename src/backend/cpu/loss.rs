@@ -53,6 +53,8 @@ pub fn softmax_xent_forward(
 }
 
 /// Backward: `dlogits (+)= (probs - target) * scale` (`scale` = loss weight / global batch).
+/// The arguments are the [`crate::backend::Kernels`] method's, one to one.
+#[allow(clippy::too_many_arguments)]
 pub fn softmax_xent_backward(
     n: usize,
     k: usize,
