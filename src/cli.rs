@@ -418,7 +418,6 @@ pub fn run() -> Result<(), String> {
                 None => t.options,
             };
             let cfg = options.resolve()?;
-            let run_dir = cfg.run_dir.clone();
             let json_log = cfg.log_format == crate::config::LogFormat::Json;
             let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
             let (rank, processes) = (group.rank(), group.size());
@@ -446,7 +445,7 @@ pub fn run() -> Result<(), String> {
                     "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
                     "steps": s.steps,
                     "warnings": warnings,
-                    "run_dir": run_dir,
+                    "run_dir": s.run_dir,
                 });
                 println!("{line}");
                 return Ok(());
@@ -457,7 +456,7 @@ pub fn run() -> Result<(), String> {
                 s.images_per_s,
                 s.wall_seconds,
                 s.breakdown.describe(),
-                run_dir.display()
+                s.run_dir.display()
             );
             for w in &warnings {
                 println!("warning: {w}");

@@ -527,6 +527,9 @@ fn the_default_run_directory_moves_on_to_a_numbered_one() {
         let dir = format!("runs/lenet5-synthetic-{n}");
         assert!(err.contains(&dir) || out.contains(&dir), "{out}{err}");
         assert!(t.join(&dir).join("summary.json").is_file());
+        // Every file of the run, its epoch lines too, went there.
+        let lines = std::fs::read_to_string(t.join(&dir).join("metrics.jsonl")).unwrap();
+        assert_eq!(lines.lines().count(), 1, "{lines}");
     }
     assert_eq!(
         std::fs::read_to_string(t.join("runs/lenet5-synthetic/metrics.jsonl")).unwrap(),

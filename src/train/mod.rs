@@ -117,6 +117,9 @@ pub struct Summary {
     pub slow_ranks: Vec<processes::SlowRank>,
     /// Optimizer steps of this run (after the resumed ones, if any).
     pub steps: usize,
+    /// The run directory the run wrote to (without `--run-dir`, the next free numbered one
+    /// when the default held an earlier run).
+    pub run_dir: PathBuf,
 }
 
 impl Summary {
@@ -391,7 +394,6 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
         None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
     });
-    let metrics_path = cfg.run_dir.join("metrics.jsonl");
     let resume = match &cfg.resume {
         Some(p) => {
             let ck = checkpoint::Checkpoint::load(p)?;
@@ -420,6 +422,8 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     } else {
         None
     };
+    // Only now: `prepare` may have moved the run to a numbered directory.
+    let metrics_path = cfg.run_dir.join("metrics.jsonl");
     let trace_path = rundir::check_trace(&cfg)?;
     if let Some(prepared) = prepared {
         for w in &cfg.warnings {
@@ -545,6 +549,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         ranks: Vec::new(),
         slow_ranks: Vec::new(),
         steps: 0,
+        run_dir: cfg.run_dir.clone(),
     };
     let mut epoch_breakdown = Breakdown::default();
     let mut train_seconds = 0.0;

@@ -118,8 +118,12 @@ pub fn two_by_two_and_four_threads(
         tmp.join(format!("{comm}-{hierarchical}")),
         tmp.join(format!("{comm}-{hierarchical}-t")),
     );
+    // The same buckets for both: by default they follow the link each run plans for (between
+    // processes, or in-process), and ring's chunks, so its sums, follow the buckets.
+    let buckets = ["--bucket-kb", "32", "--first-bucket-kb", "32"];
     let mut args = small(&mpi_dir, &["--comm", comm, "--workers", "2"]);
     args.extend(["--hierarchical".into(), hierarchical.into()]);
+    args.extend(buckets.map(String::from));
     launch(2, &args);
     // MPI_Allreduce has no in-process counterpart: its threads run redundant mode.
     let thr_comm = if comm == "mpi-native" {
@@ -127,7 +131,9 @@ pub fn two_by_two_and_four_threads(
     } else {
         comm
     };
-    run_threads(&small(&thr_dir, &["--comm", thr_comm, "--workers", "4"]));
+    let mut args = small(&thr_dir, &["--comm", thr_comm, "--workers", "4"]);
+    args.extend(buckets.map(String::from));
+    run_threads(&args);
     let h = replica_hashes(&mpi_dir);
     assert_eq!(h.len(), 4, "{comm}: one hash per worker of the run");
     assert!(
