@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 rounds=${1:-3}
 models=${2:-lenet5,vgg-small,resnet20,resnet18,mobilenetv2}
 py=${TORCH_PY:-$HOME/torchvenv/bin/python}
+# Gloo on loopback: with its default interface choice it aborted here ("terminate called
+# without an active exception") on a machine with extra (down) interfaces.
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 peers=../shared/peers
 bin=target/release/dptrain
 cargo build --release -q
