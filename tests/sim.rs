@@ -841,12 +841,16 @@ fn absurd_worker_counts_on_the_command_line_end_in_seconds() {
     );
     assert_eq!(code, 0, "{err}");
     // Every row of an impossible count is refused with the limit, in seconds (the helper
-    // asserts the time), and the run still ends cleanly.
+    // asserts the time), and with nothing simulated the command fails.
     let (code, out, err) = dptrain(
         &["simulate", "--profile", "l.json", "--workers", "4000000000"],
         dir.path(),
     );
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("every configuration (10) was refused"),
+        "{err}"
+    );
     let rows: Vec<&str> = out
         .lines()
         .filter(|l| l.starts_with("4000000000 "))

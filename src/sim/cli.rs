@@ -390,6 +390,7 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         p.batch
     );
     println!("{}", header());
+    let (mut rows, mut refused) = (0usize, 0usize);
     for &n in &workers {
         let topology = base.with_workers(n)?;
         for &comm in &comms {
@@ -408,20 +409,31 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
                         sim.step(&p, &cfg).map(|r| (bucket_kb.map(|(_, b)| b), r))
                     };
                     // A configuration too large to simulate says why and the sweep goes on.
+                    rows += 1;
                     match result {
                         Ok((kb, r)) => println!("{}", row(&cfg, kb, &r, single, p.batch)),
-                        Err(e) => println!(
-                            "{:>7} {:>9} {:>10} {:>5} {:>7} refused: {e}",
-                            n,
-                            format!("{}x{}", topology.hosts, topology.devices_per_host),
-                            comm.to_string(),
-                            if hierarchical { "on" } else { "off" },
-                            if overlap { "on" } else { "off" },
-                        ),
+                        Err(e) => {
+                            refused += 1;
+                            println!(
+                                "{:>7} {:>9} {:>10} {:>5} {:>7} refused: {e}",
+                                n,
+                                format!("{}x{}", topology.hosts, topology.devices_per_host),
+                                comm.to_string(),
+                                if hierarchical { "on" } else { "off" },
+                                if overlap { "on" } else { "off" },
+                            )
+                        }
                     }
                 }
             }
         }
+    }
+    // Nothing simulated is a failure, not a table.
+    if rows > 0 && refused == rows {
+        return Err(format!(
+            "every configuration ({rows}) was refused as too large to simulate (each row says \
+             why): simulate fewer --workers"
+        ));
     }
     Ok(())
 }
