@@ -48,6 +48,8 @@ done
 
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
+# Every public item documented, and every intra-doc link resolving.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --release
 cargo test --release
 # Multi-process training over MPI: the library again with the feature, then the mpirun tests
 # one at a time (they time ranks out on purpose and share 2 cores).

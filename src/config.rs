@@ -213,7 +213,7 @@ pub struct TrainOptions {
     /// Base learning rate [default: 0.05].
     #[arg(long)]
     pub lr: Option<f32>,
-    /// Schedule: constant, cosine, or step:E1,E2[:GAMMA] [default: cosine].
+    /// Schedule: constant, cosine, or `step:E1,E2[:GAMMA]` [default: cosine].
     #[arg(long)]
     pub lr_schedule: Option<String>,
     /// Linear warm-up steps [default: 100].
@@ -268,7 +268,7 @@ pub struct TrainOptions {
     /// rank, started by mpirun; needs the `mpi` build feature) [default: inproc].
     #[arg(long)]
     pub transport: Option<String>,
-    /// Run directory for metrics, summary and checkpoints [default: runs/<model>-<dataset>].
+    /// Run directory for metrics, summary and checkpoints (default: `runs/<model>-<dataset>`).
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
     /// Checkpoint every N epochs, 0 for only the last [default: 1].
@@ -294,7 +294,7 @@ pub struct TrainOptions {
     #[arg(long)]
     #[serde(default)]
     pub no_checkpoints: bool,
-    /// Fault injection for reliability tests: forward|backward|comm|data@STEP[:WORKER] or
+    /// Fault injection for reliability tests: `forward|backward|comm|data@STEP[:WORKER]` or
     /// slow-checkpoint.
     #[arg(long, hide = true)]
     pub inject_fault: Option<String>,

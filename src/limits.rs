@@ -56,7 +56,7 @@ pub fn human_bytes(bytes: f64) -> String {
 const MEMORY_SHARE: f64 = 0.8;
 
 /// Refuses `what` if it needs about `bytes` (an estimate; f64 so that absurd requests do not
-/// overflow on the way) and that is more than [`MEMORY_SHARE`] of the available memory;
+/// overflow on the way) and that is more than `MEMORY_SHARE` of the available memory;
 /// `todo` says how to ask for less.
 pub fn check_memory(what: &str, bytes: f64, todo: &str) -> Result<(), String> {
     check_memory_against(what, bytes, todo, available_memory())

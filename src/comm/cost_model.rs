@@ -1,7 +1,7 @@
 //! Alpha-beta cost model for the communication modes.
 //!
 //! A message of `m` bytes costs `α + m·β`, with `α` = [`LinkModel::latency`]
-//! and `β = 1 / bandwidth`. As in [`InProcessFabric`]'s emulation, every rank
+//! and `β = 1 / bandwidth`. As in [`crate::comm::InProcessFabric`]'s emulation, every rank
 //! has one full-duplex port: `m·β` is time the sender's transmit side and the
 //! receiver's receive side are busy, while `α` is propagation delay that does
 //! not occupy the port. A mode's time is therefore

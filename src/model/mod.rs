@@ -1,7 +1,7 @@
 //! Model descriptions: what a network is, independent of how it runs.
 //!
 //! A model is a list of named layers, each naming what it reads ([`ModelSpec`], Caffe's
-//! prototxt idea), written in a TOML file ([`file`], documented in `docs/MODEL_FILES.md`) or
+//! prototxt idea), written in a TOML file (`file.rs`, documented in `docs/MODEL_FILES.md`) or
 //! laid out in code ([`ModelBuilder`]). [`Graph::build`] makes it concrete for a dataset's
 //! input shape and class count: topological order, every shape inferred and checked, every
 //! parameter counted. The trainer (`crate::nn::Net`), `dptrain model show`, `profile` and

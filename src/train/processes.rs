@@ -344,8 +344,8 @@ pub struct SlowRank {
 const SLOW_FACTOR: f64 = 2.0;
 
 /// Fills in every rank's `link_mb_per_s` and names the ranks that are slow: a link
-/// [`SLOW_FACTOR`] below the others' median (with two ranks both paths touch both, so no link
-/// can be blamed), or compute [`SLOW_FACTOR`] above the others' median. The neighbours of a
+/// `SLOW_FACTOR` below the others' median (with two ranks both paths touch both, so no link
+/// can be blamed), or compute `SLOW_FACTOR` above the others' median. The neighbours of a
 /// slow link are not named: their other path is fast.
 pub fn diagnose(ranks: &mut [RankBreakdown]) -> Vec<SlowRank> {
     let n = ranks.len();

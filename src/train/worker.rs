@@ -1,6 +1,6 @@
 //! One worker: a model replica that trains on its shard of every global batch.
 //!
-//! The whole step lives in [`Worker::step`]: batch, forward, backward writing gradients into
+//! The whole step lives in `Worker::step`: batch, forward, backward writing gradients into
 //! the reducer's buckets (which go to the communication thread as they fill), the wait for the
 //! last bucket, the update. Every phase is timed.
 

@@ -14,7 +14,7 @@
 //! of the layers rest on this.
 //!
 //! Structure (Goto/BLIS): B is packed into `KC x NR` micro-panels, A into `MR x KC` ones for
-//! a block of [`MC`] rows; a register-blocked micro-kernel computes one `MR x NR` tile of C.
+//! a block of `MC` rows; a register-blocked micro-kernel computes one `MR x NR` tile of C.
 //! The micro-kernel is chosen once at run time: AVX-512 (14 x 32), AVX2+FMA (6 x 16), or a
 //! portable one (4 x 8) elsewhere.
 
