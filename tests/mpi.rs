@@ -131,23 +131,7 @@ fn three_ranks_and_mpi_native_train_in_sync() {
 #[test]
 fn a_config_mismatch_stops_every_rank_with_what_differs() {
     let tmp = tempfile::tempdir().unwrap();
-    let a = small(tmp.path(), &["--transport", "mpi", "--batch", "64"]);
-    let b = small(tmp.path(), &["--transport", "mpi", "--batch", "32"]);
-    let o = mpirun()
-        .args(["-np", "1", BIN])
-        .args(&a)
-        .arg(":")
-        .args(["-np", "1", BIN])
-        .args(&b)
-        .output()
-        .unwrap();
-    let t = text(&o);
-    for rank in 0..2 {
-        let want = format!("error: rank {rank} of 2: the MPI ranks disagree");
-        assert!(t.contains(&want), "no '{want}' in:\n{t}");
-    }
-    assert!(t.contains("global batch (rank 0: 64, rank 1: 32)"), "{t}");
-    assert!(!t.contains("done:"), "{t}");
+    common::assert_config_mismatch_stops_both_ranks(mpirun(), tmp.path());
 }
 
 /// Starts a long 2-rank run, sends `signal` to rank 1 once training is under way, and returns

@@ -11,10 +11,11 @@ use dptrain::comm::{
     Transport,
 };
 use dptrain::config::CommChoice;
+use dptrain::model::reference_graph;
 use dptrain::parallel::BucketOp;
 use dptrain::sim::{
-    from_graph, model_graph, search_buckets, simulate_step, BlockProfile, DeviceSpec, DeviceSpeed,
-    Job, Profile, Simulator, StepConfig, StepResult, Stragglers, Topology,
+    from_graph, search_buckets, simulate_step, BlockProfile, DeviceSpec, DeviceSpeed, Job, Profile,
+    Simulator, StepConfig, StepResult, Stragglers, Topology,
 };
 
 fn link(bw: f64, lat_us: u64) -> LinkModel {
@@ -437,7 +438,7 @@ fn the_trainers_rules_choose_buckets_and_operations() {
 #[test]
 fn a_million_workers_finish_or_are_refused_in_seconds_and_billions_are_refused() {
     let p = from_graph(
-        &model_graph("lenet5").unwrap(),
+        &reference_graph("lenet5").unwrap(),
         32,
         DeviceSpeed::ImagesPerSecond {
             images_per_s: 5000.0,
@@ -593,7 +594,7 @@ fn profile_round_trips_through_json() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p.json");
     let p = from_graph(
-        &model_graph("resnet50").unwrap(),
+        &reference_graph("resnet50").unwrap(),
         32,
         flops(15.0, 0.4, 900.0),
     )
@@ -616,7 +617,7 @@ fn profile_round_trips_through_json() {
 
 #[test]
 fn graph_profiles_have_a_block_per_layer_with_parameters() {
-    let g = model_graph("vgg16").unwrap();
+    let g = reference_graph("vgg16").unwrap();
     let p = from_graph(&g, 16, flops(10.0, 0.5, 1000.0)).unwrap();
     let with_params: Vec<_> = g.nodes.iter().filter(|n| n.params > 0).collect();
     assert_eq!(p.blocks.len(), with_params.len());
@@ -629,7 +630,7 @@ fn graph_profiles_have_a_block_per_layer_with_parameters() {
     assert_eq!(p.grad_bytes(), 4 * g.num_params());
     // From images/s: the whole step takes batch / images_per_s.
     let p = from_graph(
-        &model_graph("resnet50").unwrap(),
+        &reference_graph("resnet50").unwrap(),
         32,
         DeviceSpeed::ImagesPerSecond {
             images_per_s: 178.0,
@@ -641,7 +642,7 @@ fn graph_profiles_have_a_block_per_layer_with_parameters() {
     assert!((step - 32.0 / 178.0 * 1e3).abs() < 1e-9);
     assert!((p.backward_ms() - 2.0 * p.forward_ms()).abs() < 1e-9);
     let err = from_graph(
-        &model_graph("resnet50").unwrap(),
+        &reference_graph("resnet50").unwrap(),
         32,
         DeviceSpeed::ImagesPerSecond {
             images_per_s: 1e9,
@@ -663,10 +664,10 @@ fn graphs_have_the_published_flops() {
         ("inception-v3-noaux", 5.7e9),
     ];
     for (name, macs) in cases {
-        let m = model_graph(name).unwrap().macs() as f64;
+        let m = reference_graph(name).unwrap().macs() as f64;
         assert!((m / macs - 1.0).abs() < 0.03, "{name}: {m} MACs vs {macs}");
     }
-    assert!(model_graph("resnet-9000")
+    assert!(reference_graph("resnet-9000")
         .unwrap_err()
         .contains("unknown model"));
 }
@@ -682,7 +683,7 @@ fn measured_profile_has_every_block_and_its_spread() {
     assert!(p.update_ms > 0.0);
     assert_eq!(
         p.grad_bytes(),
-        4 * model_graph("lenet5").unwrap().num_params()
+        4 * reference_graph("lenet5").unwrap().num_params()
     );
     let spread = p.compute_spread.unwrap();
     assert!((0.0..1.0).contains(&spread), "{spread}");

@@ -430,7 +430,7 @@ fn checkpoints_hold_the_pytorch_state_dict_of_the_reference_models() {
                     (name, it.map(|d| d.parse().unwrap()).collect())
                 })
                 .collect();
-        let g = std::sync::Arc::new(dptrain::bench::replica::reference_graph(model).unwrap());
+        let g = std::sync::Arc::new(dptrain::model::reference_graph(model).unwrap());
         let net = dptrain::nn::Net::new(
             g.clone(),
             dptrain::nn::NetConfig {

@@ -2,26 +2,13 @@
 //! `dptrain profile` time. It runs the trainer's step (forward, backward into gradient
 //! buffers, in-place SGD) without data loading or communication.
 
-use crate::model::{self, Graph};
+use crate::model;
 use crate::nn::{FlatGrads, Mode, Net, NetConfig, StepInfo};
 use crate::optim::{Sgd, SgdConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The graph of `model` on the input it was designed for (its file's `input`, `classes`;
-/// 10 classes when it names none).
-pub fn reference_graph(model: &str) -> Result<Graph, String> {
-    let spec = model::load(model).map_err(|e| e.to_string())?;
-    let input = spec.default_input.ok_or_else(|| {
-        format!(
-            "model '{}' names no input shape (add `input = [C, H, W]` to its file)",
-            spec.name
-        )
-    })?;
-    Graph::build(&spec, input, spec.default_classes.unwrap_or(10)).map_err(|e| e.to_string())
-}
 
 /// A replica with its optimizer, a random batch and gradient buffers.
 pub struct SyntheticReplica {
@@ -52,7 +39,7 @@ impl SyntheticReplica {
     /// Builds `model` on its reference input with a random batch of `batch`. Runs on the
     /// rayon pool it is called in (that pool's threads are the worker's compute threads).
     pub fn new(model: &str, batch: usize) -> Result<Self, String> {
-        let g = Arc::new(reference_graph(model)?);
+        let g = Arc::new(model::reference_graph(model)?);
         let input = g.input();
         let classes = g.classes as u32;
         let net = Net::new(

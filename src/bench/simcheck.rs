@@ -801,7 +801,7 @@ const GOYAL_BACKWARD_S: f64 = 0.120;
 /// to 256 GPUs. Simulates the 8-GPU baseline (one server) and the 256-GPU run with the inputs
 /// below, and variants of the uncertain ones.
 pub fn goyal2017() -> Result<Published, String> {
-    let graph = crate::sim::model_graph("resnet50")?;
+    let graph = crate::model::reference_graph("resnet50")?;
     let batch = 32;
     let mem_gbs = 732.0;
     // The step at the per-GPU batch: backward as published, forward half of it (2 x MACs

@@ -485,13 +485,7 @@ impl Expander<'_> {
             return Err(plain(ModelErrorKind::UnknownType(ty)));
         }
         let local = self.string(&mut table, "name", &plain)?;
-        let name = match &local {
-            Some(n) => scope.resolve(n),
-            None => {
-                self.unnamed += 1;
-                format!("{}{ty}_{}", scope.prefix, self.unnamed)
-            }
-        };
+        let name = self.layer_name(local.as_deref(), scope, &ty);
         let label = format!("'{name}' ({ty})");
         let err = |k: ModelErrorKind| self.err_at(line, scope, Some(label.clone()), k);
         let inputs = self.inputs(&mut table, scope, prev, &err)?;
@@ -517,6 +511,18 @@ impl Expander<'_> {
             origin: Some(self.origin(line, scope)),
         });
         Ok(name)
+    }
+
+    /// The full name of a layer or template instance: its `name` within `scope`, or for an
+    /// unnamed one `KIND_N` (`N` counting the file's unnamed layers).
+    fn layer_name(&mut self, local: Option<&str>, scope: &Scope, kind: &str) -> String {
+        match local {
+            Some(n) => scope.resolve(n),
+            None => {
+                self.unnamed += 1;
+                format!("{}{kind}_{}", scope.prefix, self.unnamed)
+            }
+        }
     }
 
     fn instance(
@@ -545,13 +551,7 @@ impl Expander<'_> {
             ))));
         }
         let local = self.string(&mut table, "name", &plain)?;
-        let name = match &local {
-            Some(n) => scope.resolve(n),
-            None => {
-                self.unnamed += 1;
-                format!("{}{tname}_{}", scope.prefix, self.unnamed)
-            }
-        };
+        let name = self.layer_name(local.as_deref(), scope, &tname);
         let label = format!("'{name}' (template {tname})");
         let err = |k: ModelErrorKind| self.err_at(line, scope, Some(label.clone()), k);
         let inputs = self.inputs(&mut table, scope, prev, &err)?;

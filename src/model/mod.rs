@@ -91,6 +91,19 @@ pub fn load(name_or_path: &str) -> Result<ModelSpec, ModelError> {
     file::parse(&text, name_or_path, stem)
 }
 
+/// The graph of `model` on the input it was designed for (its file's `input`, `classes`;
+/// 10 classes when it names none).
+pub fn reference_graph(model: &str) -> Result<Graph, String> {
+    let spec = load(model).map_err(|e| e.to_string())?;
+    let input = spec.default_input.ok_or_else(|| {
+        format!(
+            "model '{}' names no input shape (add `input = [C, H, W]` to its file)",
+            spec.name
+        )
+    })?;
+    Graph::build(&spec, input, spec.default_classes.unwrap_or(10)).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,17 +55,19 @@ impl TensorInfo {
         }
     }
 
-    /// Converts this tensor from our layout (`ours`) to PyTorch's (`out`).
-    pub fn to_torch(&self, ours: &[f32], out: &mut [f32]) {
+    /// Calls `f(ours, torch)` with the index of every element in our layout and in PyTorch's.
+    fn each_index(&self, len: usize, mut f: impl FnMut(usize, usize)) {
         match self.layout {
-            TensorLayout::Plain => out.copy_from_slice(ours),
+            TensorLayout::Plain => (0..len).for_each(|i| f(i, i)),
             TensorLayout::Hwio { kh, kw, cg, o } => {
                 for oi in 0..o {
                     for ci in 0..cg {
                         for ki in 0..kh {
                             for kj in 0..kw {
-                                out[((oi * cg + ci) * kh + ki) * kw + kj] =
-                                    ours[((ki * kw + kj) * cg + ci) * o + oi];
+                                f(
+                                    ((ki * kw + kj) * cg + ci) * o + oi,
+                                    ((oi * cg + ci) * kh + ki) * kw + kj,
+                                );
                             }
                         }
                     }
@@ -74,23 +76,14 @@ impl TensorInfo {
         }
     }
 
+    /// Converts this tensor from our layout (`ours`) to PyTorch's (`out`).
+    pub fn to_torch(&self, ours: &[f32], out: &mut [f32]) {
+        self.each_index(out.len(), |o, t| out[t] = ours[o]);
+    }
+
     /// Converts this tensor from PyTorch's layout (`torch`) to ours (`out`).
     pub fn from_torch(&self, torch: &[f32], out: &mut [f32]) {
-        match self.layout {
-            TensorLayout::Plain => out.copy_from_slice(torch),
-            TensorLayout::Hwio { kh, kw, cg, o } => {
-                for oi in 0..o {
-                    for ci in 0..cg {
-                        for ki in 0..kh {
-                            for kj in 0..kw {
-                                out[((ki * kw + kj) * cg + ci) * o + oi] =
-                                    torch[((oi * cg + ci) * kh + ki) * kw + kj];
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        self.each_index(out.len(), |o, t| out[o] = torch[t]);
     }
 }
 

@@ -123,7 +123,7 @@ impl BucketPlan {
         }
         let mut ready_at_block = vec![None; lens.len()];
         for (i, bk) in buckets.iter().enumerate() {
-            let last = *bk.blocks.last().expect("a bucket holds at least one block");
+            let last = bk.ready_after_block();
             ready_at_block[last] = Some(i);
         }
         Self {

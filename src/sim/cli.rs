@@ -1,10 +1,11 @@
 //! `dptrain profile` and `dptrain simulate`: arguments and the printed tables.
 
-use super::profile::{from_graph, measure, model_graph, DeviceSpec, DeviceSpeed, Profile};
+use super::profile::{from_graph, measure, DeviceSpec, DeviceSpeed, Profile};
 use super::step::{search_buckets, Simulator, StepConfig, StepResult, Stragglers};
 use super::topology::Topology;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
 use crate::config::CommChoice;
+use crate::model::reference_graph;
 use std::path::PathBuf;
 
 /// How fast the device is, for a profile from the model's graph.
@@ -83,7 +84,7 @@ const STEP_BYTES_FACTOR: f64 = 2.5;
 
 /// Refuses a measured profile whose step would not fit in this machine's memory.
 pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
-    let g = model_graph(model)?;
+    let g = reference_graph(model)?;
     let elems: usize = g.nodes.iter().map(|n| n.shape.numel()).sum();
     let bytes = 4.0 * elems as f64 * STEP_BYTES_FACTOR * batch as f64 * replicas as f64
         + 16.0 * g.num_params() as f64 * replicas as f64;
@@ -108,7 +109,7 @@ fn make_profile(
     measured: impl FnOnce() -> Result<Profile, String>,
 ) -> Result<Profile, String> {
     // An unknown name is an unknown name, whether or not a device speed was given.
-    let graph = model_graph(model)?;
+    let graph = reference_graph(model)?;
     if batch == 0 || batch > MAX_PROFILE_BATCH {
         return Err(format!(
             "--batch {batch}: give a per-worker batch from 1 to {MAX_PROFILE_BATCH}"

@@ -47,9 +47,7 @@ pub mod step;
 pub mod topology;
 pub mod validate;
 
-pub use profile::{
-    from_graph, measure, model_graph, BlockProfile, DeviceSpec, DeviceSpeed, Profile,
-};
+pub use profile::{from_graph, measure, BlockProfile, DeviceSpec, DeviceSpeed, Profile};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};
 pub use step::{
     plan, search_buckets, simulate_step, trainer_config, Simulator, StepConfig, StepResult,

@@ -270,13 +270,6 @@ fn node_blocks(graph: &Graph) -> Vec<usize> {
         .collect()
 }
 
-/// The graph of a built-in model or model file at its default input and classes (10 classes
-/// for models that do not say), as `profile` and `simulate` describe it: the graph the
-/// benchmarks and measured profiles train.
-pub fn model_graph(name: &str) -> Result<Graph, String> {
-    crate::bench::replica::reference_graph(name)
-}
-
 /// Measures a profile of one of the training engine's models on this CPU: `steps` timed steps
 /// after 3 warm-up steps at per-worker `batch` on `threads` compute threads; block times are
 /// medians, and [`Profile::compute_spread`] is the spread of the per-step compute.

@@ -179,3 +179,27 @@ pub fn when_training(child: Child, metrics: &Path, mark: &str, rank: usize) -> (
         }
     }
 }
+
+/// Launches rank 0 with `--batch 64` and rank 1 with `--batch 32` through `mpirun` (one
+/// `-np 1` app context each) and checks that both ranks stop, naming the difference, before
+/// training. Returns the output.
+pub fn assert_config_mismatch_stops_both_ranks(mut mpirun: Command, dir: &Path) -> Output {
+    let a = small(dir, &["--transport", "mpi", "--batch", "64"]);
+    let b = small(dir, &["--transport", "mpi", "--batch", "32"]);
+    let o = mpirun
+        .args(["-np", "1", BIN])
+        .args(&a)
+        .arg(":")
+        .args(["-np", "1", BIN])
+        .args(&b)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    for rank in 0..2 {
+        let want = format!("error: rank {rank} of 2: the MPI ranks disagree");
+        assert!(t.contains(&want), "no '{want}' in:\n{t}");
+    }
+    assert!(t.contains("global batch (rank 0: 64, rank 1: 32)"), "{t}");
+    assert!(!t.contains("done:"), "{t}");
+    o
+}
