@@ -88,6 +88,9 @@ pub struct TrainConfig {
     pub first_bucket_kb: Option<usize>,
     /// Emulated link, if any.
     pub link: Option<LinkModel>,
+    /// Emulated device: each worker's compute held to a profile's times (see
+    /// [`crate::train::device`]).
+    pub device: Option<crate::train::device::EmulatedDevice>,
     /// How long a collective may wait for a peer.
     pub comm_timeout: Duration,
     /// What connects the workers: threads of this process, or MPI ranks too.
@@ -261,6 +264,15 @@ pub struct TrainOptions {
     /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth].
     #[arg(long)]
     pub link_latency: Option<String>,
+    /// Emulated device for testbeds where workers share a few cores: hold each worker's
+    /// forward, each block's backward and the update to the times in this profile (written by
+    /// `dptrain profile` at the per-worker batch) [default: no emulation].
+    #[arg(long)]
+    pub emulate_device: Option<PathBuf>,
+    /// With --emulate-device: the factor on the profile's times (at least the workers sharing
+    /// each core, so that the real compute fits in the device's time) [default: 1].
+    #[arg(long)]
+    pub emulate_device_scale: Option<f64>,
     /// Seconds a collective may wait for a peer before the run stops [default: 120].
     #[arg(long)]
     pub comm_timeout: Option<f64>,
@@ -391,6 +403,8 @@ impl TrainConfig {
             "processes": self.processes, "bucket_kb": self.bucket_kb, "first_bucket_kb": self.first_bucket_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
+            "emulate_device": self.device.as_ref().map(|d| d.path.display().to_string()),
+            "emulate_device_scale": self.device.as_ref().map(|d| d.scale),
             "train_limit": self.train_limit, "test_limit": self.test_limit,
             "loader_threads": self.loader_threads, "prefetch": self.prefetch,
             "augment": self.augment.to_string(), "skip_bad_samples": self.skip_bad_samples,
@@ -434,6 +448,8 @@ impl TrainOptions {
             first_bucket_kb,
             link_bandwidth,
             link_latency,
+            emulate_device,
+            emulate_device_scale,
             comm_timeout,
             transport,
             run_dir,
@@ -530,6 +546,16 @@ impl TrainOptions {
                 latency: parse_duration(self.link_latency.as_deref().unwrap_or("0"))
                     .map_err(|e| format!("--link-latency: {e}"))?,
             }),
+        };
+        let device = match (&self.emulate_device, self.emulate_device_scale) {
+            (None, Some(_)) => {
+                return Err("--emulate-device-scale needs --emulate-device too".into())
+            }
+            (None, None) => None,
+            (Some(p), k) => Some(crate::train::device::EmulatedDevice::load(
+                p,
+                k.unwrap_or(1.0),
+            )?),
         };
         let lr = self.lr.unwrap_or(0.05);
         if !(lr > 0.0 && lr.is_finite()) {
@@ -637,6 +663,7 @@ impl TrainOptions {
             bucket_kb: self.bucket_kb,
             first_bucket_kb: self.first_bucket_kb,
             link,
+            device,
             comm_timeout: Duration::from_secs_f64(comm_timeout),
             transport,
             processes: 1,
@@ -766,6 +793,14 @@ mod tests {
             (
                 Box::new(|o| o.threads = Some(0)),
                 "--threads must be at least 1",
+            ),
+            (
+                Box::new(|o| o.emulate_device_scale = Some(2.0)),
+                "--emulate-device-scale needs --emulate-device",
+            ),
+            (
+                Box::new(|o| o.emulate_device = Some("/no/such/profile.json".into())),
+                "--emulate-device /no/such/profile.json",
             ),
             (
                 Box::new(|o| o.comm_timeout = Some(1e30)),

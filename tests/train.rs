@@ -463,3 +463,41 @@ fn checkpoints_hold_the_pytorch_state_dict_of_the_reference_models() {
         assert_eq!(got, want, "{model}");
     }
 }
+
+#[test]
+fn an_emulated_device_holds_every_phase_to_its_profile_and_refuses_a_profile_of_another_run() {
+    // A profile of lenet5 at the per-worker batch (8), measured here, its times raised so that
+    // the device is much slower than the real compute.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dptrain::sim::measure("lenet5", 8, 1, 2, 1).unwrap();
+    let file = dir.path().join("device.json");
+    std::fs::write(&file, serde_json::to_string(&p).unwrap()).unwrap();
+    let scale = 20.0 / p.forward_ms().min(p.backward_ms());
+    let with = |workers: usize| {
+        let file = file.clone();
+        move |o: &mut TrainOptions| {
+            o.model = Some("lenet5".into());
+            o.dataset = Some("synthetic:1x28x28".into());
+            o.workers = Some(workers);
+            o.train_limit = Some(16 * 6);
+            o.no_checkpoints = true;
+            o.emulate_device = Some(file);
+            o.emulate_device_scale = Some(scale);
+        }
+    };
+    let s = run(&dir.path().join("run"), with(2));
+    let m = &s.breakdown.mean;
+    let (f, b) = (scale * p.forward_ms(), scale * p.backward_ms());
+    // Held to the device's time, and not much longer (sleeps end on time).
+    assert!(m.forward_ms >= f && m.forward_ms < 1.3 * f, "{m:?} vs {f}");
+    assert!(
+        m.backward_ms >= b && m.backward_ms < 1.3 * b,
+        "{m:?} vs {b}"
+    );
+    // Batch 16 over 1 worker is 16 per worker, not the profile's 8.
+    let e = train(config(&dir.path().join("other"), with(1))).unwrap_err();
+    assert!(
+        e.contains("per-worker batch of 8") && e.contains("16"),
+        "{e}"
+    );
+}

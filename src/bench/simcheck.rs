@@ -7,9 +7,13 @@
 //!   it.
 //! * `--against cluster`: the namespace cluster of `scripts/cluster.sh` (root, and a binary
 //!   built with `--features mpi`): per bandwidth and host count a cluster is brought up, its
-//!   links are measured with all-reduce microbenchmarks across it ([`fit_link`]), and per
-//!   workers per host, model and overlap a short `mpirun` training run is set beside the
-//!   simulated step of that topology ([`run_cluster`]).
+//!   links are measured with all-reduce microbenchmarks across it ([`fit_link_to_mix`]: the
+//!   runs' own buckets), and per workers per host, model and overlap a short `mpirun` training
+//!   run is set beside the simulated step of that topology ([`run_cluster`]). By default each
+//!   worker has an emulated device (`train --emulate-device`, a profile measured alone and
+//!   scaled by [`device_scale`]): the hosts share this machine's cores, which no cluster does,
+//!   and the check is of the simulator's network and overlap model; `--devices shared` runs
+//!   the real compute on the shared cores instead.
 //! * `--against published`: Goyal et al. 2017, ResNet-50 on 256 P100s, every input stated
 //!   with its source ([`run_published`]).
 //!
@@ -67,12 +71,23 @@ pub struct SimCheckArgs {
     /// Cluster: every host's link (tbf rate), comma-separated.
     #[arg(long, default_value = "100mbit,1gbit")]
     pub cluster_bandwidth: String,
-    /// Cluster: batch per worker (the global batch is this times the workers).
-    #[arg(long, default_value_t = 32)]
-    pub worker_batch: usize,
+    /// Cluster: batch per worker (the global batch is this times the workers): one for every
+    /// model, or per model (`vgg-small=32,lenet5=128`).
+    #[arg(long, default_value = "vgg-small=32,lenet5=128")]
+    pub worker_batch: String,
     /// Cluster: overlap on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
+    /// Cluster: each worker's compute: emulated (a device of its own, held to a profile
+    /// measured alone, see `train::device`) or shared (real compute on this machine's shared
+    /// cores, profiled with as many replicas at once).
+    #[arg(long, default_value = "emulated")]
+    pub devices: String,
+    /// Cluster, emulated devices: each device's time is the profile's times this many times
+    /// the workers per core (at least 1 worker per core), so that the real compute and the
+    /// communication threads fit in it.
+    #[arg(long, default_value_t = 3.0)]
+    pub device_headroom: f64,
     /// Cluster: passes over every case (each case's figures are its median pass).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -237,26 +252,53 @@ fn message_overhead(workers: usize, link: &LinkModel) -> Result<std::time::Durat
 pub fn fit_link(
     mode: CommMode,
     world: usize,
+    small: (usize, std::time::Duration),
+    large: (usize, std::time::Duration),
+) -> Result<LinkModel, String> {
+    fit_link_to_mix(mode, world, small, &[large])
+}
+
+/// [`fit_link`] with the second equation the sum over a mix of sizes (the buckets of a step,
+/// each timed alone): the link that gives the mix's total time, which is what a step that
+/// reduces those buckets one after another sees, whatever the transport does differently at
+/// different sizes (here MPI's rendezvous protocol above 64 KB).
+pub fn fit_link_to_mix(
+    mode: CommMode,
+    world: usize,
     (small_bytes, small): (usize, std::time::Duration),
-    (large_bytes, large): (usize, std::time::Duration),
+    mix: &[(usize, std::time::Duration)],
 ) -> Result<LinkModel, String> {
     let ts = crate::comm::cost_terms(mode, world, small_bytes);
-    let tl = crate::comm::cost_terms(mode, world, large_bytes);
-    let det = ts.latency_terms * tl.serialized_bytes - tl.latency_terms * ts.serialized_bytes;
+    let (mut l_terms, mut l_bytes, mut l_time) = (0.0, 0.0, 0.0);
+    for &(bytes, t) in mix {
+        let tl = crate::comm::cost_terms(mode, world, bytes);
+        l_terms += tl.latency_terms;
+        l_bytes += tl.serialized_bytes;
+        l_time += t.as_secs_f64();
+    }
+    let sizes = || {
+        mix.iter()
+            .map(|(b, _)| b.to_string())
+            .collect::<Vec<_>>()
+            .join("+")
+    };
+    let det = ts.latency_terms * l_bytes - l_terms * ts.serialized_bytes;
     if ts.latency_terms == 0.0 || det <= 0.0 {
         return Err(format!(
-            "{mode} over {world} ranks at {small_bytes} and {large_bytes} bytes: two sizes with \
-             different shares of latency and bytes are needed"
+            "{mode} over {world} ranks at {small_bytes} and {} bytes: two sizes with \
+             different shares of latency and bytes are needed",
+            sizes()
         ));
     }
-    let (s, l) = (small.as_secs_f64(), large.as_secs_f64());
-    let alpha = (s * tl.serialized_bytes - l * ts.serialized_bytes) / det;
-    let beta = (ts.latency_terms * l - tl.latency_terms * s) / det;
+    let s = small.as_secs_f64();
+    let alpha = (s * l_bytes - l_time * ts.serialized_bytes) / det;
+    let beta = (ts.latency_terms * l_time - l_terms * s) / det;
     if beta <= 0.0 || alpha < 0.0 {
         return Err(format!(
-            "{mode} over {world}: {large_bytes} bytes took {large:?} and {small_bytes} bytes \
+            "{mode} over {world}: {} bytes took {l_time:.6} s and {small_bytes} bytes \
              {small:?}, which no link explains (the large size is too small or the timings \
-             too noisy): time a larger size"
+             too noisy): time a larger size",
+            sizes()
         ));
     }
     Ok(LinkModel {
@@ -489,6 +531,44 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
         "meas cpt",
         "sim cpt"
     );
+    let emulated = match a.devices.as_str() {
+        "emulated" => true,
+        "shared" => false,
+        o => return Err(format!("--devices {o:?}: use emulated or shared")),
+    };
+    let batch_of = |model: &str| per_model_batch(&a.worker_batch, model);
+    for model in a.model.split(',').map(str::trim) {
+        batch_of(model)?;
+    }
+    let cores = crate::limits::cores();
+    if !(a.device_headroom >= 1.0 && a.device_headroom <= 100.0) {
+        return Err(format!(
+            "--device-headroom {}: give a factor from 1 to 100",
+            a.device_headroom
+        ));
+    }
+    // With emulated devices: each model's profile measured alone (one replica: the device),
+    // written for the runs' --emulate-device.
+    let mut devices: Vec<(String, crate::sim::Profile, std::path::PathBuf)> = Vec::new();
+    if emulated {
+        for model in a.model.split(',').map(str::trim) {
+            let p = measure(model, batch_of(model)?, a.threads, a.steps.min(20), 1)?;
+            let path = scratch.path().join(format!("{model}-device.json"));
+            let json = serde_json::to_string(&p).map_err(|e| e.to_string())?;
+            std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+            println!(
+                "{model} device (profile measured alone): forward {:.2} ms, backward {:.2} ms, \
+                 update {:.2} ms at batch {}; held to that x {} max(W, {cores}) / {cores} for W \
+                 workers on these {cores} cores",
+                p.forward_ms(),
+                p.backward_ms(),
+                p.update_ms,
+                batch_of(model)?,
+                a.device_headroom,
+            );
+            devices.push((model.to_string(), p, path));
+        }
+    }
     let mut profiles: Vec<(String, usize, crate::sim::Profile)> = Vec::new();
     let mut simulator = Simulator::new();
     let (mut worst, mut worst_cal, mut rows): (f64, f64, usize) = (0.0, 0.0, 0);
@@ -503,9 +583,9 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
             let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
             let rtt = cluster.rtt_ms()?;
             // The links are timed at the sizes the runs send: the transport's rate depends on
-            // the message size here (tbf lets a burst through at once; MPI's large messages
-            // queue behind the other direction's data), so each model gets the fit at its
-            // largest bucket.
+            // the message size here (tbf lets a burst through at once; above 64 KB MPI's
+            // rendezvous protocol halves the rate of a 2-host ring), so each model's link is
+            // fitted to the total time of its own buckets.
             let name = fit_mode.to_string();
             // Within a host, a message also waits for the receiving thread to wake up in a
             // process of the cluster; the trainer's own hierarchical all-reduce of 4 bytes times
@@ -552,16 +632,30 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                 );
                 intra_of.push((d, link));
             }
+            // What `--comm auto` plans for in the runs and in the simulator alike, and the
+            // link whose bandwidth x latency caps the runs' buckets.
+            let planning = LinkModel {
+                bandwidth_bytes_per_s: parse_bandwidth(&ours)?,
+                latency: std::time::Duration::from_secs_f64(rtt / 2e3),
+            };
             let mut fits: Vec<(String, LinkModel)> = Vec::new();
             for model in a.model.split(',').map(str::trim) {
-                let probe = crate::sim::profile::blocks_of(model)?;
-                let largest = probe
+                // The runs' buckets (the trainer's plan and caps), each a whole number of f32
+                // per rank as the all-reduce bench takes it, timed one by one: the link is
+                // fitted to their total.
+                let lens: Vec<usize> = crate::sim::profile::blocks_of(model)?
                     .iter()
-                    .map(|b| 4 * b.iter().sum::<usize>())
-                    .max()
-                    .unwrap_or(4);
-                // A whole number of f32 per rank, as the all-reduce bench takes it.
-                let large = largest.div_ceil(4 * hosts) * 4 * hosts;
+                    .map(|b| b.iter().sum())
+                    .collect();
+                let (first, rest) = crate::parallel::bucket_caps(None, None, &planning);
+                let buckets: Vec<usize> = crate::parallel::BucketPlan::new(&lens, first, rest)
+                    .buckets
+                    .iter()
+                    .map(|b| (4 * b.len).div_ceil(4 * hosts) * 4 * hosts)
+                    .collect();
+                let mut distinct = buckets.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
                 let mut args = vec![exe.display().to_string()];
                 args.extend(
                     [
@@ -578,30 +672,35 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     .iter()
                     .map(|s| s.to_string()),
                 );
-                args.push(format!("{},{large}", FIT_SIZES.0));
+                let list: Vec<String> = distinct.iter().map(|b| b.to_string()).collect();
+                args.push(format!("{},{}", FIT_SIZES.0, list.join(",")));
                 let out = cluster.mpirun(hosts, &args)?;
-                let nic = fit_link(
+                let mix = buckets
+                    .iter()
+                    .map(|&b| Ok((b, parse_allreduce(&out, &name, b)?)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                let nic = fit_link_to_mix(
                     fit_mode,
                     hosts,
                     (FIT_SIZES.0, parse_allreduce(&out, &name, FIT_SIZES.0)?),
-                    (large, parse_allreduce(&out, &name, large)?),
+                    &mix,
                 )?;
+                let total: std::time::Duration = mix.iter().map(|(_, t)| *t).sum();
                 println!(
                     "\n{hosts} hosts at {bw} (tbf), ping round trip {rtt:.3} ms; {model}: between \
-                     hosts (MPI over TCP; {name} all-reduce of {} B and of its largest bucket, {large} \
-                     B, timed across the cluster) {:.1} MB/s, {:.1} us per message",
+                     hosts (MPI over TCP; {name} all-reduce of {} B and of each of its {} buckets, \
+                     {} B in all, {:.1} ms in all, timed across the cluster) {:.1} MB/s, {:.1} us \
+                     per message",
                     FIT_SIZES.0,
+                    buckets.len(),
+                    buckets.iter().sum::<usize>(),
+                    total.as_secs_f64() * 1e3,
                     nic.bandwidth_bytes_per_s / 1e6,
                     nic.latency.as_secs_f64() * 1e6
                 );
                 fits.push((model.to_string(), nic));
             }
             println!("{header}");
-            // What `--comm auto` plans for in the runs and in the simulator alike.
-            let planning = LinkModel {
-                bandwidth_bytes_per_s: parse_bandwidth(&ours)?,
-                latency: std::time::Duration::from_secs_f64(rtt / 2e3),
-            };
             // Every case of this cluster, then `rounds` passes over them: a slow spell of the
             // shared machine lands on all cases, and each case's figure is its median pass.
             let mut cases: Vec<(usize, &str, bool)> = Vec::new();
@@ -618,7 +717,7 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     let dir = scratch
                         .path()
                         .join(format!("{model}-{hosts}x{d}-{overlap}-{round}"));
-                    let batch = a.worker_batch * hosts * d;
+                    let batch = batch_of(model)? * hosts * d;
                     let mut args: Vec<String> = vec![exe.display().to_string()];
                     args.extend(
                         [
@@ -661,6 +760,14 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                         "--run-dir".into(),
                         dir.display().to_string(),
                     ]);
+                    if let Some((_, _, path)) = devices.iter().find(|(m, _, _)| m == model) {
+                        args.extend([
+                            "--emulate-device".into(),
+                            path.display().to_string(),
+                            "--emulate-device-scale".into(),
+                            device_scale(hosts * d, cores, a.device_headroom).to_string(),
+                        ]);
+                    }
                     cluster.mpirun(hosts, &args)?;
                     passes[i].push(Phases::median_of_steps(&dir.join("metrics.jsonl"))?);
                     let _ = std::fs::remove_dir_all(&dir);
@@ -684,16 +791,31 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     nic,
                     overhead: std::time::Duration::ZERO,
                 };
-                let profile = match profiles
+                let device = devices.iter().find(|(m, _, _)| m == model);
+                let cached = profiles
                     .iter()
-                    .find(|(m, w, _)| m == model && *w == workers)
-                {
-                    Some((_, _, p)) => p.clone(),
-                    None => {
+                    .find(|(m, w, _)| m == model && *w == workers);
+                let profile = match (cached, device) {
+                    (Some((_, _, p)), _) => p.clone(),
+                    // The device: the alone profile at the runs' scale, every worker alike.
+                    (None, Some((_, p, _))) => {
+                        let k = device_scale(workers, cores, a.device_headroom);
+                        let mut p =
+                            p.rescaled(k * p.forward_ms(), k * p.backward_ms(), k * p.update_ms);
+                        p.compute_spread = Some(0.0);
+                        println!(
+                            "  ({model} device for {workers} workers: x {k}, compute {:.1} ms a \
+                             step)",
+                            p.forward_ms() + p.backward_ms() + p.update_ms
+                        );
+                        profiles.push((model.to_string(), workers, p.clone()));
+                        p
+                    }
+                    (None, None) => {
                         // Every worker of the cluster shares this machine's cores: measure with
                         // as many replicas at once.
                         let p =
-                            measure(model, a.worker_batch, a.threads, a.steps.min(20), workers)?;
+                            measure(model, batch_of(model)?, a.threads, a.steps.min(20), workers)?;
                         println!(
                             "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
                              step, spread {:.1}%)",
@@ -712,7 +834,8 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     overlap,
                     bucket_kb: None,
                     planning_link: Some(planning),
-                    // The workers' compute varies as much as the profile's replicas' did.
+                    // The workers' compute varies as much as the profile says (emulated devices:
+                    // not at all).
                     stragglers: Stragglers {
                         spread: profile.compute_spread.unwrap_or(0.0),
                         seed: 1,
@@ -760,6 +883,41 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
          backward + update"
     );
     Ok(())
+}
+
+/// The per-worker batch of `model` in `--worker-batch`: one number for every model, or
+/// `MODEL=N` entries.
+pub fn per_model_batch(spec: &str, model: &str) -> Result<usize, String> {
+    let parse = |v: &str| match v.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "--worker-batch {spec:?}: {v:?} is not a batch (a whole number from 1)"
+        )),
+    };
+    if !spec.contains('=') {
+        return parse(spec);
+    }
+    for entry in spec.split(',') {
+        let Some((m, v)) = entry.split_once('=') else {
+            return Err(format!(
+                "--worker-batch {spec:?}: give one number, or MODEL=N entries"
+            ));
+        };
+        if m.trim() == model {
+            return parse(v);
+        }
+    }
+    Err(format!(
+        "--worker-batch {spec:?} gives no batch for {model}: add {model}=N"
+    ))
+}
+
+/// The factor the emulated devices of `workers` workers sharing `cores` cores are held to (on
+/// a profile measured alone): the workers per core (at least 1: a worker with a core of its
+/// own still shares it with the communication threads and the network stacks) times
+/// `headroom`, so that the real compute fits in the device's time.
+pub fn device_scale(workers: usize, cores: usize, headroom: f64) -> f64 {
+    headroom * workers.max(cores) as f64 / cores.max(1) as f64
 }
 
 /// One input of the published comparison, and where it comes from.
@@ -1026,6 +1184,27 @@ mod tests {
                 assert!((bw - 1.0).abs() < 1e-6, "{mode} {world}: {got:?}");
             }
         }
+        // A mix of sizes fitted to the link's own predictions gives the link back too, and
+        // a transport slower on the large sizes gives the rate that totals the mix.
+        let t = |b| predicted_time(CommMode::Ring, 4, b, &link);
+        let sizes = [624usize, 10_000, 123_360, 295_424];
+        let mix: Vec<_> = sizes.iter().map(|&b| (b, t(b))).collect();
+        let got = fit_link_to_mix(CommMode::Ring, 4, (4, t(4)), &mix).unwrap();
+        assert!((got.bandwidth_bytes_per_s / link.bandwidth_bytes_per_s - 1.0).abs() < 1e-6);
+        let slower: Vec<_> = mix
+            .iter()
+            .map(|&(b, d)| (b, if b > 65536 { d * 2 } else { d }))
+            .collect();
+        let got = fit_link_to_mix(CommMode::Ring, 4, (4, t(4)), &slower).unwrap();
+        let total = |l: &LinkModel| {
+            sizes
+                .iter()
+                .map(|&b| predicted_time(CommMode::Ring, 4, b, l))
+                .sum::<Duration>()
+        };
+        let want: Duration = slower.iter().map(|&(_, d)| d).sum();
+        assert!((total(&got).as_secs_f64() / want.as_secs_f64() - 1.0).abs() < 1e-6);
+        assert!(got.bandwidth_bytes_per_s < 0.6 * link.bandwidth_bytes_per_s);
         // A large size no slower than latency alone cannot give a rate.
         let e = fit_link(
             CommMode::Ring,
@@ -1035,6 +1214,25 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("time a larger size"), "{e}");
+    }
+
+    #[test]
+    fn worker_batches_are_one_for_all_or_one_per_model() {
+        assert_eq!(per_model_batch("64", "lenet5").unwrap(), 64);
+        let spec = "vgg-small=32, lenet5=128";
+        assert_eq!(per_model_batch(spec, "lenet5").unwrap(), 128);
+        assert_eq!(per_model_batch(spec, "vgg-small").unwrap(), 32);
+        assert!(per_model_batch(spec, "resnet20")
+            .unwrap_err()
+            .contains("resnet20=N"));
+        assert!(per_model_batch("lenet5=0", "lenet5")
+            .unwrap_err()
+            .contains("not a batch"));
+        assert!(per_model_batch("32,lenet5=1", "x")
+            .unwrap_err()
+            .contains("MODEL=N"));
+        assert_eq!(device_scale(8, 2, 3.0), 12.0);
+        assert_eq!(device_scale(1, 2, 3.0), 3.0);
     }
 
     #[test]

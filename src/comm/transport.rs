@@ -345,8 +345,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// 4-byte ring all-reduce of 2 workers over a 50 µs link took 236 µs, with
 /// 1 ns slack 151 µs (the model says 100), and the simulator, which models the
 /// link as specified, under-predicted small-bucket steps. The first sleep on
-/// each thread therefore sets its slack to 1 ns.
-fn sleep_until(t: Instant) {
+/// each thread therefore sets its slack to 1 ns. (The emulated device,
+/// [`crate::train::device`], sleeps with it too.)
+pub fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
         precise_sleeps_on_this_thread();

@@ -58,11 +58,20 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// (lenet5, 1 Gbit/s, redundant: exposed comm 0.6-0.8 ms with the yield alone, 0.4 ms with
 /// both, 1.7-1.8 ms with neither). Niceness only matters under contention. Linux only.
 pub fn yield_cpu_to_communication() {
+    set_niceness(5);
+}
+
+/// Sets the calling thread's niceness (Linux; elsewhere a no-op). For
+/// [`yield_cpu_to_communication`], and for an emulated device's compute (nice 19: see
+/// `train::device`).
+pub fn set_niceness(nice: i32) {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority on this thread's id (who = 0 means the caller) takes no pointers.
     unsafe {
-        let _ = libc::setpriority(libc::PRIO_PROCESS, 0, 5);
+        let _ = libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! [`crate::parallel`].
 
 pub mod checkpoint;
+pub mod device;
 pub mod fault;
 pub mod metrics;
 pub mod processes;
@@ -497,6 +498,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                 }),
         };
         let threads = cfg.threads;
+        let emulated_device = cfg.device.is_some();
         let handle = std::thread::Builder::new()
             .name(format!("worker-{rank}"))
             .spawn(move || -> Result<(), String> {
@@ -509,7 +511,11 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                     let worker = Worker::new(setup)?;
                     // After Worker::new has started the communication thread, which must
                     // keep the default priority (threads inherit their creator's).
-                    rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
+                    if emulated_device {
+                        rayon::broadcast(|_| crate::train::device::lower_compute_priority());
+                    } else {
+                        rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
+                    }
                     worker.run()
                 })
             })

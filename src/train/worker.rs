@@ -4,6 +4,7 @@
 //! the reducer's buckets (which go to the communication thread as they fill), the wait for the
 //! last bucket, the update. Every phase is timed.
 
+use super::device::EmulatedDevice;
 use super::fault::{maybe_panic, FaultPhase};
 use super::metrics::{ms, StepTimes};
 use super::Event;
@@ -11,7 +12,7 @@ use crate::comm::{choose_mode, LeaderOp, LinkModel, Transport};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
 use crate::model::Graph;
-use crate::nn::{Mode, Net, NetConfig, StepInfo};
+use crate::nn::{ExecDone, Mode, Net, NetConfig, StepInfo};
 use crate::optim::Sgd;
 use crate::parallel::{bucket_caps as plan_caps, BucketOp, BucketPlan, Reducer};
 use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
@@ -199,6 +200,9 @@ impl Worker {
             },
         )
         .map_err(|e| e.to_string())?;
+        if let Some(d) = &cfg.device {
+            d.check_fits(&cfg.model, local_batch, net.blocks().len())?;
+        }
         let mut sgd = Sgd::new(cfg.sgd, net.params().len());
         let (mut start_epoch, mut global_step) = (0, 0);
         if let Some(ck) = &s.resume {
@@ -414,6 +418,9 @@ impl Worker {
                 }
             },
         );
+        if let Some(d) = &self.cfg.device {
+            EmulatedDevice::hold(t1, d.forward);
+        }
         let loss_value = (report.loss_sum / n as f64) as f32;
         if !loss_value.is_finite() && !self.cfg.skip_nonfinite {
             return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr (or pass --on-nonfinite skip)"));
@@ -427,7 +434,7 @@ impl Worker {
         let flows = self.cfg.overlap && self.cfg.world() > 1;
         let (tracer, mut mark, ready_at, names) =
             (&mut self.tracer, t2, &self.ready_at, &self.exec_names);
-        let backward = self.net.backward(&mut self.reducer, &mut |done| {
+        let mut on_done = |done: ExecDone| {
             maybe_panic(fault, FaultPhase::Backward, gs, rank);
             if tracer.active() {
                 let now = Instant::now();
@@ -446,7 +453,18 @@ impl Worker {
                 mark = now;
             }
             Ok(())
-        });
+        };
+        // With an emulated device, each block goes to the reducer when the device would have
+        // written it, and backward ends when the device's would.
+        let backward = match &self.cfg.device {
+            Some(d) => {
+                let mut sink = d.paced(&mut self.reducer, t2);
+                let r = self.net.backward(&mut sink, &mut on_done);
+                EmulatedDevice::hold(t2, d.backward);
+                r
+            }
+            None => self.net.backward(&mut self.reducer, &mut on_done),
+        };
         ctx(backward, rank, "backward", gs)?;
         let t3 = Instant::now();
         self.phase = "communication";
@@ -475,6 +493,9 @@ impl Worker {
             if (0..blocks).all(|b| reducer.grad(b).iter().all(|v| v.is_finite())) {
                 let (params, blocks) = self.net.params_and_blocks();
                 self.sgd.step(params, blocks, |b| reducer.grad(b), lr, 1.0);
+                if let Some(d) = &self.cfg.device {
+                    EmulatedDevice::hold(t4, d.update);
+                }
             } else if self.cfg.skip_nonfinite {
                 self.skipped_updates += 1;
             } else {

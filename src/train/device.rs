@@ -1,0 +1,265 @@
+//! The emulated device: a worker's compute held to the times of a measured profile, for
+//! testbeds where many workers share a few cores.
+//!
+//! Why: the namespace cluster of `scripts/cluster.sh` gives every "host" its own network stack
+//! and shaped link, but not its own cores: up to 8 workers share this machine's 2. Their
+//! compute then waits for a core as much as their messages wait for the link, and how long
+//! depends on the OS scheduler, which no cluster simulator models (a real cluster has a device
+//! per worker). `--emulate-device PROFILE --emulate-device-scale K` gives each worker a device
+//! of its own the way `--link-bandwidth` gives it a link: by sleeping. The compute still runs
+//! for real (the run trains), and each phase then waits until the time the profile gives it,
+//! times K: forward until `K x` the profile's forward, each parameter block's backward until
+//! `K x` the profile's backward up to that block (so its bucket goes out when the device would
+//! have produced it), the update until `K x` its update. With K at least the workers per core
+//! (and some room for the communication threads), the real compute fits inside the device's
+//! time and every worker's step takes what the profile says, whoever else shares the cores.
+//! A phase whose real compute takes longer than its device time is not shortened; the run's
+//! step breakdown shows it.
+//!
+//! The profile is the JSON of `dptrain profile` (`crate::sim::Profile`); only the fields read
+//! here are needed, so this layer does not depend on the simulator.
+
+use crate::nn::GradSink;
+use serde::Deserialize;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Lowers the calling compute thread to nice 19. An emulated device's real compute has time to
+/// spare (the device's time is longer), and a real cluster's communication threads never wait
+/// for a device's compute to give up a core; at nice 5 (the trainer's default, see
+/// `parallel::yield_cpu_to_communication`) they did, on cores shared by 8 workers.
+pub fn lower_compute_priority() {
+    crate::parallel::set_niceness(19);
+}
+
+/// The fields of a profile file this module reads.
+#[derive(Deserialize)]
+struct ProfileFile {
+    model: String,
+    batch: usize,
+    blocks: Vec<ProfileBlock>,
+    update_ms: f64,
+}
+
+#[derive(Deserialize)]
+struct ProfileBlock {
+    forward_ms: f64,
+    backward_ms: f64,
+}
+
+/// A device's time for each phase of one worker's step (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmulatedDevice {
+    /// The profile file it was read from.
+    pub path: std::path::PathBuf,
+    /// The factor applied to the profile's times.
+    pub scale: f64,
+    /// The model the profile is of.
+    pub model: String,
+    /// The per-worker batch the profile's times are for.
+    pub batch: usize,
+    /// Forward and loss.
+    pub forward: Duration,
+    /// Per parameter block (in forward order): backward time from the start of backward until
+    /// that block's gradients are written (backward runs the last block first).
+    pub backward_until: Vec<Duration>,
+    /// The whole backward.
+    pub backward: Duration,
+    /// The optimizer update.
+    pub update: Duration,
+}
+
+impl EmulatedDevice {
+    /// Reads a profile file and scales its times by `scale`.
+    pub fn load(path: &Path, scale: f64) -> Result<Self, String> {
+        let name = || format!("--emulate-device {}", path.display());
+        if !(scale > 0.0 && scale.is_finite() && scale <= 1e6) {
+            return Err(format!(
+                "--emulate-device-scale must be a positive number up to 1e6, not {scale}"
+            ));
+        }
+        // A profile is a few KB; a larger file is not one (and is not read into memory).
+        let len = std::fs::metadata(path)
+            .map_err(|e| format!("{}: {e}", name()))?
+            .len();
+        if len > 16 << 20 {
+            return Err(format!(
+                "{}: {len} bytes is not a profile (a few KB); give the file `dptrain profile` wrote",
+                name()
+            ));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", name()))?;
+        let p: ProfileFile = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{}: not a profile ({e}); write one with `dptrain profile --model M --batch B \
+                 --out FILE`",
+                name()
+            )
+        })?;
+        let ms = |v: f64, what: &str| -> Result<Duration, String> {
+            let s = v * scale / 1e3;
+            if !(0.0..3600.0).contains(&s) {
+                return Err(format!(
+                    "{}: {what} of {v} ms (x {scale}) is not a time from 0 to an hour",
+                    name()
+                ));
+            }
+            Ok(Duration::from_secs_f64(s))
+        };
+        if p.blocks.is_empty() {
+            return Err(format!("{}: the profile has no blocks", name()));
+        }
+        let forward = p.blocks.iter().try_fold(Duration::ZERO, |acc, b| {
+            Ok::<_, String>(acc + ms(b.forward_ms, "a block's forward")?)
+        })?;
+        let mut backward_until = vec![Duration::ZERO; p.blocks.len()];
+        let mut acc = Duration::ZERO;
+        for (k, b) in p.blocks.iter().enumerate().rev() {
+            acc += ms(b.backward_ms, "a block's backward")?;
+            backward_until[k] = acc;
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            scale,
+            model: p.model,
+            batch: p.batch,
+            forward,
+            backward_until,
+            backward: acc,
+            update: ms(p.update_ms, "the update")?,
+        })
+    }
+
+    /// Refuses a profile that is not of this run's model, per-worker batch and blocks.
+    pub fn check_fits(&self, model: &str, batch: usize, blocks: usize) -> Result<(), String> {
+        let name = format!("--emulate-device {}", self.path.display());
+        if self.model != model {
+            return Err(format!(
+                "{name}: the profile is of {}, this run trains {model}: profile {model}",
+                self.model
+            ));
+        }
+        if self.batch != batch {
+            return Err(format!(
+                "{name}: the profile's times are for a per-worker batch of {}, this run's is \
+                 {batch}: profile at --batch {batch}",
+                self.batch
+            ));
+        }
+        if self.backward_until.len() != blocks {
+            return Err(format!(
+                "{name}: the profile has {} blocks, the model {blocks}: profile this model again",
+                self.backward_until.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits until `since + time` (returns at once if that has passed).
+    pub fn hold(since: Instant, time: Duration) {
+        crate::comm::transport::sleep_until(since + time);
+    }
+
+    /// `sink` with each block's `block_written` held until the device's backward reaches it,
+    /// for a backward that started at `start`.
+    pub fn paced<'a>(&'a self, sink: &'a mut dyn GradSink, start: Instant) -> PacedSink<'a> {
+        PacedSink {
+            sink,
+            device: self,
+            start,
+        }
+    }
+}
+
+/// A gradient sink whose blocks are handed on when the emulated device would have written them
+/// ([`EmulatedDevice::paced`]).
+pub struct PacedSink<'a> {
+    sink: &'a mut dyn GradSink,
+    device: &'a EmulatedDevice,
+    start: Instant,
+}
+
+impl GradSink for PacedSink<'_> {
+    fn block_grads(&mut self, block: usize) -> &mut [f32] {
+        self.sink.block_grads(block)
+    }
+
+    fn block_written(&mut self, block: usize) -> Result<(), String> {
+        if let Some(&until) = self.device.backward_until.get(block) {
+            EmulatedDevice::hold(self.start, until);
+        }
+        self.sink.block_written(block)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, text: &str) -> std::path::PathBuf {
+        let p = dir.join("p.json");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_profile_becomes_scaled_phase_times_and_cumulative_block_deadlines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            r#"{"model":"lenet5","source":"x","batch":8,"input":[1,28,28],"update_ms":1.0,
+               "blocks":[{"name":"a","forward_ms":1.0,"backward_ms":2.0,"param_sizes":[4],"macs_per_sample":1},
+                         {"name":"b","forward_ms":3.0,"backward_ms":5.0,"param_sizes":[4],"macs_per_sample":1}]}"#,
+        );
+        let d = EmulatedDevice::load(&p, 2.0).unwrap();
+        assert_eq!(d.forward, Duration::from_millis(8));
+        // Backward runs block b first: b is written at 2 x 5 ms, a at 2 x (5 + 2) ms.
+        assert_eq!(
+            d.backward_until,
+            vec![Duration::from_millis(14), Duration::from_millis(10)]
+        );
+        assert_eq!(d.backward, Duration::from_millis(14));
+        assert_eq!(d.update, Duration::from_millis(2));
+        assert!(d.check_fits("lenet5", 8, 2).is_ok());
+        let e = d.check_fits("lenet5", 16, 2).unwrap_err();
+        assert!(e.contains("batch of 8") && e.contains("16"), "{e}");
+        assert!(d
+            .check_fits("vgg-small", 8, 2)
+            .unwrap_err()
+            .contains("vgg-small"));
+        assert!(d.check_fits("lenet5", 8, 3).unwrap_err().contains("3"));
+    }
+
+    #[test]
+    fn bad_files_and_scales_are_refused_with_the_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(dir.path(), "{\"model\": 1}");
+        let e = EmulatedDevice::load(&p, 1.0).unwrap_err();
+        assert!(
+            e.contains("not a profile") && e.contains("dptrain profile"),
+            "{e}"
+        );
+        let e = EmulatedDevice::load(&dir.path().join("none.json"), 1.0).unwrap_err();
+        assert!(e.contains("none.json"), "{e}");
+        let ok = write(
+            dir.path(),
+            r#"{"model":"m","batch":1,"update_ms":-1.0,"blocks":[{"forward_ms":1.0,"backward_ms":1.0}]}"#,
+        );
+        assert!(EmulatedDevice::load(&ok, 1.0)
+            .unwrap_err()
+            .contains("the update"));
+        for s in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(EmulatedDevice::load(&ok, s).unwrap_err().contains("scale"));
+        }
+    }
+
+    #[test]
+    fn hold_waits_until_the_deadline_and_no_longer_once_it_has_passed() {
+        let t = Instant::now();
+        EmulatedDevice::hold(t, Duration::from_millis(20));
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        let late = Instant::now();
+        EmulatedDevice::hold(t, Duration::from_millis(1));
+        assert!(late.elapsed() < Duration::from_millis(5));
+    }
+}
