@@ -85,8 +85,9 @@ pub struct SimCheckArgs {
     pub devices: String,
     /// Cluster, emulated devices: each device's time is the profile's times this many times
     /// the workers per core (at least 1 worker per core), so that the real compute and the
-    /// communication threads fit in it.
-    #[arg(long, default_value_t = 3.0)]
+    /// communication threads fit in it, and this machine's scheduling delays (about 10 ms a
+    /// step at 8 workers on 2 cores, see docs/bench/sim-check.md) are small beside a step.
+    #[arg(long, default_value_t = 6.0)]
     pub device_headroom: f64,
     /// Cluster: passes over every case (each case's figures are its median pass).
     #[arg(long, default_value_t = 3)]
