@@ -269,8 +269,8 @@ pub struct TrainOptions {
     /// `dptrain profile` at the per-worker batch) [default: no emulation].
     #[arg(long)]
     pub emulate_device: Option<PathBuf>,
-    /// With --emulate-device: the factor on the profile's times (at least the workers sharing
-    /// each core, so that the real compute fits in the device's time) [default: 1].
+    /// With --emulate-device: the factor on the profile's times (3 or more times the workers
+    /// sharing each core, so that the real compute fits in the device's time) [default: 1].
     #[arg(long)]
     pub emulate_device_scale: Option<f64>,
     /// Seconds a collective may wait for a peer before the run stops [default: 120].

@@ -460,7 +460,7 @@ impl Worker {
             Some(d) => {
                 let mut sink = d.paced(&mut self.reducer, t2);
                 let r = self.net.backward(&mut sink, &mut on_done);
-                EmulatedDevice::hold(t2, d.backward);
+                EmulatedDevice::hold(t2, d.backward());
                 r
             }
             None => self.net.backward(&mut self.reducer, &mut on_done),
