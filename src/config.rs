@@ -89,8 +89,8 @@ pub struct TrainConfig {
     /// Emulated link, if any.
     pub link: Option<LinkModel>,
     /// Emulated device: each worker's compute held to a profile's times (see
-    /// [`crate::train::device`]).
-    pub device: Option<crate::train::device::EmulatedDevice>,
+    /// [`crate::testbed::device`]).
+    pub device: Option<crate::testbed::device::EmulatedDevice>,
     /// How long a collective may wait for a peer.
     pub comm_timeout: Duration,
     /// What connects the workers: threads of this process, or MPI ranks too.
@@ -118,7 +118,7 @@ pub struct TrainConfig {
     /// Write no checkpoints at all (benchmarks).
     pub no_checkpoints: bool,
     /// Injected fault, for the reliability tests.
-    pub fault: Option<crate::train::fault::Fault>,
+    pub fault: Option<crate::testbed::fault::Fault>,
     /// Skip updates whose gradient is not finite (instead of stopping).
     pub skip_nonfinite: bool,
     /// Checkpoint to resume from.
@@ -552,7 +552,7 @@ impl TrainOptions {
                 return Err("--emulate-device-scale needs --emulate-device too".into())
             }
             (None, None) => None,
-            (Some(p), k) => Some(crate::train::device::EmulatedDevice::load(
+            (Some(p), k) => Some(crate::testbed::device::EmulatedDevice::load(
                 p,
                 k.unwrap_or(1.0),
             )?),
@@ -679,7 +679,7 @@ impl TrainOptions {
             fault: self
                 .inject_fault
                 .as_deref()
-                .map(crate::train::fault::Fault::parse)
+                .map(crate::testbed::fault::Fault::parse)
                 .transpose()?,
             skip_nonfinite: match self.on_nonfinite.as_deref().unwrap_or("stop") {
                 "stop" => false,

@@ -7,10 +7,11 @@ pub mod ablation;
 pub mod allreduce;
 pub mod data;
 pub mod overlap;
-pub mod replica;
 pub mod simcheck;
 pub mod step;
 pub mod suite;
+
+pub use crate::measure::median;
 
 use std::path::{Path, PathBuf};
 
@@ -39,19 +40,5 @@ impl ScratchDir {
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Median of a list of values (sorted in place).
-pub fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
     }
 }

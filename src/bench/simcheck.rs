@@ -79,7 +79,7 @@ pub struct SimCheckArgs {
     #[arg(long, default_value = "both")]
     pub overlap: String,
     /// Cluster: each worker's compute: emulated (a device of its own, held to a profile
-    /// measured alone, see `train::device`) or shared (real compute on this machine's shared
+    /// measured alone, see `testbed::device`) or shared (real compute on this machine's shared
     /// cores, profiled with as many replicas at once).
     #[arg(long, default_value = "emulated")]
     pub devices: String,
@@ -644,7 +644,7 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                 // The runs' buckets (the trainer's plan and caps), each a whole number of f32
                 // per rank as the all-reduce bench takes it, timed one by one: the link is
                 // fitted to their total.
-                let lens: Vec<usize> = crate::sim::profile::blocks_of(model)?
+                let lens: Vec<usize> = crate::measure::blocks_of(model)?
                     .iter()
                     .map(|b| b.iter().sum())
                     .collect();

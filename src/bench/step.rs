@@ -2,7 +2,7 @@
 //! update) of a model on one worker, on synthetic data.
 
 use super::median;
-use super::replica::SyntheticReplica;
+use crate::measure::SyntheticReplica;
 use std::time::Instant;
 
 /// Per-phase medians of one step, in milliseconds.

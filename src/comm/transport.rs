@@ -346,7 +346,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// 1 ns slack 151 µs (the model says 100), and the simulator, which models the
 /// link as specified, under-predicted small-bucket steps. The first sleep on
 /// each thread therefore sets its slack to 1 ns. (The emulated device,
-/// [`crate::train::device`], sleeps with it too.)
+/// [`crate::testbed::device`], sleeps with it too.)
 pub fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {

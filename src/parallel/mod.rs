@@ -63,7 +63,7 @@ pub fn yield_cpu_to_communication() {
 
 /// Sets the calling thread's niceness (Linux; elsewhere a no-op). For
 /// [`yield_cpu_to_communication`], and for an emulated device's compute (nice 19: see
-/// `train::device`).
+/// `testbed::device`).
 pub fn set_niceness(nice: i32) {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority on this thread's id (who = 0 means the caller) takes no pointers.

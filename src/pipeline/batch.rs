@@ -124,13 +124,13 @@ pub struct Collator {
     /// Where skipped samples are counted.
     pub stats: Arc<LoadStats>,
     /// An injected loader failure (reliability tests).
-    pub fault: Option<crate::train::fault::Fault>,
+    pub fault: Option<crate::testbed::fault::Fault>,
 }
 
 impl Collator {
     /// Fails like a broken loader if an injected `data` fault strikes this batch.
     pub fn check_fault(&self, global_step: usize, worker: usize) -> Result<(), String> {
-        use crate::train::fault::FaultPhase;
+        use crate::testbed::fault::FaultPhase;
         match self.fault {
             Some(f) if f.hits(FaultPhase::Data, global_step, worker) => Err(format!(
                 "injected fault: loader failure for global step {global_step}"

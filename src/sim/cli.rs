@@ -1,6 +1,7 @@
 //! `dptrain profile` and `dptrain simulate`: arguments and the printed tables.
 
-use super::profile::{from_graph, measure, DeviceSpec, DeviceSpeed, Profile};
+use super::profile::{from_graph, DeviceSpec, DeviceSpeed};
+use crate::measure::{measure, Profile, MAX_PROFILE_BATCH};
 use super::step::{search_buckets, Simulator, StepConfig, StepResult, Stragglers};
 use super::topology::Topology;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
@@ -72,10 +73,6 @@ pub struct ProfileArgs {
     pub out: PathBuf,
 }
 
-/// Largest per-worker batch a profile is made for: far past any real per-worker batch, and
-/// small enough that step times and byte counts stay in range of the simulator's arithmetic.
-pub const MAX_PROFILE_BATCH: usize = 1 << 20;
-
 /// Bytes a measured training step needs per sample, as a multiple of the f32 bytes of every
 /// layer's output: the network keeps each output for backward and at most as much again in
 /// gradient buffers (shared by liveness, usually far less); 2.5 leaves a margin for the
@@ -119,7 +116,7 @@ fn make_profile(
         Some(speed) => from_graph(&graph, batch, speed)?,
         None => measured()?,
     };
-    super::validate::profile(&p)?;
+    crate::measure::validate::profile(&p)?;
     Ok(p)
 }
 

@@ -6,7 +6,8 @@
 //! and with workers that are not all equally fast?", answered before renting the cluster.
 //! Top-down:
 //!
-//! 1. **A profile** ([`profile`]) is one worker's step, block by block: forward and backward
+//! 1. **A profile** ([`crate::measure::profile`], the format and its measurement; [`profile`],
+//!    profiles derived from a graph) is one worker's step, block by block: forward and backward
 //!    times at a per-worker batch, each block's parameter sizes (its gradient bytes), the
 //!    update time, and for measured profiles the spread of the step's compute. `dptrain
 //!    profile` measures it here (per-block medians, timed through the block-wise backward's
@@ -45,9 +46,9 @@ pub mod profile;
 pub mod schedule;
 pub mod step;
 pub mod topology;
-pub mod validate;
 
-pub use profile::{from_graph, measure, BlockProfile, DeviceSpec, DeviceSpeed, Profile};
+pub use crate::measure::{measure, BlockProfile, Profile};
+pub use profile::{from_graph, DeviceSpec, DeviceSpeed};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};
 pub use step::{
     plan, search_buckets, simulate_step, trainer_config, Simulator, StepConfig, StepResult,

@@ -16,7 +16,7 @@
 //! worker, so this is what a measured spread costs at scale.
 
 use super::engine::{run, Segment};
-use super::profile::Profile;
+use crate::measure::Profile;
 use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
 use super::topology::Topology;
 use crate::comm::LinkModel;

@@ -5,8 +5,6 @@
 //! [`crate::parallel`].
 
 pub mod checkpoint;
-pub mod device;
-pub mod fault;
 pub mod metrics;
 pub mod processes;
 pub mod rundir;
@@ -512,7 +510,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
                     // After Worker::new has started the communication thread, which must
                     // keep the default priority (threads inherit their creator's).
                     if emulated_device {
-                        rayon::broadcast(|_| crate::train::device::lower_compute_priority());
+                        rayon::broadcast(|_| crate::testbed::device::lower_compute_priority());
                     } else {
                         rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
                     }

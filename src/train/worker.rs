@@ -4,8 +4,6 @@
 //! the reducer's buckets (which go to the communication thread as they fill), the wait for the
 //! last bucket, the update. Every phase is timed.
 
-use super::device::EmulatedDevice;
-use super::fault::{maybe_panic, FaultPhase};
 use super::metrics::{ms, StepTimes};
 use super::Event;
 use crate::comm::{choose_mode, LeaderOp, LinkModel, Transport};
@@ -15,6 +13,8 @@ use crate::model::Graph;
 use crate::nn::{ExecDone, Mode, Net, NetConfig, StepInfo};
 use crate::optim::Sgd;
 use crate::parallel::{bucket_caps as plan_caps, BucketOp, BucketPlan, Reducer};
+use crate::testbed::device::EmulatedDevice;
+use crate::testbed::fault::{maybe_panic, FaultPhase};
 use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
 use crate::trace::{comm_tid, worker_tid, Tracer};
 use crossbeam_channel::Sender;
@@ -340,7 +340,7 @@ impl Worker {
                     let slow = self
                         .cfg
                         .fault
-                        .is_some_and(|f| f.phase == super::fault::FaultPhase::SlowCheckpoint);
+                        .is_some_and(|f| f.phase == FaultPhase::SlowCheckpoint);
                     ck.save_paced(&path, slow)?;
                     super::checkpoint::prune(
                         &self.cfg.run_dir,

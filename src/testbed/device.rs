@@ -17,11 +17,11 @@
 //! A phase whose real compute takes longer than its device time is not shortened; the run's
 //! step breakdown shows it.
 //!
-//! The profile is the JSON of `dptrain profile` (`crate::sim::Profile`); only the fields read
-//! here are needed, so this layer does not depend on the simulator.
+//! The profile is the JSON of `dptrain profile`, in the one profile format
+//! ([`crate::measure::Profile`]) the simulator reads too.
 
+use crate::measure::Profile;
 use crate::nn::GradSink;
-use serde::Deserialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -31,21 +31,6 @@ use std::time::{Duration, Instant};
 /// `parallel::yield_cpu_to_communication`) they did, on cores shared by 8 workers.
 pub fn lower_compute_priority() {
     crate::parallel::set_niceness(19);
-}
-
-/// The fields of a profile file this module reads.
-#[derive(Deserialize)]
-struct ProfileFile {
-    model: String,
-    batch: usize,
-    blocks: Vec<ProfileBlock>,
-    update_ms: f64,
-}
-
-#[derive(Deserialize)]
-struct ProfileBlock {
-    forward_ms: f64,
-    backward_ms: f64,
 }
 
 /// A device's time for each phase of one worker's step (see the module docs).
@@ -88,7 +73,7 @@ impl EmulatedDevice {
             ));
         }
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", name()))?;
-        let p: ProfileFile = serde_json::from_str(&text).map_err(|e| {
+        let p: Profile = serde_json::from_str(&text).map_err(|e| {
             format!(
                 "{}: not a profile ({e}); write one with `dptrain profile --model M --batch B \
                  --out FILE`",
@@ -247,7 +232,8 @@ mod tests {
         assert!(e.contains("none.json"), "{e}");
         let ok = write(
             dir.path(),
-            r#"{"model":"m","batch":1,"update_ms":-1.0,"blocks":[{"forward_ms":1.0,"backward_ms":1.0}]}"#,
+            r#"{"model":"m","source":"x","batch":1,"input":[1,2,2],"update_ms":-1.0,
+               "blocks":[{"name":"a","forward_ms":1.0,"backward_ms":1.0,"param_sizes":[1],"macs_per_sample":1}]}"#,
         );
         assert!(EmulatedDevice::load(&ok, 1.0)
             .unwrap_err()
