@@ -743,7 +743,7 @@ pub fn run() -> Result<(), String> {
             );
             for &bytes in &sizes {
                 let auto = with_auto.then(|| {
-                    let model = link.unwrap_or(crate::train::worker::IN_PROCESS_LINK);
+                    let model = link.unwrap_or(crate::plan::IN_PROCESS_LINK);
                     crate::comm::choose_mode(workers, bytes, &model)
                 });
                 let rows = modes

@@ -1,47 +1,13 @@
 //! Training configuration: defaults, the optional TOML file, command-line flags (which win),
 //! and validation of the whole before anything starts.
 
-use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
+use crate::comm::{parse_bandwidth, parse_duration, LinkModel};
 use crate::optim::{LrSchedule, SgdConfig};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// How buckets pick their communication algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommChoice {
-    /// Per bucket, the mode the alpha-beta cost model predicts fastest for the link.
-    Auto,
-    /// One mode for every bucket.
-    Fixed(CommMode),
-    /// The transport's own all-reduce (`mpi-native`: MPI_Allreduce), the reference to beat.
-    Native,
-}
-
-impl CommChoice {
-    /// Parses `auto` or a mode name.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        if s == "auto" {
-            Ok(Self::Auto)
-        } else if s == "mpi-native" {
-            Ok(Self::Native)
-        } else {
-            s.parse::<CommMode>()
-                .map(Self::Fixed)
-                .map_err(|e| format!("{e} (or auto, or mpi-native with --transport mpi)"))
-        }
-    }
-}
-
-impl std::fmt::Display for CommChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Auto => f.write_str("auto"),
-            Self::Fixed(m) => write!(f, "{m}"),
-            Self::Native => f.write_str("mpi-native"),
-        }
-    }
-}
+pub use crate::plan::CommChoice;
 
 /// Everything a training run needs, validated.
 #[derive(Debug, Clone)]
@@ -82,7 +48,7 @@ pub struct TrainConfig {
     /// flat all-reduce over every worker. No effect with one process or one worker each.
     pub hierarchical: bool,
     /// Bucket cap in KiB (0: one layer per bucket); with neither cap given the caps follow
-    /// the link (see [`crate::parallel::bucket_caps`]).
+    /// the link (see [`crate::plan::bucket_caps`]).
     pub bucket_kb: Option<usize>,
     /// Cap of the first bucket in KiB.
     pub first_bucket_kb: Option<usize>,
@@ -251,11 +217,13 @@ pub struct TrainOptions {
     /// runs the mode flat over every worker [default: on].
     #[arg(long)]
     pub hierarchical: Option<String>,
-    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: 0, or with --comm auto
-    /// the bytes the link moves in one latency, so that no bucket is latency-bound].
+    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: with neither bucket
+    /// flag given, the bytes the link moves in one latency, so that no bucket is
+    /// latency-bound; with only --first-bucket-kb given, 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
-    /// First bucket's cap in KiB [default: 0].
+    /// First bucket's cap in KiB [default: with neither bucket flag given, as --bucket-kb's;
+    /// with only --bucket-kb given, 0].
     #[arg(long)]
     pub first_bucket_kb: Option<usize>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s [default: no emulation].
@@ -392,6 +360,21 @@ impl TrainConfig {
         self.workers * self.processes
     }
 
+    /// What this run's bucket plan depends on ([`crate::plan`]).
+    pub fn plan_inputs(&self) -> crate::plan::PlanInputs {
+        crate::plan::PlanInputs {
+            comm: self.comm,
+            hierarchical: self.hierarchical,
+            processes: self.processes,
+            workers_per_process: self.workers,
+            link: self.link,
+            buckets: crate::plan::BucketFlags {
+                first_kb: self.first_bucket_kb,
+                kb: self.bucket_kb,
+            },
+        }
+    }
+
     /// The configuration as JSON, for the run's summary and checkpoints.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -505,9 +488,7 @@ impl TrainOptions {
             return Err("--workers must be at least 1".into());
         }
         let batch = self.batch.unwrap_or(64);
-        if batch == 0 || !batch.is_multiple_of(workers) {
-            return Err(format!("--batch {batch} must be a positive multiple of --workers {workers} (each worker takes batch/workers samples)"));
-        }
+        crate::plan::per_worker_batch(batch, workers, 1).map_err(|e| e.to_string())?;
         if self.threads == Some(0) {
             return Err("--threads must be at least 1".into());
         }
@@ -873,7 +854,6 @@ mod tests {
 
     #[test]
     fn buckets_follow_the_link_unless_caps_are_given() {
-        use crate::train::worker::bucket_caps;
         let with = |f: &dyn Fn(&mut TrainOptions)| {
             let mut o = TrainOptions {
                 workers: Some(2),
@@ -882,7 +862,7 @@ mod tests {
                 ..Default::default()
             };
             f(&mut o);
-            bucket_caps(&o.resolve().unwrap())
+            o.resolve().unwrap().plan_inputs().bucket_caps()
         };
         // 10 Gbit/s x 2 ms = 2.5 MB: a smaller bucket would wait on latency more than it sends.
         assert_eq!(with(&|_| {}), (2_500_000, 2_500_000));

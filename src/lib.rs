@@ -19,6 +19,7 @@ pub mod optim;
 pub mod output;
 pub mod parallel;
 pub mod pipeline;
+pub mod plan;
 pub mod report;
 pub mod sim;
 pub mod testbed;

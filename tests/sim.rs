@@ -10,9 +10,9 @@ use dptrain::comm::{
     cost_terms, predicted_time, CommError, CommMode, InProcessFabric, LeaderOp, LinkModel,
     Transport,
 };
-use dptrain::config::CommChoice;
 use dptrain::model::reference_graph;
 use dptrain::parallel::BucketOp;
+use dptrain::plan::{BucketFlags, CommChoice};
 use dptrain::sim::{
     from_graph, search_buckets, simulate_step, BlockProfile, DeviceSpec, DeviceSpeed, Job, Profile,
     Simulator, StepConfig, StepResult, Stragglers, Topology,
@@ -180,7 +180,10 @@ fn cfg(topology: Topology, comm: CommChoice, overlap: bool, cap_kb: Option<usize
         comm,
         hierarchical: true,
         overlap,
-        bucket_kb: cap_kb.map(|k| (k, k)),
+        buckets: BucketFlags {
+            first_kb: cap_kb,
+            kb: cap_kb,
+        },
         planning_link: None,
         stragglers: Stragglers::NONE,
     }

@@ -515,9 +515,7 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
         spec.steps.clamp(3, 20),
         spec.workers,
     )?;
-    let link = spec
-        .link_model
-        .unwrap_or(crate::train::worker::IN_PROCESS_LINK);
+    let link = spec.link_model.unwrap_or(crate::plan::IN_PROCESS_LINK);
     let mut simulator = Simulator::new();
     let mut sim = |world: usize, comm: CommChoice, overlap: bool| {
         simulator.step(
@@ -527,9 +525,9 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
                 comm,
                 hierarchical: true,
                 overlap,
-                // The trainer's default buckets (`train::worker::bucket_caps`), as the
+                // The trainer's default buckets (`plan::bucket_caps`), as the
                 // measured rows ran.
-                bucket_kb: None,
+                buckets: crate::plan::BucketFlags::default(),
                 planning_link: None,
                 stragglers: Stragglers::NONE,
             },

@@ -111,11 +111,7 @@ pub fn process_ops(processes: usize, workers: usize, bytes: usize) -> Vec<(Strin
         .iter()
         .map(|&m| (m.to_string(), BucketOp::AllReduce(m)))
         .collect();
-    let auto = choose_mode(
-        processes,
-        bytes,
-        &crate::train::worker::BETWEEN_PROCESSES_LINK,
-    );
+    let auto = choose_mode(processes, bytes, &crate::plan::BETWEEN_PROCESSES_LINK);
     let hier = |leader| BucketOp::Hierarchical {
         leader,
         workers_per_process: workers,

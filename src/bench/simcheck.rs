@@ -186,7 +186,7 @@ pub fn run_emulated(a: &SimCheckArgs) -> Result<(), String> {
                     hierarchical: true,
                     overlap,
                     // The trainer's default caps, planned for the link the run was given.
-                    bucket_kb: None,
+                    buckets: crate::plan::BucketFlags::default(),
                     planning_link: Some(given),
                     stragglers: Stragglers::NONE,
                 };
@@ -648,7 +648,7 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     .iter()
                     .map(|b| b.iter().sum())
                     .collect();
-                let (first, rest) = crate::parallel::bucket_caps(None, None, &planning);
+                let (first, rest) = crate::plan::bucket_caps(None, &planning);
                 let buckets: Vec<usize> = crate::parallel::BucketPlan::new(&lens, first, rest)
                     .buckets
                     .iter()
@@ -833,7 +833,7 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                     comm,
                     hierarchical: true,
                     overlap,
-                    bucket_kb: None,
+                    buckets: crate::plan::BucketFlags::default(),
                     planning_link: Some(planning),
                     // The workers' compute varies as much as the profile says (emulated devices:
                     // not at all).
@@ -995,7 +995,7 @@ pub fn goyal2017() -> Result<Published, String> {
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
         hierarchical: true,
         overlap: true,
-        bucket_kb: None,
+        buckets: crate::plan::BucketFlags::default(),
         planning_link: None,
         stragglers: Stragglers::NONE,
     };

@@ -155,7 +155,7 @@ pub fn choose_mode(world: usize, bytes: usize, link: &LinkModel) -> CommMode {
 
 /// The bytes `link` moves in one latency (`bandwidth x latency`): a message smaller than this
 /// spends more time waiting on latency than transferring. `--comm auto` uses it as the bucket
-/// cap when none is given (see `train::worker::bucket_caps`).
+/// cap when none is given (see `plan::bucket_caps`).
 pub fn min_bucket_bytes(link: &LinkModel) -> usize {
     let bytes = link.bandwidth_bytes_per_s * link.latency.as_secs_f64();
     if bytes.is_finite() && bytes > 0.0 {

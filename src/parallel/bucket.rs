@@ -8,10 +8,9 @@
 //! soon as backward has finished its last block; readiness comes from the graph's order, not
 //! from hand-made groups.
 //!
-//! The caps follow one rule ([`bucket_caps`]), which the trainer, the simulator and the
-//! benchmarks all call.
+//! The caps come from the planning rules ([`crate::plan`]), which the trainer, the simulator
+//! and the benchmarks all call.
 
-use crate::comm::{min_bucket_bytes, LinkModel};
 use std::ops::Range;
 
 /// Where one block's gradient lives.
@@ -51,23 +50,6 @@ pub struct BucketPlan {
     pub slots: Vec<Slot>,
     /// For each block, the bucket that becomes ready when backward has written it.
     pub ready_at_block: Vec<Option<usize>>,
-}
-
-/// The bucket caps (first, others) in bytes: given ones as they are (`--first-bucket-kb`,
-/// `--bucket-kb`), otherwise what `link` moves in one latency (`bandwidth x latency`, see
-/// [`min_bucket_bytes`]). Buckets are reduced one after another on the communication thread,
-/// so a bucket smaller than that spends most of its time waiting on latency, and merging it
-/// with the next one costs less overlap than the latency it saves. Measured (lenet5, 2 workers
-/// x 1 thread, 10 Gbit/s, 2 ms, earlier engine): one bucket per block, `auto` 11.5 ms a step;
-/// with this cap (one bucket) 4.7 ms.
-pub fn bucket_caps(first_kb: Option<usize>, kb: Option<usize>, link: &LinkModel) -> (usize, usize) {
-    match (first_kb, kb) {
-        (None, None) => {
-            let cap = min_bucket_bytes(link);
-            (cap, cap)
-        }
-        (first, rest) => (first.unwrap_or(0) * 1024, rest.unwrap_or(0) * 1024),
-    }
 }
 
 impl BucketPlan {
@@ -176,16 +158,5 @@ mod tests {
         let one = BucketPlan::new(&lens, usize::MAX, usize::MAX);
         assert_eq!(one.buckets.len(), 1);
         assert_eq!(one.ready_at_block[0], Some(0));
-    }
-
-    #[test]
-    fn caps_follow_the_link_unless_given() {
-        let link = LinkModel {
-            bandwidth_bytes_per_s: 1.25e9,
-            latency: std::time::Duration::from_micros(20),
-        };
-        assert_eq!(bucket_caps(None, None, &link), (25_000, 25_000));
-        assert_eq!(bucket_caps(Some(64), None, &link), (64 * 1024, 0));
-        assert_eq!(bucket_caps(None, Some(0), &link), (0, 0));
     }
 }

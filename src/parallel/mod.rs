@@ -17,7 +17,7 @@
 pub mod bucket;
 mod reducer;
 
-pub use bucket::{bucket_caps, Bucket, BucketPlan, Slot};
+pub use bucket::{Bucket, BucketPlan, Slot};
 pub use reducer::{BucketOp, BucketSpan, CommTimes, Reducer};
 
 /// The text of a panic payload, for the error that reports the panic.

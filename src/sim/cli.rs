@@ -1,12 +1,12 @@
 //! `dptrain profile` and `dptrain simulate`: arguments and the printed tables.
 
 use super::profile::{from_graph, DeviceSpec, DeviceSpeed};
-use crate::measure::{measure, Profile, MAX_PROFILE_BATCH};
 use super::step::{search_buckets, Simulator, StepConfig, StepResult, Stragglers};
 use super::topology::Topology;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
-use crate::config::CommChoice;
+use crate::measure::{measure, Profile, MAX_PROFILE_BATCH};
 use crate::model::reference_graph;
+use crate::plan::{BucketFlags, CommChoice};
 use std::path::PathBuf;
 
 /// How fast the device is, for a profile from the model's graph.
@@ -191,11 +191,13 @@ pub struct SimulateArgs {
     /// on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
-    /// Bucket cap in KiB (0: one block per bucket) [default, as the trainer's: 0, or with
-    /// --comm auto the bytes the link moves in one latency].
+    /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
+    /// with neither bucket flag given, the bytes the planning link moves in one latency; with
+    /// only --first-bucket-kb given, 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
-    /// First bucket's cap in KiB [default: as --bucket-kb's].
+    /// First bucket's cap in KiB, read as `train --first-bucket-kb` is [default: with neither
+    /// bucket flag given, as --bucket-kb's; with only --bucket-kb given, 0].
     #[arg(long)]
     pub first_bucket_kb: Option<usize>,
     /// Try a range of bucket caps and report the best for each configuration.
@@ -347,9 +349,11 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         seed: a.seed,
         steps: a.steps,
     };
-    let bucket_kb = match (a.first_bucket_kb, a.bucket_kb) {
-        (None, None) => None,
-        (f, b) => Some((f.or(b).unwrap_or(0), b.unwrap_or(0))),
+    // The trainer's reading of the same flags (`plan::BucketFlags`), so both plan the same
+    // buckets.
+    let buckets = BucketFlags {
+        first_kb: a.first_bucket_kb,
+        kb: a.bucket_kb,
     };
     let mut sim = Simulator::new();
     let single_cfg = StepConfig {
@@ -357,7 +361,7 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
         comm: CommChoice::Fixed(CommMode::Ring),
         hierarchical: true,
         overlap: true,
-        bucket_kb,
+        buckets,
         planning_link: None,
         stragglers,
     };
@@ -404,7 +408,8 @@ pub fn simulate(a: SimulateArgs) -> Result<(), String> {
                     let result = if a.search_buckets {
                         search_buckets(&mut sim, &p, &cfg).map(|(kb, r)| (Some(kb), r))
                     } else {
-                        sim.step(&p, &cfg).map(|r| (bucket_kb.map(|(_, b)| b), r))
+                        sim.step(&p, &cfg)
+                            .map(|r| (buckets.caps_kb().map(|(_, b)| b), r))
                     };
                     // A configuration too large to simulate says why and the sweep goes on.
                     rows += 1;

@@ -51,7 +51,6 @@ pub use crate::measure::{measure, BlockProfile, Profile};
 pub use profile::{from_graph, DeviceSpec, DeviceSpeed};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};
 pub use step::{
-    plan, search_buckets, simulate_step, trainer_config, Simulator, StepConfig, StepResult,
-    Stragglers,
+    plan, plan_inputs, search_buckets, simulate_step, Simulator, StepConfig, StepResult, Stragglers,
 };
 pub use topology::Topology;

@@ -122,4 +122,3 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
         compute_spread: None,
     })
 }
-

@@ -2,12 +2,11 @@
 //! operations from the trainer's own rules, and the collectives on each worker's communication
 //! thread through the engine.
 //!
-//! **The trainer's rules, not copies.** The bucket caps and each bucket's operation (flat or
-//! hierarchical, `auto`'s choice of mode per bucket from the cost model) come from
-//! `train::worker::bucket_caps` and `train::worker::bucket_ops`, called on the
-//! [`TrainConfig`] the trainer would run with on this cluster ([`trainer_config`]: hosts are
-//! processes, devices their workers); the buckets from [`BucketPlan::new`], the plan the trainer
-//! builds from its blocks' sizes.
+//! **The trainer's rules, not copies.** The bucket caps, the buckets and each bucket's
+//! operation (flat or hierarchical, `auto`'s choice of mode per bucket from the cost model)
+//! come from [`crate::plan`], asked with the [`PlanInputs`] the trainer would have on this
+//! cluster ([`plan_inputs`]: hosts are processes, devices their workers) and the profile's
+//! block sizes, exactly as the trainer asks with its own.
 //!
 //! **Stragglers.** With a compute spread `s` > 0, every worker's compute (forward, backward and
 //! update alike) is scaled in each simulated step by its own draw from a log-normal with mean 1
@@ -16,13 +15,12 @@
 //! worker, so this is what a measured spread costs at scale.
 
 use super::engine::{run, Segment};
-use crate::measure::Profile;
 use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
 use super::topology::Topology;
 use crate::comm::LinkModel;
-use crate::config::{CommChoice, TrainConfig, TrainOptions};
+use crate::measure::Profile;
 use crate::parallel::{BucketOp, BucketPlan};
-use crate::train::worker::{bucket_caps, bucket_ops};
+use crate::plan::{BucketFlags, CommChoice, PlanInputs};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -57,9 +55,10 @@ pub struct StepConfig {
     pub hierarchical: bool,
     /// Buckets start as soon as they are ready (on), or all after backward (off).
     pub overlap: bool,
-    /// Bucket caps (first, others) in KiB as `--first-bucket-kb` and `--bucket-kb`; `None`:
-    /// the trainer's default (what the planning link moves in one latency).
-    pub bucket_kb: Option<(usize, usize)>,
+    /// `--first-bucket-kb` and `--bucket-kb`, read by the trainer's rule
+    /// ([`BucketFlags::caps_kb`]: neither given, both caps are what the planning link moves in
+    /// one latency).
+    pub buckets: BucketFlags,
     /// The link `--comm auto` plans for (`--link-bandwidth`/`--link-latency` of the run);
     /// `None`: the NIC's figures, or the intra-host link's on one host.
     pub planning_link: Option<LinkModel>,
@@ -91,30 +90,22 @@ pub struct StepResult {
     pub simulated_ranks: usize,
 }
 
-/// The trainer's configuration for `cfg`'s cluster: hosts are processes, devices the workers
-/// of each (the figures `bucket_caps` and `bucket_ops` read; the rest are defaults).
-pub fn trainer_config(cfg: &StepConfig) -> Result<TrainConfig, String> {
+/// What the plan of `cfg`'s cluster depends on, as the trainer would see it: hosts are
+/// processes, devices their workers, and the link planned for is the one given, else the NIC
+/// between hosts (within a host when there is one).
+pub fn plan_inputs(cfg: &StepConfig) -> PlanInputs {
     let topo = &cfg.topology;
-    let d = topo.devices_per_host;
-    let mut t = TrainOptions {
-        workers: Some(d),
-        batch: Some(d),
-        ..Default::default()
+    PlanInputs {
+        comm: cfg.comm,
+        hierarchical: cfg.hierarchical,
+        processes: topo.hosts,
+        workers_per_process: topo.devices_per_host,
+        link: Some(
+            cfg.planning_link
+                .unwrap_or(if topo.hosts > 1 { topo.nic } else { topo.intra }),
+        ),
+        buckets: cfg.buckets,
     }
-    .resolve()?;
-    t.processes = topo.hosts;
-    t.comm = cfg.comm;
-    t.hierarchical = cfg.hierarchical;
-    t.overlap = cfg.overlap;
-    t.link = Some(
-        cfg.planning_link
-            .unwrap_or(if topo.hosts > 1 { topo.nic } else { topo.intra }),
-    );
-    (t.first_bucket_kb, t.bucket_kb) = match cfg.bucket_kb {
-        None => (None, None),
-        Some((first, others)) => (Some(first), Some(others)),
-    };
-    Ok(t)
 }
 
 /// The buckets and their operations the trainer would use for `profile` under `cfg`.
@@ -126,15 +117,14 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
                 .into(),
         );
     }
-    let t = trainer_config(cfg)?;
-    let (first, others) = bucket_caps(&t);
+    let planning = plan_inputs(cfg);
     let lens: Vec<usize> = profile
         .block_sizes()
         .iter()
         .map(|s| s.iter().sum())
         .collect();
-    let plan = BucketPlan::new(&lens, first, others);
-    let ops = bucket_ops(&t, &plan);
+    let plan = planning.bucket_plan(&lens);
+    let ops = planning.bucket_ops(&plan);
     Ok((plan, ops))
 }
 
@@ -386,9 +376,12 @@ pub fn search_buckets(
 ) -> Result<(usize, StepResult), String> {
     let mut best: Option<(usize, StepResult)> = None;
     for &kb in &SEARCH_CAPS_KB {
-        let first = cfg.bucket_kb.map_or(kb, |(f, _)| f);
+        // A given first cap stays; otherwise the first bucket is searched with the others.
         let c = StepConfig {
-            bucket_kb: Some((first, kb)),
+            buckets: BucketFlags {
+                first_kb: Some(cfg.buckets.first_kb.unwrap_or(kb)),
+                kb: Some(kb),
+            },
             ..*cfg
         };
         let r = sim.step(profile, &c)?;

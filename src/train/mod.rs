@@ -378,16 +378,8 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     if !lead {
         cfg.quiet = true;
     }
-    if !cfg.batch.is_multiple_of(cfg.world()) {
-        return Err(format!(
-            "--batch {} must be a multiple of the {} workers of the run ({} per process x {} \
-             processes)",
-            cfg.batch,
-            cfg.world(),
-            cfg.workers,
-            cfg.processes
-        ));
-    }
+    crate::plan::per_worker_batch(cfg.batch, cfg.workers, cfg.processes)
+        .map_err(|e| e.to_string())?;
     let (train_source, test_set) = load_sources(&cfg)?;
     let graph = Arc::new(match &cfg.model_spec {
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,

@@ -455,8 +455,10 @@ pub fn run_description(
         },
     )
     .map_err(|e| e.to_string())?;
-    let plan = crate::train::worker::bucket_plan(cfg, &net);
-    let ops: Vec<String> = crate::train::worker::bucket_ops(cfg, &plan)
+    let planning = cfg.plan_inputs();
+    let plan = planning.bucket_plan(&crate::train::worker::block_lens(&net));
+    let ops: Vec<String> = planning
+        .bucket_ops(&plan)
         .iter()
         .map(|o| o.to_string())
         .collect();

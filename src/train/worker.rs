@@ -6,28 +6,21 @@
 
 use super::metrics::{ms, StepTimes};
 use super::Event;
-use crate::comm::{choose_mode, LeaderOp, LinkModel, Transport};
+use crate::comm::Transport;
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
 use crate::model::Graph;
 use crate::nn::{ExecDone, Mode, Net, NetConfig, StepInfo};
 use crate::optim::Sgd;
-use crate::parallel::{bucket_caps as plan_caps, BucketOp, BucketPlan, Reducer};
+use crate::parallel::Reducer;
+use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
 use crate::testbed::device::EmulatedDevice;
 use crate::testbed::fault::{maybe_panic, FaultPhase};
-use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
 use crate::trace::{comm_tid, worker_tid, Tracer};
 use crossbeam_channel::Sender;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// Link parameters assumed by `--comm auto` when no link is emulated: in-process copies
-/// between threads (memory bandwidth, microseconds of channel latency).
-pub const IN_PROCESS_LINK: LinkModel = LinkModel {
-    bandwidth_bytes_per_s: 5e9,
-    latency: Duration::from_micros(20),
-};
+use std::time::Instant;
 
 /// What a worker needs to start.
 pub struct WorkerSetup {
@@ -51,80 +44,10 @@ pub struct WorkerSetup {
     pub tracer: Tracer,
 }
 
-/// Link parameters assumed by `--comm auto` between processes (an MPI run's flat modes, and
-/// the leaders' phase of a hierarchical all-reduce) when no `--link-bandwidth` describes the
-/// link: 10 Gbit/s Ethernet between machines. With `--transport mpi`, `--link-*` only informs
-/// this choice; nothing is emulated.
-pub const BETWEEN_PROCESSES_LINK: LinkModel = LinkModel {
-    bandwidth_bytes_per_s: 1.25e9,
-    latency: Duration::from_micros(20),
-};
-
-/// The link `--comm auto` plans for: the one given with `--link-*`, else the slowest on the
-/// way (between processes in a multi-process run, between threads otherwise).
-pub fn auto_link(cfg: &TrainConfig) -> LinkModel {
-    cfg.link.unwrap_or(if cfg.processes > 1 {
-        BETWEEN_PROCESSES_LINK
-    } else {
-        IN_PROCESS_LINK
-    })
-}
-
-/// Whether buckets reduce hierarchically: several processes of several workers each (and
-/// `--hierarchical on`), or `mpi-native` with several workers per process (MPI_Allreduce runs
-/// between the process leaders only).
-pub fn reduces_hierarchically(cfg: &TrainConfig) -> bool {
-    let several = cfg.processes > 1 && cfg.workers > 1;
-    let native = cfg.comm == CommChoice::Native && cfg.workers > 1;
-    (several && cfg.hierarchical) || native
-}
-
-/// The bucket caps (first, others) in bytes of this run: [`crate::parallel::bucket_caps`] for
-/// the link `--comm auto` plans for.
-pub fn bucket_caps(cfg: &TrainConfig) -> (usize, usize) {
-    plan_caps(cfg.first_bucket_kb, cfg.bucket_kb, &auto_link(cfg))
-}
-
-/// The bucket plan of a run of `net`.
-pub fn bucket_plan(cfg: &TrainConfig, net: &Net) -> BucketPlan {
-    let lens: Vec<usize> = net.blocks().iter().map(|b| b.range.len()).collect();
-    let (first, rest) = bucket_caps(cfg);
-    BucketPlan::new(&lens, first, rest)
-}
-
-/// Chooses each bucket's operation. Tree mode updates on worker 0 and broadcasts weights
-/// (Caffe's scheme), which stays flat over every worker even when the others reduce
-/// hierarchically.
-pub fn bucket_ops(cfg: &TrainConfig, plan: &BucketPlan) -> Vec<BucketOp> {
-    let hierarchical = reduces_hierarchically(cfg);
-    let hier = |leader| BucketOp::Hierarchical {
-        leader,
-        workers_per_process: cfg.workers,
-    };
-    plan.buckets
-        .iter()
-        .map(|b| match cfg.comm {
-            CommChoice::Fixed(crate::comm::CommMode::Tree) => BucketOp::ReduceToRoot,
-            CommChoice::Fixed(m) if hierarchical => hier(LeaderOp::AllReduce(m)),
-            CommChoice::Fixed(m) => BucketOp::AllReduce(m),
-            CommChoice::Native if hierarchical => hier(LeaderOp::Native),
-            CommChoice::Native => BucketOp::Native,
-            CommChoice::Auto if hierarchical => {
-                // The leaders' phase crosses the link between processes; the phases within a
-                // process have no choice to make.
-                let bytes = b.len * 4;
-                let mode = choose_mode(cfg.processes, bytes, &auto_link(cfg));
-                tracing::debug!(bytes, %mode, "auto: the cost model's choice for the leaders");
-                hier(LeaderOp::AllReduce(mode))
-            }
-            CommChoice::Auto => {
-                let bytes = b.len * 4;
-                let mode = choose_mode(cfg.world(), bytes, &auto_link(cfg));
-                tracing::debug!(bytes, %mode, "auto: the cost model's choice for a bucket");
-                BucketOp::AllReduce(mode)
-            }
-        })
-        .collect()
+/// The element count of each of `net`'s parameter blocks (forward order): what its bucket
+/// plan is cut from ([`crate::plan::PlanInputs::bucket_plan`]).
+pub fn block_lens(net: &Net) -> Vec<usize> {
+    net.blocks().iter().map(|b| b.range.len()).collect()
 }
 
 /// Something told when a worker starts and ends each step (on the worker's thread): `(rank,
@@ -211,8 +134,9 @@ impl Worker {
             start_epoch = ck.state.epoch;
             global_step = ck.state.global_step;
         }
-        let plan = bucket_plan(&cfg, &net);
-        let ops = bucket_ops(&cfg, &plan);
+        let planning = cfg.plan_inputs();
+        let plan = planning.bucket_plan(&block_lens(&net));
+        let ops = planning.bucket_ops(&plan);
         if s.rank == 0 {
             let ops = ops.iter().map(|o| o.to_string()).collect();
             let _ = s.events.send(Event::Plan {
