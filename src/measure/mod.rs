@@ -1,6 +1,6 @@
 //! Measuring the training engine on this machine: one replica's step on a synthetic batch
-//! ([`replica`]), per-block profiles of it and their file format ([`profile`], checked on load
-//! by [`validate`]), and the statistics every measurement reports ([`median`]).
+//! ([`replica`]), per-block profiles of it ([`timing`]) in the one profile format
+//! ([`profile`], checked on load), and the statistics every measurement reports ([`median`]).
 //!
 //! Why a module of its own: the simulator (`crate::sim`) plans from profiles, the emulated
 //! device (`crate::testbed::device`) holds a worker to one, and the benchmarks (`crate::bench`)
@@ -9,10 +9,11 @@
 
 pub mod profile;
 pub mod replica;
-pub mod validate;
+pub mod timing;
 
-pub use profile::{blocks_of, measure, BlockProfile, Profile, MAX_PROFILE_BATCH};
+pub use profile::{BlockProfile, Profile, MAX_PROFILE_BATCH};
 pub use replica::SyntheticReplica;
+pub use timing::{blocks_of, measure};
 
 /// Median of a list of values (sorted in place); NaN for an empty list.
 pub fn median(v: &mut [f64]) -> f64 {

@@ -9,12 +9,9 @@
 //! in topological order, so backward (which runs the blocks last first) produces them in reverse
 //! topological order.
 
-use super::median;
-use super::replica::SyntheticReplica;
 use crate::model::Graph;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use std::time::Instant;
 
 /// Largest per-worker batch a profile is made for: far past any real per-worker batch, and
 /// small enough that step times and byte counts stay in range of the simulator's arithmetic.
@@ -115,7 +112,7 @@ impl Profile {
         if p.blocks.is_empty() {
             return Err(format!("{}: profile has no blocks", path.display()));
         }
-        super::validate::profile(&p).map_err(|e| format!("{}: {e}", path.display()))?;
+        validate(&p).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(p)
     }
 }
@@ -143,196 +140,72 @@ pub fn graph_blocks(graph: &Graph) -> Vec<BlockProfile> {
     blocks
 }
 
-/// The block each graph node's time belongs to: the last node with parameters at or before it
-/// (the first block for nodes before any), matching [`graph_blocks`].
-fn node_blocks(graph: &Graph) -> Vec<usize> {
-    let mut count = 0usize;
-    graph
-        .nodes
-        .iter()
-        .map(|n| {
-            if n.params > 0 {
-                count += 1;
-            }
-            count.saturating_sub(1)
-        })
-        .collect()
-}
+// What a profile may say: physical numbers only.
+//
+// A profile is a JSON file anyone can edit; one with negative or absurd numbers printed
+// 300-digit step times. [`profile`] refuses it on load, naming the field and its value. (How
+// big a simulation may be is the schedule compiler's budget, `crate::sim::MAX_EVENTS`, counted
+// on the recorded schedules themselves.)
+/// Longest block, update time a profile may state, ms (a day: far beyond any real step).
+const MAX_MS: f64 = 86_400_000.0;
 
-/// Measures a profile of one of the training engine's models on this CPU: `steps` timed steps
-/// after 3 warm-up steps at per-worker `batch` on `threads` compute threads; block times are
-/// medians, and [`Profile::compute_spread`] is the spread of the per-step compute.
-///
-/// With `concurrent` > 1, that many replicas run at once (each on its own `threads` threads) and
-/// each block's time is the median over replicas too: N emulated workers share this machine's
-/// cores and memory, so their compute is slower than one worker's alone, and a profile that
-/// should predict an N-worker emulated run has to be measured under the same contention.
-pub fn measure(
-    model: &str,
-    batch: usize,
-    threads: usize,
-    steps: usize,
-    concurrent: usize,
-) -> Result<Profile, String> {
-    if batch == 0 || threads == 0 || steps == 0 || concurrent == 0 {
-        return Err("batch, threads, steps and concurrent must be at least 1".into());
-    }
-    let runs: Vec<Result<ReplicaTimings, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..concurrent)
-            .map(|_| s.spawn(|| time_replica(model, batch, threads, steps)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("profiling thread panicked".into()))
-            })
-            .collect()
-    });
-    let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let first = &runs[0];
-    // Per block, the median over every (replica, step); per step, its compute total.
-    let pool = |f: &dyn Fn(&StepTimes) -> f64| {
-        median(
-            &mut runs
-                .iter()
-                .flat_map(|r| r.steps.iter().map(f))
-                .collect::<Vec<_>>(),
-        )
-    };
-    let blocks = first
-        .blocks
-        .iter()
-        .enumerate()
-        .map(|(k, b)| BlockProfile {
-            name: b.name.clone(),
-            forward_ms: pool(&|t| t.forward_ms[k]),
-            backward_ms: pool(&|t| t.backward_ms[k]),
-            param_sizes: b.param_sizes.clone(),
-            macs_per_sample: b.macs_per_sample,
-        })
-        .collect();
-    let totals: Vec<f64> = runs
-        .iter()
-        .flat_map(|r| {
-            r.steps.iter().map(|t| {
-                t.forward_ms.iter().sum::<f64>() + t.backward_ms.iter().sum::<f64>() + t.update_ms
-            })
-        })
-        .collect();
-    // A robust coefficient of variation (1.4826 x the median absolute deviation over the
-    // median: the standard deviation for a normal spread): on a shared machine a few steps
-    // stall for tens of ms, and the plain standard deviation would say more about the
-    // neighbours than about how workers differ.
-    let mut totals = totals;
-    let mid = median(&mut totals);
-    let mut dev: Vec<f64> = totals.iter().map(|x| (x - mid).abs()).collect();
-    let spread = if mid > 0.0 {
-        1.4826 * median(&mut dev) / mid
-    } else {
-        0.0
-    };
-    Ok(Profile {
-        model: model.to_string(),
-        source: format!(
-            "measured on this machine: {threads} thread(s), {concurrent} concurrent replica(s), median of {steps} steps"
-        ),
-        batch,
-        input: first.input,
-        blocks,
-        update_ms: pool(&|t| t.update_ms),
-        compute_spread: Some(spread),
-    })
-}
+/// Most gradient bytes a profile may describe (1 TiB: 256 G parameters).
+const MAX_GRAD_BYTES: f64 = (1u64 << 40) as f64;
 
-/// The parameter sizes of each block of one of the training engine's models (what a measured
-/// profile's `param_sizes` will be): builds a replica at batch 1 (its 3 warm-up steps run).
-pub fn blocks_of(model: &str) -> Result<Vec<Vec<usize>>, String> {
-    Ok(time_replica(model, 1, 1, 0)?
-        .blocks
-        .into_iter()
-        .map(|b| b.param_sizes)
-        .collect())
-}
-
-/// One replica's measurement: its blocks (with zero times) and every timed step.
-struct ReplicaTimings {
-    input: [usize; 3],
-    blocks: Vec<BlockProfile>,
-    steps: Vec<StepTimes>,
-}
-
-/// One timed step, per block.
-struct StepTimes {
-    forward_ms: Vec<f64>,
-    backward_ms: Vec<f64>,
-    update_ms: f64,
-}
-
-/// **The engine seam of measured profiles**: builds one replica of `model` in the training
-/// engine and times `steps` training steps (after 3 warm-up steps) block by block, on a pool of
-/// `threads` compute threads. Everything else in this module works from what it returns.
-///
-/// Each block's forward ends where the engine reports it; its backward includes copying its
-/// gradients out, as the trainer's reducer does in the backward callback.
-fn time_replica(
-    model: &str,
-    batch: usize,
-    threads: usize,
-    steps: usize,
-) -> Result<ReplicaTimings, String> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| e.to_string())?;
-    pool.install(|| -> Result<ReplicaTimings, String> {
-        let mut replica = SyntheticReplica::new(model, batch)?;
-        let graph = replica.net.graph();
-        let blocks = graph_blocks(graph);
-        let i = graph.input();
-        let input = [i.c, i.h, i.w];
-        // Each exec's time goes to the block its layer belongs to.
-        let node_block = node_blocks(graph);
-        let exec_block: Vec<usize> = replica.net.exec_nodes().map(|n| node_block[n]).collect();
-        let (nb, ne) = (blocks.len(), exec_block.len());
-        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-        let (mut f_end, mut b_end) = (vec![None; ne], vec![None; ne]);
-        let mut timed = Vec::with_capacity(steps);
-        for i in 0..steps + 3 {
-            f_end.fill(None);
-            b_end.fill(None);
-            let m = replica.step(
-                |e| f_end[e] = Some(Instant::now()),
-                |e| b_end[e] = Some(Instant::now()),
-            );
-            if i < 3 {
-                continue;
-            }
-            let (mut forward_ms, mut backward_ms) = (vec![0.0; nb], vec![0.0; nb]);
-            let mut mark = m.start;
-            for (e, end) in f_end.iter().enumerate() {
-                let end = end.unwrap_or(mark);
-                forward_ms[exec_block[e]] += ms(mark, end);
-                mark = end;
-            }
-            // The loss belongs to the last block's forward, as in the trainer's forward phase.
-            forward_ms[nb - 1] += ms(mark, m.forward);
-            let mut mark = m.forward;
-            for e in (0..ne).rev() {
-                let Some(end) = b_end[e] else { continue };
-                backward_ms[exec_block[e]] += ms(mark, end);
-                mark = end;
-            }
-            timed.push(StepTimes {
-                forward_ms,
-                backward_ms,
-                update_ms: ms(m.backward, m.update),
-            });
+/// Checks that every number in `p` is physical: times finite, >= 0 and at most a day, a batch
+/// of 1..=[`MAX_PROFILE_BATCH`], an input shape of positive sizes, and gradients of
+/// at most 1 TiB. The message names the field and its value.
+pub fn validate(p: &Profile) -> Result<(), String> {
+    let time = |what: String, v: f64| -> Result<(), String> {
+        if v.is_finite() && (0.0..=MAX_MS).contains(&v) {
+            Ok(())
+        } else {
+            // Huge and tiny values in exponent form: 1e300, not 301 digits.
+            let shown = if v.is_finite() && v != 0.0 && !(1e-3..1e9).contains(&v.abs()) {
+                format!("{v:e}")
+            } else {
+                format!("{v}")
+            };
+            Err(format!(
+                "{what} is {shown}: times must be finite, >= 0 and at most {MAX_MS} ms (a day); \
+                 re-create the profile with `dptrain profile`"
+            ))
         }
-        Ok(ReplicaTimings {
-            input,
-            blocks,
-            steps: timed,
-        })
-    })
+    };
+    if p.batch == 0 || p.batch > MAX_PROFILE_BATCH {
+        return Err(format!(
+            "batch is {}: a profile is for a per-worker batch of 1 to {}",
+            p.batch, MAX_PROFILE_BATCH
+        ));
+    }
+    if p.input.iter().any(|&d| d == 0 || d > 1 << 16) {
+        return Err(format!(
+            "input is {:?}: each of (C, H, W) must be 1 to 65536",
+            p.input
+        ));
+    }
+    if p.blocks.is_empty() || p.blocks.len() > 100_000 {
+        return Err(format!(
+            "has {} blocks: a profile has 1 to 100000",
+            p.blocks.len()
+        ));
+    }
+    let mut grad_bytes = 0.0;
+    for (i, b) in p.blocks.iter().enumerate() {
+        time(format!("block {i} ('{}') forward_ms", b.name), b.forward_ms)?;
+        time(
+            format!("block {i} ('{}') backward_ms", b.name),
+            b.backward_ms,
+        )?;
+        grad_bytes += 4.0 * b.param_sizes.iter().map(|&n| n as f64).sum::<f64>();
+    }
+    time("update_ms".into(), p.update_ms)?;
+    if grad_bytes > MAX_GRAD_BYTES {
+        return Err(format!(
+            "the blocks' param_sizes add up to {} of gradients, more than the 1 TiB a profile \
+             may describe",
+            crate::limits::human_bytes(grad_bytes)
+        ));
+    }
+    Ok(())
 }

@@ -37,6 +37,7 @@
 mod augment;
 mod batch;
 mod loader;
+mod normalize;
 mod pool;
 mod queue;
 mod sampler;
@@ -44,10 +45,11 @@ mod source;
 mod staging;
 
 pub use augment::{Augment, MAX_CROP_PAD};
-pub use batch::{collate, Batch, Collator, LoadStats, Normalize};
+pub use batch::{collate, Batch, Collator, LoadStats};
 pub use loader::{
     default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
 };
+pub use normalize::Normalize;
 pub use pool::BufferPool;
 pub use queue::{PrefetchQueue, Reserved};
 pub use sampler::DistributedSampler;

@@ -4,7 +4,7 @@
 //! crate), so plotting needs no system fonts, fontconfig or network: it works the same on a
 //! fresh machine, in CI and in a container.
 
-use super::{RunData, PHASES};
+use super::run_data::{EpochRow, RunData, PHASES};
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::Once;
@@ -149,7 +149,7 @@ fn epoch_lines(
 
 /// Training and test loss per epoch.
 pub fn loss(run: &RunData, path: &Path) -> Result<(), String> {
-    let pts = |f: fn(&super::EpochRow) -> f64| -> Vec<(f64, f64)> {
+    let pts = |f: fn(&EpochRow) -> f64| -> Vec<(f64, f64)> {
         run.epochs.iter().map(|e| (e.epoch as f64, f(e))).collect()
     };
     epoch_lines(

@@ -116,7 +116,7 @@ fn make_profile(
         Some(speed) => from_graph(&graph, batch, speed)?,
         None => measured()?,
     };
-    crate::measure::validate::profile(&p)?;
+    crate::measure::profile::validate(&p)?;
     Ok(p)
 }
 

@@ -1,0 +1,175 @@
+//! The Markdown pages: a run's `report.md` and the comparison of several runs, with their
+//! plots ([`super::plot`]).
+
+use super::plot;
+use super::run_data::{Phases, RunData, PHASES};
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The step breakdown as a Markdown table: one row per phase, ms and % of the step.
+pub fn breakdown_table(p: &Phases) -> String {
+    if p.step_ms <= 0.0 {
+        return format!(
+            "No timed steps: the first {} steps of a run are untimed warm-up, and this run had no \
+             more.\n",
+            crate::train::metrics::WARMUP_STEPS
+        );
+    }
+    let mut t = String::from("| phase | ms per step | % of step |\n|---|---:|---:|\n");
+    for (i, name) in PHASES.iter().enumerate() {
+        let _ = writeln!(t, "| {name} | {:.2} | {:.1} |", p.ms[i], p.pct(i));
+    }
+    let _ = writeln!(t, "| **step** | **{:.2}** | 100.0 |", p.step_ms);
+    let _ = writeln!(
+        t,
+        "\nCommunication: {:.2} ms per step in collectives, {:.0}% of it hidden behind backward.",
+        p.comm_total_ms,
+        p.hidden_pct()
+    );
+    t
+}
+
+/// Writes `report.md`, `loss.png`, `accuracy.png` and `breakdown.png` into `run_dir` from its
+/// `summary.json` and `metrics.jsonl`; returns the figures written.
+pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let run = RunData::load(run_dir)?;
+    let mut figures = Vec::new();
+    let mut md = String::new();
+    let title = match (run.config.get("model"), run.config.get("dataset")) {
+        (Some(m), Some(d)) => format!(
+            "{} on {}",
+            m.as_str().unwrap_or("?"),
+            d.as_str().unwrap_or("?")
+        ),
+        _ => run.name(),
+    };
+    let _ = writeln!(md, "# Run report: {title}\n");
+    let _ = writeln!(md, "Run directory: `{}`\n", run.dir.display());
+    md.push_str("## Results\n\n| | |\n|---|---|\n");
+    if let Some(a) = run.final_accuracy() {
+        let _ = writeln!(md, "| final test accuracy | {:.2}% |", 100.0 * a);
+    }
+    if let Some(r) = run.images_per_s() {
+        let _ = writeln!(md, "| training throughput | {r:.0} images/s |");
+    }
+    let _ = writeln!(md, "| epochs | {} |", run.epochs.len());
+    if let Some(w) = run.summary_f64("wall_seconds") {
+        let _ = writeln!(md, "| wall time | {w:.1} s |");
+    }
+    if let Some(m) = run.summary_f64("peak_rss_mb") {
+        let _ = writeln!(md, "| peak resident memory | {m:.0} MiB |");
+    }
+    if let Some(s) = &run.summary {
+        if let Some(b) = s["buckets"].as_str() {
+            let _ = writeln!(md, "| gradient buckets | {b} |");
+        }
+        if let Some(h) = s["replica_hashes"].as_array() {
+            let same = h.windows(2).all(|w| w[0] == w[1]);
+            let _ = writeln!(
+                md,
+                "| replicas | {} |",
+                if same { "identical" } else { "DIVERGED" }
+            );
+        }
+    } else {
+        md.push_str("| summary | none: the run did not finish |\n");
+    }
+    md.push_str("\n## Step breakdown (mean per step over all workers)\n\n");
+    md.push_str(&breakdown_table(&run.phases));
+    if !run.epochs.is_empty() {
+        md.push_str("\n## Per epoch\n\n| epoch | train loss | test loss | test accuracy | images/s | step ms | exposed comm % | data wait % |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for e in &run.epochs {
+            let _ = writeln!(
+                md,
+                "| {} | {:.4} | {:.4} | {:.2}% | {:.0} | {:.2} | {:.1} | {:.1} |",
+                e.epoch,
+                e.train_loss,
+                e.test_loss,
+                100.0 * e.test_accuracy,
+                e.images_per_s,
+                e.phases.step_ms,
+                e.phases.pct(3),
+                e.phases.pct(0)
+            );
+        }
+        md.push_str("\n## Figures\n\n");
+        let plots: [(&str, &str, plot::PlotFn); 3] = [
+            ("loss.png", "Loss per epoch", plot::loss),
+            ("accuracy.png", "Test accuracy per epoch", plot::accuracy),
+            (
+                "breakdown.png",
+                "Step breakdown per epoch",
+                plot::breakdown_per_epoch,
+            ),
+        ];
+        for (file, caption, draw) in plots {
+            let path = run.dir.join(file);
+            draw(&run, &path)?;
+            let _ = writeln!(md, "![{caption}]({file})\n");
+            figures.push(path);
+        }
+    }
+    if !run.config.is_empty() {
+        md.push_str("## Configuration\n\n| option | value |\n|---|---|\n");
+        for k in run.config.keys() {
+            let _ = writeln!(md, "| {k} | {} |", run.config_str(k));
+        }
+    }
+    crate::output::write_atomically(&run.dir.join("report.md"), md.as_bytes())?;
+    tracing::info!(dir = %run.dir.display(), figures = figures.len(), "report written");
+    Ok(figures)
+}
+
+/// Compares runs side by side: writes `out/comparison.md` (one column per run) and
+/// `out/breakdown.png` (one stacked bar per run); returns the table.
+pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, String> {
+    let runs = run_dirs
+        .iter()
+        .map(|d| RunData::load(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut t = String::from("| |");
+    for r in &runs {
+        let _ = write!(t, " {} |", r.name());
+    }
+    t.push_str("\n|---|");
+    t.push_str(&"---:|".repeat(runs.len()));
+    t.push('\n');
+    let mut row = |label: &str, cell: &dyn Fn(&RunData) -> String| {
+        let _ = write!(t, "| {label} |");
+        for r in &runs {
+            let _ = write!(t, " {} |", cell(r));
+        }
+        t.push('\n');
+    };
+    for key in ["model", "dataset", "workers", "batch", "comm", "overlap"] {
+        row(key, &|r| r.config_str(key));
+    }
+    row(
+        "link",
+        &|r| match r.config.get("link_bandwidth_bytes_per_s") {
+            Some(Value::Number(n)) => format!("{:.0} Mbit/s", n.as_f64().unwrap_or(0.0) * 8e-6),
+            _ => "none".into(),
+        },
+    );
+    row("test accuracy", &|r| {
+        r.final_accuracy()
+            .map_or("-".into(), |a| format!("{:.2}%", 100.0 * a))
+    });
+    row("images/s", &|r| {
+        r.images_per_s().map_or("-".into(), |v| format!("{v:.0}"))
+    });
+    row("step ms", &|r| format!("{:.2}", r.phases.step_ms));
+    for (i, name) in PHASES.iter().enumerate() {
+        row(&format!("{name} ms (%)"), &|r| {
+            format!("{:.2} ({:.1}%)", r.phases.ms[i], r.phases.pct(i))
+        });
+    }
+    row("comm hidden", &|r| format!("{:.0}%", r.phases.hidden_pct()));
+    crate::output::create_dir(out)?;
+    plot::breakdown_per_run(&runs, &out.join("breakdown.png"))?;
+    let md =
+        format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](breakdown.png)\n");
+    crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes())?;
+    Ok(t)
+}

@@ -1,0 +1,336 @@
+//! What a run directory holds, as far as a report needs it: `summary.json` and
+//! `metrics.jsonl` read as JSON values (type-checked field by field), never as the writer's
+//! structs.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The phases of the step breakdown, in the order they happen (and are stacked).
+pub const PHASES: [&str; 5] = ["data wait", "forward", "backward", "exposed comm", "update"];
+
+/// Mean time per step of each phase, in ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Phases {
+    /// Data wait, forward, backward, exposed comm, update (the order of [`PHASES`]).
+    pub ms: [f64; 5],
+    /// Whole step.
+    pub step_ms: f64,
+    /// Time the communication thread spent in collectives (hidden + exposed).
+    pub comm_total_ms: f64,
+}
+
+impl Phases {
+    /// From a serialised [`crate::train::metrics::Breakdown`] (`{"steps":..,"mean":{..}}`).
+    fn from_breakdown(v: &Value) -> Option<Self> {
+        let m = v.get("mean")?;
+        let f = |k: &str| m.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        Some(Self {
+            ms: [
+                f("data_ms"),
+                f("forward_ms"),
+                f("backward_ms"),
+                f("exposed_comm_ms"),
+                f("update_ms"),
+            ],
+            step_ms: f("step_ms"),
+            comm_total_ms: f("comm_total_ms"),
+        })
+    }
+
+    /// Share of the step of phase `i`, in percent.
+    pub fn pct(&self, i: usize) -> f64 {
+        100.0 * self.ms[i] / self.step_ms.max(1e-9)
+    }
+
+    /// Share of communication hidden behind backward, in percent (0 without communication).
+    pub fn hidden_pct(&self) -> f64 {
+        if self.comm_total_ms > 0.0 {
+            100.0 * (self.comm_total_ms - self.ms[3]).max(0.0) / self.comm_total_ms
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One epoch's line of `metrics.jsonl`.
+#[derive(Debug, Clone, Default)]
+pub struct EpochRow {
+    /// Epoch, from 1.
+    pub epoch: usize,
+    /// Mean training loss (worker 0).
+    pub train_loss: f64,
+    /// Test loss.
+    pub test_loss: f64,
+    /// Test accuracy, 0..1.
+    pub test_accuracy: f64,
+    /// Training images/s over the epoch.
+    pub images_per_s: f64,
+    /// Mean step breakdown over the epoch.
+    pub phases: Phases,
+}
+
+/// What a run directory holds, as far as a report needs it.
+#[derive(Debug, Clone)]
+pub struct RunData {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// The configuration (empty when the run left no summary).
+    pub config: serde_json::Map<String, Value>,
+    /// One row per epoch, in order.
+    pub epochs: Vec<EpochRow>,
+    /// The summary, if the run finished.
+    pub summary: Option<Value>,
+    /// Mean step breakdown over the run (the summary's, else the epochs' weighted mean).
+    pub phases: Phases,
+}
+
+impl RunData {
+    /// Reads `summary.json` and `metrics.jsonl` of `dir`; needs at least one of them.
+    pub fn load(dir: &Path) -> Result<Self, String> {
+        let summary_path = dir.join("summary.json");
+        let summary: Option<Value> = match std::fs::read_to_string(&summary_path) {
+            Ok(text) => {
+                let v: Value = serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: {e}", summary_path.display()))?;
+                check_types(&v, SUMMARY_FIELDS).map_err(|e| {
+                    format!(
+                        "{}: {e}; it is not a summary dptrain wrote (or it was edited): \
+                         re-run the training, or remove the file to report from metrics.jsonl",
+                        summary_path.display()
+                    )
+                })?;
+                Some(v)
+            }
+            Err(_) => None,
+        };
+        let metrics_path = dir.join("metrics.jsonl");
+        let mut lines = Vec::new();
+        if let Ok(text) = std::fs::read_to_string(&metrics_path) {
+            for (i, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                let v: Value = serde_json::from_str(line)
+                    .map_err(|e| format!("{} line {}: {e}", metrics_path.display(), i + 1))?;
+                if v.get("kind").and_then(Value::as_str) == Some("epoch") {
+                    check_types(&v, EPOCH_FIELDS).map_err(|e| {
+                        format!(
+                            "{} line {}: {e}; it is not a line dptrain wrote (or it was edited)",
+                            metrics_path.display(),
+                            i + 1
+                        )
+                    })?;
+                    lines.push(v);
+                }
+            }
+        }
+        if summary.is_none() && lines.is_empty() {
+            return Err(format!(
+                "{}: no summary.json and no epoch lines in metrics.jsonl: not a run directory, \
+                 or the run stopped before its first epoch ended",
+                dir.display()
+            ));
+        }
+        // metrics.jsonl has every epoch, also of resumed runs; the summary only this run's.
+        if lines.is_empty() {
+            if let Some(e) = summary.as_ref().and_then(|s| s["epochs"].as_array()) {
+                lines = e.clone();
+            }
+        }
+        let f = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+        let epochs: Vec<EpochRow> = lines
+            .iter()
+            .map(|v| EpochRow {
+                epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
+                train_loss: f(v, "train_loss"),
+                test_loss: f(v, "test_loss"),
+                test_accuracy: f(v, "test_accuracy"),
+                images_per_s: f(v, "images_per_s"),
+                phases: Phases::from_breakdown(&v["breakdown"]).unwrap_or_default(),
+            })
+            .collect();
+        let phases = summary
+            .as_ref()
+            .and_then(|s| Phases::from_breakdown(&s["breakdown"]))
+            .filter(|p| p.step_ms > 0.0)
+            .unwrap_or_else(|| mean_phases(&lines));
+        let config = summary
+            .as_ref()
+            .and_then(|s| s["config"].as_object().cloned())
+            .unwrap_or_default();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config,
+            epochs,
+            summary,
+            phases,
+        })
+    }
+
+    /// A short name for tables and legends: the directory's last component.
+    pub fn name(&self) -> String {
+        self.dir.file_name().map_or_else(
+            || self.dir.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        )
+    }
+
+    /// A number in `summary.json`, if the run wrote one.
+    pub(crate) fn summary_f64(&self, key: &str) -> Option<f64> {
+        self.summary.as_ref()?.get(key)?.as_f64()
+    }
+
+    /// Final test accuracy (the summary's, else the last epoch's), 0..1.
+    pub fn final_accuracy(&self) -> Option<f64> {
+        self.summary_f64("final_test_accuracy")
+            .or_else(|| self.epochs.last().map(|e| e.test_accuracy))
+    }
+
+    /// Training images/s over the run (the summary's, else the mean over epochs).
+    pub fn images_per_s(&self) -> Option<f64> {
+        self.summary_f64("images_per_s").or_else(|| {
+            let n = self.epochs.len();
+            (n > 0).then(|| self.epochs.iter().map(|e| e.images_per_s).sum::<f64>() / n as f64)
+        })
+    }
+
+    /// A configuration value as text (`-` when the run did not record it).
+    pub(crate) fn config_str(&self, key: &str) -> String {
+        match self.config.get(key) {
+            None | Some(Value::Null) => "-".into(),
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+        }
+    }
+}
+
+/// The JSON type a field must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Number,
+    Text,
+    Array,
+    Object,
+}
+
+impl Kind {
+    fn holds(self, v: &Value) -> bool {
+        match self {
+            // serde_json writes a NaN as null: a run's own summary may hold one.
+            Kind::Number => v.is_number() || v.is_null(),
+            Kind::Text => v.is_string(),
+            Kind::Array => v.is_array(),
+            Kind::Object => v.is_object(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Number => "a number",
+            Kind::Text => "a string",
+            Kind::Array => "an array",
+            Kind::Object => "an object",
+        }
+    }
+}
+
+/// The type of a JSON value, in words.
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Fields of `summary.json` the report reads, with their types (as `train::Summary` writes
+/// them); `/` separates nested keys.
+const SUMMARY_FIELDS: &[(&str, Kind)] = &[
+    ("config", Kind::Object),
+    ("epochs", Kind::Array),
+    ("final_test_accuracy", Kind::Number),
+    ("images_per_s", Kind::Number),
+    ("wall_seconds", Kind::Number),
+    ("peak_rss_mb", Kind::Number),
+    ("buckets", Kind::Text),
+    ("replica_hashes", Kind::Array),
+    ("breakdown", Kind::Object),
+    ("breakdown/steps", Kind::Number),
+    ("breakdown/mean", Kind::Object),
+    ("breakdown/mean/data_ms", Kind::Number),
+    ("breakdown/mean/forward_ms", Kind::Number),
+    ("breakdown/mean/backward_ms", Kind::Number),
+    ("breakdown/mean/exposed_comm_ms", Kind::Number),
+    ("breakdown/mean/comm_total_ms", Kind::Number),
+    ("breakdown/mean/update_ms", Kind::Number),
+    ("breakdown/mean/step_ms", Kind::Number),
+];
+
+/// Fields of an epoch line of `metrics.jsonl` the report reads.
+const EPOCH_FIELDS: &[(&str, Kind)] = &[
+    ("epoch", Kind::Number),
+    ("train_loss", Kind::Number),
+    ("test_loss", Kind::Number),
+    ("test_accuracy", Kind::Number),
+    ("images_per_s", Kind::Number),
+    ("breakdown", Kind::Object),
+    ("breakdown/steps", Kind::Number),
+    ("breakdown/mean", Kind::Object),
+    ("breakdown/mean/step_ms", Kind::Number),
+];
+
+/// Checks that `v` is an object whose fields in `fields` have the stated types. Absent fields
+/// pass (older runs, runs that stopped early); present ones of another type are an error
+/// naming the field, since reading them as zeros gave an all-zero report.
+fn check_types(v: &Value, fields: &[(&str, Kind)]) -> Result<(), String> {
+    if !v.is_object() {
+        return Err(format!("is {}, not a JSON object", kind_of(v)));
+    }
+    for (path, kind) in fields {
+        let found = path
+            .split('/')
+            .try_fold(v, |node, key| node.as_object().and_then(|o| o.get(key)));
+        match found {
+            Some(x) if !kind.holds(x) => {
+                return Err(format!(
+                    "field '{}' is {}, not {}",
+                    path.replace('/', "."),
+                    kind_of(x),
+                    kind.name()
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Step-weighted mean of the epochs' breakdowns.
+fn mean_phases(lines: &[Value]) -> Phases {
+    let mut sum = Phases::default();
+    let mut steps = 0.0;
+    for v in lines {
+        let Some(p) = Phases::from_breakdown(&v["breakdown"]) else {
+            continue;
+        };
+        let n = v["breakdown"]["steps"].as_f64().unwrap_or(0.0);
+        for i in 0..5 {
+            sum.ms[i] += n * p.ms[i];
+        }
+        sum.step_ms += n * p.step_ms;
+        sum.comm_total_ms += n * p.comm_total_ms;
+        steps += n;
+    }
+    if steps > 0.0 {
+        for m in &mut sum.ms {
+            *m /= steps;
+        }
+        sum.step_ms /= steps;
+        sum.comm_total_ms /= steps;
+    }
+    sum
+}
