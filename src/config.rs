@@ -472,17 +472,97 @@ impl TrainOptions {
         &self,
         model_spec: Option<std::sync::Arc<crate::model::ModelSpec>>,
     ) -> Result<TrainConfig, String> {
-        let (model, model_name) = match &model_spec {
-            Some(spec) => (spec.name.clone(), spec.name.clone()),
-            None => {
-                let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
-                // Parsed here so that a bad model file fails before anything starts; its shapes
-                // are checked once the dataset is known.
-                let name = crate::model::load(&model).map_err(|e| e.to_string())?.name;
-                (model, name)
-            }
-        };
+        let (model, model_name) = self.resolve_model(&model_spec)?;
         let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
+        let workers = self.resolve_workers()?;
+        let comm = self.resolve_comm(workers.workers)?;
+        let link = self.resolve_link()?;
+        let device = self.resolve_device()?;
+        let comm_timeout = self.resolve_comm_timeout(link.as_ref())?;
+        let solver = self.resolve_solver()?;
+        let epochs = self.epochs.unwrap_or(4);
+        if epochs == 0 {
+            return Err("--epochs must be at least 1".into());
+        }
+        self.check_resume()?;
+        self.check_limits()?;
+        let input = self.resolve_input()?;
+        let outputs = self.resolve_outputs(&model_name, &dataset)?;
+        Ok(TrainConfig {
+            model,
+            model_spec,
+            dataset,
+            data_dir: self.data_dir.clone(),
+            epochs,
+            batch: workers.batch,
+            lr: solver.lr,
+            lr_schedule: solver.lr_schedule,
+            warmup_steps: self.warmup_steps.unwrap_or(100),
+            sgd: solver.sgd,
+            seed: self.seed.unwrap_or(1),
+            workers: workers.workers,
+            threads: workers.threads,
+            overlap: comm.overlap,
+            comm: comm.comm,
+            hierarchical: comm.hierarchical,
+            bucket_kb: self.bucket_kb,
+            first_bucket_kb: self.first_bucket_kb,
+            link,
+            device,
+            comm_timeout,
+            transport: comm.transport,
+            processes: 1,
+            process_rank: 0,
+            run_dir: outputs.run_dir,
+            run_dir_given: self.run_dir.is_some(),
+            overwrite: self.overwrite,
+            resume_changed: self.resume_changed,
+            warnings: workers.warnings,
+            checkpoint_every: self.checkpoint_every.unwrap_or(1),
+            keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
+            no_checkpoints: self.no_checkpoints,
+            fault: self
+                .inject_fault
+                .as_deref()
+                .map(crate::testbed::fault::Fault::parse)
+                .transpose()?,
+            skip_nonfinite: match self.on_nonfinite.as_deref().unwrap_or("stop") {
+                "stop" => false,
+                "skip" => true,
+                o => return Err(format!("--on-nonfinite must be stop or skip, not '{o}'")),
+            },
+            resume: self.resume.clone(),
+            log_every: self.log_every.unwrap_or(0),
+            train_limit: self.train_limit,
+            test_limit: self.test_limit,
+            quiet: self.quiet,
+            loader_threads: input.loader_threads,
+            prefetch: input.prefetch,
+            augment: input.augment,
+            skip_bad_samples: self.skip_bad_samples,
+            trace: self.trace.clone(),
+            trace_steps: outputs.trace_steps,
+            log_format: outputs.log_format,
+        })
+    }
+
+    /// The model to load and its name (the default run directory's): a model file is parsed
+    /// here so that a bad one fails before anything starts; its shapes are checked once the
+    /// dataset is known.
+    fn resolve_model(
+        &self,
+        model_spec: &Option<std::sync::Arc<crate::model::ModelSpec>>,
+    ) -> Result<(String, String), String> {
+        if let Some(spec) = model_spec {
+            return Ok((spec.name.clone(), spec.name.clone()));
+        }
+        let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
+        let name = crate::model::load(&model).map_err(|e| e.to_string())?.name;
+        Ok((model, name))
+    }
+
+    /// Workers, the global batch split evenly over them, and compute threads per worker.
+    fn resolve_workers(&self) -> Result<ResolvedWorkers, String> {
         let workers = self.workers.unwrap_or(1);
         if workers == 0 {
             return Err("--workers must be at least 1".into());
@@ -493,22 +573,28 @@ impl TrainOptions {
             return Err("--threads must be at least 1".into());
         }
         let (threads, warnings) = crate::limits::threads_per_worker(self.threads, workers);
-        let overlap = match self.overlap.as_deref().unwrap_or("on") {
-            "on" | "true" => true,
-            "off" | "false" => false,
-            o => return Err(format!("--overlap must be on or off, not '{o}'")),
-        };
+        Ok(ResolvedWorkers {
+            workers,
+            batch,
+            threads,
+            warnings,
+        })
+    }
+
+    /// How gradients travel: overlap, mode, transport and the hierarchy, and the combinations
+    /// that cannot work.
+    fn resolve_comm(&self, workers: usize) -> Result<ResolvedComm, String> {
+        let overlap = on_off("--overlap", self.overlap.as_deref().unwrap_or("on"))?;
         let comm = CommChoice::parse(self.comm.as_deref().unwrap_or("auto"))
             .map_err(|e| format!("--comm: {e}"))?;
         let transport = TransportKind::parse(self.transport.as_deref().unwrap_or("inproc"))?;
         if comm == CommChoice::Native && transport != TransportKind::Mpi {
             return Err("--comm mpi-native needs --transport mpi".into());
         }
-        let hierarchical = match self.hierarchical.as_deref().unwrap_or("on") {
-            "on" | "true" => true,
-            "off" | "false" => false,
-            h => return Err(format!("--hierarchical must be on or off, not '{h}'")),
-        };
+        let hierarchical = on_off(
+            "--hierarchical",
+            self.hierarchical.as_deref().unwrap_or("on"),
+        )?;
         if comm == CommChoice::Native && !hierarchical && workers > 1 {
             return Err(
                 "--comm mpi-native with --workers > 1 needs --hierarchical on \
@@ -516,28 +602,59 @@ impl TrainOptions {
                     .into(),
             );
         }
-        let link = match &self.link_bandwidth {
+        Ok(ResolvedComm {
+            overlap,
+            comm,
+            transport,
+            hierarchical,
+        })
+    }
+
+    /// The emulated link, if `--link-bandwidth` gives one.
+    fn resolve_link(&self) -> Result<Option<LinkModel>, String> {
+        match &self.link_bandwidth {
             None if self.link_latency.is_some() => {
-                return Err("--link-latency needs --link-bandwidth too".into())
+                Err("--link-latency needs --link-bandwidth too".into())
             }
-            None => None,
-            Some(b) => Some(LinkModel {
+            None => Ok(None),
+            Some(b) => Ok(Some(LinkModel {
                 bandwidth_bytes_per_s: parse_bandwidth(b)
                     .map_err(|e| format!("--link-bandwidth: {e}"))?,
                 latency: parse_duration(self.link_latency.as_deref().unwrap_or("0"))
                     .map_err(|e| format!("--link-latency: {e}"))?,
-            }),
-        };
-        let device = match (&self.emulate_device, self.emulate_device_scale) {
-            (None, Some(_)) => {
-                return Err("--emulate-device-scale needs --emulate-device too".into())
+            })),
+        }
+    }
+
+    /// The emulated device, if `--emulate-device` gives a profile.
+    fn resolve_device(&self) -> Result<Option<crate::testbed::device::EmulatedDevice>, String> {
+        match (&self.emulate_device, self.emulate_device_scale) {
+            (None, Some(_)) => Err("--emulate-device-scale needs --emulate-device too".into()),
+            (None, None) => Ok(None),
+            (Some(p), k) => {
+                crate::testbed::device::EmulatedDevice::load(p, k.unwrap_or(1.0)).map(Some)
             }
-            (None, None) => None,
-            (Some(p), k) => Some(crate::testbed::device::EmulatedDevice::load(
-                p,
-                k.unwrap_or(1.0),
-            )?),
-        };
+        }
+    }
+
+    /// How long a collective may wait, checked against the emulated link (a bucket that
+    /// could not cross it in time would fail every step).
+    fn resolve_comm_timeout(&self, link: Option<&LinkModel>) -> Result<Duration, String> {
+        let comm_timeout = self.comm_timeout.unwrap_or(120.0);
+        if !(comm_timeout > 0.0 && comm_timeout <= MAX_COMM_TIMEOUT_S) {
+            return Err(format!(
+                "--comm-timeout must be a positive number of seconds up to {MAX_COMM_TIMEOUT_S} \
+                 (a year), not {comm_timeout}"
+            ));
+        }
+        if let Some(l) = link {
+            check_link_against_timeout(l, comm_timeout)?;
+        }
+        Ok(Duration::from_secs_f64(comm_timeout))
+    }
+
+    /// Learning rate, its schedule and SGD's settings.
+    fn resolve_solver(&self) -> Result<ResolvedSolver, String> {
         let lr = self.lr.unwrap_or(0.05);
         if !(lr > 0.0 && lr.is_finite()) {
             return Err(format!("--lr must be a positive number, not {lr}"));
@@ -554,27 +671,32 @@ impl TrainOptions {
         if nesterov && momentum == 0.0 {
             return Err("Nesterov momentum needs --momentum > 0 (or --nesterov false)".into());
         }
-        let comm_timeout = self.comm_timeout.unwrap_or(120.0);
-        if !(comm_timeout > 0.0 && comm_timeout <= MAX_COMM_TIMEOUT_S) {
-            return Err(format!(
-                "--comm-timeout must be a positive number of seconds up to {MAX_COMM_TIMEOUT_S} \
-                 (a year), not {comm_timeout}"
-            ));
-        }
-        if let Some(l) = &link {
-            check_link_against_timeout(l, comm_timeout)?;
-        }
-        let epochs = self.epochs.unwrap_or(4);
-        if epochs == 0 {
-            return Err("--epochs must be at least 1".into());
-        }
-        if let Some(r) = &self.resume {
-            if !r.is_file() {
-                return Err(format!("--resume {}: no such checkpoint file", r.display()));
+        Ok(ResolvedSolver {
+            lr,
+            lr_schedule: LrSchedule::parse(self.lr_schedule.as_deref().unwrap_or("cosine"))?,
+            sgd: SgdConfig {
+                momentum,
+                weight_decay,
+                nesterov,
+            },
+        })
+    }
+
+    /// `--resume` names a file; `--resume-changed` only goes with it.
+    fn check_resume(&self) -> Result<(), String> {
+        match &self.resume {
+            Some(r) if !r.is_file() => {
+                Err(format!("--resume {}: no such checkpoint file", r.display()))
             }
-        } else if self.resume_changed {
-            return Err("--resume-changed only applies with --resume CHECKPOINT".into());
+            None if self.resume_changed => {
+                Err("--resume-changed only applies with --resume CHECKPOINT".into())
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// Sample limits that leave something to train and test on.
+    fn check_limits(&self) -> Result<(), String> {
         if self.test_limit == Some(0) {
             return Err(
                 "--test-limit 0 leaves no test set to evaluate on: give at least 1 (or leave \
@@ -585,6 +707,11 @@ impl TrainOptions {
         if self.train_limit == Some(0) {
             return Err("--train-limit 0 leaves nothing to train on: give at least --batch samples (or leave the option out)".into());
         }
+        Ok(())
+    }
+
+    /// The input pipeline: loader threads, prefetch depth and augmentation.
+    fn resolve_input(&self) -> Result<ResolvedInput, String> {
         let loader_threads = self
             .loader_threads
             .unwrap_or_else(crate::pipeline::default_loader_threads);
@@ -604,7 +731,15 @@ impl TrainOptions {
         }
         let augment = crate::pipeline::Augment::parse(self.augment.as_deref().unwrap_or("off"))
             .map_err(|e| format!("--augment: {e}"))?;
-        let lr_schedule = LrSchedule::parse(self.lr_schedule.as_deref().unwrap_or("cosine"))?;
+        Ok(ResolvedInput {
+            loader_threads,
+            prefetch,
+            augment,
+        })
+    }
+
+    /// Where the run writes and how it reports: trace window, log format, run directory.
+    fn resolve_outputs(&self, model_name: &str, dataset: &str) -> Result<ResolvedOutputs, String> {
         let trace_steps = match &self.trace_steps {
             Some(s) => crate::trace::parse_steps(s).map_err(|e| format!("--trace-steps: {e}"))?,
             None => crate::trace::DEFAULT_STEPS,
@@ -620,67 +755,58 @@ impl TrainOptions {
                 dataset.replace([':', '/'], "_")
             ))
         });
-        Ok(TrainConfig {
-            model,
-            model_spec,
-            dataset,
-            data_dir: self.data_dir.clone(),
-            epochs,
-            batch,
-            lr,
-            lr_schedule,
-            warmup_steps: self.warmup_steps.unwrap_or(100),
-            sgd: SgdConfig {
-                momentum,
-                weight_decay,
-                nesterov,
-            },
-            seed: self.seed.unwrap_or(1),
-            workers,
-            threads,
-            overlap,
-            comm,
-            hierarchical,
-            bucket_kb: self.bucket_kb,
-            first_bucket_kb: self.first_bucket_kb,
-            link,
-            device,
-            comm_timeout: Duration::from_secs_f64(comm_timeout),
-            transport,
-            processes: 1,
-            process_rank: 0,
-            run_dir,
-            run_dir_given: self.run_dir.is_some(),
-            overwrite: self.overwrite,
-            resume_changed: self.resume_changed,
-            warnings,
-            checkpoint_every: self.checkpoint_every.unwrap_or(1),
-            keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
-            no_checkpoints: self.no_checkpoints,
-            fault: self
-                .inject_fault
-                .as_deref()
-                .map(crate::testbed::fault::Fault::parse)
-                .transpose()?,
-            skip_nonfinite: match self.on_nonfinite.as_deref().unwrap_or("stop") {
-                "stop" => false,
-                "skip" => true,
-                o => return Err(format!("--on-nonfinite must be stop or skip, not '{o}'")),
-            },
-            resume: self.resume.clone(),
-            log_every: self.log_every.unwrap_or(0),
-            train_limit: self.train_limit,
-            test_limit: self.test_limit,
-            quiet: self.quiet,
-            loader_threads,
-            prefetch,
-            augment,
-            skip_bad_samples: self.skip_bad_samples,
-            trace: self.trace.clone(),
+        Ok(ResolvedOutputs {
             trace_steps,
             log_format,
+            run_dir,
         })
     }
+}
+
+/// `--flag on|off` (or `true|false`) as a switch.
+fn on_off(flag: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        v => Err(format!("{flag} must be on or off, not '{v}'")),
+    }
+}
+
+/// `--workers`, `--batch` and `--threads`, resolved.
+struct ResolvedWorkers {
+    workers: usize,
+    batch: usize,
+    threads: usize,
+    warnings: Vec<String>,
+}
+
+/// `--overlap`, `--comm`, `--transport` and `--hierarchical`, resolved.
+struct ResolvedComm {
+    overlap: bool,
+    comm: CommChoice,
+    transport: TransportKind,
+    hierarchical: bool,
+}
+
+/// `--lr`, `--lr-schedule` and SGD's flags, resolved.
+struct ResolvedSolver {
+    lr: f32,
+    lr_schedule: LrSchedule,
+    sgd: SgdConfig,
+}
+
+/// `--loader-threads`, `--prefetch` and `--augment`, resolved.
+struct ResolvedInput {
+    loader_threads: usize,
+    prefetch: usize,
+    augment: crate::pipeline::Augment,
+}
+
+/// `--trace-steps`, `--log-format` and the run directory, resolved.
+struct ResolvedOutputs {
+    trace_steps: std::ops::Range<usize>,
+    log_format: LogFormat,
+    run_dir: PathBuf,
 }
 
 #[cfg(test)]

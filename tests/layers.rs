@@ -583,10 +583,16 @@ fn the_check_finds_upward_imports_and_cycles_and_nothing_else() {
     assert!(clean.cycles().is_empty(), "{:?}", clean.cycles());
 
     // An import from the lower module of the higher one.
-    write("low/b.rs", "use super::Thing;\npub fn f(_: Thing, _: crate::high::Up) {}\n");
+    write(
+        "low/b.rs",
+        "use super::Thing;\npub fn f(_: Thing, _: crate::high::Up) {}\n",
+    );
     let up = Imports::of(src).upward_imports(&["low", "high"]);
     assert_eq!(up.len(), 1, "{up:?}");
-    assert!(up[0].contains("b.rs imports") && up[0].contains("high.rs"), "{up:?}");
+    assert!(
+        up[0].contains("b.rs imports") && up[0].contains("high.rs"),
+        "{up:?}"
+    );
     assert!(Imports::of(src)
         .upward_imports(&["low"])
         .iter()
@@ -594,7 +600,10 @@ fn the_check_finds_upward_imports_and_cycles_and_nothing_else() {
 
     // A parent's own item used by its child while the parent uses the child: a cycle.
     write("low/b.rs", "use super::Shared;\npub fn f() {}\n");
-    write("low/mod.rs", "pub mod a;\npub mod b;\npub struct Shared;\nfn g() { b::f() }\n");
+    write(
+        "low/mod.rs",
+        "pub mod a;\npub mod b;\npub struct Shared;\nfn g() { b::f() }\n",
+    );
     let cycles = Imports::of(src).cycles();
     assert_eq!(cycles.len(), 1, "{cycles:?}");
     assert_eq!(cycles[0].len(), 2);
