@@ -525,7 +525,8 @@ impl TrainOptions {
                 .inject_fault
                 .as_deref()
                 .map(crate::testbed::fault::Fault::parse)
-                .transpose()?,
+                .transpose()
+                .map_err(|e| e.to_string())?,
             skip_nonfinite: match self.on_nonfinite.as_deref().unwrap_or("stop") {
                 "stop" => false,
                 "skip" => true,
@@ -631,9 +632,9 @@ impl TrainOptions {
         match (&self.emulate_device, self.emulate_device_scale) {
             (None, Some(_)) => Err("--emulate-device-scale needs --emulate-device too".into()),
             (None, None) => Ok(None),
-            (Some(p), k) => {
-                crate::testbed::device::EmulatedDevice::load(p, k.unwrap_or(1.0)).map(Some)
-            }
+            (Some(p), k) => crate::testbed::device::EmulatedDevice::load(p, k.unwrap_or(1.0))
+                .map(Some)
+                .map_err(|e| e.to_string()),
         }
     }
 

@@ -10,6 +10,7 @@ use dptrain::comm::{
     cost_terms, predicted_time, CommError, CommMode, InProcessFabric, LeaderOp, LinkModel,
     Transport,
 };
+use dptrain::measure::profile::ProfileError;
 use dptrain::model::reference_graph;
 use dptrain::parallel::BucketOp;
 use dptrain::plan::{BucketFlags, CommChoice};
@@ -615,7 +616,12 @@ fn profile_round_trips_through_json() {
     std::fs::write(&path, old).unwrap();
     assert_eq!(Profile::load(&path).unwrap().compute_spread, None);
     std::fs::write(&path, "{\"model\": 3}").unwrap();
-    assert!(Profile::load(&path).unwrap_err().contains("not a profile"));
+    let err = Profile::load(&path).unwrap_err();
+    assert!(
+        matches!(err, ProfileError::NotAProfile { .. })
+            && err.to_string().contains("not a profile"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -757,6 +763,11 @@ fn profiles_with_unphysical_numbers_are_refused_on_load_naming_the_field() {
         *bad.pointer_mut(pointer).unwrap() = value;
         std::fs::write(&path, bad.to_string()).unwrap();
         let err = Profile::load(&path).unwrap_err();
+        assert!(
+            matches!(err, ProfileError::Unphysical { .. }),
+            "{pointer}: {err:?}"
+        );
+        let err = err.to_string();
         assert!(
             err.contains(want) && err.contains("p.json"),
             "{pointer}: {err}"

@@ -10,8 +10,9 @@
 //! topological order.
 
 use crate::model::Graph;
+use crate::output::OutputError;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Largest per-worker batch a profile is made for: far past any real per-worker batch, and
 /// small enough that step times and byte counts stay in range of the simulator's arithmetic.
@@ -99,21 +100,110 @@ impl Profile {
     }
 
     /// Writes the profile as pretty JSON.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        crate::output::write_atomically(path, (text + "\n").as_bytes()).map_err(String::from)
+    pub fn save(&self, path: &Path) -> Result<(), OutputError> {
+        let text = serde_json::to_string_pretty(self).expect("a profile serialises");
+        crate::output::write_atomically(path, (text + "\n").as_bytes())
     }
 
-    /// Reads a profile written by [`Profile::save`].
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let p: Profile = serde_json::from_str(&text)
-            .map_err(|e| format!("{}: not a profile: {e}", path.display()))?;
+    /// Reads a profile written by [`Profile::save`], refusing one that is not physical
+    /// ([`validate`]).
+    pub fn load(path: &Path) -> Result<Self, ProfileError> {
+        let path_buf = || path.to_path_buf();
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+            path: path_buf(),
+            source,
+        })?;
+        let p: Profile =
+            serde_json::from_str(&text).map_err(|source| ProfileError::NotAProfile {
+                path: path_buf(),
+                source,
+            })?;
         if p.blocks.is_empty() {
-            return Err(format!("{}: profile has no blocks", path.display()));
+            return Err(ProfileError::NoBlocks { path: path_buf() });
         }
-        validate(&p).map_err(|e| format!("{}: {e}", path.display()))?;
+        validate(&p).map_err(|source| ProfileError::Unphysical {
+            path: path_buf(),
+            source,
+        })?;
         Ok(p)
+    }
+}
+
+/// Why a profile file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// It could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is not a profile's JSON.
+    #[error("{}: not a profile: {source}", .path.display())]
+    NotAProfile {
+        /// The file.
+        path: PathBuf,
+        /// What the JSON reader found.
+        source: serde_json::Error,
+    },
+    /// It has no blocks.
+    #[error("{}: profile has no blocks", .path.display())]
+    NoBlocks {
+        /// The file.
+        path: PathBuf,
+    },
+    /// One of its numbers is not physical.
+    #[error("{}: {source}", .path.display())]
+    Unphysical {
+        /// The file.
+        path: PathBuf,
+        /// Which number, and why.
+        source: Unphysical,
+    },
+}
+
+/// A number a profile may not state (see [`validate`]); the message names the field and its
+/// value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unphysical {
+    /// A per-worker batch outside 1..=[`MAX_PROFILE_BATCH`].
+    #[error("batch is {0}: a profile is for a per-worker batch of 1 to {MAX_PROFILE_BATCH}")]
+    Batch(usize),
+    /// An input shape with a size of 0 or above 65536.
+    #[error("input is {0:?}: each of (C, H, W) must be 1 to 65536")]
+    Input([usize; 3]),
+    /// No blocks, or more than 100000.
+    #[error("has {0} blocks: a profile has 1 to 100000")]
+    BlockCount(usize),
+    /// A time that is not finite, negative, or above a day.
+    #[error(
+        "{what} is {}: times must be finite, >= 0 and at most {MAX_MS} ms (a day); re-create \
+         the profile with `dptrain profile`",
+        shown(*.value)
+    )]
+    Time {
+        /// The field (`update_ms`, or a block's `forward_ms`/`backward_ms`, naming the block).
+        what: String,
+        /// Its value, ms.
+        value: f64,
+    },
+    /// Gradients above 1 TiB.
+    #[error(
+        "the blocks' param_sizes add up to {} of gradients, more than the 1 TiB a profile may \
+         describe",
+        crate::limits::human_bytes(*.0)
+    )]
+    GradBytes(f64),
+}
+
+/// Huge and tiny values in exponent form: 1e300, not 301 digits.
+fn shown(v: f64) -> String {
+    if v.is_finite() && v != 0.0 && !(1e-3..1e9).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
     }
 }
 
@@ -140,12 +230,6 @@ pub fn graph_blocks(graph: &Graph) -> Vec<BlockProfile> {
     blocks
 }
 
-// What a profile may say: physical numbers only.
-//
-// A profile is a JSON file anyone can edit; one with negative or absurd numbers printed
-// 300-digit step times. [`profile`] refuses it on load, naming the field and its value. (How
-// big a simulation may be is the schedule compiler's budget, `crate::sim::MAX_EVENTS`, counted
-// on the recorded schedules themselves.)
 /// Longest block, update time a profile may state, ms (a day: far beyond any real step).
 const MAX_MS: f64 = 86_400_000.0;
 
@@ -153,42 +237,26 @@ const MAX_MS: f64 = 86_400_000.0;
 const MAX_GRAD_BYTES: f64 = (1u64 << 40) as f64;
 
 /// Checks that every number in `p` is physical: times finite, >= 0 and at most a day, a batch
-/// of 1..=[`MAX_PROFILE_BATCH`], an input shape of positive sizes, and gradients of
-/// at most 1 TiB. The message names the field and its value.
-pub fn validate(p: &Profile) -> Result<(), String> {
-    let time = |what: String, v: f64| -> Result<(), String> {
-        if v.is_finite() && (0.0..=MAX_MS).contains(&v) {
+/// of 1..=[`MAX_PROFILE_BATCH`], an input shape of positive sizes, and gradients of at most 1
+/// TiB. Why: a profile is a JSON file anyone can edit, and one with negative or absurd numbers
+/// printed 300-digit step times. (How big a simulation may be is the schedule compiler's
+/// budget, `crate::sim::MAX_EVENTS`, counted on the recorded schedules themselves.)
+pub fn validate(p: &Profile) -> Result<(), Unphysical> {
+    let time = |what: String, value: f64| {
+        if value.is_finite() && (0.0..=MAX_MS).contains(&value) {
             Ok(())
         } else {
-            // Huge and tiny values in exponent form: 1e300, not 301 digits.
-            let shown = if v.is_finite() && v != 0.0 && !(1e-3..1e9).contains(&v.abs()) {
-                format!("{v:e}")
-            } else {
-                format!("{v}")
-            };
-            Err(format!(
-                "{what} is {shown}: times must be finite, >= 0 and at most {MAX_MS} ms (a day); \
-                 re-create the profile with `dptrain profile`"
-            ))
+            Err(Unphysical::Time { what, value })
         }
     };
     if p.batch == 0 || p.batch > MAX_PROFILE_BATCH {
-        return Err(format!(
-            "batch is {}: a profile is for a per-worker batch of 1 to {}",
-            p.batch, MAX_PROFILE_BATCH
-        ));
+        return Err(Unphysical::Batch(p.batch));
     }
     if p.input.iter().any(|&d| d == 0 || d > 1 << 16) {
-        return Err(format!(
-            "input is {:?}: each of (C, H, W) must be 1 to 65536",
-            p.input
-        ));
+        return Err(Unphysical::Input(p.input));
     }
     if p.blocks.is_empty() || p.blocks.len() > 100_000 {
-        return Err(format!(
-            "has {} blocks: a profile has 1 to 100000",
-            p.blocks.len()
-        ));
+        return Err(Unphysical::BlockCount(p.blocks.len()));
     }
     let mut grad_bytes = 0.0;
     for (i, b) in p.blocks.iter().enumerate() {
@@ -201,11 +269,7 @@ pub fn validate(p: &Profile) -> Result<(), String> {
     }
     time("update_ms".into(), p.update_ms)?;
     if grad_bytes > MAX_GRAD_BYTES {
-        return Err(format!(
-            "the blocks' param_sizes add up to {} of gradients, more than the 1 TiB a profile \
-             may describe",
-            crate::limits::human_bytes(grad_bytes)
-        ));
+        return Err(Unphysical::GradBytes(grad_bytes));
     }
     Ok(())
 }

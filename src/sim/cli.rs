@@ -116,7 +116,7 @@ fn make_profile(
         Some(speed) => from_graph(&graph, batch, speed)?,
         None => measured()?,
     };
-    crate::measure::profile::validate(&p)?;
+    crate::measure::profile::validate(&p).map_err(|e| e.to_string())?;
     Ok(p)
 }
 
@@ -284,7 +284,7 @@ pub fn worker_list(s: &str) -> Result<Vec<usize>, String> {
 /// Runs `dptrain simulate`.
 pub fn simulate(a: SimulateArgs) -> Result<(), String> {
     let p = match (&a.profile, &a.model) {
-        (Some(path), _) => Profile::load(path)?,
+        (Some(path), _) => Profile::load(path).map_err(|e| e.to_string())?,
         (None, Some(model)) => make_profile(model, a.batch, &a.device, || {
             Err(format!(
                 "simulate --model {model} needs --device-tflops or --device-images-per-s (or \

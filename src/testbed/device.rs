@@ -55,46 +55,37 @@ pub struct EmulatedDevice {
 
 impl EmulatedDevice {
     /// Reads a profile file and scales its times by `scale`.
-    pub fn load(path: &Path, scale: f64) -> Result<Self, String> {
-        let name = || format!("--emulate-device {}", path.display());
+    pub fn load(path: &Path, scale: f64) -> Result<Self, DeviceError> {
+        let refused = |problem| DeviceError::Profile {
+            path: path.to_path_buf(),
+            problem,
+        };
         if !(scale > 0.0 && scale.is_finite() && scale <= 1e6) {
-            return Err(format!(
-                "--emulate-device-scale must be a positive number up to 1e6, not {scale}"
-            ));
+            return Err(DeviceError::Scale(scale));
         }
         // A profile is a few KB; a larger file is not one (and is not read into memory).
         let len = std::fs::metadata(path)
-            .map_err(|e| format!("{}: {e}", name()))?
+            .map_err(|e| refused(ProfileProblem::Unreadable(e)))?
             .len();
         if len > 16 << 20 {
-            return Err(format!(
-                "{}: {len} bytes is not a profile (a few KB); give the file `dptrain profile` wrote",
-                name()
-            ));
+            return Err(refused(ProfileProblem::TooLarge(len)));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", name()))?;
-        let p: Profile = serde_json::from_str(&text).map_err(|e| {
-            format!(
-                "{}: not a profile ({e}); write one with `dptrain profile --model M --batch B \
-                 --out FILE`",
-                name()
-            )
-        })?;
-        let ms = |v: f64, what: &str| -> Result<Duration, String> {
-            let s = v * scale / 1e3;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| refused(ProfileProblem::Unreadable(e)))?;
+        let p: Profile =
+            serde_json::from_str(&text).map_err(|e| refused(ProfileProblem::NotAProfile(e)))?;
+        let ms = |ms: f64, what: &'static str| {
+            let s = ms * scale / 1e3;
             if !(0.0..3600.0).contains(&s) {
-                return Err(format!(
-                    "{}: {what} of {v} ms (x {scale}) is not a time from 0 to an hour",
-                    name()
-                ));
+                return Err(refused(ProfileProblem::Time { what, ms, scale }));
             }
             Ok(Duration::from_secs_f64(s))
         };
         if p.blocks.is_empty() {
-            return Err(format!("{}: the profile has no blocks", name()));
+            return Err(refused(ProfileProblem::NoBlocks));
         }
         let forward = p.blocks.iter().try_fold(Duration::ZERO, |acc, b| {
-            Ok::<_, String>(acc + ms(b.forward_ms, "a block's forward")?)
+            Ok::<_, DeviceError>(acc + ms(b.forward_ms, "a block's forward")?)
         })?;
         let mut backward_until = vec![Duration::ZERO; p.blocks.len()];
         let mut acc = Duration::ZERO;
@@ -114,26 +105,28 @@ impl EmulatedDevice {
     }
 
     /// Refuses a profile that is not of this run's model, per-worker batch and blocks.
-    pub fn check_fits(&self, model: &str, batch: usize, blocks: usize) -> Result<(), String> {
-        let name = format!("--emulate-device {}", self.path.display());
+    pub fn check_fits(&self, model: &str, batch: usize, blocks: usize) -> Result<(), DeviceError> {
+        let misfit = |problem| DeviceError::Profile {
+            path: self.path.clone(),
+            problem,
+        };
         if self.model != model {
-            return Err(format!(
-                "{name}: the profile is of {}, this run trains {model}: profile {model}",
-                self.model
-            ));
+            return Err(misfit(ProfileProblem::OtherModel {
+                profile: self.model.clone(),
+                run: model.to_string(),
+            }));
         }
         if self.batch != batch {
-            return Err(format!(
-                "{name}: the profile's times are for a per-worker batch of {}, this run's is \
-                 {batch}: profile at --batch {batch}",
-                self.batch
-            ));
+            return Err(misfit(ProfileProblem::OtherBatch {
+                profile: self.batch,
+                run: batch,
+            }));
         }
         if self.backward_until.len() != blocks {
-            return Err(format!(
-                "{name}: the profile has {} blocks, the model {blocks}: profile this model again",
-                self.backward_until.len()
-            ));
+            return Err(misfit(ProfileProblem::OtherBlocks {
+                profile: self.backward_until.len(),
+                model: blocks,
+            }));
         }
         Ok(())
     }
@@ -157,6 +150,78 @@ impl EmulatedDevice {
             start,
         }
     }
+}
+
+/// Why an emulated device was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// `--emulate-device-scale` out of range.
+    #[error("--emulate-device-scale must be a positive number up to 1e6, not {0}")]
+    Scale(f64),
+    /// The profile given with `--emulate-device`.
+    #[error("--emulate-device {}: {problem}", .path.display())]
+    Profile {
+        /// The profile file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        problem: ProfileProblem,
+    },
+}
+
+/// What is wrong with an emulated device's profile.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileProblem {
+    /// It cannot be read.
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    /// It is far larger than any profile.
+    #[error("{0} bytes is not a profile (a few KB); give the file `dptrain profile` wrote")]
+    TooLarge(u64),
+    /// It is not a profile's JSON.
+    #[error(
+        "not a profile ({0}); write one with `dptrain profile --model M --batch B --out FILE`"
+    )]
+    NotAProfile(serde_json::Error),
+    /// A time that, scaled, is not 0 to an hour.
+    #[error("{what} of {ms} ms (x {scale}) is not a time from 0 to an hour")]
+    Time {
+        /// Which phase.
+        what: &'static str,
+        /// The profile's time.
+        ms: f64,
+        /// The scale applied.
+        scale: f64,
+    },
+    /// It has no blocks.
+    #[error("the profile has no blocks")]
+    NoBlocks,
+    /// It is of another model than the run's.
+    #[error("the profile is of {profile}, this run trains {run}: profile {run}")]
+    OtherModel {
+        /// The profile's model.
+        profile: String,
+        /// The run's model.
+        run: String,
+    },
+    /// Its times are for another per-worker batch.
+    #[error(
+        "the profile's times are for a per-worker batch of {profile}, this run's is {run}: \
+         profile at --batch {run}"
+    )]
+    OtherBatch {
+        /// The profile's per-worker batch.
+        profile: usize,
+        /// The run's.
+        run: usize,
+    },
+    /// It has another number of blocks than the model.
+    #[error("the profile has {profile} blocks, the model {model}: profile this model again")]
+    OtherBlocks {
+        /// The profile's blocks.
+        profile: usize,
+        /// The model's parameter blocks.
+        model: usize,
+    },
 }
 
 /// A gradient sink whose blocks are handed on when the emulated device would have written them
@@ -209,13 +274,14 @@ mod tests {
         assert_eq!(d.backward(), Duration::from_millis(14));
         assert_eq!(d.update, Duration::from_millis(2));
         assert!(d.check_fits("lenet5", 8, 2).is_ok());
-        let e = d.check_fits("lenet5", 16, 2).unwrap_err();
+        let e = d.check_fits("lenet5", 16, 2).unwrap_err().to_string();
         assert!(e.contains("batch of 8") && e.contains("16"), "{e}");
         assert!(d
             .check_fits("vgg-small", 8, 2)
             .unwrap_err()
+            .to_string()
             .contains("vgg-small"));
-        let e = d.check_fits("lenet5", 8, 3).unwrap_err();
+        let e = d.check_fits("lenet5", 8, 3).unwrap_err().to_string();
         assert!(e.contains("2 blocks, the model 3"), "{e}");
     }
 
@@ -223,23 +289,35 @@ mod tests {
     fn bad_files_and_scales_are_refused_with_the_cause() {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path(), "{\"model\": 1}");
-        let e = EmulatedDevice::load(&p, 1.0).unwrap_err();
+        let e = EmulatedDevice::load(&p, 1.0).unwrap_err().to_string();
         assert!(
             e.contains("not a profile") && e.contains("dptrain profile"),
             "{e}"
         );
-        let e = EmulatedDevice::load(&dir.path().join("none.json"), 1.0).unwrap_err();
+        let e = EmulatedDevice::load(&dir.path().join("none.json"), 1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("none.json"), "{e}");
         let ok = write(
             dir.path(),
             r#"{"model":"m","source":"x","batch":1,"input":[1,2,2],"update_ms":-1.0,
                "blocks":[{"name":"a","forward_ms":1.0,"backward_ms":1.0,"param_sizes":[1],"macs_per_sample":1}]}"#,
         );
-        assert!(EmulatedDevice::load(&ok, 1.0)
-            .unwrap_err()
-            .contains("the update"));
+        assert!(matches!(
+            EmulatedDevice::load(&ok, 1.0),
+            Err(DeviceError::Profile {
+                problem: ProfileProblem::Time {
+                    what: "the update",
+                    ..
+                },
+                ..
+            })
+        ));
         for s in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(EmulatedDevice::load(&ok, s).unwrap_err().contains("scale"));
+            assert!(matches!(
+                EmulatedDevice::load(&ok, s),
+                Err(DeviceError::Scale(_))
+            ));
         }
     }
 

@@ -21,6 +21,11 @@ pub enum FaultPhase {
     SlowCheckpoint,
 }
 
+/// An `--inject-fault` that is not a fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--inject-fault '{0}': use forward|backward|comm|data@STEP[:WORKER] or slow-checkpoint")]
+pub struct BadFault(pub String);
+
 /// One injected fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
@@ -34,10 +39,8 @@ pub struct Fault {
 
 impl Fault {
     /// Parses `PHASE@STEP[:WORKER]` or `slow-checkpoint`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("--inject-fault '{s}': use forward|backward|comm|data@STEP[:WORKER] or slow-checkpoint")
-        };
+    pub fn parse(s: &str) -> Result<Self, BadFault> {
+        let bad = || BadFault(s.to_string());
         if s == "slow-checkpoint" {
             return Ok(Self {
                 phase: FaultPhase::SlowCheckpoint,

@@ -8,5 +8,5 @@
 pub mod device;
 pub mod fault;
 
-pub use device::EmulatedDevice;
-pub use fault::{Fault, FaultPhase};
+pub use device::{DeviceError, EmulatedDevice};
+pub use fault::{BadFault, Fault, FaultPhase};

@@ -124,7 +124,8 @@ impl Worker {
         )
         .map_err(|e| e.to_string())?;
         if let Some(d) = &cfg.device {
-            d.check_fits(&cfg.model, local_batch, net.blocks().len())?;
+            d.check_fits(&cfg.model, local_batch, net.blocks().len())
+                .map_err(|e| e.to_string())?;
         }
         let mut sgd = Sgd::new(cfg.sgd, net.params().len());
         let (mut start_epoch, mut global_step) = (0, 0);
