@@ -99,8 +99,8 @@ fn blank_comments_and_literals(src: &str) -> String {
             i += end;
         } else if rest[0] == b'\'' {
             // A character literal ('a', '\n', '\u{..}'), not a lifetime ('a without a close).
-            let len = if rest.len() > 2 && rest[1] == b'\\' {
-                rest[2..].iter().position(|&c| c == b'\'').map(|p| p + 3)
+            let len = if rest.len() > 3 && rest[1] == b'\\' {
+                rest[3..].iter().position(|&c| c == b'\'').map(|p| p + 4)
             } else if rest.len() > 2 && rest[2] == b'\'' {
                 Some(3)
             } else {
@@ -521,6 +521,69 @@ impl Imports {
     }
 }
 
+/// Longest a function may be, in lines from its `fn` to its closing brace.
+const MAX_FUNCTION_LINES: usize = 120;
+
+/// Functions allowed past [`MAX_FUNCTION_LINES`]: match-per-variant dispatch tables, one arm per
+/// variant, which read best whole. `(file under src/, function)`.
+const DISPATCH_TABLES: &[(&str, &str)] = &[];
+
+/// Every function of `text` (blanked) longer than `max` lines: `(name, first line, lines)`.
+fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let b = text.as_bytes();
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(p) = text[from..].find("fn ") {
+        let at = from + p;
+        from = at + 3;
+        if at > 0 && is_ident(b[at - 1]) {
+            continue;
+        }
+        let name_len = b[at + 3..].iter().take_while(|&&c| is_ident(c)).count();
+        if name_len == 0 {
+            continue;
+        }
+        // The body: the first `{` outside the signature's brackets (`[usize; 3]`) before any
+        // `;` (a declaration without a body has none).
+        let mut nesting = 0i32;
+        let Some(open) = (at..b.len()).find(|&k| {
+            match b[k] {
+                b'(' | b'[' => nesting += 1,
+                b')' | b']' => nesting -= 1,
+                b'{' | b';' if nesting == 0 => return true,
+                _ => {}
+            }
+            false
+        }) else {
+            break;
+        };
+        if b[open] == b';' {
+            continue;
+        }
+        let mut depth = 0;
+        let mut close = text.len() - 1;
+        for (k, &c) in b.iter().enumerate().skip(open) {
+            match c {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = k;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let first = text[..at].matches('\n').count() + 1;
+        let lines = text[at..=close].matches('\n').count() + 1;
+        if lines > max {
+            found.push((text[at + 3..at + 3 + name_len].to_string(), first, lines));
+        }
+    }
+    found
+}
+
 fn crate_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
@@ -551,6 +614,27 @@ fn no_files_import_each_other() {
                 .join(" <-> "))
             .collect::<Vec<_>>()
             .join("\n")
+    );
+}
+
+#[test]
+fn no_function_is_longer_than_a_screenful_or_two() {
+    let src = crate_src();
+    let imports = Imports::of(&src);
+    let mut long = Vec::new();
+    for file in imports.files.values() {
+        let rel = file.path.strip_prefix(&src).unwrap().display().to_string();
+        for (name, line, lines) in long_functions(&file.text, MAX_FUNCTION_LINES) {
+            if !DISPATCH_TABLES.contains(&(rel.as_str(), name.as_str())) {
+                long.push(format!("src/{rel}:{line}: fn {name} is {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines (split them into functions that each do one \
+         job; a match-per-variant dispatch table may be listed in DISPATCH_TABLES):\n{}",
+        long.join("\n")
     );
 }
 
@@ -607,4 +691,11 @@ fn the_check_finds_upward_imports_and_cycles_and_nothing_else() {
     let cycles = Imports::of(src).cycles();
     assert_eq!(cycles.len(), 1, "{cycles:?}");
     assert_eq!(cycles[0].len(), 2);
+
+    // Function lengths: braces in strings and comments do not count.
+    let body = (0..5).map(|_| "    x();\n").collect::<String>();
+    let text = blank_comments_and_literals(&format!(
+        "fn short(a: [u8; 2]) {{\n{body}}}\nfn long() {{\n    let s = \"}}\"; // }}\n{body}{body}}}\nfn decl();\n"
+    ));
+    assert_eq!(long_functions(&text, 8), vec![("long".to_string(), 8, 13)]);
 }
