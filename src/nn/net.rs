@@ -22,9 +22,8 @@
 
 use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS};
 use super::layers;
-use crate::backend::cpu::batch_sum::{BATCH_CHUNK, BN_BATCH_CHUNK};
-use crate::backend::cpu::Cpu;
-use crate::backend::{Act, ConvGeom, Kernels, PoolGeom};
+use crate::backend::sum_order::{BATCH_CHUNK, BN_BATCH_CHUNK};
+use crate::backend::{default_kernels, Act, ConvGeom, Kernels, PoolGeom};
 use crate::model::{Graph, Op};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -161,7 +160,7 @@ impl Net {
     /// Sets up `graph` for batches of up to `cfg.max_batch` samples with weights from
     /// `cfg.seed`, on the CPU backend.
     pub fn new(graph: Arc<Graph>, cfg: NetConfig) -> Result<Self, NetError> {
-        Self::with_kernels(graph, cfg, Box::new(Cpu::default()))
+        Self::with_kernels(graph, cfg, default_kernels())
     }
 
     /// [`Net::new`] on given kernels.
