@@ -140,7 +140,7 @@ pub fn avg_forward(g: &PoolGeom, n: usize, x: &[f32], y: &mut [f32], include_pad
             for oy in 0..g.oh {
                 for ox in 0..g.ow {
                     let yp = &mut ys[(oy * g.ow + ox) * c..][..c];
-                    crate::backend::cpu::gemm::zero_short(yp);
+                    super::gemm::zero_short(yp);
                     for ki in 0..g.kh {
                         for kj in 0..g.kw {
                             if let Some((iy, ix)) = g.src(oy, ox, ki, kj) {
