@@ -49,8 +49,8 @@ impl TreeSum {
 
     /// Writes into `out` the sum over the chunks of a batch of `n` samples of `leaf(samples,
     /// partial)`, which must overwrite all of `partial` (same length as `out`) with one chunk's
-    /// contribution. Chunks are [`TreeSum::set_chunk`] samples (the last may be shorter); partials are
-    /// added as the pairwise tree. The top levels of the tree run in parallel.
+    /// contribution. Chunks are [`TreeSum::set_chunk`] samples (the last may be shorter);
+    /// partials are added as the pairwise tree. The top levels of the tree run in parallel.
     pub fn sum_chunks(
         &self,
         n: usize,

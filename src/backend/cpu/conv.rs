@@ -13,9 +13,9 @@
 //! change a bit (each output is one GEMM dot product, see `gemm`).
 //!
 //! Backward (the output gradient already masked by the fused activation):
-//! - weight and bias gradient: per chunk of [`crate::backend::sum_order::BATCH_CHUNK`] samples `dW[kkc, o] = col^T x dY`
-//!   (sub-blocks of `KC` rows accumulate exactly as one GEMM would), chunk partials added as
-//!   the pairwise tree (`batch_sum`): bit-identical for any thread count and batch split;
+//! - weight and bias gradient: per chunk of samples (`backend::sum_order`) `dW[kkc, o] = col^T
+//!   x dY` (sub-blocks of `KC` rows accumulate exactly as one GEMM would), chunk partials added
+//!   as the pairwise tree (`batch_sum`): bit-identical for any thread count and batch split;
 //! - input gradient: for stride-1 convolutions whose output is as large as the input, a full
 //!   convolution of dY with the flipped kernel (one GEMM per tile, no scatter); otherwise
 //!   `dcol = dY x W^T` and col2im, one sample per task so every addition into an input pixel

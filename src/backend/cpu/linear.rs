@@ -1,6 +1,6 @@
 //! Fully connected layer, `y[n, o] = x[n, i] x W^T + b` with PyTorch's `W[o, i]`.
 //!
-//! The weight gradient is a sum over the batch: per chunk of [`crate::backend::sum_order::BATCH_CHUNK`] samples
+//! The weight gradient is a sum over the batch: per chunk of samples (`backend::sum_order`)
 //! `dW = dY_c^T x X_c`, chunks added as the pairwise tree (see `batch_sum`).
 
 use super::batch_sum::TreeSum;
