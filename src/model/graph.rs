@@ -484,7 +484,7 @@ fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred
         }
         Op::MaxPool(p) | Op::AvgPool(p, _) => {
             one()?;
-            if op.type_name() == "max_pool" && p.kernel[0] * p.kernel[1] > 255 {
+            if matches!(op, Op::MaxPool(_)) && p.kernel[0] * p.kernel[1] > 255 {
                 return Err(format!(
                     "max_pool windows are at most 255 elements, got {}x{}",
                     p.kernel[0], p.kernel[1]
