@@ -26,7 +26,7 @@ use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorI
 use super::layers;
 use crate::backend::sum_order::{BATCH_CHUNK, BN_BATCH_CHUNK};
 use crate::backend::{default_kernels, Act, ConvGeom, Kernels, PoolGeom};
-use crate::model::{Graph, Op};
+use crate::model::{Conv2d, Graph, Op, Pool, Shape, Units};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::ops::Range;
@@ -677,7 +677,7 @@ fn activation_buffers(execs: &[Exec], nn: usize, numel: impl Fn(usize) -> usize)
     acts
 }
 
-/// The layer implementing node `i` (with `act` fused in).
+/// The layer implementing node `i` (with `act` fused in): one arm per layer type.
 fn make_layer(
     g: &Graph,
     i: usize,
@@ -689,36 +689,12 @@ fn make_layer(
     let x = g.nodes[n.inputs[0]].shape;
     let y = n.shape;
     let op = n.layer().expect("node 0 is the input; layers start at 1");
-    let fixed = |u: &crate::model::Units| match u {
-        crate::model::Units::Fixed(v) => *v,
-        crate::model::Units::Expr(e) => unreachable!("units resolved by Graph::build: {e}"),
-    };
     Ok(match op {
-        Op::Conv2d(c) => {
-            let p = c.padding.expect("padding resolved by Graph::build");
-            let geom = ConvGeom {
-                c: x.c,
-                h: x.h,
-                w: x.w,
-                o: y.c,
-                oh: y.h,
-                ow: y.w,
-                kh: c.kernel[0],
-                kw: c.kernel[1],
-                sh: c.stride[0],
-                sw: c.stride[1],
-                ph: p[0],
-                pw: p[1],
-                dh: c.dilation[0],
-                dw: c.dilation[1],
-                groups: fixed(&c.groups),
-            };
-            Box::new(layers::Conv {
-                geom,
-                bias: c.bias,
-                act,
-            })
-        }
+        Op::Conv2d(c) => Box::new(layers::Conv {
+            geom: conv_geom(c, x, y),
+            bias: c.bias,
+            act,
+        }),
         Op::BatchNorm(b) => Box::new(layers::BatchNorm::new(
             x.c,
             x.pixels(),
@@ -728,29 +704,11 @@ fn make_layer(
         )),
         Op::Relu => Box::new(layers::Activation(Act::Relu)),
         Op::Relu6 => Box::new(layers::Activation(Act::Relu6)),
-        Op::MaxPool(p) | Op::AvgPool(p, _) => {
-            let geom = PoolGeom {
-                c: x.c,
-                h: x.h,
-                w: x.w,
-                oh: y.h,
-                ow: y.w,
-                kh: p.kernel[0],
-                kw: p.kernel[1],
-                sh: p.stride[0],
-                sw: p.stride[1],
-                ph: p.padding[0],
-                pw: p.padding[1],
-            };
-            match op {
-                Op::MaxPool(_) => Box::new(layers::MaxPool::new(geom, mb)),
-                Op::AvgPool(_, include_pad) => Box::new(layers::AvgPool {
-                    geom,
-                    include_pad: *include_pad,
-                }),
-                _ => unreachable!(),
-            }
-        }
+        Op::MaxPool(p) => Box::new(layers::MaxPool::new(pool_geom(p, x, y), mb)),
+        Op::AvgPool(p, include_pad) => Box::new(layers::AvgPool {
+            geom: pool_geom(p, x, y),
+            include_pad: *include_pad,
+        }),
         Op::GlobalAvgPool => Box::new(layers::GlobalAvgPool {
             pixels: x.pixels(),
             c: x.c,
@@ -782,4 +740,48 @@ fn make_layer(
             mb,
         )),
     })
+}
+
+/// The kernels' geometry of convolution `c` from input shape `x` to output shape `y` (its
+/// padding and groups resolved by `Graph::build`).
+fn conv_geom(c: &Conv2d, x: Shape, y: Shape) -> ConvGeom {
+    let p = c.padding.expect("padding resolved by Graph::build");
+    let groups = match &c.groups {
+        Units::Fixed(v) => *v,
+        Units::Expr(e) => unreachable!("units resolved by Graph::build: {e}"),
+    };
+    ConvGeom {
+        c: x.c,
+        h: x.h,
+        w: x.w,
+        o: y.c,
+        oh: y.h,
+        ow: y.w,
+        kh: c.kernel[0],
+        kw: c.kernel[1],
+        sh: c.stride[0],
+        sw: c.stride[1],
+        ph: p[0],
+        pw: p[1],
+        dh: c.dilation[0],
+        dw: c.dilation[1],
+        groups,
+    }
+}
+
+/// The kernels' geometry of pooling window `p` from input shape `x` to output shape `y`.
+fn pool_geom(p: &Pool, x: Shape, y: Shape) -> PoolGeom {
+    PoolGeom {
+        c: x.c,
+        h: x.h,
+        w: x.w,
+        oh: y.h,
+        ow: y.w,
+        kh: p.kernel[0],
+        kw: p.kernel[1],
+        sh: p.stride[0],
+        sw: p.stride[1],
+        ph: p.padding[0],
+        pw: p.padding[1],
+    }
 }
