@@ -1,10 +1,18 @@
 //! The kernel seam: every computation of a layer goes through [`Kernels`], and nothing above
 //! this module touches a kernel's implementation.
 //!
-//! Today the one implementation is [`cpu::Cpu`]: our own kernels on host memory, run on the
-//! calling worker's rayon pool (im2col + our GEMM for convolutions and linear layers, direct
-//! loops for depthwise convolutions, pooling, batch norm and the element-wise passes), each
-//! bit-identical for any number of threads.
+//! The seam's vocabulary lives here, whatever the backend: the activations and dropout's mask
+//! ([`Act`], [`DropoutMask`]), the geometry of convolutions and pools ([`ConvGeom`],
+//! [`PoolGeom`]) and the summation order of parameter gradients ([`sum_order`]: the chunk
+//! sizes and the pairwise tree, which `comm::redundant` continues over ranks, so bit-identical
+//! replicas depend on every backend keeping it).
+//!
+//! Today the one implementation is the CPU backend (`cpu`, built by [`default_kernels`], the
+//! one place that names it): our own kernels on host memory, run on the calling worker's
+//! rayon pool (im2col + our GEMM for convolutions and linear layers, direct loops for
+//! depthwise convolutions, pooling, batch norm and the element-wise passes), each
+//! bit-identical for any number of threads. `tests/reference_backend.rs` holds a second one,
+//! plain loops, that every layer's kernels are checked against.
 //!
 //! A CUDA backend (cudarc: cuBLAS for the GEMMs, cuDNN or own kernels for the rest) drops in
 //! here as a second implementation of this trait. The one change the seam will need then is
@@ -12,9 +20,19 @@
 //! by its own buffer type through an associated type; the layers already only pass buffers
 //! through (`crate::nn`), they never read them.
 
-pub mod cpu;
+mod act;
+mod cpu;
+mod geom;
+pub mod sum_order;
 
-pub use cpu::{Act, ConvGeom, DropoutMask, PoolGeom};
+pub use act::{Act, DropoutMask};
+pub use geom::{ConvGeom, PoolGeom};
+
+/// The kernels a network runs on unless told otherwise ([`crate::nn::Net::new`]): the CPU
+/// backend, with fresh (unsized) workspaces.
+pub fn default_kernels() -> Box<dyn Kernels> {
+    Box::new(cpu::Cpu::default())
+}
 
 /// The kernels a network's layers are made of. Slices are batch-major NHWC activations
 /// (`[n, h, w, c]`), weights in each layer's internal layout (see `crate::nn`). "Gradient
@@ -22,7 +40,7 @@ pub use cpu::{Act, ConvGeom, DropoutMask, PoolGeom};
 /// tensor read by several layers sums their gradients in a fixed (reverse topological) order.
 #[allow(clippy::too_many_arguments)]
 pub trait Kernels: Send {
-    /// Samples per chunk of every parameter-gradient batch sum (see `cpu::batch_sum`): the
+    /// Samples per chunk of every parameter-gradient batch sum (see [`sum_order`]): the
     /// network sets it once, before any call.
     fn set_batch_chunk(&mut self, samples: usize);
     /// Convolution forward: `y = act(conv(x, w) + bias)`.

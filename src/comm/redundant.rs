@@ -4,12 +4,12 @@
 //! This trades `N-1` times the traffic of a reduction for a single round with
 //! no root and no chain of dependent messages. Bit-identical results come from
 //! every rank adding the `N` contributions in the same order: in rank order, as
-//! the pairwise tree of `backend::cpu::batch_sum` (split at the middle, rounding up:
+//! the pairwise tree of `backend::sum_order` (split at the middle, rounding up:
 //! `(g0 + g1) + (g2 + g3)` for 4 ranks). That tree is the one our kernels use
 //! over a batch, so with a power-of-two worker count N workers x batch b give
 //! the same bits as 1 worker x batch N*b; it also rounds less than a running sum.
 
-use crate::backend::cpu::batch_sum::pairwise_split;
+use crate::backend::sum_order::pairwise_split;
 use crate::comm::{add_into, scratch_slice, AllReduce, CommError, Transport};
 
 /// One-round all-to-all all-reduce (see the module docs).
@@ -44,7 +44,7 @@ impl AllReduce for RedundantAllReduce {
     }
 }
 
-/// The contributions of ranks `lo..hi`, received and added as `batch_sum`'s pairwise tree.
+/// The contributions of ranks `lo..hi`, received and added as `sum_order`'s pairwise tree.
 struct RankSum<'a> {
     t: &'a dyn Transport,
     me: usize,

@@ -1,5 +1,6 @@
 //! Errors in a model description, naming where (file and line), which layer, and what.
 
+use super::spec::Op;
 use thiserror::Error;
 
 /// What is wrong with a model.
@@ -19,7 +20,7 @@ pub enum ModelErrorKind {
         allowed: String,
     },
     /// A layer's `type` is not one we know.
-    #[error("unknown layer type '{0}'; known types: {known}", known = super::file::TYPES.join(", "))]
+    #[error("unknown layer type '{0}'; known types: {known}", known = Op::type_names().collect::<Vec<_>>().join(", "))]
     UnknownType(String),
     /// `use = NAME` names no template.
     #[error("unknown template '{name}'; this file defines: {known}")]
@@ -102,5 +103,20 @@ impl ModelError {
             layer: None,
             kind: Box::new(kind),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_type_lists_every_known_one_in_order() {
+        assert_eq!(
+            ModelErrorKind::UnknownType("convolution".into()).to_string(),
+            "unknown layer type 'convolution'; known types: conv2d, batch_norm, relu, relu6, \
+             max_pool, avg_pool, global_avg_pool, linear, dropout, add, concat, flatten, \
+             softmax_cross_entropy"
+        );
     }
 }

@@ -23,30 +23,13 @@
 use super::error::{ModelError, ModelErrorKind};
 use super::expr::{Expr, SHAPE_VARS};
 use super::spec::{
-    BatchNorm, Conv2d, Layer, Linear, ModelSpec, Op, Origin, Pool, SoftmaxCrossEntropy, Units,
-    INPUT,
+    BatchNorm, Conv2d, Layer, Linear, ModelSpec, Op, OpType, Origin, Pool, SoftmaxCrossEntropy,
+    Units, INPUT,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use toml::{Spanned, Table, Value};
-
-/// Every layer type a file can name.
-pub const TYPES: [&str; 13] = [
-    "conv2d",
-    "batch_norm",
-    "relu",
-    "relu6",
-    "max_pool",
-    "avg_pool",
-    "global_avg_pool",
-    "linear",
-    "dropout",
-    "add",
-    "concat",
-    "flatten",
-    "softmax_cross_entropy",
-];
 
 /// Templates may use templates, this deep.
 const MAX_DEPTH: usize = 8;
@@ -481,9 +464,9 @@ impl Expander<'_> {
                 }))
             }
         };
-        if !TYPES.contains(&ty.as_str()) {
+        let Some(op_type) = OpType::from_name(&ty) else {
             return Err(plain(ModelErrorKind::UnknownType(ty)));
-        }
+        };
         let local = self.string(&mut table, "name", &plain)?;
         let name = self.layer_name(local.as_deref(), scope, &ty);
         let label = format!("'{name}' ({ty})");
@@ -501,7 +484,7 @@ impl Expander<'_> {
             allowed: vec!["type", "name", "input", "inputs"],
             ints,
         };
-        let op = parse_op(&ty, &mut keys)?;
+        let op = parse_op(op_type, &mut keys)?;
         keys.finish()?;
         self.claim_name(&name, line, scope)?;
         self.layers.push(Layer {
@@ -614,9 +597,9 @@ impl Expander<'_> {
 }
 
 /// Reads the settings of a layer of type `ty`.
-fn parse_op(ty: &str, k: &mut Keys) -> Result<Op, ModelError> {
+fn parse_op(ty: OpType, k: &mut Keys) -> Result<Op, ModelError> {
     Ok(match ty {
-        "conv2d" => {
+        OpType::Conv2d => {
             let out = k.units("out", None)?;
             let kernel = k.required_pair("kernel")?;
             let stride = k.pair("stride", [1, 1], 1)?;
@@ -642,13 +625,13 @@ fn parse_op(ty: &str, k: &mut Keys) -> Result<Op, ModelError> {
                 bias,
             })
         }
-        "batch_norm" => Op::BatchNorm(BatchNorm {
+        OpType::BatchNorm => Op::BatchNorm(BatchNorm {
             momentum: k.float("momentum", 0.1, 0.0, 1.0)?,
             eps: k.float("eps", 1e-5, 1e-12, 1.0)?,
         }),
-        "relu" => Op::Relu,
-        "relu6" => Op::Relu6,
-        "max_pool" | "avg_pool" => {
+        OpType::Relu => Op::Relu,
+        OpType::Relu6 => Op::Relu6,
+        OpType::MaxPool | OpType::AvgPool => {
             let kernel = k.required_pair("kernel")?;
             let stride = k.pair("stride", kernel, 1)?;
             let padding = k.pair("padding", [0, 0], 0)?;
@@ -657,32 +640,31 @@ fn parse_op(ty: &str, k: &mut Keys) -> Result<Op, ModelError> {
                 stride,
                 padding,
             };
-            if ty == "max_pool" {
+            if ty == OpType::MaxPool {
                 Op::MaxPool(pool)
             } else {
                 Op::AvgPool(pool, k.bool("count_include_pad", true)?)
             }
         }
-        "global_avg_pool" => Op::GlobalAvgPool,
-        "linear" => Op::Linear(Linear {
+        OpType::GlobalAvgPool => Op::GlobalAvgPool,
+        OpType::Linear => Op::Linear(Linear {
             out: k.units("out", None)?,
             bias: k.bool("bias", true)?,
         }),
-        "dropout" => {
+        OpType::Dropout => {
             let p = k.float("p", 0.5, 0.0, 1.0)?;
             if p >= 1.0 {
                 return Err(k.bad("p", "must be below 1 (dropout of every element)"));
             }
             Op::Dropout(p)
         }
-        "add" => Op::Add,
-        "concat" => Op::Concat,
-        "flatten" => Op::Flatten,
-        "softmax_cross_entropy" => Op::SoftmaxCrossEntropy(SoftmaxCrossEntropy {
+        OpType::Add => Op::Add,
+        OpType::Concat => Op::Concat,
+        OpType::Flatten => Op::Flatten,
+        OpType::SoftmaxCrossEntropy => Op::SoftmaxCrossEntropy(SoftmaxCrossEntropy {
             label_smoothing: k.float("label_smoothing", 0.0, 0.0, 1.0)?,
             weight: k.float("weight", 1.0, 0.0, 1e6)?,
         }),
-        other => unreachable!("type '{other}' was checked against TYPES"),
     })
 }
 

@@ -3,7 +3,7 @@
 //! all work from.
 
 use super::error::{ModelError, ModelErrorKind};
-use super::spec::{Layer, ModelSpec, Op, Units, INPUT};
+use super::spec::{Conv2d, Layer, Linear, ModelSpec, Op, Pool, Units, INPUT};
 use std::collections::{BTreeMap, HashMap};
 
 /// The shape of one sample: channels x height x width (a vector of `n` is `n x 1 x 1`).
@@ -132,165 +132,33 @@ impl Graph {
     /// classes: resolves names, orders the layers, infers and checks every shape. A model
     /// without a loss layer gets a softmax cross-entropy on its last layer.
     pub fn build(spec: &ModelSpec, input: [usize; 3], classes: usize) -> Result<Graph, ModelError> {
-        let file_err = |kind| ModelError::file(&spec.source, None, kind);
         if input.contains(&0) || classes == 0 {
-            return Err(file_err(ModelErrorKind::Shape(format!(
-                "the input {}x{}x{} with {classes} classes has a zero dimension",
-                input[0], input[1], input[2]
-            ))));
+            return Err(ModelError::file(
+                &spec.source,
+                None,
+                ModelErrorKind::Shape(format!(
+                    "the input {}x{}x{} with {classes} classes has a zero dimension",
+                    input[0], input[1], input[2]
+                )),
+            ));
         }
-        let mut layers: Vec<Layer> = spec.layers.clone();
-        if !layers
-            .iter()
-            .any(|l| matches!(l.op, Op::SoftmaxCrossEntropy(_)))
-        {
-            let last = layers.last().map(|l| l.name.clone()).unwrap_or_default();
-            layers.push(Layer {
-                name: "loss".into(),
-                op: Op::SoftmaxCrossEntropy(Default::default()),
-                inputs: vec![last],
-                origin: None,
-            });
-        }
-        let err_at = |l: &Layer, kind| ModelError {
-            file: l
-                .origin
-                .as_ref()
-                .map_or(spec.source.clone(), |o| match o.template_line {
-                    Some(t) => format!("{} (template line {t})", o.file),
-                    None => o.file.to_string(),
-                }),
-            line: l.origin.as_ref().map(|o| o.line),
-            layer: Some(format!("'{}' ({})", l.name, l.op.type_name())),
-            kind: Box::new(kind),
+        let layers = with_default_loss(&spec.layers);
+        let at = Locator {
+            source: &spec.source,
         };
-        // Names to layer indices (1-based: 0 is the input).
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        index.insert(INPUT, 0);
-        for (i, l) in layers.iter().enumerate() {
-            if index.insert(l.name.as_str(), i + 1).is_some() {
-                return Err(err_at(
-                    l,
-                    ModelErrorKind::DuplicateName {
-                        name: l.name.clone(),
-                        first_line: 0,
-                    },
-                ));
-            }
-        }
-        let mut reads: Vec<Vec<usize>> = vec![Vec::new()];
-        for l in &layers {
-            let mut r = Vec::new();
-            for name in &l.inputs {
-                let Some(&j) = index.get(name.as_str()) else {
-                    return Err(err_at(
-                        l,
-                        ModelErrorKind::MissingInput {
-                            name: name.clone(),
-                            hint: similar(name, &index),
-                        },
-                    ));
-                };
-                if r.contains(&j) {
-                    return Err(err_at(
-                        l,
-                        ModelErrorKind::Graph(format!(
-                            "reads '{name}' twice; read it once (add(x, x) is scale(x, 2))"
-                        )),
-                    ));
-                }
-                r.push(j);
-            }
-            if r.is_empty() {
-                return Err(err_at(l, ModelErrorKind::Graph("reads nothing".into())));
-            }
-            reads.push(r);
-        }
+        let reads = resolve_reads(&layers, &at)?;
         let order = topo_order(&reads).map_err(|cycle| {
             let names: Vec<String> = cycle.iter().map(|&i| layers[i - 1].name.clone()).collect();
-            err_at(&layers[cycle[0] - 1], ModelErrorKind::Cycle(names))
+            at.layer(&layers[cycle[0] - 1], ModelErrorKind::Cycle(names))
         })?;
-        let mut pos = vec![0; reads.len()];
-        for (p, &i) in order.iter().enumerate() {
-            pos[i] = p;
-        }
-        let mut nodes: Vec<Node> = Vec::with_capacity(order.len());
-        nodes.push(Node {
-            name: INPUT.into(),
-            op: NodeOp::Input,
-            inputs: Vec::new(),
-            shape: Shape {
-                c: input[0],
-                h: input[1],
-                w: input[2],
-            },
-            params: 0,
-            macs: 0,
-            origin: spec.source.clone(),
-        });
-        for &i in &order[1..] {
-            let l = &layers[i - 1];
-            let ins: Vec<usize> = reads[i].iter().map(|&j| pos[j]).collect();
-            let shapes: Vec<(String, Shape)> = ins
-                .iter()
-                .map(|&j| (nodes[j].name.clone(), nodes[j].shape))
-                .collect();
-            let (op, shape, params, macs) =
-                infer(&l.op, &shapes, classes).map_err(|m| err_at(l, ModelErrorKind::Shape(m)))?;
-            nodes.push(Node {
-                name: l.name.clone(),
-                op: NodeOp::Layer(op),
-                inputs: ins,
-                shape,
-                params,
-                macs,
-                origin: l
-                    .origin
-                    .as_ref()
-                    .map_or(spec.source.clone(), |o| o.to_string()),
-            });
-        }
-        // Every output is used: by a later layer, or it is a loss.
-        let mut used = vec![false; nodes.len()];
-        for n in &nodes {
-            for &j in &n.inputs {
-                used[j] = true;
-            }
-        }
-        let weight = |i: usize| match nodes[i].layer() {
-            Some(Op::SoftmaxCrossEntropy(l)) => Some(l.weight),
-            _ => None,
+        let input = Shape {
+            c: input[0],
+            h: input[1],
+            w: input[2],
         };
-        let mut losses: Vec<usize> = (0..nodes.len()).filter(|&i| weight(i).is_some()).collect();
-        // The prediction is the input of the loss with the largest weight (the main head;
-        // auxiliary heads have smaller ones): it goes first.
-        losses.sort_by(|&a, &b| {
-            weight(b)
-                .partial_cmp(&weight(a))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-        for (i, n) in nodes.iter().enumerate().skip(1) {
-            if !used[i] && !losses.contains(&i) {
-                let l = &layers[order[i] - 1];
-                return Err(err_at(
-                    l,
-                    ModelErrorKind::Graph(
-                        "its output is used by no layer (only loss layers may end the network)"
-                            .into(),
-                    ),
-                ));
-            }
-            if losses.contains(&i) && used[i] {
-                let l = &layers[order[i] - 1];
-                return Err(err_at(
-                    l,
-                    ModelErrorKind::Graph(format!(
-                        "a loss ends the network, but '{}' reads it",
-                        n.name
-                    )),
-                ));
-            }
-        }
+        let nodes = infer_nodes(&layers, &reads, &order, input, classes, &at)?;
+        let losses = losses_main_first(&nodes);
+        check_every_output_is_read(&nodes, &losses, |i| &layers[order[i] - 1], &at)?;
         Ok(Graph {
             name: spec.name.clone(),
             source: spec.source.clone(),
@@ -299,6 +167,202 @@ impl Graph {
             losses,
         })
     }
+}
+
+/// Where a model's errors point: a layer's file and line, or the model's source.
+struct Locator<'a> {
+    /// The model's source (for layers without an origin).
+    source: &'a str,
+}
+
+impl Locator<'_> {
+    /// An error about layer `l`.
+    fn layer(&self, l: &Layer, kind: ModelErrorKind) -> ModelError {
+        ModelError {
+            file: l
+                .origin
+                .as_ref()
+                .map_or(self.source.to_string(), |o| match o.template_line {
+                    Some(t) => format!("{} (template line {t})", o.file),
+                    None => o.file.to_string(),
+                }),
+            line: l.origin.as_ref().map(|o| o.line),
+            layer: Some(format!("'{}' ({})", l.name, l.op.type_name())),
+            kind: Box::new(kind),
+        }
+    }
+
+    /// Where node `l` was defined, for [`Node::origin`].
+    fn origin(&self, l: &Layer) -> String {
+        l.origin
+            .as_ref()
+            .map_or(self.source.to_string(), |o| o.to_string())
+    }
+}
+
+/// The model's layers, with a softmax cross-entropy named `loss` on the last one when it has
+/// no loss layer.
+fn with_default_loss(spec_layers: &[Layer]) -> Vec<Layer> {
+    let mut layers = spec_layers.to_vec();
+    if !layers
+        .iter()
+        .any(|l| matches!(l.op, Op::SoftmaxCrossEntropy(_)))
+    {
+        let last = layers.last().map(|l| l.name.clone()).unwrap_or_default();
+        layers.push(Layer {
+            name: "loss".into(),
+            op: Op::SoftmaxCrossEntropy(Default::default()),
+            inputs: vec![last],
+            origin: None,
+        });
+    }
+    layers
+}
+
+/// What each layer reads, as indices (1-based: 0 is the input; entry 0 is the input's empty
+/// list): every name defined once, every input defined and read once, every layer reading
+/// something.
+fn resolve_reads(layers: &[Layer], at: &Locator) -> Result<Vec<Vec<usize>>, ModelError> {
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    index.insert(INPUT, 0);
+    for (i, l) in layers.iter().enumerate() {
+        if index.insert(l.name.as_str(), i + 1).is_some() {
+            return Err(at.layer(
+                l,
+                ModelErrorKind::DuplicateName {
+                    name: l.name.clone(),
+                    first_line: 0,
+                },
+            ));
+        }
+    }
+    let mut reads: Vec<Vec<usize>> = vec![Vec::new()];
+    for l in layers {
+        let mut r = Vec::new();
+        for name in &l.inputs {
+            let Some(&j) = index.get(name.as_str()) else {
+                return Err(at.layer(
+                    l,
+                    ModelErrorKind::MissingInput {
+                        name: name.clone(),
+                        hint: similar(name, &index),
+                    },
+                ));
+            };
+            if r.contains(&j) {
+                return Err(at.layer(
+                    l,
+                    ModelErrorKind::Graph(format!(
+                        "reads '{name}' twice; read it once (add(x, x) is scale(x, 2))"
+                    )),
+                ));
+            }
+            r.push(j);
+        }
+        if r.is_empty() {
+            return Err(at.layer(l, ModelErrorKind::Graph("reads nothing".into())));
+        }
+        reads.push(r);
+    }
+    Ok(reads)
+}
+
+/// The nodes in topological `order` (indices into `reads`, the input first), each layer's
+/// shape, parameters and MACs inferred from its inputs'.
+fn infer_nodes(
+    layers: &[Layer],
+    reads: &[Vec<usize>],
+    order: &[usize],
+    input: Shape,
+    classes: usize,
+    at: &Locator,
+) -> Result<Vec<Node>, ModelError> {
+    let mut pos = vec![0; reads.len()];
+    for (p, &i) in order.iter().enumerate() {
+        pos[i] = p;
+    }
+    let mut nodes: Vec<Node> = Vec::with_capacity(order.len());
+    nodes.push(Node {
+        name: INPUT.into(),
+        op: NodeOp::Input,
+        inputs: Vec::new(),
+        shape: input,
+        params: 0,
+        macs: 0,
+        origin: at.source.to_string(),
+    });
+    for &i in &order[1..] {
+        let l = &layers[i - 1];
+        let ins: Vec<usize> = reads[i].iter().map(|&j| pos[j]).collect();
+        let shapes: Vec<(String, Shape)> = ins
+            .iter()
+            .map(|&j| (nodes[j].name.clone(), nodes[j].shape))
+            .collect();
+        let (op, shape, params, macs) =
+            infer(&l.op, &shapes, classes).map_err(|m| at.layer(l, ModelErrorKind::Shape(m)))?;
+        nodes.push(Node {
+            name: l.name.clone(),
+            op: NodeOp::Layer(op),
+            inputs: ins,
+            shape,
+            params,
+            macs,
+            origin: at.origin(l),
+        });
+    }
+    Ok(nodes)
+}
+
+/// The loss nodes, the main head first: the prediction is the input of the loss with the
+/// largest weight (auxiliary heads have smaller ones).
+fn losses_main_first(nodes: &[Node]) -> Vec<usize> {
+    let weight = |i: usize| match nodes[i].layer() {
+        Some(Op::SoftmaxCrossEntropy(l)) => Some(l.weight),
+        _ => None,
+    };
+    let mut losses: Vec<usize> = (0..nodes.len()).filter(|&i| weight(i).is_some()).collect();
+    losses.sort_by(|&a, &b| {
+        weight(b)
+            .partial_cmp(&weight(a))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    losses
+}
+
+/// Every output is used: by a later layer, or it is a loss (which nothing reads). `layer(i)`
+/// is node `i`'s layer.
+fn check_every_output_is_read<'a>(
+    nodes: &[Node],
+    losses: &[usize],
+    layer: impl Fn(usize) -> &'a Layer,
+    at: &Locator,
+) -> Result<(), ModelError> {
+    let mut used = vec![false; nodes.len()];
+    for n in nodes {
+        for &j in &n.inputs {
+            used[j] = true;
+        }
+    }
+    for (i, n) in nodes.iter().enumerate().skip(1) {
+        if !used[i] && !losses.contains(&i) {
+            return Err(at.layer(
+                layer(i),
+                ModelErrorKind::Graph(
+                    "its output is used by no layer (only loss layers may end the network)".into(),
+                ),
+            ));
+        }
+        if losses.contains(&i) && used[i] {
+            return Err(at.layer(
+                layer(i),
+                ModelErrorKind::Graph(format!(
+                    "a loss ends the network, but '{}' reads it",
+                    n.name
+                )),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A defined name close to `name` ("did you mean"), or empty.
@@ -405,182 +469,205 @@ fn window(len: usize, k: usize, s: usize, p: usize, d: usize, axis: &str) -> Res
 type Inferred = (Op, Shape, usize, u64);
 
 /// The output shape, parameter count and MACs of `op` on inputs of `shapes`, with `Units`
-/// resolved, or a message naming the shapes that do not fit.
+/// resolved, or a message naming the shapes that do not fit: a dispatch to each type's rule.
 fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred, String> {
-    let (first_name, x) = (&shapes[0].0, shapes[0].1);
-    let one = || -> Result<(), String> {
-        if shapes.len() != 1 {
-            return Err(format!(
-                "{} takes one input, got {}",
-                op.type_name(),
-                shapes.len()
-            ));
-        }
-        Ok(())
+    let input = Input {
+        name: &shapes[0].0,
+        shape: shapes[0].1,
     };
+    let x = input.shape;
+    if !matches!(op, Op::Add | Op::Concat) && shapes.len() != 1 {
+        return Err(format!(
+            "{} takes one input, got {}",
+            op.type_name(),
+            shapes.len()
+        ));
+    }
     Ok(match op {
-        Op::Conv2d(c) => {
-            one()?;
-            let out = resolve(&c.out, "out", x.c, classes)?;
-            let groups = resolve(&c.groups, "groups", x.c, classes)?;
-            if x.c % groups != 0 || out % groups != 0 {
-                return Err(format!("groups = {groups} must divide the input channels ({}, from '{first_name}' of {x}) and the output channels ({out})", x.c));
-            }
-            let padding = match c.padding {
-                Some(p) => p,
-                None => {
-                    if c.stride != [1, 1] || c.kernel.iter().any(|k| k % 2 == 0) {
-                        return Err("padding = \"same\" needs stride 1 and odd kernel sizes".into());
-                    }
-                    [
-                        c.dilation[0] * (c.kernel[0] - 1) / 2,
-                        c.dilation[1] * (c.kernel[1] - 1) / 2,
-                    ]
-                }
-            };
-            let oh = window(
-                x.h,
-                c.kernel[0],
-                c.stride[0],
-                padding[0],
-                c.dilation[0],
-                "height",
-            )
-            .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
-            let ow = window(
-                x.w,
-                c.kernel[1],
-                c.stride[1],
-                padding[1],
-                c.dilation[1],
-                "width",
-            )
-            .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
-            let per_out = c.kernel[0] * c.kernel[1] * x.c / groups;
-            let params = out * per_out + if c.bias { out } else { 0 };
-            let mut c2 = c.clone();
-            c2.out = Units::Fixed(out);
-            c2.groups = Units::Fixed(groups);
-            c2.padding = Some(padding);
-            let shape = Shape {
-                c: out,
-                h: oh,
-                w: ow,
-            };
-            (
-                Op::Conv2d(c2),
-                shape,
-                params,
-                (out * per_out * oh * ow) as u64,
-            )
-        }
-        Op::BatchNorm(_) => {
-            one()?;
-            (op.clone(), x, 2 * x.c, x.numel() as u64)
-        }
-        Op::Relu | Op::Relu6 | Op::Dropout(_) => {
-            one()?;
-            (op.clone(), x, 0, 0)
-        }
+        Op::Conv2d(c) => infer_conv(c, input, classes)?,
+        Op::BatchNorm(_) => (op.clone(), x, 2 * x.c, x.numel() as u64),
+        Op::Relu | Op::Relu6 | Op::Dropout(_) => (op.clone(), x, 0, 0),
         Op::MaxPool(p) | Op::AvgPool(p, _) => {
-            one()?;
-            if op.type_name() == "max_pool" && p.kernel[0] * p.kernel[1] > 255 {
-                return Err(format!(
-                    "max_pool windows are at most 255 elements, got {}x{}",
-                    p.kernel[0], p.kernel[1]
-                ));
-            }
-            if 2 * p.padding[0] > p.kernel[0] || 2 * p.padding[1] > p.kernel[1] {
-                return Err(format!(
-                    "padding {:?} must be at most half the window {:?} (as in PyTorch)",
-                    p.padding, p.kernel
-                ));
-            }
-            let oh = window(x.h, p.kernel[0], p.stride[0], p.padding[0], 1, "height")
-                .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
-            let ow = window(x.w, p.kernel[1], p.stride[1], p.padding[1], 1, "width")
-                .map_err(|m| format!("{m} ('{first_name}' is {x})"))?;
-            (
-                op.clone(),
-                Shape {
-                    c: x.c,
-                    h: oh,
-                    w: ow,
-                },
-                0,
-                0,
-            )
+            let shape = pool_shape(p, matches!(op, Op::MaxPool(_)), input)?;
+            (op.clone(), shape, 0, 0)
         }
-        Op::GlobalAvgPool => {
-            one()?;
-            (op.clone(), Shape { c: x.c, h: 1, w: 1 }, 0, 0)
-        }
+        Op::GlobalAvgPool => (op.clone(), Shape { c: x.c, h: 1, w: 1 }, 0, 0),
         Op::Flatten => {
-            one()?;
-            (
-                op.clone(),
-                Shape {
-                    c: x.numel(),
-                    h: 1,
-                    w: 1,
-                },
-                0,
-                0,
-            )
+            let flat = Shape {
+                c: x.numel(),
+                h: 1,
+                w: 1,
+            };
+            (op.clone(), flat, 0, 0)
         }
-        Op::Linear(l) => {
-            one()?;
-            if !x.is_flat() {
-                return Err(format!("linear needs a flat input, but '{first_name}' is {x}: put a flatten (or global_avg_pool) before it"));
-            }
-            let out = resolve(&l.out, "out", x.c, classes)?;
-            let mut l2 = l.clone();
-            l2.out = Units::Fixed(out);
-            let params = out * x.c + if l.bias { out } else { 0 };
-            (
-                Op::Linear(l2),
-                Shape { c: out, h: 1, w: 1 },
-                params,
-                (out * x.c) as u64,
-            )
-        }
-        Op::Add => {
-            if shapes.len() < 2 {
-                return Err(format!(
-                    "add needs at least two inputs, got {}",
-                    shapes.len()
-                ));
-            }
-            if let Some((n, s)) = shapes.iter().find(|(_, s)| *s != x) {
-                return Err(format!(
-                    "add needs inputs of one shape, but '{first_name}' is {x} and '{n}' is {s}"
-                ));
-            }
-            (op.clone(), x, 0, 0)
-        }
-        Op::Concat => {
-            if shapes.len() < 2 {
-                return Err(format!(
-                    "concat needs at least two inputs, got {}",
-                    shapes.len()
-                ));
-            }
-            if let Some((n, s)) = shapes.iter().find(|(_, s)| (s.h, s.w) != (x.h, x.w)) {
-                return Err(format!("concat joins channels of inputs of one height and width, but '{first_name}' is {x} and '{n}' is {s}"));
-            }
-            let c = shapes.iter().map(|(_, s)| s.c).sum();
-            (op.clone(), Shape { c, h: x.h, w: x.w }, 0, 0)
-        }
+        Op::Linear(l) => infer_linear(l, input, classes)?,
+        Op::Add => (op.clone(), add_shape(shapes)?, 0, 0),
+        Op::Concat => (op.clone(), concat_shape(shapes)?, 0, 0),
         Op::SoftmaxCrossEntropy(_) => {
-            one()?;
             if !x.is_flat() || x.c != classes {
                 return Err(format!(
-                    "the loss needs one logit per class ({classes}), but '{first_name}' gives {x}"
+                    "the loss needs one logit per class ({classes}), but '{}' gives {x}",
+                    input.name
                 ));
             }
             (op.clone(), Shape { c: 1, h: 1, w: 1 }, 0, 0)
         }
     })
+}
+
+/// A layer's (first) input: the name messages give it, and its shape.
+#[derive(Clone, Copy)]
+struct Input<'a> {
+    name: &'a str,
+    shape: Shape,
+}
+
+impl Input<'_> {
+    /// The output size of a sliding window along `axis` of this input (`len` long).
+    fn window(
+        &self,
+        len: usize,
+        k: usize,
+        s: usize,
+        p: usize,
+        d: usize,
+        axis: &str,
+    ) -> Result<usize, String> {
+        window(len, k, s, p, d, axis)
+            .map_err(|m| format!("{m} ('{}' is {})", self.name, self.shape))
+    }
+}
+
+/// A convolution's padding: as given, or for "same" the padding that keeps the size.
+fn conv_padding(c: &Conv2d) -> Result<[usize; 2], String> {
+    match c.padding {
+        Some(p) => Ok(p),
+        None => {
+            if c.stride != [1, 1] || c.kernel.iter().any(|k| k % 2 == 0) {
+                return Err("padding = \"same\" needs stride 1 and odd kernel sizes".into());
+            }
+            Ok([
+                c.dilation[0] * (c.kernel[0] - 1) / 2,
+                c.dilation[1] * (c.kernel[1] - 1) / 2,
+            ])
+        }
+    }
+}
+
+/// A convolution's rule: channels and groups resolved and checked, padding resolved.
+fn infer_conv(c: &Conv2d, input: Input, classes: usize) -> Result<Inferred, String> {
+    let x = input.shape;
+    let out = resolve(&c.out, "out", x.c, classes)?;
+    let groups = resolve(&c.groups, "groups", x.c, classes)?;
+    if !x.c.is_multiple_of(groups) || !out.is_multiple_of(groups) {
+        return Err(format!("groups = {groups} must divide the input channels ({}, from '{}' of {x}) and the output channels ({out})", x.c, input.name));
+    }
+    let padding = conv_padding(c)?;
+    let oh = input.window(
+        x.h,
+        c.kernel[0],
+        c.stride[0],
+        padding[0],
+        c.dilation[0],
+        "height",
+    )?;
+    let ow = input.window(
+        x.w,
+        c.kernel[1],
+        c.stride[1],
+        padding[1],
+        c.dilation[1],
+        "width",
+    )?;
+    let per_out = c.kernel[0] * c.kernel[1] * x.c / groups;
+    let params = out * per_out + if c.bias { out } else { 0 };
+    let resolved = Conv2d {
+        out: Units::Fixed(out),
+        groups: Units::Fixed(groups),
+        padding: Some(padding),
+        ..c.clone()
+    };
+    let shape = Shape {
+        c: out,
+        h: oh,
+        w: ow,
+    };
+    let macs = (out * per_out * oh * ow) as u64;
+    Ok((Op::Conv2d(resolved), shape, params, macs))
+}
+
+/// A pooling window's output shape (`max` for max pooling, whose window positions are
+/// stored in a byte).
+fn pool_shape(p: &Pool, max: bool, input: Input) -> Result<Shape, String> {
+    if max && p.kernel[0] * p.kernel[1] > 255 {
+        return Err(format!(
+            "max_pool windows are at most 255 elements, got {}x{}",
+            p.kernel[0], p.kernel[1]
+        ));
+    }
+    if 2 * p.padding[0] > p.kernel[0] || 2 * p.padding[1] > p.kernel[1] {
+        return Err(format!(
+            "padding {:?} must be at most half the window {:?} (as in PyTorch)",
+            p.padding, p.kernel
+        ));
+    }
+    let x = input.shape;
+    let oh = input.window(x.h, p.kernel[0], p.stride[0], p.padding[0], 1, "height")?;
+    let ow = input.window(x.w, p.kernel[1], p.stride[1], p.padding[1], 1, "width")?;
+    Ok(Shape {
+        c: x.c,
+        h: oh,
+        w: ow,
+    })
+}
+
+/// A linear layer's rule: a flat input, the output count resolved.
+fn infer_linear(l: &Linear, input: Input, classes: usize) -> Result<Inferred, String> {
+    let x = input.shape;
+    if !x.is_flat() {
+        return Err(format!("linear needs a flat input, but '{}' is {x}: put a flatten (or global_avg_pool) before it", input.name));
+    }
+    let out = resolve(&l.out, "out", x.c, classes)?;
+    let params = out * x.c + if l.bias { out } else { 0 };
+    let resolved = Linear {
+        out: Units::Fixed(out),
+        ..l.clone()
+    };
+    let shape = Shape { c: out, h: 1, w: 1 };
+    Ok((Op::Linear(resolved), shape, params, (out * x.c) as u64))
+}
+
+/// A sum's shape: two or more inputs of one shape.
+fn add_shape(shapes: &[(String, Shape)]) -> Result<Shape, String> {
+    if shapes.len() < 2 {
+        return Err(format!(
+            "add needs at least two inputs, got {}",
+            shapes.len()
+        ));
+    }
+    let (first, x) = (&shapes[0].0, shapes[0].1);
+    if let Some((n, s)) = shapes.iter().find(|(_, s)| *s != x) {
+        return Err(format!(
+            "add needs inputs of one shape, but '{first}' is {x} and '{n}' is {s}"
+        ));
+    }
+    Ok(x)
+}
+
+/// A concatenation's shape: two or more inputs of one height and width, channels added.
+fn concat_shape(shapes: &[(String, Shape)]) -> Result<Shape, String> {
+    if shapes.len() < 2 {
+        return Err(format!(
+            "concat needs at least two inputs, got {}",
+            shapes.len()
+        ));
+    }
+    let (first, x) = (&shapes[0].0, shapes[0].1);
+    if let Some((n, s)) = shapes.iter().find(|(_, s)| (s.h, s.w) != (x.h, x.w)) {
+        return Err(format!("concat joins channels of inputs of one height and width, but '{first}' is {x} and '{n}' is {s}"));
+    }
+    let c = shapes.iter().map(|(_, s)| s.c).sum();
+    Ok(Shape { c, h: x.h, w: x.w })
 }
 
 #[cfg(test)]

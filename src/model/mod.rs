@@ -19,7 +19,7 @@ pub mod summary;
 pub use error::{ModelError, ModelErrorKind};
 pub use graph::{Graph, Node, NodeOp, Shape};
 pub use spec::{
-    BatchNorm, Conv2d, Layer, Linear, ModelBuilder, ModelSpec, Op, Origin, Pool,
+    BatchNorm, Conv2d, Layer, Linear, ModelBuilder, ModelSpec, Op, OpType, Origin, Pool,
     SoftmaxCrossEntropy, Units, INPUT,
 };
 

@@ -214,24 +214,95 @@ pub enum Op {
     SoftmaxCrossEntropy(SoftmaxCrossEntropy),
 }
 
+/// Declares [`OpType`] from one list of (variant, model-file name, doc): the enum, its
+/// [`OpType::ALL`] and its [`OpType::name`] cannot disagree.
+macro_rules! op_types {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// The kinds of layer, without their settings: the one list of the layer types a
+        /// model file can name.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum OpType {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl OpType {
+            /// Every layer type, in the order messages list them.
+            pub const ALL: &'static [OpType] = &[$(OpType::$variant,)*];
+
+            /// The type name used in model files.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(OpType::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+op_types! {
+    /// `conv2d`.
+    Conv2d => "conv2d",
+    /// `batch_norm`.
+    BatchNorm => "batch_norm",
+    /// `relu`.
+    Relu => "relu",
+    /// `relu6`.
+    Relu6 => "relu6",
+    /// `max_pool`.
+    MaxPool => "max_pool",
+    /// `avg_pool`.
+    AvgPool => "avg_pool",
+    /// `global_avg_pool`.
+    GlobalAvgPool => "global_avg_pool",
+    /// `linear`.
+    Linear => "linear",
+    /// `dropout`.
+    Dropout => "dropout",
+    /// `add`.
+    Add => "add",
+    /// `concat`.
+    Concat => "concat",
+    /// `flatten`.
+    Flatten => "flatten",
+    /// `softmax_cross_entropy`.
+    SoftmaxCrossEntropy => "softmax_cross_entropy",
+}
+
+impl OpType {
+    /// The type a model file's `type = NAME` names, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|t| t.name() == name)
+    }
+}
+
 impl Op {
+    /// Its type.
+    pub fn op_type(&self) -> OpType {
+        match self {
+            Op::Conv2d(_) => OpType::Conv2d,
+            Op::BatchNorm(_) => OpType::BatchNorm,
+            Op::Relu => OpType::Relu,
+            Op::Relu6 => OpType::Relu6,
+            Op::MaxPool(_) => OpType::MaxPool,
+            Op::AvgPool(..) => OpType::AvgPool,
+            Op::GlobalAvgPool => OpType::GlobalAvgPool,
+            Op::Linear(_) => OpType::Linear,
+            Op::Dropout(_) => OpType::Dropout,
+            Op::Add => OpType::Add,
+            Op::Concat => OpType::Concat,
+            Op::Flatten => OpType::Flatten,
+            Op::SoftmaxCrossEntropy(_) => OpType::SoftmaxCrossEntropy,
+        }
+    }
+
     /// The type name used in model files.
     pub fn type_name(&self) -> &'static str {
-        match self {
-            Op::Conv2d(_) => "conv2d",
-            Op::BatchNorm(_) => "batch_norm",
-            Op::Relu => "relu",
-            Op::Relu6 => "relu6",
-            Op::MaxPool(_) => "max_pool",
-            Op::AvgPool(..) => "avg_pool",
-            Op::GlobalAvgPool => "global_avg_pool",
-            Op::Linear(_) => "linear",
-            Op::Dropout(_) => "dropout",
-            Op::Add => "add",
-            Op::Concat => "concat",
-            Op::Flatten => "flatten",
-            Op::SoftmaxCrossEntropy(_) => "softmax_cross_entropy",
-        }
+        self.op_type().name()
+    }
+
+    /// Every type name a model file can use, in [`OpType::ALL`]'s order.
+    pub fn type_names() -> impl Iterator<Item = &'static str> {
+        OpType::ALL.iter().map(|t| t.name())
     }
 }
 
@@ -396,5 +467,19 @@ impl ModelBuilder {
     /// The finished model.
     pub fn build(self) -> ModelSpec {
         self.spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_name_reads_back_as_its_type() {
+        for &t in OpType::ALL {
+            assert_eq!(OpType::from_name(t.name()), Some(t));
+        }
+        assert_eq!(OpType::from_name("convolution"), None);
+        assert_eq!(Op::Dropout(0.5).type_name(), "dropout");
     }
 }

@@ -3,29 +3,30 @@
 //! parameter gradients straight into the caller's memory (the reducer's bucket buffers) and
 //! reports each layer as soon as it is done.
 //!
-//! Set-up (once, for batches of up to `max_batch` samples):
-//! - fusion: a `relu`/`relu6` whose input is a `conv2d`, `batch_norm`, `linear` or `add` read
-//!   by nothing else runs inside that layer (the activation is applied to the output in
-//!   cache, and backward masks the gradient in place), one "exec" instead of two;
-//! - one activation buffer per exec output (all are read by backward);
-//! - gradient buffers for activations, shared by liveness: a gradient lives from the backward
-//!   of its tensor's last reader to the backward of its producer, and buffers whose lives do
-//!   not overlap are the same memory;
-//! - for each tensor read by several layers, which reader's gradient is written first (the
-//!   last reader in forward order) and which ones add to it: a fixed order of additions;
+//! Set-up (once, for batches of up to `max_batch` samples), one pass each:
+//! - fusion (`Fusion::plan`): a `relu`/`relu6` whose input is a `conv2d`, `batch_norm`,
+//!   `linear` or `add` read by nothing else runs inside that layer (the activation is applied
+//!   to the output in cache, and backward masks the gradient in place), one "exec" instead of
+//!   two; then the execs with their layers and parameter blocks (`ExecLayout::build`);
 //! - which layers need a backward at all (those with parameters or upstream of one) and
 //!   which inputs need a gradient (no gradient for the data, nor for a branch without
-//!   parameters upstream).
+//!   parameters upstream) (`mark_backward`);
+//! - for each tensor read by several layers, which reader's gradient is written first (the
+//!   last reader in forward order) and which ones add to it: a fixed order of additions
+//!   (`mark_accumulating`);
+//! - gradient buffers for activations, shared by liveness: a gradient lives from the backward
+//!   of its tensor's last reader to the backward of its producer, and buffers whose lives do
+//!   not overlap are the same memory (`gradient_buffers`);
+//! - one activation buffer per exec output (all are read by backward) (`activation_buffers`).
 //!
 //! Parameters live in one flat vector, a contiguous block per layer ([`ParamBlock`]);
 //! gradients have the same block layout wherever they are ([`GradSink`]).
 
 use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS};
 use super::layers;
-use crate::backend::cpu::batch_sum::{BATCH_CHUNK, BN_BATCH_CHUNK};
-use crate::backend::cpu::Cpu;
-use crate::backend::{Act, ConvGeom, Kernels, PoolGeom};
-use crate::model::{Graph, Op};
+use crate::backend::sum_order::{BATCH_CHUNK, BN_BATCH_CHUNK};
+use crate::backend::{default_kernels, Act, ConvGeom, Kernels, PoolGeom};
+use crate::model::{Conv2d, Graph, Op, Pool, Shape, Units};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::ops::Range;
@@ -161,7 +162,7 @@ impl Net {
     /// Sets up `graph` for batches of up to `cfg.max_batch` samples with weights from
     /// `cfg.seed`, on the CPU backend.
     pub fn new(graph: Arc<Graph>, cfg: NetConfig) -> Result<Self, NetError> {
-        Self::with_kernels(graph, cfg, Box::new(Cpu::default()))
+        Self::with_kernels(graph, cfg, default_kernels())
     }
 
     /// [`Net::new`] on given kernels.
@@ -170,173 +171,19 @@ impl Net {
         cfg: NetConfig,
         mut kernels: Box<dyn Kernels>,
     ) -> Result<Self, NetError> {
-        // Batch sums in 4-sample chunks make a split batch give the same bits, which only a
-        // network without batch norm can (its statistics are each worker's): others sum in
-        // larger chunks, with fewer partial gradients to add.
-        let has_bn = graph
-            .nodes
-            .iter()
-            .any(|n| matches!(n.layer(), Some(Op::BatchNorm(_))));
-        kernels.set_batch_chunk(if has_bn { BN_BATCH_CHUNK } else { BATCH_CHUNK });
+        kernels.set_batch_chunk(batch_chunk(&graph));
         let g = &*graph;
-        let nn = g.nodes.len();
         let mb = cfg.max_batch.max(1);
-        // Readers of each node.
-        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); nn];
-        for (i, n) in g.nodes.iter().enumerate() {
-            for &j in &n.inputs {
-                readers[j].push(i);
-            }
-            if n.inputs.len() > MAX_INPUTS {
-                return Err(NetError(format!(
-                    "layer '{}' reads {} inputs; at most {MAX_INPUTS} are supported",
-                    n.name,
-                    n.inputs.len()
-                )));
-            }
-        }
-        // Fusion: node i (conv/bn/linear/add) whose only reader is an activation.
-        let mut fused_into = vec![None; nn]; // activation node -> producer
-        let mut fused_act = vec![Act::None; nn]; // producer -> its fused activation
-        for (j, n) in g.nodes.iter().enumerate() {
-            let act = match n.layer() {
-                Some(Op::Relu) => Act::Relu,
-                Some(Op::Relu6) => Act::Relu6,
-                _ => continue,
-            };
-            let i = n.inputs[0];
-            let fusable = matches!(
-                g.nodes[i].layer(),
-                Some(Op::Conv2d(_) | Op::BatchNorm(_) | Op::Linear(_) | Op::Add)
-            );
-            if fusable && readers[i].len() == 1 && fused_act[i] == Act::None {
-                fused_into[j] = Some(i);
-                fused_act[i] = act;
-            }
-        }
-        // Where each node's value lives: its own buffer, or (fused producer) its activation's.
-        let mut value_of: Vec<usize> = (0..nn).collect();
-        for (j, into) in fused_into.iter().enumerate() {
-            if let Some(i) = *into {
-                value_of[i] = j;
-            }
-        }
-        let main_loss = g.losses[0];
-        let mut execs: Vec<Exec> = Vec::new();
-        let mut producer = vec![usize::MAX; nn]; // value node -> exec
-        let mut blocks = Vec::new();
-        let (mut plen, mut slen) = (0usize, 0usize);
-        for (i, n) in g.nodes.iter().enumerate().skip(1) {
-            if fused_into[i].is_some() {
-                continue;
-            }
-            let out = value_of[i];
-            let inputs: Vec<usize> = n.inputs.iter().map(|&j| value_of[j]).collect();
-            let layer = make_layer(g, i, fused_act[i], i == main_loss, mb)?;
-            let e = execs.len();
-            let (pt, st) = (layer.param_tensors(), layer.state_tensors());
-            let block = if pt.is_empty() {
-                None
-            } else {
-                let len: usize = pt.iter().map(|t| t.len).sum();
-                let slen_here: usize = st.iter().map(|t| t.len.max(1)).sum();
-                blocks.push(ParamBlock {
-                    name: n.name.clone(),
-                    node: i,
-                    exec: e,
-                    range: plen..plen + len,
-                    state_range: slen..slen + slen_here,
-                    tensors: pt,
-                    state_tensors: st,
-                });
-                plen += len;
-                slen += slen_here;
-                Some(blocks.len() - 1)
-            };
-            producer[out] = e;
-            execs.push(Exec {
-                out,
-                name: n.name.clone(),
-                node: i,
-                needs_dx: vec![false; inputs.len()],
-                acc: vec![false; inputs.len()],
-                inputs,
-                block,
-                backward: false,
-                loss: matches!(n.layer(), Some(Op::SoftmaxCrossEntropy(_))),
-                layer,
-            });
-        }
-        // Which execs need a backward, which inputs a gradient (forward order).
-        let mut needs_grad = vec![false; nn];
-        for ex in &mut execs {
-            for (k, &j) in ex.inputs.iter().enumerate() {
-                ex.needs_dx[k] = needs_grad[j];
-            }
-            ex.backward = ex.block.is_some() || ex.needs_dx.iter().any(|&b| b);
-            needs_grad[ex.out] = ex.backward && !ex.loss;
-        }
-        // Gradient buffers by liveness, walking backward.
+        let readers = readers_of(g)?;
+        let fusion = Fusion::plan(g, &readers);
+        let mut layout = ExecLayout::build(g, &fusion, mb)?;
+        mark_backward(&mut layout.execs, g.nodes.len());
+        mark_accumulating(&mut layout.execs, g.nodes.len());
         let numel = |j: usize| mb * g.nodes[j].shape.numel();
-        let mut grad_slot: Vec<Option<usize>> = vec![None; nn];
-        let mut grads: Vec<Vec<f32>> = Vec::new();
-        let mut free: Vec<usize> = Vec::new();
-        let mut written = vec![false; nn];
-        for e in (0..execs.len()).rev() {
-            if !execs[e].backward {
-                continue;
-            }
-            for k in 0..execs[e].inputs.len() {
-                let j = execs[e].inputs[k];
-                if !execs[e].needs_dx[k] {
-                    continue;
-                }
-                execs[e].acc[k] = written[j];
-                written[j] = true;
-                if grad_slot[j].is_none() {
-                    // Reuse a free buffer (the largest, grown if needed), else a new one.
-                    let pick = free
-                        .iter()
-                        .enumerate()
-                        .max_by_key(|(_, &b)| grads[b].len())
-                        .map(|(fi, _)| fi);
-                    let b = match pick {
-                        Some(fi) => free.swap_remove(fi),
-                        None => {
-                            grads.push(Vec::new());
-                            grads.len() - 1
-                        }
-                    };
-                    if grads[b].len() < numel(j) {
-                        grads[b].resize(numel(j), 0.0);
-                    }
-                    grad_slot[j] = Some(b);
-                }
-            }
-            // This exec's output gradient dies here.
-            if let Some(b) = grad_slot[execs[e].out] {
-                if !execs[e].loss {
-                    free.push(b);
-                }
-            }
-        }
-        let mut acts: Vec<Vec<f32>> = vec![Vec::new(); nn];
-        acts[0] = vec![0.0; numel(0)];
-        for ex in &execs {
-            if !ex.loss {
-                acts[ex.out] = vec![0.0; numel(ex.out)];
-            }
-        }
-        let mut params = vec![0.0; plen];
-        let mut state = vec![0.0; slen];
-        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5eed_1717_0000_0001);
-        for b in &blocks {
-            execs[b.exec].layer.init(
-                &mut params[b.range.clone()],
-                &mut state[b.state_range.clone()],
-                &mut rng,
-            );
-        }
+        let (grads, grad_slot) = gradient_buffers(&layout.execs, g.nodes.len(), numel);
+        let acts = activation_buffers(&layout.execs, g.nodes.len(), numel);
+        let (params, state) = layout.initial_params(cfg.seed);
+        let ExecLayout { execs, blocks, .. } = layout;
         Ok(Self {
             graph,
             execs,
@@ -580,7 +427,257 @@ impl Net {
     }
 }
 
-/// The layer implementing node `i` (with `act` fused in).
+/// Samples per chunk of the parameter-gradient batch sums. 4-sample chunks make a split batch
+/// give the same bits, which only a network without batch norm can (its statistics are each
+/// worker's): others sum in larger chunks, with fewer partial gradients to add.
+fn batch_chunk(g: &Graph) -> usize {
+    let has_bn = g
+        .nodes
+        .iter()
+        .any(|n| matches!(n.layer(), Some(Op::BatchNorm(_))));
+    if has_bn {
+        BN_BATCH_CHUNK
+    } else {
+        BATCH_CHUNK
+    }
+}
+
+/// The readers of each node, in node order; fails for a layer reading more than
+/// [`MAX_INPUTS`] inputs.
+fn readers_of(g: &Graph) -> Result<Vec<Vec<usize>>, NetError> {
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &j in &n.inputs {
+            readers[j].push(i);
+        }
+        if n.inputs.len() > MAX_INPUTS {
+            return Err(NetError(format!(
+                "layer '{}' reads {} inputs; at most {MAX_INPUTS} are supported",
+                n.name,
+                n.inputs.len()
+            )));
+        }
+    }
+    Ok(readers)
+}
+
+/// Which activations run inside the layer before them: a `relu`/`relu6` whose input is a
+/// `conv2d`, `batch_norm`, `linear` or `add` read by nothing else.
+struct Fusion {
+    /// Per node: for a fused activation, the producer it runs in.
+    fused_into: Vec<Option<usize>>,
+    /// Per node: for a producer, the activation fused into it.
+    act: Vec<Act>,
+    /// Per node: the node whose buffer holds its value (a fused producer's is its
+    /// activation's).
+    value_of: Vec<usize>,
+}
+
+impl Fusion {
+    fn plan(g: &Graph, readers: &[Vec<usize>]) -> Self {
+        let nn = g.nodes.len();
+        let mut fused_into = vec![None; nn];
+        let mut act = vec![Act::None; nn];
+        for (j, n) in g.nodes.iter().enumerate() {
+            let a = match n.layer() {
+                Some(Op::Relu) => Act::Relu,
+                Some(Op::Relu6) => Act::Relu6,
+                _ => continue,
+            };
+            let i = n.inputs[0];
+            let fusable = matches!(
+                g.nodes[i].layer(),
+                Some(Op::Conv2d(_) | Op::BatchNorm(_) | Op::Linear(_) | Op::Add)
+            );
+            if fusable && readers[i].len() == 1 && act[i] == Act::None {
+                fused_into[j] = Some(i);
+                act[i] = a;
+            }
+        }
+        let mut value_of: Vec<usize> = (0..nn).collect();
+        for (j, into) in fused_into.iter().enumerate() {
+            if let Some(i) = *into {
+                value_of[i] = j;
+            }
+        }
+        Self {
+            fused_into,
+            act,
+            value_of,
+        }
+    }
+}
+
+/// The forward list and the parameter blocks it owns, before any buffer exists.
+struct ExecLayout {
+    execs: Vec<Exec>,
+    blocks: Vec<ParamBlock>,
+    /// Total parameters.
+    param_len: usize,
+    /// Total state.
+    state_len: usize,
+}
+
+impl ExecLayout {
+    /// One exec per node that is not a fused activation, in node (topological) order, each
+    /// with its layer and, if it has parameters, its block.
+    fn build(g: &Graph, fusion: &Fusion, mb: usize) -> Result<Self, NetError> {
+        let mut layout = Self {
+            execs: Vec::new(),
+            blocks: Vec::new(),
+            param_len: 0,
+            state_len: 0,
+        };
+        let main_loss = g.losses[0];
+        for (i, n) in g.nodes.iter().enumerate().skip(1) {
+            if fusion.fused_into[i].is_some() {
+                continue;
+            }
+            let inputs: Vec<usize> = n.inputs.iter().map(|&j| fusion.value_of[j]).collect();
+            let layer = make_layer(g, i, fusion.act[i], i == main_loss, mb)?;
+            let block = layout.add_block(&n.name, i, layer.as_ref());
+            layout.execs.push(Exec {
+                out: fusion.value_of[i],
+                name: n.name.clone(),
+                node: i,
+                needs_dx: vec![false; inputs.len()],
+                acc: vec![false; inputs.len()],
+                inputs,
+                block,
+                backward: false,
+                loss: matches!(n.layer(), Some(Op::SoftmaxCrossEntropy(_))),
+                layer,
+            });
+        }
+        Ok(layout)
+    }
+
+    /// The parameter block of the next exec's `layer` (graph node `node`), if it has
+    /// parameters.
+    fn add_block(&mut self, name: &str, node: usize, layer: &dyn Layer) -> Option<usize> {
+        let (tensors, state_tensors) = (layer.param_tensors(), layer.state_tensors());
+        if tensors.is_empty() {
+            return None;
+        }
+        let len: usize = tensors.iter().map(|t| t.len).sum();
+        let state_len: usize = state_tensors.iter().map(|t| t.len.max(1)).sum();
+        self.blocks.push(ParamBlock {
+            name: name.to_string(),
+            node,
+            exec: self.execs.len(),
+            range: self.param_len..self.param_len + len,
+            state_range: self.state_len..self.state_len + state_len,
+            tensors,
+            state_tensors,
+        });
+        self.param_len += len;
+        self.state_len += state_len;
+        Some(self.blocks.len() - 1)
+    }
+
+    /// Every block's initial parameters and state, drawn from `seed` in block order.
+    fn initial_params(&self, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut params = vec![0.0; self.param_len];
+        let mut state = vec![0.0; self.state_len];
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_1717_0000_0001);
+        for b in &self.blocks {
+            self.execs[b.exec].layer.init(
+                &mut params[b.range.clone()],
+                &mut state[b.state_range.clone()],
+                &mut rng,
+            );
+        }
+        (params, state)
+    }
+}
+
+/// Which execs need a backward (parameters here or upstream) and which of their inputs a
+/// gradient, in forward order over graph nodes `0..nn`.
+fn mark_backward(execs: &mut [Exec], nn: usize) {
+    let mut needs_grad = vec![false; nn];
+    for ex in execs {
+        for (k, &j) in ex.inputs.iter().enumerate() {
+            ex.needs_dx[k] = needs_grad[j];
+        }
+        ex.backward = ex.block.is_some() || ex.needs_dx.iter().any(|&b| b);
+        needs_grad[ex.out] = ex.backward && !ex.loss;
+    }
+}
+
+/// The fixed order of additions into a gradient read by several layers: walking backward,
+/// the first reader to run writes it and the others add to it.
+fn mark_accumulating(execs: &mut [Exec], nn: usize) {
+    let mut written = vec![false; nn];
+    for ex in execs.iter_mut().rev().filter(|ex| ex.backward) {
+        for k in 0..ex.inputs.len() {
+            if ex.needs_dx[k] {
+                ex.acc[k] = written[ex.inputs[k]];
+                written[ex.inputs[k]] = true;
+            }
+        }
+    }
+}
+
+/// Gradient buffers shared by liveness, and the buffer of each graph node's gradient: a
+/// gradient lives from the backward of its tensor's last reader to the backward of its
+/// producer, and buffers whose lives do not overlap are the same memory. `numel(j)` is the
+/// size of node `j`'s gradient.
+fn gradient_buffers(
+    execs: &[Exec],
+    nn: usize,
+    numel: impl Fn(usize) -> usize,
+) -> (Vec<Vec<f32>>, Vec<Option<usize>>) {
+    let mut grad_slot: Vec<Option<usize>> = vec![None; nn];
+    let mut grads: Vec<Vec<f32>> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    for ex in execs.iter().rev().filter(|ex| ex.backward) {
+        for (&j, _) in ex.inputs.iter().zip(&ex.needs_dx).filter(|(_, &n)| n) {
+            if grad_slot[j].is_none() {
+                let b = take_free_buffer(&mut free, &mut grads);
+                if grads[b].len() < numel(j) {
+                    grads[b].resize(numel(j), 0.0);
+                }
+                grad_slot[j] = Some(b);
+            }
+        }
+        // This exec's output gradient dies here.
+        if let Some(b) = grad_slot[ex.out] {
+            if !ex.loss {
+                free.push(b);
+            }
+        }
+    }
+    (grads, grad_slot)
+}
+
+/// A free gradient buffer (the largest, to be grown if needed), else a new one.
+fn take_free_buffer(free: &mut Vec<usize>, grads: &mut Vec<Vec<f32>>) -> usize {
+    let largest = free
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, &b)| grads[b].len())
+        .map(|(fi, _)| fi);
+    match largest {
+        Some(fi) => free.swap_remove(fi),
+        None => {
+            grads.push(Vec::new());
+            grads.len() - 1
+        }
+    }
+}
+
+/// One activation buffer per exec output and the input's (all are read by backward); none for
+/// fused-away nodes and losses. `numel(j)` is the size of node `j`'s activation.
+fn activation_buffers(execs: &[Exec], nn: usize, numel: impl Fn(usize) -> usize) -> Vec<Vec<f32>> {
+    let mut acts: Vec<Vec<f32>> = vec![Vec::new(); nn];
+    acts[0] = vec![0.0; numel(0)];
+    for ex in execs.iter().filter(|ex| !ex.loss) {
+        acts[ex.out] = vec![0.0; numel(ex.out)];
+    }
+    acts
+}
+
+/// The layer implementing node `i` (with `act` fused in): one arm per layer type.
 fn make_layer(
     g: &Graph,
     i: usize,
@@ -592,36 +689,12 @@ fn make_layer(
     let x = g.nodes[n.inputs[0]].shape;
     let y = n.shape;
     let op = n.layer().expect("node 0 is the input; layers start at 1");
-    let fixed = |u: &crate::model::Units| match u {
-        crate::model::Units::Fixed(v) => *v,
-        crate::model::Units::Expr(e) => unreachable!("units resolved by Graph::build: {e}"),
-    };
     Ok(match op {
-        Op::Conv2d(c) => {
-            let p = c.padding.expect("padding resolved by Graph::build");
-            let geom = ConvGeom {
-                c: x.c,
-                h: x.h,
-                w: x.w,
-                o: y.c,
-                oh: y.h,
-                ow: y.w,
-                kh: c.kernel[0],
-                kw: c.kernel[1],
-                sh: c.stride[0],
-                sw: c.stride[1],
-                ph: p[0],
-                pw: p[1],
-                dh: c.dilation[0],
-                dw: c.dilation[1],
-                groups: fixed(&c.groups),
-            };
-            Box::new(layers::Conv {
-                geom,
-                bias: c.bias,
-                act,
-            })
-        }
+        Op::Conv2d(c) => Box::new(layers::Conv {
+            geom: conv_geom(c, x, y),
+            bias: c.bias,
+            act,
+        }),
         Op::BatchNorm(b) => Box::new(layers::BatchNorm::new(
             x.c,
             x.pixels(),
@@ -631,29 +704,11 @@ fn make_layer(
         )),
         Op::Relu => Box::new(layers::Activation(Act::Relu)),
         Op::Relu6 => Box::new(layers::Activation(Act::Relu6)),
-        Op::MaxPool(p) | Op::AvgPool(p, _) => {
-            let geom = PoolGeom {
-                c: x.c,
-                h: x.h,
-                w: x.w,
-                oh: y.h,
-                ow: y.w,
-                kh: p.kernel[0],
-                kw: p.kernel[1],
-                sh: p.stride[0],
-                sw: p.stride[1],
-                ph: p.padding[0],
-                pw: p.padding[1],
-            };
-            match op {
-                Op::MaxPool(_) => Box::new(layers::MaxPool::new(geom, mb)),
-                Op::AvgPool(_, include_pad) => Box::new(layers::AvgPool {
-                    geom,
-                    include_pad: *include_pad,
-                }),
-                _ => unreachable!(),
-            }
-        }
+        Op::MaxPool(p) => Box::new(layers::MaxPool::new(pool_geom(p, x, y), mb)),
+        Op::AvgPool(p, include_pad) => Box::new(layers::AvgPool {
+            geom: pool_geom(p, x, y),
+            include_pad: *include_pad,
+        }),
         Op::GlobalAvgPool => Box::new(layers::GlobalAvgPool {
             pixels: x.pixels(),
             c: x.c,
@@ -685,4 +740,48 @@ fn make_layer(
             mb,
         )),
     })
+}
+
+/// The kernels' geometry of convolution `c` from input shape `x` to output shape `y` (its
+/// padding and groups resolved by `Graph::build`).
+fn conv_geom(c: &Conv2d, x: Shape, y: Shape) -> ConvGeom {
+    let p = c.padding.expect("padding resolved by Graph::build");
+    let groups = match &c.groups {
+        Units::Fixed(v) => *v,
+        Units::Expr(e) => unreachable!("units resolved by Graph::build: {e}"),
+    };
+    ConvGeom {
+        c: x.c,
+        h: x.h,
+        w: x.w,
+        o: y.c,
+        oh: y.h,
+        ow: y.w,
+        kh: c.kernel[0],
+        kw: c.kernel[1],
+        sh: c.stride[0],
+        sw: c.stride[1],
+        ph: p[0],
+        pw: p[1],
+        dh: c.dilation[0],
+        dw: c.dilation[1],
+        groups,
+    }
+}
+
+/// The kernels' geometry of pooling window `p` from input shape `x` to output shape `y`.
+fn pool_geom(p: &Pool, x: Shape, y: Shape) -> PoolGeom {
+    PoolGeom {
+        c: x.c,
+        h: x.h,
+        w: x.w,
+        oh: y.h,
+        ow: y.w,
+        kh: p.kernel[0],
+        kw: p.kernel[1],
+        sh: p.stride[0],
+        sw: p.stride[1],
+        ph: p.padding[0],
+        pw: p.padding[1],
+    }
 }

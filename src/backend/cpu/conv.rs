@@ -13,9 +13,9 @@
 //! change a bit (each output is one GEMM dot product, see `gemm`).
 //!
 //! Backward (the output gradient already masked by the fused activation):
-//! - weight and bias gradient: per chunk of [`super::batch_sum::BATCH_CHUNK`] samples `dW[kkc, o] = col^T x dY`
-//!   (sub-blocks of `KC` rows accumulate exactly as one GEMM would), chunk partials added as
-//!   the pairwise tree (`batch_sum`): bit-identical for any thread count and batch split;
+//! - weight and bias gradient: per chunk of samples (`backend::sum_order`) `dW[kkc, o] = col^T
+//!   x dY` (sub-blocks of `KC` rows accumulate exactly as one GEMM would), chunk partials added
+//!   as the pairwise tree (`batch_sum`): bit-identical for any thread count and batch split;
 //! - input gradient: for stride-1 convolutions whose output is as large as the input, a full
 //!   convolution of dY with the flipped kernel (one GEMM per tile, no scatter); otherwise
 //!   `dcol = dY x W^T` and col2im, one sample per task so every addition into an input pixel
@@ -25,110 +25,9 @@
 
 use super::batch_sum::TreeSum;
 use super::gemm::{copy_short, gemm, gemm_packed, zero_short, MatRef, PackedB, KC};
-use super::Act;
+use crate::backend::{Act, ConvGeom};
 use rayon::prelude::*;
 use std::cell::RefCell;
-
-/// Geometry of one convolution, per sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConvGeom {
-    /// Input channels, height, width.
-    pub c: usize,
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Output channels.
-    pub o: usize,
-    /// Output height.
-    pub oh: usize,
-    /// Output width.
-    pub ow: usize,
-    /// Kernel height.
-    pub kh: usize,
-    /// Kernel width.
-    pub kw: usize,
-    /// Vertical stride.
-    pub sh: usize,
-    /// Horizontal stride.
-    pub sw: usize,
-    /// Zero padding above and below.
-    pub ph: usize,
-    /// Zero padding left and right.
-    pub pw: usize,
-    /// Vertical dilation.
-    pub dh: usize,
-    /// Horizontal dilation.
-    pub dw: usize,
-    /// Groups (channels are split into this many independent convolutions).
-    pub groups: usize,
-}
-
-impl ConvGeom {
-    /// Input channels per group.
-    pub fn cg(&self) -> usize {
-        self.c / self.groups
-    }
-    /// Output channels per group.
-    pub fn og(&self) -> usize {
-        self.o / self.groups
-    }
-    /// Rows of the weight matrix of one group (`kh * kw * c / groups`).
-    pub fn kkc(&self) -> usize {
-        self.kh * self.kw * self.cg()
-    }
-    /// Weight elements.
-    pub fn weight_len(&self) -> usize {
-        self.kkc() * self.o
-    }
-    /// Output pixels per sample.
-    pub fn pixels(&self) -> usize {
-        self.oh * self.ow
-    }
-    /// Input elements per sample.
-    pub fn in_len(&self) -> usize {
-        self.h * self.w * self.c
-    }
-    /// Output elements per sample.
-    pub fn out_len(&self) -> usize {
-        self.pixels() * self.o
-    }
-    /// A 1x1, stride-1, unpadded convolution: a plain matrix product of the activation.
-    fn pointwise(&self) -> bool {
-        self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.ph == 0 && self.pw == 0
-    }
-    /// One input channel per group: the direct depthwise kernel.
-    pub fn depthwise(&self) -> bool {
-        self.groups > 1 && self.groups == self.c
-    }
-    /// Stride 1 with an output as large as the input: the input gradient is a convolution too.
-    fn dx_as_conv(&self) -> bool {
-        self.sh == 1 && self.sw == 1 && self.oh == self.h && self.ow == self.w
-    }
-    /// The geometry of the input gradient as a convolution of the output gradient with the
-    /// flipped kernel (valid when [`Self::dx_as_conv`]).
-    fn flipped(&self) -> ConvGeom {
-        ConvGeom {
-            c: self.o,
-            h: self.oh,
-            w: self.ow,
-            o: self.c,
-            oh: self.h,
-            ow: self.w,
-            ph: self.dh * (self.kh - 1) - self.ph,
-            pw: self.dw * (self.kw - 1) - self.pw,
-            groups: self.groups,
-            ..*self
-        }
-    }
-    /// Input row and column of output pixel (`oy`, `ox`) under tap (`ki`, `kj`), if inside.
-    #[inline]
-    fn src(&self, oy: usize, ox: usize, ki: usize, kj: usize) -> Option<(usize, usize)> {
-        let iy = (oy * self.sh + ki * self.dh).checked_sub(self.ph)?;
-        let ix = (ox * self.sw + kj * self.dw).checked_sub(self.pw)?;
-        (iy < self.h && ix < self.w).then_some((iy, ix))
-    }
-}
 
 // Per-thread scratch for column matrices; it grows to the largest tile once.
 thread_local! {

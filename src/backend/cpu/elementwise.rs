@@ -2,53 +2,11 @@
 //! and the NHWC-to-PyTorch flatten. All run on the worker's threads in fixed-size blocks; none
 //! has an order-dependent sum, so thread counts cannot change a bit.
 
+use crate::backend::{Act, DropoutMask};
 use rayon::prelude::*;
 
 /// Elements per parallel task of the element-wise passes.
 const BLOCK: usize = 1 << 14;
-
-/// An activation fused into the layer before it (or run alone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Act {
-    /// None.
-    #[default]
-    None,
-    /// `max(x, 0)`.
-    Relu,
-    /// `min(max(x, 0), 6)`.
-    Relu6,
-}
-
-impl Act {
-    /// Applies the activation in place.
-    #[inline]
-    pub fn apply(self, v: &mut [f32]) {
-        match self {
-            Act::None => {}
-            Act::Relu => v.iter_mut().for_each(|x| *x = x.max(0.0)),
-            Act::Relu6 => v.iter_mut().for_each(|x| *x = x.clamp(0.0, 6.0)),
-        }
-    }
-
-    /// Zeroes `dy` where the activation's output `y` had no gradient (0 at the kinks, as in
-    /// PyTorch).
-    #[inline]
-    pub fn mask_grad(self, y: &[f32], dy: &mut [f32]) {
-        match self {
-            Act::None => {}
-            Act::Relu => {
-                for (d, &v) in dy.iter_mut().zip(y) {
-                    *d = if v > 0.0 { *d } else { 0.0 };
-                }
-            }
-            Act::Relu6 => {
-                for (d, &v) in dy.iter_mut().zip(y) {
-                    *d = if v > 0.0 && v < 6.0 { *d } else { 0.0 };
-                }
-            }
-        }
-    }
-}
 
 /// `y = act(x)`.
 pub fn act_forward(act: Act, x: &[f32], y: &mut [f32]) {
@@ -117,52 +75,16 @@ pub fn copy_grad(dy: &[f32], dx: &mut [f32], acc: bool) {
         });
 }
 
-/// Whether dropout keeps element `e` of the sample at position `sample` of global step `step`:
-/// a hash of (seed, step, sample, element), so the mask does not depend on the worker count,
-/// the thread count or the order anything runs in.
-#[inline]
-fn keep(seed: u64, step: u64, sample: u64, e: u64, threshold: u32) -> bool {
-    let mut z = seed
-        ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ sample.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
-        ^ e.wrapping_mul(0x1656_67b1_9e37_79f9);
-    // splitmix64's finaliser.
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    ((z >> 32) as u32) >= threshold
-}
-
-/// Dropout's identity for one call: drop probability, seed, step and the global position of
-/// the first sample.
-#[derive(Debug, Clone, Copy)]
-pub struct DropoutMask {
-    /// Probability of zeroing an element.
-    pub p: f32,
-    /// The run's seed.
-    pub seed: u64,
-    /// Global step.
-    pub step: u64,
-    /// Position in the global batch of this call's first sample.
-    pub first_sample: u64,
-}
-
-impl DropoutMask {
-    fn threshold(&self) -> u32 {
-        (self.p as f64 * u32::MAX as f64) as u32
-    }
-}
-
 /// `y = x * keep / (1 - p)` over samples of `len` elements, or `y += ...` of the gradient.
 fn dropout_apply(m: DropoutMask, len: usize, src: &[f32], dst: &mut [f32], acc: bool) {
-    let (t, scale) = (m.threshold(), 1.0 / (1.0 - m.p));
+    let (t, scale) = (m.threshold(), m.scale());
     dst.par_chunks_mut(len)
         .zip(src.par_chunks(len))
         .enumerate()
         .for_each(|(s, (d, x))| {
             let sample = m.first_sample + s as u64;
             for (e, (o, &v)) in d.iter_mut().zip(x).enumerate() {
-                let v = if keep(m.seed, m.step, sample, e as u64, t) {
+                let v = if m.keeps(sample, e as u64, t) {
                     v * scale
                 } else {
                     0.0

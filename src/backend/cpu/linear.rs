@@ -1,12 +1,12 @@
 //! Fully connected layer, `y[n, o] = x[n, i] x W^T + b` with PyTorch's `W[o, i]`.
 //!
-//! The weight gradient is a sum over the batch: per chunk of [`super::batch_sum::BATCH_CHUNK`] samples
+//! The weight gradient is a sum over the batch: per chunk of samples (`backend::sum_order`)
 //! `dW = dY_c^T x X_c`, chunks added as the pairwise tree (see `batch_sum`).
 
 use super::batch_sum::TreeSum;
 use super::conv::column_sums;
 use super::gemm::{gemm, gemm_packed, MatRef, PackedB};
-use super::Act;
+use crate::backend::Act;
 use rayon::prelude::*;
 
 /// Reusable memory of a worker's linear layers.

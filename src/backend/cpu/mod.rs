@@ -2,23 +2,21 @@
 //!
 //! Every kernel runs on the calling thread's rayon pool (a worker's compute threads) and gives
 //! the same bits for any pool size: parallel work is split into pieces whose results do not
-//! depend on who computes them, and every sum has a fixed order (`batch_sum` for the batch
-//! reductions of parameter gradients, fixed row blocks elsewhere).
+//! depend on who computes them, and every sum has a fixed order (the pairwise tree of
+//! [`super::sum_order`], in `batch_sum`, for the batch reductions of parameter gradients;
+//! fixed row blocks elsewhere).
 
-pub mod batch_sum;
+mod batch_sum;
 mod conv;
 mod elementwise;
-pub mod gemm;
+mod gemm;
 mod linear;
 mod loss;
 mod norm;
 mod pool;
 
-pub use conv::{ConvGeom, ConvWorkspace};
-pub use elementwise::{Act, DropoutMask};
-pub use pool::PoolGeom;
-
-use super::Kernels;
+use super::{Act, ConvGeom, DropoutMask, Kernels, PoolGeom};
+use conv::ConvWorkspace;
 use linear::LinearWorkspace;
 use norm::{BnSaved, BnScratch};
 

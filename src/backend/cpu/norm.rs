@@ -9,7 +9,7 @@
 //! same bits on any thread count. The statistics are this worker's (as in PyTorch DDP without
 //! SyncBatchNorm).
 
-use super::Act;
+use crate::backend::Act;
 use rayon::prelude::*;
 
 /// Rows per block of the statistics passes (fixed: the blocks' order is the sum's order).

@@ -2,49 +2,8 @@
 //! Backward passes run one sample per task, so the additions into each input pixel (windows
 //! overlap when the stride is below the kernel) happen in a fixed order.
 
+use crate::backend::PoolGeom;
 use rayon::prelude::*;
-
-/// Geometry of a pooling window over one sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PoolGeom {
-    /// Channels.
-    pub c: usize,
-    /// Input height.
-    pub h: usize,
-    /// Input width.
-    pub w: usize,
-    /// Output height.
-    pub oh: usize,
-    /// Output width.
-    pub ow: usize,
-    /// Window height.
-    pub kh: usize,
-    /// Window width.
-    pub kw: usize,
-    /// Vertical stride.
-    pub sh: usize,
-    /// Horizontal stride.
-    pub sw: usize,
-    /// Padding above and below.
-    pub ph: usize,
-    /// Padding left and right.
-    pub pw: usize,
-}
-
-impl PoolGeom {
-    fn in_len(&self) -> usize {
-        self.h * self.w * self.c
-    }
-    fn out_len(&self) -> usize {
-        self.oh * self.ow * self.c
-    }
-    #[inline]
-    fn src(&self, oy: usize, ox: usize, ki: usize, kj: usize) -> Option<(usize, usize)> {
-        let iy = (oy * self.sh + ki).checked_sub(self.ph)?;
-        let ix = (ox * self.sw + kj).checked_sub(self.pw)?;
-        (iy < self.h && ix < self.w).then_some((iy, ix))
-    }
-}
 
 /// Max-pool forward without padding, the window wholly inside: one pass per tap over the
 /// output's channels (the general version's per-tap checks cost more than the comparisons
@@ -181,7 +140,7 @@ pub fn avg_forward(g: &PoolGeom, n: usize, x: &[f32], y: &mut [f32], include_pad
             for oy in 0..g.oh {
                 for ox in 0..g.ow {
                     let yp = &mut ys[(oy * g.ow + ox) * c..][..c];
-                    crate::backend::cpu::gemm::zero_short(yp);
+                    super::gemm::zero_short(yp);
                     for ki in 0..g.kh {
                         for kj in 0..g.kw {
                             if let Some((iy, ix)) = g.src(oy, ox, ki, kj) {
