@@ -20,5 +20,6 @@ pub mod parallel;
 pub mod pipeline;
 pub mod report;
 pub mod sim;
+pub mod terminal;
 pub mod trace;
 pub mod train;

@@ -492,9 +492,9 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
         CommChoice::Fixed(m) => m,
         _ => CommMode::Ring,
     };
-    let hosts_list = crate::sim::cli::worker_list(&a.hosts)?;
-    let per_host = crate::sim::cli::worker_list(&a.workers_per_host)?;
-    let overlaps = crate::sim::cli::on_off_list("overlap", &a.overlap)?;
+    let hosts_list = super::args::worker_list(&a.hosts)?;
+    let per_host = super::args::worker_list(&a.workers_per_host)?;
+    let overlaps = super::args::on_off_list("overlap", &a.overlap)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let scratch = super::ScratchDir::new("simcheck-cluster");
     // Within a host the trainer's workers are threads of one process: time that link here.

@@ -15,10 +15,10 @@
 //! section should not hide the rest.
 
 use super::ablation::{AblationArgs, AblationSpec};
-use super::allreduce::bench_allreduce;
-use super::data::{data_wait_pct, export_image_folder, pipeline_images_per_s, training_run};
-use super::overlap::{run_case, GridSpec, OverlapCase};
-use super::step::bench_step;
+use super::allreduce::{self, bench_allreduce, AllReduceTable};
+use super::data::{self, export_image_folder, DataResult, Loading};
+use super::overlap::{self, GridSpec};
+use super::step;
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
 use crate::config::TrainOptions;
@@ -377,26 +377,25 @@ fn step_section(plan: &Plan, out: &Path) -> Result<String, String> {
         "One worker, batch {}, synthetic data; medians of {} steps after 3 warm-up steps, ms.\n\n",
         plan.step_batch, plan.step_steps
     );
-    s += "| model | threads | step | forward | backward | update | images/s |\n|---|---:|---:|---:|---:|---:|---:|\n";
-    let mut series: Vec<NamedSeries<f64>> = plan
+    let table = step::measure_table(
+        &plan.step_models,
+        plan.step_batch,
+        &plan.step_threads,
+        plan.step_steps,
+        |_, _| {},
+    )?;
+    s += &table.markdown();
+    let series: Vec<NamedSeries<f64>> = plan
         .step_threads
         .iter()
-        .map(|t| (format!("{t} thread(s)"), Vec::new()))
+        .map(|&t| {
+            let times = table.rows.iter().filter(|r| r.threads == t);
+            (
+                format!("{t} thread(s)"),
+                times.map(|r| r.times.step_ms).collect(),
+            )
+        })
         .collect();
-    for model in &plan.step_models {
-        for (i, &threads) in plan.step_threads.iter().enumerate() {
-            let r = bench_step(model, plan.step_batch, threads, plan.step_steps)?;
-            s += &format!(
-                "| {model} | {threads} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
-                r.step_ms,
-                r.forward_ms,
-                r.backward_ms,
-                r.update_ms,
-                plan.step_batch as f64 * 1e3 / r.step_ms
-            );
-            series[i].1.push(r.step_ms);
-        }
-    }
     let groups: Vec<String> = plan.step_models.iter().map(|m| m.to_string()).collect();
     grouped_bars(
         &out.join(PLOTS[0]),
@@ -432,22 +431,21 @@ fn allreduce_section(plan: &Plan, out: &Path) -> Result<String, String> {
     .enumerate()
     {
         s += &format!("Link: {name}.\n\n");
-        s += "| bytes | mode | time us | algbw GB/s | busbw GB/s |\n|---:|---|---:|---:|---:|\n";
+        let mut table = AllReduceTable {
+            name_width: allreduce::IN_PROCESS_NAME_WIDTH,
+            rows: Vec::new(),
+        };
         let mut series: Vec<NamedSeries<(f64, f64)>> = Vec::new();
         for mode in CommMode::ALL {
             let mut points = Vec::new();
-            for &(label, bytes) in &plan.allreduce_sizes {
+            for &(_, bytes) in &plan.allreduce_sizes {
                 let r = bench_allreduce(2, bytes, mode, l, plan.allreduce_iters)?;
-                s += &format!(
-                    "| {label} | {mode} | {:.1} | {:.3} | {:.3} |\n",
-                    r.time.as_secs_f64() * 1e6,
-                    r.algbw / 1e9,
-                    r.busbw / 1e9
-                );
                 points.push((bytes as f64, r.busbw / 1e9));
+                table.rows.push(r.named(mode.to_string()));
             }
             series.push((mode.to_string(), points));
         }
+        s += &table.markdown();
         let file = PLOTS[1 + k];
         log_x_lines(
             &out.join(file),
@@ -473,21 +471,7 @@ fn overlap_section(plan: &Plan, out: &Path) -> Result<String, String> {
         steps: plan.overlap_steps,
         bucket_kb: None,
     };
-    let single = run_case(
-        &GridSpec {
-            workers: 1,
-            batch: batch / workers,
-            ..spec.clone()
-        },
-        &OverlapCase {
-            comm: "ring".into(),
-            overlap: true,
-            bandwidth: None,
-            latency: None,
-        },
-        scratch.path(),
-    )?
-    .images_per_s;
+    let single = overlap::single_worker_images_per_s(&spec, scratch.path())?;
     let mut s = format!(
         "{}, {workers} workers x 1 thread, global batch {batch}, synthetic data, emulated link \
          {} / {latency}; {} timed steps per cell (mean step). Efficiency: weak scaling against 1 \
@@ -497,40 +481,17 @@ fn overlap_section(plan: &Plan, out: &Path) -> Result<String, String> {
         plan.overlap_steps,
         batch / workers
     );
-    s += "| comm | overlap | step ms | backward ms | comm ms | exposed ms | hidden % | images/s | eff % |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
-    let mut series: Vec<NamedSeries<f64>> = vec![
-        ("overlap on".into(), Vec::new()),
-        ("overlap off".into(), Vec::new()),
-    ];
-    for mode in &plan.overlap_modes {
-        for (i, overlap) in [true, false].into_iter().enumerate() {
-            let case = OverlapCase {
-                comm: mode.to_string(),
-                overlap,
-                bandwidth: Some(plan.overlap_bandwidth.into()),
-                latency: Some(latency.into()),
-            };
-            let r = run_case(&spec, &case, scratch.path())?;
-            let m = &r.breakdown.mean;
-            let hidden = if m.comm_total_ms > 0.0 {
-                100.0 * m.hidden_comm_ms() / m.comm_total_ms
-            } else {
-                0.0
-            };
-            s += &format!(
-                "| {mode} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |\n",
-                if overlap { "on" } else { "off" },
-                m.step_ms,
-                m.backward_ms,
-                m.comm_total_ms,
-                m.exposed_comm_ms,
-                hidden,
-                r.images_per_s,
-                100.0 * r.images_per_s / (workers as f64 * single)
-            );
-            series[i].1.push(m.step_ms);
-        }
-    }
+    let bandwidths = [Some(plan.overlap_bandwidth.to_string())];
+    let cases = overlap::grid_cases(&bandwidths, &plan.overlap_modes, latency);
+    let grid = overlap::measure_grid(&spec, single, &cases, scratch.path(), |_, _| {})?;
+    s += &grid.markdown();
+    let series: Vec<NamedSeries<f64>> = [("overlap on", true), ("overlap off", false)]
+        .into_iter()
+        .map(|(name, on)| {
+            let cells = grid.cells.iter().filter(|c| c.case.overlap == on);
+            (name.to_string(), cells.map(|c| c.mean.step_ms).collect())
+        })
+        .collect();
     let groups: Vec<String> = plan.overlap_modes.iter().map(|m| m.to_string()).collect();
     grouped_bars(
         &out.join(PLOTS[3]),
@@ -568,34 +529,22 @@ fn data_section(plan: &Plan, out: &Path) -> Result<String, String> {
          else), then lenet5 training, 2 workers x 1 thread, {} timed steps (means).\n\n",
         plan.data_batches, plan.data_steps
     );
-    s += "| loading | pipeline images/s |\n|---|---:|\n";
-    let cases = [(1, 0), (1, 2), (2, 2)];
-    let name = |t: usize, k: usize| {
-        if k == 0 {
-            "in step".to_string()
-        } else {
-            format!("{t} loader thread(s), prefetch {k}")
-        }
+    let settings = [(1, 0), (1, 2), (2, 2)].map(|(loader_threads, prefetch)| Loading {
+        loader_threads,
+        prefetch,
+    });
+    let result = DataResult {
+        pipeline: data::measure_pipeline(&base, &settings, plan.data_batches, |_| {})?,
+        training: data::measure_training(
+            &base,
+            &settings,
+            plan.data_steps,
+            &scratch.path().join("run"),
+            |_| {},
+        )?,
     };
-    for &(t, k) in &cases {
-        let ips = pipeline_images_per_s(&base, t, k, plan.data_batches)?;
-        s += &format!("| {} | {ips:.0} |\n", name(t, k));
-    }
-    s += "\n| loading | step ms | data wait ms | data wait % | images/s |\n|---|---:|---:|---:|---:|\n";
-    let mut bars = Vec::new();
-    for &(t, k) in &cases {
-        let r = training_run(&base, t, k, plan.data_steps, &scratch.path().join("run"))?;
-        let m = &r.breakdown.mean;
-        s += &format!(
-            "| {} | {:.2} | {:.3} | {:.1} | {:.0} |\n",
-            name(t, k),
-            m.step_ms,
-            m.data_ms,
-            data_wait_pct(&r),
-            r.images_per_s
-        );
-        bars.push(data_wait_pct(&r));
-    }
+    s += &result.markdown();
+    let bars = result.training.iter().map(|r| r.data_wait_pct).collect();
     let groups = vec![
         "in step".to_string(),
         "1 loader, prefetch 2".to_string(),

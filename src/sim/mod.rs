@@ -39,8 +39,8 @@
 //! with `--concurrent N` captures the compute side of it), and data loading (assumed
 //! prefetched).
 
-pub mod cli;
 pub mod engine;
+pub mod limits;
 pub mod profile;
 pub mod schedule;
 pub mod step;

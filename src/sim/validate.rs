@@ -14,7 +14,7 @@ const MAX_MS: f64 = 86_400_000.0;
 const MAX_GRAD_BYTES: f64 = (1u64 << 40) as f64;
 
 /// Checks that every number in `p` is physical: times finite, >= 0 and at most a day, a batch
-/// of 1..=[`super::cli::MAX_PROFILE_BATCH`], an input shape of positive sizes, and gradients of
+/// of 1..=[`super::limits::MAX_PROFILE_BATCH`], an input shape of positive sizes, and gradients of
 /// at most 1 TiB. The message names the field and its value.
 pub fn profile(p: &Profile) -> Result<(), String> {
     let time = |what: String, v: f64| -> Result<(), String> {
@@ -33,11 +33,11 @@ pub fn profile(p: &Profile) -> Result<(), String> {
             ))
         }
     };
-    if p.batch == 0 || p.batch > super::cli::MAX_PROFILE_BATCH {
+    if p.batch == 0 || p.batch > super::limits::MAX_PROFILE_BATCH {
         return Err(format!(
             "batch is {}: a profile is for a per-worker batch of 1 to {}",
             p.batch,
-            super::cli::MAX_PROFILE_BATCH
+            super::limits::MAX_PROFILE_BATCH
         ));
     }
     if p.input.iter().any(|&d| d == 0 || d > 1 << 16) {
