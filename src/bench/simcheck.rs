@@ -27,9 +27,11 @@
 use super::allreduce::bench_allreduce;
 use super::median;
 use super::overlap::{run_case, GridSpec, OverlapCase};
+use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
 use crate::config::CommChoice;
-use crate::sim::{measure, Simulator, StepConfig, Stragglers, Topology};
+use crate::sim::{measure, Profile, Simulator, StepConfig, Stragglers, Topology};
+use crate::train::metrics::StepTimes;
 
 /// Arguments of `dptrain bench sim-check`.
 #[derive(Debug, clap::Args)]
@@ -119,120 +121,284 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     }
 }
 
-/// The in-process comparison: one row per (model, bandwidth, overlap).
+/// One row of the in-process comparison: a model at a bandwidth, overlap on or off.
+#[derive(Debug, Clone)]
+pub struct EmulatedRow {
+    /// Model.
+    pub model: String,
+    /// `--link-bandwidth` entry.
+    pub bandwidth: String,
+    /// Overlap on?
+    pub overlap: bool,
+    /// The emulated run's mean step.
+    pub measured: StepTimes,
+    /// Simulated step from the profile, ms.
+    pub sim_ms: f64,
+    /// Its exposed communication, ms.
+    pub sim_exposed_ms: f64,
+    /// Its compute (forward + backward + update), ms.
+    pub sim_compute_ms: f64,
+    /// Simulated step with the run's own compute times, ms.
+    pub cal_ms: f64,
+}
+
+/// The rows of one model at one bandwidth, with the emulation's measured per-message cost.
+#[derive(Debug, Clone)]
+pub struct EmulatedGroup {
+    /// Model.
+    pub model: String,
+    /// `--link-bandwidth` entry.
+    pub bandwidth: String,
+    /// Per-message overhead of the emulation, added to the simulated latency.
+    pub overhead: std::time::Duration,
+    /// Overlap on, then off.
+    pub rows: Vec<EmulatedRow>,
+}
+
+/// The in-process comparison: every model at every bandwidth.
+#[derive(Debug, Clone)]
+pub struct EmulatedCheck {
+    /// The line saying what was run.
+    pub title: String,
+    /// By model, then bandwidth.
+    pub groups: Vec<EmulatedGroup>,
+}
+
+impl EmulatedRow {
+    /// Simulated against measured step, %.
+    pub fn error_pct(&self) -> f64 {
+        100.0 * (self.sim_ms / self.measured.step_ms - 1.0)
+    }
+
+    /// Calibrated (the run's compute) against measured step, %.
+    pub fn calibrated_error_pct(&self) -> f64 {
+        100.0 * (self.cal_ms / self.measured.step_ms - 1.0)
+    }
+
+    /// The row on the terminal, and its `RESULT` line.
+    pub fn terminal(&self) -> String {
+        let m = &self.measured;
+        format!(
+            "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}\n\
+             RESULT dptrain simcheck model={} bw={} overlap={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+            self.model,
+            self.bandwidth,
+            if self.overlap { "on" } else { "off" },
+            m.step_ms,
+            self.sim_ms,
+            self.error_pct(),
+            self.cal_ms,
+            self.calibrated_error_pct(),
+            m.exposed_comm_ms,
+            self.sim_exposed_ms,
+            m.data_ms + m.forward_ms + m.backward_ms + m.update_ms,
+            self.sim_compute_ms,
+            self.model,
+            self.bandwidth,
+            self.overlap,
+            m.step_ms,
+            self.sim_ms,
+            self.cal_ms
+        )
+    }
+}
+
+impl EmulatedGroup {
+    /// The line above the group's rows: the emulation's measured per-message cost.
+    pub fn terminal_head(&self) -> String {
+        format!(
+            "{} at {}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
+            self.model,
+            self.bandwidth,
+            self.overhead.as_secs_f64() * 1e6
+        )
+    }
+}
+
+impl EmulatedCheck {
+    /// The column header.
+    pub fn terminal_header() -> String {
+        format!(
+            "{:>10} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            "model",
+            "bandwidth",
+            "overlap",
+            "meas ms",
+            "sim ms",
+            "err%",
+            "cal ms",
+            "err%",
+            "meas exp",
+            "sim exp",
+            "meas cpt",
+            "sim cpt"
+        )
+    }
+
+    /// The last line: the largest errors.
+    pub fn terminal_footer(&self) -> String {
+        let rows = || self.groups.iter().flat_map(|g| &g.rows);
+        let worst = rows().map(|r| r.error_pct().abs()).fold(0.0, f64::max);
+        let worst_cal = rows()
+            .map(|r| r.calibrated_error_pct().abs())
+            .fold(0.0, f64::max);
+        format!(
+            "largest |error|: {worst:.1}% from the profile, {worst_cal:.1}% with the run's compute \
+             (target: within 10%); exp = exposed comm, cpt = data + forward + backward + update"
+        )
+    }
+
+    /// The whole comparison on the terminal, as `bench sim-check` prints it.
+    pub fn terminal(&self) -> String {
+        let mut s = format!("{}\n{}\n", self.title, Self::terminal_header());
+        for g in &self.groups {
+            s += &g.terminal_head();
+            s += "\n";
+            for r in &g.rows {
+                s += &r.terminal();
+                s += "\n";
+            }
+        }
+        s + &self.terminal_footer()
+    }
+
+    /// The comparison for a markdown page: the terminal table without its `RESULT` lines, as
+    /// preformatted text (its columns and per-group lines read best as printed).
+    pub fn markdown(&self) -> String {
+        let table: Vec<String> = self
+            .terminal()
+            .lines()
+            .filter(|l| !l.starts_with("RESULT "))
+            .map(str::to_string)
+            .collect();
+        format!("```text\n{}\n```\n", table.join("\n"))
+    }
+}
+
+/// Runs `--against emulated`, printing as it goes.
 pub fn run_emulated(a: &SimCheckArgs) -> Result<(), String> {
+    let check = measure_emulated(a, &mut |line| println!("{line}"))?;
+    println!("{}", check.terminal_footer());
+    Ok(())
+}
+
+/// The in-process comparison: one row per (model, bandwidth, overlap); each line of the
+/// terminal table goes to `on_line` as it is measured (all but the footer).
+pub fn measure_emulated(
+    a: &SimCheckArgs,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<EmulatedCheck, String> {
     if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
         return Err("--workers must be at least 2 and divide --batch".into());
     }
     let comm = CommChoice::parse(&a.comm)?;
-    let tmp = std::env::temp_dir().join(format!("dptrain-bench-simcheck-{}", std::process::id()));
-    println!(
-        "{} workers x {} thread(s), global batch {}, {}, latency {}; measured = mean emulated step, simulated from a profile measured with {} concurrent replicas",
-        a.workers, a.threads, a.batch, a.comm, a.link_latency, a.workers
-    );
-    println!(
-        "{:>10} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
-        "model",
-        "bandwidth",
-        "overlap",
-        "meas ms",
-        "sim ms",
-        "err%",
-        "cal ms",
-        "err%",
-        "meas exp",
-        "sim exp",
-        "meas cpt",
-        "sim cpt"
-    );
-    let (mut worst, mut worst_cal): (f64, f64) = (0.0, 0.0);
+    let scratch = ScratchDir::new("simcheck");
+    let mut check = EmulatedCheck {
+        title: format!(
+            "{} workers x {} thread(s), global batch {}, {}, latency {}; measured = mean emulated step, simulated from a profile measured with {} concurrent replicas",
+            a.workers, a.threads, a.batch, a.comm, a.link_latency, a.workers
+        ),
+        groups: Vec::new(),
+    };
+    on_line(&check.title);
+    on_line(&EmulatedCheck::terminal_header());
     let mut simulator = Simulator::new();
     for model in a.model.split(',').map(str::trim) {
         let profile = measure(model, a.batch / a.workers, a.threads, a.steps, a.workers)?;
-        let spec = GridSpec {
-            model: model.to_string(),
-            workers: a.workers,
-            batch: a.batch,
-            threads: a.threads,
-            steps: a.steps,
-            bucket_kb: None,
-        };
         for bw in a.link_bandwidth.split(',').map(str::trim) {
-            let link = LinkModel {
-                bandwidth_bytes_per_s: parse_bandwidth(bw)?,
-                latency: parse_duration(&a.link_latency)?,
+            let group = EmulatedGroup {
+                model: model.to_string(),
+                bandwidth: bw.to_string(),
+                overhead: std::time::Duration::ZERO,
+                rows: Vec::new(),
             };
-            let given = link;
-            let overhead = message_overhead(a.workers, &link)?;
-            println!(
-                "{model} at {bw}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
-                overhead.as_secs_f64() * 1e6
-            );
-            let link = LinkModel {
-                latency: link.latency + overhead,
-                ..link
-            };
-            for overlap in [true, false] {
-                let case = OverlapCase {
-                    comm: a.comm.clone(),
-                    overlap,
-                    bandwidth: Some(bw.to_string()),
-                    latency: Some(a.link_latency.clone()),
-                };
-                let measured = run_case(&spec, &case, &tmp)?.breakdown.mean;
-                let step = StepConfig {
-                    topology: Topology::flat(a.workers, link),
-                    comm,
-                    hierarchical: true,
-                    overlap,
-                    // The trainer's default caps, planned for the link the run was given.
-                    bucket_kb: None,
-                    planning_link: Some(given),
-                    stragglers: Stragglers::NONE,
-                };
-                let sim = simulator.step(&profile, &step)?;
-                // The run's own compute totals with the profile's per-block shape: isolates the
-                // communication and overlap model from compute-speed drift on a shared machine.
-                let cal = simulator.step(
-                    &profile.rescaled(
-                        measured.data_ms + measured.forward_ms,
-                        measured.backward_ms,
-                        measured.update_ms,
-                    ),
-                    &step,
-                )?;
-                let cal_err = 100.0 * (cal.step_ms / measured.step_ms - 1.0);
-                let err = 100.0 * (sim.step_ms / measured.step_ms - 1.0);
-                worst = worst.max(err.abs());
-                worst_cal = worst_cal.max(cal_err.abs());
-                println!(
-                    "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-                    model,
-                    bw,
-                    if overlap { "on" } else { "off" },
-                    measured.step_ms,
-                    sim.step_ms,
-                    err,
-                    cal.step_ms,
-                    cal_err,
-                    measured.exposed_comm_ms,
-                    sim.exposed_ms,
-                    measured.data_ms + measured.forward_ms + measured.backward_ms + measured.update_ms,
-                    sim.forward_ms + sim.backward_ms + sim.update_ms
-                );
-                println!(
-                    "RESULT dptrain simcheck model={model} bw={bw} overlap={overlap} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
-                    measured.step_ms, sim.step_ms, cal.step_ms
-                );
-            }
+            let group = emulated_group(
+                a,
+                group,
+                comm,
+                &profile,
+                &mut simulator,
+                scratch.path(),
+                on_line,
+            )?;
+            check.groups.push(group);
         }
     }
-    let _ = std::fs::remove_dir_all(&tmp);
-    println!(
-        "largest |error|: {worst:.1}% from the profile, {worst_cal:.1}% with the run's compute \
-         (target: within 10%); exp = exposed comm, cpt = data + forward + backward + update"
-    );
-    Ok(())
+    Ok(check)
+}
+
+/// One model at one bandwidth: the emulation's per-message cost, then overlap on and off, each
+/// an emulated run beside the simulated step.
+fn emulated_group(
+    a: &SimCheckArgs,
+    mut group: EmulatedGroup,
+    comm: CommChoice,
+    profile: &Profile,
+    simulator: &mut Simulator,
+    dir: &std::path::Path,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<EmulatedGroup, String> {
+    let given = LinkModel {
+        bandwidth_bytes_per_s: parse_bandwidth(&group.bandwidth)?,
+        latency: parse_duration(&a.link_latency)?,
+    };
+    group.overhead = message_overhead(a.workers, &given)?;
+    on_line(&group.terminal_head());
+    let link = LinkModel {
+        latency: given.latency + group.overhead,
+        ..given
+    };
+    let spec = GridSpec {
+        model: group.model.clone(),
+        workers: a.workers,
+        batch: a.batch,
+        threads: a.threads,
+        steps: a.steps,
+        bucket_kb: None,
+    };
+    for overlap in [true, false] {
+        let case = OverlapCase {
+            comm: a.comm.clone(),
+            overlap,
+            bandwidth: Some(group.bandwidth.clone()),
+            latency: Some(a.link_latency.clone()),
+        };
+        let measured = run_case(&spec, &case, dir)?.breakdown.mean;
+        let step = StepConfig {
+            topology: Topology::flat(a.workers, link),
+            comm,
+            hierarchical: true,
+            overlap,
+            // The trainer's default caps, planned for the link the run was given.
+            bucket_kb: None,
+            planning_link: Some(given),
+            stragglers: Stragglers::NONE,
+        };
+        let sim = simulator.step(profile, &step)?;
+        // The run's own compute totals with the profile's per-block shape: isolates the
+        // communication and overlap model from compute-speed drift on a shared machine.
+        let cal = simulator.step(
+            &profile.rescaled(
+                measured.data_ms + measured.forward_ms,
+                measured.backward_ms,
+                measured.update_ms,
+            ),
+            &step,
+        )?;
+        let row = EmulatedRow {
+            model: group.model.clone(),
+            bandwidth: group.bandwidth.clone(),
+            overlap,
+            measured,
+            sim_ms: sim.step_ms,
+            sim_exposed_ms: sim.exposed_ms,
+            sim_compute_ms: sim.forward_ms + sim.backward_ms + sim.update_ms,
+            cal_ms: cal.step_ms,
+        };
+        on_line(&row.terminal());
+        group.rows.push(row);
+    }
+    Ok(group)
 }
 
 /// The emulated link's software cost per message: a few-byte ring all-reduce (2(N-1)

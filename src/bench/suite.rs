@@ -7,8 +7,8 @@
 //! (memory speed and an emulated link), the overlap grid, data wait with and without
 //! preloading, the ablation, and the simulator against emulated runs. They run in this process
 //! through the bench modules' functions, one after the other (so no two measurements share the
-//! cores), except the simulator check, which runs `dptrain bench sim-check` as a child process
-//! because that command prints its table rather than returning it.
+//! cores), and each section's tables are the markdown renderings of the result types its
+//! command prints on the terminal.
 //!
 //! A section that fails is reported in the page (and the command then exits with an error
 //! naming it) while the other sections still run: a benchmark prints figures, and one broken
@@ -18,6 +18,7 @@ use super::ablation::{AblationArgs, AblationSpec};
 use super::allreduce::{self, bench_allreduce, AllReduceTable};
 use super::data::{self, export_image_folder, DataResult, Loading};
 use super::overlap::{self, GridSpec};
+use super::simcheck::SimCheckArgs;
 use super::step;
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
@@ -170,9 +171,38 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     crate::output::create_dir(out).map_err(|e| format!("--out: {e}"))?;
     crate::output::check_writable(&out.join(REPORT_FILE)).map_err(|e| format!("--out: {e}"))?;
     let plan = Plan::new(quick);
-    let q = if quick { " (quick)" } else { "" };
-    type SectionFn = fn(&Plan, &Path) -> Result<String, String>;
-    let sections: [(&'static str, String, SectionFn); 6] = [
+    let done = run_sections(&plan, out);
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let report = out.join(REPORT_FILE);
+    let load = format!(
+        "{} at the start, {} at the end",
+        load_before,
+        load_average()
+    );
+    crate::output::write_atomically(&report, page(&done, quick, wall_seconds, &load).as_bytes())?;
+    let failures = done
+        .iter()
+        .filter_map(|s| {
+            s.body
+                .as_ref()
+                .err()
+                .map(|e| (s.title.to_string(), e.clone()))
+        })
+        .collect();
+    Ok(SuiteOutcome {
+        report,
+        failures,
+        wall_seconds,
+    })
+}
+
+/// A section's measuring and its markdown: the plan, and the directory its plots go to.
+type SectionFn = fn(&Plan, &Path) -> Result<String, String>;
+
+/// Every section in page order: its title, the command that re-runs it alone, and its
+/// function.
+fn sections(plan: &Plan) -> [(&'static str, String, SectionFn); 6] {
+    [
         (
             SECTIONS[0],
             format!(
@@ -230,12 +260,18 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
                 .to_string(),
             simcheck_section,
         ),
-    ];
+    ]
+}
+
+/// Runs every section in turn, saying which is running; a failed section says so and the
+/// next one runs.
+fn run_sections(plan: &Plan, out: &Path) -> Vec<Section> {
+    let q = if plan.quick { " (quick)" } else { "" };
     let mut done = Vec::new();
-    for (title, rerun, f) in sections {
+    for (title, rerun, f) in sections(plan) {
         println!("[suite{q}] {title} ...");
         let t = Instant::now();
-        let body = f(&plan, out);
+        let body = f(plan, out);
         if let Err(e) = &body {
             println!("[suite{q}] {title} failed: {e}");
         }
@@ -246,28 +282,7 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
             seconds: t.elapsed().as_secs_f64(),
         });
     }
-    let wall_seconds = started.elapsed().as_secs_f64();
-    let report = out.join(REPORT_FILE);
-    let load = format!(
-        "{} at the start, {} at the end",
-        load_before,
-        load_average()
-    );
-    crate::output::write_atomically(&report, page(&done, quick, wall_seconds, &load).as_bytes())?;
-    let failures = done
-        .iter()
-        .filter_map(|s| {
-            s.body
-                .as_ref()
-                .err()
-                .map(|e| (s.title.to_string(), e.clone()))
-        })
-        .collect();
-    Ok(SuiteOutcome {
-        report,
-        failures,
-        wall_seconds,
-    })
+    done
 }
 
 /// Runs `dptrain bench suite`.
@@ -564,15 +579,7 @@ fn data_section(plan: &Plan, out: &Path) -> Result<String, String> {
 /// The ablation (`bench ablation` with its defaults, or tiny in quick mode); also writes
 /// `ablation.md` and `ablation.json`.
 fn ablation_section(plan: &Plan, out: &Path) -> Result<String, String> {
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: AblationArgs,
-    }
-    let argv = std::iter::once("ablation").chain(plan.ablation.iter().copied());
-    let args = <Cli as clap::Parser>::try_parse_from(argv)
-        .map_err(|e| e.to_string())?
-        .args;
+    let args = parse_flags::<AblationArgs>("ablation", &plan.ablation)?;
     let report = super::ablation::run(&AblationSpec::from_args(&args)?)?;
     report.write(out)?;
     let groups: Vec<String> = report
@@ -607,35 +614,33 @@ fn ablation_section(plan: &Plan, out: &Path) -> Result<String, String> {
     ))
 }
 
-/// `dptrain bench sim-check` in a child process (it prints its table), shown verbatim.
+/// `dptrain bench sim-check` (its defaults, or tiny in quick mode): its table.
 fn simcheck_section(plan: &Plan, _out: &Path) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
-    let output = std::process::Command::new(&exe)
-        .args(["bench", "sim-check"])
-        .args(&plan.simcheck)
-        .output()
-        .map_err(|e| format!("running {} bench sim-check: {e}", exe.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "bench sim-check exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    let table: Vec<&str> = stdout
-        .lines()
-        .filter(|l| !l.starts_with("RESULT "))
-        .collect();
+    let args = parse_flags::<SimCheckArgs>("sim-check", &plan.simcheck)?;
+    let check = super::simcheck::measure_emulated(&args, &mut |_| {})?;
     Ok(format!(
         "The simulator's predicted step against short emulated runs of the same configuration \
          (`sim ms`: from a profile measured here; `cal ms`: the same with the run's own compute \
-         times, isolating the communication model){}.\n\n```text\n{}\n```\n",
+         times, isolating the communication model){}.\n\n{}",
         if plan.quick {
             ""
         } else {
             "; defaults of `bench sim-check`"
         },
-        table.join("\n")
+        check.markdown()
     ))
+}
+
+/// A benchmark's arguments from `flags`, as its command line would parse them (defaults
+/// included).
+fn parse_flags<A: clap::Args>(command: &str, flags: &[&str]) -> Result<A, String> {
+    #[derive(clap::Parser)]
+    struct Cli<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    let argv = std::iter::once(command).chain(flags.iter().copied());
+    <Cli<A> as clap::Parser>::try_parse_from(argv)
+        .map(|c| c.args)
+        .map_err(|e| e.to_string())
 }
