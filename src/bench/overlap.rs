@@ -316,7 +316,7 @@ impl OverlapGrid {
 
 /// Runs `dptrain bench overlap`: the grid, printed row by row as it is measured.
 pub fn run_command(a: OverlapArgs) -> Result<(), String> {
-    if a.workers < 2 || a.batch % a.workers != 0 {
+    if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
         return Err("--workers must be at least 2 and divide --batch".into());
     }
     let scratch = ScratchDir::new("overlap");

@@ -240,7 +240,7 @@ fn sections(plan: &Plan) -> [(&'static str, String, SectionFn); 6] {
             SECTIONS[3],
             format!(
                 "dptrain data export-images --dataset mnist --out /tmp/mnist-png --limit {} && dptrain bench data --dataset imagefolder --data-dir /tmp/mnist-png --augment crop:4,flip --workers 2 --threads 1 --loader-threads 1,2 --steps {} --batches {}",
-                data_samples(&plan),
+                data_samples(plan),
                 plan.data_steps,
                 plan.data_batches
             ),
