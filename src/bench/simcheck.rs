@@ -1659,6 +1659,39 @@ mod tests {
     }
 
     #[test]
+    fn the_mpi_allreduce_table_as_printed_is_read_back() {
+        use crate::bench::allreduce::{AllReduceTable, OpRow, PROCESS_NAME_WIDTH};
+        let row = |name: &str, bytes, us: f64| OpRow {
+            name: name.into(),
+            bytes,
+            time: Duration::from_secs_f64(us * 1e-6),
+            algbw: 1e9,
+            busbw: 1e9,
+        };
+        let table = AllReduceTable {
+            name_width: PROCESS_NAME_WIDTH,
+            rows: vec![
+                row("ring", 4, 115.5),
+                row("hier:ring", 4, 230.25),
+                row("auto:hier:redundant", 4 << 20, 698659.2),
+            ],
+        };
+        let out = table.terminal();
+        assert_eq!(
+            parse_allreduce(&out, "hier:ring", 4).unwrap(),
+            Duration::from_secs_f64(230.2e-6)
+        );
+        assert_eq!(
+            parse_allreduce(&out, "auto:hier:redundant", 4 << 20).unwrap(),
+            Duration::from_secs_f64(698659.2e-6)
+        );
+        assert!(table
+            .markdown()
+            .contains("| 4M | auto:hier:redundant | 698659.2 | 1.000 | 1.000 |"));
+        assert_eq!(crate::bench::allreduce::size_label(1536), "1536");
+    }
+
+    #[test]
     fn worker_batches_are_one_for_all_or_one_per_model() {
         assert_eq!(per_model_batch("64", "lenet5").unwrap(), 64);
         let spec = "vgg-small=32, lenet5=128";
