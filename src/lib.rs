@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod report;
 pub mod sim;
+pub mod terminal;
 pub mod testbed;
 pub mod trace;
 pub mod train;

@@ -469,6 +469,37 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
     let data_dir = scratch.path().join("images");
     let source = image_source_for(&spec.model);
     export_image_folder(source, spec.train_samples(), TEST_SAMPLES, &data_dir)?;
+    let (single, measured) = measure_rows(spec, &data_dir, scratch.path())?;
+    let simulated = simulate_rows(spec, &measured)?;
+    Ok(AblationReport {
+        model: spec.model.clone(),
+        workers: spec.workers,
+        threads: spec.threads,
+        batch: spec.batch,
+        steps: spec.steps,
+        repeats: spec.repeats,
+        link: spec.link_text(),
+        data: format!(
+            "ImageFolder exported from {source} ({} train PNGs decoded per sample by the loaders), augment {}",
+            spec.train_samples(),
+            spec.augment
+        ),
+        single_worker_images_per_s: single,
+        measured,
+        profile_source: simulated.profile_source,
+        sync_data_ms: simulated.sync_data_ms,
+        simulated: simulated.rows,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Every row measured (and the 1-worker reference) on the ImageFolder at `data_dir`, run
+/// directories in `scratch`: the reference's images/s and the measured rows.
+fn measure_rows(
+    spec: &AblationSpec,
+    data_dir: &Path,
+    scratch: &Path,
+) -> Result<(f64, Vec<MeasuredStage>), String> {
     // Rounds run every row once, in order; a row's images/s is its median over rounds. Spread
     // this way, a slow spell of a shared machine lands on all rows rather than on one.
     let rows = stages(spec.prefetch, spec.loader_threads);
@@ -477,15 +508,15 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
     let mut pooled: Vec<Vec<StepTimes>> = vec![Vec::new(); rows.len()];
     let mut ops: Vec<Vec<String>> = vec![Vec::new(); rows.len()];
     for _ in 0..spec.repeats {
-        let run_dir = scratch.path().join("run-single");
-        train_quietly(single_worker_options(spec, &data_dir, &run_dir))?;
+        let run_dir = scratch.join("run-single");
+        train_quietly(single_worker_options(spec, data_dir, &run_dir))?;
         single_rounds.push(images_per_s(
             spec.per_worker_batch(),
             &timed_steps(&run_dir)?,
         ));
         for (i, stage) in rows.iter().enumerate() {
-            let run_dir = scratch.path().join(format!("run-{}", i + 1));
-            let summary = train_quietly(stage_options(spec, &stage.settings, &data_dir, &run_dir))?;
+            let run_dir = scratch.join(format!("run-{}", i + 1));
+            let summary = train_quietly(stage_options(spec, &stage.settings, data_dir, &run_dir))?;
             let steps = timed_steps(&run_dir)?;
             rounds[i].push(images_per_s(spec.batch, &steps));
             pooled[i].extend(steps);
@@ -507,7 +538,19 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
             median: median_times(&pooled[i]),
         });
     }
+    Ok((single, measured))
+}
 
+/// The simulated rows and what they rest on.
+struct SimulatedRows {
+    profile_source: String,
+    sync_data_ms: f64,
+    rows: Vec<SimulatedStage>,
+}
+
+/// The measured rows' settings simulated at each of the spec's worker counts, from a profile
+/// measured here.
+fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<SimulatedRows, String> {
     let profile = measure(
         &spec.model,
         spec.per_worker_batch(),
@@ -535,10 +578,10 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
     };
     let single_sim_ms = sim(1, CommChoice::parse("ring")?, true)?.step_ms;
     let sync_data_ms = measured[0].median.data_ms;
-    let mut simulated = Vec::new();
+    let mut rows = Vec::new();
     for &world in &spec.sim_workers {
         let mut base_ms = None;
-        for m in &measured {
+        for m in measured {
             let r = sim(
                 world,
                 CommChoice::parse(&m.settings.comm)?,
@@ -551,7 +594,7 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
             };
             let step_ms = r.step_ms + data_ms;
             let base = *base_ms.get_or_insert(step_ms);
-            simulated.push(SimulatedStage {
+            rows.push(SimulatedStage {
                 adds: m.adds.clone(),
                 workers: world,
                 step_ms,
@@ -563,25 +606,10 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
             });
         }
     }
-    Ok(AblationReport {
-        model: spec.model.clone(),
-        workers: spec.workers,
-        threads: spec.threads,
-        batch: spec.batch,
-        steps: spec.steps,
-        repeats: spec.repeats,
-        link: spec.link_text(),
-        data: format!(
-            "ImageFolder exported from {source} ({} train PNGs decoded per sample by the loaders), augment {}",
-            spec.train_samples(),
-            spec.augment
-        ),
-        single_worker_images_per_s: single,
-        measured,
+    Ok(SimulatedRows {
         profile_source: profile.source.clone(),
         sync_data_ms,
-        simulated,
-        wall_seconds: started.elapsed().as_secs_f64(),
+        rows,
     })
 }
 
@@ -614,6 +642,29 @@ impl AblationReport {
     /// The report as markdown: a header saying what was measured and how, the measured table,
     /// and the simulated table.
     pub fn markdown(&self) -> String {
+        let mut s = self.measured_markdown();
+        s += &self.preloading_note();
+        s += &self.simulated_markdown();
+        s
+    }
+
+    /// The report on the terminal: its markdown, then one `RESULT` line per measured row.
+    pub fn terminal(&self) -> String {
+        let results: Vec<String> = self
+            .measured
+            .iter()
+            .map(|m| {
+                format!(
+                    "RESULT dptrain ablation model={} workers={} row=\"{}\" images_per_s={:.0} speedup={:.3}",
+                    self.model, self.workers, m.adds, m.images_per_s, m.speedup
+                )
+            })
+            .collect();
+        format!("{}\n{}", self.markdown(), results.join("\n"))
+    }
+
+    /// What was measured and how, and the measured table.
+    fn measured_markdown(&self) -> String {
         let per_worker = self.batch / self.workers;
         let mut s = format!(
             "**{}**, {} workers x {} thread(s), link {}, global batch {} ({per_worker} per worker), \
@@ -658,31 +709,45 @@ impl AblationReport {
                 t.update_ms
             );
         }
-        if let [.., before, last] = self.measured.as_slice() {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let busy = self.workers * self.threads + last.settings.loader_threads;
-            if last.speedup < before.speedup * 1.05 && busy > cores {
-                s += &format!(
-                    "\nPreloading took the data wait from {:.2} to {:.2} ms, yet images/s went \
-                     from {:.0} to {:.0}: its {} loader thread(s) share this machine's {cores} \
-                     core(s) with {} worker compute thread(s), so decoding still takes CPU time \
-                     from the step (and the extra thread adds scheduling noise). With spare \
-                     cores (or a GPU doing the compute) the data wait goes without that cost.\n",
-                    before.median.data_ms,
-                    last.median.data_ms,
-                    before.images_per_s,
-                    last.images_per_s,
-                    last.settings.loader_threads,
-                    self.workers * self.threads
-                );
-            }
+        s
+    }
+
+    /// Why preloading gained little, when it did and the loaders had no cores of their own;
+    /// empty otherwise.
+    fn preloading_note(&self) -> String {
+        let [.., before, last] = self.measured.as_slice() else {
+            return String::new();
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let busy = self.workers * self.threads + last.settings.loader_threads;
+        let gained_little = last.speedup < before.speedup * 1.05;
+        if !(gained_little && busy > cores) {
+            return String::new();
         }
+        format!(
+            "\nPreloading took the data wait from {:.2} to {:.2} ms, yet images/s went \
+             from {:.0} to {:.0}: its {} loader thread(s) share this machine's {cores} \
+             core(s) with {} worker compute thread(s), so decoding still takes CPU time \
+             from the step (and the extra thread adds scheduling noise). With spare \
+             cores (or a GPU doing the compute) the data wait goes without that cost.\n",
+            before.median.data_ms,
+            last.median.data_ms,
+            before.images_per_s,
+            last.images_per_s,
+            last.settings.loader_threads,
+            self.workers * self.threads
+        )
+    }
+
+    /// What the simulated rows rest on, and their table: one column per worker count.
+    fn simulated_markdown(&self) -> String {
+        let per_worker = self.batch / self.workers;
         let worlds: Vec<usize> = {
             let mut w: Vec<usize> = self.simulated.iter().map(|r| r.workers).collect();
             w.dedup();
             w
         };
-        s += &format!(
+        let mut s = format!(
             "\nSimulated on the same link, from a profile {} at batch {per_worker}; buckets one \
              block each (the trainer's default). The simulator does not model loading: rows \
              without preloading add the baseline's measured in-step load time ({:.2} ms, its \
@@ -745,13 +810,7 @@ pub fn run_command(a: AblationArgs) -> Result<(), String> {
         spec.model, spec.workers, spec.repeats
     );
     let report = run(&spec)?;
-    println!("{}", report.markdown());
-    for m in &report.measured {
-        println!(
-            "RESULT dptrain ablation model={} workers={} row=\"{}\" images_per_s={:.0} speedup={:.3}",
-            report.model, report.workers, m.adds, m.images_per_s, m.speedup
-        );
-    }
+    println!("{}", report.terminal());
     if let Some(dir) = &a.out {
         report.write(dir)?;
         println!("written to {}", dir.join("ablation.md").display());

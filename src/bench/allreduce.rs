@@ -4,10 +4,12 @@
 //! an emulated link) or across MPI ranks ([`bench_allreduce_processes`], under `mpirun`: our
 //! modes next to `MPI_Allreduce`, flat and hierarchical).
 
+use super::args::{float_sizes, list, parse_link, parse_size};
 use super::median;
 use crate::comm::{
     all_reduce_sum, choose_mode, CommMode, InProcessFabric, LeaderOp, LinkModel, Transport,
 };
+use crate::config::TransportKind;
 use crate::parallel::BucketOp;
 use crate::train::ProcessGroup;
 use std::sync::{Arc, Barrier};
@@ -26,6 +28,19 @@ pub struct AllReduceRow {
     pub algbw: f64,
     /// Bus bandwidth, bytes/s.
     pub busbw: f64,
+}
+
+impl AllReduceRow {
+    /// The row under the name the table shows.
+    pub fn named(self, name: String) -> OpRow {
+        OpRow {
+            name,
+            bytes: self.bytes,
+            time: self.time,
+            algbw: self.algbw,
+            busbw: self.busbw,
+        }
+    }
 }
 
 /// How long a collective of the benchmark may wait for a peer, in seconds.
@@ -87,11 +102,11 @@ pub fn bench_allreduce(
     })
 }
 
-/// One row of the multi-process table: an operation by name.
+/// One row of an all-reduce table: an operation by name.
 #[derive(Debug, Clone)]
-pub struct ProcessRow {
-    /// The operation as the table shows it (`ring`, `hier:ring`, `auto:redundant`,
-    /// `mpi-native`, ...).
+pub struct OpRow {
+    /// The operation as the table shows it (`ring`, `auto:redundant`, and across processes
+    /// `hier:ring`, `mpi-native`, ...).
     pub name: String,
     /// Buffer size in bytes.
     pub bytes: usize,
@@ -138,7 +153,7 @@ pub fn bench_allreduce_processes(
     workers: usize,
     sizes: &[usize],
     iters: usize,
-) -> Result<Vec<ProcessRow>, String> {
+) -> Result<Vec<OpRow>, String> {
     let processes = group.size();
     let plan: Vec<(usize, String, BucketOp)> = sizes
         .iter()
@@ -194,7 +209,7 @@ pub fn bench_allreduce_processes(
         .map(|((bytes, name, _), times)| {
             let t = median(times);
             let algbw = *bytes as f64 / t;
-            ProcessRow {
+            OpRow {
                 name: name.clone(),
                 bytes: *bytes,
                 time: Duration::from_secs_f64(t),
@@ -243,4 +258,230 @@ fn time_ops(
         out.push(times);
     }
     Ok(out)
+}
+
+/// Arguments of `dptrain bench allreduce`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AllReduceArgs {
+    /// Workers (in-process), or worker threads per MPI rank [default: 2 in-process, 1 per
+    /// rank with --transport mpi].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// inproc (worker threads of this process) or mpi (run under mpirun; only rank 0
+    /// prints) [default: inproc].
+    #[arg(long, default_value = "inproc")]
+    pub transport: String,
+    /// Sizes in bytes, comma-separated; K, M suffixes allowed.
+    #[arg(long, default_value = "4K,64K,1M,16M,64M")]
+    pub sizes: String,
+    /// Modes, comma-separated, or all.
+    #[arg(long, default_value = "all")]
+    pub comm: String,
+    /// Emulated link bandwidth (e.g. 10Gbit).
+    #[arg(long)]
+    pub link_bandwidth: Option<String>,
+    /// Emulated link latency (e.g. 5us).
+    #[arg(long)]
+    pub link_latency: Option<String>,
+    /// Timed iterations per size.
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+}
+
+/// Width of the operation column of the in-process table (modes, `auto:MODE`).
+pub const IN_PROCESS_NAME_WIDTH: usize = 10;
+
+/// Width of the operation column of the multi-process table (`auto:hier:MODE` and the like).
+pub const PROCESS_NAME_WIDTH: usize = 20;
+
+/// An all-reduce table: time, algbw and busbw of operations by size.
+#[derive(Debug, Clone)]
+pub struct AllReduceTable {
+    /// Width of the operation column on the terminal.
+    pub name_width: usize,
+    /// Rows, in measuring order.
+    pub rows: Vec<OpRow>,
+}
+
+impl OpRow {
+    /// The row on the terminal, its operation column `name_width` wide.
+    pub fn terminal(&self, name_width: usize) -> String {
+        format!(
+            "{:>12} {:>name_width$} {:>12.1} {:>12.3} {:>12.3}",
+            self.bytes,
+            self.name,
+            self.time.as_secs_f64() * 1e6,
+            self.algbw / 1e9,
+            self.busbw / 1e9
+        )
+    }
+
+    /// The row in markdown, its size as `4K`, `16M`.
+    pub fn markdown(&self) -> String {
+        format!(
+            "| {} | {} | {:.1} | {:.3} | {:.3} |\n",
+            size_label(self.bytes),
+            self.name,
+            self.time.as_secs_f64() * 1e6,
+            self.algbw / 1e9,
+            self.busbw / 1e9
+        )
+    }
+}
+
+impl AllReduceTable {
+    /// The terminal table's header, its operation column `name_width` wide.
+    pub fn terminal_header(name_width: usize) -> String {
+        format!(
+            "{:>12} {:>name_width$} {:>12} {:>12} {:>12}",
+            "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s"
+        )
+    }
+
+    /// The table on the terminal: header and rows.
+    pub fn terminal(&self) -> String {
+        let mut s = Self::terminal_header(self.name_width);
+        for r in &self.rows {
+            s += "\n";
+            s += &r.terminal(self.name_width);
+        }
+        s
+    }
+
+    /// The table in markdown.
+    pub fn markdown(&self) -> String {
+        let mut s = String::from(
+            "| bytes | mode | time us | algbw GB/s | busbw GB/s |\n|---:|---|---:|---:|---:|\n",
+        );
+        for r in &self.rows {
+            s += &r.markdown();
+        }
+        s
+    }
+}
+
+/// A size as the flags write it: `64M`, `4K`, or bytes when not a whole number of either.
+pub fn size_label(bytes: usize) -> String {
+    const MIB: usize = 1 << 20;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{}M", bytes / MIB)
+    } else if bytes >= 1024 && bytes.is_multiple_of(1024) {
+        format!("{}K", bytes / 1024)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// Runs `dptrain bench allreduce`: in-process, or one rank of an MPI run.
+pub fn run_command(a: AllReduceArgs) -> Result<(), String> {
+    let transport = TransportKind::parse(&a.transport)?;
+    let mpi = transport == TransportKind::Mpi;
+    let workers = a.workers.unwrap_or(if mpi { 1 } else { 2 });
+    if workers == 0 || a.iters == 0 {
+        return Err("--workers and --iters must be at least 1".into());
+    }
+    let sizes = float_sizes(&list(&a.sizes, parse_size)?)?;
+    if mpi {
+        if a.comm != "all" || a.link_bandwidth.is_some() || a.link_latency.is_some() {
+            return Err(
+                "bench allreduce --transport mpi compares every mode on the \
+                                real link: leave out --comm and --link-*"
+                    .into(),
+            );
+        }
+        return run_processes(workers, &sizes, a.iters);
+    }
+    run_in_process(&a, workers, &sizes)
+}
+
+/// The modes `--comm` names, and whether it asks for `auto` too.
+fn comm_modes(comm: &str) -> Result<(Vec<CommMode>, bool), String> {
+    // "auto" runs the mode the cost model picks for each size (shown as auto:MODE).
+    let with_auto = comm == "all" || comm.split(',').any(|m| m.trim() == "auto");
+    let modes = if comm == "all" {
+        CommMode::ALL.to_vec()
+    } else {
+        list(&comm.replace("auto", "").replace(",,", ","), |m| {
+            m.parse::<CommMode>()
+        })
+        .or_else(|e| {
+            if comm.trim() == "auto" {
+                Ok(Vec::new())
+            } else {
+                Err(e)
+            }
+        })?
+    };
+    Ok((modes, with_auto))
+}
+
+/// `bench allreduce` in this process: worker threads, optionally over an emulated link; the
+/// table printed row by row as it is measured.
+fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<(), String> {
+    let (modes, with_auto) = comm_modes(&a.comm)?;
+    let link = parse_link(&a.link_bandwidth, &a.link_latency)?;
+    if let Some(l) = &link {
+        crate::config::check_link_against_timeout(l, TIMEOUT_S as f64)?;
+    }
+    // Each worker holds the buffer, a scratch copy and the messages in flight.
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    crate::limits::check_memory(
+        &format!("an all-reduce of {largest} bytes on {workers} workers"),
+        3.0 * workers as f64 * largest as f64,
+        "give smaller --sizes or fewer --workers",
+    )?;
+    println!(
+        "all-reduce, {workers} workers, link: {}",
+        link.map_or("none (memory)".to_string(), |l| format!(
+            "{:.0} MB/s, {:?}",
+            l.bandwidth_bytes_per_s / 1e6,
+            l.latency
+        ))
+    );
+    let width = IN_PROCESS_NAME_WIDTH;
+    println!("{}", AllReduceTable::terminal_header(width));
+    for &bytes in sizes {
+        let auto = with_auto.then(|| {
+            let model = link.unwrap_or(crate::plan::IN_PROCESS_LINK);
+            choose_mode(workers, bytes, &model)
+        });
+        let rows = modes
+            .iter()
+            .map(|&m| (m, false))
+            .chain(auto.map(|m| (m, true)));
+        for (mode, is_auto) in rows {
+            let r = bench_allreduce(workers, bytes, mode, link, a.iters)?;
+            let name = if is_auto {
+                format!("auto:{mode}")
+            } else {
+                mode.to_string()
+            };
+            println!("{}", r.named(name).terminal(width));
+        }
+    }
+    Ok(())
+}
+
+/// `bench allreduce --transport mpi`: this process is one rank; rank 0 prints the table.
+fn run_processes(workers: usize, sizes: &[usize], iters: usize) -> Result<(), String> {
+    let timeout = Duration::from_secs(120);
+    let group = ProcessGroup::start(TransportKind::Mpi, timeout)?;
+    let result = bench_allreduce_processes(&group, workers, sizes, iters);
+    let (rank, processes) = (group.rank(), group.size());
+    group.end(result.is_ok());
+    let rows = result.map_err(|e| format!("rank {rank} of {processes}: {e}"))?;
+    if rank != 0 {
+        return Ok(());
+    }
+    println!(
+        "all-reduce over MPI: {processes} processes x {workers} workers ({} in all), median of \
+         {iters}; busbw = algbw * 2(N-1)/N",
+        processes * workers
+    );
+    let table = AllReduceTable {
+        name_width: PROCESS_NAME_WIDTH,
+        rows,
+    };
+    println!("{}", table.terminal());
+    Ok(())
 }

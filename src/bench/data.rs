@@ -2,12 +2,51 @@
 //! count, against collating on the consuming thread), and the data-wait fraction of a short
 //! training run with prefetch off and on.
 
+use super::ScratchDir;
 use crate::config::TrainOptions;
 use crate::pipeline::{DistributedSampler, LoadStats};
 use crate::train::{load_sources, start_pipeline, train, Summary};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Arguments of `dptrain bench data`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DataArgs {
+    /// Dataset (e.g. imagefolder with --data-dir, after `dptrain data export-images`).
+    #[arg(long, default_value = "mnist")]
+    pub dataset: String,
+    /// Dataset directory.
+    #[arg(long)]
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Loader-thread counts, comma-separated.
+    #[arg(long, default_value = "1,2")]
+    pub loader_threads: String,
+    /// Batches prefetched per worker in the "on" runs.
+    #[arg(long, default_value_t = 2)]
+    pub prefetch: usize,
+    /// Augmentation (off, or e.g. crop:4,flip).
+    #[arg(long, default_value = "off")]
+    pub augment: String,
+    /// Model of the training runs.
+    #[arg(long, default_value = "lenet5")]
+    pub model: String,
+    /// Global batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Workers in the training runs.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Compute threads per worker [default: cores / workers].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Batches timed for the pipeline alone.
+    #[arg(long, default_value_t = 200)]
+    pub batches: usize,
+    /// Timed training steps per run.
+    #[arg(long, default_value_t = 60)]
+    pub steps: usize,
+}
 
 /// Batches consumed, untimed, before timing starts (buffers grow, caches fill).
 const WARMUP_BATCHES: usize = 5;
@@ -112,4 +151,288 @@ pub fn export_image_folder(
     crate::data::image_folder::export(&pair, out, None)
         .map(|_| ())
         .map_err(|e| format!("exporting {dataset} as images to {}: {e}", out.display()))
+}
+
+/// A loading setting: loader threads and batches prefetched per worker (0: the consumer
+/// collates each batch itself, in the step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loading {
+    /// Loader threads.
+    pub loader_threads: usize,
+    /// Batches prefetched per worker.
+    pub prefetch: usize,
+}
+
+impl Loading {
+    /// The terminal's first column: `(in step)`, or the loader threads.
+    fn terminal_name(&self) -> String {
+        if self.prefetch == 0 {
+            "(in step)".to_string()
+        } else {
+            self.loader_threads.to_string()
+        }
+    }
+
+    /// The markdown's first column: `in step`, or `T loader thread(s), prefetch K`.
+    fn markdown_name(&self) -> String {
+        if self.prefetch == 0 {
+            "in step".to_string()
+        } else {
+            format!(
+                "{} loader thread(s), prefetch {}",
+                self.loader_threads, self.prefetch
+            )
+        }
+    }
+}
+
+/// The input pipeline alone at one loading setting.
+#[derive(Debug, Clone)]
+pub struct PipelineRow {
+    /// The setting.
+    pub loading: Loading,
+    /// Images/s delivered to a consumer that does nothing else.
+    pub images_per_s: f64,
+}
+
+/// A short training run at one loading setting.
+#[derive(Debug, Clone)]
+pub struct TrainingRow {
+    /// The setting.
+    pub loading: Loading,
+    /// Mean step, ms.
+    pub step_ms: f64,
+    /// Mean data wait, ms.
+    pub data_ms: f64,
+    /// Data wait, % of the step.
+    pub data_wait_pct: f64,
+    /// The run's images/s.
+    pub images_per_s: f64,
+    /// The run's peak resident memory, MiB.
+    pub peak_rss_mb: f64,
+}
+
+/// What `bench data` measures: the pipeline alone, and training runs, per loading setting.
+#[derive(Debug, Clone)]
+pub struct DataResult {
+    /// The pipeline alone.
+    pub pipeline: Vec<PipelineRow>,
+    /// The training runs.
+    pub training: Vec<TrainingRow>,
+}
+
+/// Times the pipeline alone at each of `settings` over `batches` batches, calling `on_row`
+/// with each row as it is measured.
+pub fn measure_pipeline(
+    base: &TrainOptions,
+    settings: &[Loading],
+    batches: usize,
+    mut on_row: impl FnMut(&PipelineRow),
+) -> Result<Vec<PipelineRow>, String> {
+    let mut rows = Vec::with_capacity(settings.len());
+    for &loading in settings {
+        let images_per_s =
+            pipeline_images_per_s(base, loading.loader_threads, loading.prefetch, batches)?;
+        let row = PipelineRow {
+            loading,
+            images_per_s,
+        };
+        on_row(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// A short training run (`steps` timed steps, in `dir`) at each of `settings`, calling
+/// `on_row` with each row as it is measured.
+pub fn measure_training(
+    base: &TrainOptions,
+    settings: &[Loading],
+    steps: usize,
+    dir: &Path,
+    mut on_row: impl FnMut(&TrainingRow),
+) -> Result<Vec<TrainingRow>, String> {
+    let mut rows = Vec::with_capacity(settings.len());
+    for &loading in settings {
+        let s = training_run(base, loading.loader_threads, loading.prefetch, steps, dir)?;
+        let m = &s.breakdown.mean;
+        let row = TrainingRow {
+            loading,
+            step_ms: m.step_ms,
+            data_ms: m.data_ms,
+            data_wait_pct: data_wait_pct(&s),
+            images_per_s: s.images_per_s,
+            peak_rss_mb: s.peak_rss_mb,
+        };
+        on_row(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+impl PipelineRow {
+    /// The terminal table's header.
+    pub fn terminal_header() -> String {
+        format!(
+            "{:>14} {:>9} {:>12}",
+            "loader threads", "prefetch", "images/s"
+        )
+    }
+
+    /// The row on the terminal, and its `RESULT` line.
+    pub fn terminal(&self) -> String {
+        let k = self.loading.prefetch;
+        // Collating in the step uses no loader thread: its RESULT line says 0.
+        let t = if k == 0 {
+            0
+        } else {
+            self.loading.loader_threads
+        };
+        format!(
+            "{:>14} {:>9} {:>12.0}\n\
+             RESULT dptrain data pipeline loader_threads={t} prefetch={k} images_per_s={:.0}",
+            self.loading.terminal_name(),
+            k,
+            self.images_per_s,
+            self.images_per_s
+        )
+    }
+
+    /// The row in markdown.
+    pub fn markdown(&self) -> String {
+        format!(
+            "| {} | {:.0} |\n",
+            self.loading.markdown_name(),
+            self.images_per_s
+        )
+    }
+}
+
+impl TrainingRow {
+    /// The terminal table's header.
+    pub fn terminal_header() -> String {
+        format!(
+            "{:>14} {:>9} {:>9} {:>9} {:>12} {:>10} {:>8}",
+            "loader threads",
+            "prefetch",
+            "step ms",
+            "data ms",
+            "data wait %",
+            "images/s",
+            "RSS MiB"
+        )
+    }
+
+    /// The row on the terminal, and its `RESULT` line.
+    pub fn terminal(&self) -> String {
+        let Loading {
+            loader_threads: t,
+            prefetch: k,
+        } = self.loading;
+        format!(
+            "{:>14} {:>9} {:>9.2} {:>9.3} {:>12.2} {:>10.0} {:>8.0}\n\
+             RESULT dptrain data train loader_threads={t} prefetch={k} data_wait_pct={:.2}",
+            self.loading.terminal_name(),
+            k,
+            self.step_ms,
+            self.data_ms,
+            self.data_wait_pct,
+            self.images_per_s,
+            self.peak_rss_mb,
+            self.data_wait_pct
+        )
+    }
+
+    /// The row in markdown.
+    pub fn markdown(&self) -> String {
+        format!(
+            "| {} | {:.2} | {:.3} | {:.1} | {:.0} |\n",
+            self.loading.markdown_name(),
+            self.step_ms,
+            self.data_ms,
+            self.data_wait_pct,
+            self.images_per_s
+        )
+    }
+}
+
+impl DataResult {
+    /// Both tables on the terminal, a blank line between.
+    pub fn terminal(&self) -> String {
+        let mut s = PipelineRow::terminal_header();
+        for r in &self.pipeline {
+            s += "\n";
+            s += &r.terminal();
+        }
+        s += "\n\n";
+        s += &TrainingRow::terminal_header();
+        for r in &self.training {
+            s += "\n";
+            s += &r.terminal();
+        }
+        s
+    }
+
+    /// Both tables in markdown, a blank line between.
+    pub fn markdown(&self) -> String {
+        let mut s = String::from("| loading | pipeline images/s |\n|---|---:|\n");
+        for r in &self.pipeline {
+            s += &r.markdown();
+        }
+        s += "\n| loading | step ms | data wait ms | data wait % | images/s |\n\
+              |---|---:|---:|---:|---:|\n";
+        for r in &self.training {
+            s += &r.markdown();
+        }
+        s
+    }
+}
+
+/// Runs `dptrain bench data`: both tables, printed row by row as they are measured.
+pub fn run_command(a: DataArgs) -> Result<(), String> {
+    let counts = super::args::list(&a.loader_threads, |t| {
+        t.parse::<usize>()
+            .map_err(|_| format!("bad loader-thread count '{t}'"))
+    })?;
+    if a.prefetch == 0 {
+        return Err("--prefetch is the \"on\" setting; give at least 1".into());
+    }
+    let base = TrainOptions {
+        dataset: Some(a.dataset.clone()),
+        data_dir: a.data_dir.clone(),
+        augment: Some(a.augment.clone()),
+        model: Some(a.model.clone()),
+        batch: Some(a.batch),
+        workers: Some(a.workers),
+        threads: a.threads,
+        ..Default::default()
+    };
+    base.resolve()?;
+    // In the step first, then each loader-thread count with prefetch on.
+    let mut settings = vec![Loading {
+        loader_threads: 1,
+        prefetch: 0,
+    }];
+    settings.extend(counts.iter().map(|&t| Loading {
+        loader_threads: t,
+        prefetch: a.prefetch,
+    }));
+    println!(
+        "input pipeline alone: {}, batch {}, augment {}, {} batches",
+        a.dataset, a.batch, a.augment, a.batches
+    );
+    println!("{}", PipelineRow::terminal_header());
+    measure_pipeline(&base, &settings, a.batches, |r| {
+        println!("{}", r.terminal())
+    })?;
+    let scratch = ScratchDir::new("data");
+    println!(
+        "\ntraining: {}, {} worker(s), {} timed steps",
+        a.model, a.workers, a.steps
+    );
+    println!("{}", TrainingRow::terminal_header());
+    measure_training(&base, &settings, a.steps, scratch.path(), |r| {
+        println!("{}", r.terminal())
+    })?;
+    Ok(())
 }

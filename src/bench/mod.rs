@@ -5,6 +5,7 @@
 
 pub mod ablation;
 pub mod allreduce;
+pub mod args;
 pub mod data;
 pub mod overlap;
 pub mod simcheck;

@@ -3,9 +3,43 @@
 //! backward, communication (total, exposed, hidden fraction), images/s, scaling efficiency
 //! against one worker with the same per-worker batch.
 
+use super::ScratchDir;
 use crate::config::TrainOptions;
+use crate::train::metrics::StepTimes;
 use crate::train::{train, Summary};
 use std::path::Path;
+
+/// Arguments of `dptrain bench overlap`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OverlapArgs {
+    /// Model.
+    #[arg(long, default_value = "vgg-small")]
+    pub model: String,
+    /// Workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Compute threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Global batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Emulated bandwidths, comma-separated ("none" for no emulation).
+    #[arg(long, default_value = "none,100Mbit,20Mbit")]
+    pub link_bandwidth: String,
+    /// Emulated latency.
+    #[arg(long, default_value = "50us")]
+    pub link_latency: String,
+    /// Modes, comma-separated.
+    #[arg(long, default_value = "tree,ring,hd,redundant,auto")]
+    pub comm: String,
+    /// Bucket cap in KiB.
+    #[arg(long)]
+    pub bucket_kb: Option<usize>,
+    /// Timed steps per cell.
+    #[arg(long, default_value_t = 15)]
+    pub steps: usize,
+}
 
 /// One grid cell's settings.
 #[derive(Debug, Clone)]
@@ -78,51 +112,6 @@ pub fn case_options(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> TrainOpt
     }
 }
 
-/// Prints the table header.
-pub fn header() -> String {
-    format!(
-        "{:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6}",
-        "bandwidth",
-        "comm",
-        "overlap",
-        "step ms",
-        "bwd ms",
-        "comm ms",
-        "exposed",
-        "hidden%",
-        "img/s",
-        "eff%"
-    )
-}
-
-/// Formats one row; `single` is the images/s of one worker with the same per-worker batch.
-pub fn row(case: &OverlapCase, s: &Summary, workers: usize, single: f64) -> String {
-    let m = &s.breakdown.mean;
-    let hidden = if m.comm_total_ms > 0.0 {
-        100.0 * m.hidden_comm_ms() / m.comm_total_ms
-    } else {
-        0.0
-    };
-    let mode = if case.comm == "auto" {
-        format!("auto:{}", short_ops(&s.bucket_ops))
-    } else {
-        case.comm.clone()
-    };
-    format!(
-        "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.1} {:>9.0} {:>6.1}",
-        case.bandwidth.as_deref().unwrap_or("none"),
-        mode,
-        if case.overlap { "on" } else { "off" },
-        m.step_ms,
-        m.backward_ms,
-        m.comm_total_ms,
-        m.exposed_comm_ms,
-        hidden,
-        s.images_per_s,
-        100.0 * s.images_per_s / (workers as f64 * single)
-    )
-}
-
 /// Bucket modes chosen by `auto`, e.g. `R,R,H` (first letter of each mode).
 fn short_ops(ops: &[String]) -> String {
     ops.iter()
@@ -133,4 +122,232 @@ fn short_ops(ops: &[String]) -> String {
             _ => "t",
         })
         .collect()
+}
+
+/// The grid's cells in table order: per bandwidth (`None`: no emulation), per mode, overlap on
+/// then off, every emulated cell at `latency`.
+pub fn grid_cases(
+    bandwidths: &[Option<String>],
+    modes: &[&str],
+    latency: &str,
+) -> Vec<OverlapCase> {
+    let mut cases = Vec::new();
+    for bw in bandwidths {
+        for mode in modes {
+            for overlap in [true, false] {
+                cases.push(OverlapCase {
+                    comm: mode.to_string(),
+                    overlap,
+                    bandwidth: bw.clone(),
+                    latency: Some(latency.to_string()),
+                });
+            }
+        }
+    }
+    cases
+}
+
+/// Images/s of one worker at the grid's per-worker batch (ring, overlap on, no emulation):
+/// the reference of the grid's weak-scaling efficiency.
+pub fn single_worker_images_per_s(spec: &GridSpec, dir: &Path) -> Result<f64, String> {
+    let one = GridSpec {
+        workers: 1,
+        batch: spec.batch / spec.workers,
+        ..spec.clone()
+    };
+    let base = OverlapCase {
+        comm: "ring".into(),
+        overlap: true,
+        bandwidth: None,
+        latency: None,
+    };
+    Ok(run_case(&one, &base, dir)?.images_per_s)
+}
+
+/// One measured cell of the grid.
+#[derive(Debug, Clone)]
+pub struct OverlapCell {
+    /// Its settings.
+    pub case: OverlapCase,
+    /// The run's mean step.
+    pub mean: StepTimes,
+    /// The run's images/s.
+    pub images_per_s: f64,
+    /// Each bucket's operation as the run chose it.
+    pub bucket_ops: Vec<String>,
+}
+
+/// The measured grid, with what its efficiencies are relative to.
+#[derive(Debug, Clone)]
+pub struct OverlapGrid {
+    /// Workers of every cell.
+    pub workers: usize,
+    /// Images/s of one worker at the same per-worker batch.
+    pub single: f64,
+    /// Cells in table order.
+    pub cells: Vec<OverlapCell>,
+}
+
+/// Runs every case in `cases` (in `dir`), calling `on_cell` with each cell as it is measured;
+/// `single` is [`single_worker_images_per_s`].
+pub fn measure_grid(
+    spec: &GridSpec,
+    single: f64,
+    cases: &[OverlapCase],
+    dir: &Path,
+    mut on_cell: impl FnMut(&OverlapGrid, &OverlapCell),
+) -> Result<OverlapGrid, String> {
+    let mut grid = OverlapGrid {
+        workers: spec.workers,
+        single,
+        cells: Vec::with_capacity(cases.len()),
+    };
+    for case in cases {
+        let s = run_case(spec, case, dir)?;
+        let cell = OverlapCell {
+            case: case.clone(),
+            mean: s.breakdown.mean,
+            images_per_s: s.images_per_s,
+            bucket_ops: s.bucket_ops,
+        };
+        on_cell(&grid, &cell);
+        grid.cells.push(cell);
+    }
+    Ok(grid)
+}
+
+impl OverlapCell {
+    /// Communication hidden under backward, % of all communication.
+    fn hidden_pct(&self) -> f64 {
+        let m = &self.mean;
+        if m.comm_total_ms > 0.0 {
+            100.0 * m.hidden_comm_ms() / m.comm_total_ms
+        } else {
+            0.0
+        }
+    }
+
+    /// Weak-scaling efficiency against `single` images/s of one worker, %.
+    fn efficiency_pct(&self, grid: &OverlapGrid) -> f64 {
+        100.0 * self.images_per_s / (grid.workers as f64 * grid.single)
+    }
+
+    /// The cell's terminal row; auto's modes shown as `auto:` and one letter per bucket.
+    pub fn terminal(&self, grid: &OverlapGrid) -> String {
+        let (case, m) = (&self.case, &self.mean);
+        let mode = if case.comm == "auto" {
+            format!("auto:{}", short_ops(&self.bucket_ops))
+        } else {
+            case.comm.clone()
+        };
+        format!(
+            "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.1} {:>9.0} {:>6.1}",
+            case.bandwidth.as_deref().unwrap_or("none"),
+            mode,
+            if case.overlap { "on" } else { "off" },
+            m.step_ms,
+            m.backward_ms,
+            m.comm_total_ms,
+            m.exposed_comm_ms,
+            self.hidden_pct(),
+            self.images_per_s,
+            self.efficiency_pct(grid)
+        )
+    }
+
+    /// The cell's markdown row (its bandwidth is the page's).
+    pub fn markdown(&self, grid: &OverlapGrid) -> String {
+        let m = &self.mean;
+        format!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |\n",
+            self.case.comm,
+            if self.case.overlap { "on" } else { "off" },
+            m.step_ms,
+            m.backward_ms,
+            m.comm_total_ms,
+            m.exposed_comm_ms,
+            self.hidden_pct(),
+            self.images_per_s,
+            self.efficiency_pct(grid)
+        )
+    }
+}
+
+impl OverlapGrid {
+    /// The terminal table's header.
+    pub fn terminal_header() -> String {
+        format!(
+            "{:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6}",
+            "bandwidth",
+            "comm",
+            "overlap",
+            "step ms",
+            "bwd ms",
+            "comm ms",
+            "exposed",
+            "hidden%",
+            "img/s",
+            "eff%"
+        )
+    }
+
+    /// The grid on the terminal: header and rows.
+    pub fn terminal(&self) -> String {
+        let mut s = Self::terminal_header();
+        for c in &self.cells {
+            s += "\n";
+            s += &c.terminal(self);
+        }
+        s
+    }
+
+    /// The grid in markdown.
+    pub fn markdown(&self) -> String {
+        let mut s = String::from(
+            "| comm | overlap | step ms | backward ms | comm ms | exposed ms | hidden % | images/s | eff % |\n\
+             |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for c in &self.cells {
+            s += &c.markdown(self);
+        }
+        s
+    }
+}
+
+/// Runs `dptrain bench overlap`: the grid, printed row by row as it is measured.
+pub fn run_command(a: OverlapArgs) -> Result<(), String> {
+    if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
+        return Err("--workers must be at least 2 and divide --batch".into());
+    }
+    let scratch = ScratchDir::new("overlap");
+    let spec = GridSpec {
+        model: a.model.clone(),
+        workers: a.workers,
+        batch: a.batch,
+        threads: a.threads,
+        steps: a.steps,
+        bucket_kb: a.bucket_kb,
+    };
+    let single = single_worker_images_per_s(&spec, scratch.path())?;
+    println!(
+        "{}, {} workers x {} threads, global batch {}, latency {}; 1 worker at batch {}: {single:.0} images/s",
+        a.model,
+        a.workers,
+        a.threads,
+        a.batch,
+        a.link_latency,
+        a.batch / a.workers
+    );
+    println!("{}", OverlapGrid::terminal_header());
+    let bandwidths: Vec<Option<String>> = a
+        .link_bandwidth
+        .split(',')
+        .map(|bw| (bw.trim() != "none").then(|| bw.trim().to_string()))
+        .collect();
+    let modes: Vec<&str> = a.comm.split(',').map(str::trim).collect();
+    let cases = grid_cases(&bandwidths, &modes, &a.link_latency);
+    measure_grid(&spec, single, &cases, scratch.path(), |grid, cell| {
+        println!("{}", cell.terminal(grid))
+    })?;
+    Ok(())
 }

@@ -27,9 +27,11 @@
 use super::allreduce::bench_allreduce;
 use super::median;
 use super::overlap::{run_case, GridSpec, OverlapCase};
+use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
-use crate::config::CommChoice;
-use crate::sim::{measure, Simulator, StepConfig, Stragglers, Topology};
+use crate::plan::CommChoice;
+use crate::sim::{measure, Profile, Simulator, StepConfig, Stragglers, Topology};
+use crate::train::metrics::StepTimes;
 
 /// Arguments of `dptrain bench sim-check`.
 #[derive(Debug, clap::Args)]
@@ -119,120 +121,284 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     }
 }
 
-/// The in-process comparison: one row per (model, bandwidth, overlap).
+/// One row of the in-process comparison: a model at a bandwidth, overlap on or off.
+#[derive(Debug, Clone)]
+pub struct EmulatedRow {
+    /// Model.
+    pub model: String,
+    /// `--link-bandwidth` entry.
+    pub bandwidth: String,
+    /// Overlap on?
+    pub overlap: bool,
+    /// The emulated run's mean step.
+    pub measured: StepTimes,
+    /// Simulated step from the profile, ms.
+    pub sim_ms: f64,
+    /// Its exposed communication, ms.
+    pub sim_exposed_ms: f64,
+    /// Its compute (forward + backward + update), ms.
+    pub sim_compute_ms: f64,
+    /// Simulated step with the run's own compute times, ms.
+    pub cal_ms: f64,
+}
+
+/// The rows of one model at one bandwidth, with the emulation's measured per-message cost.
+#[derive(Debug, Clone)]
+pub struct EmulatedGroup {
+    /// Model.
+    pub model: String,
+    /// `--link-bandwidth` entry.
+    pub bandwidth: String,
+    /// Per-message overhead of the emulation, added to the simulated latency.
+    pub overhead: std::time::Duration,
+    /// Overlap on, then off.
+    pub rows: Vec<EmulatedRow>,
+}
+
+/// The in-process comparison: every model at every bandwidth.
+#[derive(Debug, Clone)]
+pub struct EmulatedCheck {
+    /// The line saying what was run.
+    pub title: String,
+    /// By model, then bandwidth.
+    pub groups: Vec<EmulatedGroup>,
+}
+
+impl EmulatedRow {
+    /// Simulated against measured step, %.
+    pub fn error_pct(&self) -> f64 {
+        100.0 * (self.sim_ms / self.measured.step_ms - 1.0)
+    }
+
+    /// Calibrated (the run's compute) against measured step, %.
+    pub fn calibrated_error_pct(&self) -> f64 {
+        100.0 * (self.cal_ms / self.measured.step_ms - 1.0)
+    }
+
+    /// The row on the terminal, and its `RESULT` line.
+    pub fn terminal(&self) -> String {
+        let m = &self.measured;
+        format!(
+            "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}\n\
+             RESULT dptrain simcheck model={} bw={} overlap={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+            self.model,
+            self.bandwidth,
+            if self.overlap { "on" } else { "off" },
+            m.step_ms,
+            self.sim_ms,
+            self.error_pct(),
+            self.cal_ms,
+            self.calibrated_error_pct(),
+            m.exposed_comm_ms,
+            self.sim_exposed_ms,
+            m.data_ms + m.forward_ms + m.backward_ms + m.update_ms,
+            self.sim_compute_ms,
+            self.model,
+            self.bandwidth,
+            self.overlap,
+            m.step_ms,
+            self.sim_ms,
+            self.cal_ms
+        )
+    }
+}
+
+impl EmulatedGroup {
+    /// The line above the group's rows: the emulation's measured per-message cost.
+    pub fn terminal_head(&self) -> String {
+        format!(
+            "{} at {}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
+            self.model,
+            self.bandwidth,
+            self.overhead.as_secs_f64() * 1e6
+        )
+    }
+}
+
+impl EmulatedCheck {
+    /// The column header.
+    pub fn terminal_header() -> String {
+        format!(
+            "{:>10} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
+            "model",
+            "bandwidth",
+            "overlap",
+            "meas ms",
+            "sim ms",
+            "err%",
+            "cal ms",
+            "err%",
+            "meas exp",
+            "sim exp",
+            "meas cpt",
+            "sim cpt"
+        )
+    }
+
+    /// The last line: the largest errors.
+    pub fn terminal_footer(&self) -> String {
+        let rows = || self.groups.iter().flat_map(|g| &g.rows);
+        let worst = rows().map(|r| r.error_pct().abs()).fold(0.0, f64::max);
+        let worst_cal = rows()
+            .map(|r| r.calibrated_error_pct().abs())
+            .fold(0.0, f64::max);
+        format!(
+            "largest |error|: {worst:.1}% from the profile, {worst_cal:.1}% with the run's compute \
+             (target: within 10%); exp = exposed comm, cpt = data + forward + backward + update"
+        )
+    }
+
+    /// The whole comparison on the terminal, as `bench sim-check` prints it.
+    pub fn terminal(&self) -> String {
+        let mut s = format!("{}\n{}\n", self.title, Self::terminal_header());
+        for g in &self.groups {
+            s += &g.terminal_head();
+            s += "\n";
+            for r in &g.rows {
+                s += &r.terminal();
+                s += "\n";
+            }
+        }
+        s + &self.terminal_footer()
+    }
+
+    /// The comparison for a markdown page: the terminal table without its `RESULT` lines, as
+    /// preformatted text (its columns and per-group lines read best as printed).
+    pub fn markdown(&self) -> String {
+        let table: Vec<String> = self
+            .terminal()
+            .lines()
+            .filter(|l| !l.starts_with("RESULT "))
+            .map(str::to_string)
+            .collect();
+        format!("```text\n{}\n```\n", table.join("\n"))
+    }
+}
+
+/// Runs `--against emulated`, printing as it goes.
 pub fn run_emulated(a: &SimCheckArgs) -> Result<(), String> {
+    let check = measure_emulated(a, &mut |line| println!("{line}"))?;
+    println!("{}", check.terminal_footer());
+    Ok(())
+}
+
+/// The in-process comparison: one row per (model, bandwidth, overlap); each line of the
+/// terminal table goes to `on_line` as it is measured (all but the footer).
+pub fn measure_emulated(
+    a: &SimCheckArgs,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<EmulatedCheck, String> {
     if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
         return Err("--workers must be at least 2 and divide --batch".into());
     }
     let comm = CommChoice::parse(&a.comm)?;
-    let tmp = std::env::temp_dir().join(format!("dptrain-bench-simcheck-{}", std::process::id()));
-    println!(
-        "{} workers x {} thread(s), global batch {}, {}, latency {}; measured = mean emulated step, simulated from a profile measured with {} concurrent replicas",
-        a.workers, a.threads, a.batch, a.comm, a.link_latency, a.workers
-    );
-    println!(
-        "{:>10} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
-        "model",
-        "bandwidth",
-        "overlap",
-        "meas ms",
-        "sim ms",
-        "err%",
-        "cal ms",
-        "err%",
-        "meas exp",
-        "sim exp",
-        "meas cpt",
-        "sim cpt"
-    );
-    let (mut worst, mut worst_cal): (f64, f64) = (0.0, 0.0);
+    let scratch = ScratchDir::new("simcheck");
+    let mut check = EmulatedCheck {
+        title: format!(
+            "{} workers x {} thread(s), global batch {}, {}, latency {}; measured = mean emulated step, simulated from a profile measured with {} concurrent replicas",
+            a.workers, a.threads, a.batch, a.comm, a.link_latency, a.workers
+        ),
+        groups: Vec::new(),
+    };
+    on_line(&check.title);
+    on_line(&EmulatedCheck::terminal_header());
     let mut simulator = Simulator::new();
     for model in a.model.split(',').map(str::trim) {
         let profile = measure(model, a.batch / a.workers, a.threads, a.steps, a.workers)?;
-        let spec = GridSpec {
-            model: model.to_string(),
-            workers: a.workers,
-            batch: a.batch,
-            threads: a.threads,
-            steps: a.steps,
-            bucket_kb: None,
-        };
         for bw in a.link_bandwidth.split(',').map(str::trim) {
-            let link = LinkModel {
-                bandwidth_bytes_per_s: parse_bandwidth(bw)?,
-                latency: parse_duration(&a.link_latency)?,
+            let group = EmulatedGroup {
+                model: model.to_string(),
+                bandwidth: bw.to_string(),
+                overhead: std::time::Duration::ZERO,
+                rows: Vec::new(),
             };
-            let given = link;
-            let overhead = message_overhead(a.workers, &link)?;
-            println!(
-                "{model} at {bw}: measured per-message overhead of the emulation {:.0} us (added to the simulated latency)",
-                overhead.as_secs_f64() * 1e6
-            );
-            let link = LinkModel {
-                latency: link.latency + overhead,
-                ..link
-            };
-            for overlap in [true, false] {
-                let case = OverlapCase {
-                    comm: a.comm.clone(),
-                    overlap,
-                    bandwidth: Some(bw.to_string()),
-                    latency: Some(a.link_latency.clone()),
-                };
-                let measured = run_case(&spec, &case, &tmp)?.breakdown.mean;
-                let step = StepConfig {
-                    topology: Topology::flat(a.workers, link),
-                    comm,
-                    hierarchical: true,
-                    overlap,
-                    // The trainer's default caps, planned for the link the run was given.
-                    buckets: crate::plan::BucketFlags::default(),
-                    planning_link: Some(given),
-                    stragglers: Stragglers::NONE,
-                };
-                let sim = simulator.step(&profile, &step)?;
-                // The run's own compute totals with the profile's per-block shape: isolates the
-                // communication and overlap model from compute-speed drift on a shared machine.
-                let cal = simulator.step(
-                    &profile.rescaled(
-                        measured.data_ms + measured.forward_ms,
-                        measured.backward_ms,
-                        measured.update_ms,
-                    ),
-                    &step,
-                )?;
-                let cal_err = 100.0 * (cal.step_ms / measured.step_ms - 1.0);
-                let err = 100.0 * (sim.step_ms / measured.step_ms - 1.0);
-                worst = worst.max(err.abs());
-                worst_cal = worst_cal.max(cal_err.abs());
-                println!(
-                    "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-                    model,
-                    bw,
-                    if overlap { "on" } else { "off" },
-                    measured.step_ms,
-                    sim.step_ms,
-                    err,
-                    cal.step_ms,
-                    cal_err,
-                    measured.exposed_comm_ms,
-                    sim.exposed_ms,
-                    measured.data_ms + measured.forward_ms + measured.backward_ms + measured.update_ms,
-                    sim.forward_ms + sim.backward_ms + sim.update_ms
-                );
-                println!(
-                    "RESULT dptrain simcheck model={model} bw={bw} overlap={overlap} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
-                    measured.step_ms, sim.step_ms, cal.step_ms
-                );
-            }
+            let group = emulated_group(
+                a,
+                group,
+                comm,
+                &profile,
+                &mut simulator,
+                scratch.path(),
+                on_line,
+            )?;
+            check.groups.push(group);
         }
     }
-    let _ = std::fs::remove_dir_all(&tmp);
-    println!(
-        "largest |error|: {worst:.1}% from the profile, {worst_cal:.1}% with the run's compute \
-         (target: within 10%); exp = exposed comm, cpt = data + forward + backward + update"
-    );
-    Ok(())
+    Ok(check)
+}
+
+/// One model at one bandwidth: the emulation's per-message cost, then overlap on and off, each
+/// an emulated run beside the simulated step.
+fn emulated_group(
+    a: &SimCheckArgs,
+    mut group: EmulatedGroup,
+    comm: CommChoice,
+    profile: &Profile,
+    simulator: &mut Simulator,
+    dir: &std::path::Path,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<EmulatedGroup, String> {
+    let given = LinkModel {
+        bandwidth_bytes_per_s: parse_bandwidth(&group.bandwidth)?,
+        latency: parse_duration(&a.link_latency)?,
+    };
+    group.overhead = message_overhead(a.workers, &given)?;
+    on_line(&group.terminal_head());
+    let link = LinkModel {
+        latency: given.latency + group.overhead,
+        ..given
+    };
+    let spec = GridSpec {
+        model: group.model.clone(),
+        workers: a.workers,
+        batch: a.batch,
+        threads: a.threads,
+        steps: a.steps,
+        bucket_kb: None,
+    };
+    for overlap in [true, false] {
+        let case = OverlapCase {
+            comm: a.comm.clone(),
+            overlap,
+            bandwidth: Some(group.bandwidth.clone()),
+            latency: Some(a.link_latency.clone()),
+        };
+        let measured = run_case(&spec, &case, dir)?.breakdown.mean;
+        let step = StepConfig {
+            topology: Topology::flat(a.workers, link),
+            comm,
+            hierarchical: true,
+            overlap,
+            // The trainer's default caps, planned for the link the run was given.
+            buckets: crate::plan::BucketFlags::default(),
+            planning_link: Some(given),
+            stragglers: Stragglers::NONE,
+        };
+        let sim = simulator.step(profile, &step)?;
+        // The run's own compute totals with the profile's per-block shape: isolates the
+        // communication and overlap model from compute-speed drift on a shared machine.
+        let cal = simulator.step(
+            &profile.rescaled(
+                measured.data_ms + measured.forward_ms,
+                measured.backward_ms,
+                measured.update_ms,
+            ),
+            &step,
+        )?;
+        let row = EmulatedRow {
+            model: group.model.clone(),
+            bandwidth: group.bandwidth.clone(),
+            overlap,
+            measured,
+            sim_ms: sim.step_ms,
+            sim_exposed_ms: sim.exposed_ms,
+            sim_compute_ms: sim.forward_ms + sim.backward_ms + sim.update_ms,
+            cal_ms: cal.step_ms,
+        };
+        on_line(&row.terminal());
+        group.rows.push(row);
+    }
+    Ok(group)
 }
 
 /// The emulated link's software cost per message: a few-byte ring all-reduce (2(N-1)
@@ -486,36 +652,100 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                 .into(),
         );
     }
-    let comm = CommChoice::parse(&a.comm)?;
-    // The pattern the links are timed with: the run's mode (ring for auto).
-    let fit_mode = match comm {
-        CommChoice::Fixed(m) => m,
-        _ => CommMode::Ring,
+    let scratch = ScratchDir::new("simcheck-cluster");
+    let check = ClusterCheck::new(a, scratch.path())?;
+    let mut state = ClusterState {
+        simulator: Simulator::new(),
+        profiles: Vec::new(),
+        totals: ErrorTotals::default(),
     };
-    let hosts_list = crate::sim::cli::worker_list(&a.hosts)?;
-    let per_host = crate::sim::cli::worker_list(&a.workers_per_host)?;
-    let overlaps = crate::sim::cli::on_off_list("overlap", &a.overlap)?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let scratch = super::ScratchDir::new("simcheck-cluster");
-    // Within a host the trainer's workers are threads of one process: time that link here.
-    let t = |bytes| bench_allreduce(2, bytes, fit_mode, None, 40).map(|r| r.time);
-    let intra = fit_link(
-        fit_mode,
-        2,
-        (FIT_SIZES.0, t(FIT_SIZES.0)?),
-        (FIT_SIZES.1, t(FIT_SIZES.1)?),
-    )?;
+    for bw in a.cluster_bandwidth.split(',').map(str::trim) {
+        for &hosts in &check.hosts {
+            if hosts < 2 {
+                return Err("--hosts: a cluster needs at least 2 hosts".into());
+            }
+            check.run_on_cluster(bw, hosts, scratch.path(), &mut state)?;
+        }
+    }
+    let t = &state.totals;
     println!(
-        "namespace cluster, {}, {} thread(s) per worker, batch {} per worker, {} timed steps; \
-         within a host (threads, timed here): {:.2} GB/s, {:.1} us per message",
-        a.comm,
-        a.threads,
-        a.worker_batch,
-        a.steps,
-        intra.bandwidth_bytes_per_s / 1e9,
-        intra.latency.as_secs_f64() * 1e6
+        "\n{} rows; largest |error|: {:.1}% from the profile, {:.1}% with the \
+         run's compute (target: within 10%); exp = exposed comm, cpt = data + forward + \
+         backward + update",
+        t.rows, t.worst, t.worst_cal
     );
-    let header = format!(
+    Ok(())
+}
+
+/// An emulated device: a model's profile measured alone, and the file the runs'
+/// `--emulate-device` reads it from.
+struct Device {
+    model: String,
+    profile: crate::sim::Profile,
+    path: std::path::PathBuf,
+}
+
+/// What every cluster of the check shares: the parsed flags and this machine's figures.
+struct ClusterCheck<'a> {
+    a: &'a SimCheckArgs,
+    comm: CommChoice,
+    /// The pattern the links are timed with: the run's mode (ring for auto).
+    fit_mode: CommMode,
+    hosts: Vec<usize>,
+    per_host: Vec<usize>,
+    overlaps: Vec<bool>,
+    /// This program, which the cluster's ranks run.
+    exe: std::path::PathBuf,
+    cores: usize,
+    /// Within a host, threads of one process: the link timed here.
+    intra: LinkModel,
+    /// With emulated devices, one per model.
+    devices: Vec<Device>,
+}
+
+/// What the clusters of the check accumulate: the simulator, the profiles made so far (by
+/// model and workers) and the errors.
+struct ClusterState {
+    simulator: Simulator,
+    profiles: Vec<(String, usize, crate::sim::Profile)>,
+    totals: ErrorTotals,
+}
+
+/// The largest errors so far, and the rows.
+#[derive(Default)]
+struct ErrorTotals {
+    worst: f64,
+    worst_cal: f64,
+    rows: usize,
+}
+
+/// One cluster's links as measured across it.
+struct ClusterLinks {
+    /// Mean ping round trip, ms.
+    rtt: f64,
+    /// The link within a host per workers per host.
+    intra_of: Vec<(usize, LinkModel)>,
+    /// What `--comm auto` plans for in the runs and in the simulator alike, and the link whose
+    /// bandwidth x latency caps the runs' buckets.
+    planning: LinkModel,
+    /// Between hosts, per model (fitted to its own buckets).
+    fits: Vec<(String, LinkModel)>,
+}
+
+/// One row's inputs: a cluster, its workers per host, a model and the overlap setting.
+#[derive(Debug, Clone, Copy)]
+struct ClusterCase<'a> {
+    /// `--cluster-bandwidth` entry (tc's spelling).
+    bw: &'a str,
+    hosts: usize,
+    per_host: usize,
+    model: &'a str,
+    overlap: bool,
+}
+
+/// The cluster table's column header.
+fn cluster_header() -> String {
+    format!(
         "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "link",
         "hosts",
@@ -531,32 +761,91 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
         "sim exp",
         "meas cpt",
         "sim cpt"
-    );
-    let emulated = match a.devices.as_str() {
-        "emulated" => true,
-        "shared" => false,
-        o => return Err(format!("--devices {o:?}: use emulated or shared")),
-    };
-    let batch_of = |model: &str| per_model_batch(&a.worker_batch, model);
-    for model in a.model.split(',').map(str::trim) {
-        batch_of(model)?;
+    )
+}
+
+impl<'a> ClusterCheck<'a> {
+    /// Parses the flags, times the link within a host and (with emulated devices) measures
+    /// each model's device profile into `scratch`.
+    fn new(a: &'a SimCheckArgs, scratch: &std::path::Path) -> Result<Self, String> {
+        let comm = CommChoice::parse(&a.comm)?;
+        let fit_mode = match comm {
+            CommChoice::Fixed(m) => m,
+            _ => CommMode::Ring,
+        };
+        let hosts = super::args::worker_list(&a.hosts)?;
+        let per_host = super::args::worker_list(&a.workers_per_host)?;
+        let overlaps = super::args::on_off_list("overlap", &a.overlap)?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let t = |bytes| bench_allreduce(2, bytes, fit_mode, None, 40).map(|r| r.time);
+        let intra = fit_link(
+            fit_mode,
+            2,
+            (FIT_SIZES.0, t(FIT_SIZES.0)?),
+            (FIT_SIZES.1, t(FIT_SIZES.1)?),
+        )?;
+        println!(
+            "namespace cluster, {}, {} thread(s) per worker, batch {} per worker, {} timed steps; \
+             within a host (threads, timed here): {:.2} GB/s, {:.1} us per message",
+            a.comm,
+            a.threads,
+            a.worker_batch,
+            a.steps,
+            intra.bandwidth_bytes_per_s / 1e9,
+            intra.latency.as_secs_f64() * 1e6
+        );
+        let emulated = match a.devices.as_str() {
+            "emulated" => true,
+            "shared" => false,
+            o => return Err(format!("--devices {o:?}: use emulated or shared")),
+        };
+        let mut check = Self {
+            a,
+            comm,
+            fit_mode,
+            hosts,
+            per_host,
+            overlaps,
+            exe,
+            cores: crate::limits::cores(),
+            intra,
+            devices: Vec::new(),
+        };
+        for model in check.models() {
+            check.batch_of(model)?;
+        }
+        if !(a.device_headroom >= 1.0 && a.device_headroom <= 100.0) {
+            return Err(format!(
+                "--device-headroom {}: give a factor from 1 to 100",
+                a.device_headroom
+            ));
+        }
+        if emulated {
+            check.devices = check.measure_devices(scratch)?;
+        }
+        Ok(check)
     }
-    let cores = crate::limits::cores();
-    if !(a.device_headroom >= 1.0 && a.device_headroom <= 100.0) {
-        return Err(format!(
-            "--device-headroom {}: give a factor from 1 to 100",
-            a.device_headroom
-        ));
+
+    /// `--model`'s models.
+    fn models(&self) -> impl Iterator<Item = &'a str> {
+        self.a.model.split(',').map(str::trim)
     }
-    // With emulated devices: each model's profile measured alone (one replica: the device),
-    // written for the runs' --emulate-device.
-    let mut devices: Vec<(String, crate::sim::Profile, std::path::PathBuf)> = Vec::new();
-    if emulated {
-        for model in a.model.split(',').map(str::trim) {
-            let p = measure(model, batch_of(model)?, a.threads, a.steps.min(20), 1)?;
-            let path = scratch.path().join(format!("{model}-device.json"));
+
+    /// The per-worker batch of `model`.
+    fn batch_of(&self, model: &str) -> Result<usize, String> {
+        per_model_batch(&self.a.worker_batch, model)
+    }
+
+    /// Each model's profile measured alone (one replica: the device), written for the runs'
+    /// `--emulate-device`.
+    fn measure_devices(&self, scratch: &std::path::Path) -> Result<Vec<Device>, String> {
+        let (a, cores) = (self.a, self.cores);
+        let mut devices = Vec::new();
+        for model in self.models() {
+            let p = measure(model, self.batch_of(model)?, a.threads, a.steps.min(20), 1)?;
+            let path = scratch.join(format!("{model}-device.json"));
             let json = serde_json::to_string(&p).map_err(|e| e.to_string())?;
-            std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+            crate::output::write_atomically(&path, json.as_bytes())?;
             println!(
                 "{model} device (profile measured alone): forward {:.2} ms, backward {:.2} ms, \
                  update {:.2} ms at batch {}; held to that x {} max(W, {cores}) / {cores} for W \
@@ -564,326 +853,422 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
                 p.forward_ms(),
                 p.backward_ms(),
                 p.update_ms,
-                batch_of(model)?,
+                self.batch_of(model)?,
                 a.device_headroom,
             );
-            devices.push((model.to_string(), p, path));
+            devices.push(Device {
+                model: model.to_string(),
+                profile: p,
+                path,
+            });
         }
+        Ok(devices)
     }
-    let mut profiles: Vec<(String, usize, crate::sim::Profile)> = Vec::new();
-    let mut simulator = Simulator::new();
-    let (mut worst, mut worst_cal, mut rows): (f64, f64, usize) = (0.0, 0.0, 0);
-    for bw in a.cluster_bandwidth.split(',').map(str::trim) {
-        for &hosts in &hosts_list {
-            if hosts < 2 {
-                return Err("--hosts: a cluster needs at least 2 hosts".into());
-            }
-            // tc's rate ("100mbit") in our spelling ("100Mbit"), for the trainer's flags.
-            let ours = bw.replace("mbit", "Mbit").replace("gbit", "Gbit");
-            parse_bandwidth(&ours).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
-            let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
-            let rtt = cluster.rtt_ms()?;
-            // The links are timed at the sizes the runs send: the transport's rate depends on
-            // the message size here (tbf lets a burst through at once; above 64 KB MPI's
-            // rendezvous protocol halves the rate of a 2-host ring), so each model's link is
-            // fitted to the total time of its own buckets.
-            let name = fit_mode.to_string();
-            // Within a host, a message also waits for the receiving thread to wake up in a
-            // process of the cluster; the trainer's own hierarchical all-reduce of 4 bytes times
-            // it: its leaders' part is the flat one of one worker per host, and the rest is one
-            // message to the leader and one back.
-            let small = |workers: usize, op: &str| -> Result<std::time::Duration, String> {
-                let mut args = vec![exe.display().to_string()];
-                args.extend(
-                    [
-                        "bench",
-                        "allreduce",
-                        "--transport",
-                        "mpi",
-                        "--iters",
-                        "30",
-                        "--sizes",
-                    ]
-                    .iter()
-                    .map(|s| s.to_string()),
-                );
-                args.extend([
-                    FIT_SIZES.0.to_string(),
-                    "--workers".into(),
-                    workers.to_string(),
-                ]);
-                parse_allreduce(&cluster.mpirun(hosts, &args)?, op, FIT_SIZES.0)
-            };
-            let flat_small = small(1, &name)?;
-            let mut intra_of: Vec<(usize, LinkModel)> = vec![(1, intra)];
-            for &d in per_host.iter().filter(|&&d| d > 1) {
-                let hier = small(d, &format!("hier:{name}"))?;
-                let extra = hier.saturating_sub(flat_small) / 2;
-                let link = LinkModel {
-                    latency: intra.latency.max(extra),
-                    ..intra
-                };
-                println!(
-                    "{hosts} hosts at {bw}, {d} workers per host: within a host {:.1} us per \
-                     message (hier:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
-                    link.latency.as_secs_f64() * 1e6,
-                    FIT_SIZES.0,
-                    hier.as_secs_f64() * 1e6,
-                    flat_small.as_secs_f64() * 1e6
-                );
-                intra_of.push((d, link));
-            }
-            // What `--comm auto` plans for in the runs and in the simulator alike, and the
-            // link whose bandwidth x latency caps the runs' buckets.
-            let planning = LinkModel {
-                bandwidth_bytes_per_s: parse_bandwidth(&ours)?,
-                latency: std::time::Duration::from_secs_f64(rtt / 2e3),
-            };
-            let mut fits: Vec<(String, LinkModel)> = Vec::new();
-            for model in a.model.split(',').map(str::trim) {
-                // The runs' buckets (the trainer's plan and caps), each a whole number of f32
-                // per rank as the all-reduce bench takes it, timed one by one: the link is
-                // fitted to their total.
-                let lens: Vec<usize> = crate::measure::blocks_of(model)?
-                    .iter()
-                    .map(|b| b.iter().sum())
-                    .collect();
-                let (first, rest) = crate::plan::bucket_caps(None, &planning);
-                let buckets: Vec<usize> = crate::parallel::BucketPlan::new(&lens, first, rest)
-                    .buckets
-                    .iter()
-                    .map(|b| (4 * b.len).div_ceil(4 * hosts) * 4 * hosts)
-                    .collect();
-                let mut distinct = buckets.clone();
-                distinct.sort_unstable();
-                distinct.dedup();
-                let mut args = vec![exe.display().to_string()];
-                args.extend(
-                    [
-                        "bench",
-                        "allreduce",
-                        "--transport",
-                        "mpi",
-                        "--workers",
-                        "1",
-                        "--iters",
-                        "30",
-                        "--sizes",
-                    ]
-                    .iter()
-                    .map(|s| s.to_string()),
-                );
-                let list: Vec<String> = distinct.iter().map(|b| b.to_string()).collect();
-                args.push(format!("{},{}", FIT_SIZES.0, list.join(",")));
-                let out = cluster.mpirun(hosts, &args)?;
-                let mix = buckets
-                    .iter()
-                    .map(|&b| Ok((b, parse_allreduce(&out, &name, b)?)))
-                    .collect::<Result<Vec<_>, String>>()?;
-                let nic = fit_link_to_mix(
-                    fit_mode,
-                    hosts,
-                    (FIT_SIZES.0, parse_allreduce(&out, &name, FIT_SIZES.0)?),
-                    &mix,
-                )?;
-                let total: std::time::Duration = mix.iter().map(|(_, t)| *t).sum();
-                println!(
-                    "\n{hosts} hosts at {bw} (tbf), ping round trip {rtt:.3} ms; {model}: between \
-                     hosts (MPI over TCP; {name} all-reduce of {} B and of each of its {} buckets, \
-                     {} B in all, {:.1} ms in all, timed across the cluster) {:.1} MB/s, {:.1} us \
-                     per message",
-                    FIT_SIZES.0,
-                    buckets.len(),
-                    buckets.iter().sum::<usize>(),
-                    total.as_secs_f64() * 1e3,
-                    nic.bandwidth_bytes_per_s / 1e6,
-                    nic.latency.as_secs_f64() * 1e6
-                );
-                fits.push((model.to_string(), nic));
-            }
-            println!("{header}");
-            // Every case of this cluster, then `rounds` passes over them: a slow spell of the
-            // shared machine lands on all cases, and each case's figure is its median pass.
-            let mut cases: Vec<(usize, &str, bool)> = Vec::new();
-            for &d in &per_host {
-                for model in a.model.split(',').map(str::trim) {
-                    for &overlap in &overlaps {
-                        cases.push((d, model, overlap));
-                    }
+
+    /// One cluster of `hosts` at `bw`: brought up, its links measured, every case run
+    /// `--rounds` times and set beside the simulated step; taken down after.
+    fn run_on_cluster(
+        &self,
+        bw: &str,
+        hosts: usize,
+        scratch: &std::path::Path,
+        state: &mut ClusterState,
+    ) -> Result<(), String> {
+        let a = self.a;
+        // tc's rate ("100mbit") in our spelling ("100Mbit"), for the trainer's flags.
+        let ours = bw.replace("mbit", "Mbit").replace("gbit", "Gbit");
+        parse_bandwidth(&ours).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
+        let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
+        let links = self.measure_links(&cluster, hosts, bw, &ours)?;
+        println!("{}", cluster_header());
+        // Every case of this cluster, then `rounds` passes over them: a slow spell of the
+        // shared machine lands on all cases, and each case's figure is its median pass.
+        let mut cases: Vec<ClusterCase> = Vec::new();
+        for &per_host in &self.per_host {
+            for model in self.models() {
+                for &overlap in &self.overlaps {
+                    cases.push(ClusterCase {
+                        bw,
+                        hosts,
+                        per_host,
+                        model,
+                        overlap,
+                    });
                 }
             }
-            let mut passes: Vec<Vec<Phases>> = vec![Vec::new(); cases.len()];
-            for round in 0..a.rounds.max(1) {
-                for (i, &(d, model, overlap)) in cases.iter().enumerate() {
-                    let dir = scratch
-                        .path()
-                        .join(format!("{model}-{hosts}x{d}-{overlap}-{round}"));
-                    let batch = batch_of(model)? * hosts * d;
-                    let mut args: Vec<String> = vec![exe.display().to_string()];
-                    args.extend(
-                        [
-                            "train",
-                            "--transport",
-                            "mpi",
-                            "--model",
-                            model,
-                            "--dataset",
-                            super::overlap::synthetic_for(model),
-                            "--epochs",
-                            "1",
-                            "--test-limit",
-                            "100",
-                            "--quiet",
-                            "--no-checkpoints",
-                            "--log-every",
-                            "1",
-                            "--comm",
-                            &a.comm,
-                        ]
-                        .iter()
-                        .map(|s| s.to_string()),
-                    );
-                    args.extend([
-                        "--workers".into(),
-                        d.to_string(),
-                        "--threads".into(),
-                        a.threads.to_string(),
-                        "--batch".into(),
-                        batch.to_string(),
-                        "--train-limit".into(),
-                        (batch * (a.steps + 5)).to_string(),
-                        "--overlap".into(),
-                        if overlap { "on" } else { "off" }.into(),
-                        "--link-bandwidth".into(),
-                        ours.clone(),
-                        "--link-latency".into(),
-                        format!("{:.0}us", rtt / 2.0 * 1e3),
-                        "--run-dir".into(),
-                        dir.display().to_string(),
-                    ]);
-                    if let Some((_, _, path)) = devices.iter().find(|(m, _, _)| m == model) {
-                        args.extend([
-                            "--emulate-device".into(),
-                            path.display().to_string(),
-                            "--emulate-device-scale".into(),
-                            device_scale(hosts * d, cores, a.device_headroom).to_string(),
-                        ]);
-                    }
-                    cluster.mpirun(hosts, &args)?;
-                    passes[i].push(Phases::median_of_steps(&dir.join("metrics.jsonl"))?);
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
+        }
+        let mut passes: Vec<Vec<Phases>> = vec![Vec::new(); cases.len()];
+        for round in 0..a.rounds.max(1) {
+            for (i, case) in cases.iter().enumerate() {
+                let dir = scratch.join(format!(
+                    "{}-{hosts}x{}-{}-{round}",
+                    case.model, case.per_host, case.overlap
+                ));
+                let args = self.train_args(case, &ours, links.rtt, &dir)?;
+                cluster.mpirun(hosts, &args)?;
+                passes[i].push(Phases::median_of_steps(&dir.join("metrics.jsonl"))?);
+                let _ = std::fs::remove_dir_all(&dir);
             }
-            for (&(d, model, overlap), runs) in cases.iter().zip(&passes) {
-                let workers = hosts * d;
-                let nic = fits
-                    .iter()
-                    .find(|(m, _)| m == model)
-                    .expect("fitted above")
-                    .1;
-                let intra = intra_of
-                    .iter()
-                    .find(|(dd, _)| *dd == d)
-                    .map_or(intra, |(_, l)| *l);
-                let topology = Topology {
-                    hosts,
-                    devices_per_host: d,
-                    intra,
-                    nic,
-                    overhead: std::time::Duration::ZERO,
-                };
-                let device = devices.iter().find(|(m, _, _)| m == model);
-                let cached = profiles
-                    .iter()
-                    .find(|(m, w, _)| m == model && *w == workers);
-                let profile = match (cached, device) {
-                    (Some((_, _, p)), _) => p.clone(),
-                    // The device: the alone profile at the runs' scale, every worker alike.
-                    (None, Some((_, p, _))) => {
-                        let k = device_scale(workers, cores, a.device_headroom);
-                        let mut p =
-                            p.rescaled(k * p.forward_ms(), k * p.backward_ms(), k * p.update_ms);
-                        p.compute_spread = Some(0.0);
-                        println!(
-                            "  ({model} device for {workers} workers: x {k}, compute {:.1} ms a \
-                             step)",
-                            p.forward_ms() + p.backward_ms() + p.update_ms
-                        );
-                        profiles.push((model.to_string(), workers, p.clone()));
-                        p
-                    }
-                    (None, None) => {
-                        // Every worker of the cluster shares this machine's cores: measure with
-                        // as many replicas at once.
-                        let p =
-                            measure(model, batch_of(model)?, a.threads, a.steps.min(20), workers)?;
-                        println!(
-                            "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
-                             step, spread {:.1}%)",
-                            p.forward_ms() + p.backward_ms() + p.update_ms,
-                            100.0 * p.compute_spread.unwrap_or(0.0)
-                        );
-                        profiles.push((model.to_string(), workers, p.clone()));
-                        p
-                    }
-                };
-                let m = Phases::median_of(runs);
-                let step = StepConfig {
-                    topology,
-                    comm,
-                    hierarchical: true,
-                    overlap,
-                    buckets: crate::plan::BucketFlags::default(),
-                    planning_link: Some(planning),
-                    // The workers' compute varies as much as the profile says (emulated devices:
-                    // not at all).
-                    stragglers: Stragglers {
-                        spread: profile.compute_spread.unwrap_or(0.0),
-                        seed: 1,
-                        steps: 50,
-                    },
-                };
-                let sim = simulator.step(&profile, &step)?;
-                let cal = simulator.step(
-                    &profile.rescaled(m.data + m.forward, m.backward, m.update),
-                    &step,
-                )?;
-                let err = 100.0 * (sim.step_ms / m.step - 1.0);
-                let cal_err = 100.0 * (cal.step_ms / m.step - 1.0);
-                worst = worst.max(err.abs());
-                worst_cal = worst_cal.max(cal_err.abs());
-                rows += 1;
+        }
+        for (case, runs) in cases.iter().zip(&passes) {
+            let profile = self.case_profile(case, &mut state.profiles)?;
+            self.compare_case(case, &links, &Phases::median_of(runs), &profile, state)?;
+        }
+        drop(cluster);
+        Ok(())
+    }
+
+    /// The cluster's links: the ping round trip `up` measured, within a host per workers per
+    /// host, and between hosts fitted to each model's buckets.
+    fn measure_links(
+        &self,
+        cluster: &Cluster,
+        hosts: usize,
+        bw: &str,
+        ours: &str,
+    ) -> Result<ClusterLinks, String> {
+        let rtt = cluster.rtt_ms()?;
+        let name = self.fit_mode.to_string();
+        // Within a host, a message also waits for the receiving thread to wake up in a
+        // process of the cluster; the trainer's own hierarchical all-reduce of 4 bytes times
+        // it: its leaders' part is the flat one of one worker per host, and the rest is one
+        // message to the leader and one back.
+        let flat_small = self.small_allreduce(cluster, hosts, 1, &name)?;
+        let mut intra_of: Vec<(usize, LinkModel)> = vec![(1, self.intra)];
+        for &d in self.per_host.iter().filter(|&&d| d > 1) {
+            let hier = self.small_allreduce(cluster, hosts, d, &format!("hier:{name}"))?;
+            let extra = hier.saturating_sub(flat_small) / 2;
+            let link = LinkModel {
+                latency: self.intra.latency.max(extra),
+                ..self.intra
+            };
+            println!(
+                "{hosts} hosts at {bw}, {d} workers per host: within a host {:.1} us per \
+                 message (hier:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
+                link.latency.as_secs_f64() * 1e6,
+                FIT_SIZES.0,
+                hier.as_secs_f64() * 1e6,
+                flat_small.as_secs_f64() * 1e6
+            );
+            intra_of.push((d, link));
+        }
+        let planning = LinkModel {
+            bandwidth_bytes_per_s: parse_bandwidth(ours)?,
+            latency: std::time::Duration::from_secs_f64(rtt / 2e3),
+        };
+        let mut fits: Vec<(String, LinkModel)> = Vec::new();
+        for model in self.models() {
+            let nic = self.fit_model_link(cluster, hosts, bw, model, &planning, rtt)?;
+            fits.push((model.to_string(), nic));
+        }
+        Ok(ClusterLinks {
+            rtt,
+            intra_of,
+            planning,
+            fits,
+        })
+    }
+
+    /// `bench allreduce --transport mpi` across the cluster: the time of `op` at the smallest
+    /// fit size with `workers` per host.
+    fn small_allreduce(
+        &self,
+        cluster: &Cluster,
+        hosts: usize,
+        workers: usize,
+        op: &str,
+    ) -> Result<std::time::Duration, String> {
+        let mut args = vec![self.exe.display().to_string()];
+        args.extend(
+            [
+                "bench",
+                "allreduce",
+                "--transport",
+                "mpi",
+                "--iters",
+                "30",
+                "--sizes",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        args.extend([
+            FIT_SIZES.0.to_string(),
+            "--workers".into(),
+            workers.to_string(),
+        ]);
+        parse_allreduce(&cluster.mpirun(hosts, &args)?, op, FIT_SIZES.0)
+    }
+
+    /// The link between hosts as `model`'s runs see it: the links are timed at the sizes the
+    /// runs send, because the transport's rate depends on the message size here (tbf lets a
+    /// burst through at once; above 64 KB MPI's rendezvous protocol halves the rate of a
+    /// 2-host ring), so the link is fitted to the total time of the model's own buckets.
+    fn fit_model_link(
+        &self,
+        cluster: &Cluster,
+        hosts: usize,
+        bw: &str,
+        model: &str,
+        planning: &LinkModel,
+        rtt: f64,
+    ) -> Result<LinkModel, String> {
+        let name = self.fit_mode.to_string();
+        // The runs' buckets (the trainer's plan and caps), each a whole number of f32
+        // per rank as the all-reduce bench takes it, timed one by one: the link is
+        // fitted to their total.
+        let lens: Vec<usize> = crate::measure::blocks_of(model)?
+            .iter()
+            .map(|b| b.iter().sum())
+            .collect();
+        let (first, rest) = crate::plan::bucket_caps(None, planning);
+        let buckets: Vec<usize> = crate::parallel::BucketPlan::new(&lens, first, rest)
+            .buckets
+            .iter()
+            .map(|b| (4 * b.len).div_ceil(4 * hosts) * 4 * hosts)
+            .collect();
+        let mut distinct = buckets.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut args = vec![self.exe.display().to_string()];
+        args.extend(
+            [
+                "bench",
+                "allreduce",
+                "--transport",
+                "mpi",
+                "--workers",
+                "1",
+                "--iters",
+                "30",
+                "--sizes",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        let list: Vec<String> = distinct.iter().map(|b| b.to_string()).collect();
+        args.push(format!("{},{}", FIT_SIZES.0, list.join(",")));
+        let out = cluster.mpirun(hosts, &args)?;
+        let mix = buckets
+            .iter()
+            .map(|&b| Ok((b, parse_allreduce(&out, &name, b)?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        let nic = fit_link_to_mix(
+            self.fit_mode,
+            hosts,
+            (FIT_SIZES.0, parse_allreduce(&out, &name, FIT_SIZES.0)?),
+            &mix,
+        )?;
+        let total: std::time::Duration = mix.iter().map(|(_, t)| *t).sum();
+        println!(
+            "\n{hosts} hosts at {bw} (tbf), ping round trip {rtt:.3} ms; {model}: between \
+             hosts (MPI over TCP; {name} all-reduce of {} B and of each of its {} buckets, \
+             {} B in all, {:.1} ms in all, timed across the cluster) {:.1} MB/s, {:.1} us \
+             per message",
+            FIT_SIZES.0,
+            buckets.len(),
+            buckets.iter().sum::<usize>(),
+            total.as_secs_f64() * 1e3,
+            nic.bandwidth_bytes_per_s / 1e6,
+            nic.latency.as_secs_f64() * 1e6
+        );
+        Ok(nic)
+    }
+
+    /// The `mpirun` command line of one case's training run, into `dir`.
+    fn train_args(
+        &self,
+        case: &ClusterCase,
+        ours: &str,
+        rtt: f64,
+        dir: &std::path::Path,
+    ) -> Result<Vec<String>, String> {
+        let (a, model, d, hosts) = (self.a, case.model, case.per_host, case.hosts);
+        let batch = self.batch_of(model)? * hosts * d;
+        let mut args: Vec<String> = vec![self.exe.display().to_string()];
+        args.extend(
+            [
+                "train",
+                "--transport",
+                "mpi",
+                "--model",
+                model,
+                "--dataset",
+                super::overlap::synthetic_for(model),
+                "--epochs",
+                "1",
+                "--test-limit",
+                "100",
+                "--quiet",
+                "--no-checkpoints",
+                "--log-every",
+                "1",
+                "--comm",
+                &a.comm,
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        args.extend([
+            "--workers".into(),
+            d.to_string(),
+            "--threads".into(),
+            a.threads.to_string(),
+            "--batch".into(),
+            batch.to_string(),
+            "--train-limit".into(),
+            (batch * (a.steps + 5)).to_string(),
+            "--overlap".into(),
+            if case.overlap { "on" } else { "off" }.into(),
+            "--link-bandwidth".into(),
+            ours.to_string(),
+            "--link-latency".into(),
+            format!("{:.0}us", rtt / 2.0 * 1e3),
+            "--run-dir".into(),
+            dir.display().to_string(),
+        ]);
+        if let Some(device) = self.devices.iter().find(|dev| dev.model == model) {
+            args.extend([
+                "--emulate-device".into(),
+                device.path.display().to_string(),
+                "--emulate-device-scale".into(),
+                device_scale(hosts * d, self.cores, a.device_headroom).to_string(),
+            ]);
+        }
+        Ok(args)
+    }
+
+    /// The profile a case is simulated from, made once per (model, workers): the device's
+    /// alone profile at the runs' scale, or (shared cores) one measured with as many replicas
+    /// at once.
+    fn case_profile(
+        &self,
+        case: &ClusterCase,
+        profiles: &mut Vec<(String, usize, crate::sim::Profile)>,
+    ) -> Result<crate::sim::Profile, String> {
+        let (a, model, cores) = (self.a, case.model, self.cores);
+        let workers = case.hosts * case.per_host;
+        if let Some((_, _, p)) = profiles
+            .iter()
+            .find(|(m, w, _)| m == model && *w == workers)
+        {
+            return Ok(p.clone());
+        }
+        let p = match self.devices.iter().find(|dev| dev.model == model) {
+            // The device: the alone profile at the runs' scale, every worker alike.
+            Some(device) => {
+                let p = &device.profile;
+                let k = device_scale(workers, cores, a.device_headroom);
+                let mut p = p.rescaled(k * p.forward_ms(), k * p.backward_ms(), k * p.update_ms);
+                p.compute_spread = Some(0.0);
                 println!(
-                    "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-                    bw,
-                    hosts,
-                    d,
+                    "  ({model} device for {workers} workers: x {k}, compute {:.1} ms a \
+                     step)",
+                    p.forward_ms() + p.backward_ms() + p.update_ms
+                );
+                p
+            }
+            None => {
+                // Every worker of the cluster shares this machine's cores: measure with
+                // as many replicas at once.
+                let p = measure(
                     model,
-                    if overlap { "on" } else { "off" },
-                    m.step,
-                    sim.step_ms,
-                    err,
-                    cal.step_ms,
-                    cal_err,
-                    m.exposed,
-                    sim.exposed_ms,
-                    m.data + m.forward + m.backward + m.update,
-                    sim.forward_ms + sim.backward_ms + sim.update_ms
-                );
+                    self.batch_of(model)?,
+                    a.threads,
+                    a.steps.min(20),
+                    workers,
+                )?;
                 println!(
-                    "RESULT dptrain simcheck-cluster bw={bw} hosts={hosts} workers_per_host={d} model={model} overlap={overlap} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
-                    m.step, sim.step_ms, cal.step_ms
+                    "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
+                     step, spread {:.1}%)",
+                    p.forward_ms() + p.backward_ms() + p.update_ms,
+                    100.0 * p.compute_spread.unwrap_or(0.0)
                 );
+                p
             }
-            drop(cluster);
-        }
+        };
+        profiles.push((model.to_string(), workers, p.clone()));
+        Ok(p)
     }
-    println!(
-        "\n{rows} rows; largest |error|: {worst:.1}% from the profile, {worst_cal:.1}% with the \
-         run's compute (target: within 10%); exp = exposed comm, cpt = data + forward + \
-         backward + update"
-    );
-    Ok(())
+
+    /// Simulates one case on its cluster's measured links beside its runs' median pass `m`,
+    /// and prints the row.
+    fn compare_case(
+        &self,
+        case: &ClusterCase,
+        links: &ClusterLinks,
+        m: &Phases,
+        profile: &crate::sim::Profile,
+        state: &mut ClusterState,
+    ) -> Result<(), String> {
+        let (d, model) = (case.per_host, case.model);
+        let nic = links
+            .fits
+            .iter()
+            .find(|(fitted, _)| fitted == model)
+            .expect("fitted above")
+            .1;
+        let intra = links
+            .intra_of
+            .iter()
+            .find(|(dd, _)| *dd == d)
+            .map_or(self.intra, |(_, l)| *l);
+        let topology = Topology {
+            hosts: case.hosts,
+            devices_per_host: d,
+            intra,
+            nic,
+            overhead: std::time::Duration::ZERO,
+        };
+        let step = StepConfig {
+            topology,
+            comm: self.comm,
+            hierarchical: true,
+            overlap: case.overlap,
+            buckets: crate::plan::BucketFlags::default(),
+            planning_link: Some(links.planning),
+            // The workers' compute varies as much as the profile says (emulated devices:
+            // not at all).
+            stragglers: Stragglers {
+                spread: profile.compute_spread.unwrap_or(0.0),
+                seed: 1,
+                steps: 50,
+            },
+        };
+        let sim = state.simulator.step(profile, &step)?;
+        let cal = state.simulator.step(
+            &profile.rescaled(m.data + m.forward, m.backward, m.update),
+            &step,
+        )?;
+        let err = 100.0 * (sim.step_ms / m.step - 1.0);
+        let cal_err = 100.0 * (cal.step_ms / m.step - 1.0);
+        let t = &mut state.totals;
+        t.worst = t.worst.max(err.abs());
+        t.worst_cal = t.worst_cal.max(cal_err.abs());
+        t.rows += 1;
+        println!(
+            "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            case.bw,
+            case.hosts,
+            d,
+            model,
+            if case.overlap { "on" } else { "off" },
+            m.step,
+            sim.step_ms,
+            err,
+            cal.step_ms,
+            cal_err,
+            m.exposed,
+            sim.exposed_ms,
+            m.data + m.forward + m.backward + m.update,
+            sim.forward_ms + sim.backward_ms + sim.update_ms
+        );
+        println!(
+            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+            case.bw, case.hosts, case.overlap, m.step, sim.step_ms, cal.step_ms
+        );
+        Ok(())
+    }
 }
 
 /// The per-worker batch of `model` in `--worker-batch`: one number for every model, or
@@ -961,37 +1346,17 @@ const GOYAL_BACKWARD_S: f64 = 0.120;
 /// below, and variants of the uncertain ones.
 pub fn goyal2017() -> Result<Published, String> {
     let graph = crate::model::reference_graph("resnet50")?;
-    let batch = 32;
-    let mem_gbs = 732.0;
-    // The step at the per-GPU batch: backward as published, forward half of it (2 x MACs
-    // against 4 x MACs: the 1:2 split the profiles use), plus the memory-bound update; as a
-    // device throughput for --device-images-per-s.
-    let update_s = graph.num_params() as f64 * 20.0 / (mem_gbs * 1e9);
-    let images_per_s = batch as f64 / (1.5 * GOYAL_BACKWARD_S + update_s);
+    let inputs = GoyalInputs::new(&graph);
     let profile = crate::sim::from_graph(
         &graph,
-        batch,
+        inputs.batch,
         crate::sim::DeviceSpeed::ImagesPerSecond {
-            images_per_s,
-            mem_gbs,
+            images_per_s: inputs.images_per_s,
+            mem_gbs: inputs.mem_gbs,
         },
     )?;
-    let us = std::time::Duration::from_micros;
-    let topo = Topology {
-        hosts: 1,
-        devices_per_host: 8,
-        intra: LinkModel {
-            bandwidth_bytes_per_s: 20e9,
-            latency: us(5),
-        },
-        nic: LinkModel {
-            bandwidth_bytes_per_s: 50e9 / 8.0 * 0.94,
-            latency: us(10),
-        },
-        overhead: us(5),
-    };
     let base = StepConfig {
-        topology: topo,
+        topology: inputs.topology,
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
         hierarchical: true,
         overlap: true,
@@ -999,7 +1364,71 @@ pub fn goyal2017() -> Result<Published, String> {
         planning_link: None,
         stragglers: Stragglers::NONE,
     };
-    let assumptions = vec![
+    Ok(Published {
+        assumptions: goyal_assumptions(&graph, &inputs),
+        published: 90.0,
+        rows: goyal_variants(&profile, base)?,
+    })
+}
+
+/// The figures [`goyal2017`] feeds the simulator (their sources are in
+/// [`goyal_assumptions`]).
+struct GoyalInputs {
+    /// Images per GPU.
+    batch: usize,
+    /// P100's HBM2 bandwidth, GB/s.
+    mem_gbs: f64,
+    /// The SGD update, s.
+    update_s: f64,
+    /// The device throughput the step comes to, for `--device-images-per-s`.
+    images_per_s: f64,
+    /// One 8-GPU server.
+    topology: Topology,
+}
+
+impl GoyalInputs {
+    fn new(graph: &crate::model::Graph) -> Self {
+        let batch = 32;
+        let mem_gbs = 732.0;
+        // The step at the per-GPU batch: backward as published, forward half of it (2 x MACs
+        // against 4 x MACs: the 1:2 split the profiles use), plus the memory-bound update; as
+        // a device throughput for --device-images-per-s.
+        let update_s = graph.num_params() as f64 * 20.0 / (mem_gbs * 1e9);
+        let images_per_s = batch as f64 / (1.5 * GOYAL_BACKWARD_S + update_s);
+        let us = std::time::Duration::from_micros;
+        let topology = Topology {
+            hosts: 1,
+            devices_per_host: 8,
+            intra: LinkModel {
+                bandwidth_bytes_per_s: 20e9,
+                latency: us(5),
+            },
+            nic: LinkModel {
+                bandwidth_bytes_per_s: 50e9 / 8.0 * 0.94,
+                latency: us(10),
+            },
+            overhead: us(5),
+        };
+        Self {
+            batch,
+            mem_gbs,
+            update_s,
+            images_per_s,
+            topology,
+        }
+    }
+}
+
+/// Every input of [`goyal2017`] with its source.
+fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<Assumption> {
+    let GoyalInputs {
+        batch,
+        update_s,
+        images_per_s,
+        topology: topo,
+        ..
+    } = *inputs;
+    vec![
         Assumption {
             what: "model",
             value: format!(
@@ -1079,18 +1508,27 @@ pub fn goyal2017() -> Result<Published, String> {
             value: "none (every GPU equally fast)".into(),
             source: "no published spread; the variants show 2%",
         },
-    ];
+    ]
+}
+
+/// The 8-GPU and 256-GPU steps and the efficiency, from the stated inputs (`base`) and with
+/// each uncertain input changed.
+fn goyal_variants(
+    profile: &crate::sim::Profile,
+    base: StepConfig,
+) -> Result<Vec<(String, f64, f64, f64)>, String> {
+    let us = std::time::Duration::from_micros;
     let mut sim = Simulator::new();
     let mut rows = Vec::new();
     let mut variant = |name: &str, f: &dyn Fn(&mut StepConfig)| -> Result<(), String> {
         let mut c = base;
         f(&mut c);
-        let small = sim.step(&profile, &c)?.step_ms;
+        let small = sim.step(profile, &c)?.step_ms;
         let large = StepConfig {
             topology: c.topology.with_workers(256)?,
             ..c
         };
-        let big = sim.step(&profile, &large)?.step_ms;
+        let big = sim.step(profile, &large)?.step_ms;
         rows.push((name.to_string(), small, big, 100.0 * small / big));
         Ok(())
     };
@@ -1122,43 +1560,46 @@ pub fn goyal2017() -> Result<Published, String> {
         c.hierarchical = false
     })?;
     variant("overlap off", &|c| c.overlap = false)?;
-    Ok(Published {
-        assumptions,
-        published: 90.0,
-        rows,
-    })
+    Ok(rows)
+}
+
+impl Published {
+    /// The comparison on the terminal: inputs with sources, the variants' table, and the
+    /// prediction beside the published figure.
+    pub fn terminal(&self) -> String {
+        let mut s = format!(
+            "Goyal et al. 2017 (arXiv:1706.02677), ResNet-50 on P100s: published ~{:.0}% scaling \
+             efficiency from 8 to 256 GPUs (abstract); efficiency = 8-GPU step / 256-GPU step at 32 \
+             images per GPU\ninputs:\n",
+            self.published
+        );
+        for a in &self.assumptions {
+            s += &format!("  {}: {}\n      source: {}\n", a.what, a.value, a.source);
+        }
+        s += &format!(
+            "{:<50} {:>12} {:>12} {:>8} {:>10}\n",
+            "variant", "8 GPUs ms", "256 GPUs ms", "eff%", "vs 90%"
+        );
+        for (name, small, big, eff) in &self.rows {
+            s += &format!(
+                "{name:<50} {small:>12.1} {big:>12.1} {eff:>8.1} {:>+10.1}\n",
+                eff - self.published
+            );
+        }
+        let d = self.predicted() - self.published;
+        s + &format!(
+            "prediction from the stated inputs: {:.1}% against the published ~{:.0}%: {d:+.1} points \
+             (target: within 10)",
+            self.predicted(),
+            self.published
+        )
+    }
 }
 
 /// Prints [`goyal2017`]: inputs with sources, prediction beside the published figure, variants.
 pub fn run_published() -> Result<Published, String> {
     let p = goyal2017()?;
-    println!(
-        "Goyal et al. 2017 (arXiv:1706.02677), ResNet-50 on P100s: published ~{:.0}% scaling \
-         efficiency from 8 to 256 GPUs (abstract); efficiency = 8-GPU step / 256-GPU step at 32 \
-         images per GPU",
-        p.published
-    );
-    println!("inputs:");
-    for a in &p.assumptions {
-        println!("  {}: {}\n      source: {}", a.what, a.value, a.source);
-    }
-    println!(
-        "{:<50} {:>12} {:>12} {:>8} {:>10}",
-        "variant", "8 GPUs ms", "256 GPUs ms", "eff%", "vs 90%"
-    );
-    for (name, small, big, eff) in &p.rows {
-        println!(
-            "{name:<50} {small:>12.1} {big:>12.1} {eff:>8.1} {:>+10.1}",
-            eff - p.published
-        );
-    }
-    let d = p.predicted() - p.published;
-    println!(
-        "prediction from the stated inputs: {:.1}% against the published ~{:.0}%: {d:+.1} points \
-         (target: within 10)",
-        p.predicted(),
-        p.published
-    );
+    println!("{}", p.terminal());
     Ok(p)
 }
 
@@ -1215,6 +1656,39 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("time a larger size"), "{e}");
+    }
+
+    #[test]
+    fn the_mpi_allreduce_table_as_printed_is_read_back() {
+        use crate::bench::allreduce::{AllReduceTable, OpRow, PROCESS_NAME_WIDTH};
+        let row = |name: &str, bytes, us: f64| OpRow {
+            name: name.into(),
+            bytes,
+            time: Duration::from_secs_f64(us * 1e-6),
+            algbw: 1e9,
+            busbw: 1e9,
+        };
+        let table = AllReduceTable {
+            name_width: PROCESS_NAME_WIDTH,
+            rows: vec![
+                row("ring", 4, 115.5),
+                row("hier:ring", 4, 230.25),
+                row("auto:hier:redundant", 4 << 20, 698659.2),
+            ],
+        };
+        let out = table.terminal();
+        assert_eq!(
+            parse_allreduce(&out, "hier:ring", 4).unwrap(),
+            Duration::from_secs_f64(230.2e-6)
+        );
+        assert_eq!(
+            parse_allreduce(&out, "auto:hier:redundant", 4 << 20).unwrap(),
+            Duration::from_secs_f64(698659.2e-6)
+        );
+        assert!(table
+            .markdown()
+            .contains("| 4M | auto:hier:redundant | 698659.2 | 1.000 | 1.000 |"));
+        assert_eq!(crate::bench::allreduce::size_label(1536), "1536");
     }
 
     #[test]

@@ -7,18 +7,19 @@
 //! (memory speed and an emulated link), the overlap grid, data wait with and without
 //! preloading, the ablation, and the simulator against emulated runs. They run in this process
 //! through the bench modules' functions, one after the other (so no two measurements share the
-//! cores), except the simulator check, which runs `dptrain bench sim-check` as a child process
-//! because that command prints its table rather than returning it.
+//! cores), and each section's tables are the markdown renderings of the result types its
+//! command prints on the terminal.
 //!
 //! A section that fails is reported in the page (and the command then exits with an error
 //! naming it) while the other sections still run: a benchmark prints figures, and one broken
 //! section should not hide the rest.
 
 use super::ablation::{AblationArgs, AblationSpec};
-use super::allreduce::bench_allreduce;
-use super::data::{data_wait_pct, export_image_folder, pipeline_images_per_s, training_run};
-use super::overlap::{run_case, GridSpec, OverlapCase};
-use super::step::bench_step;
+use super::allreduce::{self, bench_allreduce, AllReduceTable};
+use super::data::{self, export_image_folder, DataResult, Loading};
+use super::overlap::{self, GridSpec};
+use super::simcheck::SimCheckArgs;
+use super::step;
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
 use crate::config::TrainOptions;
@@ -170,9 +171,38 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     crate::output::create_dir(out).map_err(|e| format!("--out: {e}"))?;
     crate::output::check_writable(&out.join(REPORT_FILE)).map_err(|e| format!("--out: {e}"))?;
     let plan = Plan::new(quick);
-    let q = if quick { " (quick)" } else { "" };
-    type SectionFn = fn(&Plan, &Path) -> Result<String, String>;
-    let sections: [(&'static str, String, SectionFn); 6] = [
+    let done = run_sections(&plan, out);
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let report = out.join(REPORT_FILE);
+    let load = format!(
+        "{} at the start, {} at the end",
+        load_before,
+        load_average()
+    );
+    crate::output::write_atomically(&report, page(&done, quick, wall_seconds, &load).as_bytes())?;
+    let failures = done
+        .iter()
+        .filter_map(|s| {
+            s.body
+                .as_ref()
+                .err()
+                .map(|e| (s.title.to_string(), e.clone()))
+        })
+        .collect();
+    Ok(SuiteOutcome {
+        report,
+        failures,
+        wall_seconds,
+    })
+}
+
+/// A section's measuring and its markdown: the plan, and the directory its plots go to.
+type SectionFn = fn(&Plan, &Path) -> Result<String, String>;
+
+/// Every section in page order: its title, the command that re-runs it alone, and its
+/// function.
+fn sections(plan: &Plan) -> [(&'static str, String, SectionFn); 6] {
+    [
         (
             SECTIONS[0],
             format!(
@@ -210,7 +240,7 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
             SECTIONS[3],
             format!(
                 "dptrain data export-images --dataset mnist --out /tmp/mnist-png --limit {} && dptrain bench data --dataset imagefolder --data-dir /tmp/mnist-png --augment crop:4,flip --workers 2 --threads 1 --loader-threads 1,2 --steps {} --batches {}",
-                data_samples(&plan),
+                data_samples(plan),
                 plan.data_steps,
                 plan.data_batches
             ),
@@ -230,12 +260,18 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
                 .to_string(),
             simcheck_section,
         ),
-    ];
+    ]
+}
+
+/// Runs every section in turn, saying which is running; a failed section says so and the
+/// next one runs.
+fn run_sections(plan: &Plan, out: &Path) -> Vec<Section> {
+    let q = if plan.quick { " (quick)" } else { "" };
     let mut done = Vec::new();
-    for (title, rerun, f) in sections {
+    for (title, rerun, f) in sections(plan) {
         println!("[suite{q}] {title} ...");
         let t = Instant::now();
-        let body = f(&plan, out);
+        let body = f(plan, out);
         if let Err(e) = &body {
             println!("[suite{q}] {title} failed: {e}");
         }
@@ -246,28 +282,7 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
             seconds: t.elapsed().as_secs_f64(),
         });
     }
-    let wall_seconds = started.elapsed().as_secs_f64();
-    let report = out.join(REPORT_FILE);
-    let load = format!(
-        "{} at the start, {} at the end",
-        load_before,
-        load_average()
-    );
-    crate::output::write_atomically(&report, page(&done, quick, wall_seconds, &load).as_bytes())?;
-    let failures = done
-        .iter()
-        .filter_map(|s| {
-            s.body
-                .as_ref()
-                .err()
-                .map(|e| (s.title.to_string(), e.clone()))
-        })
-        .collect();
-    Ok(SuiteOutcome {
-        report,
-        failures,
-        wall_seconds,
-    })
+    done
 }
 
 /// Runs `dptrain bench suite`.
@@ -377,26 +392,25 @@ fn step_section(plan: &Plan, out: &Path) -> Result<String, String> {
         "One worker, batch {}, synthetic data; medians of {} steps after 3 warm-up steps, ms.\n\n",
         plan.step_batch, plan.step_steps
     );
-    s += "| model | threads | step | forward | backward | update | images/s |\n|---|---:|---:|---:|---:|---:|---:|\n";
-    let mut series: Vec<NamedSeries<f64>> = plan
+    let table = step::measure_table(
+        &plan.step_models,
+        plan.step_batch,
+        &plan.step_threads,
+        plan.step_steps,
+        |_, _| {},
+    )?;
+    s += &table.markdown();
+    let series: Vec<NamedSeries<f64>> = plan
         .step_threads
         .iter()
-        .map(|t| (format!("{t} thread(s)"), Vec::new()))
+        .map(|&t| {
+            let times = table.rows.iter().filter(|r| r.threads == t);
+            (
+                format!("{t} thread(s)"),
+                times.map(|r| r.times.step_ms).collect(),
+            )
+        })
         .collect();
-    for model in &plan.step_models {
-        for (i, &threads) in plan.step_threads.iter().enumerate() {
-            let r = bench_step(model, plan.step_batch, threads, plan.step_steps)?;
-            s += &format!(
-                "| {model} | {threads} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |\n",
-                r.step_ms,
-                r.forward_ms,
-                r.backward_ms,
-                r.update_ms,
-                plan.step_batch as f64 * 1e3 / r.step_ms
-            );
-            series[i].1.push(r.step_ms);
-        }
-    }
     let groups: Vec<String> = plan.step_models.iter().map(|m| m.to_string()).collect();
     grouped_bars(
         &out.join(PLOTS[0]),
@@ -432,22 +446,21 @@ fn allreduce_section(plan: &Plan, out: &Path) -> Result<String, String> {
     .enumerate()
     {
         s += &format!("Link: {name}.\n\n");
-        s += "| bytes | mode | time us | algbw GB/s | busbw GB/s |\n|---:|---|---:|---:|---:|\n";
+        let mut table = AllReduceTable {
+            name_width: allreduce::IN_PROCESS_NAME_WIDTH,
+            rows: Vec::new(),
+        };
         let mut series: Vec<NamedSeries<(f64, f64)>> = Vec::new();
         for mode in CommMode::ALL {
             let mut points = Vec::new();
-            for &(label, bytes) in &plan.allreduce_sizes {
+            for &(_, bytes) in &plan.allreduce_sizes {
                 let r = bench_allreduce(2, bytes, mode, l, plan.allreduce_iters)?;
-                s += &format!(
-                    "| {label} | {mode} | {:.1} | {:.3} | {:.3} |\n",
-                    r.time.as_secs_f64() * 1e6,
-                    r.algbw / 1e9,
-                    r.busbw / 1e9
-                );
                 points.push((bytes as f64, r.busbw / 1e9));
+                table.rows.push(r.named(mode.to_string()));
             }
             series.push((mode.to_string(), points));
         }
+        s += &table.markdown();
         let file = PLOTS[1 + k];
         log_x_lines(
             &out.join(file),
@@ -473,21 +486,7 @@ fn overlap_section(plan: &Plan, out: &Path) -> Result<String, String> {
         steps: plan.overlap_steps,
         bucket_kb: None,
     };
-    let single = run_case(
-        &GridSpec {
-            workers: 1,
-            batch: batch / workers,
-            ..spec.clone()
-        },
-        &OverlapCase {
-            comm: "ring".into(),
-            overlap: true,
-            bandwidth: None,
-            latency: None,
-        },
-        scratch.path(),
-    )?
-    .images_per_s;
+    let single = overlap::single_worker_images_per_s(&spec, scratch.path())?;
     let mut s = format!(
         "{}, {workers} workers x 1 thread, global batch {batch}, synthetic data, emulated link \
          {} / {latency}; {} timed steps per cell (mean step). Efficiency: weak scaling against 1 \
@@ -497,40 +496,17 @@ fn overlap_section(plan: &Plan, out: &Path) -> Result<String, String> {
         plan.overlap_steps,
         batch / workers
     );
-    s += "| comm | overlap | step ms | backward ms | comm ms | exposed ms | hidden % | images/s | eff % |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
-    let mut series: Vec<NamedSeries<f64>> = vec![
-        ("overlap on".into(), Vec::new()),
-        ("overlap off".into(), Vec::new()),
-    ];
-    for mode in &plan.overlap_modes {
-        for (i, overlap) in [true, false].into_iter().enumerate() {
-            let case = OverlapCase {
-                comm: mode.to_string(),
-                overlap,
-                bandwidth: Some(plan.overlap_bandwidth.into()),
-                latency: Some(latency.into()),
-            };
-            let r = run_case(&spec, &case, scratch.path())?;
-            let m = &r.breakdown.mean;
-            let hidden = if m.comm_total_ms > 0.0 {
-                100.0 * m.hidden_comm_ms() / m.comm_total_ms
-            } else {
-                0.0
-            };
-            s += &format!(
-                "| {mode} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |\n",
-                if overlap { "on" } else { "off" },
-                m.step_ms,
-                m.backward_ms,
-                m.comm_total_ms,
-                m.exposed_comm_ms,
-                hidden,
-                r.images_per_s,
-                100.0 * r.images_per_s / (workers as f64 * single)
-            );
-            series[i].1.push(m.step_ms);
-        }
-    }
+    let bandwidths = [Some(plan.overlap_bandwidth.to_string())];
+    let cases = overlap::grid_cases(&bandwidths, &plan.overlap_modes, latency);
+    let grid = overlap::measure_grid(&spec, single, &cases, scratch.path(), |_, _| {})?;
+    s += &grid.markdown();
+    let series: Vec<NamedSeries<f64>> = [("overlap on", true), ("overlap off", false)]
+        .into_iter()
+        .map(|(name, on)| {
+            let cells = grid.cells.iter().filter(|c| c.case.overlap == on);
+            (name.to_string(), cells.map(|c| c.mean.step_ms).collect())
+        })
+        .collect();
     let groups: Vec<String> = plan.overlap_modes.iter().map(|m| m.to_string()).collect();
     grouped_bars(
         &out.join(PLOTS[3]),
@@ -568,34 +544,22 @@ fn data_section(plan: &Plan, out: &Path) -> Result<String, String> {
          else), then lenet5 training, 2 workers x 1 thread, {} timed steps (means).\n\n",
         plan.data_batches, plan.data_steps
     );
-    s += "| loading | pipeline images/s |\n|---|---:|\n";
-    let cases = [(1, 0), (1, 2), (2, 2)];
-    let name = |t: usize, k: usize| {
-        if k == 0 {
-            "in step".to_string()
-        } else {
-            format!("{t} loader thread(s), prefetch {k}")
-        }
+    let settings = [(1, 0), (1, 2), (2, 2)].map(|(loader_threads, prefetch)| Loading {
+        loader_threads,
+        prefetch,
+    });
+    let result = DataResult {
+        pipeline: data::measure_pipeline(&base, &settings, plan.data_batches, |_| {})?,
+        training: data::measure_training(
+            &base,
+            &settings,
+            plan.data_steps,
+            &scratch.path().join("run"),
+            |_| {},
+        )?,
     };
-    for &(t, k) in &cases {
-        let ips = pipeline_images_per_s(&base, t, k, plan.data_batches)?;
-        s += &format!("| {} | {ips:.0} |\n", name(t, k));
-    }
-    s += "\n| loading | step ms | data wait ms | data wait % | images/s |\n|---|---:|---:|---:|---:|\n";
-    let mut bars = Vec::new();
-    for &(t, k) in &cases {
-        let r = training_run(&base, t, k, plan.data_steps, &scratch.path().join("run"))?;
-        let m = &r.breakdown.mean;
-        s += &format!(
-            "| {} | {:.2} | {:.3} | {:.1} | {:.0} |\n",
-            name(t, k),
-            m.step_ms,
-            m.data_ms,
-            data_wait_pct(&r),
-            r.images_per_s
-        );
-        bars.push(data_wait_pct(&r));
-    }
+    s += &result.markdown();
+    let bars = result.training.iter().map(|r| r.data_wait_pct).collect();
     let groups = vec![
         "in step".to_string(),
         "1 loader, prefetch 2".to_string(),
@@ -615,15 +579,7 @@ fn data_section(plan: &Plan, out: &Path) -> Result<String, String> {
 /// The ablation (`bench ablation` with its defaults, or tiny in quick mode); also writes
 /// `ablation.md` and `ablation.json`.
 fn ablation_section(plan: &Plan, out: &Path) -> Result<String, String> {
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: AblationArgs,
-    }
-    let argv = std::iter::once("ablation").chain(plan.ablation.iter().copied());
-    let args = <Cli as clap::Parser>::try_parse_from(argv)
-        .map_err(|e| e.to_string())?
-        .args;
+    let args = parse_flags::<AblationArgs>("ablation", &plan.ablation)?;
     let report = super::ablation::run(&AblationSpec::from_args(&args)?)?;
     report.write(out)?;
     let groups: Vec<String> = report
@@ -658,35 +614,33 @@ fn ablation_section(plan: &Plan, out: &Path) -> Result<String, String> {
     ))
 }
 
-/// `dptrain bench sim-check` in a child process (it prints its table), shown verbatim.
+/// `dptrain bench sim-check` (its defaults, or tiny in quick mode): its table.
 fn simcheck_section(plan: &Plan, _out: &Path) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
-    let output = std::process::Command::new(&exe)
-        .args(["bench", "sim-check"])
-        .args(&plan.simcheck)
-        .output()
-        .map_err(|e| format!("running {} bench sim-check: {e}", exe.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "bench sim-check exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
-    let table: Vec<&str> = stdout
-        .lines()
-        .filter(|l| !l.starts_with("RESULT "))
-        .collect();
+    let args = parse_flags::<SimCheckArgs>("sim-check", &plan.simcheck)?;
+    let check = super::simcheck::measure_emulated(&args, &mut |_| {})?;
     Ok(format!(
         "The simulator's predicted step against short emulated runs of the same configuration \
          (`sim ms`: from a profile measured here; `cal ms`: the same with the run's own compute \
-         times, isolating the communication model){}.\n\n```text\n{}\n```\n",
+         times, isolating the communication model){}.\n\n{}",
         if plan.quick {
             ""
         } else {
             "; defaults of `bench sim-check`"
         },
-        table.join("\n")
+        check.markdown()
     ))
+}
+
+/// A benchmark's arguments from `flags`, as its command line would parse them (defaults
+/// included).
+fn parse_flags<A: clap::Args>(command: &str, flags: &[&str]) -> Result<A, String> {
+    #[derive(clap::Parser)]
+    struct Cli<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    let argv = std::iter::once(command).chain(flags.iter().copied());
+    <Cli<A> as clap::Parser>::try_parse_from(argv)
+        .map(|c| c.args)
+        .map_err(|e| e.to_string())
 }

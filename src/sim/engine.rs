@@ -68,130 +68,240 @@ pub fn run(segments: &[Segment], topo: &Topology) -> Result<RankTimes, String> {
         });
     };
     let ranks = first.job.ranks;
-    let d = topo.devices_per_host;
     if segments
         .iter()
         .any(|s| s.job.ranks != ranks || s.ready.len() != ranks)
     {
         return Err("segments simulate different ranks (a simulator bug)".into());
     }
-    let hosts = ranks.div_ceil(d);
-    let over = topo.overhead.as_secs_f64();
-    let (i_beta, i_alpha) = (
-        1.0 / topo.intra.bandwidth_bytes_per_s,
-        topo.intra.latency.as_secs_f64() + over,
-    );
-    let (n_beta, n_alpha) = (
-        1.0 / topo.nic.bandwidth_bytes_per_s,
-        topo.nic.latency.as_secs_f64() + over,
-    );
-    let (mut dev_tx, mut dev_rx) = (vec![0.0f64; ranks], vec![0.0f64; ranks]);
-    let (mut nic_tx, mut nic_rx) = (vec![0.0f64; hosts], vec![0.0f64; hosts]);
-    let mut seg = vec![0usize; ranks];
-    let mut started = vec![false; ranks];
-    let mut pc = vec![0usize; ranks];
-    let mut clock = vec![0.0f64; ranks];
-    let mut seg_start = vec![0.0f64; ranks];
-    let mut busy = vec![0.0f64; ranks];
-    let mut mail: Vec<Option<Mail>> = segments.iter().map(|_| None).collect();
-    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..ranks).map(|r| key(0.0, r)).collect();
-    while let Some(Reverse((bits, r))) = heap.pop() {
-        let t = f64::from_bits(bits);
+    let mut engine = Engine::new(segments, topo, ranks);
+    while let Some(Reverse((bits, r))) = engine.heap.pop() {
+        engine.advance(r, f64::from_bits(bits));
+    }
+    engine.finish()
+}
+
+/// One send of a segment: to simulated rank `dst`, over the NICs or within the host, `bytes`
+/// long, into the segment's `slot`.
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    dst: usize,
+    nic: bool,
+    bytes: f64,
+    slot: usize,
+}
+
+/// A link's cost per byte (`beta`, s) and per message (`alpha`: latency plus overhead, s).
+#[derive(Debug, Clone, Copy)]
+struct Cost {
+    beta: f64,
+    alpha: f64,
+}
+
+/// The engine's state: the ports, each simulated rank's place in the segments, the messages
+/// of the segments in progress, and the ranks due to run, by time.
+struct Engine<'s, 'a> {
+    segments: &'s [Segment<'a>],
+    ranks: usize,
+    devices_per_host: usize,
+    intra: Cost,
+    nic: Cost,
+    /// When each device's send and receive ports are next free, s.
+    dev_tx: Vec<f64>,
+    dev_rx: Vec<f64>,
+    /// When each host's NIC is next free, both ways, s.
+    nic_tx: Vec<f64>,
+    nic_rx: Vec<f64>,
+    /// Per rank: the segment it is in, whether it has entered it, its program counter, its
+    /// clock, when it started its segment and its time inside segments.
+    seg: Vec<usize>,
+    started: Vec<bool>,
+    pc: Vec<usize>,
+    clock: Vec<f64>,
+    seg_start: Vec<f64>,
+    busy: Vec<f64>,
+    /// Per segment, while some rank is in it.
+    mail: Vec<Option<Mail>>,
+    heap: BinaryHeap<Reverse<(u64, usize)>>,
+}
+
+impl<'s, 'a> Engine<'s, 'a> {
+    /// Every rank at time 0 before its first segment, every port free.
+    fn new(segments: &'s [Segment<'a>], topo: &Topology, ranks: usize) -> Self {
+        let d = topo.devices_per_host;
+        let hosts = ranks.div_ceil(d);
+        let over = topo.overhead.as_secs_f64();
+        let cost = |l: &crate::comm::LinkModel| Cost {
+            beta: 1.0 / l.bandwidth_bytes_per_s,
+            alpha: l.latency.as_secs_f64() + over,
+        };
+        Self {
+            segments,
+            ranks,
+            devices_per_host: d,
+            intra: cost(&topo.intra),
+            nic: cost(&topo.nic),
+            dev_tx: vec![0.0; ranks],
+            dev_rx: vec![0.0; ranks],
+            nic_tx: vec![0.0; hosts],
+            nic_rx: vec![0.0; hosts],
+            seg: vec![0; ranks],
+            started: vec![false; ranks],
+            pc: vec![0; ranks],
+            clock: vec![0.0; ranks],
+            seg_start: vec![0.0; ranks],
+            busy: vec![0.0; ranks],
+            mail: segments.iter().map(|_| None).collect(),
+            heap: (0..ranks).map(|r| key(0.0, r)).collect(),
+        }
+    }
+
+    /// Runs rank `r` from time `t` until it yields: it waits (for readiness, compute, a
+    /// message or its own send), or it has finished every segment.
+    fn advance(&mut self, r: usize, t: f64) {
+        let segments = self.segments;
         loop {
-            let si = seg[r];
+            let si = self.seg[r];
             let Some(sg) = segments.get(si) else {
-                clock[r] = t;
-                break;
+                self.clock[r] = t;
+                return;
             };
-            if !started[r] {
-                started[r] = true;
-                pc[r] = sg.job.start[r];
-                let before = sg.before.get(r).copied().unwrap_or(0.0);
-                let begin = t.max(sg.ready[r]) + before;
-                seg_start[r] = begin;
-                mail[si].get_or_insert_with(|| Mail {
-                    ready: vec![f64::NAN; sg.job.slots],
-                    waiter: vec![NOBODY; sg.job.slots],
-                    finished: 0,
-                });
-                if begin > t {
-                    heap.push(key(begin, r));
-                    break;
-                }
+            if !self.started[r] && self.enter(r, t, si) {
+                return;
             }
-            if pc[r] == sg.job.start[r + 1] {
-                busy[r] += t - seg_start[r];
-                seg[r] += 1;
-                started[r] = false;
-                let m = mail[si].as_mut().expect("allocated on entry");
-                m.finished += 1;
-                if m.finished == ranks {
-                    // Every rank is past it: its messages have all been received.
-                    mail[si] = None;
-                }
+            if self.pc[r] == sg.job.start[r + 1] {
+                self.leave(r, t, si);
                 continue;
             }
-            let m = mail[si].as_mut().expect("allocated on entry");
-            match sg.job.steps[pc[r]] {
+            let waits = match sg.job.steps[self.pc[r]] {
                 Step::Send {
                     dst,
                     nic,
                     frac,
                     slot,
                 } => {
-                    pc[r] += 1;
-                    let dst = dst as usize;
-                    let bytes = frac * sg.bytes;
-                    let (tx, rx, beta, alpha) = if nic {
-                        (&mut nic_tx[r / d], &mut nic_rx[dst / d], n_beta, n_alpha)
-                    } else {
-                        (&mut dev_tx[r], &mut dev_rx[dst], i_beta, i_alpha)
+                    let message = Message {
+                        dst: dst as usize,
+                        nic,
+                        bytes: frac * sg.bytes,
+                        slot: slot as usize,
                     };
-                    let begin = t.max(*tx).max(*rx);
-                    let end = begin + bytes * beta;
-                    *tx = end;
-                    *rx = end;
-                    let arrives = end + alpha;
-                    let slot = slot as usize;
-                    m.ready[slot] = arrives;
-                    let w = m.waiter[slot];
-                    if w != NOBODY {
-                        // The receiver was blocked on exactly this message.
-                        let w = w as usize;
-                        m.waiter[slot] = NOBODY;
-                        pc[w] += 1;
-                        heap.push(key(clock[w].max(arrives), w));
-                    }
-                    if end > t {
-                        heap.push(key(end, r));
-                        break;
-                    }
+                    self.send(r, t, si, message)
                 }
-                Step::Recv { slot } => {
-                    let arrives = m.ready[slot as usize];
-                    if arrives.is_nan() {
-                        m.waiter[slot as usize] = r as u32;
-                        clock[r] = t;
-                        break;
-                    }
-                    pc[r] += 1;
-                    if arrives > t {
-                        heap.push(key(arrives, r));
-                        break;
-                    }
-                }
+                Step::Recv { slot } => self.recv(r, t, si, slot as usize),
+            };
+            if waits {
+                return;
             }
         }
     }
-    if let Some(r) = (0..ranks).find(|&r| seg[r] < segments.len()) {
-        let sg = &segments[seg[r]];
-        return Err(format!(
-            "the simulated schedule deadlocked: simulated rank {r} waits in {} at step {} of {} \
-             (a recording bug)",
-            sg.job.job,
-            pc[r] - sg.job.start[r],
-            sg.job.start[r + 1] - sg.job.start[r]
-        ));
+
+    /// Rank `r` enters segment `si` at `t`: it starts once the segment is ready for it and
+    /// its compute before the segment is done. Returns whether it waits for that.
+    fn enter(&mut self, r: usize, t: f64, si: usize) -> bool {
+        let sg = &self.segments[si];
+        self.started[r] = true;
+        self.pc[r] = sg.job.start[r];
+        let before = sg.before.get(r).copied().unwrap_or(0.0);
+        let begin = t.max(sg.ready[r]) + before;
+        self.seg_start[r] = begin;
+        self.mail[si].get_or_insert_with(|| Mail {
+            ready: vec![f64::NAN; sg.job.slots],
+            waiter: vec![NOBODY; sg.job.slots],
+            finished: 0,
+        });
+        if begin > t {
+            self.heap.push(key(begin, r));
+            return true;
+        }
+        false
     }
-    Ok(RankTimes { end: clock, busy })
+
+    /// Rank `r` is through segment `si` at `t`; the segment's messages go once every rank is.
+    fn leave(&mut self, r: usize, t: f64, si: usize) {
+        self.busy[r] += t - self.seg_start[r];
+        self.seg[r] += 1;
+        self.started[r] = false;
+        let m = self.mail[si].as_mut().expect("allocated on entry");
+        m.finished += 1;
+        if m.finished == self.ranks {
+            // Every rank is past it: its messages have all been received.
+            self.mail[si] = None;
+        }
+    }
+
+    /// Rank `r` sends `message` at `t` once both its ports are free; a receiver blocked on
+    /// it is woken for its arrival. Returns whether the sender waits for its last byte to go
+    /// out.
+    fn send(&mut self, r: usize, t: f64, si: usize, message: Message) -> bool {
+        let Message {
+            dst,
+            nic,
+            bytes,
+            slot,
+        } = message;
+        self.pc[r] += 1;
+        let d = self.devices_per_host;
+        let (tx, rx, cost) = if nic {
+            (&mut self.nic_tx[r / d], &mut self.nic_rx[dst / d], self.nic)
+        } else {
+            (&mut self.dev_tx[r], &mut self.dev_rx[dst], self.intra)
+        };
+        let begin = t.max(*tx).max(*rx);
+        let end = begin + bytes * cost.beta;
+        *tx = end;
+        *rx = end;
+        let arrives = end + cost.alpha;
+        let m = self.mail[si].as_mut().expect("allocated on entry");
+        m.ready[slot] = arrives;
+        let w = m.waiter[slot];
+        if w != NOBODY {
+            // The receiver was blocked on exactly this message.
+            let w = w as usize;
+            m.waiter[slot] = NOBODY;
+            self.pc[w] += 1;
+            self.heap.push(key(self.clock[w].max(arrives), w));
+        }
+        if end > t {
+            self.heap.push(key(end, r));
+            return true;
+        }
+        false
+    }
+
+    /// Rank `r` receives the message in `slot` at `t`: blocks until it is sent, or waits for
+    /// its arrival. Returns whether it waits.
+    fn recv(&mut self, r: usize, t: f64, si: usize, slot: usize) -> bool {
+        let m = self.mail[si].as_mut().expect("allocated on entry");
+        let arrives = m.ready[slot];
+        if arrives.is_nan() {
+            m.waiter[slot] = r as u32;
+            self.clock[r] = t;
+            return true;
+        }
+        self.pc[r] += 1;
+        if arrives > t {
+            self.heap.push(key(arrives, r));
+            return true;
+        }
+        false
+    }
+
+    /// Each rank's end and busy time, or the deadlock if some rank never finished.
+    fn finish(self) -> Result<RankTimes, String> {
+        if let Some(r) = (0..self.ranks).find(|&r| self.seg[r] < self.segments.len()) {
+            let sg = &self.segments[self.seg[r]];
+            return Err(format!(
+                "the simulated schedule deadlocked: simulated rank {r} waits in {} at step {} of {} \
+                 (a recording bug)",
+                sg.job.job,
+                self.pc[r] - sg.job.start[r],
+                sg.job.start[r + 1] - sg.job.start[r]
+            ));
+        }
+        Ok(RankTimes {
+            end: self.clock,
+            busy: self.busy,
+        })
+    }
 }

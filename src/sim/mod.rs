@@ -40,7 +40,6 @@
 //! with `--concurrent N` captures the compute side of it), and data loading (assumed
 //! prefetched).
 
-pub mod cli;
 pub mod engine;
 pub mod profile;
 pub mod schedule;

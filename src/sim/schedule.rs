@@ -212,113 +212,169 @@ pub fn compile(
     ranks: Ranks,
     budget: usize,
 ) -> Result<CompiledJob, String> {
-    let world = topo.workers();
-    let what = || {
-        format!(
-            "{job} over {world} workers ({} hosts x {})",
-            topo.hosts, topo.devices_per_host
-        )
-    };
-    let len = job.exact_len(world)?;
-    if len > MAX_RECORD_LEN {
-        return Err(format!(
-            "{}: recording it takes a buffer of {len} elements (one per chunk), more than the \
-             limit of {MAX_RECORD_LEN}; simulate fewer workers",
-            what()
-        ));
-    }
-    let recorder = std::cell::RefCell::new(Recorder::new(world, len));
-    let record = |rank: usize, limit: usize| {
-        recorder
-            .borrow_mut()
-            .record(rank, limit, |t, b, s| job.run(t, b, s))
-    };
-    let failed = |e: RecordError| format!("{}: {e}", what());
-    let d = topo.devices_per_host;
-    // One rank's program may hold a quarter of a step's budget: longer is hopeless, and
-    // bounding it bounds the memory of a recording that will be refused.
-    let per_rank = budget / 4;
-    let one_rank = |rank: usize| {
-        record(rank, per_rank).map_err(|e| match e {
-            RecordError::TooLong { .. } => format!(
-                "{}: {e}, more than the simulator takes ({MAX_EVENTS} messages a step, a few \
-                 seconds); simulate fewer workers",
-                what()
-            ),
-            e => failed(e),
-        })
-    };
+    let rec = Recording::new(job, topo, ranks, budget)?;
     let mut programs: Vec<Vec<Event>> = Vec::new();
     let mut symmetry = None;
     if ranks == Ranks::Symmetric && topo.hosts > 1 {
-        programs = (0..d).map(one_rank).collect::<Result<_, _>>()?;
-        symmetry = find_symmetry(topo, &programs, &one_rank)?;
+        let d = topo.devices_per_host;
+        programs = (0..d).map(|r| rec.one_rank(r)).collect::<Result<_, _>>()?;
+        symmetry = find_symmetry(topo, &programs, &|r| rec.one_rank(r))?;
     }
     if symmetry.is_none() {
-        programs.clear();
-        let too_many = |why: String| {
-            format!(
-                "{}: simulating every rank ({}) {why} (a few seconds of simulation); simulate \
-                 fewer workers{}",
-                what(),
-                if ranks == Ranks::All {
-                    "stragglers, or a mode without symmetry in the same step, need every rank"
-                } else {
-                    "its schedule looks different from different hosts"
-                },
-                if ranks == Ranks::All {
-                    ""
-                } else {
-                    ", or a mode whose schedule is the same from every host (ring, redundant, \
-                     hd on powers of two), which is simulated through one host"
-                }
-            )
-        };
-        // Before recording every rank, an estimate from a few: every rank takes part in
-        // every collective here, and recording one costs its messages plus a pass over the
-        // buffer (the algorithm's own additions).
+        rec.check_every_rank_fits()?;
+        programs = rec.every_rank()?;
+    }
+    link(job, topo, symmetry, rec.len, &programs).map_err(|e| format!("{}: {e}", rec.what()))
+}
+
+/// `job` on `topo`, for messages: "ring over 8 workers (2 hosts x 4)".
+fn describe(job: Job, topo: &Topology) -> String {
+    format!(
+        "{job} over {} workers ({} hosts x {})",
+        topo.workers(),
+        topo.hosts,
+        topo.devices_per_host
+    )
+}
+
+/// Recording one job's schedule for one cluster: rank by rank, within the step's budget of
+/// events.
+struct Recording<'a> {
+    job: Job,
+    topo: &'a Topology,
+    ranks: Ranks,
+    world: usize,
+    /// Elements of the recorded buffer (one per chunk).
+    len: usize,
+    budget: usize,
+    recorder: std::cell::RefCell<Recorder>,
+}
+
+impl<'a> Recording<'a> {
+    /// Refuses a buffer too large to record.
+    fn new(job: Job, topo: &'a Topology, ranks: Ranks, budget: usize) -> Result<Self, String> {
+        let world = topo.workers();
+        let len = job.exact_len(world)?;
+        if len > MAX_RECORD_LEN {
+            return Err(format!(
+                "{}: recording it takes a buffer of {len} elements (one per chunk), more than the \
+                 limit of {MAX_RECORD_LEN}; simulate fewer workers",
+                describe(job, topo)
+            ));
+        }
+        Ok(Self {
+            job,
+            topo,
+            ranks,
+            world,
+            len,
+            budget,
+            recorder: std::cell::RefCell::new(Recorder::new(world, len)),
+        })
+    }
+
+    /// The job and the cluster, for messages.
+    fn what(&self) -> String {
+        describe(self.job, self.topo)
+    }
+
+    /// Rank `rank`'s program, at most `limit` events.
+    fn record(&self, rank: usize, limit: usize) -> Result<Vec<Event>, RecordError> {
+        let job = self.job;
+        self.recorder
+            .borrow_mut()
+            .record(rank, limit, |t, b, s| job.run(t, b, s))
+    }
+
+    /// A recording failure other than length, naming the job.
+    fn failed(&self, e: RecordError) -> String {
+        format!("{}: {e}", self.what())
+    }
+
+    /// One rank's program, which may hold a quarter of a step's budget: longer is hopeless,
+    /// and bounding it bounds the memory of a recording that will be refused.
+    fn one_rank(&self, rank: usize) -> Result<Vec<Event>, String> {
+        self.record(rank, self.budget / 4).map_err(|e| match e {
+            RecordError::TooLong { .. } => format!(
+                "{}: {e}, more than the simulator takes ({MAX_EVENTS} messages a step, a few \
+                 seconds); simulate fewer workers",
+                self.what()
+            ),
+            e => self.failed(e),
+        })
+    }
+
+    /// Why every rank cannot be simulated: `why`, and what to do instead.
+    fn too_many(&self, why: String) -> String {
+        format!(
+            "{}: simulating every rank ({}) {why} (a few seconds of simulation); simulate \
+             fewer workers{}",
+            self.what(),
+            if self.ranks == Ranks::All {
+                "stragglers, or a mode without symmetry in the same step, need every rank"
+            } else {
+                "its schedule looks different from different hosts"
+            },
+            if self.ranks == Ranks::All {
+                ""
+            } else {
+                ", or a mode whose schedule is the same from every host (ring, redundant, \
+                 hd on powers of two), which is simulated through one host"
+            }
+        )
+    }
+
+    /// Before recording every rank, an estimate from a few: every rank takes part in every
+    /// collective here, and recording one costs its messages plus a pass over the buffer (the
+    /// algorithm's own additions). Refuses what would pass the budget or the recording work.
+    fn check_every_rank_fits(&self) -> Result<(), String> {
+        let (world, budget) = (self.world, self.budget);
         let sample: Vec<usize> = [0, 1, world / 2, world - 1]
             .into_iter()
             .filter(|&r| r < world)
             .collect();
         let mut sampled = 0usize;
         for &r in &sample {
-            sampled += one_rank(r)?.len();
+            sampled += self.one_rank(r)?.len();
         }
         let events = (sampled as f64 / sample.len() as f64) * world as f64;
         if events > budget as f64 {
-            return Err(too_many(format!(
+            return Err(self.too_many(format!(
                 "means about {events:.0} messages, over the limit of {budget}"
             )));
         }
-        let work = world as f64 * (len as f64 + events / world as f64);
+        let work = world as f64 * (self.len as f64 + events / world as f64);
         if work > MAX_RECORD_WORK as f64 {
-            return Err(too_many(format!(
+            return Err(self.too_many(format!(
                 "takes about {work:.0} element operations to record, over the limit of \
                  {MAX_RECORD_WORK}"
             )));
         }
+        Ok(())
+    }
+
+    /// Every rank's program, rank by rank, never allocating per rank up front: a cluster too
+    /// large to simulate stops at the budget instead of at the memory.
+    fn every_rank(&self) -> Result<Vec<Vec<Event>>, String> {
+        let (world, budget) = (self.world, self.budget);
+        let mut programs = Vec::new();
         let mut total = 0usize;
-        // Rank by rank, never allocating per rank up front: a cluster too large to simulate
-        // stops at the budget instead of at the memory.
         for r in 0..world {
-            let left = (budget - total).min(per_rank);
-            let p = record(r, left).map_err(|e| match e {
+            let left = (budget - total).min(budget / 4);
+            let p = self.record(r, left).map_err(|e| match e {
                 RecordError::TooLong { .. } => {
-                    too_many(format!("means more than {budget} messages, the limit"))
+                    self.too_many(format!("means more than {budget} messages, the limit"))
                 }
-                e => failed(e),
+                e => self.failed(e),
             })?;
             total += p.len();
             if total >= budget && r + 1 < world {
-                return Err(too_many(format!(
-                    "means more than {budget} messages, the limit"
-                )));
+                return Err(self.too_many(format!("means more than {budget} messages, the limit")));
             }
             programs.push(p);
         }
+        Ok(programs)
     }
-    link(job, topo, symmetry, len, &programs).map_err(|e| format!("{}: {e}", what()))
 }
 
 /// A program in canonical form, for comparing two: each run of receives between two sends

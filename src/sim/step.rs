@@ -182,7 +182,6 @@ impl Simulator {
         if held > MAX_EVENTS {
             self.cache.clear();
         }
-        let world = topo.workers();
         let (plan, ops) = plan(profile, cfg)?;
         let bytes: Vec<usize> = plan.buckets.iter().map(|b| b.len * 4).collect();
         let root_updates = ops.contains(&BucketOp::ReduceToRoot);
@@ -190,126 +189,26 @@ impl Simulator {
         if root_updates {
             jobs.push(Job::WeightBroadcast);
         }
-        let nb = profile.blocks.len();
-        let (fwd, upd) = (profile.forward_ms() / 1e3, profile.update_ms / 1e3);
-        let ready_after: Vec<usize> = plan.buckets.iter().map(|b| b.ready_after_block()).collect();
-        let total_bytes: f64 = bytes.iter().sum::<usize>() as f64;
-
-        // The ranks to simulate: one host's if every job is symmetric and the workers alike.
-        let mut idx = Vec::with_capacity(jobs.len());
-        if world > 1 {
-            if st.spread == 0.0 && !self.every_rank {
-                for &job in &jobs {
-                    idx.push(self.compiled(job, &topo, Ranks::Symmetric)?);
-                }
-            }
-            let r0 = idx.first().map(|&i| self.cache[i].1.ranks);
-            if idx.is_empty() || idx.iter().any(|&i| Some(self.cache[i].1.ranks) != r0) {
-                // A job without symmetry (or stragglers) needs every rank, so all jobs do.
-                idx.clear();
-                for &job in &jobs {
-                    idx.push(self.compiled(job, &topo, Ranks::All)?);
-                }
-            }
-            let events: usize = idx.iter().map(|&i| self.cache[i].1.steps.len()).sum();
-            if events > MAX_EVENTS {
-                return Err(format!(
-                    "{world} workers ({} hosts x {}) with {} buckets: one step is {events} \
-                     simulated messages, over the limit of {MAX_EVENTS} (a few seconds of \
-                     simulation); simulate fewer workers or fewer buckets (a larger --bucket-kb)",
-                    topo.hosts,
-                    topo.devices_per_host,
-                    bytes.len()
-                ));
-            }
-        }
-        let sim_ranks = idx.first().map_or(1, |&i| self.cache[i].1.ranks);
-
+        let idx = self.compiled_jobs(&jobs, &topo, st, bytes.len())?;
+        let planned = PlannedStep {
+            profile,
+            topo,
+            overlap: cfg.overlap,
+            sim_ranks: idx.first().map_or(1, |&i| self.cache[i].1.ranks),
+            total_bytes: bytes.iter().sum::<usize>() as f64,
+            ready_after: plan.buckets.iter().map(|b| b.ready_after_block()).collect(),
+            bytes,
+            jobs,
+            idx,
+            root_updates,
+            forward_s: profile.forward_ms() / 1e3,
+            update_s: profile.update_ms / 1e3,
+        };
         let mut acc = Acc::default();
         let draws = if st.spread > 0.0 { st.steps } else { 1 };
         for draw in 0..draws {
-            let factors = compute_factors(sim_ranks, st, draw);
-            let mut bwd_end = Vec::with_capacity(sim_ranks);
-            let mut ready: Vec<Vec<f64>> = vec![Vec::with_capacity(sim_ranks); bytes.len()];
-            for &f in &factors {
-                let mut t = fwd * f;
-                let mut done = vec![0.0; nb];
-                for k in (0..nb).rev() {
-                    t += profile.blocks[k].backward_ms / 1e3 * f;
-                    done[k] = t;
-                }
-                bwd_end.push(t);
-                for (b, &k) in ready_after.iter().enumerate() {
-                    ready[b].push(if cfg.overlap { done[k] } else { t });
-                }
-            }
-            let updates = |r: usize| !root_updates || r == 0;
-            let update_of = |r: usize| if updates(r) { upd * factors[r] } else { 0.0 };
-            let end: Vec<f64> = if world == 1 {
-                bwd_end.clone()
-            } else {
-                let mut segments: Vec<Segment> = idx
-                    .iter()
-                    .zip(&jobs)
-                    .enumerate()
-                    .map(|(b, (&i, job))| {
-                        let is_broadcast = *job == Job::WeightBroadcast;
-                        Segment {
-                            job: &self.cache[i].1,
-                            bytes: if is_broadcast {
-                                total_bytes
-                            } else {
-                                bytes[b] as f64
-                            },
-                            ready: if is_broadcast {
-                                bwd_end.clone()
-                            } else {
-                                std::mem::take(&mut ready[b])
-                            },
-                            // Caffe's scheme: the root updates once every bucket is reduced,
-                            // then its new weights go down the tree.
-                            before: if is_broadcast {
-                                (0..sim_ranks).map(update_of).collect()
-                            } else {
-                                Vec::new()
-                            },
-                        }
-                    })
-                    .collect();
-                // An empty bucket sends nothing (the algorithms return at once).
-                segments.retain(|s| s.bytes > 0.0);
-                let times = run(&segments, &topo)?;
-                acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
-                times.end
-            };
-            // A worker is done when its last collective is back and its backward is over, then
-            // it updates (in tree mode the root's update and the broadcast are in the segments).
-            let mut step = 0.0f64;
-            let mut last = 0;
-            for r in 0..sim_ranks {
-                let done = end[r].max(bwd_end[r])
-                    + if root_updates && world > 1 {
-                        0.0
-                    } else {
-                        update_of(r)
-                    };
-                if done > step {
-                    step = done;
-                    last = r;
-                }
-            }
-            let compute_last = bwd_end[last] + update_of(last);
-            acc.step += step;
-            acc.exposed += (step - compute_last).max(0.0);
-            let n = sim_ranks as f64;
-            acc.forward += factors.iter().map(|f| fwd * f).sum::<f64>() / n;
-            acc.backward +=
-                bwd_end.iter().sum::<f64>() / n - factors.iter().map(|f| fwd * f).sum::<f64>() / n;
-            let updaters: Vec<f64> = (0..sim_ranks)
-                .filter(|&r| updates(r))
-                .map(update_of)
-                .collect();
-            acc.update += updaters.iter().sum::<f64>() / updaters.len().max(1) as f64;
+            let factors = compute_factors(planned.sim_ranks, st, draw);
+            planned.simulate_draw(&self.cache, &factors, &mut acc)?;
         }
         let k = draws as f64;
         Ok(StepResult {
@@ -319,10 +218,207 @@ impl Simulator {
             update_ms: acc.update / k * 1e3,
             exposed_ms: acc.exposed / k * 1e3,
             comm_ms: acc.comm / k * 1e3,
-            bucket_bytes: bytes,
+            bucket_bytes: planned.bytes,
             bucket_ops: ops,
-            simulated_ranks: sim_ranks,
+            simulated_ranks: planned.sim_ranks,
         })
+    }
+
+    /// Each job compiled for `topo` (indices into the cache): for one host's ranks if every
+    /// job is symmetric and the workers alike, else for every rank. None on one worker.
+    /// Refuses a step of more than [`MAX_EVENTS`] messages.
+    fn compiled_jobs(
+        &mut self,
+        jobs: &[Job],
+        topo: &Topology,
+        st: Stragglers,
+        buckets: usize,
+    ) -> Result<Vec<usize>, String> {
+        let world = topo.workers();
+        let mut idx = Vec::with_capacity(jobs.len());
+        if world == 1 {
+            return Ok(idx);
+        }
+        if st.spread == 0.0 && !self.every_rank {
+            for &job in jobs {
+                idx.push(self.compiled(job, topo, Ranks::Symmetric)?);
+            }
+        }
+        let r0 = idx.first().map(|&i| self.cache[i].1.ranks);
+        if idx.is_empty() || idx.iter().any(|&i| Some(self.cache[i].1.ranks) != r0) {
+            // A job without symmetry (or stragglers) needs every rank, so all jobs do.
+            idx.clear();
+            for &job in jobs {
+                idx.push(self.compiled(job, topo, Ranks::All)?);
+            }
+        }
+        let events: usize = idx.iter().map(|&i| self.cache[i].1.steps.len()).sum();
+        if events > MAX_EVENTS {
+            return Err(format!(
+                "{world} workers ({} hosts x {}) with {buckets} buckets: one step is {events} \
+                 simulated messages, over the limit of {MAX_EVENTS} (a few seconds of \
+                 simulation); simulate fewer workers or fewer buckets (a larger --bucket-kb)",
+                topo.hosts, topo.devices_per_host,
+            ));
+        }
+        Ok(idx)
+    }
+}
+
+/// What every simulated step of one configuration shares: the profile, the buckets, their
+/// jobs and compiled schedules.
+struct PlannedStep<'p> {
+    profile: &'p Profile,
+    topo: Topology,
+    overlap: bool,
+    /// Ranks the engine simulates.
+    sim_ranks: usize,
+    /// Each bucket's bytes, in the order they become ready.
+    bytes: Vec<usize>,
+    /// Every bucket's bytes: what tree mode's weight broadcast sends.
+    total_bytes: f64,
+    /// The block after whose backward each bucket is ready.
+    ready_after: Vec<usize>,
+    /// One job per bucket, then the weight broadcast with root updates.
+    jobs: Vec<Job>,
+    /// Each job's compiled schedule in the simulator's cache (empty on one worker).
+    idx: Vec<usize>,
+    /// Tree mode: the root updates and broadcasts the weights.
+    root_updates: bool,
+    forward_s: f64,
+    update_s: f64,
+}
+
+impl PlannedStep<'_> {
+    /// Whether simulated rank `r` runs the update (all do, but the root alone in tree mode).
+    fn updates(&self, r: usize) -> bool {
+        !self.root_updates || r == 0
+    }
+
+    /// Simulated rank `r`'s update at compute factor `factors[r]`, s (0 if it does not update).
+    fn update_of(&self, r: usize, factors: &[f64]) -> f64 {
+        if self.updates(r) {
+            self.update_s * factors[r]
+        } else {
+            0.0
+        }
+    }
+
+    /// Each rank's end of backward, and per bucket when it is ready on each rank (the end of
+    /// its lowest block's backward with overlap, of the whole backward without), s.
+    fn backward(&self, factors: &[f64]) -> (Vec<f64>, Vec<Vec<f64>>) {
+        let blocks = &self.profile.blocks;
+        let nb = blocks.len();
+        let mut bwd_end = Vec::with_capacity(self.sim_ranks);
+        let mut ready: Vec<Vec<f64>> = vec![Vec::with_capacity(self.sim_ranks); self.bytes.len()];
+        for &f in factors {
+            let mut t = self.forward_s * f;
+            let mut done = vec![0.0; nb];
+            for k in (0..nb).rev() {
+                t += blocks[k].backward_ms / 1e3 * f;
+                done[k] = t;
+            }
+            bwd_end.push(t);
+            for (b, &k) in self.ready_after.iter().enumerate() {
+                ready[b].push(if self.overlap { done[k] } else { t });
+            }
+        }
+        (bwd_end, ready)
+    }
+
+    /// Each rank's end of communication: the jobs run through the engine from their ready
+    /// times; the busiest communication thread's time is added to `acc`.
+    fn communication(
+        &self,
+        cache: &[(Ranks, CompiledJob)],
+        factors: &[f64],
+        bwd_end: &[f64],
+        mut ready: Vec<Vec<f64>>,
+        acc: &mut Acc,
+    ) -> Result<Vec<f64>, String> {
+        let mut segments: Vec<Segment> = self
+            .idx
+            .iter()
+            .zip(&self.jobs)
+            .enumerate()
+            .map(|(b, (&i, job))| {
+                let is_broadcast = *job == Job::WeightBroadcast;
+                Segment {
+                    job: &cache[i].1,
+                    bytes: if is_broadcast {
+                        self.total_bytes
+                    } else {
+                        self.bytes[b] as f64
+                    },
+                    ready: if is_broadcast {
+                        bwd_end.to_vec()
+                    } else {
+                        std::mem::take(&mut ready[b])
+                    },
+                    // Caffe's scheme: the root updates once every bucket is reduced,
+                    // then its new weights go down the tree.
+                    before: if is_broadcast {
+                        (0..self.sim_ranks)
+                            .map(|r| self.update_of(r, factors))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                }
+            })
+            .collect();
+        // An empty bucket sends nothing (the algorithms return at once).
+        segments.retain(|s| s.bytes > 0.0);
+        let times = run(&segments, &self.topo)?;
+        acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
+        Ok(times.end)
+    }
+
+    /// One simulated step at compute factors `factors` (one per simulated rank), added to
+    /// `acc`.
+    fn simulate_draw(
+        &self,
+        cache: &[(Ranks, CompiledJob)],
+        factors: &[f64],
+        acc: &mut Acc,
+    ) -> Result<(), String> {
+        let world = self.topo.workers();
+        let (bwd_end, ready) = self.backward(factors);
+        let end: Vec<f64> = if world == 1 {
+            bwd_end.clone()
+        } else {
+            self.communication(cache, factors, &bwd_end, ready, acc)?
+        };
+        // A worker is done when its last collective is back and its backward is over, then
+        // it updates (in tree mode the root's update and the broadcast are in the segments).
+        let mut step = 0.0f64;
+        let mut last = 0;
+        for r in 0..self.sim_ranks {
+            let done = end[r].max(bwd_end[r])
+                + if self.root_updates && world > 1 {
+                    0.0
+                } else {
+                    self.update_of(r, factors)
+                };
+            if done > step {
+                step = done;
+                last = r;
+            }
+        }
+        let compute_last = bwd_end[last] + self.update_of(last, factors);
+        acc.step += step;
+        acc.exposed += (step - compute_last).max(0.0);
+        let n = self.sim_ranks as f64;
+        let fwd = self.forward_s;
+        acc.forward += factors.iter().map(|f| fwd * f).sum::<f64>() / n;
+        acc.backward +=
+            bwd_end.iter().sum::<f64>() / n - factors.iter().map(|f| fwd * f).sum::<f64>() / n;
+        let updaters: Vec<f64> = (0..self.sim_ranks)
+            .filter(|&r| self.updates(r))
+            .map(|r| self.update_of(r, factors))
+            .collect();
+        acc.update += updaters.iter().sum::<f64>() / updaters.len().max(1) as f64;
+        Ok(())
     }
 }
 

@@ -1,0 +1,106 @@
+//! Parsers and checks of the benchmarks' (and the simulator's) flag values: lists, sizes,
+//! thread and worker counts, on/off choices, an emulated link.
+
+use crate::comm::{parse_bandwidth, parse_duration, LinkModel};
+use crate::terminal::print_warning;
+
+/// Parses a comma-separated list, each entry (trimmed) with `parse`.
+pub fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    s.split(',').map(|x| parse(x.trim())).collect()
+}
+
+/// Parses a size in bytes with an optional K, M or G suffix (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| {
+            format!("bad size '{s}': use bytes with an optional K, M or G suffix (e.g. 64M)")
+        })
+}
+
+/// Parses one entry of a `--threads` list: a count of at least 1.
+pub fn parse_thread_count(t: &str) -> Result<usize, String> {
+    match t.parse::<usize>() {
+        Ok(0) => Err("--threads 0: a step needs at least 1 compute thread".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "bad thread count '{t}': use whole numbers, e.g. 1,2"
+        )),
+    }
+}
+
+/// Benchmarks measure the thread counts asked for, also past the cores (that is a measurement
+/// too), but never silently: each count above the cores gets a warning.
+pub fn check_bench_threads(threads: &[usize]) {
+    let cores = crate::limits::cores();
+    for &t in threads.iter().filter(|&&t| t > cores) {
+        print_warning(&format!(
+            "--threads {t} is more than the {cores} cores this process may use: those threads \
+             time-slice, so the step time measured for {t} is not a {t}-core figure"
+        ));
+    }
+}
+
+/// Sizes in bytes for an all-reduce of f32 values: below one f32 (4 bytes) is refused, and a
+/// size that is not a whole number of f32s is rounded down to one, with a note saying so.
+pub fn float_sizes(sizes: &[usize]) -> Result<Vec<usize>, String> {
+    let mut out = Vec::with_capacity(sizes.len());
+    for &s in sizes {
+        if s < 4 {
+            return Err(format!(
+                "--sizes: {s} bytes is less than one f32 (4 bytes), and the all-reduce sums \
+                 f32 values: give at least 4"
+            ));
+        }
+        let rounded = s - s % 4;
+        if rounded != s {
+            print_warning(&format!(
+                "--sizes: {s} bytes is not a whole number of f32 values: measuring {rounded} bytes"
+            ));
+        }
+        out.push(rounded);
+    }
+    Ok(out)
+}
+
+/// The emulated link of `--link-bandwidth` and `--link-latency`: none without a bandwidth (a
+/// latency alone is refused), latency 0 if only the bandwidth is given.
+pub fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<LinkModel>, String> {
+    match bw {
+        None if lat.is_some() => Err("--link-latency needs --link-bandwidth too".into()),
+        None => Ok(None),
+        Some(b) => Ok(Some(LinkModel {
+            bandwidth_bytes_per_s: parse_bandwidth(b)?,
+            latency: parse_duration(lat.as_deref().unwrap_or("0"))?,
+        })),
+    }
+}
+
+/// Parses `on`, `off` or `both`.
+pub fn on_off_list(flag: &str, s: &str) -> Result<Vec<bool>, String> {
+    match s.trim() {
+        "on" => Ok(vec![true]),
+        "off" => Ok(vec![false]),
+        "both" => Ok(vec![true, false]),
+        o => Err(format!("--{flag} {o:?}: use on, off or both")),
+    }
+}
+
+/// Parses a comma-separated list of worker counts; each must be a positive integer.
+pub fn worker_list(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|w| match w.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!(
+                "bad worker count '{w}': give positive integers, e.g. 8,64,512"
+            )),
+        })
+        .collect()
+}

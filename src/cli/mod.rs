@@ -1,0 +1,194 @@
+//! The command line: argument definitions and dispatch. The binary only calls [`run`]; each
+//! command with more than a call to make lives in a file of its own here, and the benchmarks'
+//! commands in their `bench/` files.
+
+mod bench;
+mod data;
+mod model;
+mod profile;
+mod report;
+mod simulate;
+
+use crate::config::TrainOptions;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+pub use crate::terminal::{print_error, print_warning};
+
+/// Fast data-parallel training of convolutional neural networks.
+#[derive(Debug, Parser)]
+#[command(name = "dptrain", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train a model (the default command: lenet5 on the bundled MNIST).
+    Train(Box<TrainCmd>),
+    /// Benchmarks that print figures.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// Dataset tools.
+    #[command(subcommand)]
+    Data(DataCmd),
+    /// Model tools.
+    #[command(subcommand)]
+    Model(ModelCmd),
+    /// Measure (or derive from FLOPs) a model's per-block step profile and write it as JSON.
+    Profile(profile::ProfileArgs),
+    /// Simulate a training step on N workers from a profile: step time, exposed communication
+    /// and scaling efficiency per mode, overlap setting and bucket size.
+    Simulate(simulate::SimulateArgs),
+    /// Regenerate each run directory's report.md and plots from its summary.json and
+    /// metrics.jsonl; with several runs, also compare them side by side.
+    Report {
+        /// Run directories.
+        #[arg(required = true)]
+        run_dirs: Vec<PathBuf>,
+        /// Where the comparison (comparison.md, breakdown.png) goes, with several runs (the
+        /// directory is created; its parent must exist) [default: runs/comparison].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCmd {
+    /// Check a model and print each layer's output shape, parameters, multiply-accumulates
+    /// and activation memory per sample, with the totals.
+    Show {
+        /// A built-in model name or a model file (see docs/MODEL_FILES.md).
+        model: String,
+        /// Input shape CxHxW [default: the model file's `input`, else 3x32x32].
+        #[arg(long)]
+        input: Option<String>,
+        /// Classes [default: the model file's `classes`, else 10].
+        #[arg(long)]
+        classes: Option<usize>,
+    },
+    /// List the built-in models.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum DataCmd {
+    /// Write a dataset as an ImageFolder (DIR/train/<class>/N.png, DIR/test/...), e.g. to train
+    /// with `--dataset imagefolder --data-dir DIR`.
+    ExportImages {
+        /// Dataset to export (any name `train --dataset` takes).
+        #[arg(long, default_value = "mnist")]
+        dataset: String,
+        /// Its directory, where it needs one.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Output directory: new or empty (created if absent; its parent must exist).
+        #[arg(long)]
+        out: PathBuf,
+        /// Export only the first N samples of each split.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Replace an earlier export in --out (its train/ and test/ are deleted first).
+        #[arg(long)]
+        overwrite: bool,
+    },
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Command::Train(Box::default())
+    }
+}
+
+#[derive(Debug, clap::Args, Default)]
+struct TrainCmd {
+    /// TOML file with options (same names as the flags); flags given here win.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    options: TrainOptions,
+}
+
+/// Diagnostic messages (bucket plan, mode choices, files written) go to stderr through
+/// `tracing`, filtered by `RUST_LOG` (e.g. `RUST_LOG=dptrain=debug`); warnings only by default,
+/// so stdout stays the progress and results.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Parses the command line and runs the command; the error is the message to print.
+pub fn run() -> Result<(), String> {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command.unwrap_or_default() {
+        Command::Profile(a) => profile::run(a),
+        Command::Simulate(a) => simulate::run(a),
+        Command::Model(ModelCmd::Show {
+            model,
+            input,
+            classes,
+        }) => model::show(&model, input.as_deref(), classes),
+        Command::Model(ModelCmd::List) => model::list(),
+        Command::Bench(cmd) => bench::run(cmd),
+        Command::Data(cmd) => data::run(cmd),
+        Command::Report { run_dirs, out } => report::run(&run_dirs, out),
+        Command::Train(t) => {
+            let options = match &t.config {
+                Some(path) => TrainOptions::from_toml_file(path)?.overlaid_with(&t.options),
+                None => t.options,
+            };
+            let cfg = options.resolve()?;
+            let json_log = cfg.log_format == crate::config::LogFormat::Json;
+            let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
+            let (rank, processes) = (group.rank(), group.size());
+            let result = crate::train::train_in(cfg, &group);
+            if let (Err(e), true) = (&result, processes > 1) {
+                // Reported before the ranks part: once one rank exits with an error, mpirun
+                // may stop the others before they have said why.
+                print_error(&format!("rank {rank} of {processes}: {e}"));
+                group.end(false);
+                std::process::exit(1);
+            }
+            group.end(result.is_ok());
+            let s = result?;
+            if rank != 0 {
+                return Ok(());
+            }
+            let warnings = s.warnings();
+            if json_log {
+                let line = serde_json::json!({
+                    "kind": "done",
+                    "final_test_accuracy": s.final_test_accuracy,
+                    "images_per_s": s.images_per_s,
+                    "wall_seconds": s.wall_seconds,
+                    "breakdown": s.breakdown,
+                    "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
+                    "steps": s.steps,
+                    "warnings": warnings,
+                    "run_dir": s.run_dir,
+                });
+                println!("{line}");
+                return Ok(());
+            }
+            println!(
+                "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s; {}\nrun directory: {}",
+                100.0 * s.final_test_accuracy,
+                s.images_per_s,
+                s.wall_seconds,
+                s.breakdown.describe(),
+                s.run_dir.display()
+            );
+            for w in &warnings {
+                println!("warning: {w}");
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! `dptrain model show` and `dptrain model list`.
+
+/// `dptrain model show`: a model's layers, shapes, parameters and costs.
+pub(super) fn show(model: &str, input: Option<&str>, classes: Option<usize>) -> Result<(), String> {
+    let spec = crate::model::load(model).map_err(|e| e.to_string())?;
+    let shape = match input {
+        Some(s) => parse_input_shape(s)?,
+        None => spec.default_input.unwrap_or([3, 32, 32]),
+    };
+    let classes = classes.or(spec.default_classes).unwrap_or(10);
+    if classes == 0 {
+        return Err("--classes must be at least 1".into());
+    }
+    let g = crate::model::Graph::build(&spec, shape, classes).map_err(|e| e.to_string())?;
+    println!(
+        "{} ({}): input {}x{}x{}, {classes} classes{}",
+        g.name,
+        spec.source,
+        shape[0],
+        shape[1],
+        shape[2],
+        if spec.description.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", spec.description)
+        }
+    );
+    print!("{}", crate::model::summary::render(&g));
+    Ok(())
+}
+
+/// `--input CxHxW`: three positive sizes.
+fn parse_input_shape(s: &str) -> Result<[usize; 3], String> {
+    let dims: Vec<usize> = s
+        .split('x')
+        .map(|d| {
+            d.trim()
+                .parse()
+                .map_err(|_| format!("--input {s:?}: expected CxHxW, e.g. 3x32x32"))
+        })
+        .collect::<Result<_, _>>()?;
+    match dims[..] {
+        [c, h, w] if c > 0 && h > 0 && w > 0 => Ok([c, h, w]),
+        _ => Err(format!(
+            "--input {s:?}: expected three positive sizes CxHxW, e.g. 3x32x32"
+        )),
+    }
+}
+
+/// `dptrain model list`: the built-in models and what each is.
+pub(super) fn list() -> Result<(), String> {
+    for name in crate::model::builtin_names() {
+        let spec = crate::model::load(name).map_err(|e| e.to_string())?;
+        println!("{name:<20} {}", spec.description);
+    }
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! `dptrain report`: run reports regenerated, and several runs compared.
+
+use std::path::{Path, PathBuf};
+
+/// Writes each run directory's report, and with several runs their comparison into `out`
+/// (default `runs/comparison`).
+pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), String> {
+    for dir in run_dirs {
+        let figures = crate::report::write_run_report(dir)?;
+        println!("{}: report.md and {} figures", dir.display(), figures.len());
+    }
+    if run_dirs.len() > 1 {
+        let out = match out {
+            Some(out) => out,
+            None => {
+                // The default is ours, not the user's: its parent `runs/` may be made.
+                crate::output::create_dir(Path::new("runs"))?;
+                PathBuf::from("runs/comparison")
+            }
+        };
+        let table = crate::report::write_comparison(run_dirs, &out)?;
+        println!("{table}\ncomparison written to {}", out.display());
+    }
+    Ok(())
+}
