@@ -38,47 +38,58 @@ pub struct ConvGeom {
 
 impl ConvGeom {
     /// Input channels per group.
+    #[inline]
     pub fn cg(&self) -> usize {
         self.c / self.groups
     }
     /// Output channels per group.
+    #[inline]
     pub fn og(&self) -> usize {
         self.o / self.groups
     }
     /// Rows of the weight matrix of one group (`kh * kw * c / groups`).
+    #[inline]
     pub fn kkc(&self) -> usize {
         self.kh * self.kw * self.cg()
     }
     /// Weight elements.
+    #[inline]
     pub fn weight_len(&self) -> usize {
         self.kkc() * self.o
     }
     /// Output pixels per sample.
+    #[inline]
     pub fn pixels(&self) -> usize {
         self.oh * self.ow
     }
     /// Input elements per sample.
+    #[inline]
     pub fn in_len(&self) -> usize {
         self.h * self.w * self.c
     }
     /// Output elements per sample.
+    #[inline]
     pub fn out_len(&self) -> usize {
         self.pixels() * self.o
     }
     /// A 1x1, stride-1, unpadded convolution: a plain matrix product of the activation.
+    #[inline]
     pub(super) fn pointwise(&self) -> bool {
         self.kh == 1 && self.kw == 1 && self.sh == 1 && self.sw == 1 && self.ph == 0 && self.pw == 0
     }
     /// One input channel per group: the direct depthwise kernel.
+    #[inline]
     pub fn depthwise(&self) -> bool {
         self.groups > 1 && self.groups == self.c
     }
     /// Stride 1 with an output as large as the input: the input gradient is a convolution too.
+    #[inline]
     pub(super) fn dx_as_conv(&self) -> bool {
         self.sh == 1 && self.sw == 1 && self.oh == self.h && self.ow == self.w
     }
     /// The geometry of the input gradient as a convolution of the output gradient with the
     /// flipped kernel (valid when [`Self::dx_as_conv`]).
+    #[inline]
     pub(super) fn flipped(&self) -> ConvGeom {
         ConvGeom {
             c: self.o,
@@ -131,10 +142,12 @@ pub struct PoolGeom {
 
 impl PoolGeom {
     /// Input elements per sample.
+    #[inline]
     pub fn in_len(&self) -> usize {
         self.h * self.w * self.c
     }
     /// Output elements per sample.
+    #[inline]
     pub fn out_len(&self) -> usize {
         self.oh * self.ow * self.c
     }

@@ -433,13 +433,21 @@ fn train_step(graph: &Arc<Graph>, n: usize, kernels: Box<dyn Kernels>) -> (f64, 
     (loss, grads.data, net)
 }
 
+/// The logits of an evaluation forward of `net` (running statistics, no dropout).
+fn eval_logits(net: &mut Net, n: usize) -> Vec<f32> {
+    let g = net.graph().clone();
+    let x = random(n * g.input().numel(), 51);
+    net.forward(&x, &vec![0; n], n, Mode::Eval);
+    net.logits().to_vec()
+}
+
 /// One training step of `graph` on both backends: the same loss, the same gradient in every
-/// parameter block, the same running statistics.
+/// parameter block, the same running statistics; then the same logits in evaluation.
 fn whole_net_agrees(graph: Graph, n: usize, tol: f32) {
     let model = graph.name.clone();
     let graph = Arc::new(graph);
-    let (cpu_loss, cpu_grads, cpu) = train_step(&graph, n, default_kernels());
-    let (ref_loss, ref_grads, reference) = train_step(&graph, n, Box::new(Reference));
+    let (cpu_loss, cpu_grads, mut cpu) = train_step(&graph, n, default_kernels());
+    let (ref_loss, ref_grads, mut reference) = train_step(&graph, n, Box::new(Reference));
     assert_eq!(
         cpu.params(),
         reference.params(),
@@ -463,6 +471,12 @@ fn whole_net_agrees(graph: Graph, n: usize, tol: f32) {
         cpu.state(),
         reference.state(),
         1e-4,
+    );
+    assert_close(
+        &format!("{model}: evaluation logits"),
+        &eval_logits(&mut cpu, n),
+        &eval_logits(&mut reference, n),
+        1e-3,
     );
 }
 
