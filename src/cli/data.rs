@@ -1,7 +1,31 @@
 //! `dptrain data ...`: dataset tools.
 
-use super::DataCmd;
 use crate::config::TrainOptions;
+use clap::Subcommand;
+use std::path::PathBuf;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum DataCmd {
+    /// Write a dataset as an ImageFolder (DIR/train/<class>/N.png, DIR/test/...), e.g. to train
+    /// with `--dataset imagefolder --data-dir DIR`.
+    ExportImages {
+        /// Dataset to export (any name `train --dataset` takes).
+        #[arg(long, default_value = "mnist")]
+        dataset: String,
+        /// Its directory, where it needs one.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Output directory: new or empty (created if absent; its parent must exist).
+        #[arg(long)]
+        out: PathBuf,
+        /// Export only the first N samples of each split.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Replace an earlier export in --out (its train/ and test/ are deleted first).
+        #[arg(long)]
+        overwrite: bool,
+    },
+}
 
 /// Runs one `dptrain data` command.
 pub(super) fn run(cmd: DataCmd) -> Result<(), String> {

@@ -11,6 +11,7 @@ mod simulate;
 
 use crate::config::TrainOptions;
 use clap::{Parser, Subcommand};
+use data::DataCmd;
 use std::path::PathBuf;
 
 pub use crate::terminal::{print_error, print_warning};
@@ -70,29 +71,6 @@ enum ModelCmd {
     },
     /// List the built-in models.
     List,
-}
-
-#[derive(Debug, Subcommand)]
-enum DataCmd {
-    /// Write a dataset as an ImageFolder (DIR/train/<class>/N.png, DIR/test/...), e.g. to train
-    /// with `--dataset imagefolder --data-dir DIR`.
-    ExportImages {
-        /// Dataset to export (any name `train --dataset` takes).
-        #[arg(long, default_value = "mnist")]
-        dataset: String,
-        /// Its directory, where it needs one.
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Output directory: new or empty (created if absent; its parent must exist).
-        #[arg(long)]
-        out: PathBuf,
-        /// Export only the first N samples of each split.
-        #[arg(long)]
-        limit: Option<usize>,
-        /// Replace an earlier export in --out (its train/ and test/ are deleted first).
-        #[arg(long)]
-        overwrite: bool,
-    },
 }
 
 impl Default for Command {
