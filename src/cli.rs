@@ -421,7 +421,15 @@ pub fn run() -> Result<(), String> {
             let json_log = cfg.log_format == crate::config::LogFormat::Json;
             let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
             let (rank, processes) = (group.rank(), group.size());
-            let result = crate::train::train_in(cfg, &group);
+            let result = crate::train::train_in(cfg, &group, &print_warning);
+            // The report is a view of the files the run wrote (also before a late write error);
+            // failing to draw it loses no result.
+            let written = result.as_ref().map_or_else(|e| e.summary(), Some);
+            if let (Some(s), 0) = (written, rank) {
+                if let Err(e) = crate::report::write_run_report(&s.run_dir) {
+                    tracing::warn!("cannot write the run report: {e}");
+                }
+            }
             if let (Err(e), true) = (&result, processes > 1) {
                 // Reported before the ranks part: once one rank exits with an error, mpirun
                 // may stop the others before they have said why.

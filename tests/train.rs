@@ -229,7 +229,8 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
         o.resume = Some(path.clone());
         o.epochs = Some(3);
     }))
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("lenet5") && err.contains("--model"), "{err}");
     // A file that is not a checkpoint.
     std::fs::write(tmp.path().join("junk"), b"not a checkpoint at all").unwrap();
@@ -309,7 +310,9 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
                 change(o);
             }))
         };
-        let err = resume(false, &format!("refused-{name}")).unwrap_err();
+        let err = resume(false, &format!("refused-{name}"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(want) && err.contains("--resume-changed"),
             "{name}: {err}"
@@ -365,7 +368,8 @@ fn a_changed_checkpoint_is_reported_corrupt() {
             o.epochs = Some(2);
             o.resume = Some(copy.clone());
         }))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("is corrupt"), "{what}: {err}");
     }
     // The untouched file still loads.
@@ -384,6 +388,7 @@ fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
         "{d}"
     );
     assert!(s.warnings().iter().any(|w| w.contains("no timed steps")));
+    dptrain::report::write_run_report(&tmp.path().join("short")).unwrap();
     let report = std::fs::read_to_string(tmp.path().join("short/report.md")).unwrap();
     assert!(report.contains("No timed steps"), "{report}");
 }
@@ -495,7 +500,9 @@ fn an_emulated_device_holds_every_phase_to_its_profile_and_refuses_a_profile_of_
         "{m:?} vs {b}"
     );
     // Batch 16 over 1 worker is 16 per worker, not the profile's 8.
-    let e = train(config(&dir.path().join("other"), with(1))).unwrap_err();
+    let e = train(config(&dir.path().join("other"), with(1)))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("per-worker batch of 8") && e.contains("16"),
         "{e}"

@@ -589,7 +589,7 @@ pub fn run(spec: &AblationSpec) -> Result<AblationReport, String> {
 
 /// A short training run that prints nothing (the options say `quiet`).
 fn train_quietly(opts: TrainOptions) -> Result<crate::train::Summary, String> {
-    crate::train::train(opts.resolve()?)
+    Ok(crate::train::train(opts.resolve()?)?)
 }
 
 /// The bucket operations of a run, compressed: `tree-reduce+root-update`, `redundant`, or

@@ -46,7 +46,8 @@ mod staging;
 pub use augment::{Augment, MAX_CROP_PAD};
 pub use batch::{collate, Batch, Collator, LoadStats, Normalize};
 pub use loader::{
-    default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
+    default_loader_threads, BatchFailure, BatchFeed, EpochOrders, LoadError, Pipeline, StopReason,
+    MAX_LOADER_THREADS, MAX_PREFETCH,
 };
 pub use pool::BufferPool;
 pub use queue::{PrefetchQueue, Reserved};
