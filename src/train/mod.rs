@@ -752,3 +752,98 @@ fn write_summary(summary: &Summary) -> Result<(), String> {
     crate::output::write_atomically(&summary.run_dir.join("summary.json"), json.as_bytes())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::CommError;
+    use crate::pipeline::{BatchFailure, LoadError, StopReason};
+
+    fn failed(rank: usize, phase: Phase, cause: StepError) -> WorkerError {
+        WorkerError::Step {
+            rank,
+            phase,
+            step: 3,
+            cause,
+        }
+    }
+
+    fn peer_gone(rank: usize) -> WorkerError {
+        let gone = CommError::PeerGone {
+            rank,
+            peer: 0,
+            tag: 7,
+        };
+        failed(rank, Phase::Communication, gone.into())
+    }
+
+    fn pipeline_stopped(rank: usize) -> WorkerError {
+        let left = StopReason::WorkerLeft {
+            rank: 0,
+            at: 3,
+            of: 8,
+        };
+        failed(rank, Phase::Data, LoadError::Stopped(left).into())
+    }
+
+    fn panicked(rank: usize) -> WorkerError {
+        failed(rank, Phase::Forward, StepError::Panicked("boom".into()))
+    }
+
+    #[test]
+    fn the_cause_is_the_first_failure_that_is_not_an_echo() {
+        let failures = vec![peer_gone(1), pipeline_stopped(2), panicked(0), panicked(3)];
+        assert!(failures[0].is_echo() && failures[1].is_echo() && !failures[2].is_echo());
+        let cause = the_cause(failures).unwrap();
+        assert!(
+            matches!(cause, WorkerError::Step { rank: 0, .. }),
+            "{cause}"
+        );
+        // Only echoes: the first stands in for the cause.
+        let cause = the_cause(vec![pipeline_stopped(2), peer_gone(1)]).unwrap();
+        assert!(
+            matches!(cause, WorkerError::Step { rank: 2, .. }),
+            "{cause}"
+        );
+        assert!(the_cause(Vec::new()).is_none());
+        // A panic that escaped the worker is a cause, not an echo.
+        let cause = the_cause(vec![peer_gone(1), WorkerError::Escaped { rank: 0 }]).unwrap();
+        assert_eq!(cause.to_string(), "worker 0 panicked");
+    }
+
+    #[test]
+    fn failures_read_as_the_messages_users_know() {
+        assert_eq!(
+            panicked(1).to_string(),
+            "worker 1, forward, step 3: panicked: boom"
+        );
+        let loader = LoadError::Batch {
+            epoch: 0,
+            step: 3,
+            worker: Some(1),
+            cause: BatchFailure::Read("injected fault: loader failure for global step 3".into()),
+        };
+        let stopped = LoadError::Stopped(StopReason::LoaderFailed(Box::new(loader.clone())));
+        assert_eq!(
+            failed(1, Phase::Data, loader.into()).to_string(),
+            "worker 1, data, step 3: loading epoch 1, step 3 for worker 1: injected fault: \
+             loader failure for global step 3"
+        );
+        assert!(stopped.is_echo());
+        assert_eq!(
+            stopped.to_string(),
+            "the input pipeline stopped: loading epoch 1, step 3 for worker 1: injected fault: \
+             loader failure for global step 3"
+        );
+        let gone = peer_gone(1).to_string();
+        assert!(
+            gone.starts_with("worker 1, communication, step 3: rank 1: peer rank 0 is gone"),
+            "{gone}"
+        );
+        let diverged = StepError::NonFiniteGradient { loss: f32::NAN };
+        assert!(!diverged.is_echo());
+        assert!(diverged
+            .to_string()
+            .starts_with("the summed gradient holds NaN"));
+    }
+}
