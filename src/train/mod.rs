@@ -414,12 +414,13 @@ pub fn train_in(
             cfg.processes
         )));
     }
-    let warn_once = |message: &str| {
+    // Every rank meets the same warnings; rank 0 alone shows them.
+    let warn_on_lead = |message: &str| {
         if lead {
             warn(message);
         }
     };
-    let (run, train_source) = prepare(cfg, group, &warn_once).map_err(TrainError::Prepare)?;
+    let (run, train_source) = prepare(cfg, group, &warn_on_lead).map_err(TrainError::Prepare)?;
     let workers = spawn_workers(&run, train_source, group, wall).map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
     let mut progress = RunProgress::new(&run.cfg, run.start_epoch, run.steps_per_epoch);
