@@ -5,6 +5,8 @@
 
 use super::Summary;
 use crate::comm::CommError;
+use crate::data::DataError;
+use crate::model::ModelError;
 use crate::pipeline::LoadError;
 use std::path::PathBuf;
 
@@ -134,6 +136,118 @@ impl WorkerError {
     }
 }
 
+/// Why a run could not start: what is checked before the first step, so that none of it costs
+/// training.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The configuration does not describe a run this process group can make.
+    #[error("{0}")]
+    Config(String),
+    /// The dataset could not be found, read or decoded.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The training set is smaller than one global batch.
+    #[error("the training set has {samples} samples, fewer than one global batch of {batch}")]
+    TooFewSamples {
+        /// Training samples (after `--train-limit`).
+        samples: usize,
+        /// The global batch.
+        batch: usize,
+    },
+    /// An ImageFolder's test split, decoded whole before training, holds a bad sample.
+    #[error(
+        "{0} (the test split is decoded whole before training; --skip-bad-samples only \
+         leaves out training samples)"
+    )]
+    TestSplit(DataError),
+    /// The model could not be loaded (a model file's error names the file, line and layer).
+    #[error(transparent)]
+    Model(Box<ModelError>),
+    /// The model does not fit the dataset's samples.
+    #[error(
+        "{source}\n(model '{model}' on the dataset's {}x{}x{} images with {classes} classes)",
+        shape[0],
+        shape[1],
+        shape[2]
+    )]
+    ModelShape {
+        /// What the graph builder found.
+        source: Box<ModelError>,
+        /// The model's name.
+        model: String,
+        /// The samples' shape (C, H, W).
+        shape: [usize; 3],
+        /// The dataset's classes.
+        classes: usize,
+    },
+    /// The checkpoint to resume from cannot continue this run.
+    #[error(transparent)]
+    Resume(#[from] ResumeError),
+    /// An output cannot be written (checked, and the run directory prepared, up front).
+    #[error("{0}")]
+    Outputs(String),
+    /// The processes of the run could not start or do not describe the same run.
+    #[error("{0}")]
+    Processes(String),
+}
+
+impl From<ModelError> for PrepareError {
+    fn from(e: ModelError) -> Self {
+        Self::Model(Box::new(e))
+    }
+}
+
+impl From<PrepareError> for String {
+    fn from(e: PrepareError) -> Self {
+        e.to_string()
+    }
+}
+
+/// Why a checkpoint cannot be resumed by this run.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The file could not be read or is not a valid checkpoint.
+    #[error("{0}")]
+    Load(String),
+    /// The checkpoint is of another model.
+    #[error(
+        "the checkpoint is for model '{checkpoint}', not '{now}': resume with --model \
+         {checkpoint}"
+    )]
+    OtherModel {
+        /// The checkpoint's model.
+        checkpoint: String,
+        /// This run's.
+        now: String,
+    },
+    /// The checkpoint's run trained on other data, in another order, or another batch.
+    #[error(
+        "--resume {}: this run differs from the checkpoint's ({}); resuming would continue \
+         at a step computed for another run: give the checkpoint's values, or pass \
+         --resume-changed to resume anyway",
+        path.display(),
+        describe_changes(changes)
+    )]
+    OtherRun {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Each setting that differs: (flag, the checkpoint's value, this run's).
+        changes: Vec<(&'static str, String, String)>,
+    },
+    /// The checkpoint has trained every epoch asked for already.
+    #[error("the checkpoint has already completed {0} epochs; ask for more with --epochs")]
+    AlreadyDone(usize),
+}
+
+/// "FLAG OLD in the checkpoint, NEW now; ..." for each changed setting.
+pub fn describe_changes(changes: &[(&'static str, String, String)]) -> String {
+    changes
+        .iter()
+        .map(|(flag, old, new)| format!("{flag} {old} in the checkpoint, {new} now"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// An output that failed after training had finished; the summary was written before it.
 #[derive(Debug, thiserror::Error)]
 pub enum LateWrite {
@@ -158,8 +272,8 @@ pub enum LateWrite {
 pub enum TrainError {
     /// Before the first step: the configuration, data, model, checkpoint to resume, an
     /// output, or the processes' handshake.
-    #[error("{0}")]
-    Prepare(String),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
     /// Starting the loader or worker threads, or the transports between them.
     #[error("{0}")]
     Start(String),

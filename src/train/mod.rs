@@ -21,7 +21,7 @@ use crate::comm::InProcessFabric;
 use crate::config::TrainConfig;
 use crate::data::{self, Dataset, DatasetSpec};
 use crate::pipeline::{BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source};
-pub use error::{LateWrite, Phase, StepError, TrainError, WorkerError};
+pub use error::{LateWrite, Phase, PrepareError, ResumeError, StepError, TrainError, WorkerError};
 use metrics::{peak_rss_mb, Breakdown, EpochRecord, StepTimes};
 pub use processes::ProcessGroup;
 use progress::{ProgressDisplay, RunProgress};
@@ -200,13 +200,13 @@ pub fn check_resume(
     model: &str,
     state: &checkpoint::TrainState,
     path: &Path,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ResumeError> {
     // The model first: its tensors could not be loaded into another one anyway.
     if state.model != model {
-        return Err(format!(
-            "the checkpoint is for model '{}', not '{model}': resume with --model {}",
-            state.model, state.model
-        ));
+        return Err(ResumeError::OtherModel {
+            checkpoint: state.model.clone(),
+            now: model.to_string(),
+        });
     }
     let Some(then) = &state.run else {
         return Ok(Some(format!(
@@ -219,24 +219,18 @@ pub fn check_resume(
     if changes.is_empty() {
         return Ok(None);
     }
-    let list = changes
-        .iter()
-        .map(|(flag, old, new)| format!("{flag} {old} in the checkpoint, {new} now"))
-        .collect::<Vec<_>>()
-        .join("; ");
     if cfg.resume_changed {
         return Ok(Some(format!(
-            "--resume-changed: resuming {} under other settings ({list}); the data order and \
+            "--resume-changed: resuming {} under other settings ({}); the data order and \
              step count follow the new settings",
-            path.display()
+            path.display(),
+            error::describe_changes(&changes)
         )));
     }
-    Err(format!(
-        "--resume {}: this run differs from the checkpoint's ({list}); resuming would continue \
-         at a step computed for another run: give the checkpoint's values, or pass \
-         --resume-changed to resume anyway",
-        path.display()
-    ))
+    Err(ResumeError::OtherRun {
+        path: path.to_path_buf(),
+        changes,
+    })
 }
 
 /// The model `--model NAME|FILE` made concrete for samples of `shape` and `classes`
@@ -245,8 +239,8 @@ pub fn build_graph(
     model: &str,
     shape: [usize; 3],
     classes: usize,
-) -> Result<crate::model::Graph, String> {
-    let spec = crate::model::load(model).map_err(|e| e.to_string())?;
+) -> Result<crate::model::Graph, PrepareError> {
+    let spec = crate::model::load(model)?;
     graph_of(&spec, shape, classes)
 }
 
@@ -255,26 +249,25 @@ pub fn graph_of(
     spec: &crate::model::ModelSpec,
     shape: [usize; 3],
     classes: usize,
-) -> Result<crate::model::Graph, String> {
-    crate::model::Graph::build(spec, shape, classes).map_err(|e| {
-        format!(
-            "{e}\n(model '{}' on the dataset's {}x{}x{} images with {classes} classes)",
-            spec.name, shape[0], shape[1], shape[2]
-        )
+) -> Result<crate::model::Graph, PrepareError> {
+    crate::model::Graph::build(spec, shape, classes).map_err(|source| PrepareError::ModelShape {
+        source: Box::new(source),
+        model: spec.name.clone(),
+        shape,
+        classes,
     })
 }
 
 /// Loads the configured dataset (with optional size limits).
-pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
+pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> {
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
     let bundled = if Path::new("data/mnist/SHA256SUMS").is_file() {
         PathBuf::from("data/mnist")
     } else {
         bundled
     };
-    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)
-        .map_err(|e| e.to_string())?;
-    let pair = data::load(&spec).map_err(|e| e.to_string())?;
+    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)?;
+    let pair = data::load(&spec)?;
     let (mut train, mut test) = (pair.train, pair.test);
     if let Some(n) = cfg.train_limit {
         truncate(&mut train, n);
@@ -282,50 +275,42 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
     if let Some(n) = cfg.test_limit {
         truncate(&mut test, n);
     }
-    if train.len() < cfg.batch {
-        return Err(format!(
-            "the training set has {} samples, fewer than one global batch of {}",
-            train.len(),
-            cfg.batch
-        ));
-    }
+    holds_a_batch(train.len(), cfg.batch)?;
     Ok((train, test))
+}
+
+/// Refuses a training set smaller than one global batch.
+fn holds_a_batch(samples: usize, batch: usize) -> Result<(), PrepareError> {
+    if samples < batch {
+        return Err(PrepareError::TooFewSamples { samples, batch });
+    }
+    Ok(())
 }
 
 /// The training set as the input pipeline reads it, and the test set in memory. An ImageFolder's
 /// training split stays on disk (decoded per sample by the loaders); its test split, which
 /// every evaluation reads whole, is decoded once here.
-pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), String> {
+pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError> {
     let spec = DatasetSpec::parse(
         &cfg.dataset,
         cfg.data_dir.as_deref(),
         Path::new("data/mnist"),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let DatasetSpec::ImageFolder { dir } = spec else {
         let (train, test) = load_data(cfg)?;
         return Ok((Source::Memory(Arc::new(train)), test));
     };
-    let (mut train, mut test) = data::image_folder::open_pair(&dir).map_err(|e| e.to_string())?;
+    let (mut train, mut test) = data::image_folder::open_pair(&dir)?;
     if let Some(n) = cfg.train_limit {
         train.truncate(n);
     }
     if let Some(n) = cfg.test_limit {
         test.truncate(n);
     }
-    if train.len() < cfg.batch {
-        return Err(format!(
-            "the training set has {} samples, fewer than one global batch of {}",
-            train.len(),
-            cfg.batch
-        ));
-    }
-    let test = test.decode_all("imagefolder").map_err(|e| {
-        format!(
-            "{e} (the test split is decoded whole before training; --skip-bad-samples only \
-             leaves out training samples)"
-        )
-    })?;
+    holds_a_batch(train.len(), cfg.batch)?;
+    let test = test
+        .decode_all("imagefolder")
+        .map_err(PrepareError::TestSplit)?;
     Ok((Source::Folder(Arc::new(train)), test))
 }
 
@@ -381,7 +366,7 @@ fn truncate(ds: &mut Dataset, n: usize) {
 /// ended here). The report (`report.md`) is the caller's to draw from the run directory.
 pub fn train(cfg: TrainConfig) -> Result<Summary, TrainError> {
     let group =
-        ProcessGroup::start(cfg.transport, cfg.comm_timeout).map_err(TrainError::Prepare)?;
+        ProcessGroup::start(cfg.transport, cfg.comm_timeout).map_err(PrepareError::Processes)?;
     let result = train_in(cfg, &group, &|warning| tracing::warn!("{warning}"));
     group.end(result.is_ok());
     result
@@ -405,14 +390,15 @@ pub fn train_in(
         cfg.quiet = true;
     }
     if !cfg.batch.is_multiple_of(cfg.world()) {
-        return Err(TrainError::Prepare(format!(
+        return Err(PrepareError::Config(format!(
             "--batch {} must be a multiple of the {} workers of the run ({} per process x {} \
              processes)",
             cfg.batch,
             cfg.world(),
             cfg.workers,
             cfg.processes
-        )));
+        ))
+        .into());
     }
     // Every rank meets the same warnings; rank 0 alone shows them.
     let warn_on_lead = |message: &str| {
@@ -420,7 +406,7 @@ pub fn train_in(
             warn(message);
         }
     };
-    let (run, train_source) = prepare(cfg, group, &warn_on_lead).map_err(TrainError::Prepare)?;
+    let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
     let workers = spawn_workers(&run, train_source, group, wall).map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
     let mut progress = RunProgress::new(&run.cfg, run.start_epoch, run.steps_per_epoch);
@@ -457,7 +443,7 @@ fn prepare(
     mut cfg: TrainConfig,
     group: &ProcessGroup,
     warn: &dyn Fn(&str),
-) -> Result<(PreparedRun, Source), String> {
+) -> Result<(PreparedRun, Source), PrepareError> {
     let (train_source, test_set) = load_sources(&cfg)?;
     let graph = Arc::new(match &cfg.model_spec {
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
@@ -469,8 +455,9 @@ fn prepare(
     let trace_path = prepare_outputs(&mut cfg, start_epoch, steps_per_epoch, warn)?;
     if group.size() > 1 {
         let lines =
-            processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)?;
-        group.handshake(&lines)?;
+            processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)
+                .map_err(PrepareError::Processes)?;
+        group.handshake(&lines).map_err(PrepareError::Processes)?;
     }
     let run = PreparedRun {
         cfg: Arc::new(cfg),
@@ -490,19 +477,16 @@ fn load_resume(
     cfg: &TrainConfig,
     model: &str,
     warn: &dyn Fn(&str),
-) -> Result<Option<Arc<checkpoint::Checkpoint>>, String> {
+) -> Result<Option<Arc<checkpoint::Checkpoint>>, ResumeError> {
     let Some(path) = &cfg.resume else {
         return Ok(None);
     };
-    let ck = checkpoint::Checkpoint::load(path)?;
+    let ck = checkpoint::Checkpoint::load(path).map_err(ResumeError::Load)?;
     if let Some(note) = check_resume(cfg, model, &ck.state, path)? {
         warn(&note);
     }
-    let done = ck.state.epoch;
-    if done >= cfg.epochs {
-        return Err(format!(
-            "the checkpoint has already completed {done} epochs; ask for more with --epochs"
-        ));
+    if ck.state.epoch >= cfg.epochs {
+        return Err(ResumeError::AlreadyDone(ck.state.epoch));
     }
     Ok(Some(Arc::new(ck)))
 }
@@ -515,23 +499,26 @@ fn prepare_outputs(
     start_epoch: usize,
     steps_per_epoch: usize,
     warn: &dyn Fn(&str),
-) -> Result<Option<PathBuf>, String> {
-    if let Some(w) = rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch)? {
+) -> Result<Option<PathBuf>, PrepareError> {
+    let outputs = PrepareError::Outputs;
+    if let Some(w) =
+        rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch).map_err(outputs)?
+    {
         warn(&w);
     }
     // The run directory first: a trace file may go into it.
     let prepared = if cfg.process_rank == 0 {
-        Some(rundir::prepare(cfg)?)
+        Some(rundir::prepare(cfg).map_err(outputs)?)
     } else {
         None
     };
     // Only now: `prepare` may have moved the run to a numbered directory.
-    let trace_path = rundir::check_trace(cfg)?;
+    let trace_path = rundir::check_trace(cfg).map_err(outputs)?;
     if let Some(prepared) = prepared {
         for w in &cfg.warnings {
             warn(w);
         }
-        for note in prepared.clear(&cfg.run_dir)? {
+        for note in prepared.clear(&cfg.run_dir).map_err(outputs)? {
             if !cfg.quiet {
                 eprintln!("note: {note}");
             }
