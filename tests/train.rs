@@ -2,7 +2,7 @@
 //! overlap on/off, checkpoints and exact resume.
 
 use dptrain::config::{TrainConfig, TrainOptions};
-use dptrain::train::checkpoint::Checkpoint;
+use dptrain::train::checkpoint::{Checkpoint, CheckpointError};
 use dptrain::train::{train, Summary};
 use std::path::Path;
 
@@ -235,7 +235,7 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
     // A file that is not a checkpoint.
     std::fs::write(tmp.path().join("junk"), b"not a checkpoint at all").unwrap();
     let err = Checkpoint::load(&tmp.path().join("junk")).err().unwrap();
-    assert!(err.contains("not a safetensors file"), "{err}");
+    assert!(err.to_string().contains("not a safetensors file"), "{err}");
 }
 
 #[test]
@@ -360,7 +360,12 @@ fn a_changed_checkpoint_is_reported_corrupt() {
         std::fs::write(&copy, &bad).unwrap();
         let err = Checkpoint::load(&copy).err().unwrap();
         assert!(
-            err.contains("bad.safetensors is corrupt (checksum mismatch"),
+            matches!(err, CheckpointError::Corrupt { .. }),
+            "{what}: {err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("bad.safetensors is corrupt (checksum mismatch"),
             "{what}: {err}"
         );
         let err = train(config(&tmp.path().join("resumed"), |o| {

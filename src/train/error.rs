@@ -3,6 +3,7 @@
 //! ([`TrainError`]). The run's triage matches on these (a failure that only echoes another
 //! worker's is [`WorkerError::is_echo`]); the binary turns them into messages (`Display`).
 
+use super::checkpoint::CheckpointError;
 use super::Summary;
 use crate::comm::CommError;
 use crate::data::DataError;
@@ -107,13 +108,16 @@ pub enum WorkerError {
         /// What went wrong.
         source: CommError,
     },
-    /// The replica could not be built (model, emulated device, checkpoint restore), or its
+    /// The replica could not be built (model, emulated device, optimizer state), or its
     /// compute threads not started.
     #[error("{0}")]
     Setup(String),
+    /// The checkpoint to resume from does not fit the replica.
+    #[error(transparent)]
+    Restore(CheckpointError),
     /// Worker 0 could not write a checkpoint.
-    #[error("{0}")]
-    Checkpoint(String),
+    #[error(transparent)]
+    Checkpoint(CheckpointError),
     /// The worker's thread panicked outside the step (its panic escaped the worker's own
     /// catching).
     #[error("worker {rank} panicked")]
@@ -207,8 +211,8 @@ impl From<PrepareError> for String {
 #[derive(Debug, thiserror::Error)]
 pub enum ResumeError {
     /// The file could not be read or is not a valid checkpoint.
-    #[error("{0}")]
-    Load(String),
+    #[error(transparent)]
+    Load(#[from] CheckpointError),
     /// The checkpoint is of another model.
     #[error(
         "the checkpoint is for model '{checkpoint}', not '{now}': resume with --model \

@@ -309,7 +309,7 @@ impl Worker {
         let mut sgd = Sgd::new(cfg.sgd, net.params().len());
         let (mut start_epoch, mut global_step) = (0, 0);
         if let Some(ck) = &s.resume {
-            let m = ck.restore(&mut net).map_err(WorkerError::Setup)?;
+            let m = ck.restore(&mut net).map_err(WorkerError::Restore)?;
             sgd.set_momentum(m).map_err(WorkerError::Setup)?;
             start_epoch = ck.state.epoch;
             global_step = ck.state.global_step;
