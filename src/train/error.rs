@@ -4,6 +4,7 @@
 //! worker's is [`WorkerError::is_echo`]); the binary turns them into messages (`Display`).
 
 use super::checkpoint::CheckpointError;
+use super::rundir::OutputsError;
 use super::Summary;
 use crate::comm::CommError;
 use crate::data::DataError;
@@ -188,8 +189,8 @@ pub enum PrepareError {
     #[error(transparent)]
     Resume(#[from] ResumeError),
     /// An output cannot be written (checked, and the run directory prepared, up front).
-    #[error("{0}")]
-    Outputs(String),
+    #[error(transparent)]
+    Outputs(#[from] OutputsError),
     /// The processes of the run could not start or do not describe the same run.
     #[error("{0}")]
     Processes(String),

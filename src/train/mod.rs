@@ -500,25 +500,22 @@ fn prepare_outputs(
     steps_per_epoch: usize,
     warn: &dyn Fn(&str),
 ) -> Result<Option<PathBuf>, PrepareError> {
-    let outputs = PrepareError::Outputs;
-    if let Some(w) =
-        rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch).map_err(outputs)?
-    {
+    if let Some(w) = rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch)? {
         warn(&w);
     }
     // The run directory first: a trace file may go into it.
     let prepared = if cfg.process_rank == 0 {
-        Some(rundir::prepare(cfg).map_err(outputs)?)
+        Some(rundir::prepare(cfg)?)
     } else {
         None
     };
     // Only now: `prepare` may have moved the run to a numbered directory.
-    let trace_path = rundir::check_trace(cfg).map_err(outputs)?;
+    let trace_path = rundir::check_trace(cfg)?;
     if let Some(prepared) = prepared {
         for w in &cfg.warnings {
             warn(w);
         }
-        for note in prepared.clear(&cfg.run_dir).map_err(outputs)? {
+        for note in prepared.clear(&cfg.run_dir)? {
             if !cfg.quiet {
                 eprintln!("note: {note}");
             }
