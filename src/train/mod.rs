@@ -797,6 +797,24 @@ mod tests {
     }
 
     #[test]
+    fn a_late_write_error_keeps_the_summary_for_the_report() {
+        let cfg = crate::config::TrainOptions::default().resolve().unwrap();
+        let late = TrainError::LateWrite {
+            summary: Box::new(Summary::empty(&cfg)),
+            error: LateWrite::Trace {
+                error: "t.json: cannot write".into(),
+                run_dir: PathBuf::from("runs/x"),
+            },
+        };
+        assert_eq!(late.summary().map(|s| &s.run_dir), Some(&cfg.run_dir));
+        assert_eq!(
+            late.to_string(),
+            "t.json: cannot write (training finished; summary.json and report.md are in runs/x)"
+        );
+        assert!(TrainError::Diverged(vec![1, 2]).summary().is_none());
+    }
+
+    #[test]
     fn failures_read_as_the_messages_users_know() {
         assert_eq!(
             panicked(1).to_string(),
