@@ -34,7 +34,10 @@ fn run_with_deadline(opts: TrainOptions) -> (Result<(), String>, Duration) {
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
     std::thread::spawn(move || {
-        let r = opts.resolve().and_then(dptrain::train::train).map(|_| ());
+        let r = opts
+            .resolve()
+            .and_then(|c| dptrain::train::train(c).map_err(String::from))
+            .map(|_| ());
         let _ = tx.send(r);
     });
     let r = rx
@@ -471,6 +474,8 @@ fn no_directory_beyond_the_one_named_is_created() {
     let (code, _, err) = run_short(&["--run-dir", "new-run", "--trace", "new-run/t.json"], t);
     assert_eq!(code, 0, "{err}");
     assert!(t.join("new-run/summary.json").is_file() && t.join("new-run/t.json").is_file());
+    // The CLI draws the report once the run has returned its summary.
+    assert!(t.join("new-run/report.md").is_file());
 }
 
 #[test]

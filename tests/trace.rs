@@ -247,6 +247,8 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
                 o.workers = Some(if *name == "one" { 1 } else { 2 });
             }))
             .unwrap();
+            // The library leaves the report to its caller (the CLI draws it after a run).
+            dptrain::report::write_run_report(&dir).unwrap();
             dir
         })
         .collect();
@@ -343,7 +345,7 @@ fn a_trace_window_that_misses_the_run_is_refused_before_training() {
             o.trace_steps = Some(window.into());
         }))
     };
-    let err = run("100..110", "past").unwrap_err();
+    let err = run("100..110", "past").unwrap_err().to_string();
     assert!(
         err.contains("--trace-steps 100..110 misses every step")
             && err.contains("global steps 0..10"),

@@ -2,7 +2,7 @@
 //! overlap on/off, checkpoints and exact resume.
 
 use dptrain::config::{TrainConfig, TrainOptions};
-use dptrain::train::checkpoint::Checkpoint;
+use dptrain::train::checkpoint::{Checkpoint, CheckpointError};
 use dptrain::train::{train, Summary};
 use std::path::Path;
 
@@ -229,12 +229,13 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
         o.resume = Some(path.clone());
         o.epochs = Some(3);
     }))
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("lenet5") && err.contains("--model"), "{err}");
     // A file that is not a checkpoint.
     std::fs::write(tmp.path().join("junk"), b"not a checkpoint at all").unwrap();
     let err = Checkpoint::load(&tmp.path().join("junk")).err().unwrap();
-    assert!(err.contains("not a safetensors file"), "{err}");
+    assert!(err.to_string().contains("not a safetensors file"), "{err}");
 }
 
 #[test]
@@ -309,7 +310,9 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
                 change(o);
             }))
         };
-        let err = resume(false, &format!("refused-{name}")).unwrap_err();
+        let err = resume(false, &format!("refused-{name}"))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(want) && err.contains("--resume-changed"),
             "{name}: {err}"
@@ -357,7 +360,12 @@ fn a_changed_checkpoint_is_reported_corrupt() {
         std::fs::write(&copy, &bad).unwrap();
         let err = Checkpoint::load(&copy).err().unwrap();
         assert!(
-            err.contains("bad.safetensors is corrupt (checksum mismatch"),
+            matches!(err, CheckpointError::Corrupt { .. }),
+            "{what}: {err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("bad.safetensors is corrupt (checksum mismatch"),
             "{what}: {err}"
         );
         let err = train(config(&tmp.path().join("resumed"), |o| {
@@ -365,7 +373,8 @@ fn a_changed_checkpoint_is_reported_corrupt() {
             o.epochs = Some(2);
             o.resume = Some(copy.clone());
         }))
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("is corrupt"), "{what}: {err}");
     }
     // The untouched file still loads.
@@ -384,6 +393,7 @@ fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
         "{d}"
     );
     assert!(s.warnings().iter().any(|w| w.contains("no timed steps")));
+    dptrain::report::write_run_report(&tmp.path().join("short")).unwrap();
     let report = std::fs::read_to_string(tmp.path().join("short/report.md")).unwrap();
     assert!(report.contains("No timed steps"), "{report}");
 }
@@ -495,7 +505,9 @@ fn an_emulated_device_holds_every_phase_to_its_profile_and_refuses_a_profile_of_
         "{m:?} vs {b}"
     );
     // Batch 16 over 1 worker is 16 per worker, not the profile's 8.
-    let e = train(config(&dir.path().join("other"), with(1))).unwrap_err();
+    let e = train(config(&dir.path().join("other"), with(1)))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("per-worker batch of 8") && e.contains("16"),
         "{e}"

@@ -615,7 +615,7 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
 
 /// A short training run that prints nothing (the options say `quiet`).
 fn train_quietly(opts: TrainOptions) -> Result<crate::train::Summary, String> {
-    crate::train::train(opts.resolve()?)
+    Ok(crate::train::train(opts.resolve()?)?)
 }
 
 /// The bucket operations of a run, compressed: `tree-reduce+root-update`, `redundant`, or

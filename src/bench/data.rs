@@ -110,7 +110,7 @@ pub fn training_run(
     o.overwrite = true;
     o.quiet = true;
     o.no_checkpoints = true;
-    train(o.resolve()?)
+    Ok(train(o.resolve()?)?)
 }
 
 /// Data wait as a percentage of step time.

@@ -82,7 +82,7 @@ pub struct GridSpec {
 
 /// Runs one grid cell: a short training run of `spec.model` on synthetic data.
 pub fn run_case(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> Result<Summary, String> {
-    train(case_options(spec, case, dir).resolve()?)
+    Ok(train(case_options(spec, case, dir).resolve()?)?)
 }
 
 /// The training options of one grid cell (what [`run_case`] runs): `spec.steps + 5` steps of

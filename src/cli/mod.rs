@@ -8,8 +8,8 @@ mod model;
 mod profile;
 mod report;
 mod simulate;
+mod train;
 
-use crate::config::TrainOptions;
 use clap::{Parser, Subcommand};
 use data::DataCmd;
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Train a model (the default command: lenet5 on the bundled MNIST).
-    Train(Box<TrainCmd>),
+    Train(Box<train::TrainCmd>),
     /// Benchmarks that print figures.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -79,15 +79,6 @@ impl Default for Command {
     }
 }
 
-#[derive(Debug, clap::Args, Default)]
-struct TrainCmd {
-    /// TOML file with options (same names as the flags); flags given here win.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    #[command(flatten)]
-    options: TrainOptions,
-}
-
 /// Diagnostic messages (bucket plan, mode choices, files written) go to stderr through
 /// `tracing`, filtered by `RUST_LOG` (e.g. `RUST_LOG=dptrain=debug`); warnings only by default,
 /// so stdout stays the progress and results.
@@ -117,56 +108,6 @@ pub fn run() -> Result<(), String> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Data(cmd) => data::run(cmd),
         Command::Report { run_dirs, out } => report::run(&run_dirs, out),
-        Command::Train(t) => {
-            let options = match &t.config {
-                Some(path) => TrainOptions::from_toml_file(path)?.overlaid_with(&t.options),
-                None => t.options,
-            };
-            let cfg = options.resolve()?;
-            let json_log = cfg.log_format == crate::config::LogFormat::Json;
-            let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
-            let (rank, processes) = (group.rank(), group.size());
-            let result = crate::train::train_in(cfg, &group);
-            if let (Err(e), true) = (&result, processes > 1) {
-                // Reported before the ranks part: once one rank exits with an error, mpirun
-                // may stop the others before they have said why.
-                print_error(&format!("rank {rank} of {processes}: {e}"));
-                group.end(false);
-                std::process::exit(1);
-            }
-            group.end(result.is_ok());
-            let s = result?;
-            if rank != 0 {
-                return Ok(());
-            }
-            let warnings = s.warnings();
-            if json_log {
-                let line = serde_json::json!({
-                    "kind": "done",
-                    "final_test_accuracy": s.final_test_accuracy,
-                    "images_per_s": s.images_per_s,
-                    "wall_seconds": s.wall_seconds,
-                    "breakdown": s.breakdown,
-                    "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
-                    "steps": s.steps,
-                    "warnings": warnings,
-                    "run_dir": s.run_dir,
-                });
-                println!("{line}");
-                return Ok(());
-            }
-            println!(
-                "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s; {}\nrun directory: {}",
-                100.0 * s.final_test_accuracy,
-                s.images_per_s,
-                s.wall_seconds,
-                s.breakdown.describe(),
-                s.run_dir.display()
-            );
-            for w in &warnings {
-                println!("warning: {w}");
-            }
-            Ok(())
-        }
+        Command::Train(t) => train::run(*t),
     }
 }

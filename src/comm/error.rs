@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 /// Everything that can go wrong while moving or reducing gradients.
-#[derive(thiserror::Error, Debug)]
+#[derive(thiserror::Error, Debug, Clone)]
 pub enum CommError {
     /// No message with the wanted tag arrived from `from` within the
     /// transport's timeout.
@@ -116,4 +116,24 @@ pub enum CommError {
         /// What happened.
         detail: String,
     },
+
+    /// A worker's communication thread panicked while running a collective (caught there).
+    #[error("communication thread panicked: {0}")]
+    ThreadPanicked(String),
+
+    /// The worker asked its communication thread for more work after that thread had failed.
+    #[error("the communication thread failed earlier")]
+    ThreadFailedEarlier,
+
+    /// The worker's communication thread is no longer there to take or return work.
+    #[error("the communication thread stopped (a peer failed; see the first error)")]
+    ThreadStopped,
+}
+
+impl CommError {
+    /// True when this failure only echoes another worker's: that worker's endpoint went away
+    /// (it failed, and its failure is the cause). A run reports the cause, not its echoes.
+    pub fn is_echo(&self) -> bool {
+        matches!(self, Self::PeerGone { .. })
+    }
 }

@@ -101,7 +101,7 @@ enum Done {
     Broadcast {
         buf: Vec<f32>,
     },
-    Failed(String),
+    Failed(CommError),
 }
 
 /// Communication time of one step, as the worker saw it.
@@ -230,7 +230,7 @@ impl Reducer {
 
     /// Called when backward has written block `b`'s gradients: sends the bucket it completes,
     /// if overlap is on.
-    fn block_done(&mut self, b: usize) -> Result<(), String> {
+    fn block_done(&mut self, b: usize) -> Result<(), CommError> {
         if self.overlap {
             if let Some(bi) = self.plan.ready_at_block[b] {
                 self.send_bucket(bi)?;
@@ -244,7 +244,7 @@ impl Reducer {
         Ok(())
     }
 
-    fn send_bucket(&mut self, index: usize) -> Result<(), String> {
+    fn send_bucket(&mut self, index: usize) -> Result<(), CommError> {
         if self.world == 1 {
             return Ok(());
         }
@@ -263,14 +263,14 @@ impl Reducer {
             .as_ref()
             .expect("reducer is running")
             .send(job)
-            .map_err(|_| comm_gone())?;
+            .map_err(|_| CommError::ThreadStopped)?;
         self.in_flight += 1;
         Ok(())
     }
 
     /// Called when backward has ended: sends what is left (everything, with overlap off) and
     /// waits until every bucket is reduced. Returns the step's communication times.
-    pub fn finish(&mut self) -> Result<CommTimes, String> {
+    pub fn finish(&mut self) -> Result<CommTimes, CommError> {
         let backward_end = Instant::now();
         for i in 0..self.buffers.len() {
             if self.buffers[i].is_some() && self.world > 1 {
@@ -278,7 +278,7 @@ impl Reducer {
             }
         }
         while self.in_flight > 0 {
-            match self.done.recv().map_err(|_| comm_gone())? {
+            match self.done.recv().map_err(|_| CommError::ThreadStopped)? {
                 Done::Bucket {
                     index,
                     buf,
@@ -314,7 +314,7 @@ impl Reducer {
 
     /// Broadcasts `buf` from worker 0 to every worker (initial weights; tree mode's updated
     /// weights). `buf` goes to the communication thread and comes back.
-    pub fn broadcast(&mut self, buf: Vec<f32>) -> Result<Vec<f32>, String> {
+    pub fn broadcast(&mut self, buf: Vec<f32>) -> Result<Vec<f32>, CommError> {
         if self.world == 1 {
             return Ok(buf);
         }
@@ -323,8 +323,8 @@ impl Reducer {
             .as_ref()
             .expect("reducer is running")
             .send(Job::Broadcast { buf, tag })
-            .map_err(|_| comm_gone())?;
-        match self.done.recv().map_err(|_| comm_gone())? {
+            .map_err(|_| CommError::ThreadStopped)?;
+        match self.done.recv().map_err(|_| CommError::ThreadStopped)? {
             Done::Broadcast { buf } => Ok(buf),
             Done::Failed(e) => Err(e),
             Done::Bucket { .. } => unreachable!("no bucket is in flight during a broadcast"),
@@ -342,7 +342,9 @@ impl GradSink for Reducer {
     }
 
     fn block_written(&mut self, b: usize) -> Result<(), String> {
-        self.block_done(b)
+        // The backward's sink contract speaks in messages; the reducer's own calls keep the
+        // typed error.
+        self.block_done(b).map_err(|e| e.to_string())
     }
 }
 
@@ -354,10 +356,6 @@ impl Drop for Reducer {
             let _ = t.join();
         }
     }
-}
-
-fn comm_gone() -> String {
-    "the communication thread stopped (a peer failed; see the first error)".into()
 }
 
 /// The communication thread: runs jobs in arrival order, one at a time, on its transport.
@@ -373,11 +371,8 @@ fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>, l
             run_job(t.as_ref(), job, &mut scratch)
         }));
         let result = match result {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(panic) => Err(format!(
-                "communication thread panicked: {}",
-                panic_message(&panic)
-            )),
+            Ok(r) => r,
+            Err(panic) => Err(CommError::ThreadPanicked(panic_message(&panic))),
         };
         let failed = result.is_err();
         if done.send(result.unwrap_or_else(Done::Failed)).is_err() {
@@ -387,9 +382,7 @@ fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>, l
             // Keep the transport (so peers do not see this rank vanish) until the worker has
             // reported the failure and dropped its reducer; refuse any further work meanwhile.
             for _ in jobs.iter() {
-                let _ = done.send(Done::Failed(
-                    "the communication thread failed earlier".into(),
-                ));
+                let _ = done.send(Done::Failed(CommError::ThreadFailedEarlier));
             }
             return;
         }

@@ -37,6 +37,111 @@ pub fn default_loader_threads() -> usize {
     (cores / 4).clamp(1, 8)
 }
 
+/// Why a worker got no batch from its feed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadError {
+    /// This batch could not be filled (`worker` names whose batch, with loader threads).
+    #[error("loading epoch {}, step {step}{}: {cause}", epoch + 1, for_worker(*worker))]
+    Batch {
+        /// Epoch (from 0).
+        epoch: usize,
+        /// Step within the epoch.
+        step: usize,
+        /// The worker the batch was for (loader threads; `None` when the worker collated it).
+        worker: Option<usize>,
+        /// What went wrong.
+        cause: BatchFailure,
+    },
+    /// The pipeline stopped before this batch was ready: an echo of a failure elsewhere (or
+    /// of the shutdown).
+    #[error("{0}")]
+    Stopped(StopReason),
+    /// The worker asked for another step than the pipeline prepares next (a bug).
+    #[error(
+        "worker {rank} asked for epoch {}, step {step}, but the pipeline prepared epoch {}, \
+         step {prepared_step} next; this is a bug, please report it",
+        epoch + 1,
+        prepared_epoch + 1
+    )]
+    OutOfOrder {
+        /// The worker.
+        rank: usize,
+        /// Epoch asked for (from 0).
+        epoch: usize,
+        /// Step asked for.
+        step: usize,
+        /// Epoch prepared next (from 0).
+        prepared_epoch: usize,
+        /// Step prepared next.
+        prepared_step: usize,
+    },
+    /// The worker asked its queue for another batch than the next (a bug).
+    #[error(
+        "the worker asked for batch {asked} but batch {next} is next; this is a bug, please \
+         report it"
+    )]
+    OutOfSequence {
+        /// Sequence number asked for.
+        asked: usize,
+        /// Sequence number next in the queue.
+        next: usize,
+    },
+}
+
+impl LoadError {
+    /// True when this failure only echoes another: the pipeline stopped because something
+    /// else failed first.
+    pub fn is_echo(&self) -> bool {
+        matches!(self, Self::Stopped(_))
+    }
+}
+
+impl From<LoadError> for String {
+    fn from(e: LoadError) -> Self {
+        e.to_string()
+    }
+}
+
+fn for_worker(worker: Option<usize>) -> String {
+    worker.map_or_else(String::new, |w| format!(" for worker {w}"))
+}
+
+/// What went wrong filling one batch.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BatchFailure {
+    /// A sample could not be read or decoded, or an injected loader fault struck (the
+    /// collator's message, naming the sample).
+    #[error("{0}")]
+    Read(String),
+    /// A loader thread panicked filling the batch (whose first samples are given).
+    #[error("a loader thread panicked loading samples {0:?}..; this is a bug, please report it")]
+    Panicked(Vec<u32>),
+}
+
+/// Why the pipeline stopped, as told to every worker still waiting for a batch.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StopReason {
+    /// The pipeline was dropped or shut down (the run is over).
+    #[error("the input pipeline was shut down")]
+    ShutDown,
+    /// A loader failed to fill a batch; the worker that needed it reports the failure itself.
+    #[error("the input pipeline stopped: {0}")]
+    LoaderFailed(Box<LoadError>),
+    /// A worker left before taking all its batches (its own error is the cause).
+    #[error(
+        "the input pipeline stopped: worker {rank} left at its batch {at} of {of} (its error \
+         is the cause)"
+    )]
+    WorkerLeft {
+        /// The worker that left.
+        rank: usize,
+        /// Its next batch.
+        at: usize,
+        /// Its batches in the run.
+        of: usize,
+    },
+}
+
 /// The permutation of recent epochs, computed once and shared by every loader thread.
 #[derive(Debug, Default)]
 pub struct EpochOrders {
@@ -85,10 +190,10 @@ impl Shared {
         self.queues.len()
     }
 
-    fn stop_all(&self, why: &str) {
+    fn stop_all(&self, why: StopReason) {
         self.stop.store(true, Ordering::Release);
         for q in &self.queues {
-            q.stop(why);
+            q.stop(&why);
         }
     }
 
@@ -213,7 +318,7 @@ impl Pipeline {
     }
 
     fn stop_and_join(&mut self) -> usize {
-        self.shared.stop_all("the input pipeline was shut down");
+        self.shared.stop_all(StopReason::ShutDown);
         let mut joined = 0;
         for h in self.threads.drain(..) {
             // A loader's panics are caught per batch; a join error cannot carry news the
@@ -264,21 +369,19 @@ fn loader_thread(s: &Shared) {
         }));
         let item = match filled {
             Ok(Ok(())) => Ok(batch),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => Err(BatchFailure::Read(e)),
             Err(_) => {
                 scratch = SampleScratch::default();
-                Err(format!(
-                    "a loader thread panicked loading samples {:?}..; this is a bug, please \
-                     report it",
-                    &indices[..indices.len().min(4)]
+                Err(BatchFailure::Panicked(
+                    indices[..indices.len().min(4)].to_vec(),
                 ))
             }
         };
-        let item = item.map_err(|e| {
-            format!(
-                "loading epoch {}, step {step} for worker {w}: {e}",
-                epoch + 1
-            )
+        let item = item.map_err(|cause| LoadError::Batch {
+            epoch,
+            step,
+            worker: Some(w),
+            cause,
         });
         let failed = item.as_ref().err().cloned();
         // (The buffer of a failed batch is dropped; the run is over anyway.)
@@ -286,7 +389,7 @@ fn loader_thread(s: &Shared) {
             s.pool.give(b);
         }
         if let Some(e) = failed {
-            s.stop_all(&format!("the input pipeline stopped: {e}"));
+            s.stop_all(StopReason::LoaderFailed(Box::new(e)));
             return;
         }
     }
@@ -345,10 +448,15 @@ impl BatchFeed {
         &self.collator.norm
     }
 
+    /// The batch the last [`BatchFeed::next`] handed out (until the next call).
+    pub fn current(&self) -> Option<&Staged> {
+        self.current.as_ref()
+    }
+
     /// The batch of `step` of `epoch`, whose sample order is `order` (used by the synchronous
     /// feed; the loaders compute the same order themselves). The previous batch's buffer is
     /// recycled first.
-    pub fn next(&mut self, epoch: usize, step: usize, order: &[u32]) -> Result<&Staged, String> {
+    pub fn next(&mut self, epoch: usize, step: usize, order: &[u32]) -> Result<&Staged, LoadError> {
         let previous = self.current.take().map(Staged::into_host);
         let batch = match &mut self.kind {
             Kind::Sync {
@@ -362,7 +470,12 @@ impl BatchFeed {
                 self.collator
                     .check_fault(global_step, self.rank)
                     .and_then(|_| self.collator.fill(indices, epoch, scratch, &mut batch))
-                    .map_err(|e| format!("loading epoch {}, step {step}: {e}", epoch + 1))?;
+                    .map_err(|e| LoadError::Batch {
+                        epoch,
+                        step,
+                        worker: None,
+                        cause: BatchFailure::Read(e),
+                    })?;
                 batch
             }
             Kind::Prefetch { shared, next_seq } => {
@@ -371,13 +484,13 @@ impl BatchFeed {
                 }
                 let (want_epoch, want_step) = shared.epoch_step(*next_seq);
                 if (want_epoch, want_step) != (epoch, step) {
-                    return Err(format!(
-                        "worker {} asked for epoch {}, step {step}, but the pipeline prepared \
-                         epoch {}, step {want_step} next; this is a bug, please report it",
-                        self.rank,
-                        epoch + 1,
-                        want_epoch + 1
-                    ));
+                    return Err(LoadError::OutOfOrder {
+                        rank: self.rank,
+                        epoch,
+                        step,
+                        prepared_epoch: want_epoch,
+                        prepared_step: want_step,
+                    });
                 }
                 let b = shared.queues[self.rank].take(*next_seq)?;
                 *next_seq += 1;
@@ -398,11 +511,11 @@ impl Drop for BatchFeed {
             if *next_seq < shared.batches_per_worker {
                 // This worker stopped early (an error): its peers cannot finish the run, so
                 // stop now rather than let them wait for batches at a barrier.
-                shared.stop_all(&format!(
-                    "the input pipeline stopped: worker {} left at its batch {} of {} (its error \
-                     is the cause)",
-                    self.rank, next_seq, shared.batches_per_worker
-                ));
+                shared.stop_all(StopReason::WorkerLeft {
+                    rank: self.rank,
+                    at: *next_seq,
+                    of: shared.batches_per_worker,
+                });
             }
         }
     }

@@ -47,7 +47,8 @@ mod staging;
 pub use augment::{Augment, MAX_CROP_PAD};
 pub use batch::{collate, Batch, Collator, LoadStats};
 pub use loader::{
-    default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
+    default_loader_threads, BatchFailure, BatchFeed, EpochOrders, LoadError, Pipeline, StopReason,
+    MAX_LOADER_THREADS, MAX_PREFETCH,
 };
 pub use normalize::Normalize;
 pub use pool::BufferPool;

@@ -7,11 +7,12 @@
 //! sequence order. Reserving before filling is what bounds the queue (and the buffers in use)
 //! to K per worker however many loader threads there are.
 
+use super::loader::{LoadError, StopReason};
 use super::Batch;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// A filled batch, or why it could not be filled.
-pub type Item = Result<Batch, String>;
+pub type Item = Result<Batch, LoadError>;
 
 #[derive(Debug)]
 struct State {
@@ -25,7 +26,7 @@ struct State {
     /// The worker has gone: loaders skip its batches.
     closed: bool,
     /// The pipeline is stopping, and why.
-    stopped: Option<String>,
+    stopped: Option<StopReason>,
 }
 
 /// One worker's prefetch queue of capacity K.
@@ -130,11 +131,10 @@ impl PrefetchQueue {
     pub fn take(&self, seq: usize) -> Item {
         let mut s = self.lock();
         if seq != s.next {
-            return Err(format!(
-                "the worker asked for batch {seq} but batch {} is next; this is a bug, please \
-                 report it",
-                s.next
-            ));
+            return Err(LoadError::OutOfSequence {
+                asked: seq,
+                next: s.next,
+            });
         }
         let k = s.slots.len();
         loop {
@@ -146,7 +146,7 @@ impl PrefetchQueue {
                 return item;
             }
             if let Some(why) = &s.stopped {
-                return Err(why.clone());
+                return Err(LoadError::Stopped(why.clone()));
             }
             s = self.cv.wait(s).unwrap_or_else(|p| p.into_inner());
         }
@@ -165,9 +165,9 @@ impl PrefetchQueue {
 
     /// The pipeline stops: wakes every waiter; waiting for a batch that is not there fails
     /// with `why`. The first reason given is kept.
-    pub fn stop(&self, why: &str) {
+    pub fn stop(&self, why: &StopReason) {
         let mut s = self.lock();
-        s.stopped.get_or_insert_with(|| why.to_string());
+        s.stopped.get_or_insert_with(|| why.clone());
         drop(s);
         self.cv.notify_all();
     }

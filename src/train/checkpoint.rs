@@ -26,6 +26,66 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+/// Why a checkpoint could not be written, read or restored.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CheckpointError {
+    /// The file could not be read, or its bytes are not a checkpoint this dptrain can use.
+    #[error("checkpoint {}: {detail}", path.display())]
+    Invalid {
+        /// The checkpoint.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The tensor data does not hash to the checksum written with it.
+    #[error(
+        "checkpoint {} is corrupt (checksum mismatch: its tensor data hashes to {got}, it was \
+         written as {want}): the file changed after it was written; resume from another \
+         checkpoint",
+        path.display()
+    )]
+    Corrupt {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The data's SHA-256.
+        got: String,
+        /// The checksum in the header.
+        want: String,
+    },
+    /// The checkpoint could not be serialised (the message names the tensor, if one was the
+    /// cause).
+    #[error("{0}")]
+    Serialise(String),
+    /// The checkpoint file could not be written (the output rules' message).
+    #[error("{0}")]
+    Write(String),
+    /// The checkpoint is of another model.
+    #[error(
+        "the checkpoint is for model '{checkpoint}', not '{now}': resume with --model {checkpoint}"
+    )]
+    OtherModel {
+        /// The checkpoint's model.
+        checkpoint: String,
+        /// The net's.
+        now: String,
+    },
+    /// The checkpoint's model has other layers or shapes than the net.
+    #[error(
+        "the checkpoint's model '{0}' has other layers or shapes than this run's (a changed \
+         model file, or another dataset shape)"
+    )]
+    OtherShapes(String),
+    /// A tensor the net needs is missing or of another shape or type.
+    #[error("{0}")]
+    Tensor(String),
+}
+
+impl From<CheckpointError> for String {
+    fn from(e: CheckpointError) -> Self {
+        e.to_string()
+    }
+}
+
 /// Format tag stored in every checkpoint.
 pub const FORMAT: &str = "dptrain-checkpoint-2";
 
@@ -179,9 +239,9 @@ impl TrainState {
     /// Reads the state back from checkpoint metadata; `what` wraps messages.
     fn from_metadata(
         meta: &HashMap<String, String>,
-        what: &dyn Fn(String) -> String,
-    ) -> Result<Self, String> {
-        let num = |k: &str| -> Result<usize, String> {
+        what: &dyn Fn(String) -> CheckpointError,
+    ) -> Result<Self, CheckpointError> {
+        let num = |k: &str| -> Result<usize, CheckpointError> {
             meta.get(k)
                 .and_then(|v| v.parse().ok())
                 .ok_or_else(|| what(format!("metadata '{k}' missing or not a number")))
@@ -303,12 +363,12 @@ impl Checkpoint {
     }
 
     /// Writes the checkpoint atomically to `path`.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
+    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
         self.save_paced(path, false)
     }
 
     /// The checkpoint as safetensors bytes, its checksum in the header.
-    pub fn to_bytes(&self) -> Result<Vec<u8>, String> {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, CheckpointError> {
         let raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = self
             .tensors
             .iter()
@@ -322,23 +382,30 @@ impl Checkpoint {
                 Stored::I64(x) => (k.clone(), Dtype::I64, Vec::new(), x.to_le_bytes().to_vec()),
             })
             .collect();
-        let serialise = |metadata: HashMap<String, String>| -> Result<Vec<u8>, String> {
+        let serialise = |metadata: HashMap<String, String>| -> Result<Vec<u8>, CheckpointError> {
             let views = raw
                 .iter()
                 .map(|(k, dtype, shape, data)| {
                     TensorView::new(*dtype, shape.clone(), data)
                         .map(|v| (k.as_str(), v))
-                        .map_err(|e| format!("cannot serialise checkpoint tensor '{k}': {e}"))
+                        .map_err(|e| {
+                            CheckpointError::Serialise(format!(
+                                "cannot serialise checkpoint tensor '{k}': {e}"
+                            ))
+                        })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            safetensors::serialize(views, Some(metadata))
-                .map_err(|e| format!("cannot serialise checkpoint: {e}"))
+            safetensors::serialize(views, Some(metadata)).map_err(|e| {
+                CheckpointError::Serialise(format!("cannot serialise checkpoint: {e}"))
+            })
         };
         // The checksum covers the data section, which the metadata does not change: serialise
         // once to hash it, then again with the digest in the header.
         let mut metadata = self.state.to_metadata();
         let unsigned = serialise(metadata.clone())?;
-        let digest = sha256_hex(data_section(&unsigned).ok_or("cannot serialise checkpoint")?);
+        let unserialisable = || CheckpointError::Serialise("cannot serialise checkpoint".into());
+        let data = data_section(&unsigned).ok_or_else(unserialisable)?;
+        let digest = sha256_hex(data);
         drop(unsigned);
         metadata.insert(CHECKSUM_KEY.into(), digest);
         serialise(metadata)
@@ -346,22 +413,27 @@ impl Checkpoint {
 
     /// [`Checkpoint::save`]; with `slow`, the write pauses between chunks for about two
     /// seconds in all, so a test can kill the process in the middle of it.
-    pub fn save_paced(&self, path: &Path, slow: bool) -> Result<(), String> {
+    pub fn save_paced(&self, path: &Path, slow: bool) -> Result<(), CheckpointError> {
         crate::output::write_atomically_paced(path, &self.to_bytes()?, slow)
-            .map_err(|e| e.to_string())
+            .map_err(|e| CheckpointError::Write(e.to_string()))
     }
 
     /// Reads and checks a checkpoint file.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("checkpoint {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, CheckpointError> {
+        let bytes = std::fs::read(path).map_err(|e| CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
         Self::from_bytes(&bytes, path)
     }
 
     /// Parses and checks checkpoint bytes; `path` is only used in messages (also the entry
     /// point of the checkpoint fuzz target).
-    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, String> {
-        let what = |e: String| format!("checkpoint {}: {e}", path.display());
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self, CheckpointError> {
+        let what = |detail: String| CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            detail,
+        };
         let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
             .map_err(|e| what(format!("not a safetensors file ({e})")))?;
         let meta = meta.metadata().clone().unwrap_or_default();
@@ -376,12 +448,11 @@ impl Checkpoint {
             Some(want) => {
                 let got = data_section(bytes).map(sha256_hex).unwrap_or_default();
                 if !got.eq_ignore_ascii_case(want) {
-                    return Err(format!(
-                        "checkpoint {} is corrupt (checksum mismatch: its tensor data hashes to \
-                         {got}, it was written as {want}): the file changed after it was \
-                         written; resume from another checkpoint",
-                        path.display()
-                    ));
+                    return Err(CheckpointError::Corrupt {
+                        path: path.to_path_buf(),
+                        got,
+                        want: want.clone(),
+                    });
                 }
             }
             None => tracing::warn!(
@@ -419,27 +490,25 @@ impl Checkpoint {
 
     /// Copies the stored state into `net` and returns the momentum buffer. Fails, naming the
     /// tensor, if the checkpoint is from another model or shape.
-    pub fn restore(&self, net: &mut Net) -> Result<Vec<f32>, String> {
+    pub fn restore(&self, net: &mut Net) -> Result<Vec<f32>, CheckpointError> {
         let g = net.graph();
         if self.state.model != g.name {
-            return Err(format!(
-                "the checkpoint is for model '{}', not '{}': resume with --model {}",
-                self.state.model, g.name, self.state.model
-            ));
+            return Err(CheckpointError::OtherModel {
+                checkpoint: self.state.model.clone(),
+                now: g.name.clone(),
+            });
         }
         if self.state.fingerprint != g.fingerprint() {
-            return Err(format!(
-                "the checkpoint's model '{}' has other layers or shapes than this run's (a changed model file, or another dataset shape)",
-                self.state.model
-            ));
+            return Err(CheckpointError::OtherShapes(self.state.model.clone()));
         }
-        let get = |name: &str, shape: &[usize]| -> Result<&[f32], String> {
-            match self.tensors.get(name) {
-                Some(Stored::F32(s, d)) if s == shape => Ok(d),
-                Some(Stored::F32(s, _)) => Err(format!("checkpoint tensor '{name}' has shape {s:?}, the model needs {shape:?}")),
-                Some(Stored::I64(_)) => Err(format!("checkpoint tensor '{name}' is an integer, the model needs floats")),
-                None => Err(format!("checkpoint has no tensor '{name}': it was written by a different model definition")),
-            }
+        let get = |name: &str, shape: &[usize]| -> Result<&[f32], CheckpointError> {
+            let wrong = match self.tensors.get(name) {
+                Some(Stored::F32(s, d)) if s == shape => return Ok(d),
+                Some(Stored::F32(s, _)) => format!("checkpoint tensor '{name}' has shape {s:?}, the model needs {shape:?}"),
+                Some(Stored::I64(_)) => format!("checkpoint tensor '{name}' is an integer, the model needs floats"),
+                None => format!("checkpoint has no tensor '{name}': it was written by a different model definition"),
+            };
+            Err(CheckpointError::Tensor(wrong))
         };
         let mut momentum = vec![0.0; net.params().len()];
         let tensors = named(net);
@@ -450,7 +519,11 @@ impl Checkpoint {
                 if t.torch_shape.is_empty() {
                     match self.tensors.get(&name) {
                         Some(Stored::I64(v)) => dst[0] = *v as f32,
-                        _ => return Err(format!("checkpoint has no int64 tensor '{name}'")),
+                        _ => {
+                            return Err(CheckpointError::Tensor(format!(
+                                "checkpoint has no int64 tensor '{name}'"
+                            )))
+                        }
                     }
                 } else {
                     dst.copy_from_slice(get(&name, &t.torch_shape)?);

@@ -1,12 +1,17 @@
-//! A training run: load data, start the workers (threads, one model replica each, connected by
-//! an in-process fabric), follow their progress, write metrics and a summary.
+//! A training run, in four stages ([`train_in`]): prepare (load data and model, check the
+//! checkpoint to resume and every output, the processes' handshake), spawn (the input
+//! pipeline, the transports, one thread per worker: one model replica each), follow (the
+//! workers' events into the summary and the progress display, [`progress`]) and finish (join,
+//! the failure's cause, the timeline, the replica check, the summary).
 //!
 //! The step itself is in [`worker`]; the solver in [`crate::optim`]; the synchronisation in
-//! [`crate::parallel`].
+//! [`crate::parallel`]; how a run fails in [`error`].
 
 pub mod checkpoint;
+pub mod error;
 pub mod metrics;
 pub mod processes;
+pub mod progress;
 pub mod rundir;
 pub mod worker;
 
@@ -14,13 +19,15 @@ use crate::comm::InProcessFabric;
 use crate::config::TrainConfig;
 use crate::data::{self, Dataset, DatasetSpec};
 use crate::pipeline::{BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source};
-use metrics::{append_jsonl, peak_rss_mb, Breakdown, EpochRecord, StepTimes};
+pub use error::{LateWrite, Phase, PrepareError, ResumeError, StepError, TrainError, WorkerError};
+use metrics::{peak_rss_mb, Breakdown, EpochRecord, StepTimes};
 pub use processes::ProcessGroup;
+use progress::{ProgressDisplay, RunProgress};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use worker::{Worker, WorkerSetup};
+use worker::WorkerSetup;
 
 /// Progress reported by workers to the run.
 pub enum Event {
@@ -60,12 +67,13 @@ pub enum Event {
         checkpoint: Option<PathBuf>,
     },
     /// A worker failed (error or panic); sent before its communication thread goes away, so
-    /// the first of these is the cause and later ones are peers noticing it.
+    /// the cause comes before the peers noticing it (whose failures are
+    /// [`WorkerError::is_echo`]).
     Failed {
         /// Worker.
         rank: usize,
         /// What happened, naming the worker, the phase and the step.
-        error: String,
+        error: WorkerError,
     },
     /// A worker finished training.
     Done {
@@ -122,6 +130,30 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The summary of a run of `cfg` before anything is known of it.
+    fn empty(cfg: &TrainConfig) -> Self {
+        Self {
+            config: cfg.to_json(),
+            epochs: Vec::new(),
+            final_test_accuracy: 0.0,
+            images_per_s: 0.0,
+            breakdown: Breakdown::default(),
+            buckets: String::new(),
+            bucket_ops: Vec::new(),
+            checkpoint: None,
+            wall_seconds: 0.0,
+            skipped_nonfinite_updates: 0,
+            replica_hashes: vec![0; cfg.workers],
+            peak_rss_mb: 0.0,
+            skipped_samples: 0,
+            skipped_examples: Vec::new(),
+            ranks: Vec::new(),
+            slow_ranks: Vec::new(),
+            steps: 0,
+            run_dir: cfg.run_dir.clone(),
+        }
+    }
+
     /// What a person should be told about the run besides its results: updates skipped for a
     /// non-finite gradient (loudly when most were), sample reads skipped, no timed steps.
     pub fn warnings(&self) -> Vec<String> {
@@ -156,14 +188,6 @@ impl Summary {
     }
 }
 
-/// Prints a warning on stderr (rank 0 only; shown also with `--quiet`, which keeps stdout
-/// quiet).
-fn warn(cfg: &TrainConfig, message: &str) {
-    if cfg.process_rank == 0 {
-        crate::cli::print_warning(message);
-    }
-}
-
 /// Checks that the checkpoint's run trained on the same data in the same order as this one
 /// would (dataset, global batch, seed, training limit): otherwise the resumed run would continue
 /// at a global step computed for another run. Refused naming each field and both values, unless
@@ -174,13 +198,13 @@ pub fn check_resume(
     model: &str,
     state: &checkpoint::TrainState,
     path: &Path,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ResumeError> {
     // The model first: its tensors could not be loaded into another one anyway.
     if state.model != model {
-        return Err(format!(
-            "the checkpoint is for model '{}', not '{model}': resume with --model {}",
-            state.model, state.model
-        ));
+        return Err(ResumeError::OtherModel {
+            checkpoint: state.model.clone(),
+            now: model.to_string(),
+        });
     }
     let Some(then) = &state.run else {
         return Ok(Some(format!(
@@ -193,24 +217,18 @@ pub fn check_resume(
     if changes.is_empty() {
         return Ok(None);
     }
-    let list = changes
-        .iter()
-        .map(|(flag, old, new)| format!("{flag} {old} in the checkpoint, {new} now"))
-        .collect::<Vec<_>>()
-        .join("; ");
     if cfg.resume_changed {
         return Ok(Some(format!(
-            "--resume-changed: resuming {} under other settings ({list}); the data order and \
+            "--resume-changed: resuming {} under other settings ({}); the data order and \
              step count follow the new settings",
-            path.display()
+            path.display(),
+            error::describe_changes(&changes)
         )));
     }
-    Err(format!(
-        "--resume {}: this run differs from the checkpoint's ({list}); resuming would continue \
-         at a step computed for another run: give the checkpoint's values, or pass \
-         --resume-changed to resume anyway",
-        path.display()
-    ))
+    Err(ResumeError::OtherRun {
+        path: path.to_path_buf(),
+        changes,
+    })
 }
 
 /// The model `--model NAME|FILE` made concrete for samples of `shape` and `classes`
@@ -219,8 +237,8 @@ pub fn build_graph(
     model: &str,
     shape: [usize; 3],
     classes: usize,
-) -> Result<crate::model::Graph, String> {
-    let spec = crate::model::load(model).map_err(|e| e.to_string())?;
+) -> Result<crate::model::Graph, PrepareError> {
+    let spec = crate::model::load(model)?;
     graph_of(&spec, shape, classes)
 }
 
@@ -229,26 +247,25 @@ pub fn graph_of(
     spec: &crate::model::ModelSpec,
     shape: [usize; 3],
     classes: usize,
-) -> Result<crate::model::Graph, String> {
-    crate::model::Graph::build(spec, shape, classes).map_err(|e| {
-        format!(
-            "{e}\n(model '{}' on the dataset's {}x{}x{} images with {classes} classes)",
-            spec.name, shape[0], shape[1], shape[2]
-        )
+) -> Result<crate::model::Graph, PrepareError> {
+    crate::model::Graph::build(spec, shape, classes).map_err(|source| PrepareError::ModelShape {
+        source: Box::new(source),
+        model: spec.name.clone(),
+        shape,
+        classes,
     })
 }
 
 /// Loads the configured dataset (with optional size limits).
-pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
+pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> {
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
     let bundled = if Path::new("data/mnist/SHA256SUMS").is_file() {
         PathBuf::from("data/mnist")
     } else {
         bundled
     };
-    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)
-        .map_err(|e| e.to_string())?;
-    let pair = data::load(&spec).map_err(|e| e.to_string())?;
+    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)?;
+    let pair = data::load(&spec)?;
     let (mut train, mut test) = (pair.train, pair.test);
     if let Some(n) = cfg.train_limit {
         truncate(&mut train, n);
@@ -256,50 +273,42 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), String> {
     if let Some(n) = cfg.test_limit {
         truncate(&mut test, n);
     }
-    if train.len() < cfg.batch {
-        return Err(format!(
-            "the training set has {} samples, fewer than one global batch of {}",
-            train.len(),
-            cfg.batch
-        ));
-    }
+    holds_a_batch(train.len(), cfg.batch)?;
     Ok((train, test))
+}
+
+/// Refuses a training set smaller than one global batch.
+fn holds_a_batch(samples: usize, batch: usize) -> Result<(), PrepareError> {
+    if samples < batch {
+        return Err(PrepareError::TooFewSamples { samples, batch });
+    }
+    Ok(())
 }
 
 /// The training set as the input pipeline reads it, and the test set in memory. An ImageFolder's
 /// training split stays on disk (decoded per sample by the loaders); its test split, which
 /// every evaluation reads whole, is decoded once here.
-pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), String> {
+pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError> {
     let spec = DatasetSpec::parse(
         &cfg.dataset,
         cfg.data_dir.as_deref(),
         Path::new("data/mnist"),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let DatasetSpec::ImageFolder { dir } = spec else {
         let (train, test) = load_data(cfg)?;
         return Ok((Source::Memory(Arc::new(train)), test));
     };
-    let (mut train, mut test) = data::image_folder::open_pair(&dir).map_err(|e| e.to_string())?;
+    let (mut train, mut test) = data::image_folder::open_pair(&dir)?;
     if let Some(n) = cfg.train_limit {
         train.truncate(n);
     }
     if let Some(n) = cfg.test_limit {
         test.truncate(n);
     }
-    if train.len() < cfg.batch {
-        return Err(format!(
-            "the training set has {} samples, fewer than one global batch of {}",
-            train.len(),
-            cfg.batch
-        ));
-    }
-    let test = test.decode_all("imagefolder").map_err(|e| {
-        format!(
-            "{e} (the test split is decoded whole before training; --skip-bad-samples only \
-             leaves out training samples)"
-        )
-    })?;
+    holds_a_batch(train.len(), cfg.batch)?;
+    let test = test
+        .decode_all("imagefolder")
+        .map_err(PrepareError::TestSplit)?;
     Ok((Source::Folder(Arc::new(train)), test))
 }
 
@@ -350,27 +359,27 @@ fn truncate(ds: &mut Dataset, n: usize) {
     ds.labels.truncate(n);
 }
 
-/// Prints above the progress bar, or plainly when there is no terminal to draw it on.
-fn say(bar: &indicatif::ProgressBar, line: String) {
-    if bar.is_hidden() {
-        println!("{line}");
-    } else {
-        bar.println(line);
-    }
-}
-
-/// Trains as configured; prints progress unless `cfg.quiet`. With `--transport mpi` this
-/// process is one rank of the run (MPI is started and ended here).
-pub fn train(cfg: TrainConfig) -> Result<Summary, String> {
-    let group = ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
-    let result = train_in(cfg, &group);
+/// Trains as configured; prints progress unless `cfg.quiet`; the run's warnings go to the log
+/// (`tracing`). With `--transport mpi` this process is one rank of the run (MPI is started and
+/// ended here). The report (`report.md`) is the caller's to draw from the run directory.
+pub fn train(cfg: TrainConfig) -> Result<Summary, TrainError> {
+    let group =
+        ProcessGroup::start(cfg.transport, cfg.comm_timeout).map_err(PrepareError::Processes)?;
+    let result = train_in(cfg, &group, &|warning| tracing::warn!("{warning}"));
     group.end(result.is_ok());
     result
 }
 
 /// Trains as this process's part of `group`'s run. Only rank 0 prints, writes metrics,
-/// checkpoints and the summary; every rank can resume from rank 0's checkpoint.
-pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, String> {
+/// checkpoints and the summary, and passes warnings to `warn` (shown while the run starts:
+/// a resumed checkpoint's, the configuration's); every rank can resume from rank 0's
+/// checkpoint. A write that fails after `summary.json` was written returns
+/// [`TrainError::LateWrite`], which holds the summary.
+pub fn train_in(
+    mut cfg: TrainConfig,
+    group: &ProcessGroup,
+    warn: &dyn Fn(&str),
+) -> Result<Summary, TrainError> {
     let wall = Instant::now();
     cfg.processes = group.size();
     cfg.process_rank = group.rank();
@@ -379,46 +388,121 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         cfg.quiet = true;
     }
     crate::plan::per_worker_batch(cfg.batch, cfg.workers, cfg.processes)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| TrainError::from(PrepareError::Config(e.to_string())))?;
+    // Every rank meets the same warnings; rank 0 alone shows them.
+    let warn_on_lead = |message: &str| {
+        if lead {
+            warn(message);
+        }
+    };
+    let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
+    let workers = spawn_workers(&run, train_source, group, wall).map_err(TrainError::Start)?;
+    let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
+    let mut progress = RunProgress::new(&run.cfg, run.start_epoch, run.steps_per_epoch);
+    progress.follow(&run.cfg, &workers.events, &mut display);
+    display.finish();
+    finish(&run, workers, progress, &display, group, wall)
+}
+
+/// Everything a run has checked and loaded before its first step.
+struct PreparedRun {
+    /// The configuration, final (the run directory may have moved to a numbered one).
+    cfg: Arc<TrainConfig>,
+    graph: Arc<crate::model::Graph>,
+    test_set: Arc<Dataset>,
+    resume: Option<Arc<checkpoint::Checkpoint>>,
+    start_epoch: usize,
+    steps_per_epoch: usize,
+    /// Where the `--trace` timeline goes, if one was asked for.
+    trace_path: Option<PathBuf>,
+}
+
+impl PreparedRun {
+    /// Steps of this run (after the resumed ones).
+    fn total_steps(&self) -> usize {
+        (self.cfg.epochs - self.start_epoch) * self.steps_per_epoch
+    }
+}
+
+/// Loads the data and the model, checks a checkpoint to resume from and every output, prepares
+/// the run directory and, over several processes, checks that all describe the same run. Every
+/// output is checked before the first step, so a path that cannot be written costs no
+/// training. Returns the run and its training set (for the input pipeline).
+fn prepare(
+    mut cfg: TrainConfig,
+    group: &ProcessGroup,
+    warn: &dyn Fn(&str),
+) -> Result<(PreparedRun, Source), PrepareError> {
     let (train_source, test_set) = load_sources(&cfg)?;
     let graph = Arc::new(match &cfg.model_spec {
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
         None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
     });
-    let resume = match &cfg.resume {
-        Some(p) => {
-            let ck = checkpoint::Checkpoint::load(p)?;
-            if let Some(note) = check_resume(&cfg, &graph.name, &ck.state, p)? {
-                warn(&cfg, &note);
-            }
-            Some(Arc::new(ck))
-        }
-        None => None,
-    };
+    let resume = load_resume(&cfg, &graph.name, warn)?;
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
-    if start_epoch >= cfg.epochs {
-        return Err(format!(
-            "the checkpoint has already completed {start_epoch} epochs; ask for more with --epochs"
-        ));
-    }
-    // Every output is checked (and the run directory prepared) before the first step, so a
-    // path that cannot be written costs no training.
     let steps_per_epoch = train_source.len() / cfg.batch;
-    if let Some(w) = rundir::check_trace_steps(&cfg, start_epoch, steps_per_epoch)? {
-        warn(&cfg, &w);
+    let trace_path = prepare_outputs(&mut cfg, start_epoch, steps_per_epoch, warn)?;
+    if group.size() > 1 {
+        let lines =
+            processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)
+                .map_err(PrepareError::Processes)?;
+        group.handshake(&lines).map_err(PrepareError::Processes)?;
+    }
+    let run = PreparedRun {
+        cfg: Arc::new(cfg),
+        graph,
+        test_set: Arc::new(test_set),
+        resume,
+        start_epoch,
+        steps_per_epoch,
+        trace_path,
+    };
+    Ok((run, train_source))
+}
+
+/// The checkpoint of `--resume`, checked against this run (its note, if any, goes to `warn`),
+/// with epochs left to train.
+fn load_resume(
+    cfg: &TrainConfig,
+    model: &str,
+    warn: &dyn Fn(&str),
+) -> Result<Option<Arc<checkpoint::Checkpoint>>, ResumeError> {
+    let Some(path) = &cfg.resume else {
+        return Ok(None);
+    };
+    let ck = checkpoint::Checkpoint::load(path).map_err(ResumeError::Load)?;
+    if let Some(note) = check_resume(cfg, model, &ck.state, path)? {
+        warn(&note);
+    }
+    if ck.state.epoch >= cfg.epochs {
+        return Err(ResumeError::AlreadyDone(ck.state.epoch));
+    }
+    Ok(Some(Arc::new(ck)))
+}
+
+/// Checks every output and (on rank 0) prepares the run directory, which may move `cfg` to a
+/// numbered one; shows the configuration's warnings and the notes of clearing the directory.
+/// Returns where the trace goes, if one was asked for.
+fn prepare_outputs(
+    cfg: &mut TrainConfig,
+    start_epoch: usize,
+    steps_per_epoch: usize,
+    warn: &dyn Fn(&str),
+) -> Result<Option<PathBuf>, PrepareError> {
+    if let Some(w) = rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch)? {
+        warn(&w);
     }
     // The run directory first: a trace file may go into it.
-    let prepared = if lead {
-        Some(rundir::prepare(&mut cfg)?)
+    let prepared = if cfg.process_rank == 0 {
+        Some(rundir::prepare(cfg)?)
     } else {
         None
     };
     // Only now: `prepare` may have moved the run to a numbered directory.
-    let metrics_path = cfg.run_dir.join("metrics.jsonl");
-    let trace_path = rundir::check_trace(&cfg)?;
+    let trace_path = rundir::check_trace(cfg)?;
     if let Some(prepared) = prepared {
         for w in &cfg.warnings {
-            warn(&cfg, w);
+            warn(w);
         }
         for note in prepared.clear(&cfg.run_dir)? {
             if !cfg.quiet {
@@ -426,34 +510,32 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
             }
         }
     }
-    if group.size() > 1 {
-        let lines =
-            processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)?;
-        group.handshake(&lines)?;
-    }
-    let cfg = Arc::new(cfg);
-    let train_len = train_source.len();
+    Ok(trace_path)
+}
+
+/// A run's threads once started: the loader threads, one thread per worker, the events they
+/// send, the timeline they trace into.
+struct RunningWorkers {
+    /// Lives until every worker has been joined; dropping it joins the loader threads.
+    pipeline: Option<Pipeline>,
+    load_stats: Arc<LoadStats>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    events: crossbeam_channel::Receiver<Event>,
+    trace_sink: Option<Arc<crate::trace::TraceSink>>,
+}
+
+/// Starts the input pipeline on `train_source` and one thread per worker of this process, each
+/// with its transport and its tracer.
+fn spawn_workers(
+    run: &PreparedRun,
+    train_source: Source,
+    group: &ProcessGroup,
+    wall: Instant,
+) -> Result<RunningWorkers, String> {
+    let cfg = &run.cfg;
     let load_stats = Arc::new(LoadStats::default());
-    // Lives until every worker has been joined; dropping it joins the loader threads.
-    let (pipeline, feeds) = start_pipeline(&cfg, train_source, start_epoch, load_stats.clone())?;
-    let test_set = Arc::new(test_set);
-    // Over several processes every worker thread gets a transport over the whole run (global
-    // ranks, process-major), so every mode, flat or hierarchical, runs across them unchanged.
-    let transports = if cfg.processes > 1 {
-        group
-            .transports(cfg.workers)?
-            .ok_or("MPI is not running in this process")?
-            .into_iter()
-            .map(Some)
-            .collect()
-    } else if cfg.workers > 1 {
-        InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout)
-            .into_iter()
-            .map(|t| Some(Box::new(t) as Box<dyn crate::comm::Transport>))
-            .collect()
-    } else {
-        vec![None]
-    };
+    let (pipeline, feeds) = start_pipeline(cfg, train_source, run.start_epoch, load_stats.clone())?;
+    let transports = worker_transports(cfg, group)?;
     // One clock for the whole timeline: microseconds since the run started.
     let trace_sink = cfg
         .trace
@@ -462,7 +544,7 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
     // Bounded (a fixed ring): a worker's step sends its times without allocating; the run's
     // thread drains it far faster than steps fill it.
     let (tx, rx) = crossbeam_channel::bounded(4096);
-    let mut handles = Vec::new();
+    let mut threads = Vec::new();
     // Workers are numbered across the run: this process's are first_rank.. (rank 0 leads).
     let first_rank = cfg.process_rank * cfg.workers;
     for ((local, transport), feed) in transports.into_iter().enumerate().zip(feeds) {
@@ -470,297 +552,290 @@ pub fn train_in(mut cfg: TrainConfig, group: &ProcessGroup) -> Result<Summary, S
         let setup = WorkerSetup {
             rank,
             cfg: cfg.clone(),
-            graph: graph.clone(),
+            graph: run.graph.clone(),
             feed,
-            test: test_set.clone(),
-            transport: transport.map(|t| t as Box<dyn crate::comm::Transport>),
+            test: run.test_set.clone(),
+            transport,
             events: tx.clone(),
-            resume: resume.clone(),
-            tracer: trace_sink
-                .as_ref()
-                .map_or_else(crate::trace::Tracer::off, |sink| {
-                    let mut tracks =
-                        vec![(crate::trace::worker_tid(rank), format!("worker {rank}"))];
-                    if cfg.world() > 1 {
-                        tracks.push((crate::trace::comm_tid(rank), format!("comm {rank}")));
-                    }
-                    sink.tracer(&tracks)
-                }),
+            resume: run.resume.clone(),
+            tracer: worker_tracer(trace_sink.as_ref(), rank, cfg.world()),
         };
-        let threads = cfg.threads;
-        let emulated_device = cfg.device.is_some();
-        let handle = std::thread::Builder::new()
+        let compute_threads = cfg.threads;
+        let thread = std::thread::Builder::new()
             .name(format!("worker-{rank}"))
-            .spawn(move || -> Result<(), String> {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                pool.install(|| {
-                    let worker = Worker::new(setup)?;
-                    // After Worker::new has started the communication thread, which must
-                    // keep the default priority (threads inherit their creator's).
-                    if emulated_device {
-                        rayon::broadcast(|_| crate::testbed::device::lower_compute_priority());
-                    } else {
-                        rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
-                    }
-                    worker.run()
-                })
-            })
+            .spawn(move || worker::run_worker_thread(setup, compute_threads))
             .map_err(|e| format!("cannot start worker thread: {e}"))?;
-        handles.push(handle);
+        threads.push(thread);
     }
-    drop(tx);
+    Ok(RunningWorkers {
+        pipeline,
+        load_stats,
+        threads,
+        events: rx,
+        trace_sink,
+    })
+}
 
-    let spe = steps_per_epoch;
-    debug_assert_eq!(spe, train_len / cfg.batch);
-    let total_steps = (cfg.epochs - start_epoch) * spe;
-    let json_log = cfg.log_format == crate::config::LogFormat::Json;
-    let bar = if cfg.quiet || json_log {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(total_steps as u64)
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let mut summary = Summary {
-        config: cfg.to_json(),
-        epochs: Vec::new(),
-        final_test_accuracy: 0.0,
-        images_per_s: 0.0,
-        breakdown: Breakdown::default(),
-        buckets: String::new(),
-        bucket_ops: Vec::new(),
-        checkpoint: None,
-        wall_seconds: 0.0,
-        skipped_nonfinite_updates: 0,
-        replica_hashes: vec![0; cfg.workers],
-        peak_rss_mb: 0.0,
-        skipped_samples: 0,
-        skipped_examples: Vec::new(),
-        ranks: Vec::new(),
-        slow_ranks: Vec::new(),
-        steps: 0,
-        run_dir: cfg.run_dir.clone(),
-    };
-    let mut epoch_breakdown = Breakdown::default();
-    let mut train_seconds = 0.0;
-    let mut io_error = None;
-    let mut first_failure: Option<(String, bool)> = None;
-    let mut window: (usize, f64) = (0, 0.0);
-    for event in rx.iter() {
-        match event {
-            Event::Plan { description, ops } => {
-                tracing::info!(buckets = %description, ops = %ops.join(", "), "bucket plan");
-                if !cfg.quiet && !json_log {
-                    say(
-                        &bar,
-                        format!(
-                            "{} on {}: {} workers x {} threads, comm {}, overlap {}\n  {}; per bucket: {}",
-                            cfg.model,
-                            cfg.dataset,
-                            cfg.world(),
-                            cfg.threads,
-                            cfg.comm,
-                            if cfg.overlap { "on" } else { "off" },
-                            description,
-                            ops.join(", ")
-                        ),
-                    );
-                }
-                summary.buckets = description;
-                summary.bucket_ops = ops;
-            }
-            Event::Step {
-                rank,
-                epoch,
-                step,
-                loss,
-                times,
-            } => {
-                if step >= metrics::WARMUP_STEPS || epoch > start_epoch {
-                    summary.breakdown.add(&times);
-                    epoch_breakdown.add(&times);
-                }
-                if rank == 0 {
-                    bar.inc(1);
-                    window = (window.0 + 1, window.1 + times.step_ms);
-                    if window.0 == 20 {
-                        let m = &epoch_breakdown.mean;
-                        let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
-                        bar.set_message(format!(
-                            "loss {loss:.3}  {:.0} img/s  data wait {:.1}%  exposed comm {:.1}%",
-                            cfg.batch as f64 * 1e3 * 20.0 / window.1,
-                            pct(m.data_ms),
-                            pct(m.exposed_comm_ms)
-                        ));
-                        window = (0, 0.0);
-                    }
-                    if cfg.log_every > 0 && step % cfg.log_every == 0 {
-                        let line = serde_json::json!({"kind": "step", "epoch": epoch + 1, "step": step, "loss": loss, "times": times});
-                        if let Err(e) = append_jsonl(&metrics_path, &line) {
-                            io_error.get_or_insert(e.to_string());
-                        }
-                    }
-                }
-            }
-            Event::Failed { rank, error } => {
-                tracing::debug!(rank, error = %error, "worker failed");
-                // Peers of a failed worker fail too ("peer ... is gone", "the input pipeline
-                // stopped"); those echoes only stand in for the cause if nothing else came.
-                let echo =
-                    error.contains("is gone") || error.contains("the input pipeline stopped");
-                match &first_failure {
-                    None => first_failure = Some((error, echo)),
-                    Some((_, true)) if !echo => first_failure = Some((error, echo)),
-                    _ => {}
-                }
-            }
-            Event::Done {
-                rank,
-                weights_hash,
-                skipped_updates,
-            } => {
-                summary.skipped_nonfinite_updates =
-                    summary.skipped_nonfinite_updates.max(skipped_updates);
-                summary.replica_hashes[rank - first_rank] = weights_hash
-            }
-            Event::Epoch {
-                epoch,
-                train_loss,
-                test_loss,
-                test_accuracy,
-                train_seconds: secs,
-                checkpoint,
-            } => {
-                train_seconds += secs;
-                let record = EpochRecord {
-                    epoch: epoch + 1,
-                    train_loss,
-                    test_loss,
-                    test_accuracy,
-                    images_per_s: (spe * cfg.batch) as f64 / secs.max(1e-9),
-                    seconds: secs,
-                    breakdown: std::mem::take(&mut epoch_breakdown),
-                    peak_rss_mb: peak_rss_mb(),
-                };
-                if json_log {
-                    let mut line = serde_json::to_value(&record).unwrap_or_default();
-                    line["kind"] = "epoch".into();
-                    line["epochs"] = cfg.epochs.into();
-                    println!("{line}");
-                } else if !cfg.quiet {
-                    say(&bar, format!(
-                        "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {:.2}%, {:.0} images/s\n  {}",
-                        epoch + 1,
-                        cfg.epochs,
-                        train_loss,
-                        test_loss,
-                        100.0 * test_accuracy,
-                        record.images_per_s,
-                        record.breakdown.describe()
-                    ));
-                }
-                let mut line = serde_json::to_value(&record).unwrap_or_default();
-                line["kind"] = "epoch".into();
-                if let Err(e) = append_jsonl(&metrics_path, &line) {
-                    io_error.get_or_insert(e.to_string());
-                }
-                summary.final_test_accuracy = test_accuracy;
-                summary.epochs.push(record);
-                if checkpoint.is_some() {
-                    summary.checkpoint = checkpoint;
-                }
-            }
-        }
-    }
-    bar.finish_and_clear();
-    // The first error is the cause; later ones are usually peers noticing it.
-    let mut errors = Vec::new();
-    for (rank, h) in handles.into_iter().enumerate() {
-        // A worker's panic is caught and reported as Event::Failed; a join error means the
-        // panic escaped that (e.g. while starting).
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => errors.push(e),
-            Err(_) => errors.push(format!("worker {rank} panicked")),
-        }
-    }
-    drop(pipeline);
-    // Every worker has been joined, so every tracer has handed in its events. Written before
-    // the error checks: a timeline of a failed run helps to see why it failed. A failure to
-    // write it is reported after the summary and report are written, which it must not cost.
-    // Each MPI rank traces its own workers: rank 0 writes PATH, rank r PATH.rank<r>.
-    let mut trace_error = None;
-    if let (Some(sink), Some(path)) = (&trace_sink, &trace_path) {
-        match sink.write(path) {
-            Ok(()) => tracing::info!(path = %path.display(), events = sink.len(), "trace written"),
-            Err(e) => trace_error = Some(e),
-        }
-    }
-    // The first failure reported is the cause; the rest are its echoes (peers whose
-    // collectives or input pipeline stopped because of it).
-    if let Some((cause, _)) = first_failure {
-        return Err(cause);
-    }
-    if let Some(cause) = errors
-        .iter()
-        .find(|e| !e.contains("the input pipeline stopped"))
-    {
-        return Err(cause.clone());
-    }
-    if let Some(first) = errors.first() {
-        return Err(first.clone());
-    }
+/// Each local worker's transport. Over several processes every worker thread gets a transport
+/// over the whole run (global ranks, process-major), so every mode, flat or hierarchical, runs
+/// across them unchanged; a single worker has none.
+fn worker_transports(
+    cfg: &TrainConfig,
+    group: &ProcessGroup,
+) -> Result<Vec<Option<Box<dyn crate::comm::Transport>>>, String> {
     if cfg.processes > 1 {
-        // Every rank checks every replica, so a divergence stops all of them alike.
-        summary.replica_hashes = group.gather_hashes(&summary.replica_hashes)?;
+        let transports = group
+            .transports(cfg.workers)?
+            .ok_or("MPI is not running in this process")?;
+        return Ok(transports.into_iter().map(Some).collect());
     }
-    if summary
-        .replica_hashes
-        .iter()
-        .any(|&h| h != summary.replica_hashes[0])
-    {
-        return Err(format!("replicas diverged: final weight hashes differ across workers {:x?}; this is a bug, please report it", summary.replica_hashes));
+    if cfg.workers > 1 {
+        return Ok(
+            InProcessFabric::new(cfg.workers, cfg.link, cfg.comm_timeout)
+                .into_iter()
+                .map(|t| Some(Box::new(t) as Box<dyn crate::comm::Transport>))
+                .collect(),
+        );
     }
+    Ok(vec![None])
+}
+
+/// Worker `rank`'s handle on the timeline: its own track, and its communication thread's
+/// when there are peers ([`crate::trace::Tracer::off`] without `--trace`).
+fn worker_tracer(
+    sink: Option<&Arc<crate::trace::TraceSink>>,
+    rank: usize,
+    world: usize,
+) -> crate::trace::Tracer {
+    sink.map_or_else(crate::trace::Tracer::off, |sink| {
+        let mut tracks = vec![(crate::trace::worker_tid(rank), format!("worker {rank}"))];
+        if world > 1 {
+            tracks.push((crate::trace::comm_tid(rank), format!("comm {rank}")));
+        }
+        sink.tracer(&tracks)
+    })
+}
+
+/// Ends the run: joins the threads, writes the timeline, returns the cause of a failure, or
+/// checks the replicas, gathers the ranks' report, completes and writes the summary. A write
+/// that fails after the summary is written is returned last, with the summary.
+fn finish(
+    run: &PreparedRun,
+    workers: RunningWorkers,
+    mut progress: RunProgress,
+    display: &ProgressDisplay,
+    group: &ProcessGroup,
+    wall: Instant,
+) -> Result<Summary, TrainError> {
+    let cfg = &run.cfg;
+    for (local, thread) in workers.threads.into_iter().enumerate() {
+        // A worker's failures, panics included, are reported as Event::Failed; a join error
+        // means a panic escaped that.
+        if thread.join().is_err() {
+            let rank = cfg.process_rank * cfg.workers + local;
+            progress.failures.push(WorkerError::Escaped { rank });
+        }
+    }
+    drop(workers.pipeline);
+    // Every worker has been joined, so every tracer has handed in its events. Written before
+    // the failure is returned: a timeline of a failed run helps to see why it failed. A failure
+    // to write it is returned after the summary is written, which it must not cost.
+    let trace_error = write_trace(workers.trace_sink.as_deref(), run.trace_path.as_deref());
+    if let Some(cause) = the_cause(progress.failures) {
+        return Err(TrainError::Worker(cause));
+    }
+    let mut summary = progress.summary;
+    check_replicas(cfg, group, &mut summary.replica_hashes)?;
     if cfg.processes > 1 {
         // In a multi-process run this process's breakdown covers its own workers only.
-        (summary.ranks, summary.slow_ranks) = group.rank_report(&summary.breakdown)?;
-        if !cfg.quiet && !json_log {
+        (summary.ranks, summary.slow_ranks) = group
+            .rank_report(&summary.breakdown)
+            .map_err(TrainError::Finish)?;
+        if display.prints_results() {
             println!(
                 "{}",
                 processes::describe_ranks(&summary.ranks, &summary.slow_ranks)
             );
         }
     }
-    summary.images_per_s = (total_steps * cfg.batch) as f64 / train_seconds.max(1e-9);
+    let total_steps = run.total_steps();
+    summary.images_per_s = (total_steps * cfg.batch) as f64 / progress.train_seconds.max(1e-9);
     summary.wall_seconds = wall.elapsed().as_secs_f64();
     summary.peak_rss_mb = peak_rss_mb();
-    summary.skipped_samples = load_stats.skipped();
-    summary.skipped_examples = load_stats.examples();
+    summary.skipped_samples = workers.load_stats.skipped();
+    summary.skipped_examples = workers.load_stats.examples();
     summary.steps = total_steps;
-    if lead {
-        let json = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
-        crate::output::write_atomically(&cfg.run_dir.join("summary.json"), json.as_bytes())?;
-        // The report is a view of the files just written; failing to draw it loses no result.
-        if let Err(e) = crate::report::write_run_report(&cfg.run_dir) {
-            tracing::warn!("cannot write the run report: {e}");
+    if cfg.process_rank == 0 {
+        write_summary(&summary).map_err(TrainError::Finish)?;
+    }
+    let late = match (progress.metrics_error, trace_error) {
+        (Some(e), _) => LateWrite::Metrics(e),
+        (None, Some(error)) => LateWrite::Trace {
+            error,
+            run_dir: cfg.run_dir.clone(),
+        },
+        (None, None) => return Ok(summary),
+    };
+    Err(TrainError::LateWrite {
+        summary: Box::new(summary),
+        error: late,
+    })
+}
+
+/// The failure a run reports: the first that is not an echo of another (peers whose
+/// collectives or input pipeline stopped because of it), else the first.
+fn the_cause(mut failures: Vec<WorkerError>) -> Option<WorkerError> {
+    let first = failures.iter().position(|e| !e.is_echo()).unwrap_or(0);
+    (first < failures.len()).then(|| failures.swap_remove(first))
+}
+
+/// Writes the `--trace` timeline (each MPI rank traces its own workers: rank 0 writes PATH,
+/// rank r PATH.rank<r>); returns why it could not be written.
+fn write_trace(sink: Option<&crate::trace::TraceSink>, path: Option<&Path>) -> Option<String> {
+    let (Some(sink), Some(path)) = (sink, path) else {
+        return None;
+    };
+    match sink.write(path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), events = sink.len(), "trace written");
+            None
+        }
+        Err(e) => Some(e),
+    }
+}
+
+/// Checks that every replica ended with the same weights (over several processes, every
+/// process's; every rank checks them all, so a divergence stops all of them alike).
+fn check_replicas(
+    cfg: &TrainConfig,
+    group: &ProcessGroup,
+    hashes: &mut Vec<u64>,
+) -> Result<(), TrainError> {
+    if cfg.processes > 1 {
+        *hashes = group.gather_hashes(hashes).map_err(TrainError::Finish)?;
+    }
+    if hashes.iter().any(|&h| h != hashes[0]) {
+        return Err(TrainError::Diverged(hashes.clone()));
+    }
+    Ok(())
+}
+
+/// Writes `summary.json` into the summary's run directory.
+fn write_summary(summary: &Summary) -> Result<(), String> {
+    let json = serde_json::to_string_pretty(summary).map_err(|e| e.to_string())?;
+    crate::output::write_atomically(&summary.run_dir.join("summary.json"), json.as_bytes())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::CommError;
+    use crate::pipeline::{BatchFailure, LoadError, StopReason};
+
+    fn failed(rank: usize, phase: Phase, cause: StepError) -> WorkerError {
+        WorkerError::Step {
+            rank,
+            phase,
+            step: 3,
+            cause,
         }
     }
-    if let Some(e) = io_error {
-        return Err(format!(
-            "{e} (summary.json and report.md were written; the per-epoch lines are missing)"
-        ));
+
+    fn peer_gone(rank: usize) -> WorkerError {
+        let gone = CommError::PeerGone {
+            rank,
+            peer: 0,
+            tag: 7,
+        };
+        failed(rank, Phase::Communication, gone.into())
     }
-    if let Some(e) = trace_error {
-        return Err(format!(
-            "{e} (training finished; summary.json and report.md are in {})",
-            cfg.run_dir.display()
-        ));
+
+    fn pipeline_stopped(rank: usize) -> WorkerError {
+        let left = StopReason::WorkerLeft {
+            rank: 0,
+            at: 3,
+            of: 8,
+        };
+        failed(rank, Phase::Data, LoadError::Stopped(left).into())
     }
-    Ok(summary)
+
+    fn panicked(rank: usize) -> WorkerError {
+        failed(rank, Phase::Forward, StepError::Panicked("boom".into()))
+    }
+
+    #[test]
+    fn the_cause_is_the_first_failure_that_is_not_an_echo() {
+        let failures = vec![peer_gone(1), pipeline_stopped(2), panicked(0), panicked(3)];
+        assert!(failures[0].is_echo() && failures[1].is_echo() && !failures[2].is_echo());
+        let cause = the_cause(failures).unwrap();
+        assert!(
+            matches!(cause, WorkerError::Step { rank: 0, .. }),
+            "{cause}"
+        );
+        // Only echoes: the first stands in for the cause.
+        let cause = the_cause(vec![pipeline_stopped(2), peer_gone(1)]).unwrap();
+        assert!(
+            matches!(cause, WorkerError::Step { rank: 2, .. }),
+            "{cause}"
+        );
+        assert!(the_cause(Vec::new()).is_none());
+        // A panic that escaped the worker is a cause, not an echo.
+        let cause = the_cause(vec![peer_gone(1), WorkerError::Escaped { rank: 0 }]).unwrap();
+        assert_eq!(cause.to_string(), "worker 0 panicked");
+    }
+
+    #[test]
+    fn a_late_write_error_keeps_the_summary_for_the_report() {
+        let cfg = crate::config::TrainOptions::default().resolve().unwrap();
+        let late = TrainError::LateWrite {
+            summary: Box::new(Summary::empty(&cfg)),
+            error: LateWrite::Trace {
+                error: "t.json: cannot write".into(),
+                run_dir: PathBuf::from("runs/x"),
+            },
+        };
+        assert_eq!(late.summary().map(|s| &s.run_dir), Some(&cfg.run_dir));
+        assert_eq!(
+            late.to_string(),
+            "t.json: cannot write (training finished; summary.json and report.md are in runs/x)"
+        );
+        assert!(TrainError::Diverged(vec![1, 2]).summary().is_none());
+    }
+
+    #[test]
+    fn failures_read_as_the_messages_users_know() {
+        assert_eq!(
+            panicked(1).to_string(),
+            "worker 1, forward, step 3: panicked: boom"
+        );
+        let loader = LoadError::Batch {
+            epoch: 0,
+            step: 3,
+            worker: Some(1),
+            cause: BatchFailure::Read("injected fault: loader failure for global step 3".into()),
+        };
+        let stopped = LoadError::Stopped(StopReason::LoaderFailed(Box::new(loader.clone())));
+        assert_eq!(
+            failed(1, Phase::Data, loader.into()).to_string(),
+            "worker 1, data, step 3: loading epoch 1, step 3 for worker 1: injected fault: \
+             loader failure for global step 3"
+        );
+        assert!(stopped.is_echo());
+        assert_eq!(
+            stopped.to_string(),
+            "the input pipeline stopped: loading epoch 1, step 3 for worker 1: injected fault: \
+             loader failure for global step 3"
+        );
+        let gone = peer_gone(1).to_string();
+        assert!(
+            gone.starts_with("worker 1, communication, step 3: rank 1: peer rank 0 is gone"),
+            "{gone}"
+        );
+        let diverged = StepError::NonFiniteGradient { loss: f32::NAN };
+        assert!(!diverged.is_echo());
+        assert!(diverged
+            .to_string()
+            .starts_with("the summed gradient holds NaN"));
+    }
 }

@@ -10,7 +10,52 @@
 
 use crate::config::TrainConfig;
 use crate::output::{self, OutputError};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+/// Why an output of the run cannot be written (found before the first step).
+#[derive(Debug, thiserror::Error)]
+pub enum OutputsError {
+    /// The run directory cannot be made, holds another run, or a file in it cannot be written.
+    #[error("--run-dir: {0}")]
+    RunDir(OutputError),
+    /// The default run directory and every numbered one after it hold earlier runs.
+    #[error(
+        "--run-dir: {} and 9998 numbered ones hold earlier runs: choose a --run-dir",
+        .0.display()
+    )]
+    NoFreeRunDir(PathBuf),
+    /// `--overwrite` with `--resume` would delete the run being continued.
+    #[error(
+        "--overwrite deletes the run directory's files, and with --resume those are the run \
+         being continued: leave out one of the two"
+    )]
+    OverwriteWithResume,
+    /// An earlier run's file could not be deleted (`--overwrite`).
+    #[error(transparent)]
+    Delete(OutputError),
+    /// The trace file cannot be written.
+    #[error("--trace: {0}")]
+    Trace(OutputError),
+    /// The `--trace-steps` window misses every step of the run.
+    #[error(
+        "--trace-steps {}..{} misses every step of this run: it runs global steps {}..{} \
+         ({steps_per_epoch} per epoch, counted from 0 over all epochs); choose a window inside \
+         them",
+        window.start,
+        window.end,
+        steps.start,
+        steps.end
+    )]
+    TraceMissesRun {
+        /// The window asked for.
+        window: Range<usize>,
+        /// The run's global steps.
+        steps: Range<usize>,
+        /// Steps per epoch.
+        steps_per_epoch: usize,
+    },
+}
 
 /// Files a run writes into its directory (besides the checkpoints).
 pub const RUN_FILES: [&str; 6] = [
@@ -56,15 +101,14 @@ pub struct Prepared {
 impl Prepared {
     /// Deletes the earlier run's files (`--overwrite`); returns the notes, with what was
     /// deleted.
-    pub fn clear(mut self, dir: &Path) -> Result<Vec<String>, String> {
+    pub fn clear(mut self, dir: &Path) -> Result<Vec<String>, OutputsError> {
         for path in &self.to_delete {
-            std::fs::remove_file(path).map_err(|e| {
-                OutputError::Io {
+            std::fs::remove_file(path).map_err(|cause| {
+                OutputsError::Delete(OutputError::Io {
                     path: path.clone(),
                     action: "delete (--overwrite)",
-                    cause: e,
-                }
-                .to_string()
+                    cause,
+                })
             })?;
         }
         if !self.to_delete.is_empty() {
@@ -92,7 +136,7 @@ impl Prepared {
 /// The default directory (no `--run-dir`) is never refused for holding an earlier run: the
 /// run goes to the first free `runs/<model>-<dataset>-N` instead (said in a note), so the
 /// README's first command works every time and leaves every earlier run as it was.
-pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, String> {
+pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     let mut notes = Vec::new();
     if !cfg.run_dir_given
         && cfg.resume.is_none()
@@ -107,12 +151,7 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, String> {
                 PathBuf::from(name)
             })
             .find(|d| !d.exists() || run_files_in(d).is_empty())
-            .ok_or_else(|| {
-                format!(
-                    "--run-dir: {} and 9998 numbered ones hold earlier runs: choose a --run-dir",
-                    base.display()
-                )
-            })?;
+            .ok_or_else(|| OutputsError::NoFreeRunDir(base.clone()))?;
         notes.push(format!(
             "{} holds an earlier run (left as it is): this run writes to {}",
             base.display(),
@@ -123,13 +162,9 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, String> {
     let dir = &cfg.run_dir;
     let mut to_delete = Vec::new();
     if cfg.resume.is_some() && cfg.overwrite {
-        return Err(
-            "--overwrite deletes the run directory's files, and with --resume those are \
-                    the run being continued: leave out one of the two"
-                .into(),
-        );
+        return Err(OutputsError::OverwriteWithResume);
     }
-    let run_dir_error = |e: OutputError| format!("--run-dir: {e}");
+    let run_dir_error = OutputsError::RunDir;
     if !cfg.run_dir_given {
         let parent = output::parent_dir(dir);
         if parent != Path::new(".") {
@@ -179,12 +214,12 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, String> {
 
 /// Checks, before the first step, that the trace file of this process (`PATH`, or
 /// `PATH.rankN` on MPI rank N) can be written, and returns its path.
-pub fn check_trace(cfg: &TrainConfig) -> Result<Option<PathBuf>, String> {
+pub fn check_trace(cfg: &TrainConfig) -> Result<Option<PathBuf>, OutputsError> {
     let Some(path) = &cfg.trace else {
         return Ok(None);
     };
     let path = trace_path(path, cfg.process_rank);
-    output::check_writable(&path).map_err(|e| format!("--trace: {e}"))?;
+    output::check_writable(&path).map_err(OutputsError::Trace)?;
     Ok(Some(path))
 }
 
@@ -206,19 +241,18 @@ pub fn check_trace_steps(
     cfg: &TrainConfig,
     start_epoch: usize,
     steps_per_epoch: usize,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, OutputsError> {
     if cfg.trace.is_none() {
         return Ok(None);
     }
     let steps = start_epoch * steps_per_epoch..cfg.epochs * steps_per_epoch;
     let w = &cfg.trace_steps;
     if w.start >= steps.end || w.end <= steps.start {
-        return Err(format!(
-            "--trace-steps {}..{} misses every step of this run: it runs global steps {}..{} \
-             ({steps_per_epoch} per epoch, counted from 0 over all epochs); choose a window \
-             inside them",
-            w.start, w.end, steps.start, steps.end
-        ));
+        return Err(OutputsError::TraceMissesRun {
+            window: w.clone(),
+            steps,
+            steps_per_epoch,
+        });
     }
     if w.end > steps.end || w.start < steps.start {
         return Ok(Some(format!(

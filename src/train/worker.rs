@@ -1,18 +1,22 @@
 //! One worker: a model replica that trains on its shard of every global batch.
 //!
-//! The whole step lives in `Worker::step`: batch, forward, backward writing gradients into
-//! the reducer's buckets (which go to the communication thread as they fill), the wait for the
-//! last bucket, the update. Every phase is timed.
+//! `Worker::step` reads as the step's phases, one function each: data, forward, backward
+//! writing gradients into the reducer's buckets (which go to the communication thread as they
+//! fill), the wait for the last bucket (exposed communication), the update. Every phase is
+//! timed; tracing, injected faults, the emulated device and the non-finite policy each sit in
+//! their own small function beside the compute.
 
+use super::checkpoint::{self, Checkpoint, TrainState};
+use super::error::{Phase, StepError, WorkerError};
 use super::metrics::{ms, StepTimes};
 use super::Event;
-use crate::comm::Transport;
+use crate::comm::{CommError, CommMode, Transport};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
 use crate::model::Graph;
 use crate::nn::{ExecDone, Mode, Net, NetConfig, StepInfo};
 use crate::optim::Sgd;
-use crate::parallel::Reducer;
+use crate::parallel::{CommTimes, Reducer};
 use crate::pipeline::{collate, Batch, BatchFeed, DistributedSampler, Normalize};
 use crate::testbed::device::EmulatedDevice;
 use crate::testbed::fault::{maybe_panic, FaultPhase};
@@ -20,7 +24,7 @@ use crate::trace::{comm_tid, worker_tid, Tracer};
 use crossbeam_channel::Sender;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What a worker needs to start.
 pub struct WorkerSetup {
@@ -70,6 +74,37 @@ fn observe(rank: usize, global: usize, started: bool) {
     }
 }
 
+/// A worker thread's whole life: its compute threads (`threads` of them), the replica, every
+/// epoch. Every failure reaches the run as [`Event::Failed`]; a step's is sent by
+/// [`Worker::run`] while the worker still holds its communication thread.
+pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
+    let (rank, events) = (setup.rank, setup.events.clone());
+    let emulated_device = setup.cfg.device.is_some();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
+        .build();
+    let started = pool
+        .map_err(|e| WorkerError::Setup(e.to_string()))
+        .and_then(|pool| {
+            pool.install(|| {
+                let worker = Worker::new(setup)?;
+                // After Worker::new has started the communication thread, which must keep the
+                // default priority (threads inherit their creator's).
+                if emulated_device {
+                    rayon::broadcast(|_| crate::testbed::device::lower_compute_priority());
+                } else {
+                    rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
+                }
+                worker.run();
+                Ok(())
+            })
+        });
+    if let Err(error) = started {
+        let _ = events.send(Event::Failed { rank, error });
+    }
+}
+
 /// A worker's state.
 pub struct Worker {
     rank: usize,
@@ -88,7 +123,7 @@ pub struct Worker {
     events: Sender<Event>,
     start_epoch: usize,
     /// The phase the step is in, for the message if it panics.
-    phase: &'static str,
+    phase: Phase,
     /// Updates skipped for a non-finite gradient (`--on-nonfinite skip`).
     skipped_updates: usize,
     global_step: usize,
@@ -99,20 +134,87 @@ pub struct Worker {
     exec_names: Vec<String>,
 }
 
-/// Attaches "worker R, PHASE, step S" to an error.
-fn ctx<T, E: std::fmt::Display>(
-    r: Result<T, E>,
-    rank: usize,
-    phase: &str,
-    step: usize,
-) -> Result<T, String> {
-    r.map_err(|e| format!("worker {rank}, {phase}, step {step}: {e}"))
+/// When each phase of a step began and ended (for its [`StepTimes`] and its timeline).
+struct StepMarks {
+    started: Instant,
+    forward: Instant,
+    backward: Instant,
+    backward_end: Instant,
+    update: Instant,
+    update_end: Instant,
+    /// After tree mode's weight broadcast; `update_end` otherwise.
+    ended: Instant,
+}
+
+impl StepMarks {
+    /// Where the step's time went. Tree mode's weight broadcast counts as exposed
+    /// communication (it follows the update, so it is taken out of the update's time).
+    fn times(&self, comm: &CommTimes) -> StepTimes {
+        let broadcast = self.ended - self.update_end;
+        let exposed = comm.exposed + broadcast;
+        StepTimes {
+            data_ms: ms(self.forward - self.started),
+            forward_ms: ms(self.backward - self.forward),
+            backward_ms: ms(self.backward_end - self.backward),
+            exposed_comm_ms: ms(exposed),
+            comm_total_ms: ms(comm.total) + ms(exposed - comm.exposed),
+            update_ms: ms(self.ended - self.update) - ms(exposed - comm.exposed),
+            step_ms: ms(self.ended - self.started),
+        }
+    }
+}
+
+/// One pass's per-layer spans on a worker's timeline track (with `--trace`; nothing
+/// otherwise): each layer's span runs from the end of the one before.
+struct LayerSpans<'a> {
+    tracer: &'a mut Tracer,
+    names: &'a [String],
+    track: u32,
+    pass: &'static str,
+    mark: Instant,
+}
+
+impl<'a> LayerSpans<'a> {
+    fn new(
+        tracer: &'a mut Tracer,
+        names: &'a [String],
+        rank: usize,
+        pass: &'static str,
+        started: Instant,
+    ) -> Self {
+        Self {
+            tracer,
+            names,
+            track: worker_tid(rank),
+            pass,
+            mark: started,
+        }
+    }
+
+    /// Records exec `exec`'s span, ending now; returns when it ended (`None` untraced).
+    fn exec_done(&mut self, exec: usize) -> Option<Instant> {
+        if !self.tracer.active() {
+            return None;
+        }
+        let now = Instant::now();
+        let name = format!("{} {}", self.pass, self.names[exec]);
+        let args = json!({ "exec": exec });
+        self.tracer
+            .span(self.track, self.pass, name, self.mark, now, args);
+        self.mark = now;
+        Some(now)
+    }
+
+    /// An arrow from here, at `at`, to a bucket's reduction on the communication track.
+    fn arrow(&mut self, id: u64, at: Instant) {
+        self.tracer.flow(self.track, id, at, true);
+    }
 }
 
 impl Worker {
     /// Builds the replica, restores a checkpoint if given, and makes every replica equal to
     /// worker 0's (a broadcast).
-    pub fn new(s: WorkerSetup) -> Result<Self, String> {
+    pub fn new(s: WorkerSetup) -> Result<Self, WorkerError> {
         let cfg = s.cfg.clone();
         let local_batch = cfg.batch / cfg.world();
         let mut net = Net::new(
@@ -122,16 +224,16 @@ impl Worker {
                 seed: cfg.seed,
             },
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| WorkerError::Setup(e.to_string()))?;
         if let Some(d) = &cfg.device {
             d.check_fits(&cfg.model, local_batch, net.blocks().len())
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| WorkerError::Setup(e.to_string()))?;
         }
         let mut sgd = Sgd::new(cfg.sgd, net.params().len());
         let (mut start_epoch, mut global_step) = (0, 0);
         if let Some(ck) = &s.resume {
-            let m = ck.restore(&mut net)?;
-            sgd.set_momentum(m)?;
+            let m = ck.restore(&mut net).map_err(WorkerError::Restore)?;
+            sgd.set_momentum(m).map_err(WorkerError::Setup)?;
             start_epoch = ck.state.epoch;
             global_step = ck.state.global_step;
         }
@@ -168,7 +270,7 @@ impl Worker {
             eval_batch: Batch::default(),
             events: s.events,
             start_epoch,
-            phase: "start",
+            phase: Phase::Start,
             skipped_updates: 0,
             global_step,
             tracer: s.tracer,
@@ -176,12 +278,15 @@ impl Worker {
             exec_names,
         };
         w.broadcast_params()
-            .map_err(|e| format!("worker {}: initial weight broadcast: {e}", s.rank))?;
+            .map_err(|source| WorkerError::InitialBroadcast {
+                rank: s.rank,
+                source,
+            })?;
         Ok(w)
     }
 
     /// Makes every replica's weights equal to worker 0's.
-    fn broadcast_params(&mut self) -> Result<(), String> {
+    fn broadcast_params(&mut self) -> Result<(), CommError> {
         if self.cfg.world() == 1 {
             return Ok(());
         }
@@ -201,27 +306,31 @@ impl Worker {
     /// Any failure, an error or a panic, is reported to the run as [`Event::Failed`] while this
     /// worker still holds its communication thread: the run learns the cause before the peers,
     /// whose collectives fail once this worker is gone, report the consequences.
-    pub fn run(mut self) -> Result<(), String> {
+    pub fn run(mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_epochs()));
         let result = result.unwrap_or_else(|panic| {
-            Err(format!(
-                "worker {}, {}, step {}: panicked: {}",
-                self.rank,
-                self.phase,
-                self.global_step,
-                crate::parallel::panic_message(&*panic)
-            ))
+            let message = crate::parallel::panic_message(&*panic);
+            Err(self.failure(StepError::Panicked(message)))
         });
-        if let Err(e) = &result {
+        if let Err(error) = result {
             let _ = self.events.send(Event::Failed {
                 rank: self.rank,
-                error: e.clone(),
+                error,
             });
         }
-        result
     }
 
-    fn run_epochs(&mut self) -> Result<(), String> {
+    /// The failure of this worker's current phase and step, caused by `cause`.
+    fn failure(&self, cause: StepError) -> WorkerError {
+        WorkerError::Step {
+            rank: self.rank,
+            phase: self.phase,
+            step: self.global_step,
+            cause,
+        }
+    }
+
+    fn run_epochs(&mut self) -> Result<(), WorkerError> {
         let mut order = Vec::new();
         let spe = self.sampler.steps_per_epoch();
         for epoch in self.start_epoch..self.cfg.epochs {
@@ -244,46 +353,8 @@ impl Worker {
             }
             let train_seconds = started.elapsed().as_secs_f64();
             if self.rank == 0 {
-                self.phase = "evaluation";
-                let (test_loss, test_accuracy) = self.evaluate();
-                let state = super::checkpoint::TrainState::new(
-                    &self.cfg,
-                    self.net.graph(),
-                    epoch + 1,
-                    self.global_step,
-                );
-                let last = epoch + 1 == self.cfg.epochs;
-                let every = self.cfg.checkpoint_every;
-                let due = last || (every > 0 && (epoch + 1) % every == 0);
-                let checkpoint = if due && !self.cfg.no_checkpoints {
-                    let ck = super::checkpoint::Checkpoint::capture(
-                        state,
-                        &self.net,
-                        self.sgd.momentum(),
-                    );
-                    let path = super::checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
-                    let slow = self
-                        .cfg
-                        .fault
-                        .is_some_and(|f| f.phase == FaultPhase::SlowCheckpoint);
-                    ck.save_paced(&path, slow)?;
-                    super::checkpoint::prune(
-                        &self.cfg.run_dir,
-                        self.cfg.keep_checkpoints,
-                        epoch + 1,
-                    );
-                    Some(path)
-                } else {
-                    None
-                };
-                let _ = self.events.send(Event::Epoch {
-                    epoch,
-                    train_loss: loss_sum / spe.max(1) as f64,
-                    test_loss,
-                    test_accuracy,
-                    train_seconds,
-                    checkpoint,
-                });
+                let train_loss = loss_sum / spe.max(1) as f64;
+                self.end_epoch(epoch, train_loss, train_seconds)?;
             }
         }
         let _ = self.events.send(Event::Done {
@@ -294,184 +365,304 @@ impl Worker {
         Ok(())
     }
 
-    /// One training step on this worker's shard of global batch `step`.
+    /// Worker 0 after an epoch: evaluates, checkpoints when one is due, reports the epoch.
+    fn end_epoch(
+        &mut self,
+        epoch: usize,
+        train_loss: f64,
+        train_seconds: f64,
+    ) -> Result<(), WorkerError> {
+        self.phase = Phase::Evaluation;
+        let (test_loss, test_accuracy) = self.evaluate();
+        let last = epoch + 1 == self.cfg.epochs;
+        let every = self.cfg.checkpoint_every;
+        let due = last || (every > 0 && (epoch + 1).is_multiple_of(every));
+        let checkpoint = if due && !self.cfg.no_checkpoints {
+            Some(self.checkpoint(epoch)?)
+        } else {
+            None
+        };
+        let _ = self.events.send(Event::Epoch {
+            epoch,
+            train_loss,
+            test_loss,
+            test_accuracy,
+            train_seconds,
+            checkpoint,
+        });
+        Ok(())
+    }
+
+    /// Writes the checkpoint after `epoch` (and prunes older ones); returns its path.
+    fn checkpoint(&self, epoch: usize) -> Result<std::path::PathBuf, WorkerError> {
+        let state = TrainState::new(&self.cfg, self.net.graph(), epoch + 1, self.global_step);
+        let ck = Checkpoint::capture(state, &self.net, self.sgd.momentum());
+        let path = checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
+        let slow = self
+            .cfg
+            .fault
+            .is_some_and(|f| f.phase == FaultPhase::SlowCheckpoint);
+        ck.save_paced(&path, slow)
+            .map_err(WorkerError::Checkpoint)?;
+        checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints, epoch + 1);
+        Ok(path)
+    }
+
+    /// One training step on this worker's shard of global batch `step`, in the paper's
+    /// phases: data, forward, backward, exposed communication, update (and, in tree mode,
+    /// the weight broadcast after it), each timed.
     fn step(
         &mut self,
         order: &[u32],
         epoch: usize,
         step: usize,
         global: usize,
-    ) -> Result<(f32, StepTimes), String> {
-        let (rank, gs) = (self.rank, self.global_step);
+    ) -> Result<(f32, StepTimes), WorkerError> {
         self.tracer.begin_step(global);
-        let t0 = Instant::now();
-        // Waiting here (for the prefetch queue, or collating with --prefetch 0) is the data
-        // wait of the step breakdown.
-        self.phase = "data";
-        let staged = ctx(self.feed.next(epoch, step, order), rank, "data", gs)?;
-        let batch = staged.host();
+        let started = Instant::now();
+        self.data(epoch, step, order)?;
+        let forward = Instant::now();
+        let loss = self.forward(global, forward)?;
+        let backward = Instant::now();
+        self.backward(global, backward)?;
+        let backward_end = Instant::now();
+        let comm = self.exposed_comm()?;
+        let update = Instant::now();
+        self.update(loss, global, update)?;
+        let update_end = Instant::now();
+        let ended = if self.root_updates() {
+            self.broadcast_update()?;
+            Instant::now()
+        } else {
+            update_end
+        };
+        let marks = StepMarks {
+            started,
+            forward,
+            backward,
+            backward_end,
+            update,
+            update_end,
+            ended,
+        };
+        if self.tracer.active() {
+            self.trace_step(epoch, step, global, &marks);
+        }
+        self.global_step += 1;
+        Ok((loss, marks.times(&comm)))
+    }
+
+    /// Data: the step's batch, staged. Waiting here (for the prefetch queue, or collating
+    /// with `--prefetch 0`) is the data wait of the step breakdown.
+    fn data(&mut self, epoch: usize, step: usize, order: &[u32]) -> Result<(), WorkerError> {
+        self.phase = Phase::Data;
+        let staged = self.feed.next(epoch, step, order).map(|_| ());
+        staged.map_err(|e| self.failure(e.into()))
+    }
+
+    /// Forward: the loss on this worker's shard. A loss that is not finite fails the step
+    /// unless `--on-nonfinite skip` (the update then decides on the gradient).
+    fn forward(&mut self, global: usize, started: Instant) -> Result<f32, WorkerError> {
+        self.phase = Phase::Forward;
+        self.inject_panic(FaultPhase::Forward);
+        let batch = self
+            .feed
+            .current()
+            .expect("the step's batch is staged")
+            .host();
         let n = batch.len();
-        let t1 = Instant::now();
-        self.phase = "forward";
-        let fault = self.cfg.fault;
-        maybe_panic(fault, FaultPhase::Forward, gs, rank);
         let info = StepInfo {
             seed: self.cfg.seed,
             step: global as u64,
-            first_sample: (rank * n) as u64,
+            first_sample: (self.rank * n) as u64,
             global_batch: self.cfg.batch,
         };
-        let (tracer, mut mark, names) = (&mut self.tracer, t1, &self.exec_names);
-        let net = &mut self.net;
-        let report = net.forward_observed(
+        let mut spans = LayerSpans::new(
+            &mut self.tracer,
+            &self.exec_names,
+            self.rank,
+            "forward",
+            started,
+        );
+        let report = self.net.forward_observed(
             &batch.images,
             &batch.labels,
             n,
             Mode::Train(info),
-            &mut |e| {
-                if tracer.active() {
-                    let now = Instant::now();
-                    tracer.span(
-                        worker_tid(rank),
-                        "forward",
-                        format!("forward {}", names[e]),
-                        mark,
-                        now,
-                        json!({"exec": e}),
-                    );
-                    mark = now;
-                }
+            &mut |exec| {
+                spans.exec_done(exec);
             },
         );
-        if let Some(d) = &self.cfg.device {
-            EmulatedDevice::hold(t1, d.forward);
+        self.hold_device(started, |d| d.forward);
+        let loss = (report.loss_sum / n as f64) as f32;
+        if !loss.is_finite() && !self.cfg.skip_nonfinite {
+            return Err(self.failure(StepError::NonFiniteLoss(loss)));
         }
-        let loss_value = (report.loss_sum / n as f64) as f32;
-        if !loss_value.is_finite() && !self.cfg.skip_nonfinite {
-            return Err(format!("worker {rank}, forward, step {gs}: the loss is {loss_value}: training diverged; lower --lr (or pass --on-nonfinite skip)"));
-        }
-        let t2 = Instant::now();
-        self.phase = "backward";
+        Ok(loss)
+    }
+
+    /// Backward: each layer writes its gradients into the reducer's buckets, which leave for
+    /// the communication thread as they fill (with overlap on).
+    fn backward(&mut self, global: usize, started: Instant) -> Result<(), WorkerError> {
+        self.phase = Phase::Backward;
         self.reducer.begin_step();
-        if fault.is_some_and(|f| f.hits(FaultPhase::Comm, gs, rank)) {
+        if self.fault_hits(FaultPhase::Comm) {
             self.reducer.inject_panic_on_next_bucket();
         }
+        let (fault, rank, gs) = (self.cfg.fault, self.rank, self.global_step);
         let flows = self.cfg.overlap && self.cfg.world() > 1;
-        let (tracer, mut mark, ready_at, names) =
-            (&mut self.tracer, t2, &self.ready_at, &self.exec_names);
+        let ready_at = &self.ready_at;
+        let mut spans = LayerSpans::new(
+            &mut self.tracer,
+            &self.exec_names,
+            rank,
+            "backward",
+            started,
+        );
         let mut on_done = |done: ExecDone| {
             maybe_panic(fault, FaultPhase::Backward, gs, rank);
-            if tracer.active() {
-                let now = Instant::now();
-                tracer.span(
-                    worker_tid(rank),
-                    "backward",
-                    format!("backward {}", names[done.exec]),
-                    mark,
-                    now,
-                    json!({"exec": done.exec}),
-                );
-                // An arrow from the hand-off to the bucket's reduction on the comm track.
+            if let Some(now) = spans.exec_done(done.exec) {
                 if let (true, Some(b)) = (flows, done.block.and_then(|b| ready_at[b])) {
-                    tracer.flow(worker_tid(rank), flow_id(rank, global, b), now, true);
+                    spans.arrow(flow_id(rank, global, b), now);
                 }
-                mark = now;
             }
             Ok(())
         };
-        // With an emulated device, each block goes to the reducer when the device would have
-        // written it, and backward ends when the device's would.
-        let backward = match &self.cfg.device {
-            Some(d) => {
-                let mut sink = d.paced(&mut self.reducer, t2);
-                let r = self.net.backward(&mut sink, &mut on_done);
-                EmulatedDevice::hold(t2, d.backward());
-                r
-            }
-            None => self.net.backward(&mut self.reducer, &mut on_done),
-        };
-        ctx(backward, rank, "backward", gs)?;
-        let t3 = Instant::now();
-        self.phase = "communication";
-        let comm = ctx(self.reducer.finish(), rank, "communication", gs)?;
-        self.phase = "update";
-        let t4 = Instant::now();
-        let lr = self.cfg.lr_schedule.lr(
-            self.cfg.lr,
-            global,
-            self.cfg.epochs * self.sampler.steps_per_epoch(),
-            self.sampler.steps_per_epoch(),
-            self.cfg.warmup_steps,
+        let device = self.cfg.device.as_ref();
+        let result = backward_into(
+            &mut self.net,
+            &mut self.reducer,
+            device,
+            started,
+            &mut on_done,
         );
-        let root_updates = matches!(
-            self.cfg.comm,
-            CommChoice::Fixed(crate::comm::CommMode::Tree)
-        ) && self.cfg.world() > 1;
-        let mut exposed = comm.exposed;
-        if !root_updates || rank == 0 {
-            let reducer = &self.reducer;
-            // The reduced gradient is bit-identical on every worker (worker 0 alone holds it
-            // in tree mode, where it alone updates), so every worker takes the same decision.
-            // The loss is a mean over the global batch, so the sum over workers is the
-            // gradient itself (scale 1).
-            let blocks = self.net.blocks().len();
-            if (0..blocks).all(|b| reducer.grad(b).iter().all(|v| v.is_finite())) {
-                let (params, blocks) = self.net.params_and_blocks();
-                self.sgd.step(params, blocks, |b| reducer.grad(b), lr, 1.0);
-                if let Some(d) = &self.cfg.device {
-                    EmulatedDevice::hold(t4, d.update);
-                }
-            } else if self.cfg.skip_nonfinite {
-                self.skipped_updates += 1;
-            } else {
-                return Err(format!(
-                    "worker {rank}, update, step {gs}: the summed gradient holds NaN or infinity (loss {loss_value}): training diverged; lower --lr, or pass --on-nonfinite skip to skip such steps"
-                ));
-            }
-        }
-        let mut t5 = Instant::now();
-        let update_end = t5;
-        if root_updates {
-            // Caffe's scheme: worker 0 updated; its new weights go down the tree.
-            ctx(self.broadcast_params(), rank, "communication", gs)?;
-            let t6 = Instant::now();
-            exposed += t6 - t5;
-            t5 = t6;
-        }
-        if self.tracer.active() {
-            self.trace_step(epoch, step, global, [t0, t1, t2, t3, t4, update_end, t5]);
-        }
-        self.global_step += 1;
-        let times = StepTimes {
-            data_ms: ms(t1 - t0),
-            forward_ms: ms(t2 - t1),
-            backward_ms: ms(t3 - t2),
-            exposed_comm_ms: ms(exposed),
-            comm_total_ms: ms(comm.total) + ms(exposed - comm.exposed),
-            update_ms: ms(t5 - t4) - ms(exposed - comm.exposed),
-            step_ms: ms(t5 - t0),
-        };
-        Ok((loss_value, times))
+        result.map_err(|e| self.failure(StepError::Backward(e)))
     }
 
-    /// Records a traced step's phases (`t`: step start, forward start, backward start,
-    /// backward end, last bucket back, update end, step end) on the worker's track, and each
-    /// bucket's reduction on its communication thread's track.
-    fn trace_step(&mut self, epoch: usize, step: usize, global: usize, t: [Instant; 7]) {
+    /// Exposed communication: the wait, once backward has ended, until every bucket is back
+    /// reduced.
+    fn exposed_comm(&mut self) -> Result<CommTimes, WorkerError> {
+        self.phase = Phase::Communication;
+        let comm = self.reducer.finish();
+        comm.map_err(|e| self.failure(e.into()))
+    }
+
+    /// Update: the solver step on the reduced gradient (in tree mode worker 0's alone), or,
+    /// when that gradient is not finite, what `--on-nonfinite` says.
+    fn update(&mut self, loss: f32, global: usize, started: Instant) -> Result<(), WorkerError> {
+        self.phase = Phase::Update;
+        if self.root_updates() && self.rank != 0 {
+            return Ok(());
+        }
+        // The reduced gradient is bit-identical on every worker (worker 0 alone holds it in
+        // tree mode, where it alone updates), so every worker takes the same decision.
+        if !self.reduced_gradient_is_finite() {
+            return self.skip_nonfinite_update(loss);
+        }
+        let lr = self.learning_rate(global);
+        let (params, blocks) = self.net.params_and_blocks();
+        let reducer = &self.reducer;
+        // The loss is a mean over the global batch, so the sum over workers is the gradient
+        // itself (scale 1).
+        self.sgd.step(params, blocks, |b| reducer.grad(b), lr, 1.0);
+        self.hold_device(started, |d| d.update);
+        Ok(())
+    }
+
+    fn reduced_gradient_is_finite(&self) -> bool {
+        let blocks = self.net.blocks().len();
+        (0..blocks).all(|b| self.reducer.grad(b).iter().all(|v| v.is_finite()))
+    }
+
+    /// The non-finite policy: `--on-nonfinite skip` skips the update (and counts it);
+    /// otherwise the step fails.
+    fn skip_nonfinite_update(&mut self, loss: f32) -> Result<(), WorkerError> {
+        if !self.cfg.skip_nonfinite {
+            return Err(self.failure(StepError::NonFiniteGradient { loss }));
+        }
+        self.skipped_updates += 1;
+        Ok(())
+    }
+
+    fn learning_rate(&self, global: usize) -> f32 {
+        let spe = self.sampler.steps_per_epoch();
+        let cfg = &self.cfg;
+        let total = cfg.epochs * spe;
+        cfg.lr_schedule
+            .lr(cfg.lr, global, total, spe, cfg.warmup_steps)
+    }
+
+    /// Tree mode over several workers (Caffe's scheme): worker 0 alone updates, then
+    /// broadcasts its new weights.
+    fn root_updates(&self) -> bool {
+        matches!(self.cfg.comm, CommChoice::Fixed(CommMode::Tree)) && self.cfg.world() > 1
+    }
+
+    /// Tree mode's weight broadcast after worker 0's update (exposed communication).
+    fn broadcast_update(&mut self) -> Result<(), WorkerError> {
+        self.phase = Phase::Communication;
+        let sent = self.broadcast_params();
+        sent.map_err(|e| self.failure(e.into()))
+    }
+
+    /// With an emulated device, holds a phase that began at `started` to the device's time
+    /// for it (`time`).
+    fn hold_device(&self, started: Instant, time: impl Fn(&EmulatedDevice) -> Duration) {
+        if let Some(d) = &self.cfg.device {
+            EmulatedDevice::hold(started, time(d));
+        }
+    }
+
+    /// Whether an injected fault strikes this worker's current step in `phase`.
+    fn fault_hits(&self, phase: FaultPhase) -> bool {
+        let (step, rank) = (self.global_step, self.rank);
+        self.cfg.fault.is_some_and(|f| f.hits(phase, step, rank))
+    }
+
+    /// Panics if an injected fault strikes this worker's current step in `phase`.
+    fn inject_panic(&self, phase: FaultPhase) {
+        maybe_panic(self.cfg.fault, phase, self.global_step, self.rank);
+    }
+
+    /// Records a traced step's phases on the worker's track, and each bucket's reduction on
+    /// its communication thread's track.
+    fn trace_step(&mut self, epoch: usize, step: usize, global: usize, t: &StepMarks) {
         let (rank, tracer) = (self.rank, &mut self.tracer);
         let wt = worker_tid(rank);
         let args = json!({"epoch": epoch + 1, "step": step, "global_step": global});
-        let step_args = || json!({"global_step": global});
-        tracer.span(wt, "step", format!("step {global}"), t[0], t[6], args);
-        tracer.span(wt, "data", "data wait", t[0], t[1], step_args());
-        tracer.span(wt, "forward", "forward", t[1], t[2], step_args());
-        tracer.span(wt, "backward", "backward", t[2], t[3], step_args());
-        tracer.span(wt, "comm", "exposed comm", t[3], t[4], step_args());
-        tracer.span(wt, "update", "update", t[4], t[5], step_args());
-        if t[6] > t[5] {
+        let step_args = || json!({ "global_step": global });
+        tracer.span(
+            wt,
+            "step",
+            format!("step {global}"),
+            t.started,
+            t.ended,
+            args,
+        );
+        tracer.span(wt, "data", "data wait", t.started, t.forward, step_args());
+        tracer.span(wt, "forward", "forward", t.forward, t.backward, step_args());
+        let backward_end = t.backward_end;
+        tracer.span(
+            wt,
+            "backward",
+            "backward",
+            t.backward,
+            backward_end,
+            step_args(),
+        );
+        tracer.span(
+            wt,
+            "comm",
+            "exposed comm",
+            backward_end,
+            t.update,
+            step_args(),
+        );
+        tracer.span(wt, "update", "update", t.update, t.update_end, step_args());
+        if t.ended > t.update_end {
             // Tree mode: worker 0's new weights go down the tree after its update.
             let name = "exposed comm (weight broadcast)";
-            tracer.span(wt, "comm", name, t[5], t[6], step_args());
+            tracer.span(wt, "comm", name, t.update_end, t.ended, step_args());
         }
         let overlap = self.cfg.overlap;
         for span in self.reducer.bucket_spans() {
@@ -486,7 +677,7 @@ impl Worker {
             tracer.span_for(comm_tid(rank), "comm", name, span.started, span.busy, args);
             if !overlap {
                 // Without overlap every bucket is handed off when backward ends.
-                tracer.flow(wt, flow_id(rank, global, b), t[3], true);
+                tracer.flow(wt, flow_id(rank, global, b), backward_end, true);
             }
             tracer.flow(
                 comm_tid(rank),
@@ -500,6 +691,26 @@ impl Worker {
     /// Test loss and top-1 accuracy.
     fn evaluate(&mut self) -> (f64, f64) {
         evaluate(&mut self.net, &self.test, &self.norm, &mut self.eval_batch)
+    }
+}
+
+/// Runs backward into `reducer`. With an emulated device each block goes to the reducer when
+/// the device would have written it, and backward ends when the device's would.
+fn backward_into(
+    net: &mut Net,
+    reducer: &mut Reducer,
+    device: Option<&EmulatedDevice>,
+    started: Instant,
+    on_done: &mut dyn FnMut(ExecDone) -> Result<(), String>,
+) -> Result<(), String> {
+    match device {
+        Some(d) => {
+            let mut sink = d.paced(reducer, started);
+            let result = net.backward(&mut sink, on_done);
+            EmulatedDevice::hold(started, d.backward());
+            result
+        }
+        None => net.backward(reducer, on_done),
     }
 }
 

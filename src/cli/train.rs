@@ -1,0 +1,75 @@
+//! `dptrain train`: a run as configured, its report, and what it printed at the end.
+
+use crate::config::TrainOptions;
+use crate::terminal::{print_error, print_warning};
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args, Default)]
+pub(super) struct TrainCmd {
+    /// TOML file with options (same names as the flags); flags given here win.
+    #[arg(long)]
+    pub(super) config: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) options: TrainOptions,
+}
+
+/// Trains as the flags (and the `--config` file) say; over MPI this process is one rank.
+pub(super) fn run(t: TrainCmd) -> Result<(), String> {
+    let options = match &t.config {
+        Some(path) => TrainOptions::from_toml_file(path)?.overlaid_with(&t.options),
+        None => t.options,
+    };
+    let cfg = options.resolve()?;
+    let json_log = cfg.log_format == crate::config::LogFormat::Json;
+    let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
+    let (rank, processes) = (group.rank(), group.size());
+    let result = crate::train::train_in(cfg, &group, &print_warning);
+    // The report is a view of the files the run wrote (also before a late write error);
+    // failing to draw it loses no result.
+    let written = result.as_ref().map_or_else(|e| e.summary(), Some);
+    if let (Some(s), 0) = (written, rank) {
+        if let Err(e) = crate::report::write_run_report(&s.run_dir) {
+            tracing::warn!("cannot write the run report: {e}");
+        }
+    }
+    if let (Err(e), true) = (&result, processes > 1) {
+        // Reported before the ranks part: once one rank exits with an error, mpirun
+        // may stop the others before they have said why.
+        print_error(&format!("rank {rank} of {processes}: {e}"));
+        group.end(false);
+        std::process::exit(1);
+    }
+    group.end(result.is_ok());
+    let s = result?;
+    if rank != 0 {
+        return Ok(());
+    }
+    let warnings = s.warnings();
+    if json_log {
+        let line = serde_json::json!({
+            "kind": "done",
+            "final_test_accuracy": s.final_test_accuracy,
+            "images_per_s": s.images_per_s,
+            "wall_seconds": s.wall_seconds,
+            "breakdown": s.breakdown,
+            "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
+            "steps": s.steps,
+            "warnings": warnings,
+            "run_dir": s.run_dir,
+        });
+        println!("{line}");
+        return Ok(());
+    }
+    println!(
+        "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s; {}\nrun directory: {}",
+        100.0 * s.final_test_accuracy,
+        s.images_per_s,
+        s.wall_seconds,
+        s.breakdown.describe(),
+        s.run_dir.display()
+    );
+    for w in &warnings {
+        println!("warning: {w}");
+    }
+    Ok(())
+}

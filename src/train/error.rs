@@ -1,0 +1,322 @@
+//! How a run fails, as values: what went wrong in a worker ([`WorkerError`], with the phase and
+//! step it was in and its [`StepError`] cause) and how the run as a whole ended
+//! ([`TrainError`]). The run's triage matches on these (a failure that only echoes another
+//! worker's is [`WorkerError::is_echo`]); the binary turns them into messages (`Display`).
+
+use super::checkpoint::CheckpointError;
+use super::rundir::OutputsError;
+use super::Summary;
+use crate::comm::CommError;
+use crate::data::DataError;
+use crate::model::ModelError;
+use crate::pipeline::LoadError;
+use std::path::PathBuf;
+
+/// The phase a worker is in, named in its failure messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Building the replica and the first weight broadcast.
+    Start,
+    /// Waiting for (or collating) the step's batch.
+    Data,
+    /// The forward pass and the loss.
+    Forward,
+    /// The backward pass (buckets go to the communication thread as they fill).
+    Backward,
+    /// Waiting for the last bucket; tree mode's weight broadcast.
+    Communication,
+    /// The solver step.
+    Update,
+    /// Worker 0's test-set evaluation and checkpoint.
+    Evaluation,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Start => "start",
+            Self::Data => "data",
+            Self::Forward => "forward",
+            Self::Backward => "backward",
+            Self::Communication => "communication",
+            Self::Update => "update",
+            Self::Evaluation => "evaluation",
+        })
+    }
+}
+
+/// What went wrong in a step.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StepError {
+    /// The input pipeline gave no batch.
+    #[error(transparent)]
+    Data(#[from] LoadError),
+    /// The loss is NaN or infinite (and `--on-nonfinite` is `error`).
+    #[error("the loss is {0}: training diverged; lower --lr (or pass --on-nonfinite skip)")]
+    NonFiniteLoss(f32),
+    /// The summed gradient holds NaN or infinity (and `--on-nonfinite` is `error`).
+    #[error(
+        "the summed gradient holds NaN or infinity (loss {loss}): training diverged; lower \
+         --lr, or pass --on-nonfinite skip to skip such steps"
+    )]
+    NonFiniteGradient {
+        /// The step's loss.
+        loss: f32,
+    },
+    /// The backward pass failed (its gradient sink refused a block).
+    #[error("{0}")]
+    Backward(String),
+    /// Moving or reducing gradients (or weights) failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// The worker panicked (caught on its thread).
+    #[error("panicked: {0}")]
+    Panicked(String),
+}
+
+impl StepError {
+    /// True when this failure only echoes another worker's (a peer's endpoint went away, the
+    /// input pipeline stopped).
+    pub fn is_echo(&self) -> bool {
+        match self {
+            Self::Data(e) => e.is_echo(),
+            Self::Comm(e) => e.is_echo(),
+            _ => false,
+        }
+    }
+}
+
+/// A worker's failure, as reported to the run ([`super::Event::Failed`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WorkerError {
+    /// A step (or the evaluation after an epoch) failed.
+    #[error("worker {rank}, {phase}, step {step}: {cause}")]
+    Step {
+        /// Worker.
+        rank: usize,
+        /// The phase it was in.
+        phase: Phase,
+        /// Its global step.
+        step: usize,
+        /// What went wrong.
+        cause: StepError,
+    },
+    /// The broadcast making every replica equal to worker 0's failed.
+    #[error("worker {rank}: initial weight broadcast: {source}")]
+    InitialBroadcast {
+        /// Worker.
+        rank: usize,
+        /// What went wrong.
+        source: CommError,
+    },
+    /// The replica could not be built (model, emulated device, optimizer state), or its
+    /// compute threads not started.
+    #[error("{0}")]
+    Setup(String),
+    /// The checkpoint to resume from does not fit the replica.
+    #[error(transparent)]
+    Restore(CheckpointError),
+    /// Worker 0 could not write a checkpoint.
+    #[error(transparent)]
+    Checkpoint(CheckpointError),
+    /// The worker's thread panicked outside the step (its panic escaped the worker's own
+    /// catching).
+    #[error("worker {rank} panicked")]
+    Escaped {
+        /// Worker.
+        rank: usize,
+    },
+}
+
+impl WorkerError {
+    /// True when this failure only echoes another worker's: a peer's endpoint went away (it
+    /// failed first), or the input pipeline stopped (because another worker or a loader
+    /// failed). The run reports the first failure that is not an echo.
+    pub fn is_echo(&self) -> bool {
+        match self {
+            Self::Step { cause, .. } => cause.is_echo(),
+            Self::InitialBroadcast { source, .. } => source.is_echo(),
+            _ => false,
+        }
+    }
+}
+
+/// Why a run could not start: what is checked before the first step, so that none of it costs
+/// training.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The configuration does not describe a run this process group can make.
+    #[error("{0}")]
+    Config(String),
+    /// The dataset could not be found, read or decoded.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The training set is smaller than one global batch.
+    #[error("the training set has {samples} samples, fewer than one global batch of {batch}")]
+    TooFewSamples {
+        /// Training samples (after `--train-limit`).
+        samples: usize,
+        /// The global batch.
+        batch: usize,
+    },
+    /// An ImageFolder's test split, decoded whole before training, holds a bad sample.
+    #[error(
+        "{0} (the test split is decoded whole before training; --skip-bad-samples only \
+         leaves out training samples)"
+    )]
+    TestSplit(DataError),
+    /// The model could not be loaded (a model file's error names the file, line and layer).
+    #[error(transparent)]
+    Model(Box<ModelError>),
+    /// The model does not fit the dataset's samples.
+    #[error(
+        "{source}\n(model '{model}' on the dataset's {}x{}x{} images with {classes} classes)",
+        shape[0],
+        shape[1],
+        shape[2]
+    )]
+    ModelShape {
+        /// What the graph builder found.
+        source: Box<ModelError>,
+        /// The model's name.
+        model: String,
+        /// The samples' shape (C, H, W).
+        shape: [usize; 3],
+        /// The dataset's classes.
+        classes: usize,
+    },
+    /// The checkpoint to resume from cannot continue this run.
+    #[error(transparent)]
+    Resume(#[from] ResumeError),
+    /// An output cannot be written (checked, and the run directory prepared, up front).
+    #[error(transparent)]
+    Outputs(#[from] OutputsError),
+    /// The processes of the run could not start or do not describe the same run.
+    #[error("{0}")]
+    Processes(String),
+}
+
+impl From<ModelError> for PrepareError {
+    fn from(e: ModelError) -> Self {
+        Self::Model(Box::new(e))
+    }
+}
+
+impl From<PrepareError> for String {
+    fn from(e: PrepareError) -> Self {
+        e.to_string()
+    }
+}
+
+/// Why a checkpoint cannot be resumed by this run.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The file could not be read or is not a valid checkpoint.
+    #[error(transparent)]
+    Load(#[from] CheckpointError),
+    /// The checkpoint is of another model.
+    #[error(
+        "the checkpoint is for model '{checkpoint}', not '{now}': resume with --model \
+         {checkpoint}"
+    )]
+    OtherModel {
+        /// The checkpoint's model.
+        checkpoint: String,
+        /// This run's.
+        now: String,
+    },
+    /// The checkpoint's run trained on other data, in another order, or another batch.
+    #[error(
+        "--resume {}: this run differs from the checkpoint's ({}); resuming would continue \
+         at a step computed for another run: give the checkpoint's values, or pass \
+         --resume-changed to resume anyway",
+        path.display(),
+        describe_changes(changes)
+    )]
+    OtherRun {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Each setting that differs: (flag, the checkpoint's value, this run's).
+        changes: Vec<(&'static str, String, String)>,
+    },
+    /// The checkpoint has trained every epoch asked for already.
+    #[error("the checkpoint has already completed {0} epochs; ask for more with --epochs")]
+    AlreadyDone(usize),
+}
+
+/// "FLAG OLD in the checkpoint, NEW now; ..." for each changed setting.
+pub fn describe_changes(changes: &[(&'static str, String, String)]) -> String {
+    changes
+        .iter()
+        .map(|(flag, old, new)| format!("{flag} {old} in the checkpoint, {new} now"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// An output that failed after training had finished; the summary was written before it.
+#[derive(Debug, thiserror::Error)]
+pub enum LateWrite {
+    /// A line of `metrics.jsonl`.
+    #[error("{0} (summary.json and report.md were written; the per-epoch lines are missing)")]
+    Metrics(String),
+    /// The `--trace` timeline.
+    #[error(
+        "{error} (training finished; summary.json and report.md are in {})",
+        run_dir.display()
+    )]
+    Trace {
+        /// What went wrong.
+        error: String,
+        /// The run directory (which holds the results).
+        run_dir: PathBuf,
+    },
+}
+
+/// Why a run ended without its summary, or with a write that failed late.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Before the first step: the configuration, data, model, checkpoint to resume, an
+    /// output, or the processes' handshake.
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    /// Starting the loader or worker threads, or the transports between them.
+    #[error("{0}")]
+    Start(String),
+    /// A worker failed (the cause, not one of its echoes).
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// The replicas ended with different weights.
+    #[error(
+        "replicas diverged: final weight hashes differ across workers {0:x?}; this is a bug, \
+         please report it"
+    )]
+    Diverged(Vec<u64>),
+    /// After training: the processes' final exchanges, or `summary.json`.
+    #[error("{0}")]
+    Finish(String),
+    /// Training finished and the summary was written, but a later output failed.
+    #[error("{error}")]
+    LateWrite {
+        /// The run's results (also in `summary.json`).
+        summary: Box<Summary>,
+        /// What failed.
+        error: LateWrite,
+    },
+}
+
+impl TrainError {
+    /// The summary a run wrote before failing late ([`TrainError::LateWrite`]), for the
+    /// caller's report.
+    pub fn summary(&self) -> Option<&Summary> {
+        match self {
+            Self::LateWrite { summary, .. } => Some(summary),
+            _ => None,
+        }
+    }
+}
+
+impl From<TrainError> for String {
+    fn from(e: TrainError) -> Self {
+        e.to_string()
+    }
+}

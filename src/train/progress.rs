@@ -1,0 +1,282 @@
+//! Following a run while it goes: the workers' [`Event`]s summed into the summary
+//! ([`RunProgress`]), the metrics lines, and what a person sees ([`ProgressDisplay`]: the bar,
+//! the plan, each epoch's line).
+
+use super::error::WorkerError;
+use super::metrics::{self, append_jsonl, peak_rss_mb, Breakdown, EpochRecord, StepTimes};
+use super::{Event, Summary};
+use crate::config::{LogFormat, TrainConfig};
+use std::path::{Path, PathBuf};
+
+/// Steps of worker 0 averaged into one progress-bar message.
+const MESSAGE_WINDOW: usize = 20;
+
+/// What a person sees while the run goes: a progress bar (none with `--quiet` or JSON lines,
+/// which print each epoch as a line instead), the bucket plan, one line per epoch.
+pub struct ProgressDisplay {
+    bar: indicatif::ProgressBar,
+    quiet: bool,
+    json_log: bool,
+    /// Worker 0's steps since the last message, and their total milliseconds.
+    window: (usize, f64),
+}
+
+impl ProgressDisplay {
+    /// The display of a run of `total_steps` steps.
+    pub fn new(cfg: &TrainConfig, total_steps: usize) -> Self {
+        let json_log = cfg.log_format == LogFormat::Json;
+        let bar = if cfg.quiet || json_log {
+            indicatif::ProgressBar::hidden()
+        } else {
+            indicatif::ProgressBar::new(total_steps as u64)
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Self {
+            bar,
+            quiet: cfg.quiet,
+            json_log,
+            window: (0, 0.0),
+        }
+    }
+
+    /// Prints above the progress bar, or plainly when there is no terminal to draw it on.
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
+            println!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    /// The run's setup and worker 0's bucket plan.
+    pub fn plan(&self, cfg: &TrainConfig, description: &str, ops: &[String]) {
+        tracing::info!(buckets = %description, ops = %ops.join(", "), "bucket plan");
+        if self.quiet || self.json_log {
+            return;
+        }
+        self.say(format!(
+            "{} on {}: {} workers x {} threads, comm {}, overlap {}\n  {}; per bucket: {}",
+            cfg.model,
+            cfg.dataset,
+            cfg.world(),
+            cfg.threads,
+            cfg.comm,
+            if cfg.overlap { "on" } else { "off" },
+            description,
+            ops.join(", ")
+        ));
+    }
+
+    /// Worker 0 finished a step: the bar moves; every [`MESSAGE_WINDOW`] steps its message
+    /// shows the loss, the throughput and the epoch's data wait and exposed communication.
+    pub fn step(&mut self, batch: usize, loss: f32, step_ms: f64, epoch: &Breakdown) {
+        self.bar.inc(1);
+        self.window = (self.window.0 + 1, self.window.1 + step_ms);
+        if self.window.0 < MESSAGE_WINDOW {
+            return;
+        }
+        let m = &epoch.mean;
+        let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
+        self.bar.set_message(format!(
+            "loss {loss:.3}  {:.0} img/s  data wait {:.1}%  exposed comm {:.1}%",
+            batch as f64 * 1e3 * MESSAGE_WINDOW as f64 / self.window.1,
+            pct(m.data_ms),
+            pct(m.exposed_comm_ms)
+        ));
+        self.window = (0, 0.0);
+    }
+
+    /// An epoch's results: a JSON line (`--log-format json`) or a line above the bar.
+    pub fn epoch(&self, epochs: usize, record: &EpochRecord) {
+        if self.json_log {
+            let mut line = serde_json::to_value(record).unwrap_or_default();
+            line["kind"] = "epoch".into();
+            line["epochs"] = epochs.into();
+            println!("{line}");
+        } else if !self.quiet {
+            self.say(format!(
+                "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {:.2}%, {:.0} \
+                 images/s\n  {}",
+                record.epoch,
+                epochs,
+                record.train_loss,
+                record.test_loss,
+                100.0 * record.test_accuracy,
+                record.images_per_s,
+                record.breakdown.describe()
+            ));
+        }
+    }
+
+    /// Training is over: the bar goes.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    /// Whether results may be printed (not `--quiet`, not JSON lines).
+    pub fn prints_results(&self) -> bool {
+        !self.quiet && !self.json_log
+    }
+}
+
+/// What the run has learnt from its workers' events so far.
+pub struct RunProgress {
+    /// The summary as far as the events fill it (epochs, breakdown, plan, checkpoint, each
+    /// worker's final hash, skipped updates).
+    pub summary: Summary,
+    /// Every failure reported, in the order they came.
+    pub failures: Vec<WorkerError>,
+    /// Seconds of training steps (worker 0, evaluation excluded).
+    pub train_seconds: f64,
+    /// The first metrics line that could not be written.
+    pub metrics_error: Option<String>,
+    epoch_breakdown: Breakdown,
+    metrics_path: PathBuf,
+    /// The epoch the run started at (a resumed run's first).
+    start_epoch: usize,
+    /// The global rank of this process's first worker.
+    first_rank: usize,
+    steps_per_epoch: usize,
+}
+
+impl RunProgress {
+    /// Nothing learnt yet about a run of `cfg` from `start_epoch`, with `steps_per_epoch`.
+    pub fn new(cfg: &TrainConfig, start_epoch: usize, steps_per_epoch: usize) -> Self {
+        Self {
+            summary: Summary::empty(cfg),
+            failures: Vec::new(),
+            train_seconds: 0.0,
+            metrics_error: None,
+            epoch_breakdown: Breakdown::default(),
+            metrics_path: cfg.run_dir.join("metrics.jsonl"),
+            start_epoch,
+            first_rank: cfg.process_rank * cfg.workers,
+            steps_per_epoch,
+        }
+    }
+
+    /// Takes in every event until the last worker has gone (the channel closes).
+    pub fn follow(
+        &mut self,
+        cfg: &TrainConfig,
+        events: &crossbeam_channel::Receiver<Event>,
+        display: &mut ProgressDisplay,
+    ) {
+        for event in events.iter() {
+            match event {
+                Event::Plan { description, ops } => {
+                    display.plan(cfg, &description, &ops);
+                    self.summary.buckets = description;
+                    self.summary.bucket_ops = ops;
+                }
+                Event::Step {
+                    rank,
+                    epoch,
+                    step,
+                    loss,
+                    times,
+                } => self.step(cfg, display, rank, (epoch, step), loss, &times),
+                Event::Failed { rank, error } => {
+                    tracing::debug!(rank, error = %error, "worker failed");
+                    self.failures.push(error);
+                }
+                Event::Done {
+                    rank,
+                    weights_hash,
+                    skipped_updates,
+                } => {
+                    let skipped = &mut self.summary.skipped_nonfinite_updates;
+                    *skipped = (*skipped).max(skipped_updates);
+                    self.summary.replica_hashes[rank - self.first_rank] = weights_hash;
+                }
+                Event::Epoch {
+                    epoch,
+                    train_loss,
+                    test_loss,
+                    test_accuracy,
+                    train_seconds,
+                    checkpoint,
+                } => {
+                    let record = self.epoch_record(
+                        cfg.batch,
+                        epoch,
+                        (train_loss, test_loss, test_accuracy),
+                        train_seconds,
+                    );
+                    display.epoch(cfg.epochs, &record);
+                    self.epoch_done(record, checkpoint);
+                }
+            }
+        }
+    }
+
+    /// A worker's step: its times count past the warm-up; worker 0's moves the display and,
+    /// every `--log-every` steps, writes a metrics line.
+    fn step(
+        &mut self,
+        cfg: &TrainConfig,
+        display: &mut ProgressDisplay,
+        rank: usize,
+        (epoch, step): (usize, usize),
+        loss: f32,
+        times: &StepTimes,
+    ) {
+        if step >= metrics::WARMUP_STEPS || epoch > self.start_epoch {
+            self.summary.breakdown.add(times);
+            self.epoch_breakdown.add(times);
+        }
+        if rank != 0 {
+            return;
+        }
+        display.step(cfg.batch, loss, times.step_ms, &self.epoch_breakdown);
+        if cfg.log_every > 0 && step % cfg.log_every == 0 {
+            let line = serde_json::json!({"kind": "step", "epoch": epoch + 1, "step": step, "loss": loss, "times": times});
+            self.write_metrics_line(&line);
+        }
+    }
+
+    /// Worker 0's epoch (`losses`: train loss, test loss, test accuracy) as recorded, with the
+    /// epoch's breakdown (which starts over).
+    fn epoch_record(
+        &mut self,
+        batch: usize,
+        epoch: usize,
+        (train_loss, test_loss, test_accuracy): (f64, f64, f64),
+        seconds: f64,
+    ) -> EpochRecord {
+        self.train_seconds += seconds;
+        EpochRecord {
+            epoch: epoch + 1,
+            train_loss,
+            test_loss,
+            test_accuracy,
+            images_per_s: (self.steps_per_epoch * batch) as f64 / seconds.max(1e-9),
+            seconds,
+            breakdown: std::mem::take(&mut self.epoch_breakdown),
+            peak_rss_mb: peak_rss_mb(),
+        }
+    }
+
+    /// Writes the epoch's metrics line and keeps its record (and its checkpoint, if any).
+    fn epoch_done(&mut self, record: EpochRecord, checkpoint: Option<PathBuf>) {
+        let mut line = serde_json::to_value(&record).unwrap_or_default();
+        line["kind"] = "epoch".into();
+        self.write_metrics_line(&line);
+        self.summary.final_test_accuracy = record.test_accuracy;
+        self.summary.epochs.push(record);
+        if checkpoint.is_some() {
+            self.summary.checkpoint = checkpoint;
+        }
+    }
+
+    /// Appends a line to `metrics.jsonl`; the first failure is kept and reported once the
+    /// summary is written (the run goes on: losing a line must not cost the training).
+    fn write_metrics_line(&mut self, line: &serde_json::Value) {
+        if let Err(e) = append_jsonl(Path::new(&self.metrics_path), line) {
+            self.metrics_error.get_or_insert(e.to_string());
+        }
+    }
+}
