@@ -161,6 +161,12 @@ pub fn per_worker_batch(
     Ok(batch / world)
 }
 
+/// The element count of each of `net`'s parameter blocks (forward order): what its bucket plan
+/// is cut from ([`PlanInputs::bucket_plan`]).
+pub fn block_lens(net: &crate::nn::Net) -> Vec<usize> {
+    net.blocks().iter().map(|b| b.range.len()).collect()
+}
+
 /// What the plan of a run depends on, and nothing else.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlanInputs {

@@ -77,7 +77,7 @@ fn ablation_baseline_trains_with_root_update_overlap_off_and_loading_in_the_step
     )
     .unwrap();
     let planning = cfg.plan_inputs();
-    let plan = planning.bucket_plan(&dptrain::train::worker::block_lens(&net));
+    let plan = planning.bucket_plan(&dptrain::plan::block_lens(&net));
     let ops = planning.bucket_ops(&plan);
     assert!(!ops.is_empty());
     assert!(ops.iter().all(|op| *op == BucketOp::ReduceToRoot));

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&str] = &[
     "output",   // the one way files are written
     "limits",   // what the machine has
+    "terminal", // error: and warning: lines
     "trace",    // the timeline
     "backend",  // the kernel seam and the CPU kernels
     "model",    // what a network is: layer vocabulary, model files, the graph

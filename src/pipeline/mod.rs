@@ -36,6 +36,7 @@
 
 mod augment;
 mod batch;
+mod error;
 mod loader;
 mod normalize;
 mod pool;
@@ -46,9 +47,9 @@ mod staging;
 
 pub use augment::{Augment, MAX_CROP_PAD};
 pub use batch::{collate, Batch, Collator, LoadStats};
+pub use error::{BatchFailure, LoadError, StopReason};
 pub use loader::{
-    default_loader_threads, BatchFailure, BatchFeed, EpochOrders, LoadError, Pipeline, StopReason,
-    MAX_LOADER_THREADS, MAX_PREFETCH,
+    default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
 };
 pub use normalize::Normalize;
 pub use pool::BufferPool;

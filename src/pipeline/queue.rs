@@ -7,7 +7,7 @@
 //! sequence order. Reserving before filling is what bounds the queue (and the buffers in use)
 //! to K per worker however many loader threads there are.
 
-use super::loader::{LoadError, StopReason};
+use super::error::{LoadError, StopReason};
 use super::Batch;
 use std::sync::{Condvar, Mutex, MutexGuard};
 

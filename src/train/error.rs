@@ -5,7 +5,7 @@
 
 use super::checkpoint::CheckpointError;
 use super::rundir::OutputsError;
-use super::Summary;
+use super::summary::Summary;
 use crate::comm::CommError;
 use crate::data::DataError;
 use crate::model::ModelError;

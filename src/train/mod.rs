@@ -9,10 +9,12 @@
 
 pub mod checkpoint;
 pub mod error;
+pub mod event;
 pub mod metrics;
 pub mod processes;
 pub mod progress;
 pub mod rundir;
+pub mod summary;
 pub mod worker;
 
 use crate::comm::InProcessFabric;
@@ -20,173 +22,16 @@ use crate::config::TrainConfig;
 use crate::data::{self, Dataset, DatasetSpec};
 use crate::pipeline::{BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source};
 pub use error::{LateWrite, Phase, PrepareError, ResumeError, StepError, TrainError, WorkerError};
-use metrics::{peak_rss_mb, Breakdown, EpochRecord, StepTimes};
+use metrics::peak_rss_mb;
 pub use processes::ProcessGroup;
 use progress::{ProgressDisplay, RunProgress};
-use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 use worker::WorkerSetup;
 
-/// Progress reported by workers to the run.
-pub enum Event {
-    /// Worker 0's bucket plan, at start.
-    Plan {
-        /// Bucket sizes.
-        description: String,
-        /// Each bucket's operation.
-        ops: Vec<String>,
-    },
-    /// A worker finished a step.
-    Step {
-        /// Worker.
-        rank: usize,
-        /// Epoch (from 0).
-        epoch: usize,
-        /// Step within the epoch.
-        step: usize,
-        /// The worker's loss on its shard.
-        loss: f32,
-        /// Where the time went.
-        times: StepTimes,
-    },
-    /// Worker 0 finished an epoch and evaluated.
-    Epoch {
-        /// Epoch (from 0).
-        epoch: usize,
-        /// Mean training loss of worker 0.
-        train_loss: f64,
-        /// Test loss.
-        test_loss: f64,
-        /// Test accuracy, 0..1.
-        test_accuracy: f64,
-        /// Seconds of training steps in the epoch (worker 0).
-        train_seconds: f64,
-        /// Checkpoint written, if any.
-        checkpoint: Option<PathBuf>,
-    },
-    /// A worker failed (error or panic); sent before its communication thread goes away, so
-    /// the cause comes before the peers noticing it (whose failures are
-    /// [`WorkerError::is_echo`]).
-    Failed {
-        /// Worker.
-        rank: usize,
-        /// What happened, naming the worker, the phase and the step.
-        error: WorkerError,
-    },
-    /// A worker finished training.
-    Done {
-        /// Worker.
-        rank: usize,
-        /// Hash of its final weights (equal on every worker when replicas are in sync).
-        weights_hash: u64,
-        /// Updates it skipped for a non-finite gradient.
-        skipped_updates: usize,
-    },
-}
-
-/// The end result of a run (also written to `summary.json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    /// Configuration used.
-    pub config: serde_json::Value,
-    /// Per-epoch results.
-    pub epochs: Vec<EpochRecord>,
-    /// Final test accuracy.
-    pub final_test_accuracy: f64,
-    /// Training throughput over the whole run (images/s, all workers, evaluation excluded).
-    pub images_per_s: f64,
-    /// Mean step breakdown over the run, averaged over workers, first 5 steps excluded.
-    pub breakdown: Breakdown,
-    /// Bucket plan.
-    pub buckets: String,
-    /// Operation per bucket.
-    pub bucket_ops: Vec<String>,
-    /// Last checkpoint written.
-    pub checkpoint: Option<PathBuf>,
-    /// Wall time of the whole run.
-    pub wall_seconds: f64,
-    /// Hash of each worker's final weights; all equal when the replicas stayed identical.
-    pub replica_hashes: Vec<u64>,
-    /// Steps whose update was skipped for a NaN/infinite gradient (`--on-nonfinite skip`).
-    pub skipped_nonfinite_updates: usize,
-    /// Peak resident memory of the process at the end of the run, MiB.
-    pub peak_rss_mb: f64,
-    /// Sample reads left out with `--skip-bad-samples`.
-    pub skipped_samples: usize,
-    /// The first few skipped samples and why, each naming its file.
-    pub skipped_examples: Vec<String>,
-    /// Over several processes, each rank's step breakdown and link figures (in rank order);
-    /// empty in a single-process run.
-    pub ranks: Vec<processes::RankBreakdown>,
-    /// The ranks whose compute or link is much slower than the others', and why.
-    pub slow_ranks: Vec<processes::SlowRank>,
-    /// Optimizer steps of this run (after the resumed ones, if any).
-    pub steps: usize,
-    /// The run directory the run wrote to (without `--run-dir`, the next free numbered one
-    /// when the default held an earlier run).
-    pub run_dir: PathBuf,
-}
-
-impl Summary {
-    /// The summary of a run of `cfg` before anything is known of it.
-    fn empty(cfg: &TrainConfig) -> Self {
-        Self {
-            config: cfg.to_json(),
-            epochs: Vec::new(),
-            final_test_accuracy: 0.0,
-            images_per_s: 0.0,
-            breakdown: Breakdown::default(),
-            buckets: String::new(),
-            bucket_ops: Vec::new(),
-            checkpoint: None,
-            wall_seconds: 0.0,
-            skipped_nonfinite_updates: 0,
-            replica_hashes: vec![0; cfg.workers],
-            peak_rss_mb: 0.0,
-            skipped_samples: 0,
-            skipped_examples: Vec::new(),
-            ranks: Vec::new(),
-            slow_ranks: Vec::new(),
-            steps: 0,
-            run_dir: cfg.run_dir.clone(),
-        }
-    }
-
-    /// What a person should be told about the run besides its results: updates skipped for a
-    /// non-finite gradient (loudly when most were), sample reads skipped, no timed steps.
-    pub fn warnings(&self) -> Vec<String> {
-        let mut w = Vec::new();
-        let (skipped, steps) = (self.skipped_nonfinite_updates, self.steps);
-        if skipped > 0 {
-            let msg = format!(
-                "{skipped} of {steps} updates were skipped for a NaN or infinite gradient \
-                 (--on-nonfinite skip)"
-            );
-            // More than half skipped: the model barely trained, whatever the accuracy says.
-            if 2 * skipped > steps {
-                w.push(format!(
-                    "MOST UPDATES WERE SKIPPED: {msg}; the model hardly trained: lower --lr (or \
-                     raise --warmup-steps) and run again"
-                ));
-            } else {
-                w.push(msg);
-            }
-        }
-        if self.skipped_samples > 0 {
-            w.push(format!(
-                "{} sample reads were skipped as unreadable (--skip-bad-samples), e.g. {}",
-                self.skipped_samples,
-                self.skipped_examples.first().map_or("-", String::as_str)
-            ));
-        }
-        if self.breakdown.steps == 0 {
-            w.push(self.breakdown.describe());
-        }
-        w
-    }
-}
+pub use event::Event;
+pub use summary::Summary;
 
 /// Checks that the checkpoint's run trained on the same data in the same order as this one
 /// would (dataset, global batch, seed, training limit): otherwise the resumed run would continue

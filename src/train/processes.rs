@@ -456,7 +456,7 @@ pub fn run_description(
     )
     .map_err(|e| e.to_string())?;
     let planning = cfg.plan_inputs();
-    let plan = planning.bucket_plan(&crate::train::worker::block_lens(&net));
+    let plan = planning.bucket_plan(&crate::plan::block_lens(&net));
     let ops: Vec<String> = planning
         .bucket_ops(&plan)
         .iter()

@@ -3,8 +3,9 @@
 //! the plan, each epoch's line).
 
 use super::error::WorkerError;
+use super::event::Event;
 use super::metrics::{self, append_jsonl, peak_rss_mb, Breakdown, EpochRecord, StepTimes};
-use super::{Event, Summary};
+use super::summary::Summary;
 use crate::config::{LogFormat, TrainConfig};
 use std::path::{Path, PathBuf};
 

@@ -8,8 +8,8 @@
 
 use super::checkpoint::{self, Checkpoint, TrainState};
 use super::error::{Phase, StepError, WorkerError};
+use super::event::Event;
 use super::metrics::{ms, StepTimes};
-use super::Event;
 use crate::comm::{CommError, CommMode, Transport};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
@@ -46,12 +46,6 @@ pub struct WorkerSetup {
     pub resume: Option<Arc<super::checkpoint::Checkpoint>>,
     /// Timeline handle ([`Tracer::off`] without `--trace`).
     pub tracer: Tracer,
-}
-
-/// The element count of each of `net`'s parameter blocks (forward order): what its bucket
-/// plan is cut from ([`crate::plan::PlanInputs::bucket_plan`]).
-pub fn block_lens(net: &Net) -> Vec<usize> {
-    net.blocks().iter().map(|b| b.range.len()).collect()
 }
 
 /// Something told when a worker starts and ends each step (on the worker's thread): `(rank,
@@ -238,7 +232,7 @@ impl Worker {
             global_step = ck.state.global_step;
         }
         let planning = cfg.plan_inputs();
-        let plan = planning.bucket_plan(&block_lens(&net));
+        let plan = planning.bucket_plan(&crate::plan::block_lens(&net));
         let ops = planning.bucket_ops(&plan);
         if s.rank == 0 {
             let ops = ops.iter().map(|o| o.to_string()).collect();
