@@ -901,3 +901,122 @@ fn absurd_worker_counts_on_the_command_line_end_in_seconds() {
         "{hd}"
     );
 }
+
+/// `simulate` and `train` given the same bucket flags plan the same buckets and operations:
+/// both flag sets parsed by their own commands' argument definitions, the trainer's plan from
+/// its resolved configuration and its network's blocks, the simulator's from a profile of the
+/// same blocks on the same link. (They once differed: `simulate --bucket-kb 128` also capped
+/// the first bucket at 128 KiB, `train` at 0.)
+#[test]
+fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
+    use clap::Parser;
+    use dptrain::cli::simulate::SimulateArgs;
+    use dptrain::config::TrainOptions;
+    #[derive(Parser)]
+    struct Train {
+        #[command(flatten)]
+        options: TrainOptions,
+    }
+    #[derive(Parser)]
+    struct Simulate {
+        #[command(flatten)]
+        args: SimulateArgs,
+    }
+    let link_flags = ["--link-bandwidth", "1Gbit", "--link-latency", "200us"];
+    let given = link(1.25e8, 200);
+    let graph =
+        std::sync::Arc::new(dptrain::train::build_graph("resnet20", [3, 32, 32], 10).unwrap());
+    let net = dptrain::nn::Net::new(
+        graph,
+        dptrain::nn::NetConfig {
+            max_batch: 1,
+            seed: 1,
+        },
+    )
+    .unwrap();
+    let lens = dptrain::plan::block_lens(&net);
+    let profile = Profile {
+        model: "resnet20".into(),
+        source: "the trainer's blocks".into(),
+        batch: 1,
+        input: [3, 32, 32],
+        blocks: lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| BlockProfile {
+                name: format!("b{i}"),
+                forward_ms: 1.0,
+                backward_ms: 2.0,
+                param_sizes: vec![n],
+                macs_per_sample: 1,
+            })
+            .collect(),
+        update_ms: 1.0,
+        compute_spread: None,
+    };
+    let mut distinct = std::collections::BTreeSet::new();
+    for flags in [
+        &[][..],
+        &["--bucket-kb", "128"],
+        &["--first-bucket-kb", "64"],
+        &["--first-bucket-kb", "16", "--bucket-kb", "256"],
+        &["--bucket-kb", "0"],
+        &["--first-bucket-kb", "0", "--bucket-kb", "0"],
+    ] {
+        for comm in ["ring", "auto", "tree"] {
+            let train = Train::try_parse_from(
+                [
+                    "train",
+                    "--model",
+                    "resnet20",
+                    "--workers",
+                    "2",
+                    "--comm",
+                    comm,
+                ]
+                .iter()
+                .chain(&link_flags)
+                .chain(flags),
+            )
+            .unwrap()
+            .options
+            .resolve()
+            .unwrap();
+            let planning = train.plan_inputs();
+            let trainer_plan = planning.bucket_plan(&lens);
+            let trainer_ops = planning.bucket_ops(&trainer_plan);
+
+            let sim = Simulate::try_parse_from(
+                [
+                    "simulate",
+                    "--model",
+                    "resnet20",
+                    "--workers",
+                    "2",
+                    "--comm",
+                    comm,
+                ]
+                .iter()
+                .chain(&link_flags)
+                .chain(flags),
+            )
+            .unwrap()
+            .args;
+            let step = StepConfig {
+                buckets: sim.bucket_flags(),
+                ..cfg(
+                    Topology::flat(2, given),
+                    CommChoice::parse(comm).unwrap(),
+                    true,
+                    None,
+                )
+            };
+            let (sim_plan, sim_ops) = dptrain::sim::plan(&profile, &step).unwrap();
+            assert_eq!(sim_plan, trainer_plan, "{flags:?} --comm {comm}");
+            assert_eq!(sim_ops, trainer_ops, "{flags:?} --comm {comm}");
+            distinct.insert(trainer_plan.buckets.len());
+        }
+    }
+    // The flags above plan differently from one another, so the comparison is not vacuous.
+    assert!(distinct.len() >= 3, "{distinct:?}");
+}

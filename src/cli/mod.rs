@@ -7,7 +7,7 @@ mod data;
 mod model;
 mod profile;
 mod report;
-mod simulate;
+pub mod simulate;
 mod train;
 
 use clap::{Parser, Subcommand};
