@@ -71,7 +71,7 @@ impl ProgressDisplay {
         ));
     }
 
-    /// Worker 0 finished a step: the bar moves; every [`MESSAGE_WINDOW`] steps its message
+    /// Worker 0 finished a step: the bar moves; every `MESSAGE_WINDOW` steps its message
     /// shows the loss, the throughput and the epoch's data wait and exposed communication.
     pub fn step(&mut self, batch: usize, loss: f32, step_ms: f64, epoch: &Breakdown) {
         self.bar.inc(1);
