@@ -202,6 +202,24 @@ fn expand_use_tree(prefix: &[String], tree: &str) -> Vec<Vec<String>> {
     vec![full]
 }
 
+/// The index of the `}` closing the `{` at `open` (in blanked text, so every brace is code).
+fn matching_brace(b: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (k, &c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// The `(start, end, name)` spans of the inline modules (`mod tests { ... }`) of a file.
 fn inline_modules(text: &str) -> Vec<(usize, usize, String)> {
     let b = text.as_bytes();
@@ -220,21 +238,7 @@ fn inline_modules(text: &str) -> Vec<(usize, usize, String)> {
             continue;
         }
         let open = text.len() - after.len();
-        let mut depth = 0;
-        let mut end = text.len();
-        for (k, &c) in b.iter().enumerate().skip(open) {
-            match c {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = k;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let end = matching_brace(b, open).unwrap_or(text.len());
         spans.push((at, end, text[name_start..name_start + name_len].to_string()));
     }
     spans
@@ -561,21 +565,7 @@ fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
         if b[open] == b';' {
             continue;
         }
-        let mut depth = 0;
-        let mut close = text.len() - 1;
-        for (k, &c) in b.iter().enumerate().skip(open) {
-            match c {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = k;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let close = matching_brace(b, open).unwrap_or(text.len() - 1);
         let first = text[..at].matches('\n').count() + 1;
         let lines = text[at..=close].matches('\n').count() + 1;
         if lines > max {
