@@ -204,13 +204,14 @@ fn truncate(ds: &mut Dataset, n: usize) {
     ds.labels.truncate(n);
 }
 
-/// Trains as configured; prints progress unless `cfg.quiet`; the run's warnings go to the log
-/// (`tracing`). With `--transport mpi` this process is one rank of the run (MPI is started and
-/// ended here). The report (`report.md`) is the caller's to draw from the run directory.
+/// Trains as configured; prints progress unless `cfg.quiet`, and the run's warnings as
+/// `warning:` lines on stderr ([`crate::terminal::print_warning`]). With `--transport mpi` this
+/// process is one rank of the run (MPI is started and ended here). The report (`report.md`) is
+/// the caller's to draw from the run directory.
 pub fn train(cfg: TrainConfig) -> Result<Summary, TrainError> {
     let group =
         ProcessGroup::start(cfg.transport, cfg.comm_timeout).map_err(PrepareError::Processes)?;
-    let result = train_in(cfg, &group, &|warning| tracing::warn!("{warning}"));
+    let result = train_in(cfg, &group, &crate::terminal::print_warning);
     group.end(result.is_ok());
     result
 }
