@@ -143,8 +143,8 @@ impl std::fmt::Display for UnevenBatch {
 }
 
 /// Each worker's share of a global `batch` split over `processes` x `workers_per_process`
-/// workers: the one check that the split is even, which the configuration, the trainer and
-/// the benchmarks make.
+/// workers: the one check that the split is even, which the configuration, the trainer, the
+/// benchmarks and the sampler's invariant make.
 pub fn per_worker_batch(
     batch: usize,
     workers_per_process: usize,

@@ -302,7 +302,8 @@ impl Imports {
     fn absolute(&self, context: &[String], path: &[String]) -> Option<Vec<String>> {
         let first = path.first()?;
         match first.as_str() {
-            "crate" => Some(path[1..].to_vec()),
+            // `$crate` in a macro is this crate.
+            "crate" | "$crate" => Some(path[1..].to_vec()),
             "self" => Some([context, &path[1..]].concat()),
             "super" => {
                 let ups = path.iter().take_while(|s| *s == "super").count();
@@ -362,6 +363,12 @@ impl Imports {
                         } else {
                             p.last().cloned()
                         };
+                        // Re-exporting another top-level module's item imports it (a lower
+                        // module must not re-export a higher one's); a parent's re-export
+                        // of its own children is how it shows them, and is followed instead.
+                        if abs.first() != module.first() {
+                            paths.push(abs.clone());
+                        }
                         if let Some(name) = name.filter(|n| n != "self" && n != "*") {
                             self.reexports.insert((module.clone(), name), abs);
                         }
@@ -672,6 +679,11 @@ fn the_check_finds_upward_imports_and_cycles_and_nothing_else() {
         .upward_imports(&["low"])
         .iter()
         .any(|p| p.contains("`high` is not in LAYERS")));
+
+    // A lower module re-exporting a higher one's item imports it.
+    write("low/b.rs", "pub use crate::high::Up;\n");
+    let up = Imports::of(src).upward_imports(&["low", "high"]);
+    assert!(up.iter().any(|p| p.contains("b.rs imports")), "{up:?}");
 
     // A parent's own item used by its child while the parent uses the child: a cycle.
     write("low/b.rs", "use super::Shared;\npub fn f() {}\n");

@@ -70,7 +70,7 @@ fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
 /// says: models without batch norm (its statistics are each worker's), N a power of two, b a
 /// multiple of 4, with `--comm redundant` (any mode at N = 2). Every parameter gradient is a
 /// sum over 4-sample chunks added as a pairwise tree split at the middle, rounding up
-/// (`backend::cpu::batch_sum`), the loss is a mean over the global batch (each sample's
+/// (`backend::sum_order`), the loss is a mean over the global batch (each sample's
 /// gradient the same whatever N), and `redundant` adds the workers' sums in the same tree. The
 /// grid covers every power of two up to 8 against per-worker batches 4, 8, 12, 16 and 24
 /// (12 and 24: an odd number of chunks per worker); weights and momentum after 5 steps.

@@ -11,7 +11,7 @@
 //! one place that names it): our own kernels on host memory, run on the calling worker's
 //! rayon pool (im2col + our GEMM for convolutions and linear layers, direct loops for
 //! depthwise convolutions, pooling, batch norm and the element-wise passes), each
-//! bit-identical for any number of threads. `tests/reference_backend.rs` holds a second one,
+//! bit-identical for any number of threads. `tests/reference_backend/` holds a second one,
 //! plain loops, that every layer's kernels are checked against.
 //!
 //! A CUDA backend (cudarc: cuBLAS for the GEMMs, cuDNN or own kernels for the rest) drops in

@@ -204,12 +204,7 @@ impl AblationSpec {
                 a.workers
             ));
         }
-        if a.batch == 0 || !a.batch.is_multiple_of(a.workers) {
-            return Err(format!(
-                "--batch {} must be a positive multiple of --workers {} (each worker gets batch / workers)",
-                a.batch, a.workers
-            ));
-        }
+        crate::plan::per_worker_batch(a.batch, a.workers, 1).map_err(|e| e.to_string())?;
         if a.steps == 0 || a.threads == 0 || a.repeats == 0 {
             return Err("--steps, --threads and --repeats must be at least 1".into());
         }
@@ -558,7 +553,16 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
         spec.steps.clamp(3, 20),
         spec.workers,
     )?;
-    let link = spec.link_model.unwrap_or(crate::plan::IN_PROCESS_LINK);
+    // The link an in-process run of this spec plans for (`plan::PlanInputs::auto_link`).
+    let link = crate::plan::PlanInputs {
+        comm: crate::plan::CommChoice::Auto,
+        hierarchical: false,
+        processes: 1,
+        workers_per_process: spec.workers,
+        link: spec.link_model,
+        buckets: crate::plan::BucketFlags::default(),
+    }
+    .auto_link();
     let mut simulator = Simulator::new();
     let mut sim = |world: usize, comm: CommChoice, overlap: bool| {
         simulator.step(

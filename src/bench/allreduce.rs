@@ -126,7 +126,19 @@ pub fn process_ops(processes: usize, workers: usize, bytes: usize) -> Vec<(Strin
         .iter()
         .map(|&m| (m.to_string(), BucketOp::AllReduce(m)))
         .collect();
-    let auto = choose_mode(processes, bytes, &crate::plan::BETWEEN_PROCESSES_LINK);
+    // `auto` exactly as the planning rules pick it for one bucket of `bytes` in a run of
+    // `processes` x `workers` (the leaders' phase when hierarchical).
+    let planning = crate::plan::PlanInputs {
+        comm: crate::plan::CommChoice::Auto,
+        hierarchical: true,
+        processes,
+        workers_per_process: workers,
+        link: None,
+        buckets: crate::plan::BucketFlags::default(),
+    };
+    let auto_op = planning
+        .bucket_ops(&crate::parallel::BucketPlan::new(&[bytes / 4], 0, 0))
+        .remove(0);
     let hier = |leader| BucketOp::Hierarchical {
         leader,
         workers_per_process: workers,
@@ -135,10 +147,10 @@ pub fn process_ops(processes: usize, workers: usize, bytes: usize) -> Vec<(Strin
         for m in CommMode::ALL {
             ops.push((format!("hier:{m}"), hier(LeaderOp::AllReduce(m))));
         }
-        ops.push((format!("auto:hier:{auto}"), hier(LeaderOp::AllReduce(auto))));
+        ops.push((format!("auto:{auto_op}"), auto_op));
         ops.push(("hier:mpi-native".into(), hier(LeaderOp::Native)));
     } else {
-        ops.push((format!("auto:{auto}"), BucketOp::AllReduce(auto)));
+        ops.push((format!("auto:{auto_op}"), auto_op));
         ops.push(("mpi-native".into(), BucketOp::Native));
     }
     ops
@@ -442,8 +454,15 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     println!("{}", AllReduceTable::terminal_header(width));
     for &bytes in sizes {
         let auto = with_auto.then(|| {
-            let model = link.unwrap_or(crate::plan::IN_PROCESS_LINK);
-            choose_mode(workers, bytes, &model)
+            let planning = crate::plan::PlanInputs {
+                comm: crate::plan::CommChoice::Auto,
+                hierarchical: false,
+                processes: 1,
+                workers_per_process: workers,
+                link,
+                buckets: crate::plan::BucketFlags::default(),
+            };
+            choose_mode(workers, bytes, &planning.auto_link())
         });
         let rows = modes
             .iter()

@@ -288,9 +288,10 @@ pub fn measure_emulated(
     a: &SimCheckArgs,
     on_line: &mut dyn FnMut(&str),
 ) -> Result<EmulatedCheck, String> {
-    if a.workers < 2 || !a.batch.is_multiple_of(a.workers) {
-        return Err("--workers must be at least 2 and divide --batch".into());
+    if a.workers < 2 {
+        return Err("--workers must be at least 2".into());
     }
+    crate::plan::per_worker_batch(a.batch, a.workers, 1).map_err(|e| e.to_string())?;
     let comm = CommChoice::parse(&a.comm)?;
     let scratch = ScratchDir::new("simcheck");
     let mut check = EmulatedCheck {
@@ -1021,8 +1022,16 @@ impl<'a> ClusterCheck<'a> {
             .iter()
             .map(|b| b.iter().sum())
             .collect();
-        let (first, rest) = crate::plan::bucket_caps(None, planning);
-        let buckets: Vec<usize> = crate::parallel::BucketPlan::new(&lens, first, rest)
+        let run = crate::plan::PlanInputs {
+            comm: crate::plan::CommChoice::Fixed(self.fit_mode),
+            hierarchical: true,
+            processes: hosts,
+            workers_per_process: 1,
+            link: Some(*planning),
+            buckets: crate::plan::BucketFlags::default(),
+        };
+        let buckets: Vec<usize> = run
+            .bucket_plan(&lens)
             .buckets
             .iter()
             .map(|b| (4 * b.len).div_ceil(4 * hosts) * 4 * hosts)

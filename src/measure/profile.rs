@@ -1,7 +1,7 @@
 //! Profiles: per-block forward and backward times, gradient sizes and the update time of one
 //! worker's step: the one file format (`dptrain profile` writes it; the simulator and the
-//! emulated device, [`crate::testbed::device`], read it), and its measurement on this machine.
-//! Profiles derived from a model's graph and a stated device speed are the simulator's
+//! emulated device, [`crate::testbed::device`], read it) and what it may say ([`validate`]).
+//! Its measurement on this machine is [`crate::measure::timing`]'s; profiles derived from a model's graph and a stated device speed are the simulator's
 //! (`crate::sim::from_graph`).
 //!
 //! A block is the unit whose gradients become ready together. Measured profiles have the

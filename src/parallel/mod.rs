@@ -12,7 +12,8 @@
 //!    (all-reduce modes) or worker 0 updates and broadcasts the weights (tree mode, Caffe's
 //!    scheme).
 //!
-//! The bucket plan and its cap rule are in [`bucket`]; the algorithms are in [`crate::comm`].
+//! The bucket plan's layout is in [`bucket`] (its caps come from the planning rules,
+//! [`crate::plan`]); the algorithms are in [`crate::comm`].
 
 pub mod bucket;
 mod reducer;

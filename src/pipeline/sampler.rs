@@ -28,7 +28,7 @@ impl DistributedSampler {
     /// when the configuration is validated).
     pub fn new(len: usize, global_batch: usize, workers: usize, seed: u64) -> Self {
         assert!(
-            workers > 0 && global_batch.is_multiple_of(workers),
+            crate::plan::per_worker_batch(global_batch, workers, 1).is_ok(),
             "global batch must divide by workers"
         );
         Self::for_ranks(len, global_batch, seed, workers, 0, workers)
@@ -46,7 +46,7 @@ impl DistributedSampler {
         local: usize,
     ) -> Self {
         assert!(
-            world > 0 && global_batch.is_multiple_of(world) && first + local <= world,
+            crate::plan::per_worker_batch(global_batch, world, 1).is_ok() && first + local <= world,
             "global batch must divide by workers"
         );
         Self {

@@ -6,8 +6,8 @@
 //! and with workers that are not all equally fast?", answered before renting the cluster.
 //! Top-down:
 //!
-//! 1. **A profile** ([`crate::measure::profile`], the format and its measurement; [`profile`],
-//!    profiles derived from a graph) is one worker's step, block by block: forward and backward
+//! 1. **A profile** ([`crate::measure::profile`] the format, [`crate::measure::timing`] its
+//!    measurement, [`profile`] profiles derived from a graph) is one worker's step, block by block: forward and backward
 //!    times at a per-worker batch, each block's parameter sizes (its gradient bytes), the
 //!    update time, and for measured profiles the spread of the step's compute. `dptrain
 //!    profile` measures it here (per-block medians, timed through the block-wise backward's

@@ -1,6 +1,6 @@
 //! Profiles the simulator derives from a model's graph and a stated device speed (its FLOPS, or
-//! its published images/s for the model). The profile format and its measurement on this
-//! machine are [`crate::measure::profile`]'s.
+//! its published images/s for the model). The profile format is [`crate::measure::profile`]'s,
+//! its measurement on this machine [`crate::measure::timing`]'s.
 
 use crate::measure::profile::graph_blocks;
 use crate::measure::Profile;

@@ -257,11 +257,11 @@ pub fn describe_changes(changes: &[(&'static str, String, String)]) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum LateWrite {
     /// A line of `metrics.jsonl`.
-    #[error("{0} (summary.json and report.md were written; the per-epoch lines are missing)")]
+    #[error("{0} (summary.json was written; the per-epoch lines are missing)")]
     Metrics(String),
     /// The `--trace` timeline.
     #[error(
-        "{error} (training finished; summary.json and report.md are in {})",
+        "{error} (training finished; summary.json is in {})",
         run_dir.display()
     )]
     Trace {

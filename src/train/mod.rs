@@ -644,7 +644,7 @@ mod tests {
         assert_eq!(late.summary().map(|s| &s.run_dir), Some(&cfg.run_dir));
         assert_eq!(
             late.to_string(),
-            "t.json: cannot write (training finished; summary.json and report.md are in runs/x)"
+            "t.json: cannot write (training finished; summary.json is in runs/x)"
         );
         assert!(TrainError::Diverged(vec![1, 2]).summary().is_none());
     }
