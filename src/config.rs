@@ -47,11 +47,9 @@ pub struct TrainConfig {
     /// process leaders, back within the process (see [`crate::comm::hierarchical`]); off: one
     /// flat all-reduce over every worker. No effect with one process or one worker each.
     pub hierarchical: bool,
-    /// Bucket cap in KiB (0: one layer per bucket); with neither cap given the caps follow
-    /// the link (see [`crate::plan::bucket_caps`]).
-    pub bucket_kb: Option<usize>,
-    /// Cap of the first bucket in KiB.
-    pub first_bucket_kb: Option<usize>,
+    /// `--first-bucket-kb` and `--bucket-kb` (KiB; 0: one layer per bucket); with neither
+    /// given the caps follow the link (see [`crate::plan::bucket_caps`]).
+    pub buckets: crate::plan::BucketFlags,
     /// Emulated link, if any.
     pub link: Option<LinkModel>,
     /// Emulated device: each worker's compute held to a profile's times (see
@@ -368,10 +366,7 @@ impl TrainConfig {
             processes: self.processes,
             workers_per_process: self.workers,
             link: self.link,
-            buckets: crate::plan::BucketFlags {
-                first_kb: self.first_bucket_kb,
-                kb: self.bucket_kb,
-            },
+            buckets: self.buckets,
         }
     }
 
@@ -383,7 +378,7 @@ impl TrainConfig {
             "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
             "comm": self.comm.to_string(), "hierarchical": self.hierarchical, "transport": self.transport.to_string(),
-            "processes": self.processes, "bucket_kb": self.bucket_kb, "first_bucket_kb": self.first_bucket_kb,
+            "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
             "emulate_device": self.device.as_ref().map(|d| d.path.display().to_string()),
@@ -505,8 +500,10 @@ impl TrainOptions {
             overlap: comm.overlap,
             comm: comm.comm,
             hierarchical: comm.hierarchical,
-            bucket_kb: self.bucket_kb,
-            first_bucket_kb: self.first_bucket_kb,
+            buckets: crate::plan::BucketFlags {
+                first_kb: self.first_bucket_kb,
+                kb: self.bucket_kb,
+            },
             link,
             device,
             comm_timeout,
@@ -972,7 +969,7 @@ mod tests {
             ..Default::default()
         };
         let cfg = file.overlaid_with(&cli).resolve().unwrap();
-        assert_eq!((cfg.epochs, cfg.batch, cfg.bucket_kb), (2, 32, Some(128)));
+        assert_eq!((cfg.epochs, cfg.batch, cfg.buckets.kb), (2, 32, Some(128)));
         assert!(
             toml::from_str::<TrainOptions>("epoks = 3").is_err(),
             "unknown keys are refused"

@@ -185,6 +185,19 @@ pub struct PlanInputs {
 }
 
 impl PlanInputs {
+    /// A run of `processes` x `workers_per_process` workers on `link` (if given) with the
+    /// trainer's defaults otherwise: `--comm auto`, `--hierarchical on`, no bucket flags.
+    pub fn defaults(processes: usize, workers_per_process: usize, link: Option<LinkModel>) -> Self {
+        Self {
+            comm: CommChoice::Auto,
+            hierarchical: true,
+            processes,
+            workers_per_process,
+            link,
+            buckets: BucketFlags::default(),
+        }
+    }
+
     /// Every worker of the run.
     pub fn world(&self) -> usize {
         self.processes * self.workers_per_process

@@ -554,15 +554,7 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
         spec.workers,
     )?;
     // The link an in-process run of this spec plans for (`plan::PlanInputs::auto_link`).
-    let link = crate::plan::PlanInputs {
-        comm: crate::plan::CommChoice::Auto,
-        hierarchical: false,
-        processes: 1,
-        workers_per_process: spec.workers,
-        link: spec.link_model,
-        buckets: crate::plan::BucketFlags::default(),
-    }
-    .auto_link();
+    let link = crate::plan::PlanInputs::defaults(1, spec.workers, spec.link_model).auto_link();
     let mut simulator = Simulator::new();
     let mut sim = |world: usize, comm: CommChoice, overlap: bool| {
         simulator.step(

@@ -128,15 +128,7 @@ pub fn process_ops(processes: usize, workers: usize, bytes: usize) -> Vec<(Strin
         .collect();
     // `auto` exactly as the planning rules pick it for one bucket of `bytes` in a run of
     // `processes` x `workers` (the leaders' phase when hierarchical).
-    let planning = crate::plan::PlanInputs {
-        comm: crate::plan::CommChoice::Auto,
-        hierarchical: true,
-        processes,
-        workers_per_process: workers,
-        link: None,
-        buckets: crate::plan::BucketFlags::default(),
-    };
-    let auto_op = planning
+    let auto_op = crate::plan::PlanInputs::defaults(processes, workers, None)
         .bucket_ops(&crate::parallel::BucketPlan::new(&[bytes / 4], 0, 0))
         .remove(0);
     let hier = |leader| BucketOp::Hierarchical {
@@ -454,14 +446,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     println!("{}", AllReduceTable::terminal_header(width));
     for &bytes in sizes {
         let auto = with_auto.then(|| {
-            let planning = crate::plan::PlanInputs {
-                comm: crate::plan::CommChoice::Auto,
-                hierarchical: false,
-                processes: 1,
-                workers_per_process: workers,
-                link,
-                buckets: crate::plan::BucketFlags::default(),
-            };
+            let planning = crate::plan::PlanInputs::defaults(1, workers, link);
             choose_mode(workers, bytes, &planning.auto_link())
         });
         let rows = modes

@@ -1022,15 +1022,7 @@ impl<'a> ClusterCheck<'a> {
             .iter()
             .map(|b| b.iter().sum())
             .collect();
-        let run = crate::plan::PlanInputs {
-            comm: crate::plan::CommChoice::Fixed(self.fit_mode),
-            hierarchical: true,
-            processes: hosts,
-            workers_per_process: 1,
-            link: Some(*planning),
-            buckets: crate::plan::BucketFlags::default(),
-        };
-        let buckets: Vec<usize> = run
+        let buckets: Vec<usize> = crate::plan::PlanInputs::defaults(hosts, 1, Some(*planning))
             .bucket_plan(&lens)
             .buckets
             .iter()
