@@ -486,3 +486,26 @@ fn a_folder_of_mixed_sizes_trains_the_same_for_any_loader_thread_count() {
     assert_eq!(norm.channels(), 3);
     assert!(norm.mean.iter().all(|&m| (0.2..0.8).contains(&m)), "{norm}");
 }
+
+#[test]
+fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = TrainOptions {
+        dataset: Some("synthetic:1x8x8".into()),
+        image_size: Some("16".into()),
+        train_limit: Some(64),
+        test_limit: Some(16),
+        batch: Some(16),
+        epochs: Some(1),
+        run_dir: Some(tmp.path().join("r")),
+        no_checkpoints: true,
+        quiet: true,
+        ..Default::default()
+    };
+    let e = dptrain::train::train(o.resolve().unwrap()).unwrap_err();
+    let e = String::from(e);
+    assert!(
+        e.contains("--image-size 16") && e.contains("export-images"),
+        "{e}"
+    );
+}
