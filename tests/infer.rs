@@ -158,7 +158,7 @@ fn a_checkpoint_records_its_model_and_one_from_before_still_resumes() {
         (0..10).map(|i| i.to_string()).collect::<Vec<_>>()
     );
     assert_eq!((d.mean.len(), d.std.len()), (1, 1));
-    assert_eq!(d.eval_transform, "none");
+    assert_eq!(d.eval_transform, "off");
     assert_eq!(m.graph.fingerprint(), m.checkpoint.state.fingerprint);
     // The same checkpoint as an older dptrain wrote it: no description keys.
     let mut old = Checkpoint::load(&path).unwrap();

@@ -121,12 +121,21 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     } else {
         Split::Test
     };
+    // An ImageFolder is read at the model's input size through its evaluation transform;
+    // other datasets are in memory at their own size (checked below).
+    let folder = matches!(
+        crate::data::DatasetSpec::parse(&dataset, data_dir.as_deref(), Path::new("data/mnist")),
+        Ok(crate::data::DatasetSpec::ImageFolder { .. })
+    );
+    let d = &model.description;
     let cfg = crate::config::TrainOptions {
         dataset: Some(dataset.clone()),
         data_dir: data_dir.clone(),
         batch: Some(1),
         train_limit: opts.limit.filter(|_| split == Split::Train),
         test_limit: opts.limit.filter(|_| split == Split::Test),
+        image_size: folder.then(|| d.image_size().to_string()),
+        eval_transform: folder.then(|| d.eval_transform.clone()),
         quiet: true,
         ..Default::default()
     }
@@ -137,7 +146,10 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     let set = match (split, &source) {
         (Split::Test, _) => test,
         (Split::Train, Source::Memory(d)) => (**d).clone(),
-        (Split::Train, Source::Folder(f)) => f.decode_all("imagefolder")?,
+        (Split::Train, Source::Folder(f)) => {
+            let eval = d.eval_transforms(&model.path)?;
+            crate::pipeline::decode_split(f, &eval, "imagefolder")?
+        }
     };
     let shown = match &data_dir {
         Some(d) => format!("{dataset} (--data-dir {})", d.display()),

@@ -6,10 +6,9 @@
 //! the caller reports the failures and exits non-zero at the end.
 
 use super::{softmax, top_k, InferError, TrainedModel};
-use crate::data::image_folder::{DecodeScratch, ImageFolder};
 use crate::data::DataError;
 use crate::nn::{Mode, Net};
-use crate::pipeline::Normalize;
+use crate::pipeline::{Draw, ImageSize, Normalize, TransformScratch, Transforms};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -104,6 +103,8 @@ pub struct Predictor<'a> {
     model: &'a TrainedModel,
     net: Net,
     norm: Normalize,
+    /// The checkpoint's evaluation transforms.
+    eval: Transforms,
     /// The collated batch (NCHW floats) and dummy labels for the loss.
     images: Vec<f32>,
     labels: Vec<u32>,
@@ -120,6 +121,7 @@ impl<'a> Predictor<'a> {
             model,
             net: model.net(batch)?,
             norm: model.normalize(),
+            eval: model.description.eval_transforms(&model.path)?,
             images: Vec::new(),
             labels: vec![0; batch],
             probs: Vec::new(),
@@ -137,8 +139,14 @@ impl<'a> Predictor<'a> {
         assert!(files.len() <= self.batch(), "more files than the batch");
         let [c, h, w] = self.model.description.input;
         let plane = c * h * w;
-        let decoded: Vec<Result<Vec<u8>, DataError>> =
-            files.par_iter().map(|f| decode(f, [c, h, w])).collect();
+        let size = self.model.description.image_size();
+        let eval = &self.eval;
+        let decoded: Vec<Result<Vec<u8>, DataError>> = files
+            .par_iter()
+            .map_init(TransformScratch::default, |scratch, f| {
+                decode(f, c, size, eval, scratch)
+            })
+            .collect();
         let good: Vec<usize> = (0..files.len()).filter(|&i| decoded[i].is_ok()).collect();
         let mut out: Vec<Option<Result<Prediction, DataError>>> = Vec::new();
         out.resize_with(files.len(), || None);
@@ -180,19 +188,29 @@ impl<'a> Predictor<'a> {
     }
 }
 
-/// One image decoded to the model's input (C×H×W bytes) the way the checkpoint's evaluation
-/// split was: the same decoder and colour conversion as its ImageFolder reader.
-fn decode(file: &Path, [c, h, w]: [usize; 3]) -> Result<Vec<u8>, DataError> {
-    let one = ImageFolder {
-        root: file.parent().unwrap_or(Path::new(".")).to_path_buf(),
-        classes: Vec::new(),
-        files: vec![file.to_path_buf()],
-        labels: vec![0],
-        channels: c,
-        height: h,
-        width: w,
-    };
-    let mut pixels = vec![0u8; c * h * w];
-    one.read(0, &mut DecodeScratch::default(), &mut pixels)?;
+/// One image read and put through the evaluation transforms to the model's input (C x H x W
+/// bytes), as eval reads an ImageFolder's split (`pipeline::decode_split`), so both give the
+/// model the same pixels.
+fn decode(
+    file: &Path,
+    channels: usize,
+    size: ImageSize,
+    eval: &Transforms,
+    scratch: &mut TransformScratch,
+) -> Result<Vec<u8>, DataError> {
+    let bytes = std::fs::read(file).map_err(|e| DataError::Io {
+        path: file.to_path_buf(),
+        cause: e,
+    })?;
+    let mut pixels = vec![0u8; channels * size.pixels()];
+    eval.apply_bytes_u8(
+        &bytes,
+        file,
+        channels,
+        size,
+        Draw::NONE,
+        scratch,
+        &mut pixels,
+    )?;
     Ok(pixels)
 }

@@ -401,8 +401,10 @@ impl Worker {
     fn checkpoint(&self, epoch: usize) -> Result<std::path::PathBuf, WorkerError> {
         let state = TrainState::new(&self.cfg, self.net.graph(), epoch + 1, self.global_step);
         let mut description = (*self.description).clone();
-        description.mean = self.norm.mean().to_vec();
-        description.std = self.norm.std().to_vec();
+        if description.mean.is_empty() {
+            description.mean = self.norm.mean().to_vec();
+            description.std = self.norm.std().to_vec();
+        }
         let ck = Checkpoint::capture(state, &self.net, self.sgd.momentum())
             .with_description(description);
         let path = checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);

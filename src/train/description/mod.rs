@@ -16,7 +16,7 @@
 //! | `class_names` | JSON array of strings, label order |
 //! | `input_shape` | `CxHxW` of the model's input |
 //! | `normalize_mean`, `normalize_std` | JSON arrays, per channel, of pixel/255 |
-//! | `eval_transform` | the evaluation transforms, as their text (`none`: used as read) |
+//! | `eval_transform` | the evaluation transforms, resolved, as their text (`off`: images used at the input size) |
 
 mod record;
 
@@ -57,6 +57,27 @@ pub const CIFAR10_CLASSES: [&str; 10] = [
 ];
 
 impl ModelDescription {
+    /// The evaluation transforms, parsed (`path` names the checkpoint in the error).
+    pub fn eval_transforms(
+        &self,
+        path: &Path,
+    ) -> Result<crate::pipeline::Transforms, CheckpointError> {
+        crate::pipeline::Transforms::parse_eval(&self.eval_transform).map_err(|e| {
+            CheckpointError::Invalid {
+                path: path.to_path_buf(),
+                detail: format!("its evaluation transform does not parse: {e}"),
+            }
+        })
+    }
+
+    /// The model's input size, height x width.
+    pub fn image_size(&self) -> crate::pipeline::ImageSize {
+        crate::pipeline::ImageSize {
+            height: self.input[1],
+            width: self.input[2],
+        }
+    }
+
     /// The model, parsed from the recorded text; a model recorded without text is loaded by
     /// its built-in name (`builtin:NAME`), else refused ([`CheckpointError::NoModelText`]).
     pub fn spec(&self, path: &Path) -> Result<ModelSpec, CheckpointError> {
@@ -123,8 +144,9 @@ pub fn model_text(cfg: &crate::config::TrainConfig) -> (String, Option<String>) 
     (cfg.model.clone(), std::fs::read_to_string(&cfg.model).ok())
 }
 
-/// The description of a run's checkpoints, without the normalisation (the input pipeline
-/// decides it when it starts; the worker fills it in).
+/// The description of a run's checkpoints, once the run has resolved its input (image size,
+/// evaluation transform, normalisation: `train::inputs::resolve`); a normalisation not yet
+/// resolved is left empty for the worker to fill in from its feed.
 pub fn describe_run(
     cfg: &crate::config::TrainConfig,
     graph: &Graph,
@@ -132,14 +154,21 @@ pub fn describe_run(
 ) -> ModelDescription {
     let (model_source, model_text) = model_text(cfg);
     let s = graph.input();
+    let norm = match &cfg.normalize {
+        crate::pipeline::NormalizeChoice::Given(n) => Some(n),
+        _ => None,
+    };
     ModelDescription {
         model_source,
         model_text,
         class_names: class_names(source),
         input: [s.c, s.h, s.w],
-        mean: Vec::new(),
-        std: Vec::new(),
-        eval_transform: NO_TRANSFORM.to_string(),
+        mean: norm.map_or_else(Vec::new, |n| n.mean.clone()),
+        std: norm.map_or_else(Vec::new, |n| n.std.clone()),
+        eval_transform: cfg
+            .eval_transform
+            .as_ref()
+            .map_or_else(|| NO_TRANSFORM.to_string(), |t| t.to_string()),
     }
 }
 
@@ -165,6 +194,7 @@ impl TrainedModel {
         let checkpoint = Checkpoint::load(path)?;
         let description = checkpoint.description(path)?.clone();
         let spec = description.spec(path)?;
+        description.eval_transforms(path)?;
         let classes = description.class_names.len();
         let graph = Graph::build(&spec, description.input, classes).map_err(|e| {
             CheckpointError::Invalid {

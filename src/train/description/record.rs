@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-/// The evaluation transform of a dataset read at its own size (no resizing, no crop).
-pub const NO_TRANSFORM: &str = "none";
+/// The evaluation transform of a dataset read at its own size (`Transforms::OFF`'s text: each
+/// image resized whole to the input size only where it is not at it already).
+pub const NO_TRANSFORM: &str = "off";
 
 /// Metadata keys of the description (see the module comment).
 const KEYS: [&str; 7] = [
@@ -35,7 +36,9 @@ pub struct ModelDescription {
     pub mean: Vec<f32>,
     /// Per-channel standard deviation of pixel/255.
     pub std: Vec<f32>,
-    /// The evaluation transforms as text ([`NO_TRANSFORM`]: images are used at their size).
+    /// The evaluation transforms as text, resolved (`resize-shorter:32,center-crop`;
+    /// [`NO_TRANSFORM`]: images used at the input size), as `crate::pipeline::Transforms`
+    /// writes and parses them.
     pub eval_transform: String,
 }
 
