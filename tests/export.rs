@@ -17,7 +17,12 @@ const TOLERANCE: f32 = 1e-4;
 /// A net of `spec` on `input` with `classes` classes for batches up to `max_batch`, with its
 /// batch-norm layers given statistics and affine parameters far from their initial values
 /// (else evaluation would not tell the running statistics apart from none).
-fn net_with_statistics(spec: &ModelSpec, input: [usize; 3], classes: usize, max_batch: usize) -> Net {
+fn net_with_statistics(
+    spec: &ModelSpec,
+    input: [usize; 3],
+    classes: usize,
+    max_batch: usize,
+) -> Net {
     let g = Graph::build(spec, input, classes).unwrap_or_else(|e| panic!("{}: {e}", spec.name));
     let mut net = Net::new(Arc::new(g), NetConfig { max_batch, seed: 7 }).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
@@ -55,12 +60,18 @@ fn check_export(net: &mut Net, batches: &[usize]) {
     let classes = net.graph().classes;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for &n in batches {
-        let images: Vec<f32> = (0..n * x.numel()).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let images: Vec<f32> = (0..n * x.numel())
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
         net.forward(&images, &vec![0; n], n, Mode::Eval);
         let ours = net.logits().to_vec();
         let input = Tensor::from_shape(&[n, x.c, x.h, x.w], &images).unwrap();
         let out = plan.run(tvec!(input.into())).unwrap();
-        assert_eq!(out[0].shape(), &[n, classes], "{name}: output shape at batch {n}");
+        assert_eq!(
+            out[0].shape(),
+            &[n, classes],
+            "{name}: output shape at batch {n}"
+        );
         let view = out[0].to_plain_array_view::<f32>().unwrap();
         let theirs: Vec<f32> = view.iter().copied().collect();
         let worst = ours
@@ -83,19 +94,35 @@ fn check_builtin(name: &str, batches: &[usize]) {
     let input = spec.default_input.expect("built-ins name their input");
     let classes = spec.default_classes.unwrap_or(10);
     let max = *batches.iter().max().unwrap();
-    check_export(&mut net_with_statistics(&spec, input, classes, max), batches);
+    check_export(
+        &mut net_with_statistics(&spec, input, classes, max),
+        batches,
+    );
 }
 
 #[test]
 fn the_small_builtin_models_export_to_the_same_logits() {
-    for name in ["lenet5", "vgg-small", "resnet20", "resnet18", "mobilenetv2", "densenet-small"] {
+    for name in [
+        "lenet5",
+        "vgg-small",
+        "resnet20",
+        "resnet18",
+        "mobilenetv2",
+        "densenet-small",
+    ] {
         check_builtin(name, &[2, 5]);
     }
 }
 
 #[test]
 fn the_imagenet_builtin_models_export_to_the_same_logits() {
-    for name in ["alexnet", "resnet50", "inception-v3", "inception-v3-noaux", "vgg16"] {
+    for name in [
+        "alexnet",
+        "resnet50",
+        "inception-v3",
+        "inception-v3-noaux",
+        "vgg16",
+    ] {
         check_builtin(name, &[1, 2]);
     }
 }
@@ -119,9 +146,15 @@ fn the_export_has_no_loss_dropout_or_auxiliary_head() {
     let m = export::to_onnx(&net, &[]).unwrap();
     let g = m.graph.as_ref().unwrap();
     let ops: Vec<&str> = g.node.iter().map(|n| n.op_type.as_str()).collect();
-    assert!(!ops.contains(&"Dropout") && !ops.contains(&"Softmax"), "{ops:?}");
+    assert!(
+        !ops.contains(&"Dropout") && !ops.contains(&"Softmax"),
+        "{ops:?}"
+    );
     assert!(g.node.iter().all(|n| !n.name.starts_with("aux")), "{ops:?}");
-    assert_eq!(ops.iter().filter(|o| **o == "BatchNormalization").count(), 3);
+    assert_eq!(
+        ops.iter().filter(|o| **o == "BatchNormalization").count(),
+        3
+    );
 }
 
 #[test]
@@ -135,5 +168,9 @@ fn write_onnx_writes_a_file_tract_reads_and_refuses_a_directory() {
     let err = export::write_onnx(&net, &[], dir.path()).unwrap_err();
     assert!(matches!(err, ExportError::Output(_)), "{err}");
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert_eq!(names.len(), 1, "only the model file, no temporary file left");
+    assert_eq!(
+        names.len(),
+        1,
+        "only the model file, no temporary file left"
+    );
 }

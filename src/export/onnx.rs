@@ -135,7 +135,13 @@ fn to_onnx_within(
     }
     let logits = b.values[g.logits()].clone().expect("the logits are needed");
     let logits = b.with_rank(logits, 2);
-    b.node("Identity", OUTPUT_NAME, &[&logits.name], OUTPUT_NAME, vec![]);
+    b.node(
+        "Identity",
+        OUTPUT_NAME,
+        &[&logits.name],
+        OUTPUT_NAME,
+        vec![],
+    );
     Ok(b.finish(metadata))
 }
 
@@ -200,7 +206,9 @@ impl<'a> Builder<'a> {
         let g = self.net.graph();
         let node = &g.nodes[i];
         let name = node.name.as_str();
-        let op = node.layer().expect("node 0 is the input; layers start at 1");
+        let op = node
+            .layer()
+            .expect("node 0 is the input; layers start at 1");
         let inputs: Vec<Value> = node
             .inputs
             .iter()
@@ -275,8 +283,7 @@ impl<'a> Builder<'a> {
                 return Err(ExportError::Unsupported {
                     layer: name.into(),
                     op: op.type_name(),
-                    reason: "a loss whose output the prediction reads has no inference form"
-                        .into(),
+                    reason: "a loss whose output the prediction reads has no inference form".into(),
                 })
             }
         })
@@ -537,7 +544,14 @@ mod tests {
     fn lenet() -> Net {
         let spec = model::load("lenet5").unwrap();
         let g = Graph::build(&spec, [1, 28, 28], 10).unwrap();
-        Net::new(Arc::new(g), NetConfig { max_batch: 1, seed: 1 }).unwrap()
+        Net::new(
+            Arc::new(g),
+            NetConfig {
+                max_batch: 1,
+                seed: 1,
+            },
+        )
+        .unwrap()
     }
 
     #[test]
@@ -545,7 +559,11 @@ mod tests {
         let net = lenet();
         let bytes = 4 * (net.params().len() + net.state().len()) as u64;
         match to_onnx_within(&net, &[], bytes - 1) {
-            Err(ExportError::TooLarge { model, bytes: b, limit }) => {
+            Err(ExportError::TooLarge {
+                model,
+                bytes: b,
+                limit,
+            }) => {
                 assert_eq!((model.as_str(), b, limit), ("lenet5", bytes, bytes - 1));
             }
             other => panic!("expected TooLarge, got {other:?}"),
@@ -567,8 +585,14 @@ mod tests {
         };
         let dims: Vec<_> = t.shape.dim.iter().map(|d| d.value.clone()).collect();
         assert_eq!(dims[0], Some(dimension::Value::DimParam(BATCH_DIM.into())));
-        assert_eq!(dims[1..], [1, 28, 28].map(|d| Some(dimension::Value::DimValue(d))));
-        assert!(m.metadata_props.iter().any(|p| p.key == "classes" && p.value == "a,b"));
+        assert_eq!(
+            dims[1..],
+            [1, 28, 28].map(|d| Some(dimension::Value::DimValue(d)))
+        );
+        assert!(m
+            .metadata_props
+            .iter()
+            .any(|p| p.key == "classes" && p.value == "a,b"));
         // No loss node, and the initializers are PyTorch's state_dict names.
         assert!(g.node.iter().all(|n| n.op_type != "Softmax"));
         assert!(g.initializer.iter().any(|t| t.name == "c1.weight"));
