@@ -87,6 +87,10 @@ pub struct TrainConfig {
     pub skip_nonfinite: bool,
     /// Checkpoint to resume from.
     pub resume: Option<PathBuf>,
+    /// Checkpoint whose weights a new run starts from (`--weights`, fine-tuning).
+    pub weights: Option<PathBuf>,
+    /// With `weights`: layers left at their initialisation (`--reinit`).
+    pub reinit: Vec<String>,
     /// Also write a metrics line every this many steps (0: per epoch only).
     pub log_every: usize,
     /// Use only the first N training samples (quick runs and tests).
@@ -263,6 +267,15 @@ pub struct TrainOptions {
     #[arg(long)]
     #[serde(default)]
     pub resume_changed: bool,
+    /// Start a new run from this checkpoint's weights (fine-tuning: epoch 0, no optimizer
+    /// state, this run's dataset and settings); a head whose class count changed starts from
+    /// scratch. Not with --resume, which continues a run exactly.
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// With --weights: layers (comma-separated, names as in the model file) that start from
+    /// scratch instead, e.g. --reinit fc3.
+    #[arg(long)]
+    pub reinit: Option<String>,
     /// Reuse a run directory that holds another run's files (metrics, summary, report,
     /// checkpoints): they are deleted first. Without it such a directory is refused.
     #[arg(long)]
@@ -348,6 +361,17 @@ pub fn check_link_against_timeout(link: &LinkModel, timeout_s: f64) -> Result<()
     Ok(())
 }
 
+/// Parses `--reinit LAYER,...` (names as in the model file; empty entries refused).
+pub fn parse_reinit(list: &str) -> Result<Vec<String>, String> {
+    let names: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+    if names.iter().any(String::is_empty) {
+        return Err(format!(
+            "--reinit '{list}': give layer names separated by commas, e.g. --reinit fc3"
+        ));
+    }
+    Ok(names)
+}
+
 macro_rules! overlay {
     ($dst:ident, $src:ident, $($f:ident),*) => { $( if $src.$f.is_some() { $dst.$f = $src.$f.clone(); } )* };
 }
@@ -384,6 +408,7 @@ impl TrainConfig {
             "emulate_device": self.device.as_ref().map(|d| d.path.display().to_string()),
             "emulate_device_scale": self.device.as_ref().map(|d| d.scale),
             "train_limit": self.train_limit, "test_limit": self.test_limit,
+            "weights": self.weights.as_ref().map(|w| w.display().to_string()), "reinit": self.reinit,
             "loader_threads": self.loader_threads, "prefetch": self.prefetch,
             "augment": self.augment.to_string(), "skip_bad_samples": self.skip_bad_samples,
         })
@@ -434,6 +459,8 @@ impl TrainOptions {
             checkpoint_every,
             keep_checkpoints,
             resume,
+            weights,
+            reinit,
             log_every,
             train_limit,
             test_limit,
@@ -530,6 +557,11 @@ impl TrainOptions {
                 o => return Err(format!("--on-nonfinite must be stop or skip, not '{o}'")),
             },
             resume: self.resume.clone(),
+            weights: self.weights.clone(),
+            reinit: match &self.reinit {
+                Some(list) => parse_reinit(list)?,
+                None => Vec::new(),
+            },
             log_every: self.log_every.unwrap_or(0),
             train_limit: self.train_limit,
             test_limit: self.test_limit,
@@ -680,8 +712,28 @@ impl TrainOptions {
         })
     }
 
-    /// `--resume` names a file; `--resume-changed` only goes with it.
+    /// `--resume` names a file; `--resume-changed` only goes with it; `--weights` names a file
+    /// and not beside `--resume`; `--reinit` only goes with `--weights`.
     fn check_resume(&self) -> Result<(), String> {
+        match (&self.weights, &self.resume, &self.reinit) {
+            (Some(_), Some(_), _) => {
+                return Err(
+                    "--weights starts a new run from a checkpoint's weights and \
+                            --resume continues a run exactly: give one of them"
+                        .into(),
+                )
+            }
+            (Some(w), None, _) if !w.is_file() => {
+                return Err(format!(
+                    "--weights {}: no such checkpoint file",
+                    w.display()
+                ))
+            }
+            (None, _, Some(_)) => {
+                return Err("--reinit only applies with --weights CHECKPOINT".into())
+            }
+            _ => {}
+        }
         match &self.resume {
             Some(r) if !r.is_file() => {
                 Err(format!("--resume {}: no such checkpoint file", r.display()))

@@ -12,6 +12,7 @@ pub mod comm;
 pub mod config;
 pub mod data;
 pub mod export;
+pub mod infer;
 pub mod limits;
 pub mod measure;
 pub mod model;

@@ -33,6 +33,7 @@ const LAYERS: &[&str] = &[
     "config",   // options, defaults, validation
     "train",    // the run and the worker's step
     "report",   // run reports from a run's files
+    "infer",    // eval and predict from a checkpoint
     "sim",      // planning past this machine
     "bench",    // benchmarks
     "cli",      // the commands

@@ -7,6 +7,9 @@ use crate::data::Dataset;
 pub struct Normalize {
     scale: Vec<f32>,
     shift: Vec<f32>,
+    /// The mean and standard deviation given (recorded in checkpoints as they are).
+    mean: Vec<f32>,
+    std: Vec<f32>,
 }
 
 impl Normalize {
@@ -15,7 +18,19 @@ impl Normalize {
         Self {
             scale: std.iter().map(|s| 1.0 / (255.0 * s)).collect(),
             shift: mean.iter().zip(std).map(|(m, s)| -m / s).collect(),
+            mean: mean.to_vec(),
+            std: std.to_vec(),
         }
+    }
+
+    /// The per-channel mean of pixel/255 it was made from.
+    pub fn mean(&self) -> &[f32] {
+        &self.mean
+    }
+
+    /// The per-channel standard deviation of pixel/255 it was made from.
+    pub fn std(&self) -> &[f32] {
+        &self.std
     }
 
     /// For a dataset, with its own statistics.

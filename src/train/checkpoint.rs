@@ -21,6 +21,7 @@
 //! whatever tensors they hold), checked on every load: a changed byte is reported as a corrupt
 //! checkpoint instead of loading silently.
 
+use super::description::ModelDescription;
 use crate::nn::{Net, TensorInfo};
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::{BTreeMap, HashMap};
@@ -78,6 +79,35 @@ pub enum CheckpointError {
     /// A tensor the net needs is missing or of another shape or type.
     #[error("{0}")]
     Tensor(String),
+    /// The checkpoint does not describe its model (model file, classes, input, normalisation):
+    /// it was written before dptrain recorded them.
+    #[error(
+        "checkpoint {} was written before dptrain recorded its model (model file, class names, \
+         input size, normalisation), which eval, predict and export need: it still resumes \
+         and gives its weights to `train --weights`; retrain with this dptrain, or write a new \
+         checkpoint from it with `dptrain train --weights {} --model MODEL --dataset DATASET \
+         --epochs 1`",
+        path.display(),
+        path.display()
+    )]
+    NoDescription {
+        /// The checkpoint.
+        path: PathBuf,
+    },
+    /// The checkpoint's model was laid out in code, so it holds no model file to rebuild it
+    /// from.
+    #[error(
+        "checkpoint {}: its model ({model}) was laid out in code, not in a model file, so the \
+         checkpoint cannot rebuild it; load it in code with the same ModelBuilder, or train \
+         from a model file (docs/MODEL_FILES.md)",
+        path.display()
+    )]
+    NoModelText {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Where the model came from (`builder:NAME`).
+        model: String,
+    },
 }
 
 impl From<CheckpointError> for String {
@@ -315,6 +345,9 @@ pub struct Checkpoint {
     pub state: TrainState,
     /// Named tensors, PyTorch's names and layouts.
     pub tensors: BTreeMap<String, Stored>,
+    /// What the model is (file, classes, input, normalisation); `None` in checkpoints written
+    /// before dptrain recorded it.
+    pub description: Option<ModelDescription>,
 }
 
 /// Each tensor of `net`'s blocks: (full name, tensor, whether it is state, the block).
@@ -359,7 +392,27 @@ impl Checkpoint {
                 Stored::F32(t.torch_shape.clone(), m),
             );
         }
-        Self { state, tensors }
+        Self {
+            state,
+            tensors,
+            description: None,
+        }
+    }
+
+    /// The checkpoint with `description` recorded.
+    pub fn with_description(mut self, description: ModelDescription) -> Self {
+        self.description = Some(description);
+        self
+    }
+
+    /// The model description, or [`CheckpointError::NoDescription`] naming `path` (the file
+    /// it was read from) for a checkpoint that has none.
+    pub fn description(&self, path: &Path) -> Result<&ModelDescription, CheckpointError> {
+        self.description
+            .as_ref()
+            .ok_or_else(|| CheckpointError::NoDescription {
+                path: path.to_path_buf(),
+            })
     }
 
     /// Writes the checkpoint atomically to `path`.
@@ -402,6 +455,9 @@ impl Checkpoint {
         // The checksum covers the data section, which the metadata does not change: serialise
         // once to hash it, then again with the digest in the header.
         let mut metadata = self.state.to_metadata();
+        if let Some(d) = &self.description {
+            metadata.extend(d.to_metadata());
+        }
         let unsigned = serialise(metadata.clone())?;
         let unserialisable = || CheckpointError::Serialise("cannot serialise checkpoint".into());
         let data = data_section(&unsigned).ok_or_else(unserialisable)?;
@@ -462,6 +518,7 @@ impl Checkpoint {
             ),
         }
         let state = TrainState::from_metadata(&meta, &what)?;
+        let description = ModelDescription::from_metadata(&meta, &what)?;
         let st = safetensors::SafeTensors::deserialize(bytes)
             .map_err(|e| what(format!("not a safetensors file ({e})")))?;
         let mut tensors = BTreeMap::new();
@@ -485,7 +542,11 @@ impl Checkpoint {
             };
             tensors.insert(name, value);
         }
-        Ok(Self { state, tensors })
+        Ok(Self {
+            state,
+            tensors,
+            description,
+        })
     }
 
     /// Copies the stored state into `net` and returns the momentum buffer. Fails, naming the

@@ -188,6 +188,9 @@ pub enum PrepareError {
     /// The checkpoint to resume from cannot continue this run.
     #[error(transparent)]
     Resume(#[from] ResumeError),
+    /// The checkpoint of `--weights` does not fit this run's model.
+    #[error(transparent)]
+    Weights(#[from] super::weights::WeightsError),
     /// An output cannot be written (checked, and the run directory prepared, up front).
     #[error(transparent)]
     Outputs(#[from] OutputsError),

@@ -8,6 +8,7 @@
 //! [`crate::parallel`]; how a run fails in [`error`].
 
 pub mod checkpoint;
+pub mod description;
 pub mod error;
 pub mod event;
 pub mod metrics;
@@ -15,6 +16,7 @@ pub mod processes;
 pub mod progress;
 pub mod rundir;
 pub mod summary;
+pub mod weights;
 pub mod worker;
 
 use crate::comm::InProcessFabric;
@@ -257,6 +259,11 @@ struct PreparedRun {
     graph: Arc<crate::model::Graph>,
     test_set: Arc<Dataset>,
     resume: Option<Arc<checkpoint::Checkpoint>>,
+    /// The weights of `--weights`, checked against the model.
+    weights: Option<Arc<weights::StartWeights>>,
+    /// What the run's checkpoints record about the model (the normalisation filled in by
+    /// the worker).
+    description: Arc<description::ModelDescription>,
     start_epoch: usize,
     steps_per_epoch: usize,
     /// Where the `--trace` timeline goes, if one was asked for.
@@ -285,6 +292,8 @@ fn prepare(
         None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
     });
     let resume = load_resume(&cfg, &graph.name, warn)?;
+    let weights = load_weights(&cfg, &graph, warn)?;
+    let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
     let steps_per_epoch = train_source.len() / cfg.batch;
     let trace_path = prepare_outputs(&mut cfg, start_epoch, steps_per_epoch, warn)?;
@@ -299,6 +308,8 @@ fn prepare(
         graph,
         test_set: Arc::new(test_set),
         resume,
+        weights,
+        description,
         start_epoch,
         steps_per_epoch,
         trace_path,
@@ -324,6 +335,29 @@ fn load_resume(
         return Err(ResumeError::AlreadyDone(ck.state.epoch));
     }
     Ok(Some(Arc::new(ck)))
+}
+
+/// The weights of `--weights`, checked against this run's model (a net of batch 1 made for
+/// the check); what was re-initialised goes to `warn`.
+fn load_weights(
+    cfg: &TrainConfig,
+    graph: &Arc<crate::model::Graph>,
+    warn: &dyn Fn(&str),
+) -> Result<Option<Arc<weights::StartWeights>>, PrepareError> {
+    let Some(path) = &cfg.weights else {
+        return Ok(None);
+    };
+    let net_cfg = crate::nn::NetConfig {
+        max_batch: 1,
+        seed: cfg.seed,
+    };
+    let net = crate::nn::Net::new(graph.clone(), net_cfg)
+        .map_err(|e| PrepareError::Config(e.to_string()))?;
+    let start = weights::StartWeights::plan(path, &net, &cfg.reinit)?;
+    for note in &start.notes {
+        warn(note);
+    }
+    Ok(Some(Arc::new(start)))
 }
 
 /// Checks every output and (on rank 0) prepares the run directory, which may move `cfg` to a
@@ -404,6 +438,8 @@ fn spawn_workers(
             transport,
             events: tx.clone(),
             resume: run.resume.clone(),
+            weights: run.weights.clone(),
+            description: run.description.clone(),
             tracer: worker_tracer(trace_sink.as_ref(), rank, cfg.world()),
         };
         let compute_threads = cfg.threads;

@@ -44,6 +44,10 @@ pub struct WorkerSetup {
     pub events: Sender<Event>,
     /// State to start from: momentum buffers and the first epoch.
     pub resume: Option<Arc<super::checkpoint::Checkpoint>>,
+    /// Weights to start a new run from (`--weights`).
+    pub weights: Option<Arc<super::weights::StartWeights>>,
+    /// What checkpoints record about the model (the normalisation is this worker's).
+    pub description: Arc<super::description::ModelDescription>,
     /// Timeline handle ([`Tracer::off`] without `--trace`).
     pub tracer: Tracer,
 }
@@ -114,6 +118,8 @@ pub struct Worker {
     test: Arc<Dataset>,
     /// Evaluation batches are collated here.
     eval_batch: Batch,
+    /// What checkpoints record about the model.
+    description: Arc<super::description::ModelDescription>,
     events: Sender<Event>,
     start_epoch: usize,
     /// The phase the step is in, for the message if it panics.
@@ -231,6 +237,9 @@ impl Worker {
             start_epoch = ck.state.epoch;
             global_step = ck.state.global_step;
         }
+        if let Some(w) = &s.weights {
+            w.apply(&mut net);
+        }
         let planning = cfg.plan_inputs();
         let plan = planning.bucket_plan(&crate::plan::block_lens(&net));
         let ops = planning.bucket_ops(&plan);
@@ -262,6 +271,7 @@ impl Worker {
             param_flat: vec![0.0; total],
             test: s.test,
             eval_batch: Batch::default(),
+            description: s.description,
             events: s.events,
             start_epoch,
             phase: Phase::Start,
@@ -390,7 +400,11 @@ impl Worker {
     /// Writes the checkpoint after `epoch` (and prunes older ones); returns its path.
     fn checkpoint(&self, epoch: usize) -> Result<std::path::PathBuf, WorkerError> {
         let state = TrainState::new(&self.cfg, self.net.graph(), epoch + 1, self.global_step);
-        let ck = Checkpoint::capture(state, &self.net, self.sgd.momentum());
+        let mut description = (*self.description).clone();
+        description.mean = self.norm.mean().to_vec();
+        description.std = self.norm.std().to_vec();
+        let ck = Checkpoint::capture(state, &self.net, self.sgd.momentum())
+            .with_description(description);
         let path = checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
         let slow = self
             .cfg

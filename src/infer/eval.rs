@@ -1,0 +1,457 @@
+//! `dptrain eval`: a checkpoint's loss, top-1 and top-5 accuracy, per-class accuracy and
+//! confusion matrix on a dataset split (the checkpoint's own dataset unless another is given).
+//!
+//! Data-parallel over worker threads, each with its own net and compute threads: the split is
+//! cut into chunks of `batch` samples (by default the training run's per-worker batch, the
+//! chunks its evaluation used), worker `w` takes chunks `w, w + W, ...`. Counts are integers,
+//! and the loss is the sum of the chunks' losses in chunk order, so every figure is the same
+//! bits whatever the worker and thread counts, and equal to the training run's evaluation of the
+//! same checkpoint.
+
+use super::{rank_of, InferError, TrainedModel};
+use crate::data::{Dataset, Split};
+use crate::nn::Mode;
+use crate::pipeline::{collate, Batch, Normalize, Source};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// How to evaluate.
+#[derive(Debug, Clone, Default)]
+pub struct EvalOptions {
+    /// Dataset (any name `train --dataset` takes) [default: the checkpoint's].
+    pub dataset: Option<String>,
+    /// Its directory [default: the checkpoint's, when the dataset is the checkpoint's].
+    pub data_dir: Option<PathBuf>,
+    /// Which split [default: test].
+    pub train_split: bool,
+    /// Only the first N samples (as `--test-limit` / `--train-limit` choose them).
+    pub limit: Option<usize>,
+    /// Worker threads, each with a net [default: 1].
+    pub workers: usize,
+    /// Samples per forward [default: the training run's per-worker batch].
+    pub batch: Option<usize>,
+    /// Compute threads per worker [default: cores / workers].
+    pub threads: Option<usize>,
+}
+
+/// A dataset split ready to evaluate on.
+pub struct EvalData {
+    /// The dataset as named (with its directory, if any).
+    pub dataset: String,
+    /// Which split.
+    pub split: Split,
+    /// The samples.
+    pub set: Dataset,
+}
+
+/// One class's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassResult {
+    /// The class name.
+    pub name: String,
+    /// Samples of the class.
+    pub samples: u64,
+    /// Of which predicted as the class (top-1).
+    pub correct: u64,
+    /// `correct / samples` (`None` without samples).
+    pub accuracy: Option<f64>,
+}
+
+/// What an evaluation measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalReport {
+    /// The checkpoint.
+    pub checkpoint: PathBuf,
+    /// Its model.
+    pub model: String,
+    /// The dataset.
+    pub dataset: String,
+    /// `test` or `train`.
+    pub split: String,
+    /// Samples evaluated.
+    pub samples: usize,
+    /// Mean loss (the model's loss layers, as training reports the test loss).
+    pub loss: f64,
+    /// Top-1 accuracy.
+    pub top1: f64,
+    /// Top-k accuracy, k = `top_k` (5, or the class count when smaller).
+    pub top5: f64,
+    /// The k of `top5`.
+    pub top_k: usize,
+    /// Per class, label order.
+    pub classes: Vec<ClassResult>,
+    /// Confusion matrix: `confusion[true][predicted]` samples.
+    pub confusion: Vec<Vec<u64>>,
+    /// Worker threads used.
+    pub workers: usize,
+    /// Samples per forward.
+    pub batch: usize,
+}
+
+/// The training run's per-worker batch (the chunks its evaluation used), else 64.
+pub fn default_batch(model: &TrainedModel) -> usize {
+    model
+        .checkpoint
+        .state
+        .run
+        .as_ref()
+        .map_or(64, |r| (r.batch / r.world.max(1)).max(1))
+}
+
+/// Reads the split to evaluate on and checks that it fits the model (input shape, classes).
+pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, InferError> {
+    let run = model.checkpoint.state.run.as_ref();
+    let (dataset, data_dir) = match (&opts.dataset, run) {
+        (Some(d), _) => (d.clone(), opts.data_dir.clone()),
+        (None, Some(r)) => (
+            r.dataset.clone(),
+            opts.data_dir
+                .clone()
+                .or_else(|| r.data_dir.as_ref().map(PathBuf::from)),
+        ),
+        (None, None) => {
+            return Err(InferError::Options(
+                "the checkpoint does not record its dataset: give --dataset (and --data-dir)"
+                    .into(),
+            ))
+        }
+    };
+    let split = if opts.train_split {
+        Split::Train
+    } else {
+        Split::Test
+    };
+    let cfg = crate::config::TrainOptions {
+        dataset: Some(dataset.clone()),
+        data_dir: data_dir.clone(),
+        batch: Some(1),
+        train_limit: opts.limit.filter(|_| split == Split::Train),
+        test_limit: opts.limit.filter(|_| split == Split::Test),
+        quiet: true,
+        ..Default::default()
+    }
+    .resolve()
+    .map_err(InferError::Options)?;
+    let (source, test) = crate::train::load_sources(&cfg).map_err(prepare_error)?;
+    let names = crate::train::description::class_names(&source);
+    let set = match (split, &source) {
+        (Split::Test, _) => test,
+        (Split::Train, Source::Memory(d)) => (**d).clone(),
+        (Split::Train, Source::Folder(f)) => f.decode_all("imagefolder")?,
+    };
+    let shown = match &data_dir {
+        Some(d) => format!("{dataset} (--data-dir {})", d.display()),
+        None => dataset,
+    };
+    check_fits(model, &shown, &set, &names)?;
+    Ok(EvalData {
+        dataset: shown,
+        split,
+        set,
+    })
+}
+
+/// A failure to load the dataset, typed where it is the data's.
+fn prepare_error(e: crate::train::PrepareError) -> InferError {
+    match e {
+        crate::train::PrepareError::Data(d) | crate::train::PrepareError::TestSplit(d) => d.into(),
+        other => InferError::Options(other.to_string()),
+    }
+}
+
+/// Refuses a split whose images are not the model's input or whose classes are not its.
+fn check_fits(
+    model: &TrainedModel,
+    dataset: &str,
+    set: &Dataset,
+    names: &[String],
+) -> Result<(), InferError> {
+    let d = &model.description;
+    let mismatch = |what: String| InferError::Mismatch {
+        checkpoint: model.path.clone(),
+        dataset: dataset.to_string(),
+        what,
+    };
+    let shape = [set.channels, set.height, set.width];
+    if shape != d.input {
+        let s = |v: [usize; 3]| format!("{}x{}x{}", v[0], v[1], v[2]);
+        return Err(mismatch(format!(
+            "its images are {} (CxHxW), the model takes {}",
+            s(shape),
+            s(d.input)
+        )));
+    }
+    if names != d.class_names.as_slice() {
+        return Err(mismatch(format!(
+            "its classes are [{}], the model's are [{}]",
+            names.join(", "),
+            d.class_names.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Reads the checkpoint and the split, and evaluates.
+pub fn run(checkpoint: &Path, opts: &EvalOptions) -> Result<EvalReport, InferError> {
+    let model = TrainedModel::load(checkpoint)?;
+    let data = load_data(&model, opts)?;
+    evaluate(&model, &data, opts)
+}
+
+/// What one worker counted.
+struct Tally {
+    /// (chunk, loss sum of the chunk).
+    losses: Vec<(usize, f64)>,
+    /// Per class: samples, top-1 correct, top-k correct.
+    per_class: Vec<[u64; 3]>,
+    /// Row-major `classes x classes`.
+    confusion: Vec<u64>,
+}
+
+impl Tally {
+    fn new(classes: usize) -> Self {
+        Self {
+            losses: Vec::new(),
+            per_class: vec![[0; 3]; classes],
+            confusion: vec![0; classes * classes],
+        }
+    }
+
+    fn add(&mut self, other: Tally) {
+        self.losses.extend(other.losses);
+        for (a, b) in self.per_class.iter_mut().zip(other.per_class) {
+            (0..3).for_each(|i| a[i] += b[i]);
+        }
+        for (a, b) in self.confusion.iter_mut().zip(other.confusion) {
+            *a += b;
+        }
+    }
+}
+
+/// The work of one evaluation: the model, the samples, how they are cut and shared.
+struct Plan<'a> {
+    model: &'a TrainedModel,
+    set: &'a Dataset,
+    norm: Normalize,
+    batch: usize,
+    chunks: usize,
+    workers: usize,
+    threads: usize,
+    top_k: usize,
+}
+
+/// Evaluates `model` on `data` over `opts.workers` threads.
+pub fn evaluate(
+    model: &TrainedModel,
+    data: &EvalData,
+    opts: &EvalOptions,
+) -> Result<EvalReport, InferError> {
+    let batch = opts.batch.unwrap_or_else(|| default_batch(model));
+    if batch == 0 || opts.workers == 0 {
+        return Err(InferError::Options(
+            "--batch and --workers must be at least 1".into(),
+        ));
+    }
+    let classes = model.class_names().len();
+    let chunks = data.set.len().div_ceil(batch);
+    let workers = opts.workers.min(chunks).max(1);
+    let plan = Plan {
+        model,
+        set: &data.set,
+        norm: model.normalize(),
+        batch,
+        chunks,
+        workers,
+        threads: crate::limits::threads_per_worker(opts.threads, workers).0,
+        top_k: classes.min(5),
+    };
+    let tallies: Vec<Result<Tally, InferError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let plan = &plan;
+                s.spawn(move || plan.worker(w))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(InferError::Threads("a worker panicked".into())))
+            })
+            .collect()
+    });
+    let mut total = Tally::new(classes);
+    for t in tallies {
+        total.add(t?);
+    }
+    Ok(plan.report(data, total, opts.workers))
+}
+
+impl Plan<'_> {
+    /// Worker `w`: its chunks, on its own net and compute threads.
+    fn worker(&self, w: usize) -> Result<Tally, InferError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(move |i| format!("eval-{w}-compute-{i}"))
+            .build()
+            .map_err(|e| InferError::Threads(e.to_string()))?;
+        pool.install(|| {
+            let mut net = self.model.net(self.batch)?;
+            let classes = self.model.class_names().len();
+            let mut tally = Tally::new(classes);
+            let (mut batch, mut indices) = (Batch::default(), Vec::with_capacity(self.batch));
+            for chunk in (w..self.chunks).step_by(self.workers) {
+                let start = chunk * self.batch;
+                indices.clear();
+                indices.extend(start as u32..(start + self.batch).min(self.set.len()) as u32);
+                collate(self.set, &indices, &self.norm, &mut batch);
+                let n = indices.len();
+                let r = net.forward(&batch.images, &batch.labels, n, Mode::Eval);
+                tally.losses.push((chunk, r.loss_sum));
+                for (row, &y) in net.logits().chunks_exact(classes).zip(&batch.labels) {
+                    let y = y as usize;
+                    let rank = rank_of(row, y);
+                    let predicted = super::top_k(row, 1)[0].0;
+                    let c = &mut tally.per_class[y];
+                    c[0] += 1;
+                    c[1] += u64::from(rank == 0);
+                    c[2] += u64::from(rank < self.top_k);
+                    tally.confusion[y * classes + predicted] += 1;
+                }
+            }
+            Ok(tally)
+        })
+    }
+
+    /// The figures from the summed counts; the loss added in chunk order.
+    fn report(&self, data: &EvalData, mut total: Tally, workers: usize) -> EvalReport {
+        total.losses.sort_by_key(|&(chunk, _)| chunk);
+        let mut loss_sum = 0.0f64;
+        for (_, l) in &total.losses {
+            loss_sum += l;
+        }
+        let n = data.set.len().max(1) as f64;
+        let sum = |i: usize| total.per_class.iter().map(|c| c[i]).sum::<u64>() as f64;
+        let names = self.model.class_names();
+        let k = names.len();
+        EvalReport {
+            checkpoint: self.model.path.clone(),
+            model: self.model.graph.name.clone(),
+            dataset: data.dataset.clone(),
+            split: match data.split {
+                Split::Train => "train".into(),
+                Split::Test => "test".into(),
+            },
+            samples: data.set.len(),
+            loss: loss_sum / n,
+            top1: sum(1) / n,
+            top5: sum(2) / n,
+            top_k: self.top_k,
+            classes: names
+                .iter()
+                .zip(&total.per_class)
+                .map(|(name, c)| ClassResult {
+                    name: name.clone(),
+                    samples: c[0],
+                    correct: c[1],
+                    accuracy: (c[0] > 0).then(|| c[1] as f64 / c[0] as f64),
+                })
+                .collect(),
+            confusion: total
+                .confusion
+                .chunks(k.max(1))
+                .map(<[u64]>::to_vec)
+                .collect(),
+            workers,
+            batch: self.batch,
+        }
+    }
+}
+
+impl EvalReport {
+    /// The headline: samples, loss, top-1, top-k.
+    pub fn headline(&self) -> String {
+        format!(
+            "{} on {} ({} split, {} images): loss {:.4}, top-1 {:.2}%, top-{} {:.2}%",
+            self.model,
+            self.dataset,
+            self.split,
+            self.samples,
+            self.loss,
+            100.0 * self.top1,
+            self.top_k,
+            100.0 * self.top5
+        )
+    }
+
+    /// The per-class table (markdown).
+    pub fn class_table(&self) -> String {
+        let mut s =
+            String::from("| class | samples | correct | accuracy |\n|---|---:|---:|---:|\n");
+        for c in &self.classes {
+            let acc = c
+                .accuracy
+                .map_or_else(|| "-".to_string(), |a| format!("{:.2}%", 100.0 * a));
+            s += &format!(
+                "| {} | {} | {} | {acc} |\n",
+                cell(&c.name),
+                c.samples,
+                c.correct
+            );
+        }
+        s
+    }
+
+    /// The confusion matrix (markdown): rows true classes, columns predicted.
+    pub fn confusion_table(&self) -> String {
+        let names: Vec<String> = self.classes.iter().map(|c| cell(&c.name)).collect();
+        let mut s = format!("| true \\ predicted | {} |\n", names.join(" | "));
+        s += &format!("|---|{}\n", "---:|".repeat(names.len()));
+        for (name, row) in names.iter().zip(&self.confusion) {
+            let row: Vec<String> = row.iter().map(u64::to_string).collect();
+            s += &format!("| {name} | {} |\n", row.join(" | "));
+        }
+        s
+    }
+
+    /// The whole report as a markdown page.
+    pub fn markdown(&self) -> String {
+        format!(
+            "# Evaluation: {}\n\n{}\n\nCheckpoint `{}`; {} worker(s), batch {}.\n\n\
+             ## Per class\n\n{}\n## Confusion matrix\n\nRows: true class; columns: predicted \
+             class.\n\n{}\n![confusion matrix](confusion.png)\n",
+            self.model,
+            self.headline(),
+            self.checkpoint.display(),
+            self.workers,
+            self.batch,
+            self.class_table(),
+            self.confusion_table()
+        )
+    }
+
+    /// Writes `eval.md`, `eval.json` and `confusion.png` into `dir` (created if absent, one
+    /// level); returns the files written.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, InferError> {
+        let out = |e: crate::output::OutputError| InferError::Output(e.to_string());
+        crate::output::create_dir(dir).map_err(out)?;
+        let md = dir.join("eval.md");
+        crate::output::write_atomically(&md, self.markdown().as_bytes()).map_err(out)?;
+        let json = dir.join("eval.json");
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| InferError::Output(e.to_string()))?;
+        crate::output::write_atomically(&json, text.as_bytes()).map_err(out)?;
+        let png = dir.join("confusion.png");
+        let names: Vec<String> = self.classes.iter().map(|c| c.name.clone()).collect();
+        let flat: Vec<u64> = self.confusion.concat();
+        let title = format!("Confusion matrix: {} on {}", self.model, self.split);
+        crate::report::plot::confusion_matrix(&png, &title, &names, &flat)
+            .map_err(InferError::Output)?;
+        Ok(vec![md, json, png])
+    }
+}
+
+/// A class name as a markdown table cell (pipes escaped).
+fn cell(name: &str) -> String {
+    name.replace('|', "\\|")
+}

@@ -1,0 +1,107 @@
+//! Using a trained model: `dptrain eval` ([`eval`]: loss, top-1/top-5, per-class accuracy and
+//! the confusion matrix of a checkpoint on a dataset split, data-parallel over worker threads)
+//! and `dptrain predict` ([`predict`]: the top classes of image files).
+//!
+//! Both read everything from the checkpoint ([`TrainedModel`]: the model file's text, class
+//! names, input size, normalisation, evaluation transforms) and run the net's `Mode::Eval`
+//! forward, the same kernels as training's evaluation, so `eval` on a run's test split gives
+//! that run's test accuracy to the bit.
+
+pub mod eval;
+pub mod predict;
+
+pub use crate::train::description::TrainedModel;
+
+use crate::data::DataError;
+use crate::train::checkpoint::CheckpointError;
+
+/// Why an evaluation or a prediction could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum InferError {
+    /// The checkpoint could not be read, or does not describe its model.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The dataset could not be found, read or decoded.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The options do not make an evaluation (the message says which and what to do).
+    #[error("{0}")]
+    Options(String),
+    /// The dataset's samples are not what the model takes.
+    #[error(
+        "the dataset {dataset} does not fit checkpoint {}: {what}",
+        checkpoint.display()
+    )]
+    Mismatch {
+        /// The checkpoint.
+        checkpoint: std::path::PathBuf,
+        /// The dataset.
+        dataset: String,
+        /// What differs, with both values.
+        what: String,
+    },
+    /// A result file could not be written.
+    #[error("{0}")]
+    Output(String),
+    /// Worker threads could not be started.
+    #[error("cannot start evaluation threads: {0}")]
+    Threads(String),
+}
+
+impl From<InferError> for String {
+    fn from(e: InferError) -> Self {
+        e.to_string()
+    }
+}
+
+/// The probabilities of one row of logits (softmax, in f64 as the loss computes it).
+pub fn softmax(logits: &[f32], out: &mut Vec<f32>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&z| ((z - max) as f64).exp()).sum();
+    out.clear();
+    out.extend(
+        logits
+            .iter()
+            .map(|&z| (((z - max) as f64).exp() / sum) as f32),
+    );
+}
+
+/// The rank of class `label` among `logits`: how many classes come before it, by larger
+/// logit, ties to the lower label (so rank 0 is the argmax with the first maximum winning, as
+/// the loss layer counts a correct prediction).
+pub fn rank_of(logits: &[f32], label: usize) -> usize {
+    let z = logits[label];
+    logits
+        .iter()
+        .enumerate()
+        .filter(|&(j, &v)| v > z || (v == z && j < label))
+        .count()
+}
+
+/// The `k` most likely classes of a row: (label, value), largest first, ties to the lower
+/// label.
+pub fn top_k(values: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    order.truncate(k);
+    order.into_iter().map(|i| (i, values[i])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_and_top_k_break_ties_to_the_lower_label() {
+        let z = [1.0, 3.0, 3.0, -1.0];
+        assert_eq!(rank_of(&z, 1), 0);
+        assert_eq!(rank_of(&z, 2), 1);
+        assert_eq!(rank_of(&z, 0), 2);
+        assert_eq!(rank_of(&z, 3), 3);
+        assert_eq!(top_k(&z, 2), vec![(1, 3.0), (2, 3.0)]);
+        let mut p = Vec::new();
+        softmax(&z, &mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(p[1] == p[2] && p[1] > p[0] && p[0] > p[3]);
+    }
+}

@@ -1,0 +1,198 @@
+//! `dptrain predict`: the most likely classes of image files, with their names and
+//! probabilities, in batches through the checkpoint's evaluation transforms and normalisation.
+//!
+//! A file that cannot be read or decoded is a per-file error naming it; the other files are
+//! still predicted (a folder of thousands of photos should not stop at the first odd one), and
+//! the caller reports the failures and exits non-zero at the end.
+
+use super::{softmax, top_k, InferError, TrainedModel};
+use crate::data::image_folder::{DecodeScratch, ImageFolder};
+use crate::data::DataError;
+use crate::nn::{Mode, Net};
+use crate::pipeline::Normalize;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// File extensions (lower case) a directory walk takes as images.
+pub const IMAGE_EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
+
+/// One class of a prediction.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassProbability {
+    /// The class name.
+    pub class: String,
+    /// Its label (index in the checkpoint's classes).
+    pub label: usize,
+    /// Softmax probability.
+    pub probability: f32,
+}
+
+/// The top classes of one image, most likely first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Prediction {
+    /// The image file.
+    pub file: PathBuf,
+    /// The `k` most likely classes.
+    pub top: Vec<ClassProbability>,
+}
+
+/// The image files named by `paths`: a file as given (whatever its extension, so a non-image
+/// is reported, not skipped), a directory walked recursively for `.png`/`.jpg`/`.jpeg` files in
+/// name order. A path that does not exist, or a directory without images, is an error before
+/// any work. Returns the files and whether any came from a directory (a progress bar is worth
+/// drawing).
+pub fn collect_images(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool), InferError> {
+    let mut files = Vec::new();
+    let mut walked = false;
+    for p in paths {
+        if p.is_dir() {
+            walked = true;
+            let before = files.len();
+            walk(p, &mut files)?;
+            if files.len() == before {
+                return Err(InferError::Options(format!(
+                    "{}: no .png, .jpg or .jpeg files in this directory or below",
+                    p.display()
+                )));
+            }
+        } else if p.exists() {
+            files.push(p.clone());
+        } else {
+            return Err(InferError::Options(format!(
+                "{}: no such file or directory",
+                p.display()
+            )));
+        }
+    }
+    Ok((files, walked))
+}
+
+/// Adds the images under `dir` to `out`, in name order, subdirectories in place.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InferError> {
+    let io = |e: std::io::Error| {
+        InferError::Data(DataError::Io {
+            path: dir.to_path_buf(),
+            cause: e,
+        })
+    };
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io)?;
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            walk(&p, out)?;
+        } else if p.is_file() && is_image_name(&p) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Whether the file name ends in an image extension.
+fn is_image_name(p: &Path) -> bool {
+    p.extension()
+        .map(|x| x.to_string_lossy().to_ascii_lowercase())
+        .is_some_and(|x| IMAGE_EXTENSIONS.contains(&x.as_str()))
+}
+
+/// Predicts batches of images with one net.
+pub struct Predictor<'a> {
+    model: &'a TrainedModel,
+    net: Net,
+    norm: Normalize,
+    /// The collated batch (NCHW floats) and dummy labels for the loss.
+    images: Vec<f32>,
+    labels: Vec<u32>,
+    probs: Vec<f32>,
+}
+
+impl<'a> Predictor<'a> {
+    /// A predictor for batches of up to `batch` images.
+    pub fn new(model: &'a TrainedModel, batch: usize) -> Result<Self, InferError> {
+        if batch == 0 {
+            return Err(InferError::Options("--batch must be at least 1".into()));
+        }
+        Ok(Self {
+            model,
+            net: model.net(batch)?,
+            norm: model.normalize(),
+            images: Vec::new(),
+            labels: vec![0; batch],
+            probs: Vec::new(),
+        })
+    }
+
+    /// The largest batch.
+    pub fn batch(&self) -> usize {
+        self.net.max_batch()
+    }
+
+    /// Predicts `files` (at most [`Predictor::batch`]): each file's top `k` classes, or why
+    /// it could not be read, in order. The files are decoded in parallel.
+    pub fn predict(&mut self, files: &[PathBuf], k: usize) -> Vec<Result<Prediction, DataError>> {
+        assert!(files.len() <= self.batch(), "more files than the batch");
+        let [c, h, w] = self.model.description.input;
+        let plane = c * h * w;
+        let decoded: Vec<Result<Vec<u8>, DataError>> =
+            files.par_iter().map(|f| decode(f, [c, h, w])).collect();
+        let good: Vec<usize> = (0..files.len()).filter(|&i| decoded[i].is_ok()).collect();
+        let mut out: Vec<Option<Result<Prediction, DataError>>> = Vec::new();
+        out.resize_with(files.len(), || None);
+        if !good.is_empty() {
+            self.images.resize(good.len() * plane, 0.0);
+            for (slot, &i) in good.iter().enumerate() {
+                let pixels = decoded[i].as_ref().expect("decoded");
+                let dst = &mut self.images[slot * plane..(slot + 1) * plane];
+                self.norm.apply(pixels, h * w, dst);
+            }
+            let n = good.len();
+            self.net.forward(&self.images, &self.labels, n, Mode::Eval);
+            let classes = self.model.class_names();
+            let logits = self.net.logits().to_vec();
+            for (row, &i) in logits.chunks_exact(classes.len()).zip(&good) {
+                softmax(row, &mut self.probs);
+                let top = top_k(&self.probs, k.min(classes.len()))
+                    .into_iter()
+                    .map(|(label, probability)| ClassProbability {
+                        class: classes[label].clone(),
+                        label,
+                        probability,
+                    })
+                    .collect();
+                out[i] = Some(Ok(Prediction {
+                    file: files[i].clone(),
+                    top,
+                }));
+            }
+        }
+        for (i, d) in decoded.into_iter().enumerate() {
+            if let Err(e) = d {
+                out[i] = Some(Err(e));
+            }
+        }
+        out.into_iter()
+            .map(|r| r.expect("every file answered"))
+            .collect()
+    }
+}
+
+/// One image decoded to the model's input (C×H×W bytes) the way the checkpoint's evaluation
+/// split was: the same decoder and colour conversion as its ImageFolder reader.
+fn decode(file: &Path, [c, h, w]: [usize; 3]) -> Result<Vec<u8>, DataError> {
+    let one = ImageFolder {
+        root: file.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        classes: Vec::new(),
+        files: vec![file.to_path_buf()],
+        labels: vec![0],
+        channels: c,
+        height: h,
+        width: w,
+    };
+    let mut pixels = vec![0u8; c * h * w];
+    one.read(0, &mut DecodeScratch::default(), &mut pixels)?;
+    Ok(pixels)
+}

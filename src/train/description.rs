@@ -1,0 +1,406 @@
+//! What a checkpoint says about the model it holds, so that `eval`, `predict` and `export` need
+//! nothing but the file: the model file's text, the class names, the input size, the input
+//! normalisation and the evaluation transforms ([`ModelDescription`]), and the model rebuilt
+//! from them with its weights ([`TrainedModel`]).
+//!
+//! Stored as extra safetensors metadata keys next to the training position (the format tag
+//! stays `dptrain-checkpoint-2`: a checkpoint without these keys is still a valid checkpoint of
+//! that format, it resumes as before and only `eval`/`predict`/`export` refuse it, with
+//! [`CheckpointError::NoDescription`]). Keys, all strings (PyTorch users read them with
+//! `safetensors.safe_open(path, "pt").metadata()`):
+//!
+//! | key | value |
+//! |---|---|
+//! | `model_source` | `builtin:NAME`, or the model file's path as given to `--model` |
+//! | `model_text` | the model file's TOML text (absent for a model laid out in code) |
+//! | `class_names` | JSON array of strings, label order |
+//! | `input_shape` | `CxHxW` of the model's input |
+//! | `normalize_mean`, `normalize_std` | JSON arrays, per channel, of pixel/255 |
+//! | `eval_transform` | the evaluation transforms, as their text (`none`: used as read) |
+
+use super::checkpoint::{Checkpoint, CheckpointError};
+use crate::model::{Graph, ModelSpec};
+use crate::nn::{Net, NetConfig};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Fashion-MNIST's class names, label order (Zalando's README).
+pub const FASHION_MNIST_CLASSES: [&str; 10] = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+];
+
+/// CIFAR-10's class names, label order (`batches.meta.txt`).
+pub const CIFAR10_CLASSES: [&str; 10] = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+];
+
+/// The evaluation transform of a dataset read at its own size (no resizing, no crop).
+pub const NO_TRANSFORM: &str = "none";
+
+/// Metadata keys of the description (see the module comment).
+const KEYS: [&str; 7] = [
+    "model_source",
+    "model_text",
+    "class_names",
+    "input_shape",
+    "normalize_mean",
+    "normalize_std",
+    "eval_transform",
+];
+
+/// What a checkpoint records about its model beyond the tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelDescription {
+    /// Where the model came from: `builtin:NAME` or the model file's path as given.
+    pub model_source: String,
+    /// The model file's text; `None` for a model laid out in code
+    /// ([`crate::model::ModelBuilder`]), which has no file.
+    pub model_text: Option<String>,
+    /// Class names in label order: an ImageFolder's directory names; `"0"`..`"9"` for MNIST
+    /// and IDX sets, [`FASHION_MNIST_CLASSES`], [`CIFAR10_CLASSES`]; `"0"`.. for synthetic data.
+    pub class_names: Vec<String>,
+    /// The model's input, `[C, H, W]`.
+    pub input: [usize; 3],
+    /// Per-channel mean of pixel/255 that inputs are normalised with.
+    pub mean: Vec<f32>,
+    /// Per-channel standard deviation of pixel/255.
+    pub std: Vec<f32>,
+    /// The evaluation transforms as text ([`NO_TRANSFORM`]: images are used at their size).
+    pub eval_transform: String,
+}
+
+impl ModelDescription {
+    /// The metadata entries of this description.
+    pub(crate) fn to_metadata(&self) -> HashMap<String, String> {
+        let json = |v: serde_json::Value| v.to_string();
+        let mut m = HashMap::new();
+        m.insert("model_source".into(), self.model_source.clone());
+        if let Some(t) = &self.model_text {
+            m.insert("model_text".into(), t.clone());
+        }
+        m.insert("class_names".into(), json(self.class_names.clone().into()));
+        let [c, h, w] = self.input;
+        m.insert("input_shape".into(), format!("{c}x{h}x{w}"));
+        m.insert("normalize_mean".into(), float_list(&self.mean));
+        m.insert("normalize_std".into(), float_list(&self.std));
+        m.insert("eval_transform".into(), self.eval_transform.clone());
+        m
+    }
+
+    /// Reads the description back: `Ok(None)` when the checkpoint has none (written before
+    /// dptrain recorded it); a key present but malformed, or missing beside the others, is an
+    /// error (`what` wraps the message).
+    pub(crate) fn from_metadata(
+        meta: &HashMap<String, String>,
+        what: &dyn Fn(String) -> CheckpointError,
+    ) -> Result<Option<Self>, CheckpointError> {
+        if !KEYS.iter().any(|k| meta.contains_key(*k)) {
+            return Ok(None);
+        }
+        let get = |k: &str| -> Result<&String, CheckpointError> {
+            meta.get(k)
+                .ok_or_else(|| what(format!("metadata '{k}' missing from the model description")))
+        };
+        let json = |k: &str| -> Result<serde_json::Value, CheckpointError> {
+            serde_json::from_str(get(k)?)
+                .map_err(|e| what(format!("metadata '{k}' is not JSON: {e}")))
+        };
+        let class_names: Vec<String> =
+            serde_json::from_value(json("class_names")?).map_err(|e| {
+                what(format!(
+                    "metadata 'class_names' is not a list of names: {e}"
+                ))
+            })?;
+        let floats = |k: &str| -> Result<Vec<f32>, CheckpointError> {
+            let numbers: Vec<serde_json::Number> = serde_json::from_value(json(k)?)
+                .map_err(|e| what(format!("metadata '{k}' is not a list of numbers: {e}")))?;
+            // Through the decimal text, so each value is the f32 it was written from.
+            numbers
+                .iter()
+                .map(|n| n.to_string().parse::<f32>().ok().filter(|v| v.is_finite()))
+                .collect::<Option<_>>()
+                .ok_or_else(|| what(format!("metadata '{k}' holds a number that is not an f32")))
+        };
+        let input = parse_shape(get("input_shape")?).ok_or_else(|| {
+            what("metadata 'input_shape' is not CxHxW with positive sizes".into())
+        })?;
+        let (mean, std) = (floats("normalize_mean")?, floats("normalize_std")?);
+        if mean.len() != input[0] || std.len() != input[0] || class_names.is_empty() {
+            return Err(what(format!(
+                "the model description is inconsistent: {} means, {} deviations and {} class \
+                 names for {} input channels",
+                mean.len(),
+                std.len(),
+                class_names.len(),
+                input[0]
+            )));
+        }
+        Ok(Some(Self {
+            model_source: get("model_source")?.clone(),
+            model_text: meta.get("model_text").cloned(),
+            class_names,
+            input,
+            mean,
+            std,
+            eval_transform: get("eval_transform")?.clone(),
+        }))
+    }
+
+    /// The model, parsed from the recorded text; a model recorded without text is loaded by
+    /// its built-in name (`builtin:NAME`), else refused ([`CheckpointError::NoModelText`]).
+    pub fn spec(&self, path: &Path) -> Result<ModelSpec, CheckpointError> {
+        let invalid = |e: crate::model::ModelError| CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            detail: format!("the recorded model does not load: {e}"),
+        };
+        match (&self.model_text, self.model_source.strip_prefix("builtin:")) {
+            (Some(text), builtin) => {
+                let stem = builtin.unwrap_or_else(|| {
+                    Path::new(&self.model_source)
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .unwrap_or("model")
+                });
+                crate::model::file::parse(text, &self.model_source, stem).map_err(invalid)
+            }
+            (None, Some(name)) => crate::model::load(name).map_err(invalid),
+            (None, None) => Err(CheckpointError::NoModelText {
+                path: path.to_path_buf(),
+                model: self.model_source.clone(),
+            }),
+        }
+    }
+}
+
+/// A JSON array of f32 values, each in its shortest text that reads back as the same f32
+/// (`[0.1307]`, not the f64 widening's `[0.1307000070810318]`).
+fn float_list(values: &[f32]) -> String {
+    let items: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+    format!("[{}]", items.join(","))
+}
+
+/// `CxHxW` with every size positive.
+pub fn parse_shape(s: &str) -> Option<[usize; 3]> {
+    let v: Vec<usize> = s
+        .split('x')
+        .map(|p| p.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    match v[..] {
+        [c, h, w] if c > 0 && h > 0 && w > 0 => Some([c, h, w]),
+        _ => None,
+    }
+}
+
+/// The class names of a training set: an ImageFolder's directory names, the published names
+/// of Fashion-MNIST and CIFAR-10, else the labels as numbers (`"0"`..`"9"` for MNIST).
+pub fn class_names(source: &crate::pipeline::Source) -> Vec<String> {
+    use crate::pipeline::Source;
+    match source {
+        Source::Folder(f) => f.classes.clone(),
+        Source::Memory(d) => {
+            let known: Option<&[&str]> = match d.name.as_str() {
+                "fashion-mnist" => Some(&FASHION_MNIST_CLASSES),
+                "cifar10" => Some(&CIFAR10_CLASSES),
+                _ => None,
+            };
+            match known {
+                Some(names) if names.len() == d.num_classes => {
+                    names.iter().map(|s| s.to_string()).collect()
+                }
+                _ => (0..d.num_classes).map(|i| i.to_string()).collect(),
+            }
+        }
+    }
+}
+
+/// Where the model `--model` names came from and its file's text: a built-in's embedded file,
+/// a model file read again (its parse built the run's graph; a file changed in between is
+/// caught when the text is loaded, by the graph's fingerprint), nothing for a model laid out in
+/// code.
+pub fn model_text(cfg: &crate::config::TrainConfig) -> (String, Option<String>) {
+    if let Some(spec) = &cfg.model_spec {
+        return (spec.source.clone(), None);
+    }
+    if let Some((name, text)) = crate::model::BUILTIN.iter().find(|(n, _)| *n == cfg.model) {
+        return (format!("builtin:{name}"), Some(text.to_string()));
+    }
+    if crate::model::builtin_names().contains(&cfg.model.as_str()) {
+        // A built-in derived from another's file (inception-v3-noaux): loaded by its name.
+        return (format!("builtin:{}", cfg.model), None);
+    }
+    (cfg.model.clone(), std::fs::read_to_string(&cfg.model).ok())
+}
+
+/// The description of a run's checkpoints, without the normalisation (the input pipeline
+/// decides it when it starts; the worker fills it in).
+pub fn describe_run(
+    cfg: &crate::config::TrainConfig,
+    graph: &Graph,
+    source: &crate::pipeline::Source,
+) -> ModelDescription {
+    let (model_source, model_text) = model_text(cfg);
+    let s = graph.input();
+    ModelDescription {
+        model_source,
+        model_text,
+        class_names: class_names(source),
+        input: [s.c, s.h, s.w],
+        mean: Vec::new(),
+        std: Vec::new(),
+        eval_transform: NO_TRANSFORM.to_string(),
+    }
+}
+
+/// A trained model read from a checkpoint: the checkpoint, its description and the graph
+/// rebuilt from it (checked against the checkpoint's fingerprint), ready to make nets with
+/// the weights restored ([`TrainedModel::net`]).
+pub struct TrainedModel {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// Tensors and training position.
+    pub checkpoint: Checkpoint,
+    /// What the checkpoint says about its model.
+    pub description: ModelDescription,
+    /// The model made concrete for the recorded input and classes.
+    pub graph: Arc<Graph>,
+}
+
+impl TrainedModel {
+    /// Reads `path` and rebuilds its model. Fails with [`CheckpointError::NoDescription`] for
+    /// a checkpoint written before dptrain recorded its model, and when the recorded model does
+    /// not build the graph the tensors were trained on.
+    pub fn load(path: &Path) -> Result<Self, CheckpointError> {
+        let checkpoint = Checkpoint::load(path)?;
+        let description = checkpoint.description(path)?.clone();
+        let spec = description.spec(path)?;
+        let classes = description.class_names.len();
+        let graph = Graph::build(&spec, description.input, classes).map_err(|e| {
+            CheckpointError::Invalid {
+                path: path.to_path_buf(),
+                detail: format!("the recorded model does not build: {e}"),
+            }
+        })?;
+        if graph.fingerprint() != checkpoint.state.fingerprint {
+            return Err(CheckpointError::Invalid {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "the recorded model '{}' ({}) is not the one its tensors were trained on \
+                     (the model file changed while the run started?)",
+                    graph.name, description.model_source
+                ),
+            });
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            checkpoint,
+            description,
+            graph: Arc::new(graph),
+        })
+    }
+
+    /// A net for batches of up to `max_batch` samples with the checkpoint's weights and
+    /// running statistics (run it with `Mode::Eval`).
+    pub fn net(&self, max_batch: usize) -> Result<Net, CheckpointError> {
+        let cfg = NetConfig { max_batch, seed: 0 };
+        let mut net = Net::new(self.graph.clone(), cfg)
+            .map_err(|e| CheckpointError::Tensor(format!("cannot set up the model: {e}")))?;
+        self.checkpoint.restore(&mut net)?;
+        Ok(net)
+    }
+
+    /// The input normalisation the model was trained with.
+    pub fn normalize(&self) -> crate::pipeline::Normalize {
+        crate::pipeline::Normalize::new(&self.description.mean, &self.description.std)
+    }
+
+    /// The class names, label order.
+    pub fn class_names(&self) -> &[String] {
+        &self.description.class_names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ModelDescription {
+        ModelDescription {
+            model_source: "builtin:lenet5".into(),
+            model_text: Some(crate::model::BUILTIN[0].1.into()),
+            class_names: (0..10).map(|i| format!("class, {i}")).collect(),
+            input: [1, 28, 28],
+            mean: vec![0.1307],
+            std: vec![0.3081],
+            eval_transform: NO_TRANSFORM.into(),
+        }
+    }
+
+    fn what(d: String) -> CheckpointError {
+        CheckpointError::Invalid {
+            path: "c".into(),
+            detail: d,
+        }
+    }
+
+    #[test]
+    fn a_description_reads_back_as_written_and_its_absence_is_none() {
+        let d = sample();
+        let back = ModelDescription::from_metadata(&d.to_metadata(), &what).unwrap();
+        assert_eq!(back, Some(d.clone()));
+        assert_eq!(back.unwrap().mean[0].to_bits(), 0.1307f32.to_bits());
+        assert_eq!(
+            ModelDescription::from_metadata(&HashMap::new(), &what).unwrap(),
+            None
+        );
+        // Half a description is a broken file, named by the key.
+        let mut m = d.to_metadata();
+        m.remove("input_shape");
+        let e = ModelDescription::from_metadata(&m, &what)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'input_shape' missing"), "{e}");
+        let mut m = d.to_metadata();
+        m.insert("normalize_std".into(), "[1, 2]".into());
+        let e = ModelDescription::from_metadata(&m, &what)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 deviations"), "{e}");
+    }
+
+    #[test]
+    fn shapes_parse_only_with_three_positive_sizes() {
+        assert_eq!(parse_shape("3x224x224"), Some([3, 224, 224]));
+        assert_eq!(parse_shape("0x2x2"), None);
+        assert_eq!(parse_shape("3x2"), None);
+        assert_eq!(parse_shape("axbxc"), None);
+    }
+
+    #[test]
+    fn a_model_without_text_loads_by_builtin_name_or_is_refused() {
+        let mut d = sample();
+        d.model_text = None;
+        assert_eq!(d.spec(Path::new("c")).unwrap().name, "lenet5");
+        d.model_source = "builder:tiny".into();
+        let e = d.spec(Path::new("c")).unwrap_err();
+        assert!(matches!(e, CheckpointError::NoModelText { .. }), "{e}");
+    }
+}
