@@ -174,3 +174,87 @@ fn write_onnx_writes_a_file_tract_reads_and_refuses_a_directory() {
         "only the model file, no temporary file left"
     );
 }
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
+
+/// A one-epoch lenet5 run on a slice of the bundled MNIST; its checkpoint.
+fn tiny_run(dir: &std::path::Path) -> std::path::PathBuf {
+    let run = dir.join("run");
+    let o = std::process::Command::new(BIN)
+        .args(["train", "--quiet", "--epochs", "1", "--train-limit", "512"])
+        .args(["--test-limit", "64", "--threads", "1", "--run-dir"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run.join("checkpoint-epoch0001.safetensors")
+}
+
+#[test]
+fn dptrain_export_writes_the_checkpoints_model_with_its_description() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = tiny_run(dir.path());
+    let out = dir.path().join("lenet5.onnx");
+    let o = std::process::Command::new(BIN)
+        .args(["export", "--checkpoint"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let m = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+    let meta = |k: &str| {
+        m.metadata_props
+            .iter()
+            .find(|p| p.key == k)
+            .map(|p| p.value.clone())
+    };
+    assert_eq!(meta("normalize_mean").as_deref(), Some("[0.1307]"));
+    assert_eq!(meta("input_shape").as_deref(), Some("1x28x28"));
+    assert!(meta("class_names").unwrap().starts_with("[\""));
+    // The trained weights, not fresh ones: the checkpoint's own net gives the same logits.
+    let model = dptrain::train::description::TrainedModel::load(&ckpt).unwrap();
+    let mut net = model.net(3).unwrap();
+    let exported = export::to_onnx(&net, &[]).unwrap();
+    let g = exported.graph.as_ref().unwrap();
+    assert_eq!(g.initializer, m.graph.as_ref().unwrap().initializer);
+    check_export(&mut net, &[3]);
+}
+
+#[test]
+fn dptrain_export_refuses_a_checkpoint_without_a_model_description() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = tiny_run(dir.path());
+    let mut c = dptrain::train::checkpoint::Checkpoint::load(&ckpt).unwrap();
+    c.description = None;
+    let old = dir.path().join("old.safetensors");
+    c.save(&old).unwrap();
+    let out = dir.path().join("old.onnx");
+    let o = std::process::Command::new(BIN)
+        .args(["export", "--checkpoint"])
+        .arg(&old)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("was written before dptrain recorded its model"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
+    // Nor a directory for the output, checked before the checkpoint is read.
+    let o = std::process::Command::new(BIN)
+        .args(["export", "--checkpoint"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a regular file"));
+}
