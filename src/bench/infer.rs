@@ -26,6 +26,10 @@ pub struct InferArgs {
     /// Timed forwards (after 3 warm-up ones).
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
+    /// Time the evaluation forward of a net set up for training instead (every activation
+    /// and the gradient buffers kept), for comparison.
+    #[arg(long)]
+    pub training_net: bool,
 }
 
 /// One row: a model at a thread count.
@@ -44,12 +48,13 @@ pub struct InferRow {
 }
 
 /// Times `steps` inference forwards (after 3 warm-up ones) of `model` at `batch` on
-/// `threads` threads.
+/// `threads` threads, on a net set up for inference (or, with `training_net`, for training).
 pub fn bench_infer(
     model: &str,
     batch: usize,
     threads: usize,
     steps: usize,
+    training_net: bool,
 ) -> Result<InferRow, String> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -62,7 +67,12 @@ pub fn bench_infer(
             max_batch: batch,
             seed: 1,
         };
-        let mut net = Net::for_inference(g, cfg).map_err(|e| e.to_string())?;
+        let net = if training_net {
+            Net::new(g, cfg)
+        } else {
+            Net::for_inference(g, cfg)
+        };
+        let mut net = net.map_err(|e| e.to_string())?;
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let images: Vec<f32> = (0..batch * x.numel())
             .map(|_| rng.gen_range(-1.0f32..1.0))
@@ -128,7 +138,7 @@ pub fn run_command(a: InferArgs) -> Result<(), String> {
     println!("{}", InferRow::terminal_header());
     for m in models {
         for &t in &threads {
-            println!("{}", bench_infer(m, a.batch, t, a.steps)?.terminal());
+            println!("{}", bench_infer(m, a.batch, t, a.steps, a.training_net)?.terminal());
         }
     }
     Ok(())
