@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "backend",  // the kernel seam and the CPU kernels
     "model",    // what a network is: layer vocabulary, model files, the graph
     "nn",       // how a graph runs: layers and the net
+    "export",   // ONNX export of a net
     "optim",    // the solver
     "comm",     // transports and collectives
     "parallel", // buckets and the reducer (idea 1)

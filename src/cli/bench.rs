@@ -8,6 +8,8 @@ use clap::Subcommand;
 pub(super) enum BenchCmd {
     /// Median training-step time of a model on one worker.
     Step(bench::step::StepArgs),
+    /// Median inference-forward time of a model (what eval and predict run per batch).
+    Infer(bench::infer::InferArgs),
     /// All-reduce time, algbw and busbw per size and mode: worker threads of this process, or
     /// (`--transport mpi`, under `mpirun -np P`) across MPI ranks next to MPI_Allreduce.
     Allreduce(bench::allreduce::AllReduceArgs),
@@ -30,6 +32,7 @@ pub(super) enum BenchCmd {
 pub(super) fn run(cmd: BenchCmd) -> Result<(), String> {
     match cmd {
         BenchCmd::Step(a) => bench::step::run_command(a),
+        BenchCmd::Infer(a) => bench::infer::run_command(a),
         BenchCmd::Allreduce(a) => bench::allreduce::run_command(a),
         BenchCmd::Data(a) => bench::data::run_command(a),
         BenchCmd::Ablation(a) => bench::ablation::run_command(a),

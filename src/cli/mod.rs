@@ -5,6 +5,7 @@
 mod bench;
 mod data;
 mod eval;
+mod export;
 mod model;
 mod predict;
 mod profile;
@@ -44,6 +45,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Predict the classes of image files (or directories of them) with a checkpoint.
     Predict(predict::PredictArgs),
+    /// Write a checkpoint's model as an ONNX inference graph (opset 17, dynamic batch).
+    Export(export::ExportArgs),
     /// Measure (or derive from FLOPs) a model's per-block step profile and write it as JSON.
     Profile(profile::ProfileArgs),
     /// Simulate a training step on N workers from a profile: step time, exposed communication
@@ -113,6 +116,7 @@ pub fn run() -> Result<(), String> {
         }) => model::show(&model, input.as_deref(), classes),
         Command::Model(ModelCmd::List) => model::list(),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Export(a) => export::run(a),
         Command::Data(cmd) => data::run(cmd),
         Command::Report { run_dirs, out } => report::run(&run_dirs, out),
         Command::Train(t) => train::run(*t),

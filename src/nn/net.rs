@@ -19,6 +19,13 @@
 //!   not overlap are the same memory (`gradient_buffers`);
 //! - one activation buffer per exec output (all are read by backward) (`activation_buffers`).
 //!
+//! A net set up for inference only ([`Net::for_inference`], what evaluation and prediction
+//! need) runs the same layers and kernels, so its logits are the same bits, but it keeps no
+//! activation for a backward: no gradient buffers at all, and activation buffers shared by
+//! liveness (a value lives from its exec to its last reader's; the logits are kept), so its
+//! memory is a few of the largest activations instead of all of them
+//! (`shared_activation_buffers`).
+//!
 //! Parameters live in one flat vector, a contiguous block per layer ([`ParamBlock`]);
 //! gradients have the same block layout wherever they are ([`GradSink`]).
 
@@ -136,8 +143,14 @@ pub struct ExecDone {
 pub struct Net {
     graph: Arc<Graph>,
     execs: Vec<Exec>,
-    /// Activation per graph node (empty for nodes fused away and for losses).
+    /// Activation buffers: one per graph node in training (empty for nodes fused away and for
+    /// losses), shared by liveness in inference.
     acts: Vec<Vec<f32>>,
+    /// Graph node -> its activation buffer in `acts` (`usize::MAX` for a node without one in
+    /// an inference net).
+    act_slot: Vec<usize>,
+    /// Set up for inference only: no backward.
+    inference: bool,
     /// Gradient buffers, shared by liveness.
     grads: Vec<Vec<f32>>,
     /// Graph node -> gradient buffer.
@@ -169,25 +182,50 @@ impl Net {
     pub fn with_kernels(
         graph: Arc<Graph>,
         cfg: NetConfig,
+        kernels: Box<dyn Kernels>,
+    ) -> Result<Self, NetError> {
+        Self::build(graph, cfg, kernels, false)
+    }
+
+    /// [`Net::new`] for inference only (evaluation, prediction): the same parameters, layers
+    /// and kernels (its evaluation logits are the same bits), but no gradient buffers and
+    /// activation buffers shared by liveness; [`Net::backward`] fails on it.
+    pub fn for_inference(graph: Arc<Graph>, cfg: NetConfig) -> Result<Self, NetError> {
+        Self::build(graph, cfg, default_kernels(), true)
+    }
+
+    fn build(
+        graph: Arc<Graph>,
+        cfg: NetConfig,
         mut kernels: Box<dyn Kernels>,
+        inference: bool,
     ) -> Result<Self, NetError> {
         kernels.set_batch_chunk(batch_chunk(&graph));
         let g = &*graph;
-        let mb = cfg.max_batch.max(1);
+        let (mb, nn) = (cfg.max_batch.max(1), g.nodes.len());
         let readers = readers_of(g)?;
         let fusion = Fusion::plan(g, &readers);
         let mut layout = ExecLayout::build(g, &fusion, mb)?;
-        mark_backward(&mut layout.execs, g.nodes.len());
-        mark_accumulating(&mut layout.execs, g.nodes.len());
         let numel = |j: usize| mb * g.nodes[j].shape.numel();
-        let (grads, grad_slot) = gradient_buffers(&layout.execs, g.nodes.len(), numel);
-        let acts = activation_buffers(&layout.execs, g.nodes.len(), numel);
+        let ((grads, grad_slot), (acts, act_slot)) = if inference {
+            let keep = fusion.value_of[g.logits()];
+            let acts = shared_activation_buffers(&layout.execs, nn, numel, keep);
+            ((Vec::new(), vec![None; nn]), acts)
+        } else {
+            mark_backward(&mut layout.execs, nn);
+            mark_accumulating(&mut layout.execs, nn);
+            let grads = gradient_buffers(&layout.execs, nn, numel);
+            let acts = activation_buffers(&layout.execs, nn, numel);
+            (grads, (acts, (0..nn).collect()))
+        };
         let (params, state) = layout.initial_params(cfg.seed);
         let ExecLayout { execs, blocks, .. } = layout;
         Ok(Self {
             graph,
             execs,
             acts,
+            act_slot,
+            inference,
             grads,
             grad_slot,
             params,
@@ -259,7 +297,7 @@ impl Net {
     /// The logits of the last forward (`n x classes`). (The logits' only reader is the loss,
     /// so they are never fused away.)
     pub fn logits(&self) -> &[f32] {
-        &self.acts[self.graph.logits()][..self.last_n * self.graph.classes]
+        &self.acts[self.act_slot[self.graph.logits()]][..self.last_n * self.graph.classes]
     }
 
     /// Forward on `n` samples: `images` in the loader's NCHW layout, `labels` for the loss.
@@ -294,15 +332,26 @@ impl Net {
             self.last_step = s;
         }
         let k = &mut *self.kernels;
-        k.nchw_to_nhwc(n, input.c, input.pixels(), images, &mut self.acts[0]);
+        k.nchw_to_nhwc(
+            n,
+            input.c,
+            input.pixels(),
+            images,
+            &mut self.acts[self.act_slot[0]],
+        );
         let mut report = LossReport::default();
         for e in 0..self.execs.len() {
             let ex = &mut self.execs[e];
-            let mut out = std::mem::take(&mut self.acts[ex.out]);
+            let out_slot = if ex.loss {
+                None
+            } else {
+                Some(self.act_slot[ex.out])
+            };
+            let mut out = out_slot.map_or_else(Vec::new, |b| std::mem::take(&mut self.acts[b]));
             {
                 let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
                 for (slot, &j) in ins.iter_mut().zip(&ex.inputs) {
-                    *slot = &self.acts[j][..n * self.graph.nodes[j].shape.numel()];
+                    *slot = &self.acts[self.act_slot[j]][..n * self.graph.nodes[j].shape.numel()];
                 }
                 let (prange, srange) = match ex.block {
                     Some(b) => (
@@ -324,7 +373,9 @@ impl Net {
                     report: &mut report,
                 });
             }
-            self.acts[ex.out] = out;
+            if let Some(b) = out_slot {
+                self.acts[b] = out;
+            }
             on_exec(e);
         }
         report
@@ -338,6 +389,9 @@ impl Net {
         grads: &mut dyn GradSink,
         on_done: &mut dyn FnMut(ExecDone) -> Result<(), String>,
     ) -> Result<(), String> {
+        if self.inference {
+            return Err("backward on a net set up for inference only (Net::for_inference)".into());
+        }
         let n = self.last_n;
         assert!(n > 0, "backward before a training forward");
         let step = self.last_step;
@@ -362,7 +416,7 @@ impl Net {
             {
                 let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
                 for (slot, &j) in ins.iter_mut().zip(&ex.inputs) {
-                    *slot = &self.acts[j][..n * self.graph.nodes[j].shape.numel()];
+                    *slot = &self.acts[self.act_slot[j]][..n * self.graph.nodes[j].shape.numel()];
                 }
                 let mut dins: [Option<(&mut [f32], bool)>; MAX_INPUTS] = Default::default();
                 for (kk, (slot, t)) in dins
@@ -396,7 +450,7 @@ impl Net {
                     k,
                     n,
                     inputs: &ins[..ex.inputs.len()],
-                    out: &self.acts[ex.out][..olen],
+                    out: &self.acts[self.act_slot[ex.out]][..olen],
                     dout: if ex.loss { &mut [] } else { &mut dout[..olen] },
                     dinputs: &mut dins[..ex.inputs.len()],
                     params: &self.params[prange],
@@ -675,6 +729,43 @@ fn activation_buffers(execs: &[Exec], nn: usize, numel: impl Fn(usize) -> usize)
         acts[ex.out] = vec![0.0; numel(ex.out)];
     }
     acts
+}
+
+/// Activation buffers shared by liveness, for a net without backward, and the buffer of each
+/// graph node: an exec's output takes a free buffer (the largest, grown if needed) before its
+/// inputs whose last reader it is free theirs, so no exec writes a buffer it reads. `keep`'s
+/// buffer (the logits) is never freed; the loss layers have none.
+fn shared_activation_buffers(
+    execs: &[Exec],
+    nn: usize,
+    numel: impl Fn(usize) -> usize,
+    keep: usize,
+) -> (Vec<Vec<f32>>, Vec<usize>) {
+    let mut last_reader = vec![usize::MAX; nn];
+    for (e, ex) in execs.iter().enumerate() {
+        for &j in &ex.inputs {
+            last_reader[j] = e;
+        }
+    }
+    let mut slot = vec![usize::MAX; nn];
+    let (mut bufs, mut free): (Vec<Vec<f32>>, Vec<usize>) = (vec![vec![0.0; numel(0)]], vec![]);
+    slot[0] = 0;
+    for (e, ex) in execs.iter().enumerate() {
+        if !ex.loss {
+            let b = take_free_buffer(&mut free, &mut bufs);
+            if bufs[b].len() < numel(ex.out) {
+                bufs[b].resize(numel(ex.out), 0.0);
+            }
+            slot[ex.out] = b;
+        }
+        for (k, &j) in ex.inputs.iter().enumerate() {
+            let first_mention = !ex.inputs[..k].contains(&j);
+            if first_mention && last_reader[j] == e && j != keep {
+                free.push(slot[j]);
+            }
+        }
+    }
+    (bufs, slot)
 }
 
 /// The layer implementing node `i` (with `act` fused in): one arm per layer type.

@@ -224,7 +224,7 @@ impl TrainedModel {
     /// running statistics (run it with `Mode::Eval`).
     pub fn net(&self, max_batch: usize) -> Result<Net, CheckpointError> {
         let cfg = NetConfig { max_batch, seed: 0 };
-        let mut net = Net::new(self.graph.clone(), cfg)
+        let mut net = Net::for_inference(self.graph.clone(), cfg)
             .map_err(|e| CheckpointError::Tensor(format!("cannot set up the model: {e}")))?;
         self.checkpoint.restore(&mut net)?;
         Ok(net)
