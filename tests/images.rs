@@ -509,3 +509,39 @@ fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
         "{e}"
     );
 }
+
+#[test]
+fn random_resized_crop_on_in_memory_data_is_the_same_for_any_loader_thread_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |loaders: usize, prefetch: usize, augment: &str| {
+        let o = TrainOptions {
+            dataset: Some("synthetic:3x16x16".into()),
+            augment: Some(augment.into()),
+            train_limit: Some(256),
+            test_limit: Some(32),
+            batch: Some(32),
+            epochs: Some(1),
+            workers: Some(2),
+            threads: Some(1),
+            model: Some("lenet5".into()),
+            loader_threads: Some(loaders),
+            prefetch: Some(prefetch),
+            comm_timeout: Some(30.0),
+            run_dir: Some(
+                tmp.path()
+                    .join(format!("r{loaders}-{prefetch}-{}", augment.len())),
+            ),
+            no_checkpoints: true,
+            quiet: true,
+            ..Default::default()
+        };
+        dptrain::train::train(o.resolve().unwrap())
+            .unwrap()
+            .replica_hashes
+    };
+    let list = "random-resized-crop:0.3,1,flip,crop:2";
+    let base = run(1, 2, list);
+    assert_eq!(run(3, 2, list), base, "3 loader threads changed the run");
+    assert_eq!(run(1, 0, list), base, "prefetch 0 changed the run");
+    assert_ne!(run(1, 2, "off"), base, "the transforms had no effect");
+}
