@@ -426,3 +426,79 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
         "{stderr}"
     );
 }
+
+/// A folder of JPEGs of mixed sizes and aspect ratios, 3 classes told apart by brightness and
+/// a stripe's direction, `per_class` images per class in each split.
+fn photo_folder(dir: &Path, per_class: usize) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    for split in ["train", "test"] {
+        for class in 0..3u32 {
+            let d = dir.join(split).join(format!("class-{class}"));
+            std::fs::create_dir_all(&d).unwrap();
+            for i in 0..per_class {
+                let (w, h) = (rng.gen_range(20..90u32), rng.gen_range(20..90u32));
+                let noise = rng.gen_range(0..40u32);
+                let img = image::RgbImage::from_fn(w, h, |x, y| {
+                    let stripe = match class {
+                        0 => x % 8 < 4,
+                        1 => y % 8 < 4,
+                        _ => (x + y) % 8 < 4,
+                    };
+                    let v = (60 + 60 * class + if stripe { 40 } else { 0 } + noise).min(255) as u8;
+                    image::Rgb([v, v / 2, 255 - v])
+                });
+                let mut bytes = std::io::Cursor::new(Vec::new());
+                let enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, 85);
+                img.write_with_encoder(enc).unwrap();
+                std::fs::write(d.join(format!("{i:03}.jpg")), bytes.into_inner()).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("photos");
+    photo_folder(&folder, 24);
+    let s = run(&dir.path().join("run"), |o| {
+        o.dataset = Some("imagefolder".into());
+        o.data_dir = Some(folder.clone());
+        o.image_size = Some("16".into());
+        // torchvision's Resize(18) + CenterCrop(16), so the crop is exercised too.
+        o.eval_transform = Some("resize-shorter:18,center-crop".into());
+        o.train_limit = None;
+        o.test_limit = None;
+        o.batch = Some(8);
+        o.epochs = Some(2);
+        o.lr = Some(0.02);
+    });
+    let ck = s.checkpoint.unwrap();
+    let m = TrainedModel::load(&ck).unwrap();
+    assert_eq!(m.description.input, [3, 16, 16]);
+    assert_eq!(
+        m.description.eval_transform,
+        "resize-shorter:18,center-crop"
+    );
+    assert_eq!(m.class_names(), ["class-0", "class-1", "class-2"]);
+    let report = eval_with(&ck, |_| {});
+    assert_eq!(report.top1, s.final_test_accuracy);
+    let test_dir = folder.join("test");
+    let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &[test_dir.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let mut confusion = vec![vec![0u64; 3]; 3];
+    for l in &lines {
+        let file = PathBuf::from(l["file"].as_str().unwrap());
+        let truth = file
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let t = m.class_names().iter().position(|n| n == truth).unwrap();
+        confusion[t][l["top"][0]["label"].as_u64().unwrap() as usize] += 1;
+    }
+    assert_eq!(confusion, report.confusion);
+}

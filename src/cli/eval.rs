@@ -55,18 +55,25 @@ pub(super) fn run(a: EvalArgs) -> Result<(), String> {
         Some(dir) => report.write(dir)?,
         None => Vec::new(),
     };
-    if a.json {
-        let json = serde_json::to_string(&report).map_err(|e| e.to_string())?;
-        println!("{json}");
-        return Ok(());
+    let mut text = if a.json {
+        serde_json::to_string(&report).map_err(|e| e.to_string())?
+    } else {
+        format!(
+            "{}\n\n{}\nconfusion matrix (rows: true class, columns: predicted)\n\n{}",
+            report.headline(),
+            report.class_table(),
+            report.confusion_table()
+        )
+    };
+    for f in written.iter().filter(|_| !a.json) {
+        text += &format!("wrote {}\n", f.display());
     }
-    println!("{}\n\n{}", report.headline(), report.class_table());
-    println!(
-        "confusion matrix (rows: true class, columns: predicted)\n\n{}",
-        report.confusion_table()
-    );
-    for f in written {
-        println!("wrote {}", f.display());
+    text.push('\n');
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        // The reader has gone (`| head`): nothing more to print to.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot print the results: {e}"))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }

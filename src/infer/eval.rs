@@ -116,6 +116,11 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
             ))
         }
     };
+    if opts.limit == Some(0) {
+        return Err(InferError::Options(
+            "--limit 0 leaves nothing to evaluate: give at least 1, or leave it out".into(),
+        ));
+    }
     let split = if opts.train_split {
         Split::Train
     } else {

@@ -198,10 +198,22 @@ fn decode(
     eval: &Transforms,
     scratch: &mut TransformScratch,
 ) -> Result<Vec<u8>, DataError> {
-    let bytes = std::fs::read(file).map_err(|e| DataError::Io {
+    let io = |e: std::io::Error| DataError::Io {
         path: file.to_path_buf(),
         cause: e,
-    })?;
+    };
+    // Checked before reading: a stray multi-gigabyte file is refused, not read into memory.
+    let len = std::fs::metadata(file).map_err(io)?.len();
+    if len > crate::data::decode::MAX_DECODE_BYTES {
+        return Err(DataError::invalid(
+            file,
+            format!(
+                "is {len} bytes, more than any image dptrain decodes ({} bytes)",
+                crate::data::decode::MAX_DECODE_BYTES
+            ),
+        ));
+    }
+    let bytes = std::fs::read(file).map_err(io)?;
     let mut pixels = vec![0u8; channels * size.pixels()];
     eval.apply_bytes_u8(
         &bytes,

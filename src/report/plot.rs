@@ -457,9 +457,8 @@ pub fn confusion_matrix(
         return Err("plotting: the confusion matrix is not square in the classes".into());
     }
     let labelled = k <= 20;
-    let short = |v: &[String]| -> Vec<String> {
-        v.iter().map(|n| n.chars().take(12).collect()).collect()
-    };
+    let short =
+        |v: &[String]| -> Vec<String> { v.iter().map(|n| n.chars().take(12).collect()).collect() };
     let (across, down) = if labelled {
         let rev: Vec<String> = names.iter().rev().cloned().collect();
         (short(names), short(&rev))
