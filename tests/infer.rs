@@ -1,133 +1,428 @@
-//! A net set up for inference only (`Net::for_inference`, what eval and predict run) gives the
-//! same logits, to the bit, as the training net's evaluation forward, for every built-in model
-//! that trains here and the every-layer fixture, in less buffer memory; it refuses a backward,
-//! and a forward after the first allocates nothing.
+//! Using a trained checkpoint: it describes its model (and one from before that still
+//! resumes), `eval` gives the training run's figures for any worker count, `predict` gives the
+//! classes eval counts as correct, `train --weights` starts a new run from trained weights.
 
-use dptrain::model::{self, Graph};
-use dptrain::nn::{FlatGrads, Mode, Net, NetConfig};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use dptrain::config::TrainOptions;
+use dptrain::infer::eval::{self, EvalOptions, EvalReport};
+use dptrain::infer::TrainedModel;
+use dptrain::train::checkpoint::{Checkpoint, CheckpointError};
+use dptrain::train::weights::{StartWeights, WeightsError};
+use dptrain::train::{train, Summary};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-struct Counting;
+const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
 
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    // Only the threads of the forward under test count (the harness runs other tests
-    // beside it).
-    static WATCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) && WATCHED.with(|w| w.get()) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn graph(name: &str) -> Arc<Graph> {
-    if name == "every_layer" {
-        let text = include_str!("fixtures/every_layer.toml");
-        let spec = model::file::parse(text, "every_layer.toml", "every_layer").unwrap();
-        return Arc::new(Graph::build(&spec, [3, 12, 12], 5).unwrap());
-    }
-    Arc::new(model::reference_graph(name).unwrap())
-}
-
-fn images(g: &Graph, n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n * g.input().numel())
-        .map(|_| rng.gen_range(-1.0..1.0))
-        .collect()
-}
-
-#[test]
-fn inference_nets_give_the_training_nets_evaluation_logits_to_the_bit() {
-    let models = ["lenet5", "vgg-small", "resnet20", "resnet18", "mobilenetv2"];
-    for name in models.into_iter().chain(["densenet-small", "every_layer"]) {
-        let g = graph(name);
-        let cfg = NetConfig {
-            max_batch: 4,
-            seed: 5,
-        };
-        let mut train = Net::new(g.clone(), cfg).unwrap();
-        let mut infer = Net::for_inference(g.clone(), cfg).unwrap();
-        assert_eq!(
-            train.params(),
-            infer.params(),
-            "{name}: same initial weights"
-        );
-        // Training steps move the batch-norm statistics away from their initial values.
-        let labels = [0u32, 1, 2, 3];
-        for step in 0..2 {
-            let x = images(&g, 4, step);
-            let info = dptrain::nn::StepInfo {
-                seed: 5,
-                step,
-                first_sample: 0,
-                global_batch: 4,
-            };
-            train.forward(&x, &labels, 4, Mode::Train(info));
-        }
-        infer.state_mut().copy_from_slice(train.state());
-        for n in [4, 3] {
-            let x = images(&g, n, 9 + n as u64);
-            let a = train.forward(&x, &labels, n, Mode::Eval);
-            let b = infer.forward(&x, &labels, n, Mode::Eval);
-            assert_eq!(train.logits(), infer.logits(), "{name} at batch {n}");
-            assert_eq!(a, b, "{name}: same loss and correct count");
-        }
-        assert!(
-            infer.buffer_bytes() < train.buffer_bytes(),
-            "{name}: {} bytes of buffers, the training net {}",
-            infer.buffer_bytes(),
-            train.buffer_bytes()
-        );
-    }
-}
-
-#[test]
-fn an_inference_net_refuses_a_backward_and_allocates_nothing_per_forward() {
-    let g = graph("resnet20");
-    let cfg = NetConfig {
-        max_batch: 8,
-        seed: 1,
+/// A short run of lenet5 that learns something: the bundled MNIST, 2 epochs of 2048 images.
+fn options(dir: &Path, f: impl FnOnce(&mut TrainOptions)) -> TrainOptions {
+    let mut o = TrainOptions {
+        model: Some("lenet5".into()),
+        epochs: Some(2),
+        batch: Some(64),
+        lr: Some(0.05),
+        warmup_steps: Some(0),
+        train_limit: Some(2048),
+        test_limit: Some(300),
+        threads: Some(1),
+        comm_timeout: Some(30.0),
+        run_dir: Some(dir.to_path_buf()),
+        quiet: true,
+        ..Default::default()
     };
-    let mut net = Net::for_inference(g.clone(), cfg).unwrap();
-    let x = images(&g, 8, 1);
-    let labels = [0u32; 8];
-    net.forward(&x, &labels, 8, Mode::Eval);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .start_handler(|_| WATCHED.with(|w| w.set(true)))
-        .build()
-        .unwrap();
-    pool.install(|| net.forward(&x, &labels, 8, Mode::Eval));
-    WATCHED.with(|w| w.set(true));
-    COUNTING.store(true, Ordering::SeqCst);
-    for n in [8, 5, 8] {
-        pool.install(|| net.forward(&x, &labels, n, Mode::Eval));
+    f(&mut o);
+    o
+}
+
+fn run(dir: &Path, f: impl FnOnce(&mut TrainOptions)) -> Summary {
+    let cfg = options(dir, f).resolve().unwrap();
+    train(cfg).unwrap_or_else(|e| panic!("training failed: {e}"))
+}
+
+fn dptrain(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.success(), text(&o.stdout), text(&o.stderr))
+}
+
+fn eval_with(ck: &Path, f: impl FnOnce(&mut EvalOptions)) -> EvalReport {
+    let mut o = EvalOptions {
+        workers: 1,
+        ..Default::default()
+    };
+    f(&mut o);
+    eval::run(ck, &o).unwrap_or_else(|e| panic!("eval failed: {e}"))
+}
+
+#[test]
+fn eval_gives_the_training_runs_test_figures_for_any_worker_count() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two training workers: their evaluation ran in chunks of the per-worker batch, 32.
+    let s = run(&dir.path().join("run"), |o| o.workers = Some(2));
+    let ck = s.checkpoint.clone().unwrap();
+    assert!(s.final_test_accuracy > 0.5, "{}", s.final_test_accuracy);
+    let last = s.epochs.last().unwrap();
+    let one = eval_with(&ck, |o| o.limit = Some(300));
+    assert_eq!(one.top1, s.final_test_accuracy);
+    assert_eq!(one.loss.to_bits(), last.test_loss.to_bits());
+    assert_eq!((one.samples, one.batch, one.top_k), (300, 32, 5));
+    assert!(one.top5 >= one.top1 && one.top5 <= 1.0);
+    let per_class: u64 = one.classes.iter().map(|c| c.correct).sum();
+    assert_eq!(per_class as f64 / 300.0, one.top1);
+    let diagonal: u64 = (0..10).map(|i| one.confusion[i][i]).sum();
+    assert_eq!(diagonal, per_class);
+    assert_eq!(one.confusion.iter().flatten().sum::<u64>(), 300);
+    // The same bits whatever the workers and compute threads, also for chunks that do not
+    // divide the split.
+    for (workers, threads) in [(3, 1), (4, 2)] {
+        let many = eval_with(&ck, |o| {
+            o.limit = Some(300);
+            o.workers = workers;
+            o.threads = Some(threads);
+        });
+        assert_eq!(EvalReport { workers: 1, ..many }, one);
     }
-    COUNTING.store(false, Ordering::SeqCst);
-    WATCHED.with(|w| w.set(false));
+    let odd = |workers| {
+        eval_with(&ck, |o| {
+            o.limit = Some(300);
+            o.batch = Some(7);
+            o.workers = workers;
+        })
+    };
     assert_eq!(
-        ALLOCATIONS.load(Ordering::SeqCst),
-        0,
-        "allocations in forward"
+        EvalReport {
+            workers: 1,
+            ..odd(3)
+        },
+        odd(1)
     );
-    let mut grads = FlatGrads::for_net(&net);
-    let err = net.backward(&mut grads, &mut |_| Ok(())).unwrap_err();
-    assert!(err.contains("inference"), "{err}");
+}
+
+#[test]
+fn eval_on_the_command_line_prints_json_and_writes_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = run(&dir.path().join("run"), |o| o.epochs = Some(1));
+    let ck = s.checkpoint.unwrap().display().to_string();
+    let out = dir.path().join("eval");
+    let (ok, stdout, stderr) = dptrain(&[
+        "eval",
+        "--checkpoint",
+        &ck,
+        "--limit",
+        "300",
+        "--workers",
+        "2",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let j: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(j["top1"].as_f64(), Some(s.final_test_accuracy));
+    assert_eq!(j["classes"].as_array().unwrap().len(), 10);
+    for f in ["eval.md", "eval.json", "confusion.png"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    let md = std::fs::read_to_string(out.join("eval.md")).unwrap();
+    assert!(md.contains("## Confusion matrix") && md.contains("| true \\ predicted |"));
+    // Another dataset shape is refused naming both.
+    let (ok, _, stderr) = dptrain(&[
+        "eval",
+        "--checkpoint",
+        &ck,
+        "--dataset",
+        "synthetic:3x28x28",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("3x28x28") && stderr.contains("1x28x28"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_checkpoint_records_its_model_and_one_from_before_still_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = run(&dir.path().join("run"), |o| {
+        o.epochs = Some(1);
+        o.dataset = Some("synthetic".into());
+    });
+    let path = s.checkpoint.unwrap();
+    let m = TrainedModel::load(&path).unwrap();
+    let d = &m.description;
+    assert_eq!(d.model_source, "builtin:lenet5");
+    assert_eq!(d.model_text.as_deref(), Some(dptrain::model::BUILTIN[0].1));
+    assert_eq!(d.input, [1, 28, 28]);
+    assert_eq!(
+        d.class_names,
+        (0..10).map(|i| i.to_string()).collect::<Vec<_>>()
+    );
+    assert_eq!((d.mean.len(), d.std.len()), (1, 1));
+    assert_eq!(d.eval_transform, "none");
+    assert_eq!(m.graph.fingerprint(), m.checkpoint.state.fingerprint);
+    // The same checkpoint as an older dptrain wrote it: no description keys.
+    let mut old = Checkpoint::load(&path).unwrap();
+    old.description = None;
+    let old_path = dir.path().join("old.safetensors");
+    old.save(&old_path).unwrap();
+    let bytes = std::fs::read(&old_path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let keys = meta.metadata().clone().unwrap();
+    assert!(!keys.contains_key("class_names") && !keys.contains_key("model_text"));
+    let e = TrainedModel::load(&old_path).err().unwrap();
+    assert!(matches!(e, CheckpointError::NoDescription { .. }), "{e}");
+    let (ok, _, stderr) = dptrain(&["eval", "--checkpoint", old_path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("written before dptrain recorded its model"),
+        "{stderr}"
+    );
+    // It resumes, and the resumed run's checkpoint describes its model again.
+    let resumed = run(&dir.path().join("resumed"), |o| {
+        o.dataset = Some("synthetic".into());
+        o.resume = Some(old_path.clone());
+    });
+    assert_eq!(resumed.epochs.len(), 1);
+    let again = TrainedModel::load(resumed.checkpoint.as_ref().unwrap()).unwrap();
+    assert_eq!(again.checkpoint.state.epoch, 2);
+}
+
+#[test]
+fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = run(&dir.path().join("run"), |o| o.epochs = Some(1));
+    let ck = s.checkpoint.unwrap();
+    let trained = TrainedModel::load(&ck).unwrap();
+    // A 5-class model of the same layers: all but the head 'f3' load.
+    let five = Box::new(dptrain::train::build_graph("lenet5", [1, 28, 28], 5).unwrap());
+    let fresh_net = || {
+        let cfg = dptrain::nn::NetConfig {
+            max_batch: 1,
+            seed: 1,
+        };
+        dptrain::nn::Net::new(std::sync::Arc::new((*five).clone()), cfg).unwrap()
+    };
+    let start = StartWeights::plan(&ck, &fresh_net(), &[]).unwrap();
+    assert_eq!(start.fresh_layers().collect::<Vec<_>>(), ["f3"]);
+    assert!(
+        start.notes[0].contains("head 'f3'") && start.notes[0].contains("10 in the checkpoint")
+    );
+    let mut net = fresh_net();
+    let init = fresh_net();
+    start.apply(&mut net);
+    let source = trained.net(1).unwrap();
+    for (b, (old, new)) in net
+        .blocks()
+        .iter()
+        .zip(source.blocks().iter().zip(init.blocks()))
+    {
+        let got = &net.params()[b.range.clone()];
+        if b.name == "f3" {
+            assert_eq!(
+                got,
+                &init.params()[new.range.clone()],
+                "the head keeps its init"
+            );
+        } else {
+            assert_eq!(got, &source.params()[old.range.clone()], "{}", b.name);
+        }
+    }
+    // --reinit of a layer that does not exist lists the layers.
+    let e = StartWeights::plan(&ck, &fresh_net(), &["fc3".into()])
+        .err()
+        .unwrap();
+    assert!(matches!(e, WeightsError::UnknownLayer { .. }));
+    assert!(e.to_string().contains("c1, c2, f1, f2, f3"), "{e}");
+    // The new run: epoch 0 on, its own dataset, the head re-initialisation said.
+    let c = ck.to_str().unwrap();
+    let run_dir = dir.path().join("tuned");
+    let (ok, _, stderr) = dptrain(&[
+        "train",
+        "--quiet",
+        "--weights",
+        c,
+        "--dataset",
+        "synthetic:1x28x28:5",
+        "--epochs",
+        "1",
+        "--train-limit",
+        "256",
+        "--test-limit",
+        "64",
+        "--threads",
+        "1",
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("head 'f3' starts from scratch"), "{stderr}");
+    let tuned = TrainedModel::load(&run_dir.join("checkpoint-epoch0001.safetensors")).unwrap();
+    assert_eq!(tuned.checkpoint.state.epoch, 1);
+    assert_eq!(
+        tuned.checkpoint.state.run.as_ref().unwrap().dataset,
+        "synthetic:1x28x28:5"
+    );
+    assert_eq!(tuned.class_names().len(), 5);
+    // Other shape mismatches, unknown layers and --weights with --resume are refused.
+    let refused = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--quiet",
+            "--weights",
+            c,
+            "--epochs",
+            "1",
+            "--run-dir",
+        ];
+        let other = dir.path().join("refused");
+        args.push(other.to_str().unwrap());
+        args.extend(extra);
+        let (ok, _, stderr) = dptrain(&args);
+        assert!(!ok && !other.join("summary.json").exists());
+        stderr
+    };
+    let e = refused(&["--dataset", "synthetic:3x28x28"]);
+    assert!(
+        e.contains("layer 'c1'") && e.contains("[6, 1, 5, 5]") && e.contains("[6, 3, 5, 5]"),
+        "{e}"
+    );
+    let e = refused(&["--reinit", "conv9"]);
+    assert!(
+        e.contains("no layer 'conv9'") && e.contains("c1, c2, f1, f2, f3"),
+        "{e}"
+    );
+    let e = refused(&["--resume", c]);
+    assert!(e.contains("give one of them"), "{e}");
+    // An explicit --reinit on the same dataset starts that layer over (and says so).
+    let (ok, _, stderr) = dptrain(&[
+        "train",
+        "--quiet",
+        "--weights",
+        c,
+        "--reinit",
+        "c1",
+        "--epochs",
+        "1",
+        "--train-limit",
+        "64",
+        "--test-limit",
+        "16",
+        "--threads",
+        "1",
+        "--no-checkpoints",
+        "--run-dir",
+        dir.path().join("reinit").to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("layer 'c1' starts from scratch (--reinit)"),
+        "{stderr}"
+    );
+}
+
+/// `predict --json --top-k 1` over `dir`: each image's predicted class, and the errors.
+fn predict_json(ck: &str, paths: &[&str]) -> (bool, Vec<serde_json::Value>, String) {
+    let mut args = vec![
+        "predict",
+        "--checkpoint",
+        ck,
+        "--json",
+        "--top-k",
+        "1",
+        "--batch",
+        "7",
+    ];
+    args.extend(paths);
+    let (ok, stdout, stderr) = dptrain(&args);
+    let lines = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (ok, lines, stderr)
+}
+
+#[test]
+fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("images");
+    let (ok, _, stderr) = dptrain(&[
+        "data",
+        "export-images",
+        "--dataset",
+        "mnist",
+        "--limit",
+        "400",
+        "--out",
+        folder.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let s = run(&dir.path().join("run"), |o| {
+        o.dataset = Some("imagefolder".into());
+        o.data_dir = Some(folder.clone());
+        o.train_limit = None;
+        o.test_limit = None;
+        o.batch = Some(32);
+        o.epochs = Some(3);
+    });
+    let ck = s.checkpoint.unwrap();
+    let report = eval_with(&ck, |o| o.train_split = true);
+    assert_eq!(report.samples, 400);
+    assert!(report.top1 > 0.3, "{}", report.top1);
+    let train_dir = folder.join("train");
+    let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &[train_dir.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert_eq!(lines.len(), 400);
+    // The confusion matrix of predict's answers (true class: the file's directory) is eval's.
+    let names: Vec<String> = report.classes.iter().map(|c| c.name.clone()).collect();
+    let mut confusion = vec![vec![0u64; names.len()]; names.len()];
+    for l in &lines {
+        let file = PathBuf::from(l["file"].as_str().unwrap());
+        let truth = file
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let t = names.iter().position(|n| n == truth).unwrap();
+        let p = l["top"][0]["label"].as_u64().unwrap() as usize;
+        assert_eq!(l["top"][0]["class"].as_str(), Some(names[p].as_str()));
+        confusion[t][p] += 1;
+    }
+    assert_eq!(confusion, report.confusion);
+    // A non-image and a corrupt PNG are named; every other image is still predicted, and the
+    // command fails at the end.
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "not an image").unwrap();
+    let bad = train_dir.join("3").join("broken.png");
+    std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    let three = train_dir.join("3");
+    let (ok, lines, stderr) = predict_json(
+        ck.to_str().unwrap(),
+        &[notes.to_str().unwrap(), three.to_str().unwrap()],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("notes.txt") && stderr.contains("broken.png"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 of"), "{stderr}");
+    let errors: BTreeMap<String, String> = lines
+        .iter()
+        .filter_map(|l| {
+            Some((
+                l["file"].as_str()?.to_string(),
+                l["error"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    let predicted = lines.iter().filter(|l| l.get("top").is_some()).count();
+    assert_eq!(predicted, report.classes[3].samples as usize);
+    // A path that does not exist stops before any work.
+    let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &["/nonexistent.png"]);
+    assert!(
+        !ok && lines.is_empty() && stderr.contains("no such file"),
+        "{stderr}"
+    );
 }

@@ -4,8 +4,10 @@
 
 mod bench;
 mod data;
+mod eval;
 mod export;
 mod model;
+mod predict;
 mod profile;
 mod report;
 pub mod simulate;
@@ -40,6 +42,11 @@ enum Command {
     Model(ModelCmd),
     /// Write a checkpoint's model as an ONNX inference graph (opset 17, dynamic batch).
     Export(export::ExportArgs),
+    /// Evaluate a checkpoint on a dataset split: loss, top-1, top-5, per-class accuracy and
+    /// the confusion matrix.
+    Eval(eval::EvalArgs),
+    /// Predict the classes of image files (or directories of them) with a checkpoint.
+    Predict(predict::PredictArgs),
     /// Measure (or derive from FLOPs) a model's per-block step profile and write it as JSON.
     Profile(profile::ProfileArgs),
     /// Simulate a training step on N workers from a profile: step time, exposed communication
@@ -113,5 +120,7 @@ pub fn run() -> Result<(), String> {
         Command::Data(cmd) => data::run(cmd),
         Command::Report { run_dirs, out } => report::run(&run_dirs, out),
         Command::Train(t) => train::run(*t),
+        Command::Eval(a) => eval::run(a),
+        Command::Predict(a) => predict::run(a),
     }
 }

@@ -451,56 +451,58 @@ pub fn confusion_matrix(
     names: &[String],
     counts: &[u64],
 ) -> Result<(), String> {
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     let k = names.len().max(1);
     if counts.len() != names.len() * names.len() {
         return Err("plotting: the confusion matrix is not square in the classes".into());
     }
     let labelled = k <= 20;
-    let label = |i: i64| -> String {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| names.get(i))
-            .filter(|_| labelled)
-            .map_or_else(String::new, |n| n.chars().take(12).collect())
+    let short = |v: &[String]| -> Vec<String> {
+        v.iter().map(|n| n.chars().take(12).collect()).collect()
+    };
+    let (across, down) = if labelled {
+        let rev: Vec<String> = names.iter().rev().cloned().collect();
+        (short(names), short(&rev))
+    } else {
+        (Vec::new(), Vec::new())
     };
     render(path, |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, (FONT, 22))
             .margin(16)
             .x_label_area_size(48)
-            .y_label_area_size(96)
-            .build_cartesian_2d(0..k as i64, 0..k as i64)
+            .y_label_area_size(110)
+            .build_cartesian_2d(0.0..k as f64, 0.0..k as f64)
             .map_err(err)?;
         chart
             .configure_mesh()
             .disable_mesh()
             .x_desc("predicted class")
             .y_desc("true class")
-            .x_labels(k.min(20))
-            .y_labels(k.min(20))
-            .x_label_formatter(&|x| label(*x))
-            .y_label_formatter(&|y| label(k as i64 - 1 - *y))
+            .x_labels(2 * k + 1)
+            .y_labels(2 * k + 1)
+            .x_label_formatter(&|x| centred_label(&across, *x))
+            .y_label_formatter(&|y| centred_label(&down, *y))
             .label_style((FONT, 12))
             .draw()
             .map_err(err)?;
+        let centre = Pos::new(HPos::Center, VPos::Center);
         for t in 0..k {
             let row = &counts[t * k..(t + 1) * k];
             let total = row.iter().sum::<u64>().max(1) as f64;
-            let y = (k - 1 - t) as i64;
+            let y = (k - 1 - t) as f64;
             let cells = row.iter().enumerate().map(|(p, &c)| {
-                let share = c as f64 / total;
-                let shade = (255.0 * (1.0 - share)) as u8;
+                let shade = (255.0 * (1.0 - c as f64 / total)) as u8;
                 let colour = RGBColor(shade, shade, 255);
-                Rectangle::new([(p as i64, y), (p as i64 + 1, y + 1)], colour.filled())
+                Rectangle::new([(p as f64, y), (p as f64 + 1.0, y + 1.0)], colour.filled())
             });
             chart.draw_series(cells).map_err(err)?;
-            if k <= 20 {
+            if labelled {
                 let texts = row.iter().enumerate().map(|(p, &c)| {
                     let dark = c as f64 / total > 0.5;
-                    let style = (FONT, 12)
-                        .into_font()
-                        .color(if dark { &WHITE } else { &BLACK });
-                    Text::new(c.to_string(), (p as i64, y + 1), style)
+                    let colour = if dark { &WHITE } else { &BLACK };
+                    let style = (FONT, 12).into_font().color(colour).pos(centre);
+                    Text::new(c.to_string(), (p as f64 + 0.5, y + 0.5), style)
                 });
                 chart.draw_series(texts).map_err(err)?;
             }

@@ -518,7 +518,7 @@ impl Checkpoint {
             ),
         }
         let state = TrainState::from_metadata(&meta, &what)?;
-        let description = ModelDescription::from_metadata(&meta, &what)?;
+        let description = ModelDescription::from_metadata(&meta).map_err(what)?;
         let st = safetensors::SafeTensors::deserialize(bytes)
             .map_err(|e| what(format!("not a safetensors file ({e})")))?;
         let mut tensors = BTreeMap::new();

@@ -18,10 +18,13 @@
 //! | `normalize_mean`, `normalize_std` | JSON arrays, per channel, of pixel/255 |
 //! | `eval_transform` | the evaluation transforms, as their text (`none`: used as read) |
 
+mod record;
+
+pub use record::{parse_shape, ModelDescription, NO_TRANSFORM};
+
 use super::checkpoint::{Checkpoint, CheckpointError};
 use crate::model::{Graph, ModelSpec};
 use crate::nn::{Net, NetConfig};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -53,118 +56,7 @@ pub const CIFAR10_CLASSES: [&str; 10] = [
     "truck",
 ];
 
-/// The evaluation transform of a dataset read at its own size (no resizing, no crop).
-pub const NO_TRANSFORM: &str = "none";
-
-/// Metadata keys of the description (see the module comment).
-const KEYS: [&str; 7] = [
-    "model_source",
-    "model_text",
-    "class_names",
-    "input_shape",
-    "normalize_mean",
-    "normalize_std",
-    "eval_transform",
-];
-
-/// What a checkpoint records about its model beyond the tensors.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelDescription {
-    /// Where the model came from: `builtin:NAME` or the model file's path as given.
-    pub model_source: String,
-    /// The model file's text; `None` for a model laid out in code
-    /// ([`crate::model::ModelBuilder`]), which has no file.
-    pub model_text: Option<String>,
-    /// Class names in label order: an ImageFolder's directory names; `"0"`..`"9"` for MNIST
-    /// and IDX sets, [`FASHION_MNIST_CLASSES`], [`CIFAR10_CLASSES`]; `"0"`.. for synthetic data.
-    pub class_names: Vec<String>,
-    /// The model's input, `[C, H, W]`.
-    pub input: [usize; 3],
-    /// Per-channel mean of pixel/255 that inputs are normalised with.
-    pub mean: Vec<f32>,
-    /// Per-channel standard deviation of pixel/255.
-    pub std: Vec<f32>,
-    /// The evaluation transforms as text ([`NO_TRANSFORM`]: images are used at their size).
-    pub eval_transform: String,
-}
-
 impl ModelDescription {
-    /// The metadata entries of this description.
-    pub(crate) fn to_metadata(&self) -> HashMap<String, String> {
-        let json = |v: serde_json::Value| v.to_string();
-        let mut m = HashMap::new();
-        m.insert("model_source".into(), self.model_source.clone());
-        if let Some(t) = &self.model_text {
-            m.insert("model_text".into(), t.clone());
-        }
-        m.insert("class_names".into(), json(self.class_names.clone().into()));
-        let [c, h, w] = self.input;
-        m.insert("input_shape".into(), format!("{c}x{h}x{w}"));
-        m.insert("normalize_mean".into(), float_list(&self.mean));
-        m.insert("normalize_std".into(), float_list(&self.std));
-        m.insert("eval_transform".into(), self.eval_transform.clone());
-        m
-    }
-
-    /// Reads the description back: `Ok(None)` when the checkpoint has none (written before
-    /// dptrain recorded it); a key present but malformed, or missing beside the others, is an
-    /// error (`what` wraps the message).
-    pub(crate) fn from_metadata(
-        meta: &HashMap<String, String>,
-        what: &dyn Fn(String) -> CheckpointError,
-    ) -> Result<Option<Self>, CheckpointError> {
-        if !KEYS.iter().any(|k| meta.contains_key(*k)) {
-            return Ok(None);
-        }
-        let get = |k: &str| -> Result<&String, CheckpointError> {
-            meta.get(k)
-                .ok_or_else(|| what(format!("metadata '{k}' missing from the model description")))
-        };
-        let json = |k: &str| -> Result<serde_json::Value, CheckpointError> {
-            serde_json::from_str(get(k)?)
-                .map_err(|e| what(format!("metadata '{k}' is not JSON: {e}")))
-        };
-        let class_names: Vec<String> =
-            serde_json::from_value(json("class_names")?).map_err(|e| {
-                what(format!(
-                    "metadata 'class_names' is not a list of names: {e}"
-                ))
-            })?;
-        let floats = |k: &str| -> Result<Vec<f32>, CheckpointError> {
-            let numbers: Vec<serde_json::Number> = serde_json::from_value(json(k)?)
-                .map_err(|e| what(format!("metadata '{k}' is not a list of numbers: {e}")))?;
-            // Through the decimal text, so each value is the f32 it was written from.
-            numbers
-                .iter()
-                .map(|n| n.to_string().parse::<f32>().ok().filter(|v| v.is_finite()))
-                .collect::<Option<_>>()
-                .ok_or_else(|| what(format!("metadata '{k}' holds a number that is not an f32")))
-        };
-        let input = parse_shape(get("input_shape")?).ok_or_else(|| {
-            what("metadata 'input_shape' is not CxHxW with positive sizes".into())
-        })?;
-        let (mean, std) = (floats("normalize_mean")?, floats("normalize_std")?);
-        if mean.len() != input[0] || std.len() != input[0] || class_names.is_empty() {
-            return Err(what(format!(
-                "the model description is inconsistent: {} means, {} deviations and {} class \
-                 names for {} input channels",
-                mean.len(),
-                std.len(),
-                class_names.len(),
-                input[0]
-            )));
-        }
-        Ok(Some(Self {
-            model_source: get("model_source")?.clone(),
-            model_text: meta.get("model_text").cloned(),
-            class_names,
-            input,
-            mean,
-            std,
-            eval_transform: get("eval_transform")?.clone(),
-        }))
-    }
-
     /// The model, parsed from the recorded text; a model recorded without text is loaded by
     /// its built-in name (`builtin:NAME`), else refused ([`CheckpointError::NoModelText`]).
     pub fn spec(&self, path: &Path) -> Result<ModelSpec, CheckpointError> {
@@ -188,25 +80,6 @@ impl ModelDescription {
                 model: self.model_source.clone(),
             }),
         }
-    }
-}
-
-/// A JSON array of f32 values, each in its shortest text that reads back as the same f32
-/// (`[0.1307]`, not the f64 widening's `[0.1307000070810318]`).
-fn float_list(values: &[f32]) -> String {
-    let items: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-    format!("[{}]", items.join(","))
-}
-
-/// `CxHxW` with every size positive.
-pub fn parse_shape(s: &str) -> Option<[usize; 3]> {
-    let v: Vec<usize> = s
-        .split('x')
-        .map(|p| p.trim().parse().ok())
-        .collect::<Option<_>>()?;
-    match v[..] {
-        [c, h, w] if c > 0 && h > 0 && w > 0 => Some([c, h, w]),
-        _ => None,
     }
 }
 
@@ -354,35 +227,24 @@ mod tests {
         }
     }
 
-    fn what(d: String) -> CheckpointError {
-        CheckpointError::Invalid {
-            path: "c".into(),
-            detail: d,
-        }
-    }
-
     #[test]
     fn a_description_reads_back_as_written_and_its_absence_is_none() {
         let d = sample();
-        let back = ModelDescription::from_metadata(&d.to_metadata(), &what).unwrap();
+        let back = ModelDescription::from_metadata(&d.to_metadata()).unwrap();
         assert_eq!(back, Some(d.clone()));
         assert_eq!(back.unwrap().mean[0].to_bits(), 0.1307f32.to_bits());
         assert_eq!(
-            ModelDescription::from_metadata(&HashMap::new(), &what).unwrap(),
+            ModelDescription::from_metadata(&std::collections::HashMap::new()).unwrap(),
             None
         );
         // Half a description is a broken file, named by the key.
         let mut m = d.to_metadata();
         m.remove("input_shape");
-        let e = ModelDescription::from_metadata(&m, &what)
-            .unwrap_err()
-            .to_string();
+        let e = ModelDescription::from_metadata(&m).unwrap_err();
         assert!(e.contains("'input_shape' missing"), "{e}");
         let mut m = d.to_metadata();
         m.insert("normalize_std".into(), "[1, 2]".into());
-        let e = ModelDescription::from_metadata(&m, &what)
-            .unwrap_err()
-            .to_string();
+        let e = ModelDescription::from_metadata(&m).unwrap_err();
         assert!(e.contains("2 deviations"), "{e}");
     }
 

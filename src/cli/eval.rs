@@ -1,0 +1,72 @@
+//! `dptrain eval`: a checkpoint's loss, accuracy, per-class accuracy and confusion matrix on a
+//! dataset split.
+
+use crate::infer::eval::{self, EvalOptions};
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub(super) struct EvalArgs {
+    /// The checkpoint (a run's checkpoint-epochNNNN.safetensors).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Dataset (any name `train --dataset` takes) [default: the checkpoint's].
+    #[arg(long)]
+    dataset: Option<String>,
+    /// Its directory [default: the checkpoint's, with its dataset].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Which split: test or train [default: test].
+    #[arg(long, default_value = "test", value_parser = ["test", "train"])]
+    split: String,
+    /// Only the first N samples of the split (chosen as --test-limit chooses them).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Worker threads, each with its own net; the figures are the same for any count.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Samples per forward [default: the training run's per-worker batch].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Compute threads per worker [default: cores / workers].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the results as one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also write eval.md, eval.json and confusion.png into this directory (created if
+    /// absent; its parent must exist).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Evaluates and prints (and writes, with `--out`) the results.
+pub(super) fn run(a: EvalArgs) -> Result<(), String> {
+    let opts = EvalOptions {
+        dataset: a.dataset,
+        data_dir: a.data_dir,
+        train_split: a.split == "train",
+        limit: a.limit,
+        workers: a.workers,
+        batch: a.batch,
+        threads: a.threads,
+    };
+    let report = eval::run(&a.checkpoint, &opts)?;
+    let written = match &a.out {
+        Some(dir) => report.write(dir)?,
+        None => Vec::new(),
+    };
+    if a.json {
+        let json = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+        println!("{json}");
+        return Ok(());
+    }
+    println!("{}\n\n{}", report.headline(), report.class_table());
+    println!(
+        "confusion matrix (rows: true class, columns: predicted)\n\n{}",
+        report.confusion_table()
+    );
+    for f in written {
+        println!("wrote {}", f.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! `dptrain predict`: the most likely classes of image files.
+
+use crate::infer::predict::{collect_images, Prediction, Predictor};
+use crate::infer::TrainedModel;
+use crate::terminal::print_error;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub(super) struct PredictArgs {
+    /// The checkpoint (a run's checkpoint-epochNNNN.safetensors).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Image files, or directories walked for .png/.jpg/.jpeg files.
+    #[arg(required = true)]
+    images: Vec<PathBuf>,
+    /// Classes shown per image.
+    #[arg(long, default_value_t = 3)]
+    top_k: usize,
+    /// Images per forward.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// One JSON object per image (file and top classes, or file and error) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Predicts every image; a file that cannot be read is reported and the others still
+/// predicted, and the command then fails naming how many.
+pub(super) fn run(a: PredictArgs) -> Result<(), String> {
+    if a.top_k == 0 {
+        return Err("--top-k must be at least 1".into());
+    }
+    let model = TrainedModel::load(&a.checkpoint).map_err(|e| e.to_string())?;
+    let (files, walked) = collect_images(&a.images)?;
+    let mut predictor = Predictor::new(&model, a.batch)?;
+    let bar = if walked {
+        indicatif::ProgressBar::new(files.len() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut failed = 0;
+    let mut stdout = std::io::stdout().lock();
+    for chunk in files.chunks(predictor.batch()) {
+        for (file, result) in chunk.iter().zip(predictor.predict(chunk, a.top_k)) {
+            let text = match result {
+                Ok(p) => Some(line(&p, a.json)),
+                Err(e) => {
+                    failed += 1;
+                    bar.suspend(|| print_error(&e.to_string()));
+                    a.json
+                        .then(|| serde_json::json!({"file": file, "error": e.to_string()}))
+                        .map(|j| j.to_string())
+                }
+            };
+            let Some(text) = text else { continue };
+            match bar.suspend(|| writeln!(stdout, "{text}")) {
+                Ok(()) => {}
+                // The reader has gone (`| head`): nothing more to print to.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                Err(e) => return Err(format!("cannot print the predictions: {e}")),
+            }
+        }
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    if failed > 0 {
+        return Err(format!(
+            "{failed} of {} files could not be predicted (each named above); the others were",
+            files.len()
+        ));
+    }
+    Ok(())
+}
+
+/// One image's result: `FILE: class 97.12%, class 1.03%, ...`, or its JSON.
+fn line(p: &Prediction, json: bool) -> String {
+    if json {
+        return serde_json::to_string(p).unwrap_or_default();
+    }
+    let top: Vec<String> = p
+        .top
+        .iter()
+        .map(|c| format!("{} {:.2}%", c.class, 100.0 * c.probability))
+        .collect();
+    format!("{}: {}", p.file.display(), top.join(", "))
+}
