@@ -138,7 +138,10 @@ pub fn run_command(a: InferArgs) -> Result<(), String> {
     println!("{}", InferRow::terminal_header());
     for m in models {
         for &t in &threads {
-            println!("{}", bench_infer(m, a.batch, t, a.steps, a.training_net)?.terminal());
+            println!(
+                "{}",
+                bench_infer(m, a.batch, t, a.steps, a.training_net)?.terminal()
+            );
         }
     }
     Ok(())

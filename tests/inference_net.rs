@@ -131,3 +131,26 @@ fn an_inference_net_refuses_a_backward_and_allocates_nothing_per_forward() {
     let err = net.backward(&mut grads, &mut |_| Ok(())).unwrap_err();
     assert!(err.contains("inference"), "{err}");
 }
+
+#[test]
+fn bench_infer_prints_a_result_line_per_thread_count_and_refuses_zero_threads() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+            .args([
+                "bench", "infer", "--model", "lenet5", "--batch", "4", "--steps", "1",
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--threads", "1,2"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for t in [1, 2] {
+        let line = format!("RESULT dptrain lenet5 infer threads={t} median_ms=");
+        assert!(out.contains(&line), "{out}");
+    }
+    let o = run(&["--threads", "0"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--threads 0"));
+}
