@@ -130,6 +130,9 @@ pub struct ConvWorkspace {
     packed: PackedB,
     flip: Vec<f32>,
     tree: TreeSum,
+    /// Column-scratch floats reserved on the global pool's threads, for calls from outside
+    /// any pool (see [`ConvWorkspace::reserve_col`]).
+    global_col_reserved: usize,
 }
 
 /// Rows per forward tile: enough to reuse the packed weights, few enough for the column
@@ -141,6 +144,28 @@ fn tile_rows(rows: usize, kkc: usize) -> usize {
 }
 
 impl ConvWorkspace {
+    /// Grows the column scratch of every thread of the current pool to at least `len` floats
+    /// before a parallel loop whose tiles need `len`. Without it a thread grows its scratch the
+    /// first time work stealing hands it one of a layer's largest tiles, which on a loaded
+    /// machine can be a later step: an allocation in a steady-state step (seen in
+    /// tests/alloc.rs and tests/inference_net.rs). Inside a pool every thread's scratch has the
+    /// same length (each growth is a broadcast to all of them), so the calling thread's tells
+    /// whether a broadcast is needed; outside one (the work goes to the global pool) this
+    /// workspace remembers what it reserved there.
+    fn reserve_col(&mut self, len: usize) {
+        let reserved = match rayon::current_thread_index() {
+            Some(_) => COL.with(|c| c.borrow().len()),
+            None => self.global_col_reserved,
+        };
+        if len <= reserved {
+            return;
+        }
+        rayon::broadcast(|_| with_col(len, |_| ()));
+        if rayon::current_thread_index().is_none() {
+            self.global_col_reserved = len;
+        }
+    }
+
     /// Sets the samples per chunk of the weight-gradient sums.
     pub fn set_chunk(&mut self, samples: usize) {
         self.tree.set_chunk(samples);
@@ -166,8 +191,11 @@ impl ConvWorkspace {
             for grp in 0..g.groups {
                 self.packed
                     .pack(MatRef::strided(&w[grp * og..], o, 1), kkc, og);
-                let packed = &self.packed;
                 let tr = tile_rows(rows, kkc);
+                if !(g.pointwise() && g.groups == 1) {
+                    self.reserve_col(tr * kkc);
+                }
+                let packed = &self.packed;
                 y.par_chunks_mut(tr * o).enumerate().for_each(|(t, yt)| {
                     let r0 = t * tr;
                     let m = yt.len() / o;
@@ -214,6 +242,9 @@ impl ConvWorkspace {
             }
             return;
         }
+        if !(g.pointwise() && g.groups == 1) {
+            self.reserve_col(KC.min(n * g.pixels()) * g.kkc());
+        }
         self.tree.sum_chunks(n, dwb, &|r, part| {
             weight_grad_chunk(g, x, dy, r, part, has_bias)
         });
@@ -255,10 +286,11 @@ impl ConvWorkspace {
                     }
                 }
             }
-            self.packed.pack(MatRef::rows(&self.flip, cg), fk, cg);
-            let packed = &self.packed;
             let rows = n * f.pixels();
             let tr = tile_rows(rows, fk);
+            self.reserve_col(tr * fk);
+            self.packed.pack(MatRef::rows(&self.flip, cg), fk, cg);
+            let packed = &self.packed;
             dx.par_chunks_mut(tr * g.c)
                 .enumerate()
                 .for_each(|(t, dxt)| {
@@ -287,6 +319,7 @@ impl ConvWorkspace {
         let (og, kkc, p, o) = (g.og(), g.kkc(), g.pixels(), g.o);
         // Rows of dcol per pass: whole samples' pixels, in KC-sized blocks of the budget.
         let block = (COL_BUDGET / kkc.max(1)).clamp(1, p);
+        self.reserve_col(block * kkc);
         if !acc {
             dx.par_chunks_mut(1 << 14).for_each(|d| d.fill(0.0));
         }
