@@ -2,6 +2,7 @@
 //! decoded per sample. The loader only needs "pixels and label of sample i".
 
 use crate::data::image_folder::{DecodeScratch, ImageFolder};
+use crate::data::packed::{PackedScratch, PackedSplit};
 use crate::data::{DataError, Dataset};
 use std::sync::Arc;
 
@@ -17,12 +18,16 @@ pub enum Source {
     Memory(Arc<Dataset>),
     /// Files decoded on demand: reading a sample is a file read plus a PNG/JPEG decode.
     Folder(Arc<ImageFolder>),
+    /// A packed file's split, memory-mapped: reading a sample is a slice of the mapping and a
+    /// checksum, plus a JPEG decode for a JPEG sample.
+    Packed(Arc<PackedSplit>),
 }
 
 /// Per-thread buffers that [`Source::read`] reuses.
 #[derive(Debug, Default)]
 pub struct SampleScratch {
     decode: DecodeScratch,
+    packed: PackedScratch,
     pixels: Vec<u8>,
 }
 
@@ -32,6 +37,7 @@ impl Source {
         match self {
             Source::Memory(d) => d.len(),
             Source::Folder(f) => f.len(),
+            Source::Packed(p) => p.len(),
         }
     }
 
@@ -45,6 +51,7 @@ impl Source {
         match self {
             Source::Memory(d) => [d.channels, d.height, d.width],
             Source::Folder(f) => [f.channels, f.height, f.width],
+            Source::Packed(p) => [p.channels, p.height, p.width],
         }
     }
 
@@ -58,6 +65,7 @@ impl Source {
         match self {
             Source::Memory(d) => d.num_classes,
             Source::Folder(f) => f.classes.len(),
+            Source::Packed(p) => p.classes().len(),
         }
     }
 
@@ -66,6 +74,7 @@ impl Source {
         match self {
             Source::Memory(d) => d.labels[i] as u32,
             Source::Folder(f) => f.labels[i] as u32,
+            Source::Packed(p) => p.label(i) as u32,
         }
     }
 
@@ -76,6 +85,10 @@ impl Source {
             Source::Memory(d) => Normalize::for_dataset(d),
             Source::Folder(f) => {
                 let (m, s) = f.estimate_mean_std(NORM_PROBE);
+                Normalize::new(&m, &s)
+            }
+            Source::Packed(p) => {
+                let (m, s) = p.estimate_mean_std(NORM_PROBE);
                 Normalize::new(&m, &s)
             }
         }
@@ -91,6 +104,7 @@ impl Source {
                 d.labels.truncate(n);
             }
             Source::Folder(f) => Arc::make_mut(f).truncate(n),
+            Source::Packed(p) => Arc::make_mut(p).truncate(n),
         }
     }
 
@@ -106,6 +120,11 @@ impl Source {
             Source::Folder(f) => {
                 scratch.pixels.resize(f.sample_len(), 0);
                 f.read(i, &mut scratch.decode, &mut scratch.pixels)?;
+                Ok(&scratch.pixels)
+            }
+            Source::Packed(p) => {
+                scratch.pixels.resize(p.sample_len(), 0);
+                p.read(i, &mut scratch.packed, &mut scratch.pixels)?;
                 Ok(&scratch.pixels)
             }
         }

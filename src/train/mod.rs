@@ -139,6 +139,9 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
         cfg.data_dir.as_deref(),
         Path::new("data/mnist"),
     )?;
+    if let DatasetSpec::Packed { file } = &spec {
+        return load_packed(cfg, file);
+    }
     let DatasetSpec::ImageFolder { dir } = spec else {
         let (train, test) = load_data(cfg)?;
         return Ok((Source::Memory(Arc::new(train)), test));
@@ -155,6 +158,21 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
         .decode_all("imagefolder")
         .map_err(PrepareError::TestSplit)?;
     Ok((Source::Folder(Arc::new(train)), test))
+}
+
+/// [`load_sources`] for a packed file: the training split read per sample from the mapping by
+/// the loaders, the test split decoded once here.
+fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, Dataset), PrepareError> {
+    let (mut train, mut test) = data::packed::open_pair(file)?;
+    if let Some(n) = cfg.train_limit {
+        train.truncate(n);
+    }
+    if let Some(n) = cfg.test_limit {
+        test.truncate(n);
+    }
+    holds_a_batch(train.len(), cfg.batch)?;
+    let test = test.decode_all("packed").map_err(PrepareError::TestSplit)?;
+    Ok((Source::Packed(Arc::new(train)), test))
 }
 
 /// The input pipeline of a run: loader threads (unless `--prefetch 0`) and one feed per worker.
