@@ -305,7 +305,7 @@ fn check_record(r: &Record, channels: u8, classes: usize, samples_end: u64) -> R
             r.offset, r.len
         ));
     }
-    if r.offset % SAMPLE_ALIGN != 0 {
+    if !r.offset.is_multiple_of(SAMPLE_ALIGN) {
         return Err(format!(
             "places a sample at {}, not a multiple of {SAMPLE_ALIGN}",
             r.offset
@@ -525,11 +525,30 @@ pub struct PackedSplit {
 /// Opens a packed file and returns its training and test splits.
 pub fn open_pair(path: &Path) -> Result<(PackedSplit, PackedSplit), DataError> {
     let file = PackedFile::open(path)?;
-    let split = |split: Split| -> Result<PackedSplit, DataError> {
+    let (train, test) = (
+        PackedSplit::of(&file, Split::Train)?,
+        PackedSplit::of(&file, Split::Test)?,
+    );
+    if (train.height, train.width) != (test.height, test.width) {
+        return Err(DataError::invalid(
+            path,
+            format!(
+                "has {}x{} training images but {}x{} test images; both splits must have one size",
+                train.width, train.height, test.width, test.height
+            ),
+        ));
+    }
+    Ok((train, test))
+}
+
+impl PackedSplit {
+    /// Every sample of `split` of `file`; its shape is its first sample's. A split without
+    /// samples is an error.
+    pub fn of(file: &Arc<PackedFile>, split: Split) -> Result<PackedSplit, DataError> {
         let records = file.records(split);
         let Some(first) = records.first() else {
             return Err(DataError::invalid(
-                path,
+                &file.path,
                 format!(
                     "has no {} samples; pack an ImageFolder whose {0}/ holds images",
                     split_name(split)
@@ -544,21 +563,8 @@ pub fn open_pair(path: &Path) -> Result<(PackedSplit, PackedSplit), DataError> {
             height: usize::from(first.height),
             width: usize::from(first.width),
         })
-    };
-    let (train, test) = (split(Split::Train)?, split(Split::Test)?);
-    if (train.height, train.width) != (test.height, test.width) {
-        return Err(DataError::invalid(
-            path,
-            format!(
-                "has {}x{} training images but {}x{} test images; both splits must have one size",
-                train.width, train.height, test.width, test.height
-            ),
-        ));
     }
-    Ok((train, test))
-}
 
-impl PackedSplit {
     /// Number of samples.
     pub fn len(&self) -> usize {
         self.keep.len()
