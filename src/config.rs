@@ -99,8 +99,17 @@ pub struct TrainConfig {
     pub loader_threads: usize,
     /// Batches prefetched per worker; 0 collates inside the step (the synchronous baseline).
     pub prefetch: usize,
-    /// Training-time augmentation.
+    /// Training-time augmentation: the transform list, in order.
     pub augment: crate::pipeline::Augment,
+    /// The model's input size (`--image-size`); `None`: the dataset's (an ImageFolder's first
+    /// image's). The run sets it once the data is open.
+    pub image_size: Option<crate::pipeline::ImageSize>,
+    /// The evaluation transform (`--eval-transform`); `None`: `off` when the data is at the
+    /// image size, else `resize-shorter,center-crop`. The run sets it, resolved.
+    pub eval_transform: Option<crate::pipeline::Transforms>,
+    /// Where the input normalisation comes from (`--normalize`); the run replaces it with the
+    /// values used (`Given`).
+    pub normalize: crate::pipeline::NormalizeChoice,
     /// Leave unreadable samples out of their batch (counted in the summary) instead of failing.
     pub skip_bad_samples: bool,
     /// Write a Chrome trace-event timeline here (see [`crate::trace`]).
@@ -299,9 +308,25 @@ pub struct TrainOptions {
     /// Batches prefetched per worker, 0 to load inside the step [default: 2].
     #[arg(long)]
     pub prefetch: Option<usize>,
-    /// Augmentation: off, or a list of crop:PAD and flip, e.g. crop:4,flip [default: off].
+    /// Training transforms in order: off, or a list of random-resized-crop[:SMIN,SMAX[:RMIN,RMAX]],
+    /// flip, crop:PAD, resize-shorter[:S], center-crop, resize, e.g. crop:4,flip or
+    /// random-resized-crop,flip [default: off].
     #[arg(long)]
     pub augment: Option<String>,
+    /// The model's input size, H or HxW (each side 1..=4096) [default: the dataset's; an
+    /// ImageFolder's first image's].
+    #[arg(long)]
+    pub image_size: Option<String>,
+    /// Evaluation transforms (no random ones): e.g. resize-shorter,center-crop (torchvision's
+    /// Resize(size*256/224) + CenterCrop) or resize [default: off when the data is at the image
+    /// size, else resize-shorter,center-crop].
+    #[arg(long)]
+    pub eval_transform: Option<String>,
+    /// Input normalisation: dataset (published constants, else estimated), estimate (from a
+    /// sample of the training split after the evaluation transform) or MEAN,.../STD,... per
+    /// channel, e.g. 0.485,0.456,0.406/0.229,0.224,0.225 [default: dataset].
+    #[arg(long)]
+    pub normalize: Option<String>,
     /// Leave unreadable samples out of their batch and count them, instead of stopping.
     #[arg(long)]
     #[serde(default)]
@@ -386,6 +411,9 @@ impl TrainConfig {
             "train_limit": self.train_limit, "test_limit": self.test_limit,
             "loader_threads": self.loader_threads, "prefetch": self.prefetch,
             "augment": self.augment.to_string(), "skip_bad_samples": self.skip_bad_samples,
+            "image_size": self.image_size.map(|s| s.to_string()),
+            "eval_transform": self.eval_transform.as_ref().map(|t| t.to_string()),
+            "normalize": self.normalize.to_string(),
         })
     }
 }
@@ -440,6 +468,9 @@ impl TrainOptions {
             loader_threads,
             prefetch,
             augment,
+            image_size,
+            eval_transform,
+            normalize,
             trace,
             trace_steps,
             log_format
@@ -537,6 +568,9 @@ impl TrainOptions {
             loader_threads: input.loader_threads,
             prefetch: input.prefetch,
             augment: input.augment,
+            image_size: input.image_size,
+            eval_transform: input.eval_transform,
+            normalize: input.normalize,
             skip_bad_samples: self.skip_bad_samples,
             trace: self.trace.clone(),
             trace_steps: outputs.trace_steps,
@@ -729,10 +763,29 @@ impl TrainOptions {
         }
         let augment = crate::pipeline::Augment::parse(self.augment.as_deref().unwrap_or("off"))
             .map_err(|e| format!("--augment: {e}"))?;
+        let image_size = self
+            .image_size
+            .as_deref()
+            .map(crate::pipeline::ImageSize::parse)
+            .transpose()
+            .map_err(|e| format!("--image-size: {e}"))?;
+        let eval_transform = self
+            .eval_transform
+            .as_deref()
+            .map(crate::pipeline::Transforms::parse_eval)
+            .transpose()
+            .map_err(|e| format!("--eval-transform: {e}"))?;
+        let normalize = crate::pipeline::NormalizeChoice::parse(
+            self.normalize.as_deref().unwrap_or("dataset"),
+        )
+        .map_err(|e| format!("--normalize: {e}"))?;
         Ok(ResolvedInput {
             loader_threads,
             prefetch,
             augment,
+            image_size,
+            eval_transform,
+            normalize,
         })
     }
 
@@ -798,6 +851,9 @@ struct ResolvedInput {
     loader_threads: usize,
     prefetch: usize,
     augment: crate::pipeline::Augment,
+    image_size: Option<crate::pipeline::ImageSize>,
+    eval_transform: Option<crate::pipeline::Transforms>,
+    normalize: crate::pipeline::NormalizeChoice,
 }
 
 /// `--trace-steps`, `--log-format` and the run directory, resolved.

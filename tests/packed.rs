@@ -119,17 +119,17 @@ fn jpeg_round_trip_is_close_resizes_to_max_side_and_small_images_stay_raw() {
     let (mut jpegs, mut raws) = (0, 0);
     for (k, (w, h, px)) in want.iter().enumerate() {
         let r = file.records(Split::Train)[k];
-        let got = train.pixels(k, &mut scratch).unwrap();
+        let got = train.image(k, &mut scratch).unwrap();
         assert_eq!((got.width as u32, got.height as u32), (*w, *h));
         if *w == 8 {
             assert_eq!(r.encoding, Encoding::Raw, "a tiny image stays raw");
-            assert_eq!(got.hwc, &px[..]);
+            assert_eq!(got.pixels, *px);
             raws += 1;
         } else {
             assert_eq!(r.encoding, Encoding::Jpeg, "a photo is stored as JPEG");
             assert!(r.len as usize * 2 < px.len(), "{} vs {}", r.len, px.len());
             let mean_err = got
-                .hwc
+                .pixels
                 .iter()
                 .zip(px)
                 .map(|(a, b)| (*a as f64 - *b as f64).abs())

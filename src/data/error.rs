@@ -32,6 +32,11 @@ pub enum DataError {
     #[error(transparent)]
     Output(#[from] crate::output::OutputError),
 
+    /// An image file that cannot be decoded (not an image, truncated, CMYK, too small or too
+    /// large); the error names the file.
+    #[error(transparent)]
+    Image(#[from] crate::data::decode::DecodeError),
+
     /// A required file or directory is absent.
     #[error("{}: not found; {hint}", path.display())]
     NotFound {

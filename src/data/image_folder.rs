@@ -9,15 +9,21 @@
 //! Classes are the training split's subdirectory names in sorted order (label = position).
 //! Unlike the other readers this one is *lazy*: [`ImageFolder::open`] only lists the files and
 //! decodes one to learn the shape; each sample is read and decoded when a loader thread asks for
-//! it ([`ImageFolder::read`]), so decoding is real per-step work that the input pipeline has to
-//! hide. Every image of a split must have the first image's size (no resizing here).
+//! it, so decoding is real per-step work that the input pipeline has to hide. Images may have
+//! any size: the input pipeline's transforms (`pipeline::Transforms`) take each to the image
+//! size, which is the first image's unless `--image-size` sets it ([`ImageFolder::set_size`]);
+//! [`ImageFolder::read`] here resizes the whole image to it (what `off` does). Decoding is
+//! [`crate::data::decode`]'s.
 //!
 //! [`export`] writes any in-memory [`Dataset`] pair in this layout (`dptrain data export-images`).
 
+use super::decode::{DecodedImage, Decoder, Region, Resampler};
 use super::{DataError, Dataset, DatasetPair};
-use image::{ColorType, ImageDecoder, ImageFormat, ImageReader};
+use image::ImageFormat;
 use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
+
+pub use super::decode::{MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
 
 /// Extensions (lower-case) taken as images; other files in a class directory are ignored.
 const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
@@ -36,40 +42,25 @@ pub struct ImageFolder {
     pub files: Vec<PathBuf>,
     /// Label of each file.
     pub labels: Vec<u8>,
-    /// 1 when the first image is greyscale, else 3 (RGB; alpha is dropped).
+    /// 1 when the first image is greyscale, else 3 (RGB; alpha is dropped). Every image is
+    /// decoded with this many channels.
     pub channels: usize,
-    /// Image height in pixels.
+    /// Height samples are delivered at (the image size): the first image's unless set.
     pub height: usize,
-    /// Image width in pixels.
+    /// Width samples are delivered at.
     pub width: usize,
 }
 
-/// Reusable buffers for [`ImageFolder::read`], one per loader thread, so that reading a sample
-/// allocates nothing once they have grown to the largest file.
+/// Reusable buffers for [`ImageFolder::read`], one per thread, so that reading a sample
+/// allocates nothing of ours once they have grown to the largest file.
 #[derive(Debug, Default)]
 pub struct DecodeScratch {
     file: Vec<u8>,
+    decoder: Decoder,
+    image: DecodedImage,
+    resampler: Resampler,
     hwc: Vec<u8>,
 }
-
-/// A bad image file. The message says to replace or delete it; whether `--skip-bad-samples`
-/// would help depends on where it was read (the training loaders say so, see
-/// `pipeline::Collator::fill`), so it is not added here.
-fn invalid(path: &Path, what: impl std::fmt::Display) -> DataError {
-    DataError::invalid(path, format!("{what}; replace or delete the file"))
-}
-
-/// Most pixels one image may have (4096 x 4096 = 16.8 M, 48 MiB decoded as RGB). Checked from
-/// the header before anything is decoded or allocated: a ~100-byte PNG whose header claims
-/// 65535 x 65535 pixels otherwise made the loader allocate 1.29 TB for the split (4.3 G pixels
-/// per image). Datasets this trainer trains on are far smaller (MNIST 28 x 28, ImageNet crops
-/// a few hundred pixels a side).
-pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
-
-/// What the decoder itself may allocate for one file (`image::Limits::max_alloc`): the largest
-/// image at 8 bytes a pixel (16-bit RGBA, the widest layout a PNG decodes to) plus 16 MiB of
-/// decoder state.
-pub const MAX_DECODE_BYTES: u64 = MAX_IMAGE_PIXELS * 8 + (16 << 20);
 
 impl ImageFolder {
     /// Lists `split_dir` (one subdirectory per class) and probes its first image for the shape.
@@ -148,9 +139,9 @@ impl ImageFolder {
         let mut first_err = None;
         for path in folder.files.iter().take(PROBE) {
             match probe(path) {
-                Ok((w, h, grey)) => {
-                    (folder.width, folder.height) = (w, h);
-                    folder.channels = if grey { 1 } else { 3 };
+                Ok(info) => {
+                    (folder.width, folder.height) = (info.width as usize, info.height as usize);
+                    folder.channels = info.channels;
                     return Ok(folder);
                 }
                 Err(e) => {
@@ -189,60 +180,59 @@ impl ImageFolder {
         self.labels = keep.iter().map(|&i| self.labels[i]).collect();
     }
 
-    /// Reads and decodes sample `i` into `out` (C×H×W, `sample_len()` bytes). A file that cannot
-    /// be read, is not a PNG/JPEG, is truncated or has another size gives an error naming it.
+    /// Samples are delivered at `height x width` from now on (`--image-size`).
+    pub fn set_size(&mut self, height: usize, width: usize) {
+        (self.height, self.width) = (height, width);
+    }
+
+    /// The bytes of sample `i`'s file, read into `buf` (reused); returns its path.
+    pub fn read_file<'a>(&'a self, i: usize, buf: &mut Vec<u8>) -> Result<&'a Path, DataError> {
+        let path = &self.files[i];
+        buf.clear();
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(buf))
+            .map_err(|e| DataError::Io {
+                path: path.clone(),
+                cause: e,
+            })?;
+        Ok(path)
+    }
+
+    /// Reads and decodes sample `i` into `out` (C×H×W, `sample_len()` bytes), the whole image
+    /// resized to the split's size where it has another (aspect not kept; the input pipeline's
+    /// transforms do better). A file that cannot be read, is not a PNG/JPEG, is truncated, too
+    /// small or too large gives an error naming it.
     pub fn read(
         &self,
         i: usize,
         scratch: &mut DecodeScratch,
         out: &mut [u8],
     ) -> Result<(), DataError> {
-        let path = &self.files[i];
-        scratch.file.clear();
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(&mut scratch.file))
-            .map_err(|e| DataError::Io {
-                path: path.clone(),
-                cause: e,
-            })?;
-        let decoder = decoder(path, &scratch.file)?;
-        let (w, h) = decoder.dimensions();
-        if (w as usize, h as usize) != (self.width, self.height) {
-            return Err(invalid(
-                path,
-                format!(
-                    "is {w}x{h} but the split's images are {}x{} (the first image decides)",
-                    self.width, self.height
-                ),
-            ));
-        }
-        let plane = self.width * self.height;
-        let want = if self.channels == 1 {
-            ColorType::L8
-        } else {
-            ColorType::Rgb8
+        let path = self.read_file(i, &mut scratch.file)?;
+        let (w, h) = (self.width, self.height);
+        scratch.decoder.decode(
+            &scratch.file,
+            path,
+            self.channels,
+            Some((w, h)),
+            &mut scratch.image,
+        )?;
+        let img = &scratch.image;
+        let region = Region {
+            left: 0.0,
+            top: 0.0,
+            width: img.width as f64,
+            height: img.height as f64,
         };
-        let bad = |e: image::ImageError| invalid(path, format!("cannot decode: {e}"));
-        // Fast path: the file already has the layout we want; decode straight into our buffer.
-        let hwc: &[u8] = if decoder.color_type() == want {
-            scratch.hwc.resize(plane * self.channels, 0);
-            decoder.read_image(&mut scratch.hwc).map_err(bad)?;
-            &scratch.hwc
-        } else {
-            let img = image::DynamicImage::from_decoder(decoder).map_err(bad)?;
-            scratch.hwc.clear();
-            if self.channels == 1 {
-                scratch.hwc.extend_from_slice(img.to_luma8().as_raw());
-            } else {
-                scratch.hwc.extend_from_slice(img.to_rgb8().as_raw());
-            }
-            &scratch.hwc
-        };
+        scratch
+            .resampler
+            .resize(img, region, (w, h), &mut scratch.hwc);
+        let plane = w * h;
         if self.channels == 1 {
-            out[..plane].copy_from_slice(&hwc[..plane]);
+            out[..plane].copy_from_slice(&scratch.hwc[..plane]);
         } else {
             // Interleaved RGB to planes.
-            for (p, px) in hwc.chunks_exact(3).enumerate() {
+            for (p, px) in scratch.hwc.chunks_exact(3).enumerate() {
                 out[p] = px[0];
                 out[plane + p] = px[1];
                 out[2 * plane + p] = px[2];
@@ -311,78 +301,23 @@ impl ImageFolder {
     }
 }
 
-/// A decoder for `bytes` (the contents of `path`), by content, not by extension.
-fn decoder<'a>(path: &Path, bytes: &'a [u8]) -> Result<impl ImageDecoder + 'a, DataError> {
-    let mut reader = ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| invalid(path, e))?;
-    match reader.format() {
-        Some(ImageFormat::Png | ImageFormat::Jpeg) => {}
-        _ => return Err(invalid(path, "is neither PNG nor JPEG data")),
-    }
-    let mut limits = image::Limits::default();
-    limits.max_alloc = Some(MAX_DECODE_BYTES);
-    reader.limits(limits);
-    let d = reader
-        .into_decoder()
-        .map_err(|e| invalid(path, format!("cannot decode: {e}")))?;
-    check_dimensions(path, d.dimensions())?;
-    Ok(d)
-}
-
-/// Refuses an image header that claims no pixels or more than [`MAX_IMAGE_PIXELS`].
-fn check_dimensions(path: &Path, (w, h): (u32, u32)) -> Result<(), DataError> {
-    let pixels = u64::from(w) * u64::from(h);
-    if pixels == 0 {
-        return Err(invalid(
-            path,
-            format!("has no pixels ({w}x{h} in its header)"),
-        ));
-    }
-    if pixels > MAX_IMAGE_PIXELS {
-        return Err(invalid(
-            path,
-            format!(
-                "claims {w}x{h} pixels in its header ({:.1} M), more than the {:.1} M (4096x4096) \
-                 an ImageFolder image may have: the file is damaged, or the image is too large \
-                 (resize it)",
-                pixels as f64 / 1e6,
-                MAX_IMAGE_PIXELS as f64 / 1e6
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Width, height and whether the image is greyscale, from the header of `path`.
-fn probe(path: &Path) -> Result<(usize, usize, bool), DataError> {
+/// The header of `path`, checked (see [`crate::data::decode::read_info`]).
+fn probe(path: &Path) -> Result<super::decode::ImageInfo, DataError> {
     let bytes = std::fs::read(path).map_err(|e| DataError::Io {
         path: path.to_path_buf(),
         cause: e,
     })?;
-    let d = decoder(path, &bytes)?;
-    let (w, h) = d.dimensions();
-    let grey = matches!(
-        d.color_type(),
-        ColorType::L8 | ColorType::La8 | ColorType::L16 | ColorType::La16
-    );
-    Ok((w as usize, h as usize, grey))
+    Ok(super::decode::read_info(&bytes, path)?)
 }
 
-/// Opens `dir/train` and `dir/test` (the test split with the training split's classes).
+/// Opens `dir/train` and `dir/test` (the test split with the training split's classes,
+/// channels and size).
 pub fn open_pair(dir: &Path) -> Result<(ImageFolder, ImageFolder), DataError> {
     let train = ImageFolder::open(&dir.join("train"), None)?;
-    let test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
-    if (train.channels, train.height, train.width) != (test.channels, test.height, test.width) {
-        return Err(DataError::invalid(
-            dir.join("test"),
-            format!(
-                "images are {}x{}x{} (CxHxW) but training images are {}x{}x{}; both splits must \
-                 have one size",
-                test.channels, test.height, test.width, train.channels, train.height, train.width
-            ),
-        ));
-    }
+    let mut test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
+    // The training split decides the channels and the size; test images are taken to them.
+    test.channels = train.channels;
+    test.set_size(train.height, train.width);
     Ok((train, test))
 }
 

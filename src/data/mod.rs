@@ -22,6 +22,7 @@
 
 pub mod cifar;
 mod dataset;
+pub mod decode;
 mod error;
 pub mod idx;
 pub mod image_folder;

@@ -1,6 +1,6 @@
 //! A batch in the layout the model takes, and the collation that fills it.
 
-use super::{Augment, Normalize, SampleScratch, Source};
+use super::{Augment, Draw, Normalize, SampleScratch, Source};
 use crate::data::Dataset;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -77,7 +77,8 @@ pub struct Collator {
     pub source: Source,
     /// Normalisation applied after augmentation.
     pub norm: Normalize,
-    /// Augmentation.
+    /// The training transforms, in order (`--augment`, with the evaluation list in front when
+    /// a folder's images need resizing and the list does not resize).
     pub augment: Augment,
     /// The run's seed (augmentation draws from (seed, epoch, sample index)).
     pub seed: u64,
@@ -111,18 +112,19 @@ impl Collator {
         scratch: &mut SampleScratch,
         batch: &mut Batch,
     ) -> Result<(), String> {
-        let shape = self.source.shape();
         let len = self.source.sample_len();
         batch.images.resize(indices.len() * len, 0.0);
         batch.labels.clear();
         let mut n = 0;
         for &i in indices {
             let i = i as usize;
-            match self.source.read(i, scratch) {
-                Ok(px) => {
-                    let out = &mut batch.images[n * len..(n + 1) * len];
-                    self.augment
-                        .apply(px, shape, &self.norm, self.seed, epoch, i, out);
+            let out = &mut batch.images[n * len..(n + 1) * len];
+            let draw = Draw::new(self.seed, epoch, i);
+            match self
+                .source
+                .write_sample(i, &self.augment, &self.norm, draw, scratch, out)
+            {
+                Ok(()) => {
                     batch.labels.push(self.source.label(i));
                     n += 1;
                 }

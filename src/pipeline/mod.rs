@@ -10,8 +10,9 @@
 //!        |                   across epoch boundaries; threads live for the whole run
 //!        |   Source          read sample i: a slice of memory, or read + decode a PNG/JPEG
 //!        |                   (source.rs; data::image_folder)
-//!        |   Augment         random crop with zero padding, flip, normalise, into f32;
-//!        |                   random draws = hash(seed, epoch, i) (augment.rs)
+//!        |   Transforms      the list in the order given (random-resized-crop, flip, crop,
+//!        |                   resize-shorter, center-crop, resize) to the image size,
+//!        |                   normalise, into f32; draws = hash(seed, epoch, i) (transform.rs)
 //!        |   Collator        fills a Batch taken from the BufferPool (batch.rs, pool.rs)
 //!        v
 //!  PrefetchQueue x workers   K slots per worker, filled out of order, taken in order; a loader
@@ -34,26 +35,33 @@
 //! the worker needing that batch reports and which stops the run (every thread is joined);
 //! with `--skip-bad-samples` the sample is left out of its batch and counted ([`LoadStats`]).
 
-mod augment;
 mod batch;
 mod error;
 mod loader;
 mod normalize;
+mod packed;
 mod pool;
 mod queue;
 mod sampler;
 mod source;
 mod staging;
+mod transform;
 
-pub use augment::{Augment, MAX_CROP_PAD};
 pub use batch::{collate, Batch, Collator, LoadStats};
 pub use error::{BatchFailure, LoadError, StopReason};
 pub use loader::{
     default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
 };
-pub use normalize::Normalize;
+pub use normalize::{Normalization, NormalizationError, Normalize, NormalizeChoice};
+pub use packed::{
+    decode_split as decode_packed_split, estimate_normalization as estimate_packed_normalization,
+};
 pub use pool::BufferPool;
 pub use queue::{PrefetchQueue, Reserved};
 pub use sampler::DistributedSampler;
-pub use source::{SampleScratch, Source};
+pub use source::{decode_split, estimate_normalization, SampleScratch, Source};
 pub use staging::{Staged, Staging};
+pub use transform::{
+    default_shorter, Augment, Draw, Geometry, ImageSize, RenderScratch, TransformError,
+    TransformOp, TransformScratch, Transforms, MAX_CROP_PAD, MAX_IMAGE_SIDE,
+};

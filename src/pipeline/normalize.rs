@@ -39,3 +39,118 @@ impl Normalize {
         }
     }
 }
+
+/// Per-channel mean and standard deviation of pixel/255 (`--normalize MEAN,.../STD,...`):
+/// what a model's input is normalised with, stored with the run. Display and parse round-trip
+/// (`0.485,0.456,0.406/0.229,0.224,0.225`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalization {
+    /// Mean per channel.
+    pub mean: Vec<f32>,
+    /// Standard deviation per channel (each > 0).
+    pub std: Vec<f32>,
+}
+
+/// A bad `--normalize`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad normalisation '{given}': {why}; write MEAN,.../STD,... with one value per channel (e.g. 0.1307/0.3081 or 0.485,0.456,0.406/0.229,0.224,0.225), estimate, or dataset")]
+pub struct NormalizationError {
+    /// As given.
+    pub given: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+impl Normalization {
+    /// Parses `MEAN,.../STD,...`: as many means as deviations, each finite, deviations > 0.
+    pub fn parse(s: &str) -> Result<Self, NormalizationError> {
+        let bad = |why: &str| NormalizationError {
+            given: s.to_string(),
+            why: why.into(),
+        };
+        let (m, d) = s
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| bad("no '/' between means and deviations"))?;
+        let list = |t: &str| -> Result<Vec<f32>, NormalizationError> {
+            t.split(',')
+                .map(|v| v.trim().parse::<f32>().ok().filter(|x| x.is_finite()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("not a list of numbers"))
+        };
+        let (mean, std) = (list(m)?, list(d)?);
+        if mean.len() != std.len() {
+            return Err(bad("as many means as deviations are needed"));
+        }
+        if !(1..=4).contains(&mean.len()) {
+            return Err(bad("1 to 4 channels"));
+        }
+        if std.iter().any(|&x| x <= 0.0) {
+            return Err(bad("every deviation must be > 0"));
+        }
+        Ok(Self { mean, std })
+    }
+
+    /// Channels.
+    pub fn channels(&self) -> usize {
+        self.mean.len()
+    }
+
+    /// The folded multiply-add form the loaders apply.
+    pub fn to_normalize(&self) -> Normalize {
+        Normalize::new(&self.mean, &self.std)
+    }
+}
+
+impl std::fmt::Display for Normalization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let join = |v: &[f32]| {
+            v.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        write!(f, "{}/{}", join(&self.mean), join(&self.std))
+    }
+}
+
+impl std::str::FromStr for Normalization {
+    type Err = NormalizationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// Where a run's normalisation comes from (`--normalize`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum NormalizeChoice {
+    /// The dataset's published constants (MNIST, Fashion-MNIST, CIFAR-10), else estimated from
+    /// the training split (`dataset`, the default).
+    #[default]
+    Dataset,
+    /// Estimated from a sample of the training split after the evaluation transform.
+    Estimate,
+    /// Given values.
+    Given(Normalization),
+}
+
+impl NormalizeChoice {
+    /// Parses `dataset`, `estimate` or `MEAN,.../STD,...`.
+    pub fn parse(s: &str) -> Result<Self, NormalizationError> {
+        match s.trim() {
+            "dataset" | "default" => Ok(Self::Dataset),
+            "estimate" => Ok(Self::Estimate),
+            v => Normalization::parse(v).map(Self::Given),
+        }
+    }
+}
+
+impl std::fmt::Display for NormalizeChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dataset => f.write_str("dataset"),
+            Self::Estimate => f.write_str("estimate"),
+            Self::Given(n) => write!(f, "{n}"),
+        }
+    }
+}

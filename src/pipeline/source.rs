@@ -1,14 +1,16 @@
 //! Where training samples come from: a dataset held in memory, or an ImageFolder read and
-//! decoded per sample. The loader only needs "pixels and label of sample i".
+//! decoded per sample. The loader only needs "sample i, transformed, and its label". An
+//! ImageFolder's test split and its normalisation estimate go through the evaluation
+//! transforms here too.
 
-use crate::data::image_folder::{DecodeScratch, ImageFolder};
-use crate::data::packed::{PackedScratch, PackedSplit};
+use crate::data::image_folder::ImageFolder;
+use crate::data::packed::PackedSplit;
 use crate::data::{DataError, Dataset};
 use std::sync::Arc;
 
-use super::Normalize;
+use super::{Draw, ImageSize, Normalization, Normalize, TransformScratch, Transforms};
 
-/// Images estimated from to normalise an ImageFolder (see [`ImageFolder::estimate_mean_std`]).
+/// Images estimated from to normalise an ImageFolder (see [`estimate_normalization`]).
 const NORM_PROBE: usize = 1000;
 
 /// The training set as the pipeline sees it. Cloning shares the data.
@@ -19,16 +21,15 @@ pub enum Source {
     /// Files decoded on demand: reading a sample is a file read plus a PNG/JPEG decode.
     Folder(Arc<ImageFolder>),
     /// A packed file's split, memory-mapped: reading a sample is a slice of the mapping and a
-    /// checksum, plus a JPEG decode for a JPEG sample.
+    /// checksum, plus a JPEG decode for a JPEG sample (`pipeline/packed.rs`).
     Packed(Arc<PackedSplit>),
 }
 
-/// Per-thread buffers that [`Source::read`] reuses.
+/// Per-thread buffers that [`Source::write_sample`] reuses.
 #[derive(Debug, Default)]
 pub struct SampleScratch {
-    decode: DecodeScratch,
-    packed: PackedScratch,
-    pixels: Vec<u8>,
+    file: Vec<u8>,
+    transform: TransformScratch,
 }
 
 impl Source {
@@ -46,7 +47,7 @@ impl Source {
         self.len() == 0
     }
 
-    /// `[channels, height, width]`.
+    /// `[channels, height, width]` of the samples delivered (a folder's: the image size).
     pub fn shape(&self) -> [usize; 3] {
         match self {
             Source::Memory(d) => [d.channels, d.height, d.width],
@@ -79,17 +80,45 @@ impl Source {
     }
 
     /// The normalisation for this training set: the dataset's constants in memory, an estimate
-    /// from a spread of images for a folder.
+    /// from a spread of images for a folder (resized to its size as `off` does).
     pub fn normalize(&self) -> Normalize {
+        self.normalization(&Transforms::OFF, false).0.to_normalize()
+    }
+
+    /// The normalisation `--normalize` asks for: the dataset's published constants (else
+    /// computed from the split) in memory, or an estimate from up to 1000 images through
+    /// `eval` for a folder or with `estimate`. Returns it and where it came from, for the run's
+    /// start line.
+    pub fn normalization(&self, eval: &Transforms, estimate: bool) -> (Normalization, String) {
         match self {
-            Source::Memory(d) => Normalize::for_dataset(d),
+            Source::Memory(d) => {
+                let (mean, std) = if estimate {
+                    d.computed_mean_std()
+                } else {
+                    d.mean_std()
+                };
+                let how = if estimate || d.mean_std() == d.computed_mean_std() {
+                    format!("estimated from the {} training images", d.len())
+                } else {
+                    format!("{}'s published constants", d.name)
+                };
+                (Normalization { mean, std }, how)
+            }
             Source::Folder(f) => {
-                let (m, s) = f.estimate_mean_std(NORM_PROBE);
-                Normalize::new(&m, &s)
+                let n = estimate_normalization(f, eval, NORM_PROBE);
+                let how = format!(
+                    "estimated from {} training images through {eval}",
+                    f.len().min(NORM_PROBE)
+                );
+                (n, how)
             }
             Source::Packed(p) => {
-                let (m, s) = p.estimate_mean_std(NORM_PROBE);
-                Normalize::new(&m, &s)
+                let n = super::packed::estimate_normalization(p, eval, NORM_PROBE);
+                let how = format!(
+                    "estimated from {} training images through {eval}",
+                    p.len().min(NORM_PROBE)
+                );
+                (n, how)
             }
         }
     }
@@ -108,25 +137,160 @@ impl Source {
         }
     }
 
-    /// Pixels of sample `i` (C×H×W): a slice of memory, or decoded into `scratch`. A folder's bad
-    /// file gives an error naming it.
-    pub fn read<'a>(
-        &'a self,
+    /// Sample `i` of `epoch`, transformed by `transforms` with the draws of (seed, epoch, i)
+    /// and normalised, into `out` (C×H×W at [`Source::shape`]). A folder's bad file gives an
+    /// error naming it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_sample(
+        &self,
         i: usize,
-        scratch: &'a mut SampleScratch,
-    ) -> Result<&'a [u8], DataError> {
+        transforms: &Transforms,
+        norm: &Normalize,
+        draw: Draw,
+        scratch: &mut SampleScratch,
+        out: &mut [f32],
+    ) -> Result<(), DataError> {
+        let [c, h, w] = self.shape();
+        let size = ImageSize {
+            height: h,
+            width: w,
+        };
         match self {
-            Source::Memory(d) => Ok(d.image(i)),
+            Source::Memory(d) => {
+                transforms.apply_planar(
+                    d.image(i),
+                    [c, h, w],
+                    size,
+                    norm,
+                    draw,
+                    &mut scratch.transform,
+                    out,
+                );
+                Ok(())
+            }
             Source::Folder(f) => {
-                scratch.pixels.resize(f.sample_len(), 0);
-                f.read(i, &mut scratch.decode, &mut scratch.pixels)?;
-                Ok(&scratch.pixels)
+                let path = f.read_file(i, &mut scratch.file)?;
+                transforms.apply_bytes(
+                    &scratch.file,
+                    path,
+                    c,
+                    size,
+                    norm,
+                    draw,
+                    &mut scratch.transform,
+                    out,
+                )?;
+                Ok(())
             }
-            Source::Packed(p) => {
-                scratch.pixels.resize(p.sample_len(), 0);
-                p.read(i, &mut scratch.packed, &mut scratch.pixels)?;
-                Ok(&scratch.pixels)
-            }
+            Source::Packed(p) => super::packed::write_sample(
+                p,
+                i,
+                transforms,
+                norm,
+                draw,
+                &mut scratch.transform,
+                out,
+            ),
         }
     }
+}
+
+/// A folder split through the evaluation transforms `eval` into an in-memory [`Dataset`] at the
+/// folder's size (an ImageFolder's test split, which every evaluation reads whole), checked
+/// against the machine's memory before it is allocated.
+pub fn decode_split(
+    folder: &ImageFolder,
+    eval: &Transforms,
+    name: &str,
+) -> Result<Dataset, DataError> {
+    let n = folder.sample_len();
+    crate::limits::check_memory(
+        &format!(
+            "decoding its {} images at {}x{}x{}",
+            folder.len(),
+            folder.channels,
+            folder.height,
+            folder.width
+        ),
+        folder.len() as f64 * n as f64,
+        "use fewer test images (--test-limit) or a smaller --image-size",
+    )
+    .map_err(|e| DataError::Invalid {
+        path: folder.root.clone(),
+        reason: e,
+    })?;
+    let size = ImageSize {
+        height: folder.height,
+        width: folder.width,
+    };
+    let mut pixels = vec![0u8; folder.len() * n];
+    let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
+    for (i, out) in pixels.chunks_exact_mut(n.max(1)).enumerate() {
+        let path = folder.read_file(i, &mut file)?;
+        eval.apply_bytes_u8(
+            &file,
+            path,
+            folder.channels,
+            size,
+            Draw::NONE,
+            &mut scratch,
+            out,
+        )?;
+    }
+    Ok(Dataset {
+        name: name.to_string(),
+        channels: folder.channels,
+        height: folder.height,
+        width: folder.width,
+        num_classes: folder.classes.len(),
+        pixels,
+        labels: folder.labels.clone(),
+    })
+}
+
+/// Per-channel mean and deviation of pixel/255 over up to `max` images spread evenly over
+/// `folder`, each through `eval` at the folder's size (decoding all would cost an epoch at
+/// start). Files that fail to decode are left out; training reports them.
+pub fn estimate_normalization(
+    folder: &ImageFolder,
+    eval: &Transforms,
+    max: usize,
+) -> Normalization {
+    let take = folder.len().min(max.max(1));
+    let mut probe = Dataset {
+        name: "estimate".into(),
+        channels: folder.channels,
+        height: folder.height,
+        width: folder.width,
+        num_classes: folder.classes.len(),
+        pixels: Vec::with_capacity(take * folder.sample_len()),
+        labels: Vec::with_capacity(take),
+    };
+    let size = ImageSize {
+        height: folder.height,
+        width: folder.width,
+    };
+    let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
+    let mut buf = vec![0u8; folder.sample_len()];
+    for k in 0..take {
+        let i = k * folder.len() / take;
+        let ok = folder.read_file(i, &mut file).is_ok_and(|path| {
+            eval.apply_bytes_u8(
+                &file,
+                path,
+                folder.channels,
+                size,
+                Draw::NONE,
+                &mut scratch,
+                &mut buf,
+            )
+            .is_ok()
+        });
+        if ok {
+            probe.pixels.extend_from_slice(&buf);
+            probe.labels.push(folder.labels[i]);
+        }
+    }
+    let (mean, std) = probe.computed_mean_std();
+    Normalization { mean, std }
 }

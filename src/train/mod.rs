@@ -10,6 +10,7 @@
 pub mod checkpoint;
 pub mod error;
 pub mod event;
+pub mod inputs;
 pub mod metrics;
 pub mod processes;
 pub mod progress;
@@ -144,6 +145,7 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
     }
     let DatasetSpec::ImageFolder { dir } = spec else {
         let (train, test) = load_data(cfg)?;
+        inputs::check_memory_size(cfg, &train)?;
         return Ok((Source::Memory(Arc::new(train)), test));
     };
     let (mut train, mut test) = data::image_folder::open_pair(&dir)?;
@@ -154,10 +156,12 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
         test.truncate(n);
     }
     holds_a_batch(train.len(), cfg.batch)?;
-    let test = test
-        .decode_all("imagefolder")
+    inputs::size_folders(cfg, &mut train, &mut test);
+    let source = Source::Folder(Arc::new(train));
+    let eval = inputs::eval_transform(cfg, &source);
+    let test = crate::pipeline::decode_split(&test, &eval, "imagefolder")
         .map_err(PrepareError::TestSplit)?;
-    Ok((Source::Folder(Arc::new(train)), test))
+    Ok((source, test))
 }
 
 /// [`load_sources`] for a packed file: the training split read per sample from the mapping by
@@ -171,8 +175,15 @@ fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, Dataset), Prep
         test.truncate(n);
     }
     holds_a_batch(train.len(), cfg.batch)?;
-    let test = test.decode_all("packed").map_err(PrepareError::TestSplit)?;
-    Ok((Source::Packed(Arc::new(train)), test))
+    if let Some(s) = cfg.image_size {
+        train.set_size(s.height, s.width);
+    }
+    test.set_size(train.height, train.width);
+    let source = Source::Packed(Arc::new(train));
+    let eval = inputs::eval_transform(cfg, &source);
+    let test = crate::pipeline::decode_packed_split(&test, &eval, "packed")
+        .map_err(PrepareError::TestSplit)?;
+    Ok((source, test))
 }
 
 /// The input pipeline of a run: loader threads (unless `--prefetch 0`) and one feed per worker.
@@ -182,10 +193,14 @@ pub fn start_pipeline(
     first_epoch: usize,
     stats: Arc<LoadStats>,
 ) -> Result<(Option<Pipeline>, Vec<BatchFeed>), String> {
+    let norm = match &cfg.normalize {
+        crate::pipeline::NormalizeChoice::Given(n) => n.to_normalize(),
+        _ => source.normalize(),
+    };
     let collator = Collator {
-        norm: source.normalize(),
+        norm,
+        augment: inputs::training_transforms(cfg, &source),
         source,
-        augment: cfg.augment,
         seed: cfg.seed,
         skip_bad: cfg.skip_bad_samples,
         stats,
@@ -298,6 +313,10 @@ fn prepare(
     warn: &dyn Fn(&str),
 ) -> Result<(PreparedRun, Source), PrepareError> {
     let (train_source, test_set) = load_sources(&cfg)?;
+    let input_line = inputs::resolve(&mut cfg, &train_source);
+    if cfg.process_rank == 0 && !cfg.quiet {
+        eprintln!("note: {input_line}");
+    }
     let graph = Arc::new(match &cfg.model_spec {
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
         None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,

@@ -33,7 +33,7 @@ mod write;
 
 pub use write::{pack, PackOptions, PackSummary, StoreAs, DEFAULT_MAX_SIDE, DEFAULT_QUALITY};
 
-use super::image_folder::MAX_IMAGE_PIXELS;
+use super::decode::{DecodedImage, Decoder, Region, Resampler, MAX_IMAGE_PIXELS};
 use super::{DataError, Dataset, Split};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -483,28 +483,18 @@ pub fn split_name(split: Split) -> &'static str {
     }
 }
 
-/// A decoded sample: `height x width x channels` bytes, interleaved, borrowed from the mapping
-/// (raw) or from the caller's scratch buffer (JPEG).
-#[derive(Debug, Clone, Copy)]
-pub struct Pixels<'a> {
-    /// Width in pixels.
-    pub width: usize,
-    /// Height in pixels.
-    pub height: usize,
-    /// Channels (1 or 3).
-    pub channels: usize,
-    /// `height * width * channels` bytes, row-major, channels interleaved.
-    pub hwc: &'a [u8],
-}
-
-/// Reusable buffers for reading packed samples, one per loader thread.
+/// Reusable buffers for reading packed samples whole ([`PackedSplit::image`],
+/// [`PackedSplit::read`]), one per thread.
 #[derive(Debug, Default)]
 pub struct PackedScratch {
+    decoder: Decoder,
+    image: DecodedImage,
+    resampler: Resampler,
     hwc: Vec<u8>,
 }
 
 /// One split of a packed file, as a dataset: the samples kept (all, or a `--train-limit`
-/// selection) and the shape the pipeline gets.
+/// selection) and the size they are delivered at.
 #[derive(Debug, Clone)]
 pub struct PackedSplit {
     /// The file.
@@ -515,29 +505,20 @@ pub struct PackedSplit {
     keep: Vec<u32>,
     /// Channels of every image.
     pub channels: usize,
-    /// Height of the split's images (the first sample's; every sample must have it until the
-    /// pipeline resizes).
+    /// Height samples are delivered at (the image size): the first sample's unless set
+    /// ([`PackedSplit::set_size`]), as an ImageFolder's.
     pub height: usize,
-    /// Width of the split's images (as `height`).
+    /// Width samples are delivered at.
     pub width: usize,
 }
 
-/// Opens a packed file and returns its training and test splits.
+/// Opens a packed file and returns its training and test splits, both delivered at the size
+/// of the first training sample (as an ImageFolder's; `set_size` changes it).
 pub fn open_pair(path: &Path) -> Result<(PackedSplit, PackedSplit), DataError> {
     let file = PackedFile::open(path)?;
-    let (train, test) = (
-        PackedSplit::of(&file, Split::Train)?,
-        PackedSplit::of(&file, Split::Test)?,
-    );
-    if (train.height, train.width) != (test.height, test.width) {
-        return Err(DataError::invalid(
-            path,
-            format!(
-                "has {}x{} training images but {}x{} test images; both splits must have one size",
-                train.width, train.height, test.width, test.height
-            ),
-        ));
-    }
+    let train = PackedSplit::of(&file, Split::Train)?;
+    let mut test = PackedSplit::of(&file, Split::Test)?;
+    test.set_size(train.height, train.width);
     Ok((train, test))
 }
 
@@ -604,36 +585,59 @@ impl PackedSplit {
         self.file.records(self.split)[self.file_index(i)].label as u8
     }
 
-    /// Sample `i`'s pixels (HWC): a slice of the mapping for a raw sample, decoded into
-    /// `scratch` for a JPEG. A sample that fails its checksum or does not decode gives
-    /// [`DataError::PackedSample`], naming it.
-    pub fn pixels<'a>(
-        &'a self,
-        i: usize,
-        scratch: &'a mut PackedScratch,
-    ) -> Result<Pixels<'a>, DataError> {
-        let index = self.file_index(i);
-        let (r, bytes) = self.file.sample_bytes(self.split, index)?;
-        let (width, height, channels) =
-            (usize::from(r.width), usize::from(r.height), self.channels);
-        let hwc = match r.encoding {
-            Encoding::Raw => bytes,
-            Encoding::Jpeg => {
-                decode_jpeg(bytes, r, &mut scratch.hwc)
-                    .map_err(|why| self.file.corrupt(self.split, index, why))?;
-                &scratch.hwc
-            }
-        };
-        Ok(Pixels {
-            width,
-            height,
-            channels,
-            hwc,
-        })
+    /// Samples are delivered at `height x width` from now on (`--image-size`).
+    pub fn set_size(&mut self, height: usize, width: usize) {
+        (self.height, self.width) = (height, width);
     }
 
-    /// Reads sample `i` into `out` (C×H×W, `sample_len()` bytes); a sample of another size than
-    /// the split's gives an error naming it.
+    /// Sample `i`: its record and its bytes, checked against the checksum (raw pixels, or a
+    /// JPEG file). A sample that fails it gives [`DataError::PackedSample`], naming it.
+    pub fn sample(&self, i: usize) -> Result<(&Record, &[u8]), DataError> {
+        self.file.sample_bytes(self.split, self.file_index(i))
+    }
+
+    /// The error for sample `i` being damaged.
+    pub fn corrupt(&self, i: usize, reason: String) -> DataError {
+        self.file.corrupt(self.split, self.file_index(i), reason)
+    }
+
+    /// Sample `i` decoded whole (raw pixels copied, a JPEG decoded at full size), at the size
+    /// it is stored at.
+    pub fn image<'a>(
+        &self,
+        i: usize,
+        scratch: &'a mut PackedScratch,
+    ) -> Result<&'a DecodedImage, DataError> {
+        let (r, bytes) = self.sample(i)?;
+        let (w, h) = (usize::from(r.width), usize::from(r.height));
+        match r.encoding {
+            Encoding::Raw => scratch.image.set_from_hwc(w, h, self.channels, bytes),
+            Encoding::Jpeg => {
+                let decoded = scratch.decoder.decode(
+                    bytes,
+                    &self.file.path,
+                    self.channels,
+                    None,
+                    &mut scratch.image,
+                );
+                if let Err(e) = decoded {
+                    return Err(self.corrupt(i, format!("does not decode ({e})")));
+                }
+                if (scratch.image.width, scratch.image.height) != (w, h) {
+                    let why = format!(
+                        "decodes to {}x{}, not the {w}x{h} its index says",
+                        scratch.image.width, scratch.image.height
+                    );
+                    return Err(self.corrupt(i, why));
+                }
+            }
+        }
+        Ok(&scratch.image)
+    }
+
+    /// Reads sample `i` into `out` (C×H×W, `sample_len()` bytes), the whole image resized to
+    /// the split's size where it has another (aspect not kept: what an ImageFolder's `read`
+    /// does; the input pipeline's transforms do better).
     pub fn read(
         &self,
         i: usize,
@@ -641,20 +645,22 @@ impl PackedSplit {
         out: &mut [u8],
     ) -> Result<(), DataError> {
         let (w, h) = (self.width, self.height);
-        let px = self.pixels(i, scratch)?;
-        if (px.width, px.height) != (w, h) {
-            let why = format!(
-                "is {}x{} but the split's images are {w}x{h} (the first sample decides; pack with \
-                 images of one size until the pipeline resizes)",
-                px.width, px.height
-            );
-            return Err(self.file.corrupt(self.split, self.file_index(i), why));
-        }
+        self.image(i, scratch)?;
+        let img = &scratch.image;
+        let region = Region {
+            left: 0.0,
+            top: 0.0,
+            width: img.width as f64,
+            height: img.height as f64,
+        };
+        scratch
+            .resampler
+            .resize(img, region, (w, h), &mut scratch.hwc);
         let plane = w * h;
         if self.channels == 1 {
-            out[..plane].copy_from_slice(&px.hwc[..plane]);
+            out[..plane].copy_from_slice(&scratch.hwc[..plane]);
         } else {
-            for (p, rgb) in px.hwc.chunks_exact(3).enumerate() {
+            for (p, rgb) in scratch.hwc.chunks_exact(3).enumerate() {
                 out[p] = rgb[0];
                 out[plane + p] = rgb[1];
                 out[2 * plane + p] = rgb[2];
@@ -693,58 +699,4 @@ impl PackedSplit {
             labels: (0..self.len()).map(|i| self.label(i)).collect(),
         })
     }
-
-    /// Per-channel mean and standard deviation of pixel/255 from up to `max` samples spread
-    /// over the split (as an ImageFolder's); unreadable samples are left out.
-    pub fn estimate_mean_std(&self, max: usize) -> (Vec<f32>, Vec<f32>) {
-        let take = self.len().min(max.max(1));
-        let mut probe = Dataset {
-            name: "packed".into(),
-            channels: self.channels,
-            height: self.height,
-            width: self.width,
-            num_classes: self.file.classes.len(),
-            pixels: Vec::with_capacity(take * self.sample_len()),
-            labels: Vec::with_capacity(take),
-        };
-        let mut scratch = PackedScratch::default();
-        let mut buf = vec![0u8; self.sample_len()];
-        for k in 0..take {
-            let i = k * self.len() / take;
-            if self.read(i, &mut scratch, &mut buf).is_ok() {
-                probe.pixels.extend_from_slice(&buf);
-                probe.labels.push(self.label(i));
-            }
-        }
-        probe.computed_mean_std()
-    }
-}
-
-/// Decodes a JPEG sample into `out` (HWC, the record's size and channels), reusing its
-/// allocation; the error is the reason for [`DataError::PackedSample`].
-fn decode_jpeg(bytes: &[u8], r: &Record, out: &mut Vec<u8>) -> Result<(), String> {
-    use image::ImageDecoder;
-    let mut d = image::codecs::jpeg::JpegDecoder::new(std::io::Cursor::new(bytes))
-        .map_err(|e| format!("does not decode: {e}"))?;
-    let mut limits = image::Limits::default();
-    limits.max_alloc = Some(super::image_folder::MAX_DECODE_BYTES);
-    d.set_limits(limits)
-        .map_err(|e| format!("does not decode: {e}"))?;
-    let (w, h) = d.dimensions();
-    let want = if r.channels == 1 {
-        image::ColorType::L8
-    } else {
-        image::ColorType::Rgb8
-    };
-    if (w, h) != (u32::from(r.width), u32::from(r.height)) || d.color_type() != want {
-        return Err(format!(
-            "decodes to a {w}x{h} {:?} image, not the {}x{} {want:?} its index says",
-            d.color_type(),
-            r.width,
-            r.height
-        ));
-    }
-    out.resize(d.total_bytes() as usize, 0);
-    d.read_image(out)
-        .map_err(|e| format!("does not decode: {e}"))
 }

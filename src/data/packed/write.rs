@@ -1,8 +1,8 @@
 //! `dptrain data pack`: an ImageFolder written as one packed file (see the module above for
 //! the layout).
 //!
-//! Each image is decoded (any size; EXIF orientation applied; greyscale when every image of
-//! the folder is greyscale, else RGB), shrunk so its longer side is at most `--max-side`
+//! Each image is decoded as an ImageFolder decodes it ([`crate::data::decode`]: any size, EXIF
+//! orientation applied, greyscale when the folder's first image is, else RGB), shrunk so its longer side is at most `--max-side`
 //! (aspect kept; `fast_image_resize`, Lanczos-3), and stored raw or as JPEG by the rule of
 //! [`StoreAs`]. Images are encoded on the rayon pool a chunk at a time and written in order,
 //! so the file's sample order is the ImageFolder's (class by class, names sorted) and sample
@@ -12,12 +12,13 @@
 //! failure (a bad image, a full disk) or a kill leaves no half file behind.
 
 use super::{Encoding, Header, Index, Record, HEADER_LEN, SAMPLE_ALIGN};
-use crate::data::image_folder::{ImageFolder, MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
+use crate::data::decode::{DecodedImage, Decoder};
+use crate::data::image_folder::ImageFolder;
 use crate::data::{DataError, Split};
 use crate::output::AtomicFile;
 use rayon::prelude::*;
-use std::io::{Cursor, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
 
 /// `--max-side` when none is given: ImageNet training crops (224) come from images of about
 /// this size, and decoding a 256-pixel JPEG costs a quarter of a 500x375 one.
@@ -126,13 +127,9 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
     let test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
     // Checked (and the temporary file created) before any image is encoded.
     let mut file = AtomicFile::create(out)?;
-    let all: Vec<&PathBuf> = train.files.iter().chain(&test.files).collect();
-    let grey = all
-        .par_iter()
-        .map(|p| is_greyscale(p))
-        .collect::<Result<Vec<bool>, DataError>>()?;
-    let channels: u8 = if grey.iter().all(|&g| g) { 1 } else { 3 };
-    let bar = progress_bar(opts.progress, all.len());
+    // The ImageFolder's rule (its first image's), so both read the same pixels.
+    let channels = train.channels as u8;
+    let bar = progress_bar(opts.progress, train.len() + test.len());
     let mut index = Index {
         classes: train.classes.clone(),
         channels,
@@ -271,46 +268,6 @@ fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
     bar
 }
 
-/// A bad image file met while packing.
-fn invalid(path: &Path, what: impl std::fmt::Display) -> DataError {
-    DataError::invalid(
-        path,
-        format!("{what}; replace or delete the file, then pack again"),
-    )
-}
-
-/// A decoder for the file at `path` (PNG or JPEG by content), with the image caps.
-fn open_decoder<'a>(
-    path: &Path,
-    bytes: &'a [u8],
-) -> Result<impl image::ImageDecoder + 'a, DataError> {
-    use image::ImageDecoder;
-    let mut reader = image::ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| invalid(path, e))?;
-    if !matches!(
-        reader.format(),
-        Some(image::ImageFormat::Png | image::ImageFormat::Jpeg)
-    ) {
-        return Err(invalid(path, "is neither PNG nor JPEG data"));
-    }
-    let mut limits = image::Limits::default();
-    limits.max_alloc = Some(MAX_DECODE_BYTES);
-    reader.limits(limits);
-    let d = reader
-        .into_decoder()
-        .map_err(|e| invalid(path, format!("cannot decode: {e}")))?;
-    let (w, h) = d.dimensions();
-    let pixels = u64::from(w) * u64::from(h);
-    if pixels == 0 || pixels > MAX_IMAGE_PIXELS {
-        return Err(invalid(
-            path,
-            format!("claims {w}x{h} pixels (an image may have 1 to 4096x4096)"),
-        ));
-    }
-    Ok(d)
-}
-
 fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
     std::fs::read(path).map_err(|e| DataError::Io {
         path: path.to_path_buf(),
@@ -318,36 +275,14 @@ fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
     })
 }
 
-/// Whether the image at `path` is greyscale, from its header.
-fn is_greyscale(path: &Path) -> Result<bool, DataError> {
-    use image::{ColorType, ImageDecoder};
-    let bytes = read_file(path)?;
-    let d = open_decoder(path, &bytes)?;
-    Ok(matches!(
-        d.color_type(),
-        ColorType::L8 | ColorType::La8 | ColorType::L16 | ColorType::La16
-    ))
-}
-
 /// Decodes, orients, shrinks and encodes one image.
 fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, DataError> {
-    use image::ImageDecoder;
     let bytes = read_file(path)?;
-    let mut d = open_decoder(path, &bytes)?;
-    let orientation = d
-        .orientation()
-        .map_err(|e| invalid(path, format!("cannot read its orientation: {e}")))?;
-    let mut img = image::DynamicImage::from_decoder(d)
-        .map_err(|e| invalid(path, format!("cannot decode: {e}")))?;
-    img.apply_orientation(orientation);
-    let (w, h) = (img.width() as usize, img.height() as usize);
-    let hwc = if channels == 1 {
-        img.into_luma8().into_raw()
-    } else {
-        img.into_rgb8().into_raw()
-    };
+    let mut img = DecodedImage::default();
+    Decoder::default().decode(&bytes, path, usize::from(channels), None, &mut img)?;
+    let (w, h, hwc) = (img.width, img.height, img.pixels);
     let (hwc, w, h, resized) = shrink(hwc, w, h, usize::from(channels), opts.max_side)
-        .map_err(|e| invalid(path, format!("cannot resize: {e}")))?;
+        .map_err(|e| DataError::invalid(path, format!("cannot resize: {e}")))?;
     let (width, height) = (w as u16, h as u16);
     let raw = |bytes| Encoded {
         bytes,
@@ -368,7 +303,7 @@ fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, Data
     };
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
         .encode(&hwc, width.into(), height.into(), color)
-        .map_err(|e| invalid(path, format!("cannot encode as JPEG: {e}")))?;
+        .map_err(|e| DataError::invalid(path, format!("cannot encode as JPEG: {e}")))?;
     if hwc.len() <= RAW_WITHIN * jpeg.len() {
         return Ok(raw(hwc));
     }

@@ -1,0 +1,629 @@
+//! One PNG or JPEG, from its bytes, into interleaved `u8` pixels (1 or 3 channels) of any
+//! size, with the EXIF orientation applied; and the resampling every resize goes through.
+//!
+//! - Decoders: the `image` crate's (PNG through `png`, JPEG through `zune-jpeg`) at full size;
+//!   `jpeg-decoder` reads a JPEG's header (size, components: CMYK is refused, EXIF) and decodes
+//!   at 1/2, 1/4 or 1/8 scale in its IDCT ([`jpeg_decoder::Decoder::scale`]) when the caller
+//!   says a smaller image is enough (PIL's draft mode; `zune-jpeg` 0.5 has no scaled decode).
+//! - Colour: greyscale, RGB, RGBA, palette (expanded by `png`), 8 or 16 bits, become the
+//!   caller's channel count: alpha is dropped (PIL's `convert("RGB")`, what torchvision's
+//!   loader does), 16-bit samples are rounded to 8, RGB to grey uses PIL's ITU-R 601-2 weights.
+//! - Sizes are checked from the header before anything is decoded: at most
+//!   [`MAX_IMAGE_PIXELS`] (a ~100-byte PNG that claims 65535 x 65535 is refused before it
+//!   allocates) and at least [`MIN_IMAGE_SIDE`] a side; the decoders' own allocations are
+//!   capped at [`MAX_DECODE_BYTES`].
+//! - Buffers: [`Decoder`] (one per loader thread) and [`DecodedImage`] keep theirs between
+//!   images, so our side allocates nothing once they have grown to the largest image. The
+//!   decoders allocate their own state per image (both crates build tables per file;
+//!   `jpeg-decoder` returns a fresh `Vec`).
+
+use image::{ColorType, ImageDecoder};
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+/// Most pixels one image may have (4096 x 4096 = 16.8 M, 48 MiB decoded as RGB). Checked from
+/// the header before anything is decoded or allocated: a ~100-byte PNG whose header claims
+/// 65535 x 65535 pixels otherwise made the loader allocate 1.29 TB for the split (4.3 G pixels
+/// per image). Datasets this trainer trains on are far smaller (MNIST 28 x 28, ImageNet crops
+/// a few hundred pixels a side).
+pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
+
+/// What a decoder itself may allocate for one file (`image::Limits::max_alloc`,
+/// `jpeg_decoder::Decoder::set_max_decoding_buffer_size`): the largest image at 8 bytes a
+/// pixel (16-bit RGBA, the widest layout a PNG decodes to) plus 16 MiB of decoder state.
+pub const MAX_DECODE_BYTES: u64 = MAX_IMAGE_PIXELS * 8 + (16 << 20);
+
+/// Smallest side an image may have, in pixels. Below one JPEG block (8 x 8) an image holds
+/// no content a CNN can learn from once it is scaled up to the model's input (a 1x1 "image" is
+/// a colour swatch: a tracking pixel, a broken thumbnail); refusing it names the file instead
+/// of training on noise.
+pub const MIN_IMAGE_SIDE: u32 = 8;
+
+/// Why one image could not be decoded. Every variant names the file and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Neither the PNG nor the JPEG signature.
+    #[error("{}: is not a PNG or JPEG image (its first bytes are neither signature); convert it to PNG or JPEG, or remove it", path.display())]
+    NotAnImage {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A JPEG with four colour components (CMYK or YCCK, print separations).
+    #[error("{}: is a CMYK JPEG, which has no defined RGB conversion without its colour profile; convert it to RGB (e.g. `convert IN -colorspace sRGB OUT.jpg`) or remove it", path.display())]
+    Cmyk {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Fewer than [`MIN_IMAGE_SIDE`] pixels on a side.
+    #[error("{}: is {width}x{height} pixels; images need at least {min} pixels a side (smaller ones hold nothing to learn from); remove it", path.display(), min = MIN_IMAGE_SIDE)]
+    TooSmall {
+        /// The file.
+        path: PathBuf,
+        /// Width in its header.
+        width: u32,
+        /// Height in its header.
+        height: u32,
+    },
+    /// More than [`MAX_IMAGE_PIXELS`] in the header.
+    #[error("{}: claims {width}x{height} pixels in its header, more than the 4096x4096 an image may have: the file is damaged, or the image is too large (resize it)", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Width in its header.
+        width: u32,
+        /// Height in its header.
+        height: u32,
+    },
+    /// A JPEG whose data ends before its end-of-image marker.
+    #[error("{}: is a truncated JPEG (no end-of-image marker after its last scan): the file was cut short; replace or remove it", path.display())]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The decoder refused the data.
+    #[error("{}: cannot decode this {format}: {cause}; the file is damaged: replace or remove it", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// "PNG" or "JPEG".
+        format: &'static str,
+        /// The decoder's message.
+        cause: String,
+    },
+}
+
+impl DecodeError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::NotAnImage { path }
+            | Self::Cmyk { path }
+            | Self::TooSmall { path, .. }
+            | Self::TooLarge { path, .. }
+            | Self::Truncated { path }
+            | Self::Corrupt { path, .. } => path,
+        }
+    }
+}
+
+/// The two formats read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// PNG.
+    Png,
+    /// JPEG (baseline or progressive).
+    Jpeg,
+}
+
+impl ImageFormat {
+    /// By content (the signature), not by the file's name.
+    pub fn sniff(bytes: &[u8]) -> Option<Self> {
+        if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some(Self::Png)
+        } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+            Some(Self::Jpeg)
+        } else {
+            None
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Png => "PNG",
+            Self::Jpeg => "JPEG",
+        }
+    }
+}
+
+/// What a header says, with the orientation applied to the size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// The format.
+    pub format: ImageFormat,
+    /// Width as displayed (after the EXIF orientation).
+    pub width: u32,
+    /// Height as displayed.
+    pub height: u32,
+    /// 1 for a greyscale image (with or without alpha), else 3.
+    pub channels: usize,
+    /// The EXIF orientation tag, 1 (none) to 8.
+    pub orientation: u8,
+}
+
+/// A decoded image: `height x width x channels` bytes, interleaved (HWC), in a buffer that is
+/// reused from image to image.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecodedImage {
+    /// Width in pixels.
+    pub width: usize,
+    /// Height in pixels.
+    pub height: usize,
+    /// 1 (grey) or 3 (RGB).
+    pub channels: usize,
+    /// `height * width * channels` bytes, row by row, channels interleaved.
+    pub pixels: Vec<u8>,
+    /// Width of the image at full size (after orientation): differs from `width` when a JPEG
+    /// was decoded at a reduced scale.
+    pub full_width: usize,
+    /// Height of the image at full size (after orientation).
+    pub full_height: usize,
+}
+
+impl DecodedImage {
+    /// Wraps pixels already decoded (`height x width x channels`, interleaved) as an image at
+    /// full size, e.g. a packed dataset's raw sample, reusing this image's buffer.
+    pub fn set_from_hwc(&mut self, width: usize, height: usize, channels: usize, hwc: &[u8]) {
+        assert_eq!(
+            hwc.len(),
+            width * height * channels,
+            "pixels for {width}x{height}x{channels}"
+        );
+        self.pixels.clear();
+        self.pixels.extend_from_slice(hwc);
+        (self.width, self.height, self.channels) = (width, height, channels);
+        (self.full_width, self.full_height) = (width, height);
+    }
+
+    /// Same as [`DecodedImage::set_from_hwc`] from planes (C x H x W, an in-memory dataset's
+    /// layout).
+    pub fn set_from_chw(&mut self, width: usize, height: usize, channels: usize, chw: &[u8]) {
+        let plane = width * height;
+        assert_eq!(
+            chw.len(),
+            plane * channels,
+            "pixels for {channels}x{height}x{width}"
+        );
+        self.pixels.resize(chw.len(), 0);
+        if channels == 1 {
+            self.pixels.copy_from_slice(chw);
+        } else {
+            for (p, px) in self.pixels.chunks_exact_mut(channels).enumerate() {
+                for (c, v) in px.iter_mut().enumerate() {
+                    *v = chw[c * plane + p];
+                }
+            }
+        }
+        (self.width, self.height, self.channels) = (width, height, channels);
+        (self.full_width, self.full_height) = (width, height);
+    }
+}
+
+/// One thread's decoding state: the decoders' output before colour conversion and orientation,
+/// reused between images.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    raw: Vec<u8>,
+    turned: Vec<u8>,
+}
+
+/// The header of `bytes` (named `path` in errors), checked: a known format, not CMYK, within
+/// [`MIN_IMAGE_SIDE`] and [`MAX_IMAGE_PIXELS`].
+pub fn read_info(bytes: &[u8], path: &Path) -> Result<ImageInfo, DecodeError> {
+    let format = ImageFormat::sniff(bytes).ok_or_else(|| DecodeError::NotAnImage {
+        path: path.to_path_buf(),
+    })?;
+    let corrupt = |cause: String| DecodeError::Corrupt {
+        path: path.to_path_buf(),
+        format: format.name(),
+        cause,
+    };
+    let (w, h, channels, orientation) = match format {
+        ImageFormat::Jpeg => {
+            let d = jpeg_header(bytes, path)?;
+            let info = d.info().ok_or_else(|| corrupt("no frame header".into()))?;
+            let channels = match info.pixel_format {
+                jpeg_decoder::PixelFormat::L8 | jpeg_decoder::PixelFormat::L16 => 1,
+                jpeg_decoder::PixelFormat::RGB24 => 3,
+                jpeg_decoder::PixelFormat::CMYK32 => {
+                    return Err(DecodeError::Cmyk {
+                        path: path.to_path_buf(),
+                    })
+                }
+            };
+            let orientation = d
+                .exif_data()
+                .and_then(image::metadata::Orientation::from_exif_chunk)
+                .map_or(1, |o| o.to_exif());
+            (
+                u32::from(info.width),
+                u32::from(info.height),
+                channels,
+                orientation,
+            )
+        }
+        ImageFormat::Png => {
+            let mut d = png_decoder(bytes, path)?;
+            let (w, h) = d.dimensions();
+            check_size(path, w, h)?;
+            let channels = if is_grey(d.color_type()) { 1 } else { 3 };
+            let orientation = d.orientation().map_or(1, |o| o.to_exif());
+            (w, h, channels, orientation)
+        }
+    };
+    check_size(path, w, h)?;
+    let (width, height) = if orientation >= 5 { (h, w) } else { (w, h) };
+    Ok(ImageInfo {
+        format,
+        width,
+        height,
+        channels,
+        orientation,
+    })
+}
+
+/// Refuses a size outside [`MIN_IMAGE_SIDE`]..[`MAX_IMAGE_PIXELS`].
+fn check_size(path: &Path, width: u32, height: u32) -> Result<(), DecodeError> {
+    if u64::from(width) * u64::from(height) > MAX_IMAGE_PIXELS {
+        return Err(DecodeError::TooLarge {
+            path: path.to_path_buf(),
+            width,
+            height,
+        });
+    }
+    if width.min(height) < MIN_IMAGE_SIDE {
+        return Err(DecodeError::TooSmall {
+            path: path.to_path_buf(),
+            width,
+            height,
+        });
+    }
+    Ok(())
+}
+
+fn is_grey(c: ColorType) -> bool {
+    matches!(
+        c,
+        ColorType::L8 | ColorType::La8 | ColorType::L16 | ColorType::La16
+    )
+}
+
+fn limits() -> image::Limits {
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    limits
+}
+
+fn png_decoder<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+) -> Result<image::codecs::png::PngDecoder<Cursor<&'a [u8]>>, DecodeError> {
+    image::codecs::png::PngDecoder::with_limits(Cursor::new(bytes), limits()).map_err(|e| {
+        DecodeError::Corrupt {
+            path: path.to_path_buf(),
+            format: "PNG",
+            cause: e.to_string(),
+        }
+    })
+}
+
+/// A `jpeg-decoder` with its header read (and its allocations capped).
+fn jpeg_header<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+) -> Result<jpeg_decoder::Decoder<Cursor<&'a [u8]>>, DecodeError> {
+    let mut d = jpeg_decoder::Decoder::new(Cursor::new(bytes));
+    d.set_max_decoding_buffer_size(MAX_DECODE_BYTES as usize);
+    d.read_info().map_err(|e| DecodeError::Corrupt {
+        path: path.to_path_buf(),
+        format: "JPEG",
+        cause: e.to_string(),
+    })?;
+    Ok(d)
+}
+
+/// True when a JPEG's last scan (SOS, FF DA) is followed by an end-of-image marker (FF D9).
+/// Entropy-coded data cannot hold FF D9 (an FF byte there is stuffed as FF 00), so a file cut
+/// inside its scan data has none after the last SOS. The decoders fill a cut scan with grey
+/// instead of failing, which would train on half images silently.
+fn jpeg_is_complete(bytes: &[u8]) -> bool {
+    let last_sos = bytes.windows(2).rposition(|w| w == [0xff, 0xda]);
+    match last_sos {
+        Some(p) => bytes[p..].windows(2).any(|w| w == [0xff, 0xd9]),
+        None => false,
+    }
+}
+
+impl Decoder {
+    /// Decodes `bytes` (the file `path`, named in errors) into `out` with `channels` (1 or 3)
+    /// channels, the EXIF orientation applied. `min_size` (width, height, as displayed) allows
+    /// a JPEG to be decoded at 1/2, 1/4 or 1/8 scale, the smallest that is still at least that
+    /// large on both sides; `None` decodes at full size. `out.full_width`/`full_height` give
+    /// the full size either way.
+    pub fn decode(
+        &mut self,
+        bytes: &[u8],
+        path: &Path,
+        channels: usize,
+        min_size: Option<(usize, usize)>,
+        out: &mut DecodedImage,
+    ) -> Result<ImageInfo, DecodeError> {
+        assert!(channels == 1 || channels == 3, "1 or 3 channels");
+        let info = read_info(bytes, path)?;
+        let corrupt = |cause: String| DecodeError::Corrupt {
+            path: path.to_path_buf(),
+            format: info.format.name(),
+            cause,
+        };
+        // Stored (not displayed) size: the orientation is applied after decoding.
+        let (sw, sh) = if info.orientation >= 5 {
+            (info.height as usize, info.width as usize)
+        } else {
+            (info.width as usize, info.height as usize)
+        };
+        let (mut w, mut h, layout) = match info.format {
+            ImageFormat::Jpeg => {
+                if !jpeg_is_complete(bytes) {
+                    return Err(DecodeError::Truncated {
+                        path: path.to_path_buf(),
+                    });
+                }
+                let factor = reduction(info, min_size);
+                if factor > 1 {
+                    self.decode_jpeg_scaled(bytes, path, (sw, sh), factor)?
+                } else {
+                    self.decode_full(bytes, info.format)
+                        .map_err(|e| corrupt(e.to_string()))?
+                }
+            }
+            ImageFormat::Png => self
+                .decode_full(bytes, info.format)
+                .map_err(|e| corrupt(e.to_string()))?,
+        };
+        convert(&self.raw, layout, w * h, channels, &mut out.pixels);
+        if info.orientation > 1 {
+            orient(
+                &mut out.pixels,
+                &mut self.turned,
+                (w, h, channels),
+                info.orientation,
+            );
+            if info.orientation >= 5 {
+                std::mem::swap(&mut w, &mut h);
+            }
+        }
+        (out.width, out.height, out.channels) = (w, h, channels);
+        (out.full_width, out.full_height) = (info.width as usize, info.height as usize);
+        Ok(info)
+    }
+
+    /// Full size through the `image` crate's decoder, into `self.raw`.
+    fn decode_full(
+        &mut self,
+        bytes: &[u8],
+        format: ImageFormat,
+    ) -> Result<(usize, usize, Layout), image::ImageError> {
+        fn read(
+            d: impl ImageDecoder,
+            raw: &mut Vec<u8>,
+        ) -> image::ImageResult<(usize, usize, Layout)> {
+            let (w, h) = d.dimensions();
+            let layout = Layout::of(d.color_type());
+            raw.resize(d.total_bytes() as usize, 0);
+            d.read_image(raw)?;
+            Ok((w as usize, h as usize, layout))
+        }
+        match format {
+            ImageFormat::Png => read(
+                image::codecs::png::PngDecoder::with_limits(Cursor::new(bytes), limits())?,
+                &mut self.raw,
+            ),
+            ImageFormat::Jpeg => {
+                let mut d = image::codecs::jpeg::JpegDecoder::new(Cursor::new(bytes))?;
+                d.set_limits(limits())?;
+                read(d, &mut self.raw)
+            }
+        }
+    }
+
+    /// A JPEG at 1/`factor` scale through `jpeg-decoder`'s scaled IDCT, into `self.raw`.
+    fn decode_jpeg_scaled(
+        &mut self,
+        bytes: &[u8],
+        path: &Path,
+        (sw, sh): (usize, usize),
+        factor: usize,
+    ) -> Result<(usize, usize, Layout), DecodeError> {
+        let corrupt = |e: jpeg_decoder::Error| DecodeError::Corrupt {
+            path: path.to_path_buf(),
+            format: "JPEG",
+            cause: e.to_string(),
+        };
+        let mut d = jpeg_header(bytes, path)?;
+        let want = |s: usize| s.div_ceil(factor).min(u16::MAX as usize) as u16;
+        let (w, h) = d.scale(want(sw), want(sh)).map_err(corrupt)?;
+        let px = d.decode().map_err(corrupt)?;
+        let layout = match d.info().map(|i| i.pixel_format) {
+            Some(jpeg_decoder::PixelFormat::L8) => Layout::new(1, false),
+            Some(jpeg_decoder::PixelFormat::RGB24) => Layout::new(3, false),
+            _ => {
+                return Err(DecodeError::Corrupt {
+                    path: path.to_path_buf(),
+                    format: "JPEG",
+                    cause: "unexpected pixel format after scaling".into(),
+                })
+            }
+        };
+        self.raw.clear();
+        self.raw.extend_from_slice(&px);
+        Ok((w as usize, h as usize, layout))
+    }
+}
+
+/// The largest JPEG scale reduction (1, 2, 4 or 8) whose image is still at least `min_size`.
+fn reduction(info: ImageInfo, min_size: Option<(usize, usize)>) -> usize {
+    let Some((mw, mh)) = min_size else { return 1 };
+    let (w, h) = (info.width as usize, info.height as usize);
+    [8, 4, 2]
+        .into_iter()
+        .find(|&f| w.div_ceil(f) >= mw.max(1) && h.div_ceil(f) >= mh.max(1))
+        .unwrap_or(1)
+}
+
+/// A decoder's output layout: samples per pixel and whether each is 16 bits (native endian).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    samples: usize,
+    wide: bool,
+}
+
+impl Layout {
+    fn new(samples: usize, wide: bool) -> Self {
+        Self { samples, wide }
+    }
+
+    fn of(c: ColorType) -> Self {
+        let wide = c.bytes_per_pixel() as usize > c.channel_count() as usize;
+        Self::new(c.channel_count() as usize, wide)
+    }
+}
+
+/// `n` pixels of `layout` from `raw` into `out` with `channels` channels: alpha dropped,
+/// 16 bits rounded to 8, grey replicated to RGB, RGB to grey with PIL's weights
+/// (L = (19595 R + 38470 G + 7471 B + 2^15) >> 16, ITU-R 601-2).
+fn convert(raw: &[u8], layout: Layout, n: usize, channels: usize, out: &mut Vec<u8>) {
+    out.resize(n * channels, 0);
+    let bytes = if layout.wide { 2 } else { 1 };
+    let stride = layout.samples * bytes;
+    let sample = |px: &[u8], k: usize| -> u8 {
+        if layout.wide {
+            let v = u16::from_ne_bytes([px[2 * k], px[2 * k + 1]]);
+            ((u32::from(v) * 255 + 32767) / 65535) as u8
+        } else {
+            px[k]
+        }
+    };
+    let colour = layout.samples >= 3;
+    if !layout.wide && stride == channels {
+        out.copy_from_slice(&raw[..n * channels]);
+        return;
+    }
+    for (px, o) in raw.chunks_exact(stride).zip(out.chunks_exact_mut(channels)) {
+        match (colour, channels) {
+            (false, 1) => o[0] = sample(px, 0),
+            (false, _) => o.fill(sample(px, 0)),
+            (true, 3) => {
+                for (k, v) in o.iter_mut().enumerate() {
+                    *v = sample(px, k);
+                }
+            }
+            (true, _) => {
+                let (r, g, b) = (
+                    u32::from(sample(px, 0)),
+                    u32::from(sample(px, 1)),
+                    u32::from(sample(px, 2)),
+                );
+                o[0] = ((19595 * r + 38470 * g + 7471 * b + 0x8000) >> 16) as u8;
+            }
+        }
+    }
+}
+
+/// Applies EXIF orientation `tag` (2..=8) to `pixels` (w x h x c, stored), using `spare` as
+/// the second buffer. Tags 5 to 8 swap width and height.
+fn orient(pixels: &mut Vec<u8>, spare: &mut Vec<u8>, (w, h, c): (usize, usize, usize), tag: u8) {
+    spare.resize(pixels.len(), 0);
+    let (dw, dh) = if tag >= 5 { (h, w) } else { (w, h) };
+    for y in 0..dh {
+        for x in 0..dw {
+            // The stored pixel shown at (x, y).
+            let (sx, sy) = match tag {
+                2 => (w - 1 - x, y),
+                3 => (w - 1 - x, h - 1 - y),
+                4 => (x, h - 1 - y),
+                5 => (y, x),
+                6 => (y, h - 1 - x),
+                7 => (w - 1 - y, h - 1 - x),
+                8 => (w - 1 - y, x),
+                _ => (x, y),
+            };
+            let (s, d) = ((sy * w + sx) * c, (y * dw + x) * c);
+            spare[d..d + c].copy_from_slice(&pixels[s..s + c]);
+        }
+    }
+    std::mem::swap(pixels, spare);
+}
+
+/// A region of a source image, in its pixels (fractional: resampling handles sub-pixel
+/// windows as `fast_image_resize` does).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Region {
+    /// Left edge.
+    pub left: f64,
+    /// Top edge.
+    pub top: f64,
+    /// Width.
+    pub width: f64,
+    /// Height.
+    pub height: f64,
+}
+
+/// Resampling with `fast_image_resize` (SIMD; convolution with a bilinear filter whose support
+/// widens with the reduction, which is PIL's antialiased `BILINEAR`), with its buffers kept
+/// between calls.
+#[derive(Debug, Default)]
+pub struct Resampler {
+    resizer: fast_image_resize::Resizer,
+}
+
+impl Resampler {
+    /// `region` of `src` resized to `width x height` into `dst` (interleaved, `src.channels`).
+    /// A region of whole pixels already at the output size is copied exactly.
+    pub fn resize(
+        &mut self,
+        src: &DecodedImage,
+        region: Region,
+        (width, height): (usize, usize),
+        dst: &mut Vec<u8>,
+    ) {
+        let c = src.channels;
+        dst.resize(width * height * c, 0);
+        let whole = |v: f64| (v - v.round()).abs() < 1e-9;
+        let same = (region.width - width as f64).abs() < 1e-9
+            && (region.height - height as f64).abs() < 1e-9;
+        if same && whole(region.left) && whole(region.top) {
+            let (x0, y0) = (region.left.round() as usize, region.top.round() as usize);
+            for y in 0..height {
+                let s = ((y0 + y) * src.width + x0) * c;
+                dst[y * width * c..(y + 1) * width * c]
+                    .copy_from_slice(&src.pixels[s..s + width * c]);
+            }
+            return;
+        }
+        use fast_image_resize::{images, FilterType, PixelType, ResizeAlg, ResizeOptions};
+        let pt = if c == 1 {
+            PixelType::U8
+        } else {
+            PixelType::U8x3
+        };
+        let from = images::ImageRef::new(src.width as u32, src.height as u32, &src.pixels, pt)
+            .expect("a decoded image's buffer holds its pixels");
+        let mut to = images::Image::from_slice_u8(width as u32, height as u32, dst, pt)
+            .expect("sized above");
+        let options = ResizeOptions::new()
+            .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+            .crop(region.left, region.top, region.width, region.height);
+        self.resizer
+            .resize(&from, &mut to, &options)
+            .expect("same pixel type, region inside the image");
+    }
+}
