@@ -468,3 +468,36 @@ fn training_on_a_raw_pack_gives_the_image_folders_run_and_corruption_is_named() 
         "once per epoch"
     );
 }
+
+#[test]
+fn a_jpeg_that_needs_no_change_is_stored_as_it_is_and_others_are_re_encoded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 2, &[(120, 90)], false);
+    let files: Vec<Vec<u8>> = ["a", "b", "c"]
+        .iter()
+        .flat_map(|c| {
+            let dir = root.join("train").join(c);
+            names(&dir)
+                .into_iter()
+                .map(move |n| std::fs::read(dir.join(n)).unwrap())
+        })
+        .collect();
+    let kept = tmp.path().join("k.pack");
+    packed::pack(&root, &kept, &opts(256, StoreAs::Smaller { quality: 90 })).unwrap();
+    let f = PackedFile::open(&kept).unwrap();
+    for (k, want) in files.iter().enumerate() {
+        assert_eq!(
+            f.sample_bytes(Split::Train, k).unwrap().1,
+            &want[..],
+            "sample {k}"
+        );
+    }
+    // Shrunk: encoded anew (4:2:0, the quality asked for), so other bytes.
+    let shrunk = tmp.path().join("s.pack");
+    packed::pack(&root, &shrunk, &opts(60, StoreAs::Smaller { quality: 90 })).unwrap();
+    let f = PackedFile::open(&shrunk).unwrap();
+    let (r, bytes) = f.sample_bytes(Split::Train, 0).unwrap();
+    assert_eq!((r.width, r.height, r.encoding), (60, 45, Encoding::Jpeg));
+    assert_ne!(bytes, &files[0][..]);
+}

@@ -7,6 +7,7 @@ pub mod ablation;
 pub mod allreduce;
 pub mod args;
 pub mod data;
+pub mod loader;
 pub mod overlap;
 pub mod simcheck;
 pub mod step;

@@ -4,7 +4,8 @@
 //! Each image is decoded as an ImageFolder decodes it ([`crate::data::decode`]: any size, EXIF
 //! orientation applied, greyscale when the folder's first image is, else RGB), shrunk so its longer side is at most `--max-side`
 //! (aspect kept; `fast_image_resize`, Lanczos-3), and stored raw or as JPEG by the rule of
-//! [`StoreAs`]. Images are encoded on the rayon pool a chunk at a time and written in order,
+//! [`StoreAs`]: a JPEG file that needs no change is stored as it is, others are encoded at the
+//! quality asked for with 4:2:0 chroma subsampling (`jpeg-encoder`; PIL's default too). Images are encoded on the rayon pool a chunk at a time and written in order,
 //! so the file's sample order is the ImageFolder's (class by class, names sorted) and sample
 //! `i` of `--dataset packed:F` is sample `i` of `--dataset imagefolder` on the same folder.
 //!
@@ -12,7 +13,7 @@
 //! failure (a bad image, a full disk) or a kill leaves no half file behind.
 
 use super::{Encoding, Header, Index, Record, HEADER_LEN, SAMPLE_ALIGN};
-use crate::data::decode::{DecodedImage, Decoder};
+use crate::data::decode::{DecodedImage, Decoder, ImageFormat};
 use crate::data::image_folder::ImageFolder;
 use crate::data::{DataError, Split};
 use crate::output::AtomicFile;
@@ -279,7 +280,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
 fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, DataError> {
     let bytes = read_file(path)?;
     let mut img = DecodedImage::default();
-    Decoder::default().decode(&bytes, path, usize::from(channels), None, &mut img)?;
+    let info = Decoder::default().decode(&bytes, path, usize::from(channels), None, &mut img)?;
     let (w, h, hwc) = (img.width, img.height, img.pixels);
     let (hwc, w, h, resized) = shrink(hwc, w, h, usize::from(channels), opts.max_side)
         .map_err(|e| DataError::invalid(path, format!("cannot resize: {e}")))?;
@@ -295,15 +296,28 @@ fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, Data
     let StoreAs::Smaller { quality } = opts.store else {
         return Ok(raw(hwc));
     };
-    let mut jpeg = Vec::new();
-    let color = if channels == 1 {
-        image::ExtendedColorType::L8
+    // A JPEG that needs no change (not shrunk, not rotated, the pack's channels) is kept as it
+    // is: no second generation of JPEG loss, the same bytes the ImageFolder decodes.
+    let keep = !resized
+        && info.format == ImageFormat::Jpeg
+        && info.orientation <= 1
+        && info.channels == usize::from(channels);
+    let jpeg = if keep {
+        bytes
     } else {
-        image::ExtendedColorType::Rgb8
+        let color = if channels == 1 {
+            jpeg_encoder::ColorType::Luma
+        } else {
+            jpeg_encoder::ColorType::Rgb
+        };
+        let mut jpeg = Vec::new();
+        let mut encoder = jpeg_encoder::Encoder::new(&mut jpeg, quality);
+        encoder.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
+        encoder
+            .encode(&hwc, width, height, color)
+            .map_err(|e| DataError::invalid(path, format!("cannot encode as JPEG: {e}")))?;
+        jpeg
     };
-    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, quality)
-        .encode(&hwc, width.into(), height.into(), color)
-        .map_err(|e| DataError::invalid(path, format!("cannot encode as JPEG: {e}")))?;
     if hwc.len() <= RAW_WITHIN * jpeg.len() {
         return Ok(raw(hwc));
     }
