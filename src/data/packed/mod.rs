@@ -454,8 +454,14 @@ impl PackedFile {
     /// The bytes of sample `index` of `split`, checked against its CRC-32.
     pub fn sample_bytes(&self, split: Split, index: usize) -> Result<(&Record, &[u8]), DataError> {
         let r = &self.records(split)[index];
+        let (start, len) = (r.offset as usize, r.len as usize);
+        // One read-ahead request for the whole sample: with the file larger than memory (its
+        // pages evicted), touching it page by page otherwise costs one disk read per 4 kB page
+        // (the mapping is `Random`). About a microsecond when the pages are cached.
+        #[cfg(unix)]
+        let _ = self.map.advise_range(memmap2::Advice::WillNeed, start, len);
         // In bounds: every record was checked against the mapping's length at open.
-        let bytes = &self.map[r.offset as usize..r.offset as usize + r.len as usize];
+        let bytes = &self.map[start..start + len];
         if crc32fast::hash(bytes) != r.crc {
             return Err(self.corrupt(split, index, "fails its checksum".into()));
         }
