@@ -501,3 +501,47 @@ fn a_jpeg_that_needs_no_change_is_stored_as_it_is_and_others_are_re_encoded() {
     assert_eq!((r.width, r.height, r.encoding), (60, 45, Encoding::Jpeg));
     assert_ne!(bytes, &files[0][..]);
 }
+
+#[test]
+fn any_size_photos_train_the_same_from_the_folder_and_from_a_raw_pack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 16, &[(40, 30), (17, 50), (64, 64), (33, 21)], true);
+    let pack = tmp.path().join("r.pack");
+    packed::pack(&root, &pack, &opts(256, StoreAs::Raw)).unwrap();
+    let run = |dataset: &str, dir: &str| {
+        let dir = tmp.path().join(dir);
+        let d = dir.display().to_string();
+        let o = dptrain(&[
+            "train",
+            "--quiet",
+            "--dataset",
+            dataset,
+            "--model",
+            "lenet5",
+            "--image-size",
+            "28",
+            "--augment",
+            "random-resized-crop,flip",
+            "--epochs",
+            "2",
+            "--batch",
+            "16",
+            "--threads",
+            "1",
+            "--loader-threads",
+            "2",
+            "--run-dir",
+            &d,
+            "--no-checkpoints",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        (
+            replica_hashes(&dir),
+            summary(&dir)["final_test_accuracy"].clone(),
+        )
+    };
+    let folder_run = run(&format!("imagefolder:{}", root.display()), "a");
+    let packed_run = run(&format!("packed:{}", pack.display()), "b");
+    assert_eq!(folder_run, packed_run);
+}
