@@ -775,10 +775,9 @@ impl TrainOptions {
             .map(crate::pipeline::Transforms::parse_eval)
             .transpose()
             .map_err(|e| format!("--eval-transform: {e}"))?;
-        let normalize = crate::pipeline::NormalizeChoice::parse(
-            self.normalize.as_deref().unwrap_or("dataset"),
-        )
-        .map_err(|e| format!("--normalize: {e}"))?;
+        let normalize =
+            crate::pipeline::NormalizeChoice::parse(self.normalize.as_deref().unwrap_or("dataset"))
+                .map_err(|e| format!("--normalize: {e}"))?;
         Ok(ResolvedInput {
             loader_threads,
             prefetch,

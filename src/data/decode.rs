@@ -33,17 +33,18 @@ pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
 /// pixel (16-bit RGBA, the widest layout a PNG decodes to) plus 16 MiB of decoder state.
 pub const MAX_DECODE_BYTES: u64 = MAX_IMAGE_PIXELS * 8 + (16 << 20);
 
-/// Smallest side an image may have, in pixels. Below one JPEG block (8 x 8) an image holds
-/// no content a CNN can learn from once it is scaled up to the model's input (a 1x1 "image" is
-/// a colour swatch: a tracking pixel, a broken thumbnail); refusing it names the file instead
-/// of training on noise.
-pub const MIN_IMAGE_SIDE: u32 = 8;
+/// Smallest side an image may have, in pixels. An image of 1 to 3 pixels a side holds no
+/// content a CNN can learn from once it is scaled up to the model's input (a 1x1 "image" is a
+/// colour swatch: a tracking pixel, a broken thumbnail); refusing it names the file instead of
+/// training on noise. The bar is 4, not a JPEG block's 8, because small synthetic ImageFolders
+/// (6x7 fixtures, icon sets) are legitimate.
+pub const MIN_IMAGE_SIDE: u32 = 4;
 
 /// Why one image could not be decoded. Every variant names the file and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     /// Neither the PNG nor the JPEG signature.
-    #[error("{}: is not a PNG or JPEG image (its first bytes are neither signature); convert it to PNG or JPEG, or remove it", path.display())]
+    #[error("{}: is neither PNG nor JPEG data (its first bytes match neither signature); convert it to PNG or JPEG, or remove it", path.display())]
     NotAnImage {
         /// The file.
         path: PathBuf,

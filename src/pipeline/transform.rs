@@ -835,7 +835,7 @@ fn visible(a: f64, b: f64, src: usize, out: usize) -> Option<(usize, usize)> {
     // k + 0.5 in [lo, hi).
     let k0 = (lo - 0.5).ceil().max(0.0);
     let k1 = ((hi - 0.5).ceil()).min(out as f64);
-    (k1 > k0).then(|| (k0 as usize, k1 as usize))
+    (k1 > k0).then_some((k0 as usize, k1 as usize))
 }
 
 /// torchvision's `RandomResizedCrop.get_params`: (top, left, height, width) of the crop in a

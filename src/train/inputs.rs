@@ -78,7 +78,7 @@ pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> String {
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
     let line = format!(
-        "input {c}x{size}, training transforms {}, evaluation transform {eval}, normalise \
+        "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \
          {norm} ({how})",
         training_transforms(cfg, source).resolved(size)
     );

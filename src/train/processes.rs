@@ -494,6 +494,13 @@ pub fn run_description(
         ("warmup steps".into(), s(&cfg.warmup_steps)),
         ("sgd".into(), format!("{:?}", cfg.sgd)),
         ("augment".into(), s(&cfg.augment)),
+        ("normalize".into(), s(&cfg.normalize)),
+        (
+            "eval transform".into(),
+            cfg.eval_transform
+                .as_ref()
+                .map_or("-".into(), |t| t.to_string()),
+        ),
         ("comm".into(), s(&cfg.comm)),
         ("overlap".into(), s(&cfg.overlap)),
         ("hierarchical".into(), s(&cfg.hierarchical)),

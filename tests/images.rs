@@ -1,0 +1,547 @@
+//! Images of any size: decoding (colour types, bit depths, EXIF orientation, reduced JPEG
+//! decoding, bad files named with a typed error), the transform list (parse/Display, RRC's
+//! output, the fallback, eval transforms), the same bits as before for fixed-size data, and
+//! runs on a folder of mixed sizes that do not depend on the loader-thread count.
+
+use dptrain::config::TrainOptions;
+use dptrain::data::decode::{read_info, DecodeError, DecodedImage, Decoder, MIN_IMAGE_SIDE};
+use dptrain::pipeline::{
+    Draw, ImageSize, Normalization, Normalize, NormalizeChoice, TransformOp, TransformScratch,
+    Transforms,
+};
+use image::{ImageBuffer, Luma, Rgb, Rgba};
+use std::io::Cursor;
+use std::path::Path;
+
+fn png<P: image::PixelWithColorType>(img: &ImageBuffer<P, Vec<P::Subpixel>>) -> Vec<u8>
+where
+    [P::Subpixel]: image::EncodableLayout,
+{
+    let mut out = Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+fn jpeg_grey(w: u32, h: u32, f: impl Fn(u32, u32) -> u8, quality: u8) -> Vec<u8> {
+    let img = ImageBuffer::from_fn(w, h, |x, y| Luma([f(x, y)]));
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality)
+        .encode_image(&img)
+        .unwrap();
+    out
+}
+
+fn decode(bytes: &[u8], channels: usize) -> Result<DecodedImage, DecodeError> {
+    let mut img = DecodedImage::default();
+    Decoder::default().decode(bytes, Path::new("x/img.bin"), channels, None, &mut img)?;
+    Ok(img)
+}
+
+#[test]
+fn png_colour_types_and_depths_decode_to_grey_or_rgb() {
+    // Greyscale 8-bit, to 1 and 3 channels.
+    let g = ImageBuffer::from_fn(9, 5, |x, y| Luma([(x * 20 + y) as u8]));
+    let d = decode(&png(&g), 1).unwrap();
+    assert_eq!((d.width, d.height, d.channels), (9, 5, 1));
+    assert_eq!(d.pixels, g.as_raw().clone());
+    let d3 = decode(&png(&g), 3).unwrap();
+    assert_eq!(&d3.pixels[..6], &[0, 0, 0, 20, 20, 20]);
+    // RGBA: alpha dropped, colour kept.
+    let rgba = ImageBuffer::from_fn(6, 6, |x, _| Rgba([x as u8 * 40, 7, 200, 3]));
+    let d = decode(&png(&rgba), 3).unwrap();
+    assert_eq!(&d.pixels[3..6], &[40, 7, 200]);
+    // RGB to grey: PIL's weights.
+    let rgb = ImageBuffer::from_fn(4, 4, |_, _| Rgb([255u8, 0, 0]));
+    assert_eq!(decode(&png(&rgb), 1).unwrap().pixels[0], 76);
+    // 16-bit grey: rounded to 8 bits.
+    let g16 = ImageBuffer::from_fn(4, 4, |x, _| Luma([x as u16 * 20000]));
+    let d = decode(&png(&g16), 1).unwrap();
+    assert_eq!(&d.pixels[..4], &[0, 78, 156, 233]);
+    // Palette: expanded by the decoder.
+    let mut bytes = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut bytes, 4, 4);
+        e.set_color(png::ColorType::Indexed);
+        e.set_depth(png::BitDepth::Eight);
+        e.set_palette(vec![10u8, 20, 30, 200, 100, 50]);
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(&[0, 1, 0, 1].repeat(4)).unwrap();
+    }
+    let d = decode(&bytes, 3).unwrap();
+    assert_eq!(&d.pixels[..6], &[10, 20, 30, 200, 100, 50]);
+    assert_eq!(read_info(&bytes, Path::new("p.png")).unwrap().channels, 3);
+}
+
+/// `jpeg` with an EXIF APP1 segment holding orientation `tag`, written by hand after SOI.
+fn with_orientation(jpeg: &[u8], tag: u8) -> Vec<u8> {
+    let mut app1 = vec![0xff, 0xe1, 0, 34];
+    app1.extend_from_slice(b"Exif\0\0MM\0\x2a\0\0\0\x08");
+    app1.extend_from_slice(&[0, 1, 0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, tag, 0, 0, 0, 0, 0, 0]);
+    let mut out = jpeg[..2].to_vec();
+    out.extend_from_slice(&app1);
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
+
+#[test]
+fn exif_orientation_is_applied() {
+    // Stored 16 wide x 8 tall, bright in the top-left 8 x 4 block.
+    let base = jpeg_grey(16, 8, |x, y| if x < 8 && y < 4 { 255 } else { 0 }, 95);
+    let at = |d: &DecodedImage, x: usize, y: usize| d.pixels[y * d.width + x];
+    let plain = decode(&base, 1).unwrap();
+    assert_eq!((plain.width, plain.height), (16, 8));
+    assert!(at(&plain, 2, 1) > 200 && at(&plain, 12, 6) < 50);
+    // 6: rotate 90 degrees clockwise to show; the top-left block goes to the top right.
+    let turned = with_orientation(&base, 6);
+    assert_eq!(
+        read_info(&turned, Path::new("t.jpg")).unwrap().orientation,
+        6
+    );
+    let d = decode(&turned, 1).unwrap();
+    assert_eq!((d.width, d.height), (8, 16));
+    assert!(at(&d, 6, 2) > 200, "{:?}", d.pixels);
+    assert!(at(&d, 1, 2) < 50 && at(&d, 6, 12) < 50);
+    // 3: rotate 180; the block goes to the bottom right.
+    let d = decode(&with_orientation(&base, 3), 1).unwrap();
+    assert_eq!((d.width, d.height), (16, 8));
+    assert!(at(&d, 13, 6) > 200 && at(&d, 2, 1) < 50);
+}
+
+#[test]
+fn bad_images_get_typed_errors_naming_the_file() {
+    let path = Path::new("photos/cat/broken.jpg");
+    let run = |bytes: &[u8]| {
+        let mut img = DecodedImage::default();
+        Decoder::default()
+            .decode(bytes, path, 3, None, &mut img)
+            .unwrap_err()
+    };
+    let good = jpeg_grey(64, 48, |x, y| (x ^ y) as u8, 90);
+    // Truncated inside the scan data.
+    let e = run(&good[..good.len() * 2 / 3]);
+    assert!(matches!(e, DecodeError::Truncated { .. }), "{e}");
+    // CMYK.
+    let mut cmyk = Vec::new();
+    jpeg_encoder::Encoder::new(&mut cmyk, 90)
+        .encode(&[0u8; 16 * 16 * 4], 16, 16, jpeg_encoder::ColorType::Cmyk)
+        .unwrap();
+    let e = run(&cmyk);
+    assert!(matches!(e, DecodeError::Cmyk { .. }), "{e}");
+    // Not an image.
+    let e = run(b"GIF89a not ours");
+    assert!(matches!(e, DecodeError::NotAnImage { .. }), "{e}");
+    // 1 x 1.
+    let e = run(&png(&ImageBuffer::from_pixel(1, 1, Luma([9u8]))));
+    assert!(
+        matches!(
+            e,
+            DecodeError::TooSmall {
+                width: 1,
+                height: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let ok = png(&ImageBuffer::from_pixel(
+        MIN_IMAGE_SIDE,
+        MIN_IMAGE_SIDE,
+        Luma([9u8]),
+    ));
+    assert!(decode(&ok, 1).is_ok());
+    // A PNG whose header claims 65535 x 65535: refused from the header.
+    let mut lying = png(&ImageBuffer::from_pixel(8, 8, Luma([9u8])));
+    lying[16..24].copy_from_slice(&[0, 0, 0xff, 0xff, 0, 0, 0xff, 0xff]);
+    let e = run(&lying);
+    assert!(
+        matches!(
+            e,
+            DecodeError::TooLarge { .. } | DecodeError::Corrupt { .. }
+        ),
+        "{e}"
+    );
+    for e in [run(&lying), run(&cmyk), run(b"xx"), run(&good[..300])] {
+        assert!(e.to_string().contains("photos/cat/broken.jpg"), "{e}");
+        assert_eq!(e.path(), path);
+    }
+}
+
+#[test]
+fn a_large_jpeg_is_decoded_reduced_when_the_target_is_small() {
+    let big = jpeg_grey(400, 320, |x, _| (x / 2) as u8, 90);
+    let mut img = DecodedImage::default();
+    let mut dec = Decoder::default();
+    let p = Path::new("big.jpg");
+    dec.decode(&big, p, 1, Some((28, 28)), &mut img).unwrap();
+    assert_eq!((img.width, img.height), (50, 40), "1/8 scale");
+    assert_eq!((img.full_width, img.full_height), (400, 320));
+    dec.decode(&big, p, 1, Some((150, 100)), &mut img).unwrap();
+    assert_eq!((img.width, img.height), (200, 160), "1/2 scale");
+    dec.decode(&big, p, 1, None, &mut img).unwrap();
+    assert_eq!((img.width, img.height), (400, 320));
+    // Through the evaluation transform: the reduced decode gives nearly the full one's pixels.
+    let eval = Transforms::eval_default();
+    let size = ImageSize::parse("28").unwrap();
+    let mut s = TransformScratch::default();
+    let mut out = vec![0u8; 28 * 28];
+    eval.apply_bytes_u8(&big, p, 1, size, Draw::NONE, &mut s, &mut out)
+        .unwrap();
+    // A horizontal ramp 0..200 over the centre crop of 350 of 400 columns (320 high).
+    assert!(out[0] < 40 && out[27] > 160, "{:?}", &out[..28]);
+    assert!(out.windows(2).take(27).all(|w| w[1] >= w[0]));
+}
+
+#[test]
+fn image_sizes_and_lists_parse_print_and_refuse() {
+    assert_eq!(ImageSize::parse("28").unwrap().to_string(), "28");
+    let s = ImageSize::parse("32x48").unwrap();
+    assert_eq!((s.height, s.width, s.to_string()), (32, 48, "32x48".into()));
+    for bad in ["0", "4097", "28x0", "x", "", "12x12x3"] {
+        assert!(ImageSize::parse(bad).is_err(), "{bad}");
+    }
+    for list in [
+        "off",
+        "random-resized-crop,flip",
+        "random-resized-crop:0.25,1,flip",
+        "random-resized-crop:0.25,1:0.5,2",
+        "crop:4,flip",
+        "flip,crop:4",
+        "resize-shorter,center-crop",
+        "resize-shorter:256,center-crop",
+        "resize",
+    ] {
+        let t = Transforms::parse(list).unwrap();
+        assert_eq!(t.to_string(), list);
+        assert_eq!(Transforms::parse(&t.to_string()).unwrap(), t);
+    }
+    let rrc = Transforms::parse("random-resized-crop:0.25,1:0.5,2").unwrap();
+    assert_eq!(
+        rrc.ops[0],
+        TransformOp::RandomResizedCrop {
+            scale: (0.25, 1.0),
+            ratio: (0.5, 2.0)
+        }
+    );
+    for bad in [
+        "rotate",
+        "crop:0",
+        "crop:x",
+        "random-resized-crop:0.5",
+        "random-resized-crop:0.9,0.1",
+        "random-resized-crop:0.5,2",
+        "resize-shorter:0",
+    ] {
+        assert!(Transforms::parse(bad).is_err(), "{bad}");
+    }
+    assert!(Transforms::parse_eval("resize-shorter,center-crop,flip").is_err());
+    // The stored form has the defaults filled in and round-trips through parse_eval.
+    let eval = Transforms::eval_default().resolved(ImageSize::parse("224").unwrap());
+    assert_eq!(eval.to_string(), "resize-shorter:256,center-crop");
+    assert_eq!(Transforms::parse_eval(&eval.to_string()).unwrap(), eval);
+    let small = Transforms::eval_default().resolved(ImageSize::parse("28").unwrap());
+    assert_eq!(small.to_string(), "resize-shorter:28,center-crop");
+    // Options: --image-size 0 and over the cap fail before training.
+    for bad in ["0", "5000", "28x99999"] {
+        let o = TrainOptions {
+            image_size: Some(bad.into()),
+            ..Default::default()
+        };
+        let e = o.resolve().unwrap_err();
+        assert!(e.contains("--image-size") && e.contains("4096"), "{e}");
+    }
+}
+
+#[test]
+fn normalisation_parses_prints_and_refuses() {
+    let n = Normalization::parse("0.485,0.456,0.406/0.229,0.224,0.225").unwrap();
+    assert_eq!(n.channels(), 3);
+    assert_eq!(n.to_string(), "0.485,0.456,0.406/0.229,0.224,0.225");
+    assert_eq!(Normalization::parse(&n.to_string()).unwrap(), n);
+    assert_eq!(
+        NormalizeChoice::parse("estimate").unwrap(),
+        NormalizeChoice::Estimate
+    );
+    for bad in ["0.5", "0.5/0", "0.5,0.5/0.2", "a/b", "0.1/-1"] {
+        assert!(Normalization::parse(bad).is_err(), "{bad}");
+    }
+}
+
+/// A 64 x 64 RGB image whose red channel is 4x, green 4y: where each output pixel came from.
+fn ramp() -> DecodedImage {
+    let mut img = DecodedImage::default();
+    let hwc: Vec<u8> = (0..64 * 64)
+        .flat_map(|p| [(p % 64 * 4) as u8, (p / 64 * 4) as u8, 0])
+        .collect();
+    img.set_from_hwc(64, 64, 3, &hwc);
+    img
+}
+
+fn render(t: &Transforms, img: &DecodedImage, size: usize, draw: Draw) -> Vec<f32> {
+    let identity = Normalize::new(&[0.0; 3], &[1.0 / 255.0; 3]);
+    let mut out = vec![0f32; 3 * size * size];
+    let mut r = dptrain::pipeline::RenderScratch::default();
+    t.apply_image(
+        img,
+        ImageSize::new(size, size).unwrap(),
+        &identity,
+        draw,
+        &mut r,
+        &mut out,
+    );
+    out
+}
+
+#[test]
+fn random_resized_crop_crops_within_scale_and_draws_per_sample() {
+    let img = ramp();
+    let t = Transforms::parse("random-resized-crop:0.25,0.25:1,1").unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..50 {
+        let out = render(&t, &img, 16, Draw::new(5, 1, i));
+        assert_eq!(
+            out,
+            render(&t, &img, 16, Draw::new(5, 1, i)),
+            "reproducible"
+        );
+        // A 32 x 32 crop: red spans ~ 4 * 32 across the row, and rises left to right.
+        let row = &out[..16];
+        let span = row[15] - row[0];
+        assert!((100.0..=128.0).contains(&span), "span {span}");
+        assert!(row.windows(2).all(|w| w[1] >= w[0]));
+        seen.insert(out[0] as u32 * 1000 + out[256] as u32);
+    }
+    assert!(
+        seen.len() > 20,
+        "crops should land in many places: {}",
+        seen.len()
+    );
+    // Flip mirrors some samples.
+    let tf = Transforms::parse("random-resized-crop:0.25,0.25:1,1,flip").unwrap();
+    let falling = (0..50)
+        .filter(|&i| {
+            let out = render(&tf, &img, 16, Draw::new(5, 1, i));
+            out[15] < out[0]
+        })
+        .count();
+    assert!((10..=40).contains(&falling), "{falling} of 50 flipped");
+    // The fallback: a ratio no crop of this square can have gives the centre crop at the
+    // nearest ratio (2:1 -> the full width, half the height, centred).
+    let t = Transforms::parse("random-resized-crop:1,1:2,2").unwrap();
+    let out = render(&t, &img, 16, Draw::new(5, 1, 3));
+    let green_top = out[256];
+    let green_bottom = out[256 + 15 * 16];
+    assert!((60.0..70.0).contains(&green_top), "{green_top}");
+    assert!((185.0..196.0).contains(&green_bottom), "{green_bottom}");
+}
+
+#[test]
+fn eval_transform_of_a_non_square_image_centres_and_keeps_aspect() {
+    let mut img = DecodedImage::default();
+    // 96 wide x 48 tall, red = 255 in the middle third of the width, else 0.
+    let hwc: Vec<u8> = (0..96 * 48)
+        .flat_map(|p| {
+            let x = p % 96;
+            [if (32..64).contains(&x) { 255 } else { 0 }, 0, 0]
+        })
+        .collect();
+    img.set_from_hwc(96, 48, 3, &hwc);
+    // Shorter side to 24 (the size, under 64 px): 48 x 24, centre 24 x 24 = columns 12..36
+    // of the resized image = source columns 24..72: red in the middle 16 columns.
+    let eval = Transforms::eval_default();
+    let out = render(&eval, &img, 24, Draw::NONE);
+    let row = &out[12 * 24..13 * 24];
+    assert!(row[0] < 10.0 && row[23] < 10.0, "{row:?}");
+    assert!(
+        row[12] > 245.0 && row[5] > 200.0 && row[18] > 200.0,
+        "{row:?}"
+    );
+    // `off` squashes the whole image: red in the middle third.
+    let out = render(&Transforms::OFF, &img, 24, Draw::NONE);
+    let row = &out[12 * 24..13 * 24];
+    assert!(
+        row[2] < 10.0 && row[12] > 245.0 && row[21] < 10.0,
+        "{row:?}"
+    );
+}
+
+#[test]
+fn fixed_size_crop_and_flip_are_the_same_bits_from_memory_and_from_png() {
+    // The fixed-size path (in-memory data) and the decode path (a PNG of the same pixels at
+    // the image size) give the same floats for the same draws.
+    let (w, h) = (12usize, 10usize);
+    let chw: Vec<u8> = (0..3 * w * h).map(|v| (v * 7 % 251) as u8).collect();
+    let hwc: Vec<u8> = (0..w * h)
+        .flat_map(|p| [chw[p], chw[w * h + p], chw[2 * w * h + p]])
+        .collect();
+    let bytes = png(&ImageBuffer::<Rgb<u8>, _>::from_raw(w as u32, h as u32, hwc).unwrap());
+    let norm = Normalize::new(&[0.4, 0.5, 0.6], &[0.2, 0.25, 0.3]);
+    let size = ImageSize::new(h, w).unwrap();
+    for list in ["off", "crop:3", "flip", "crop:3,flip"] {
+        let t = Transforms::parse(list).unwrap();
+        let mut s = TransformScratch::default();
+        for i in 0..20 {
+            let draw = Draw::new(9, 2, i);
+            let mut a = vec![0f32; 3 * w * h];
+            t.apply_planar(&chw, [3, h, w], size, &norm, draw, &mut s, &mut a);
+            let mut b = vec![0f32; 3 * w * h];
+            t.apply_bytes(
+                &bytes,
+                Path::new("s.png"),
+                3,
+                size,
+                &norm,
+                draw,
+                &mut s,
+                &mut b,
+            )
+            .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{list} sample {i}");
+            // And the same as the one-call form the old augmentation had.
+            let mut c = vec![0f32; 3 * w * h];
+            t.apply(&chw, [3, h, w], &norm, 9, 2, i, &mut c);
+            assert_eq!(bits(&a), bits(&c), "{list} sample {i}");
+        }
+    }
+}
+
+/// An ImageFolder of `n` training and `m` test JPEG/PNG images of mixed sizes and aspect
+/// ratios (two classes: a bright disc or a dark one on grey).
+fn mixed_folder(dir: &Path, n: usize, m: usize) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    for (split, count) in [("train", n), ("test", m)] {
+        for class in 0..2 {
+            std::fs::create_dir_all(dir.join(split).join(class.to_string())).unwrap();
+        }
+        for i in 0..count {
+            let class = i % 2;
+            let (w, h) = (rng.gen_range(20..120u32), rng.gen_range(20..120u32));
+            let v = if class == 0 { 230u8 } else { 20 };
+            let img = ImageBuffer::from_fn(w, h, |x, y| {
+                let (dx, dy) = (x as f32 / w as f32 - 0.5, y as f32 / h as f32 - 0.5);
+                Rgb(if dx * dx + dy * dy < 0.1 {
+                    [v, v / 2, 128]
+                } else {
+                    [128, 128, 128]
+                })
+            });
+            let path = dir.join(split).join(class.to_string());
+            if i % 3 == 0 {
+                std::fs::write(path.join(format!("{i}.png")), png(&img)).unwrap();
+            } else {
+                let mut out = Vec::new();
+                image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 60 + (i % 30) as u8)
+                    .encode_image(&img)
+                    .unwrap();
+                std::fs::write(path.join(format!("{i}.jpg")), out).unwrap();
+            }
+        }
+    }
+}
+
+fn mixed_run(dir: &Path, run: &Path, loaders: usize, prefetch: usize) -> dptrain::train::Summary {
+    let o = TrainOptions {
+        dataset: Some("imagefolder".into()),
+        data_dir: Some(dir.to_path_buf()),
+        model: Some("lenet5".into()),
+        image_size: Some("28".into()),
+        augment: Some("random-resized-crop:0.3,1,flip".into()),
+        epochs: Some(2),
+        batch: Some(16),
+        workers: Some(2),
+        threads: Some(1),
+        loader_threads: Some(loaders),
+        prefetch: Some(prefetch),
+        comm_timeout: Some(30.0),
+        run_dir: Some(run.to_path_buf()),
+        no_checkpoints: true,
+        quiet: true,
+        ..Default::default()
+    };
+    dptrain::train::train(o.resolve().unwrap()).unwrap()
+}
+
+#[test]
+fn a_folder_of_mixed_sizes_trains_the_same_for_any_loader_thread_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mixed");
+    mixed_folder(&dir, 96, 20);
+    let a = mixed_run(&dir, &tmp.path().join("a"), 1, 2);
+    let b = mixed_run(&dir, &tmp.path().join("b"), 3, 2);
+    let c = mixed_run(&dir, &tmp.path().join("c"), 1, 0);
+    assert_eq!(
+        a.replica_hashes, b.replica_hashes,
+        "3 loader threads changed the run"
+    );
+    assert_eq!(
+        a.replica_hashes, c.replica_hashes,
+        "prefetch 0 changed the run"
+    );
+    // The resolved input is in the run's configuration (summary.json).
+    let cfg = &a.config;
+    assert_eq!(cfg["image_size"], "28");
+    assert_eq!(cfg["eval_transform"], "resize-shorter:28,center-crop");
+    let norm = Normalization::parse(cfg["normalize"].as_str().unwrap()).unwrap();
+    assert_eq!(norm.channels(), 3);
+    assert!(norm.mean.iter().all(|&m| (0.2..0.8).contains(&m)), "{norm}");
+}
+
+#[test]
+fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = TrainOptions {
+        dataset: Some("synthetic:1x8x8".into()),
+        image_size: Some("16".into()),
+        train_limit: Some(64),
+        test_limit: Some(16),
+        batch: Some(16),
+        epochs: Some(1),
+        run_dir: Some(tmp.path().join("r")),
+        no_checkpoints: true,
+        quiet: true,
+        ..Default::default()
+    };
+    let e = dptrain::train::train(o.resolve().unwrap()).unwrap_err();
+    let e = String::from(e);
+    assert!(
+        e.contains("--image-size 16") && e.contains("export-images"),
+        "{e}"
+    );
+}
+
+#[test]
+fn random_resized_crop_on_in_memory_data_is_the_same_for_any_loader_thread_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |loaders: usize, prefetch: usize, augment: &str| {
+        let o = TrainOptions {
+            dataset: Some("synthetic:3x16x16".into()),
+            augment: Some(augment.into()),
+            train_limit: Some(256),
+            test_limit: Some(32),
+            batch: Some(32),
+            epochs: Some(1),
+            workers: Some(2),
+            threads: Some(1),
+            model: Some("lenet5".into()),
+            loader_threads: Some(loaders),
+            prefetch: Some(prefetch),
+            comm_timeout: Some(30.0),
+            run_dir: Some(
+                tmp.path()
+                    .join(format!("r{loaders}-{prefetch}-{}", augment.len())),
+            ),
+            no_checkpoints: true,
+            quiet: true,
+            ..Default::default()
+        };
+        dptrain::train::train(o.resolve().unwrap())
+            .unwrap()
+            .replica_hashes
+    };
+    let list = "random-resized-crop:0.3,1,flip,crop:2";
+    let base = run(1, 2, list);
+    assert_eq!(run(3, 2, list), base, "3 loader threads changed the run");
+    assert_eq!(run(1, 0, list), base, "prefetch 0 changed the run");
+    assert_ne!(run(1, 2, "off"), base, "the transforms had no effect");
+}
