@@ -177,8 +177,8 @@ pub struct TrainOptions {
     /// Model: lenet5, vgg-small or resnet20 [default: lenet5].
     #[arg(long)]
     pub model: Option<String>,
-    /// Dataset: mnist (bundled), fashion-mnist, cifar10, idx, synthetic or synthetic:CxHxW
-    /// [default: mnist].
+    /// Dataset: mnist (bundled), fashion-mnist, cifar10, idx, imagefolder:DIR, packed:FILE
+    /// (`dptrain data pack`), synthetic or synthetic:CxHxW [default: mnist].
     #[arg(long)]
     pub dataset: Option<String>,
     /// Dataset directory (fashion-mnist, cifar10, idx; mnist defaults to the bundled copy).

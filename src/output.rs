@@ -298,6 +298,77 @@ pub fn write_atomically_paced(path: &Path, bytes: &[u8], slow: bool) -> Result<(
     Ok(())
 }
 
+/// A file written in pieces (too large to hold in memory, such as a packed dataset) that
+/// appears under its final name only when complete: the bytes go to a `create_new` temporary
+/// file beside `path`, and [`AtomicFile::commit`] fsyncs and renames it over `path` (which must
+/// pass [`check_file_target`] then too). Dropping it uncommitted (an error, a panic) removes
+/// the temporary file, so a failed write leaves nothing under either name.
+#[derive(Debug)]
+pub struct AtomicFile {
+    path: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+}
+
+impl AtomicFile {
+    /// Checks `path` ([`check_file_target`]) and creates the temporary file beside it.
+    pub fn create(path: &Path) -> Result<Self, OutputError> {
+        check_file_target(path)?;
+        let (tmp, file) = create_temp(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            tmp,
+            file: Some(file),
+        })
+    }
+
+    /// The final path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The temporary file being written.
+    pub fn file(&mut self) -> &mut File {
+        self.file
+            .as_mut()
+            .expect("an AtomicFile holds its file until commit")
+    }
+
+    /// An [`OutputError::Io`] for this file: what was being done and the OS error.
+    pub fn error(&self, action: &'static str, cause: std::io::Error) -> OutputError {
+        OutputError::Io {
+            path: self.path.clone(),
+            action,
+            cause,
+        }
+    }
+
+    /// Flushes the temporary file to disk and renames it over the final path.
+    pub fn commit(mut self) -> Result<(), OutputError> {
+        let file = self.file.take().expect("an AtomicFile is committed once");
+        file.sync_all()
+            .map_err(|e| self.error("write (fsync)", e))?;
+        drop(file);
+        // Checked again right before the rename: something may have appeared meanwhile.
+        check_file_target(&self.path)?;
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| self.error("rename into place", e))?;
+        self.tmp = PathBuf::new();
+        if let Ok(d) = File::open(parent_dir(&self.path)) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            self.file = None;
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 /// Creates `path` and writes `bytes` to it; the file must not exist yet (`create_new`: nothing
 /// is replaced, no link followed). A failed write removes the partial file. For the many small
 /// files of an export, which are new by construction.

@@ -8,6 +8,7 @@ pub mod allreduce;
 pub mod args;
 pub mod data;
 pub mod infer;
+pub mod loader;
 pub mod overlap;
 pub mod simcheck;
 pub mod step;

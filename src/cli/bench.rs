@@ -16,6 +16,9 @@ pub(super) enum BenchCmd {
     /// Input pipeline: images/s of the loaders alone, and data wait in training, prefetch off
     /// and on.
     Data(bench::data::DataArgs),
+    /// Input pipeline alone on photos: images/s of an ImageFolder and packed files, decode +
+    /// random-resized-crop + flip + normalise, per loader-thread count (interleaved, medians).
+    Loader(bench::loader::LoaderArgs),
     /// The paper's experiment: Caffe's scheme, then + overlap, + redundant mode, + auto mode,
     /// + preloading, one row each (measured, and simulated at 8, 64 and 512 workers).
     Ablation(bench::ablation::AblationArgs),
@@ -35,6 +38,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<(), String> {
         BenchCmd::Infer(a) => bench::infer::run_command(a),
         BenchCmd::Allreduce(a) => bench::allreduce::run_command(a),
         BenchCmd::Data(a) => bench::data::run_command(a),
+        BenchCmd::Loader(a) => bench::loader::run_command(a),
         BenchCmd::Ablation(a) => bench::ablation::run_command(a),
         BenchCmd::Suite(a) => bench::suite::run_command(a),
         BenchCmd::SimCheck(a) => bench::simcheck::run(a),

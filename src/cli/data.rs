@@ -25,6 +25,30 @@ pub(super) enum DataCmd {
         #[arg(long)]
         overwrite: bool,
     },
+    /// Pack an ImageFolder (DIR/train/<class>/..., DIR/test/...) into one memory-mapped file
+    /// (index + samples, a checksum per sample), to train with `--dataset packed:FILE`.
+    Pack(PackArgs),
+}
+
+/// Arguments of `dptrain data pack`.
+#[derive(Debug, clap::Args)]
+pub(super) struct PackArgs {
+    /// The ImageFolder: a directory holding train/ and test/, one subdirectory per class.
+    dir: PathBuf,
+    /// The packed file to write (a new file, or a regular file it replaces; written beside
+    /// and renamed when complete).
+    #[arg(long)]
+    out: PathBuf,
+    /// Shrink every image so its longer side is at most this many pixels (aspect kept).
+    #[arg(long, default_value_t = crate::data::packed::DEFAULT_MAX_SIDE)]
+    max_side: usize,
+    /// JPEG quality 1..=100 of samples stored as JPEG (a sample is stored raw instead when its
+    /// raw bytes are at most twice its JPEG's: small images).
+    #[arg(long, conflicts_with = "raw")]
+    quality: Option<u8>,
+    /// Store every sample raw (decoded pixels: no decoding when training, a larger file).
+    #[arg(long)]
+    raw: bool,
 }
 
 /// Runs one `dptrain data` command.
@@ -37,7 +61,44 @@ pub(super) fn run(cmd: DataCmd) -> Result<(), String> {
             limit,
             overwrite,
         } => export_images(dataset, data_dir, &out, limit, overwrite),
+        DataCmd::Pack(a) => pack(a),
     }
+}
+
+/// `dptrain data pack`: an ImageFolder written as one packed file.
+fn pack(a: PackArgs) -> Result<(), String> {
+    use crate::data::packed::{self, PackOptions, StoreAs};
+    let store = if a.raw {
+        StoreAs::Raw
+    } else {
+        StoreAs::Smaller {
+            quality: a.quality.unwrap_or(packed::DEFAULT_QUALITY),
+        }
+    };
+    let opts = PackOptions {
+        max_side: a.max_side,
+        store,
+        progress: true,
+    };
+    let started = std::time::Instant::now();
+    let s = packed::pack(&a.dir, &a.out, &opts).map_err(|e| e.to_string())?;
+    println!(
+        "wrote {} ({:.1} MB, {:.1} s): {} train + {} test samples of {} classes, {} channel(s); \
+         {} raw, {} JPEG; {} shrunk to a longer side of {} px; train with --dataset packed:{}",
+        a.out.display(),
+        s.bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64(),
+        s.train,
+        s.test,
+        s.classes,
+        s.channels,
+        s.raw,
+        s.jpeg,
+        s.resized,
+        a.max_side,
+        a.out.display()
+    );
+    Ok(())
 }
 
 /// `dptrain data export-images`: a dataset written as an ImageFolder.

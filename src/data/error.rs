@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// Dataset names that [`crate::data::DatasetSpec::parse`] accepts, listed in
 /// errors so a typo is fixable without reading the source.
 pub const VALID_NAMES: &str = "mnist, fashion-mnist, idx:<dir> (or idx with a path), \
-     cifar10 (or cifar10:<dir>), imagefolder (or imagefolder:<dir>), synthetic, synthetic:<C>x<H>x<W>[:<classes>]";
+     cifar10 (or cifar10:<dir>), imagefolder (or imagefolder:<dir>), packed:<file>, synthetic, synthetic:<C>x<H>x<W>[:<classes>]";
 
 /// Why a dataset could not be loaded or generated.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +70,26 @@ pub enum DataError {
         actual: String,
         /// What to do: re-clone, `git lfs pull`, ...
         hint: String,
+    },
+
+    /// A sample of a packed dataset file (`dptrain data pack`) is damaged: its bytes fail
+    /// their checksum or do not decode.
+    #[error(
+        "packed file {} is corrupt: sample {index} ({split}, class '{class}') {reason}; re-pack \
+         it (dptrain data pack)",
+        path.display()
+    )]
+    PackedSample {
+        /// The packed file.
+        path: PathBuf,
+        /// "train" or "test".
+        split: &'static str,
+        /// The sample's index in its split of the file.
+        index: usize,
+        /// The sample's class name.
+        class: String,
+        /// What is wrong ("fails its checksum", "does not decode: ...").
+        reason: String,
     },
 
     /// The dataset name is not one this module knows.

@@ -12,6 +12,8 @@
 //! - CIFAR-10 binary batches ([`cifar`]),
 //! - ImageFolder directories of PNG/JPEG files ([`image_folder`]; read lazily per sample by the
 //!   input pipeline when training, decoded whole by [`load`]),
+//! - packed files of `dptrain data pack`, memory-mapped ([`packed`]; read per sample like an
+//!   ImageFolder),
 //! - a deterministic, learnable synthetic set of any shape ([`synthetic`]).
 //!
 //! Files are untrusted input: malformed data yields a [`DataError`] that
@@ -25,6 +27,7 @@ mod error;
 pub mod idx;
 pub mod image_folder;
 pub mod mnist;
+pub mod packed;
 mod spec;
 pub mod synthetic;
 

@@ -2,8 +2,8 @@
 //! into both splits ([`load`]).
 
 use crate::data::{
-    cifar, idx, image_folder, join, mnist, pair, synthetic, DataError, Dataset, DatasetPair,
-    TEN_CLASSES,
+    cifar, idx, image_folder, join, mnist, packed, pair, synthetic, DataError, Dataset,
+    DatasetPair, TEN_CLASSES,
 };
 use std::path::{Path, PathBuf};
 
@@ -43,6 +43,11 @@ pub enum DatasetSpec {
     ImageFolder {
         /// Directory holding `train/` and `test/`.
         dir: PathBuf,
+    },
+    /// One file of `dptrain data pack`, memory-mapped (see [`packed`]).
+    Packed {
+        /// The packed file.
+        file: PathBuf,
     },
     /// Generated data; see [`synthetic::generate`].
     Synthetic {
@@ -145,6 +150,14 @@ impl DatasetSpec {
                         .to_string(),
                 )),
             },
+            "packed" => match dir_of(arg)? {
+                Some(file) => Ok(DatasetSpec::Packed { file }),
+                None => Err(bad(
+                    "needs the file `dptrain data pack` wrote: write packed:<file> or pass it \
+                     with --data-dir"
+                        .to_string(),
+                )),
+            },
             "synthetic" => {
                 if let Some(p) = path {
                     return Err(bad(format!(
@@ -224,6 +237,10 @@ pub fn load(spec: &DatasetSpec) -> Result<DatasetPair, DataError> {
                 train.decode_all("imagefolder")?,
                 test.decode_all("imagefolder")?,
             )
+        }
+        DatasetSpec::Packed { file } => {
+            let (train, test) = packed::open_pair(file)?;
+            pair(train.decode_all("packed")?, test.decode_all("packed")?)
         }
         DatasetSpec::Synthetic {
             train,

@@ -39,6 +39,7 @@ mod batch;
 mod error;
 mod loader;
 mod normalize;
+mod packed;
 mod pool;
 mod queue;
 mod sampler;
@@ -52,6 +53,9 @@ pub use loader::{
     default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
 };
 pub use normalize::{Normalization, NormalizationError, Normalize, NormalizeChoice};
+pub use packed::{
+    decode_split as decode_packed_split, estimate_normalization as estimate_packed_normalization,
+};
 pub use pool::BufferPool;
 pub use queue::{PrefetchQueue, Reserved};
 pub use sampler::DistributedSampler;

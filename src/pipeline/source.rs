@@ -4,6 +4,7 @@
 //! transforms here too.
 
 use crate::data::image_folder::ImageFolder;
+use crate::data::packed::PackedSplit;
 use crate::data::{DataError, Dataset};
 use std::sync::Arc;
 
@@ -19,6 +20,9 @@ pub enum Source {
     Memory(Arc<Dataset>),
     /// Files decoded on demand: reading a sample is a file read plus a PNG/JPEG decode.
     Folder(Arc<ImageFolder>),
+    /// A packed file's split, memory-mapped: reading a sample is a slice of the mapping and a
+    /// checksum, plus a JPEG decode for a JPEG sample (`pipeline/packed.rs`).
+    Packed(Arc<PackedSplit>),
 }
 
 /// Per-thread buffers that [`Source::write_sample`] reuses.
@@ -34,6 +38,7 @@ impl Source {
         match self {
             Source::Memory(d) => d.len(),
             Source::Folder(f) => f.len(),
+            Source::Packed(p) => p.len(),
         }
     }
 
@@ -47,6 +52,7 @@ impl Source {
         match self {
             Source::Memory(d) => [d.channels, d.height, d.width],
             Source::Folder(f) => [f.channels, f.height, f.width],
+            Source::Packed(p) => [p.channels, p.height, p.width],
         }
     }
 
@@ -60,6 +66,7 @@ impl Source {
         match self {
             Source::Memory(d) => d.num_classes,
             Source::Folder(f) => f.classes.len(),
+            Source::Packed(p) => p.classes().len(),
         }
     }
 
@@ -68,6 +75,7 @@ impl Source {
         match self {
             Source::Memory(d) => d.labels[i] as u32,
             Source::Folder(f) => f.labels[i] as u32,
+            Source::Packed(p) => p.label(i) as u32,
         }
     }
 
@@ -104,6 +112,14 @@ impl Source {
                 );
                 (n, how)
             }
+            Source::Packed(p) => {
+                let n = super::packed::estimate_normalization(p, eval, NORM_PROBE);
+                let how = format!(
+                    "estimated from {} training images through {eval}",
+                    p.len().min(NORM_PROBE)
+                );
+                (n, how)
+            }
         }
     }
 
@@ -117,6 +133,7 @@ impl Source {
                 d.labels.truncate(n);
             }
             Source::Folder(f) => Arc::make_mut(f).truncate(n),
+            Source::Packed(p) => Arc::make_mut(p).truncate(n),
         }
     }
 
@@ -165,6 +182,15 @@ impl Source {
                 )?;
                 Ok(())
             }
+            Source::Packed(p) => super::packed::write_sample(
+                p,
+                i,
+                transforms,
+                norm,
+                draw,
+                &mut scratch.transform,
+                out,
+            ),
         }
     }
 }

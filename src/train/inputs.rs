@@ -23,7 +23,7 @@ use crate::pipeline::{ImageSize, NormalizeChoice, Source, Transforms};
 pub fn eval_transform(cfg: &TrainConfig, source: &Source) -> Transforms {
     match (&cfg.eval_transform, source, cfg.image_size) {
         (Some(t), _, _) => t.clone(),
-        (None, Source::Folder(_), Some(_)) => Transforms::eval_default(),
+        (None, Source::Folder(_) | Source::Packed(_), Some(_)) => Transforms::eval_default(),
         _ => Transforms::OFF,
     }
 }
@@ -33,7 +33,9 @@ pub fn eval_transform(cfg: &TrainConfig, source: &Source) -> Transforms {
 pub fn training_transforms(cfg: &TrainConfig, source: &Source) -> Transforms {
     let eval = eval_transform(cfg, source);
     match source {
-        Source::Folder(_) if !cfg.augment.resizes() && !eval.is_off() => cfg.augment.after(&eval),
+        Source::Folder(_) | Source::Packed(_) if !cfg.augment.resizes() && !eval.is_off() => {
+            cfg.augment.after(&eval)
+        }
         _ => cfg.augment.clone(),
     }
 }

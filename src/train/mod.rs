@@ -142,6 +142,9 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
         cfg.data_dir.as_deref(),
         Path::new("data/mnist"),
     )?;
+    if let DatasetSpec::Packed { file } = &spec {
+        return load_packed(cfg, file);
+    }
     let DatasetSpec::ImageFolder { dir } = spec else {
         let (train, test) = load_data(cfg)?;
         inputs::check_memory_size(cfg, &train)?;
@@ -159,6 +162,28 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
     let source = Source::Folder(Arc::new(train));
     let eval = inputs::eval_transform(cfg, &source);
     let test = crate::pipeline::decode_split(&test, &eval, "imagefolder")
+        .map_err(PrepareError::TestSplit)?;
+    Ok((source, test))
+}
+
+/// [`load_sources`] for a packed file: the training split read per sample from the mapping by
+/// the loaders, the test split decoded once here.
+fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, Dataset), PrepareError> {
+    let (mut train, mut test) = data::packed::open_pair(file)?;
+    if let Some(n) = cfg.train_limit {
+        train.truncate(n);
+    }
+    if let Some(n) = cfg.test_limit {
+        test.truncate(n);
+    }
+    holds_a_batch(train.len(), cfg.batch)?;
+    if let Some(s) = cfg.image_size {
+        train.set_size(s.height, s.width);
+    }
+    test.set_size(train.height, train.width);
+    let source = Source::Packed(Arc::new(train));
+    let eval = inputs::eval_transform(cfg, &source);
+    let test = crate::pipeline::decode_packed_split(&test, &eval, "packed")
         .map_err(PrepareError::TestSplit)?;
     Ok((source, test))
 }

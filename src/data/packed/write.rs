@@ -1,0 +1,362 @@
+//! `dptrain data pack`: an ImageFolder written as one packed file (see the module above for
+//! the layout).
+//!
+//! Each image is decoded as an ImageFolder decodes it ([`crate::data::decode`]: any size, EXIF
+//! orientation applied, greyscale when the folder's first image is, else RGB), shrunk so its longer side is at most `--max-side`
+//! (aspect kept; `fast_image_resize`, Lanczos-3), and stored raw or as JPEG by the rule of
+//! [`StoreAs`]: a JPEG file that needs no change is stored as it is, others are encoded at the
+//! quality asked for with 4:2:0 chroma subsampling (`jpeg-encoder`; PIL's default too). Images are encoded on the rayon pool a chunk at a time and written in order,
+//! so the file's sample order is the ImageFolder's (class by class, names sorted) and sample
+//! `i` of `--dataset packed:F` is sample `i` of `--dataset imagefolder` on the same folder.
+//!
+//! The file appears under its name only when complete ([`crate::output::AtomicFile`]): a
+//! failure (a bad image, a full disk) or a kill leaves no half file behind.
+
+use super::{Encoding, Header, Index, Record, HEADER_LEN, SAMPLE_ALIGN};
+use crate::data::decode::{DecodedImage, Decoder, ImageFormat};
+use crate::data::image_folder::ImageFolder;
+use crate::data::{DataError, Split};
+use crate::output::AtomicFile;
+use rayon::prelude::*;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// `--max-side` when none is given: ImageNet training crops (224) come from images of about
+/// this size, and decoding a 256-pixel JPEG costs a quarter of a 500x375 one.
+pub const DEFAULT_MAX_SIDE: usize = 256;
+/// Largest `--max-side` (the image cap's side).
+pub const MAX_SIDE_CAP: usize = 4096;
+/// JPEG quality when none is given (as FFCV's default, 90).
+pub const DEFAULT_QUALITY: u8 = 90;
+/// A sample is stored raw when its raw bytes are at most this many times its JPEG's. Raw costs
+/// no decoding at all (a slice of the mapping, against about a millisecond per 256-pixel JPEG),
+/// so it wins whenever the file stays near the size JPEGs would give: small images (28x28
+/// greyscale: 784 raw bytes against a JPEG of 600-900 bytes, mostly headers; CIFAR's 32x32
+/// RGB, 3 kB against about 1.5 kB) are raw; photos (256x192 RGB: 147 kB against 15-25 kB) are
+/// JPEG.
+pub const RAW_WITHIN: usize = 2;
+
+/// How samples are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreAs {
+    /// Every sample raw (`--raw`): the fastest to read, the largest file; pixels exactly as
+    /// decoded (and resized).
+    Raw,
+    /// JPEG at this quality (1..=100), unless raw is within [`RAW_WITHIN`]x its size.
+    Smaller {
+        /// JPEG quality.
+        quality: u8,
+    },
+}
+
+/// Options of [`pack`].
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    /// Longer side of every stored image at most this (1..=4096); smaller images are kept.
+    pub max_side: usize,
+    /// Raw or JPEG.
+    pub store: StoreAs,
+    /// Draw a progress bar on stderr (when it is a terminal).
+    pub progress: bool,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        Self {
+            max_side: DEFAULT_MAX_SIDE,
+            store: StoreAs::Smaller {
+                quality: DEFAULT_QUALITY,
+            },
+            progress: false,
+        }
+    }
+}
+
+/// What [`pack`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackSummary {
+    /// Training samples.
+    pub train: usize,
+    /// Test samples.
+    pub test: usize,
+    /// Classes.
+    pub classes: usize,
+    /// Channels of every image.
+    pub channels: usize,
+    /// Samples stored raw.
+    pub raw: usize,
+    /// Samples stored as JPEG.
+    pub jpeg: usize,
+    /// Images shrunk to `max_side`.
+    pub resized: usize,
+    /// Bytes of the file.
+    pub bytes: u64,
+}
+
+/// Images encoded at once on the rayon pool before they are written in order: enough to keep
+/// every core busy, few enough that the encoded bytes held stay small.
+const CHUNK: usize = 256;
+
+/// One image ready to be written.
+struct Encoded {
+    bytes: Vec<u8>,
+    width: u16,
+    height: u16,
+    channels: u8,
+    encoding: Encoding,
+    resized: bool,
+}
+
+/// Packs the ImageFolder `dir` (`dir/train/<class>/...`, `dir/test/<class>/...`) into `out`.
+pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, DataError> {
+    let bad = |reason: String| DataError::BadSpec {
+        spec: "data pack".into(),
+        reason,
+    };
+    if !(1..=MAX_SIDE_CAP).contains(&opts.max_side) {
+        return Err(bad(format!(
+            "--max-side {} must be 1..={MAX_SIDE_CAP}",
+            opts.max_side
+        )));
+    }
+    if let StoreAs::Smaller { quality } = opts.store {
+        if !(1..=100).contains(&quality) {
+            return Err(bad(format!("--quality {quality} must be 1..=100")));
+        }
+    }
+    let train = ImageFolder::open(&dir.join("train"), None)?;
+    let test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
+    // Checked (and the temporary file created) before any image is encoded.
+    let mut file = AtomicFile::create(out)?;
+    // The ImageFolder's rule (its first image's), so both read the same pixels.
+    let channels = train.channels as u8;
+    let bar = progress_bar(opts.progress, train.len() + test.len());
+    let mut index = Index {
+        classes: train.classes.clone(),
+        channels,
+        train: Vec::new(),
+        test: Vec::new(),
+    };
+    let (file_len, resized) = write_file(file.file(), &[&train, &test], &mut index, opts, &bar)
+        .map_err(|e| match e {
+            Failed::Data(e) => e,
+            Failed::Io(e) => DataError::Output(file.error("write", e)),
+        })?;
+    bar.finish_and_clear();
+    file.commit()?;
+    let raw = index
+        .train
+        .iter()
+        .chain(&index.test)
+        .filter(|r| r.encoding == Encoding::Raw)
+        .count();
+    let total = index.train.len() + index.test.len();
+    Ok(PackSummary {
+        train: index.train.len(),
+        test: index.test.len(),
+        classes: index.classes.len(),
+        channels: usize::from(channels),
+        raw,
+        jpeg: total - raw,
+        resized,
+        bytes: file_len,
+    })
+}
+
+/// Why writing the file stopped: a bad image, or the OS.
+enum Failed {
+    Data(DataError),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Self {
+        Failed::Io(e)
+    }
+}
+
+/// Writes header, samples (the splits of `folders`, training first, their records pushed onto
+/// `index`) and index into `f`; returns the file's length and how many images were shrunk.
+fn write_file(
+    f: &mut std::fs::File,
+    folders: &[&ImageFolder; 2],
+    index: &mut Index,
+    opts: &PackOptions,
+    bar: &indicatif::ProgressBar,
+) -> Result<(u64, usize), Failed> {
+    let mut w = Writer {
+        out: std::io::BufWriter::with_capacity(1 << 20, &mut *f),
+        at: HEADER_LEN as u64,
+    };
+    // A placeholder until the index's place and checksum are known.
+    w.out.write_all(&[0u8; HEADER_LEN])?;
+    let mut resized = 0;
+    for (split, folder) in [Split::Train, Split::Test].into_iter().zip(folders) {
+        for (files, labels) in folder.files.chunks(CHUNK).zip(folder.labels.chunks(CHUNK)) {
+            let encoded = files
+                .par_iter()
+                .map(|p| encode(p, index.channels, opts))
+                .collect::<Result<Vec<Encoded>, DataError>>()
+                .map_err(Failed::Data)?;
+            for (e, &label) in encoded.into_iter().zip(labels) {
+                resized += usize::from(e.resized);
+                let r = w.sample(&e, label)?;
+                match split {
+                    Split::Train => index.train.push(r),
+                    Split::Test => index.test.push(r),
+                }
+                bar.inc(1);
+            }
+        }
+    }
+    let index_bytes = index.to_bytes();
+    let header = Header {
+        index_offset: w.at,
+        index_len: index_bytes.len() as u64,
+        index_crc: crc32fast::hash(&index_bytes),
+        file_len: w.at + index_bytes.len() as u64,
+    };
+    w.out.write_all(&index_bytes)?;
+    w.out.flush()?;
+    drop(w);
+    f.seek(SeekFrom::Start(0))?;
+    f.write_all(&header.to_bytes())?;
+    Ok((header.file_len, resized))
+}
+
+/// Sample bytes going into the file, each at an aligned offset.
+struct Writer<W: Write> {
+    out: W,
+    at: u64,
+}
+
+impl<W: Write> Writer<W> {
+    /// Pads to the next aligned offset, writes the sample and returns its record.
+    fn sample(&mut self, e: &Encoded, label: u8) -> std::io::Result<Record> {
+        let pad = self.at.next_multiple_of(SAMPLE_ALIGN) - self.at;
+        self.out
+            .write_all(&[0u8; SAMPLE_ALIGN as usize][..pad as usize])?;
+        self.at += pad;
+        let len = u32::try_from(e.bytes.len()).map_err(std::io::Error::other)?;
+        let r = Record {
+            offset: self.at,
+            len,
+            crc: crc32fast::hash(&e.bytes),
+            width: e.width,
+            height: e.height,
+            channels: e.channels,
+            encoding: e.encoding,
+            label: u16::from(label),
+        };
+        self.out.write_all(&e.bytes)?;
+        self.at += u64::from(len);
+        Ok(r)
+    }
+}
+
+/// The progress bar of a pack (hidden unless asked for and stderr is a terminal).
+fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
+    if !show || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} images  {per_sec}  ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|e| DataError::Io {
+        path: path.to_path_buf(),
+        cause: e,
+    })
+}
+
+/// Decodes, orients, shrinks and encodes one image.
+fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, DataError> {
+    let bytes = read_file(path)?;
+    let mut img = DecodedImage::default();
+    let info = Decoder::default().decode(&bytes, path, usize::from(channels), None, &mut img)?;
+    let (w, h, hwc) = (img.width, img.height, img.pixels);
+    let (hwc, w, h, resized) = shrink(hwc, w, h, usize::from(channels), opts.max_side)
+        .map_err(|e| DataError::invalid(path, format!("cannot resize: {e}")))?;
+    let (width, height) = (w as u16, h as u16);
+    let raw = |bytes| Encoded {
+        bytes,
+        width,
+        height,
+        channels,
+        encoding: Encoding::Raw,
+        resized,
+    };
+    let StoreAs::Smaller { quality } = opts.store else {
+        return Ok(raw(hwc));
+    };
+    // A JPEG that needs no change (not shrunk, not rotated, the pack's channels) is kept as it
+    // is: no second generation of JPEG loss, the same bytes the ImageFolder decodes.
+    let keep = !resized
+        && info.format == ImageFormat::Jpeg
+        && info.orientation <= 1
+        && info.channels == usize::from(channels);
+    let jpeg = if keep {
+        bytes
+    } else {
+        let color = if channels == 1 {
+            jpeg_encoder::ColorType::Luma
+        } else {
+            jpeg_encoder::ColorType::Rgb
+        };
+        let mut jpeg = Vec::new();
+        let mut encoder = jpeg_encoder::Encoder::new(&mut jpeg, quality);
+        encoder.set_sampling_factor(jpeg_encoder::SamplingFactor::R_4_2_0);
+        encoder
+            .encode(&hwc, width, height, color)
+            .map_err(|e| DataError::invalid(path, format!("cannot encode as JPEG: {e}")))?;
+        jpeg
+    };
+    if hwc.len() <= RAW_WITHIN * jpeg.len() {
+        return Ok(raw(hwc));
+    }
+    Ok(Encoded {
+        bytes: jpeg,
+        encoding: Encoding::Jpeg,
+        ..raw(Vec::new())
+    })
+}
+
+/// `hwc` (w x h x c) shrunk so that its longer side is at most `max_side`, aspect kept (each
+/// side rounded, at least 1 pixel); unchanged when it already fits.
+fn shrink(
+    hwc: Vec<u8>,
+    w: usize,
+    h: usize,
+    c: usize,
+    max_side: usize,
+) -> Result<(Vec<u8>, usize, usize, bool), String> {
+    use fast_image_resize as fr;
+    let long = w.max(h);
+    if long <= max_side {
+        return Ok((hwc, w, h, false));
+    }
+    let scale = max_side as f64 / long as f64;
+    let nw = ((w as f64 * scale).round() as usize).clamp(1, max_side);
+    let nh = ((h as f64 * scale).round() as usize).clamp(1, max_side);
+    let pixel = if c == 1 {
+        fr::PixelType::U8
+    } else {
+        fr::PixelType::U8x3
+    };
+    let src =
+        fr::images::ImageRef::new(w as u32, h as u32, &hwc, pixel).map_err(|e| e.to_string())?;
+    let mut dst = fr::images::Image::new(nw as u32, nh as u32, pixel);
+    let options =
+        fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Lanczos3));
+    fr::Resizer::new()
+        .resize(&src, &mut dst, &options)
+        .map_err(|e| e.to_string())?;
+    Ok((dst.into_vec(), nw, nh, true))
+}
