@@ -126,11 +126,11 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     } else {
         Split::Test
     };
-    // An ImageFolder is read at the model's input size through its evaluation transform;
-    // other datasets are in memory at their own size (checked below).
+    // An ImageFolder or a packed file is read at the model's input size through its evaluation
+    // transform; other datasets are in memory at their own size (checked below).
     let folder = matches!(
         crate::data::DatasetSpec::parse(&dataset, data_dir.as_deref(), Path::new("data/mnist")),
-        Ok(crate::data::DatasetSpec::ImageFolder { .. })
+        Ok(crate::data::DatasetSpec::ImageFolder { .. } | crate::data::DatasetSpec::Packed { .. })
     );
     let d = &model.description;
     let cfg = crate::config::TrainOptions {
@@ -154,6 +154,10 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
         (Split::Train, Source::Folder(f)) => {
             let eval = d.eval_transforms(&model.path)?;
             crate::pipeline::decode_split(f, &eval, "imagefolder")?
+        }
+        (Split::Train, Source::Packed(p)) => {
+            let eval = d.eval_transforms(&model.path)?;
+            crate::pipeline::decode_packed_split(p, &eval, "packed")?
         }
     };
     let shown = match &data_dir {

@@ -110,6 +110,7 @@ pub fn class_names(source: &crate::pipeline::Source) -> Vec<String> {
     use crate::pipeline::Source;
     match source {
         Source::Folder(f) => f.classes.clone(),
+        Source::Packed(p) => p.classes().to_vec(),
         Source::Memory(d) => {
             let known: Option<&[&str]> = match d.name.as_str() {
                 "fashion-mnist" => Some(&FASHION_MNIST_CLASSES),
