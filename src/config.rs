@@ -321,9 +321,9 @@ pub struct TrainOptions {
     /// Batches prefetched per worker, 0 to load inside the step [default: 2].
     #[arg(long)]
     pub prefetch: Option<usize>,
-    /// Training transforms in order: off, or a list of random-resized-crop[:SMIN,SMAX[:RMIN,RMAX]],
-    /// flip, crop:PAD, resize-shorter[:S], center-crop, resize, e.g. crop:4,flip or
-    /// random-resized-crop,flip [default: off].
+    /// Training transforms in order: off, or a list of random-resized-crop (optionally
+    /// :SMIN,SMAX and then :RMIN,RMAX), flip, crop:PAD, resize-shorter (optionally :S),
+    /// center-crop, resize, e.g. crop:4,flip or random-resized-crop,flip [default: off].
     #[arg(long)]
     pub augment: Option<String>,
     /// The model's input size, H or HxW (each side 1..=4096) [default: the dataset's; an

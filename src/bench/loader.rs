@@ -43,7 +43,7 @@ pub struct LoaderArgs {
 /// One row: a source at a loader-thread count.
 #[derive(Debug, Clone)]
 pub struct LoaderRow {
-    /// "imagefolder" or "packed:<file name>".
+    /// "imagefolder" or "packed:FILE_NAME".
     pub source: String,
     /// Loader threads.
     pub threads: usize,

@@ -196,3 +196,20 @@ where
         (ra, rb)
     })
 }
+
+/// Refuses to decode a whole split of `len` images of `[channels, height, width]` (named by
+/// `path`) that the machine could not hold, before anything is allocated; `fix` says what to
+/// change.
+pub fn check_split_memory(
+    path: &std::path::Path,
+    len: usize,
+    [channels, height, width]: [usize; 3],
+    fix: &str,
+) -> Result<(), DataError> {
+    crate::limits::check_memory(
+        &format!("decoding its {len} images at {channels}x{height}x{width}"),
+        len as f64 * (channels * height * width) as f64,
+        fix,
+    )
+    .map_err(|e| DataError::invalid(path, e))
+}

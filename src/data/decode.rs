@@ -627,4 +627,34 @@ impl Resampler {
             .resize(&from, &mut to, &options)
             .expect("same pixel type, region inside the image");
     }
+    /// The whole of `img` resized to `width x height` (aspect not kept) into `out` as C×H×W
+    /// planes, through `hwc` (the interleaved result, reused). What a split read whole
+    /// (`decode_all` of an ImageFolder or a packed file) does; the input pipeline's transforms
+    /// keep the aspect.
+    pub fn squash_into_planes(
+        &mut self,
+        img: &DecodedImage,
+        (width, height): (usize, usize),
+        hwc: &mut Vec<u8>,
+        out: &mut [u8],
+    ) {
+        let region = Region {
+            left: 0.0,
+            top: 0.0,
+            width: img.width as f64,
+            height: img.height as f64,
+        };
+        self.resize(img, region, (width, height), hwc);
+        let plane = width * height;
+        if img.channels == 1 {
+            out[..plane].copy_from_slice(&hwc[..plane]);
+        } else {
+            // Interleaved RGB to planes.
+            for (p, px) in hwc.chunks_exact(3).enumerate() {
+                out[p] = px[0];
+                out[plane + p] = px[1];
+                out[2 * plane + p] = px[2];
+            }
+        }
+    }
 }

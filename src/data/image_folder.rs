@@ -17,7 +17,7 @@
 //!
 //! [`export`] writes any in-memory [`Dataset`] pair in this layout (`dptrain data export-images`).
 
-use super::decode::{DecodedImage, Decoder, Region, Resampler};
+use super::decode::{DecodedImage, Decoder, Resampler};
 use super::{DataError, Dataset, DatasetPair};
 use image::ImageFormat;
 use std::io::{Cursor, Read};
@@ -217,27 +217,9 @@ impl ImageFolder {
             Some((w, h)),
             &mut scratch.image,
         )?;
-        let img = &scratch.image;
-        let region = Region {
-            left: 0.0,
-            top: 0.0,
-            width: img.width as f64,
-            height: img.height as f64,
-        };
         scratch
             .resampler
-            .resize(img, region, (w, h), &mut scratch.hwc);
-        let plane = w * h;
-        if self.channels == 1 {
-            out[..plane].copy_from_slice(&scratch.hwc[..plane]);
-        } else {
-            // Interleaved RGB to planes.
-            for (p, px) in scratch.hwc.chunks_exact(3).enumerate() {
-                out[p] = px[0];
-                out[plane + p] = px[1];
-                out[2 * plane + p] = px[2];
-            }
-        }
+            .squash_into_planes(&scratch.image, (w, h), &mut scratch.hwc, out);
         Ok(())
     }
 
@@ -246,18 +228,12 @@ impl ImageFolder {
     pub fn decode_all(&self, name: &str) -> Result<Dataset, DataError> {
         let n = self.sample_len();
         // The whole split in memory: checked against the machine before allocating it.
-        crate::limits::check_memory(
-            &format!(
-                "decoding its {} images of {}x{}x{}",
-                self.len(),
-                self.channels,
-                self.height,
-                self.width
-            ),
-            self.len() as f64 * n as f64,
+        crate::data::check_split_memory(
+            &self.root,
+            self.len(),
+            [self.channels, self.height, self.width],
             "use fewer test images (--test-limit) or smaller ones",
-        )
-        .map_err(|e| DataError::invalid(&self.root, e))?;
+        )?;
         let mut pixels = vec![0u8; self.len() * n];
         let mut scratch = DecodeScratch::default();
         for (i, out) in pixels.chunks_exact_mut(n.max(1)).enumerate() {

@@ -31,8 +31,8 @@ pub mod packed;
 mod spec;
 pub mod synthetic;
 
+pub use dataset::{check_split_memory, Dataset, DatasetPair, Split, TEN_CLASSES};
 pub(crate) use dataset::{join, pair};
-pub use dataset::{Dataset, DatasetPair, Split, TEN_CLASSES};
 pub use error::{DataError, VALID_NAMES};
 pub use spec::{
     load, load_idx_dir, DatasetSpec, FASHION_MNIST_DEFAULT_DIR, SYNTHETIC_DEFAULT_SEED,

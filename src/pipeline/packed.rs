@@ -72,18 +72,12 @@ pub fn decode_split(
     name: &str,
 ) -> Result<Dataset, DataError> {
     let n = split.sample_len();
-    crate::limits::check_memory(
-        &format!(
-            "decoding its {} images at {}x{}x{}",
-            split.len(),
-            split.channels,
-            split.height,
-            split.width
-        ),
-        split.len() as f64 * n as f64,
+    crate::data::check_split_memory(
+        &split.file.path,
+        split.len(),
+        [split.channels, split.height, split.width],
         "use fewer test images (--test-limit) or a smaller --image-size",
-    )
-    .map_err(|e| DataError::invalid(&split.file.path, e))?;
+    )?;
     let mut pixels = vec![0u8; split.len() * n];
     let mut scratch = TransformScratch::default();
     let mut wide = vec![0f32; n];

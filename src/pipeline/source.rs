@@ -204,21 +204,12 @@ pub fn decode_split(
     name: &str,
 ) -> Result<Dataset, DataError> {
     let n = folder.sample_len();
-    crate::limits::check_memory(
-        &format!(
-            "decoding its {} images at {}x{}x{}",
-            folder.len(),
-            folder.channels,
-            folder.height,
-            folder.width
-        ),
-        folder.len() as f64 * n as f64,
+    crate::data::check_split_memory(
+        &folder.root,
+        folder.len(),
+        [folder.channels, folder.height, folder.width],
         "use fewer test images (--test-limit) or a smaller --image-size",
-    )
-    .map_err(|e| DataError::Invalid {
-        path: folder.root.clone(),
-        reason: e,
-    })?;
+    )?;
     let size = ImageSize {
         height: folder.height,
         width: folder.width,

@@ -33,7 +33,7 @@ mod write;
 
 pub use write::{pack, PackOptions, PackSummary, StoreAs, DEFAULT_MAX_SIDE, DEFAULT_QUALITY};
 
-use super::decode::{DecodedImage, Decoder, Region, Resampler, MAX_IMAGE_PIXELS};
+use super::decode::{DecodedImage, Decoder, Resampler, MAX_IMAGE_PIXELS};
 use super::{DataError, Dataset, Split};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -652,44 +652,21 @@ impl PackedSplit {
     ) -> Result<(), DataError> {
         let (w, h) = (self.width, self.height);
         self.image(i, scratch)?;
-        let img = &scratch.image;
-        let region = Region {
-            left: 0.0,
-            top: 0.0,
-            width: img.width as f64,
-            height: img.height as f64,
-        };
         scratch
             .resampler
-            .resize(img, region, (w, h), &mut scratch.hwc);
-        let plane = w * h;
-        if self.channels == 1 {
-            out[..plane].copy_from_slice(&scratch.hwc[..plane]);
-        } else {
-            for (p, rgb) in scratch.hwc.chunks_exact(3).enumerate() {
-                out[p] = rgb[0];
-                out[plane + p] = rgb[1];
-                out[2 * plane + p] = rgb[2];
-            }
-        }
+            .squash_into_planes(&scratch.image, (w, h), &mut scratch.hwc, out);
         Ok(())
     }
 
     /// Decodes every sample into an in-memory [`Dataset`] (the test split; [`crate::data::load`]).
     pub fn decode_all(&self, name: &str) -> Result<Dataset, DataError> {
         let n = self.sample_len();
-        crate::limits::check_memory(
-            &format!(
-                "decoding its {} images of {}x{}x{}",
-                self.len(),
-                self.channels,
-                self.height,
-                self.width
-            ),
-            self.len() as f64 * n as f64,
+        crate::data::check_split_memory(
+            &self.file.path,
+            self.len(),
+            [self.channels, self.height, self.width],
             "use fewer test images (--test-limit) or smaller ones",
-        )
-        .map_err(|e| DataError::invalid(&self.file.path, e))?;
+        )?;
         let mut pixels = vec![0u8; self.len() * n];
         let mut scratch = PackedScratch::default();
         for (i, out) in pixels.chunks_exact_mut(n.max(1)).enumerate() {

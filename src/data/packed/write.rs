@@ -42,7 +42,7 @@ pub enum StoreAs {
     /// Every sample raw (`--raw`): the fastest to read, the largest file; pixels exactly as
     /// decoded (and resized).
     Raw,
-    /// JPEG at this quality (1..=100), unless raw is within [`RAW_WITHIN`]x its size.
+    /// JPEG at this quality (1..=100), unless raw is within `RAW_WITHIN` times its size.
     Smaller {
         /// JPEG quality.
         quality: u8,
