@@ -37,7 +37,7 @@ fn main() -> Result<(), String> {
     let spec = m.build();
 
     let graph = Graph::build(&spec, [1, 28, 28], 10).map_err(|e| e.to_string())?;
-    print!("{}", dptrain::model::summary::render(&graph));
+    dptrain::out!("{}", dptrain::model::summary::render(&graph));
 
     let dir = std::env::temp_dir().join(format!("dptrain-example-{}", std::process::id()));
     let options = TrainOptions {
@@ -51,7 +51,7 @@ fn main() -> Result<(), String> {
         ..Default::default()
     };
     let summary = dptrain::train::train(options.resolve_with_model(spec)?)?;
-    println!(
+    dptrain::outln!(
         "tiny-resnet, 1 epoch on 4096 MNIST images: test accuracy {:.2}%",
         100.0 * summary.final_test_accuracy
     );

@@ -6,7 +6,9 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    if let Err(e) = dptrain::cli::run() {
+    // A failed write to stdout (a full device) fails the command once it is done; a reader that
+    // closed the pipe does not (see dptrain::terminal::print_out).
+    if let Err(e) = dptrain::cli::run().and_then(|()| dptrain::terminal::stdout_result()) {
         dptrain::cli::print_error(&e);
         std::process::exit(1);
     }

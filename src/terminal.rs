@@ -16,3 +16,73 @@ pub fn print_warning(message: &str) {
     let line = format!("warning: {message}\n");
     eprint!("{line}");
 }
+
+/// What became of the process's stdout: open, closed by its reader, or failed otherwise.
+static STDOUT_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(STDOUT_OPEN);
+const STDOUT_OPEN: u8 = 0;
+const STDOUT_CLOSED: u8 = 1;
+const STDOUT_FAILED: u8 = 2;
+/// The first write error on stdout other than a closed pipe, for [`stdout_result`].
+static STDOUT_ERROR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Writes results to stdout: every result line of the binary goes through here (through
+/// [`outln!`](crate::outln) and [`out!`](crate::out)), never through `println!`, which panics
+/// when stdout fails. A reader that has gone (`| head -1`: a broken pipe) ends printing quietly,
+/// as Unix tools do, and the command carries on to the end (a training run still writes its
+/// checkpoint, metrics, summary and report); any other failure (`> /dev/full`) ends printing too
+/// and is reported by [`stdout_result`] when the command is done. Flushed per call, so a failure
+/// is seen at the write that caused it, not at exit.
+pub fn print_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if STDOUT_STATE.load(Ordering::Relaxed) != STDOUT_OPEN {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) else {
+        return;
+    };
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        STDOUT_STATE.store(STDOUT_CLOSED, Ordering::Relaxed);
+    } else {
+        STDOUT_STATE.store(STDOUT_FAILED, Ordering::Relaxed);
+        let mut first = STDOUT_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert_with(|| {
+            format!("cannot print the results to stdout: {e} (the rest of the output was dropped)")
+        });
+    }
+}
+
+/// Whether stdout still takes output: false once its reader has gone or a write failed, so a
+/// command printing a long stream can stop producing it.
+pub fn stdout_open() -> bool {
+    STDOUT_STATE.load(std::sync::atomic::Ordering::Relaxed) == STDOUT_OPEN
+}
+
+/// The outcome of everything printed through [`print_out`]: `Ok` if every write succeeded or
+/// the reader closed the pipe (a quiet stop), the first error otherwise (a full device).
+pub fn stdout_result() -> Result<(), String> {
+    let first = STDOUT_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+    first.clone().map_or(Ok(()), Err)
+}
+
+/// `println!` for results: prints through [`terminal::print_out`](crate::terminal::print_out),
+/// so a closed pipe or a full device on stdout never panics.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::terminal::print_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::terminal::print_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for results, through [`terminal::print_out`](crate::terminal::print_out) (see
+/// [`outln!`](crate::outln)).
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::terminal::print_out(format_args!($($arg)*))
+    };
+}

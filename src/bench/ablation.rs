@@ -801,16 +801,16 @@ pub fn run_command(a: AblationArgs) -> Result<(), String> {
         crate::output::check_writable(&dir.join("ablation.md"))
             .map_err(|e| format!("--out: {e}"))?;
     }
-    println!(
+    crate::outln!(
         "ablation of {} on {} workers: {} round(s) of 6 short runs (1-worker reference + 5 rows), then a profile and the simulator",
         spec.model, spec.workers, spec.repeats
     );
     let report = run(&spec)?;
-    println!("{}", report.terminal());
+    crate::outln!("{}", report.terminal());
     if let Some(dir) = &a.out {
         report.write(dir)?;
-        println!("written to {}", dir.join("ablation.md").display());
+        crate::outln!("written to {}", dir.join("ablation.md").display());
     }
-    println!("ablation took {:.0} s", report.wall_seconds);
+    crate::outln!("ablation took {:.0} s", report.wall_seconds);
     Ok(())
 }

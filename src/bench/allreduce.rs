@@ -434,7 +434,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
         3.0 * workers as f64 * largest as f64,
         "give smaller --sizes or fewer --workers",
     )?;
-    println!(
+    crate::outln!(
         "all-reduce, {workers} workers, link: {}",
         link.map_or("none (memory)".to_string(), |l| format!(
             "{:.0} MB/s, {:?}",
@@ -443,7 +443,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
         ))
     );
     let width = IN_PROCESS_NAME_WIDTH;
-    println!("{}", AllReduceTable::terminal_header(width));
+    crate::outln!("{}", AllReduceTable::terminal_header(width));
     for &bytes in sizes {
         let auto = with_auto.then(|| {
             let planning = crate::plan::PlanInputs::defaults(1, workers, link);
@@ -460,7 +460,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
             } else {
                 mode.to_string()
             };
-            println!("{}", r.named(name).terminal(width));
+            crate::outln!("{}", r.named(name).terminal(width));
         }
     }
     Ok(())
@@ -477,7 +477,7 @@ fn run_processes(workers: usize, sizes: &[usize], iters: usize) -> Result<(), St
     if rank != 0 {
         return Ok(());
     }
-    println!(
+    crate::outln!(
         "all-reduce over MPI: {processes} processes x {workers} workers ({} in all), median of \
          {iters}; busbw = algbw * 2(N-1)/N",
         processes * workers
@@ -486,6 +486,6 @@ fn run_processes(workers: usize, sizes: &[usize], iters: usize) -> Result<(), St
         name_width: PROCESS_NAME_WIDTH,
         rows,
     };
-    println!("{}", table.terminal());
+    crate::outln!("{}", table.terminal());
     Ok(())
 }

@@ -417,22 +417,27 @@ pub fn run_command(a: DataArgs) -> Result<(), String> {
         loader_threads: t,
         prefetch: a.prefetch,
     }));
-    println!(
+    crate::outln!(
         "input pipeline alone: {}, batch {}, augment {}, {} batches",
-        a.dataset, a.batch, a.augment, a.batches
+        a.dataset,
+        a.batch,
+        a.augment,
+        a.batches
     );
-    println!("{}", PipelineRow::terminal_header());
+    crate::outln!("{}", PipelineRow::terminal_header());
     measure_pipeline(&base, &settings, a.batches, |r| {
-        println!("{}", r.terminal())
+        crate::outln!("{}", r.terminal())
     })?;
     let scratch = ScratchDir::new("data");
-    println!(
+    crate::outln!(
         "\ntraining: {}, {} worker(s), {} timed steps",
-        a.model, a.workers, a.steps
+        a.model,
+        a.workers,
+        a.steps
     );
-    println!("{}", TrainingRow::terminal_header());
+    crate::outln!("{}", TrainingRow::terminal_header());
     measure_training(&base, &settings, a.steps, scratch.path(), |r| {
-        println!("{}", r.terminal())
+        crate::outln!("{}", r.terminal())
     })?;
     Ok(())
 }

@@ -135,10 +135,10 @@ pub fn run_command(a: InferArgs) -> Result<(), String> {
         // The training step's memory bounds the inference net's (a superset of its buffers).
         crate::measure::check_step_memory(m, a.batch, 1)?;
     }
-    println!("{}", InferRow::terminal_header());
+    crate::outln!("{}", InferRow::terminal_header());
     for m in models {
         for &t in &threads {
-            println!(
+            crate::outln!(
                 "{}",
                 bench_infer(m, a.batch, t, a.steps, a.training_net)?.terminal()
             );

@@ -185,6 +185,6 @@ impl LoaderResult {
 /// `dptrain bench loader`.
 pub fn run_command(a: LoaderArgs) -> Result<(), String> {
     let r = measure(&a)?;
-    print!("{}", r.terminal());
+    crate::out!("{}", r.terminal());
     Ok(())
 }

@@ -330,7 +330,7 @@ pub fn run_command(a: OverlapArgs) -> Result<(), String> {
         bucket_kb: a.bucket_kb,
     };
     let single = single_worker_images_per_s(&spec, scratch.path())?;
-    println!(
+    crate::outln!(
         "{}, {} workers x {} threads, global batch {}, latency {}; 1 worker at batch {}: {single:.0} images/s",
         a.model,
         a.workers,
@@ -339,7 +339,7 @@ pub fn run_command(a: OverlapArgs) -> Result<(), String> {
         a.link_latency,
         a.batch / a.workers
     );
-    println!("{}", OverlapGrid::terminal_header());
+    crate::outln!("{}", OverlapGrid::terminal_header());
     let bandwidths: Vec<Option<String>> = a
         .link_bandwidth
         .split(',')
@@ -348,7 +348,7 @@ pub fn run_command(a: OverlapArgs) -> Result<(), String> {
     let modes: Vec<&str> = a.comm.split(',').map(str::trim).collect();
     let cases = grid_cases(&bandwidths, &modes, &a.link_latency);
     measure_grid(&spec, single, &cases, scratch.path(), |grid, cell| {
-        println!("{}", cell.terminal(grid))
+        crate::outln!("{}", cell.terminal(grid))
     })?;
     Ok(())
 }

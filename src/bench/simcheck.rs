@@ -110,9 +110,9 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
         "published" => run_published().map(|_| ()),
         "all" => {
             run_emulated(&a)?;
-            println!();
+            crate::outln!();
             run_cluster(&a)?;
-            println!();
+            crate::outln!();
             run_published().map(|_| ())
         }
         o => Err(format!(
@@ -277,8 +277,8 @@ impl EmulatedCheck {
 
 /// Runs `--against emulated`, printing as it goes.
 pub fn run_emulated(a: &SimCheckArgs) -> Result<(), String> {
-    let check = measure_emulated(a, &mut |line| println!("{line}"))?;
-    println!("{}", check.terminal_footer());
+    let check = measure_emulated(a, &mut |line| crate::outln!("{line}"))?;
+    crate::outln!("{}", check.terminal_footer());
     Ok(())
 }
 
@@ -669,11 +669,13 @@ pub fn run_cluster(a: &SimCheckArgs) -> Result<(), String> {
         }
     }
     let t = &state.totals;
-    println!(
+    crate::outln!(
         "\n{} rows; largest |error|: {:.1}% from the profile, {:.1}% with the \
          run's compute (target: within 10%); exp = exposed comm, cpt = data + forward + \
          backward + update",
-        t.rows, t.worst, t.worst_cal
+        t.rows,
+        t.worst,
+        t.worst_cal
     );
     Ok(())
 }
@@ -785,7 +787,7 @@ impl<'a> ClusterCheck<'a> {
             (FIT_SIZES.0, t(FIT_SIZES.0)?),
             (FIT_SIZES.1, t(FIT_SIZES.1)?),
         )?;
-        println!(
+        crate::outln!(
             "namespace cluster, {}, {} thread(s) per worker, batch {} per worker, {} timed steps; \
              within a host (threads, timed here): {:.2} GB/s, {:.1} us per message",
             a.comm,
@@ -847,7 +849,7 @@ impl<'a> ClusterCheck<'a> {
             let path = scratch.join(format!("{model}-device.json"));
             let json = serde_json::to_string(&p).map_err(|e| e.to_string())?;
             crate::output::write_atomically(&path, json.as_bytes())?;
-            println!(
+            crate::outln!(
                 "{model} device (profile measured alone): forward {:.2} ms, backward {:.2} ms, \
                  update {:.2} ms at batch {}; held to that x {} max(W, {cores}) / {cores} for W \
                  workers on these {cores} cores",
@@ -881,7 +883,7 @@ impl<'a> ClusterCheck<'a> {
         parse_bandwidth(&ours).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
         let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
         let links = self.measure_links(&cluster, hosts, bw, &ours)?;
-        println!("{}", cluster_header());
+        crate::outln!("{}", cluster_header());
         // Every case of this cluster, then `rounds` passes over them: a slow spell of the
         // shared machine lands on all cases, and each case's figure is its median pass.
         let mut cases: Vec<ClusterCase> = Vec::new();
@@ -943,7 +945,7 @@ impl<'a> ClusterCheck<'a> {
                 latency: self.intra.latency.max(extra),
                 ..self.intra
             };
-            println!(
+            crate::outln!(
                 "{hosts} hosts at {bw}, {d} workers per host: within a host {:.1} us per \
                  message (hier:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
                 link.latency.as_secs_f64() * 1e6,
@@ -1061,7 +1063,7 @@ impl<'a> ClusterCheck<'a> {
             &mix,
         )?;
         let total: std::time::Duration = mix.iter().map(|(_, t)| *t).sum();
-        println!(
+        crate::outln!(
             "\n{hosts} hosts at {bw} (tbf), ping round trip {rtt:.3} ms; {model}: between \
              hosts (MPI over TCP; {name} all-reduce of {} B and of each of its {} buckets, \
              {} B in all, {:.1} ms in all, timed across the cluster) {:.1} MB/s, {:.1} us \
@@ -1162,7 +1164,7 @@ impl<'a> ClusterCheck<'a> {
                 let k = device_scale(workers, cores, a.device_headroom);
                 let mut p = p.rescaled(k * p.forward_ms(), k * p.backward_ms(), k * p.update_ms);
                 p.compute_spread = Some(0.0);
-                println!(
+                crate::outln!(
                     "  ({model} device for {workers} workers: x {k}, compute {:.1} ms a \
                      step)",
                     p.forward_ms() + p.backward_ms() + p.update_ms
@@ -1179,7 +1181,7 @@ impl<'a> ClusterCheck<'a> {
                     a.steps.min(20),
                     workers,
                 )?;
-                println!(
+                crate::outln!(
                     "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
                      step, spread {:.1}%)",
                     p.forward_ms() + p.backward_ms() + p.update_ms,
@@ -1247,7 +1249,7 @@ impl<'a> ClusterCheck<'a> {
         t.worst = t.worst.max(err.abs());
         t.worst_cal = t.worst_cal.max(cal_err.abs());
         t.rows += 1;
-        println!(
+        crate::outln!(
             "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
             case.bw,
             case.hosts,
@@ -1264,7 +1266,7 @@ impl<'a> ClusterCheck<'a> {
             m.data + m.forward + m.backward + m.update,
             sim.forward_ms + sim.backward_ms + sim.update_ms
         );
-        println!(
+        crate::outln!(
             "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
             case.bw, case.hosts, case.overlap, m.step, sim.step_ms, cal.step_ms
         );
@@ -1600,7 +1602,7 @@ impl Published {
 /// Prints [`goyal2017`]: inputs with sources, prediction beside the published figure, variants.
 pub fn run_published() -> Result<Published, String> {
     let p = goyal2017()?;
-    println!("{}", p.terminal());
+    crate::outln!("{}", p.terminal());
     Ok(p)
 }
 

@@ -192,9 +192,9 @@ pub fn run_command(a: StepArgs) -> Result<(), String> {
     for m in &models {
         crate::measure::check_step_memory(m.trim(), a.batch, 1)?;
     }
-    println!("{}", StepTable::terminal_header());
+    crate::outln!("{}", StepTable::terminal_header());
     measure_table(&models, a.batch, &threads, a.steps, |row, batch| {
-        println!("{}", row.terminal(batch))
+        crate::outln!("{}", row.terminal(batch))
     })?;
     Ok(())
 }

@@ -269,11 +269,11 @@ fn run_sections(plan: &Plan, out: &Path) -> Vec<Section> {
     let q = if plan.quick { " (quick)" } else { "" };
     let mut done = Vec::new();
     for (title, rerun, f) in sections(plan) {
-        println!("[suite{q}] {title} ...");
+        crate::outln!("[suite{q}] {title} ...");
         let t = Instant::now();
         let body = f(plan, out);
         if let Err(e) = &body {
-            println!("[suite{q}] {title} failed: {e}");
+            crate::outln!("[suite{q}] {title} failed: {e}");
         }
         done.push(Section {
             title,
@@ -288,7 +288,7 @@ fn run_sections(plan: &Plan, out: &Path) -> Vec<Section> {
 /// Runs `dptrain bench suite`.
 pub fn run_command(a: SuiteArgs) -> Result<(), String> {
     let o = run(&a.out, a.quick)?;
-    println!(
+    crate::outln!(
         "suite written to {} (and {} plots); total wall time {:.0} s ({:.1} min)",
         o.report.display(),
         PLOTS.len(),

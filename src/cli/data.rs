@@ -82,7 +82,7 @@ fn pack(a: PackArgs) -> Result<(), String> {
     };
     let started = std::time::Instant::now();
     let s = packed::pack(&a.dir, &a.out, &opts).map_err(|e| e.to_string())?;
-    println!(
+    crate::outln!(
         "wrote {} ({:.1} MB, {:.1} s): {} train + {} test samples of {} classes, {} channel(s); \
          {} raw, {} JPEG; {} shrunk to a longer side of {} px; train with --dataset packed:{}",
         a.out.display(),
@@ -123,7 +123,7 @@ fn export_images(
     let (train, test) = crate::train::load_data(&cfg)?;
     let pair = crate::data::DatasetPair { train, test };
     let n = crate::data::image_folder::export(&pair, out, None).map_err(|e| e.to_string())?;
-    println!(
+    crate::outln!(
         "wrote {n} PNG files to {} (train/ and test/, {} classes); train with \
          --dataset imagefolder --data-dir {}",
         out.display(),

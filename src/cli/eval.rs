@@ -69,11 +69,6 @@ pub(super) fn run(a: EvalArgs) -> Result<(), String> {
         text += &format!("wrote {}\n", f.display());
     }
     text.push('\n');
-    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
-        // The reader has gone (`| head`): nothing more to print to.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(format!("cannot print the results: {e}"))
-        }
-        _ => Ok(()),
-    }
+    crate::out!("{text}");
+    Ok(())
 }

@@ -35,7 +35,7 @@ pub(super) fn run(a: ExportArgs) -> Result<(), String> {
         ("checkpoint".to_string(), a.checkpoint.display().to_string()),
     ];
     export::write_onnx(&net, &metadata, &a.out).map_err(|e| e.to_string())?;
-    println!(
+    crate::outln!(
         "wrote {}: ONNX opset {}, input '{}' float [{}, {c}, {h}, {w}] as (pixel/255 - mean)/std \
          (mean {:?}, std {:?}), output '{}' float [{}, {}]: logits of {} classes",
         a.out.display(),

@@ -12,7 +12,7 @@ pub(super) fn show(model: &str, input: Option<&str>, classes: Option<usize>) -> 
         return Err("--classes must be at least 1".into());
     }
     let g = crate::model::Graph::build(&spec, shape, classes).map_err(|e| e.to_string())?;
-    println!(
+    crate::outln!(
         "{} ({}): input {}x{}x{}, {classes} classes{}",
         g.name,
         spec.source,
@@ -25,7 +25,7 @@ pub(super) fn show(model: &str, input: Option<&str>, classes: Option<usize>) -> 
             format!("; {}", spec.description)
         }
     );
-    print!("{}", crate::model::summary::render(&g));
+    crate::out!("{}", crate::model::summary::render(&g));
     Ok(())
 }
 
@@ -51,7 +51,7 @@ fn parse_input_shape(s: &str) -> Result<[usize; 3], String> {
 pub(super) fn list() -> Result<(), String> {
     for name in crate::model::builtin_names() {
         let spec = crate::model::load(name).map_err(|e| e.to_string())?;
-        println!("{name:<20} {}", spec.description);
+        crate::outln!("{name:<20} {}", spec.description);
     }
     Ok(())
 }

@@ -3,7 +3,6 @@
 use crate::infer::predict::{collect_images, Prediction, Predictor};
 use crate::infer::TrainedModel;
 use crate::terminal::print_error;
-use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
@@ -40,7 +39,6 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
         indicatif::ProgressBar::hidden()
     };
     let mut failed = 0;
-    let mut stdout = std::io::stdout().lock();
     for chunk in files.chunks(predictor.batch()) {
         for (file, result) in chunk.iter().zip(predictor.predict(chunk, a.top_k)) {
             let text = match result {
@@ -54,11 +52,11 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
                 }
             };
             let Some(text) = text else { continue };
-            match bar.suspend(|| writeln!(stdout, "{text}")) {
-                Ok(()) => {}
-                // The reader has gone (`| head`): nothing more to print to.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-                Err(e) => return Err(format!("cannot print the predictions: {e}")),
+            bar.suspend(|| crate::outln!("{text}"));
+            if !crate::terminal::stdout_open() {
+                // The reader has gone (`| head`) or stdout failed: nothing more to print to
+                // (a failure other than a closed pipe is reported by main).
+                return Ok(());
             }
         }
         bar.inc(chunk.len() as u64);

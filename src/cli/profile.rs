@@ -113,8 +113,8 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
         measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)
     })?;
     p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
-    println!("{}", describe_profile(&p));
-    println!("profile written to {}", a.out.display());
+    crate::outln!("{}", describe_profile(&p));
+    crate::outln!("profile written to {}", a.out.display());
     Ok(())
 }
 

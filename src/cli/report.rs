@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), String> {
     for dir in run_dirs {
         let figures = crate::report::write_run_report(dir)?;
-        println!("{}: report.md and {} figures", dir.display(), figures.len());
+        crate::outln!("{}: report.md and {} figures", dir.display(), figures.len());
     }
     if run_dirs.len() > 1 {
         let out = match out {
@@ -19,7 +19,7 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
             }
         };
         let table = crate::report::write_comparison(run_dirs, &out)?;
-        println!("{table}\ncomparison written to {}", out.display());
+        crate::outln!("{table}\ncomparison written to {}", out.display());
     }
     Ok(())
 }

@@ -126,9 +126,9 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         stragglers,
     };
     let single = sim.step(&p, &single_cfg)?.step_ms;
-    println!("{}", describe_profile(&p).lines().next().unwrap_or(""));
-    println!("{}", setting_line(&a, spread, p.batch, single));
-    println!("{}", header());
+    crate::outln!("{}", describe_profile(&p).lines().next().unwrap_or(""));
+    crate::outln!("{}", setting_line(&a, spread, p.batch, single));
+    crate::outln!("{}", header());
     let sweep = Sweep {
         profile: &p,
         single_cfg,
@@ -289,11 +289,11 @@ impl Sweep<'_> {
                     rows += 1;
                     match result {
                         Ok((kb, r)) => {
-                            println!("{}", row(&cfg, kb, &r, self.single, self.profile.batch))
+                            crate::outln!("{}", row(&cfg, kb, &r, self.single, self.profile.batch))
                         }
                         Err(e) => {
                             refused += 1;
-                            println!("{}", refused_row(&cfg, &e));
+                            crate::outln!("{}", refused_row(&cfg, &e));
                         }
                     }
                 }

@@ -57,10 +57,10 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
             "warnings": warnings,
             "run_dir": s.run_dir,
         });
-        println!("{line}");
+        crate::outln!("{line}");
         return Ok(());
     }
-    println!(
+    crate::outln!(
         "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s; {}\nrun directory: {}",
         100.0 * s.final_test_accuracy,
         s.images_per_s,
@@ -69,7 +69,7 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
         s.run_dir.display()
     );
     for w in &warnings {
-        println!("warning: {w}");
+        crate::outln!("warning: {w}");
     }
     Ok(())
 }

@@ -571,7 +571,7 @@ fn finish(
             .rank_report(&summary.breakdown)
             .map_err(TrainError::Finish)?;
         if display.prints_results() {
-            println!(
+            crate::outln!(
                 "{}",
                 processes::describe_ranks(&summary.ranks, &summary.slow_ranks)
             );

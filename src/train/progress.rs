@@ -46,7 +46,7 @@ impl ProgressDisplay {
     /// Prints above the progress bar, or plainly when there is no terminal to draw it on.
     fn say(&self, line: String) {
         if self.bar.is_hidden() {
-            println!("{line}");
+            crate::outln!("{line}");
         } else {
             self.bar.println(line);
         }
@@ -96,7 +96,7 @@ impl ProgressDisplay {
             let mut line = serde_json::to_value(record).unwrap_or_default();
             line["kind"] = "epoch".into();
             line["epochs"] = epochs.into();
-            println!("{line}");
+            crate::outln!("{line}");
         } else if !self.quiet {
             self.say(format!(
                 "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {:.2}%, {:.0} \

