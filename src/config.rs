@@ -574,7 +574,7 @@ impl TrainOptions {
             resume_changed: self.resume_changed,
             warnings: workers.warnings,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
-            keep_checkpoints: self.keep_checkpoints.unwrap_or(2).max(1),
+            keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             no_checkpoints: self.no_checkpoints,
             fault: self
                 .inject_fault
@@ -785,6 +785,13 @@ impl TrainOptions {
             return Err(
                 "--test-limit 0 leaves no test set to evaluate on: give at least 1 (or leave \
                  the option out to use the whole test set)"
+                    .into(),
+            );
+        }
+        if self.keep_checkpoints == Some(0) {
+            return Err(
+                "--keep-checkpoints 0 would keep no checkpoint to resume from: give at \
+                 least 1 (or --no-checkpoints to write none)"
                     .into(),
             );
         }

@@ -118,3 +118,52 @@ fn a_full_stdout_is_a_clear_error_not_a_panic() {
         );
     }
 }
+
+#[test]
+fn a_repeated_transform_is_refused_naming_it() {
+    use dptrain::pipeline::{TransformError, Transforms};
+    for (list, op) in [
+        ("flip,flip,crop:2,crop:4", "flip"),
+        ("crop:2,flip,crop:4", "crop"),
+        (
+            "resize-shorter,center-crop,resize-shorter:40",
+            "resize-shorter",
+        ),
+        (
+            "random-resized-crop:0.5,1,random-resized-crop",
+            "random-resized-crop",
+        ),
+    ] {
+        match Transforms::parse(list) {
+            Err(TransformError::Repeated { op: named, .. }) => assert_eq!(named, op, "{list}"),
+            other => panic!("{list}: {other:?}"),
+        }
+    }
+    assert_eq!(Transforms::parse("crop:4,flip").unwrap().ops.len(), 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let args = small_train(
+        run.to_str().unwrap(),
+        &["--augment", "flip,flip,crop:2,crop:4"],
+    );
+    let o = Command::new(BIN).args(&args).output().unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("'flip' appears more than once"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn keep_checkpoints_zero_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let args = small_train(run.to_str().unwrap(), &["--keep-checkpoints", "0"]);
+    let o = Command::new(BIN).args(&args).output().unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--keep-checkpoints 0"), "{}", text(&o));
+    assert!(!run.exists(), "a refused run made its directory");
+}

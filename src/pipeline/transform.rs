@@ -57,6 +57,16 @@ pub enum TransformError {
         /// What is wrong.
         why: String,
     },
+    /// The same operation twice in one list. A repeat is never meaningful here: two flips are
+    /// one flip with probability 1/2, two crops shift twice by the sum of their paddings, two
+    /// resizes resize once; refusing it is clearer than running something else than written.
+    #[error("'{op}' appears more than once in '{list}': each operation may appear once (a repeat of flip, crop or a resize does not do more of it); keep one")]
+    Repeated {
+        /// The operation's name.
+        op: String,
+        /// The list as given.
+        list: String,
+    },
     /// A random operation in an evaluation list.
     #[error("'{op}' is random, and an evaluation transform must give the same image every time; use resize-shorter[:S], center-crop and resize")]
     RandomInEval {
@@ -322,6 +332,16 @@ impl Transforms {
             .iter()
             .map(|p| TransformOp::parse(p))
             .collect::<Result<Vec<_>, _>>()?;
+        for (i, op) in ops.iter().enumerate() {
+            let same = |o: &TransformOp| std::mem::discriminant(o) == std::mem::discriminant(op);
+            if ops[..i].iter().any(same) {
+                let name = op.to_string();
+                return Err(TransformError::Repeated {
+                    op: name.split(':').next().unwrap_or_default().to_string(),
+                    list: s.to_string(),
+                });
+            }
+        }
         Ok(Self { ops })
     }
 
