@@ -859,10 +859,9 @@ impl TrainOptions {
             f => return Err(format!("--log-format must be text or json, not '{f}'")),
         };
         let run_dir = self.run_dir.clone().unwrap_or_else(|| {
-            PathBuf::from(format!(
-                "runs/{model_name}-{}",
-                dataset.replace([':', '/'], "_")
-            ))
+            // Names from model files and dataset specs, made single path components.
+            let name = crate::output::path_component(&format!("{model_name}-{dataset}"));
+            PathBuf::from("runs").join(name)
         });
         Ok(ResolvedOutputs {
             trace_steps,

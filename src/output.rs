@@ -225,6 +225,27 @@ pub fn check_writable(path: &Path) -> Result<(), OutputError> {
 /// Temporary files of this process are numbered, so two writers of one target never share one.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// A name from a file or an option (a model file's `name`, a dataset spec) made safe to be one
+/// path component: every character but ASCII letters, digits, `-`, `_` and `.` becomes `_`,
+/// and a leading `.` too, so that `../../escaped` and `a/b` cannot leave or nest inside the
+/// folder they are joined to, nor name a hidden file. The only way such names become paths.
+pub fn path_component(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.starts_with('.') {
+        out.insert(0, '_');
+    }
+    out
+}
+
 /// Suffix of every temporary file: `NAME.<pid>.<n>.tmp`.
 const TEMP_SUFFIX: &str = ".tmp";
 

@@ -167,3 +167,70 @@ fn keep_checkpoints_zero_is_refused() {
     assert!(text(&o).contains("--keep-checkpoints 0"), "{}", text(&o));
     assert!(!run.exists(), "a refused run made its directory");
 }
+
+/// Trains a one-layer model file named `name` in `cwd` with no `--run-dir`; returns the entries
+/// of `cwd/runs`.
+fn train_named_model(cwd: &Path, name: &str) -> Vec<String> {
+    let model = cwd.join("m.toml");
+    std::fs::write(
+        &model,
+        format!(
+            "name = {name:?}\ninput = [1, 28, 28]\nclasses = 10\nlayers = [\n  \
+             {{ type = \"flatten\" }},\n  {{ type = \"linear\", out = 10 }},\n]\n"
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .current_dir(cwd)
+        .args(["train", "--quiet", "--model", "m.toml", "--epochs", "1"])
+        .args([
+            "--train-limit",
+            "256",
+            "--test-limit",
+            "64",
+            "--threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert!(o.status.success(), "{name}: {}", text(&o));
+    let mut names: Vec<String> = std::fs::read_dir(cwd.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_model_files_name_stays_one_folder_inside_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path().join("a").join("b");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let runs = train_named_model(&cwd, "../../escaped");
+    assert_eq!(runs, ["_.._.._escaped-mnist"]);
+    assert!(cwd
+        .join("runs")
+        .join(&runs[0])
+        .join("summary.json")
+        .is_file());
+    for up in [tmp.path(), &tmp.path().join("a"), &cwd] {
+        let names: Vec<_> = std::fs::read_dir(up)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.to_string_lossy().contains("escaped")),
+            "{}: {names:?}",
+            up.display()
+        );
+    }
+    let other = tmp.path().join("c");
+    std::fs::create_dir_all(&other).unwrap();
+    let runs = train_named_model(&other, "a/b");
+    assert_eq!(runs, ["a_b-mnist"]);
+    assert!(other.join("runs/a_b-mnist/summary.json").is_file());
+}
