@@ -13,6 +13,7 @@ pub mod config;
 pub mod data;
 pub mod export;
 pub mod infer;
+pub mod input;
 pub mod limits;
 pub mod measure;
 pub mod model;
