@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 /// The top-level modules of `src/`, lowest first. A module may import only those before it.
 const LAYERS: &[&str] = &[
     "output",   // the one way files are written
-    "input",    // the one way files a user named are read
     "limits",   // what the machine has
+    "input",    // the one way files a user named are read
     "terminal", // error: and warning: lines
     "trace",    // the timeline
     "backend",  // the kernel seam and the CPU kernels
