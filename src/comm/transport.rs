@@ -462,12 +462,23 @@ impl Transport for InProcessTransport {
     }
 
     fn warm_up(&self, largest_message: usize) {
-        // Park once on every inbox until a 1 ms wait times out: crossbeam allocates a
-        // channel's waiter list the first time a receiver blocks on it. Messages that arrive
-        // meanwhile are stashed, where `recv` looks first.
+        // Register once as a waiter on every inbox: crossbeam allocates a channel's waiter
+        // list the first time a receiver blocks on it, and this thread's wait context the first
+        // time it waits at all. A timed `recv` is not enough: it spins (yielding) before it
+        // registers and gives up without registering when the spin outlasts its timeout,
+        // which on a loaded machine it does. A `Select` with a deadline already past tries the
+        // channel once, then always registers, sees the deadline and unregisters. Messages
+        // that arrive meanwhile are stashed, where `recv` looks first.
         for inbox in &self.inboxes {
-            for _ in 0..16 {
-                match inbox.rx.recv_timeout(Duration::from_millis(1)) {
+            let mut select = crossbeam_channel::Select::new();
+            select.recv(&inbox.rx);
+            // Each ready message is one try that did not register; the bound only guards a
+            // peer that sends without end.
+            for _ in 0..IN_FLIGHT {
+                let Ok(op) = select.select_timeout(Duration::ZERO) else {
+                    break;
+                };
+                match op.recv(&inbox.rx) {
                     Ok(msg) => lock(&inbox.state).stash.push_back(msg),
                     Err(_) => break,
                 }
