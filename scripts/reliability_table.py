@@ -93,7 +93,8 @@ def run(binary, args, cwd, shell_tail=None):
     lines = [l for l in lines if not l.startswith("Command ")]
     # The line that says what happened: an error, warning or crash first, else the first.
     marked = [l for l in lines if any(k in l for k in ("error", "warning", "panicked",
-                                                         "memory allocation", "overflow"))]
+                                                         "memory allocation", "overflow",
+                                                         "run directory:"))]
     first = (marked or lines or [""])[0]
     return code, rss, first, secs
 
@@ -173,8 +174,9 @@ def cases(tmp):
               ["train", "--run-dir", "r12", "--quiet"] + T))
     c.append(("13", "train --augment flip,flip,crop:2,crop:4 $T",
               ["train", "--augment", "flip,flip,crop:2,crop:4"] + T))
-    c.append(("14", "train --workers 1000 --batch 1000 $T", ["train", "--workers", "1000",
-                                                              "--batch", "1000"] + T))
+    c.append(("14", "train --workers 1000 --batch 1000 --train-limit 2000 --epochs 1",
+              ["train", "--workers", "1000", "--batch", "1000", "--train-limit", "2000",
+               "--test-limit", "128", "--epochs", "1"]))
     c.append(("14", "bench allreduce --workers 1000 --sizes 4K",
               ["bench", "allreduce", "--workers", "1000", "--sizes", "4K"]))
     c.append(("14", "bench allreduce --sizes 1G (ulimit -v 4000000)",
@@ -224,6 +226,7 @@ def row9(binary, tmp):
                                            "--log-every", "1", "--no-checkpoints"] + T, tmp)
         metrics = os.path.join(mnt, "r", "metrics.jsonl")
         tail = open(metrics, "rb").read()[-1:] if os.path.exists(metrics) else b"(none)"
+        rss = f"{int(rss) / 1024:.0f} MiB" if rss.isdigit() else rss
         return [("9", "train --run-dir TMPFS/r --log-every 1 --no-checkpoints $T", code, rss,
                  first + f" [metrics.jsonl ends with {tail!r}]")]
     finally:
