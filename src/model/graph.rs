@@ -4,6 +4,7 @@
 
 use super::bounds::{MAX_DIM, MAX_ELEMENTS, MAX_LAYERS};
 use super::error::{ModelError, ModelErrorKind};
+use super::expr::ExprError;
 use super::spec::{Conv2d, Layer, Linear, ModelSpec, Op, Pool, Units, INPUT};
 use std::collections::{BTreeMap, HashMap};
 
@@ -478,9 +479,10 @@ fn resolve(u: &Units, key: &str, channels: usize, classes: usize) -> Result<usiz
                 ("classes".to_string(), classes as i64),
             ]
             .into();
-            let v = e
-                .eval(&vars)
-                .map_err(|m| too_large(key, e.to_string(), m.to_string()))?;
+            let v = e.eval(&vars).map_err(|m| match m {
+                ExprError::Overflow { .. } => too_large(key, e.to_string(), m.to_string()),
+                _ => ModelErrorKind::Shape(format!("'{key}' = {e}: {m}")),
+            })?;
             if v < 1 {
                 return Err(ModelErrorKind::Shape(format!(
                     "'{key}' = {e} is {v} for {channels} input channels; it must be at least 1"
