@@ -451,6 +451,12 @@ impl TrainOptions {
         toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
     }
 
+    /// Parses a config file's TOML text (what [`Self::from_toml_file`] reads); `origin`
+    /// names the file in messages. The config fuzz target's entry point.
+    pub fn from_toml_text(text: &str, origin: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| format!("config file {origin}: {e}"))
+    }
+
     /// `self` with every option that `over` gives replaced by `over`'s value.
     pub fn overlaid_with(mut self, over: &TrainOptions) -> Self {
         overlay!(

@@ -63,11 +63,52 @@ pub enum ModelErrorKind {
     /// Anything else about the graph as a whole.
     #[error("{0}")]
     Graph(String),
+    /// The model file cannot be read (missing, not a regular file, too large, not UTF-8).
+    #[error("{0}")]
+    Read(String),
+    /// A size past what any model may have (see `model::bounds`), or whose arithmetic
+    /// overflows.
+    #[error("'{field}' is {value}, too large: {limit}")]
+    TooLarge {
+        /// The field (`padding`, `out`, `output`, `params`, ...).
+        field: String,
+        /// Its value, or the computation that overflows.
+        value: String,
+        /// The bound, in words.
+        limit: String,
+    },
+    /// Templates expand to more layers than a model may have, counted before expanding.
+    #[error("the model expands to {count} layers, more than the {limit} a model may have (model::bounds::MAX_LAYERS){chain}")]
+    TooManyLayers {
+        /// Layers once expanded (saturating: `u64::MAX` means "more than that").
+        count: u64,
+        /// The cap.
+        limit: u64,
+        /// The heaviest chain of template uses, as `; most come from ...`, or empty.
+        chain: String,
+    },
+    /// A name holds a control character (it would be printed raw in messages and tables).
+    #[error("{key} of the layer at position {index} holds the control character {codepoint}: names are printed, use visible characters")]
+    ControlCharacter {
+        /// The key (`name`, `use`, `inputs`, `type`).
+        key: String,
+        /// 1-based position of the layer in its list (`layers` or the template's).
+        index: usize,
+        /// The character, as `U+0007`.
+        codepoint: String,
+    },
 }
 
-/// A model error with its location.
+/// A message about shapes that do not fit.
+impl From<String> for ModelErrorKind {
+    fn from(message: String) -> Self {
+        ModelErrorKind::Shape(message)
+    }
+}
+
+/// A model error with its location. Shown with control characters (other than line breaks)
+/// escaped: names and keys in it come from the file.
 #[derive(Debug, Clone, PartialEq, Error)]
-#[error("{}{}{kind}", location(.file, .line), layer_part(.layer))]
 pub struct ModelError {
     /// The model file (or `builtin:NAME`, `builder:NAME`).
     pub file: String,
@@ -78,6 +119,25 @@ pub struct ModelError {
     /// What is wrong (boxed: errors travel in `Result`s on every parse path, and the kind's
     /// strings would make each of those results large).
     pub kind: Box<ModelErrorKind>,
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = format!(
+            "{}{}{}",
+            location(&self.file, &self.line),
+            layer_part(&self.layer),
+            self.kind
+        );
+        for c in text.chars() {
+            if c.is_control() && c != '\n' {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn location(file: &str, line: &Option<usize>) -> String {
@@ -118,5 +178,20 @@ mod tests {
              max_pool, avg_pool, global_avg_pool, linear, dropout, add, concat, flatten, \
              softmax_cross_entropy"
         );
+    }
+
+    #[test]
+    fn control_characters_in_a_message_are_escaped() {
+        let e = ModelError::file(
+            "m.toml",
+            Some(2),
+            ModelErrorKind::UnknownType("re\x1b[2Jlu".into()),
+        );
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("m.toml:2: unknown layer type 're\\u{1b}[2Jlu'"),
+            "{shown}"
+        );
+        assert!(!shown.contains('\x1b'), "{shown}");
     }
 }

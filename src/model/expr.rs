@@ -4,8 +4,39 @@
 //! (the layer's input channels) and `classes` (the dataset's class count) are known only when
 //! shapes are inferred, so an expression may stay partly unevaluated until then.
 
+use super::bounds::{MAX_EXPR_DEPTH, MAX_EXPR_TERMS};
 use std::collections::BTreeMap;
 use std::fmt;
+
+/// Why an expression cannot be parsed or evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExprError {
+    /// Not an expression (the message says where).
+    #[error("{0}")]
+    Syntax(String),
+    /// Parentheses nest deeper than [`MAX_EXPR_DEPTH`].
+    #[error("parentheses nest deeper than {MAX_EXPR_DEPTH} levels in expression \"{0}\"")]
+    TooDeep(String),
+    /// More than [`MAX_EXPR_TERMS`] numbers and variables.
+    #[error("expression has more than {MAX_EXPR_TERMS} numbers and variables")]
+    TooLong,
+    /// A variable nothing binds.
+    #[error("unknown variable ${0}")]
+    UnknownVar(String),
+    /// `x / 0`.
+    #[error("division by zero in {0}")]
+    DivisionByZero(String),
+    /// A result past the 64-bit integers.
+    #[error("{a} {op} {b} overflows 64-bit integers")]
+    Overflow {
+        /// Left operand.
+        a: i64,
+        /// The operation.
+        op: char,
+        /// Right operand.
+        b: i64,
+    },
+}
 
 /// A parsed integer expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,18 +64,29 @@ pub const SHAPE_VARS: [&str; 2] = ["channels", "classes"];
 
 impl Expr {
     /// Parses `s`: integers, `$name` (or bare `classes` / `channels`), `+ - * /`, parentheses.
-    pub fn parse(s: &str) -> Result<Expr, String> {
+    /// At most [`MAX_EXPR_TERMS`] terms and [`MAX_EXPR_DEPTH`] levels of parentheses, so
+    /// that parsing, evaluating and dropping (all recursive) stay shallow.
+    pub fn parse(s: &str) -> Result<Expr, ExprError> {
         let toks = tokenize(s)?;
+        let terms = toks
+            .iter()
+            .filter(|t| t.starts_with('$') || t.starts_with(|c: char| c.is_ascii_digit()))
+            .count();
+        if terms > MAX_EXPR_TERMS {
+            return Err(ExprError::TooLong);
+        }
         let mut p = Parser {
             toks: &toks,
             pos: 0,
+            depth: 0,
+            text: s,
         };
         let e = p.sum()?;
         if p.pos != toks.len() {
-            return Err(format!(
+            return Err(ExprError::Syntax(format!(
                 "unexpected '{}' in expression \"{s}\"",
                 toks[p.pos]
-            ));
+            )));
         }
         Ok(e)
     }
@@ -71,29 +113,30 @@ impl Expr {
     }
 
     /// Evaluates with `vars`; every variable must be bound.
-    pub fn eval(&self, vars: &BTreeMap<String, i64>) -> Result<i64, String> {
+    pub fn eval(&self, vars: &BTreeMap<String, i64>) -> Result<i64, ExprError> {
         match self {
             Expr::Num(v) => Ok(*v),
             Expr::Var(v) => vars
                 .get(v)
                 .copied()
-                .ok_or_else(|| format!("unknown variable ${v}")),
-            Expr::Bin(a, op, b) => {
-                let (a, b) = (a.eval(vars)?, b.eval(vars)?);
+                .ok_or_else(|| ExprError::UnknownVar(v.clone())),
+            Expr::Bin(x, op, y) => {
+                let (a, b) = (x.eval(vars)?, y.eval(vars)?);
                 let r = match op {
                     '+' => a.checked_add(b),
                     '-' => a.checked_sub(b),
                     '*' => a.checked_mul(b),
-                    _ if b == 0 => return Err("division by zero".into()),
-                    _ => Some(a.div_euclid(b)),
+                    _ if b == 0 => return Err(ExprError::DivisionByZero(self.to_string())),
+                    // i64::MIN / -1 overflows.
+                    _ => a.checked_div_euclid(b),
                 };
-                r.ok_or_else(|| "integer overflow".into())
+                r.ok_or(ExprError::Overflow { a, op: *op, b })
             }
         }
     }
 }
 
-fn tokenize(s: &str) -> Result<Vec<String>, String> {
+fn tokenize(s: &str) -> Result<Vec<String>, ExprError> {
     let mut toks = Vec::new();
     let mut chars = s.chars().peekable();
     while let Some(&c) = chars.peek() {
@@ -119,18 +162,24 @@ fn tokenize(s: &str) -> Result<Vec<String>, String> {
                 chars.next();
             }
             if t.len() == 1 {
-                return Err(format!("'$' without a name in expression \"{s}\""));
+                return Err(ExprError::Syntax(format!(
+                    "'$' without a name in expression \"{s}\""
+                )));
             }
             toks.push(t);
         } else if "+-*/()".contains(c) {
             toks.push(c.to_string());
             chars.next();
         } else {
-            return Err(format!("unexpected character '{c}' in expression \"{s}\""));
+            return Err(ExprError::Syntax(format!(
+                "unexpected character '{}' in expression \"{}\"",
+                c.escape_debug(),
+                s.escape_debug()
+            )));
         }
     }
     if toks.is_empty() {
-        return Err("empty expression".into());
+        return Err(ExprError::Syntax("empty expression".into()));
     }
     Ok(toks)
 }
@@ -138,13 +187,17 @@ fn tokenize(s: &str) -> Result<Vec<String>, String> {
 struct Parser<'a> {
     toks: &'a [String],
     pos: usize,
+    /// Parentheses open at `pos`.
+    depth: usize,
+    /// The expression, for messages.
+    text: &'a str,
 }
 
 impl Parser<'_> {
     fn peek(&self) -> Option<&str> {
         self.toks.get(self.pos).map(String::as_str)
     }
-    fn sum(&mut self) -> Result<Expr, String> {
+    fn sum(&mut self) -> Result<Expr, ExprError> {
         let mut e = self.product()?;
         while let Some(op @ ("+" | "-")) = self.peek() {
             let op = op.chars().next().expect("one char");
@@ -153,7 +206,7 @@ impl Parser<'_> {
         }
         Ok(e)
     }
-    fn product(&mut self) -> Result<Expr, String> {
+    fn product(&mut self) -> Result<Expr, ExprError> {
         let mut e = self.atom()?;
         while let Some(op @ ("*" | "/")) = self.peek() {
             let op = op.chars().next().expect("one char");
@@ -162,24 +215,32 @@ impl Parser<'_> {
         }
         Ok(e)
     }
-    fn atom(&mut self) -> Result<Expr, String> {
-        let t = self.peek().ok_or("expression ends too early")?.to_string();
+    fn atom(&mut self) -> Result<Expr, ExprError> {
+        let t = self
+            .peek()
+            .ok_or_else(|| ExprError::Syntax("expression ends too early".into()))?
+            .to_string();
         self.pos += 1;
         if t == "(" {
+            if self.depth >= MAX_EXPR_DEPTH {
+                return Err(ExprError::TooDeep(self.text.chars().take(80).collect()));
+            }
+            self.depth += 1;
             let e = self.sum()?;
+            self.depth -= 1;
             if self.peek() != Some(")") {
-                return Err("missing ')'".into());
+                return Err(ExprError::Syntax("missing ')'".into()));
             }
             self.pos += 1;
             Ok(e)
         } else if let Some(name) = t.strip_prefix('$') {
             Ok(Expr::Var(name.to_string()))
         } else if t.chars().all(|c| c.is_ascii_digit()) {
-            t.parse()
-                .map(Expr::Num)
-                .map_err(|_| format!("number too large: {t}"))
+            t.parse().map(Expr::Num).map_err(|_| {
+                ExprError::Syntax(format!("number too large for 64-bit integers: {t}"))
+            })
         } else {
-            Err(format!("unexpected '{t}'"))
+            Err(ExprError::Syntax(format!("unexpected '{t}'")))
         }
     }
 }
@@ -205,5 +266,25 @@ mod tests {
         bound.free_vars(&mut free);
         assert_eq!(free, vec!["channels".to_string()]);
         assert_eq!(bound.eval(&vars).unwrap(), 144);
+    }
+
+    #[test]
+    fn nesting_length_and_overflow_are_refused_by_name() {
+        let deep = format!("{}1{}", "(".repeat(20_000), ")".repeat(20_000));
+        assert!(matches!(Expr::parse(&deep), Err(ExprError::TooDeep(_))));
+        let ok = format!("{}1{}", "(".repeat(64), ")".repeat(64));
+        assert_eq!(Expr::parse(&ok).unwrap(), Expr::Num(1));
+        let long = "1+".repeat(100_000) + "1";
+        assert_eq!(Expr::parse(&long), Err(ExprError::TooLong));
+        let vars = BTreeMap::new();
+        let e = Expr::parse("4000000000000000000 * 4").unwrap().eval(&vars);
+        assert!(
+            matches!(e, Err(ExprError::Overflow { op: '*', .. })),
+            "{e:?}"
+        );
+        let e = Expr::parse("0 - 9223372036854775807 - 1").unwrap();
+        let min = e.eval(&vars).unwrap();
+        let div = Expr::Bin(Box::new(Expr::Num(min)), '/', Box::new(Expr::Num(-1)));
+        assert!(matches!(div.eval(&vars), Err(ExprError::Overflow { .. })));
     }
 }

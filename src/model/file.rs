@@ -20,6 +20,7 @@
 //! ]
 //! ```
 
+use super::bounds::{MAX_DIM, MAX_LAYERS, MAX_NAME_BYTES};
 use super::error::{ModelError, ModelErrorKind};
 use super::expr::{Expr, SHAPE_VARS};
 use super::spec::{
@@ -27,7 +28,7 @@ use super::spec::{
     Units, INPUT,
 };
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use toml::{Spanned, Table, Value};
 
@@ -40,8 +41,8 @@ struct RawModel {
     name: Option<String>,
     #[serde(default)]
     description: String,
-    input: Option<[usize; 3]>,
-    classes: Option<usize>,
+    input: Option<Spanned<[usize; 3]>>,
+    classes: Option<Spanned<usize>>,
     layers: Vec<Spanned<Table>>,
     #[serde(default)]
     template: BTreeMap<String, Spanned<RawTemplate>>,
@@ -61,12 +62,15 @@ struct RawTemplate {
 /// file has no `name`.
 pub fn parse(text: &str, file: &str, default_name: &str) -> Result<ModelSpec, ModelError> {
     let raw: RawModel = toml::from_str(text).map_err(|e| {
-        let line = e.span().map(|s| line_of(text, s.start));
+        let line = e.span().map(|s| LineIndex::new(text).line_of(s.start));
         let msg = e.message().trim().to_string();
         ModelError::file(file, line, ModelErrorKind::Syntax(msg))
     })?;
+    let lines = LineIndex::new(text);
+    check_defaults(&raw, &lines, file)?;
+    count_layers(&raw, file)?;
     let mut cx = Expander {
-        text,
+        lines,
         file: Arc::from(file),
         templates: &raw.template,
         layers: Vec::new(),
@@ -106,24 +110,212 @@ pub fn parse(text: &str, file: &str, default_name: &str) -> Result<ModelSpec, Mo
     Ok(ModelSpec {
         name: raw.name.unwrap_or_else(|| default_name.to_string()),
         description: raw.description,
-        default_input: raw.input,
-        default_classes: raw.classes,
+        default_input: raw.input.map(Spanned::into_inner),
+        default_classes: raw.classes.map(Spanned::into_inner),
         layers: cx.layers,
         source: file.to_string(),
     })
 }
 
-/// 1-based line of byte offset `pos`.
-fn line_of(text: &str, pos: usize) -> usize {
-    text.as_bytes()[..pos.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+/// Line numbers of byte offsets, by binary search over the line starts (a scan from the
+/// start of the text per layer made parsing quadratic in the file's length).
+struct LineIndex {
+    /// Byte offset of every `\n`.
+    breaks: Vec<usize>,
+}
+
+impl LineIndex {
+    fn new(text: &str) -> Self {
+        let breaks = text
+            .bytes()
+            .enumerate()
+            .filter(|&(_, b)| b == b'\n')
+            .map(|(i, _)| i)
+            .collect();
+        Self { breaks }
+    }
+
+    /// 1-based line of byte offset `pos`.
+    fn line_of(&self, pos: usize) -> usize {
+        self.breaks.partition_point(|&b| b < pos) + 1
+    }
+}
+
+/// The file's own `input` and `classes`: positive, and within [`MAX_DIM`].
+fn check_defaults(raw: &RawModel, lines: &LineIndex, file: &str) -> Result<(), ModelError> {
+    let bad = |span: std::ops::Range<usize>, kind| {
+        Err(ModelError::file(
+            file,
+            Some(lines.line_of(span.start)),
+            kind,
+        ))
+    };
+    let names = raw.template.keys().map(|n| ("template", n.as_str()));
+    let top = [("name", raw.name.as_deref().unwrap_or(""))];
+    for (what, text) in top
+        .into_iter()
+        .chain(names)
+        .chain([("description", raw.description.as_str())])
+    {
+        if let Some(c) = text.chars().find(|c| c.is_control()) {
+            return Err(ModelError::file(file, None, ModelErrorKind::BadValue {
+                key: what.into(),
+                message: format!("holds the control character U+{:04X}: {what}s are printed, use visible characters", c as u32),
+            }));
+        }
+    }
+    if let Some(c) = &raw.classes {
+        let n = *c.get_ref();
+        if n == 0 {
+            return bad(
+                c.span(),
+                ModelErrorKind::BadValue {
+                    key: "classes".into(),
+                    message: "the model file's class count must be at least 1".into(),
+                },
+            );
+        }
+        if n as u64 > MAX_DIM {
+            return bad(c.span(), too_large("classes", n, "at most 2^31 classes"));
+        }
+    }
+    if let Some(i) = &raw.input {
+        let dims = *i.get_ref();
+        if dims.contains(&0) {
+            return bad(i.span(), ModelErrorKind::BadValue {
+                key: "input".into(),
+                message: format!(
+                    "the model file's input [{}, {}, {}] has a zero dimension: give [channels, height, width], each at least 1",
+                    dims[0], dims[1], dims[2]
+                ),
+            });
+        }
+        if let Some(&d) = dims.iter().find(|&&d| d as u64 > MAX_DIM) {
+            return bad(
+                i.span(),
+                too_large("input", d, "each dimension is at most 2^31"),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn too_large(field: &str, value: impl std::fmt::Display, limit: &str) -> ModelErrorKind {
+    ModelErrorKind::TooLarge {
+        field: field.into(),
+        value: value.to_string(),
+        limit: limit.into(),
+    }
+}
+
+/// Refuses, before anything is expanded, a file whose templates expand to more than
+/// [`MAX_LAYERS`] layers: each template's size computed once, bottom-up, saturating.
+fn count_layers(raw: &RawModel, file: &str) -> Result<(), ModelError> {
+    let mut counter = Counter {
+        templates: &raw.template,
+        sizes: BTreeMap::new(),
+        busy: BTreeSet::new(),
+    };
+    let count = counter.list(&raw.layers, 0);
+    if count <= MAX_LAYERS {
+        return Ok(());
+    }
+    let mut chain = Vec::new();
+    let mut tables = &raw.layers;
+    for _ in 0..MAX_DEPTH {
+        let mut uses: BTreeMap<&str, u64> = BTreeMap::new();
+        for t in tables {
+            if let Some(Value::String(name)) = t.get_ref().get("use") {
+                *uses.entry(name.as_str()).or_default() += 1;
+            }
+        }
+        let heaviest = uses.into_iter().max_by_key(|&(name, n)| {
+            n.saturating_mul(counter.sizes.get(name).copied().unwrap_or(1))
+        });
+        let Some((name, n)) = heaviest else { break };
+        let Some(t) = raw.template.get(name) else {
+            break;
+        };
+        let each = counter.sizes.get(name).copied().unwrap_or(1);
+        chain.push(format!("{n} x '{name}' ({each} layers each)"));
+        tables = &t.get_ref().layers;
+    }
+    let chain = if chain.is_empty() {
+        String::new()
+    } else {
+        format!("; most come from {}", chain.join(", which uses "))
+    };
+    Err(ModelError::file(
+        file,
+        None,
+        ModelErrorKind::TooManyLayers {
+            count,
+            limit: MAX_LAYERS,
+            chain,
+        },
+    ))
+}
+
+/// Layers each template expands to.
+struct Counter<'a> {
+    templates: &'a BTreeMap<String, Spanned<RawTemplate>>,
+    sizes: BTreeMap<&'a str, u64>,
+    /// Templates being counted (a template using itself is left to the expansion's error).
+    busy: BTreeSet<&'a str>,
+}
+
+impl<'a> Counter<'a> {
+    /// Layers `tables` expand to, at template nesting `depth` (past [`MAX_DEPTH`] the
+    /// expansion fails anyway, so counting stops there: the recursion stays shallow).
+    fn list(&mut self, tables: &'a [Spanned<Table>], depth: usize) -> u64 {
+        tables.iter().fold(0u64, |sum, t| {
+            let n = match t.get_ref().get("use") {
+                Some(Value::String(name)) if depth < MAX_DEPTH => self.template(name, depth + 1),
+                _ => 1,
+            };
+            sum.saturating_add(n)
+        })
+    }
+
+    fn template(&mut self, name: &'a str, depth: usize) -> u64 {
+        if let Some(&n) = self.sizes.get(name) {
+            return n;
+        }
+        let Some(t) = self.templates.get(name) else {
+            return 1;
+        };
+        if !self.busy.insert(name) {
+            return 1;
+        }
+        let n = self.list(&t.get_ref().layers, depth);
+        self.busy.remove(name);
+        self.sizes.insert(name, n);
+        n
+    }
+}
+
+/// Refuses a name with a control character (it would reach terminals raw) or longer than
+/// [`MAX_NAME_BYTES`].
+fn check_name(key: &str, s: &str, index: usize) -> Result<(), ModelErrorKind> {
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(ModelErrorKind::ControlCharacter {
+            key: key.into(),
+            index,
+            codepoint: format!("U+{:04X}", c as u32),
+        });
+    }
+    if s.len() > MAX_NAME_BYTES {
+        return Err(too_large(
+            key,
+            format!("{} bytes long", s.len()),
+            &format!("names are at most {MAX_NAME_BYTES} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 struct Expander<'a> {
-    text: &'a str,
+    lines: LineIndex,
     file: Arc<str>,
     templates: &'a BTreeMap<String, Spanned<RawTemplate>>,
     layers: Vec<Layer>,
@@ -131,6 +323,13 @@ struct Expander<'a> {
     unnamed: usize,
     /// Template instance name -> the name of its last layer (what reading the instance reads).
     aliases: BTreeMap<String, String>,
+}
+
+/// Where a layer's table is: its line, and its 1-based position in its list.
+#[derive(Clone, Copy)]
+struct Position {
+    line: usize,
+    index: usize,
 }
 
 /// Where a list of layers is being expanded: at the top level, or inside a template instance.
@@ -183,10 +382,10 @@ impl Keys<'_> {
         match v {
             Value::Integer(i) => Ok(*i),
             Value::String(s) => {
-                let e = Expr::parse(s).map_err(|m| self.bad(key, m))?;
+                let e = Expr::parse(s).map_err(|m| self.bad(key, m.to_string()))?;
                 e.bind(&self.ints)
                     .eval(&self.ints)
-                    .map_err(|m| self.bad(key, m))
+                    .map_err(|m| self.bad(key, m.to_string()))
             }
             other => Err(self.bad(
                 key,
@@ -200,7 +399,23 @@ impl Keys<'_> {
         if i < min {
             return Err(self.bad(key, format!("must be at least {min}, got {i}")));
         }
-        Ok(i as usize)
+        self.dim(key, i)
+    }
+
+    /// `i` (already checked non-negative) as a dimension: at most [`MAX_DIM`].
+    fn dim(&self, key: &str, i: i64) -> Result<usize, ModelError> {
+        match u64::try_from(i) {
+            Ok(n) if n <= MAX_DIM => usize::try_from(n).map_err(|_| self.too_large(key, i)),
+            _ => Err(self.too_large(key, i)),
+        }
+    }
+
+    fn too_large(&self, key: &str, value: i64) -> ModelError {
+        (self.err)(too_large(
+            key,
+            value,
+            "sizes in a model are at most 2^31 (2147483648)",
+        ))
     }
 
     /// An integer or `[rows, cols]`.
@@ -237,10 +452,10 @@ impl Keys<'_> {
             return default.ok_or_else(|| self.bad(key, "missing (required)"));
         };
         match &v {
-            Value::Integer(i) if *i >= 1 => Ok(Units::Fixed(*i as usize)),
+            Value::Integer(i) if *i >= 1 => Ok(Units::Fixed(self.dim(key, *i)?)),
             Value::String(s) => {
                 let e = Expr::parse(s)
-                    .map_err(|m| self.bad(key, m))?
+                    .map_err(|m| self.bad(key, m.to_string()))?
                     .bind(&self.ints);
                 let mut free = Vec::new();
                 e.free_vars(&mut free);
@@ -248,11 +463,13 @@ impl Keys<'_> {
                     return Err(self.bad(key, format!("unknown variable ${f} (template parameters, channels and classes can be used)")));
                 }
                 if free.is_empty() {
-                    let n = e.eval(&self.ints).map_err(|m| self.bad(key, m))?;
+                    let n = e
+                        .eval(&self.ints)
+                        .map_err(|m| self.bad(key, m.to_string()))?;
                     if n < 1 {
                         return Err(self.bad(key, format!("must be at least 1, got {n}")));
                     }
-                    return Ok(Units::Fixed(n as usize));
+                    return Ok(Units::Fixed(self.dim(key, n)?));
                 }
                 Ok(Units::Expr(e))
             }
@@ -323,16 +540,17 @@ fn substitute(v: &mut Value, bindings: &BTreeMap<String, Value>) {
 impl Expander<'_> {
     fn expand(&mut self, tables: &[Spanned<Table>], scope: &Scope) -> Result<String, ModelError> {
         let mut prev = scope.input.clone();
-        for t in tables {
-            let line = line_of(self.text, t.span().start);
+        for (i, t) in tables.iter().enumerate() {
+            let line = self.lines.line_of(t.span().start);
             let mut table = t.get_ref().clone();
             for (_, v) in table.iter_mut() {
                 substitute(v, &scope.bindings);
             }
+            let at = Position { line, index: i + 1 };
             prev = if table.contains_key("use") {
-                self.instance(table, line, scope, &prev)?
+                self.instance(table, at, scope, &prev)?
             } else {
-                self.layer(table, line, scope, &prev)?
+                self.layer(table, at, scope, &prev)?
             };
         }
         Ok(prev)
@@ -373,15 +591,20 @@ impl Expander<'_> {
         }
     }
 
+    /// A name-like string (`name`, `use`), checked by [`check_name`].
     fn string(
         &self,
         table: &mut Table,
         key: &str,
+        index: usize,
         err: &dyn Fn(ModelErrorKind) -> ModelError,
     ) -> Result<Option<String>, ModelError> {
         match table.remove(key) {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
+            Some(Value::String(s)) => {
+                check_name(key, &s, index).map_err(err)?;
+                Ok(Some(s))
+            }
             Some(v) => Err(err(ModelErrorKind::BadValue {
                 key: key.into(),
                 message: format!("expected a string, got {v}"),
@@ -395,8 +618,13 @@ impl Expander<'_> {
         table: &mut Table,
         scope: &Scope,
         prev: &str,
+        index: usize,
         err: &dyn Fn(ModelErrorKind) -> ModelError,
     ) -> Result<Vec<String>, ModelError> {
+        let name = |key: &str, s: &str| {
+            check_name(key, s, index).map_err(err)?;
+            Ok(scope.resolve(s))
+        };
         let bad = |m: String| {
             err(ModelErrorKind::BadValue {
                 key: "inputs".into(),
@@ -405,12 +633,12 @@ impl Expander<'_> {
         };
         match (table.remove("input"), table.remove("inputs")) {
             (Some(_), Some(_)) => Err(bad("give either 'input' or 'inputs', not both".into())),
-            (Some(Value::String(s)), None) => Ok(vec![scope.resolve(&s)]),
+            (Some(Value::String(s)), None) => Ok(vec![name("input", &s)?]),
             (Some(v), None) => Err(bad(format!("'input' must be a layer name, got {v}"))),
             (None, Some(Value::Array(a))) => a
                 .iter()
                 .map(|v| match v {
-                    Value::String(s) => Ok(scope.resolve(s)),
+                    Value::String(s) => name("inputs", s),
                     other => Err(bad(format!("expected layer names, got {other}"))),
                 })
                 .collect(),
@@ -444,13 +672,17 @@ impl Expander<'_> {
     fn layer(
         &mut self,
         mut table: Table,
-        line: usize,
+        at: Position,
         scope: &Scope,
         prev: &str,
     ) -> Result<String, ModelError> {
+        let line = at.line;
         let plain = |k: ModelErrorKind| self.err_at(line, scope, None, k);
         let ty = match table.remove("type") {
-            Some(Value::String(s)) => s,
+            Some(Value::String(s)) => {
+                check_name("type", &s, at.index).map_err(plain)?;
+                s
+            }
             Some(v) => {
                 return Err(plain(ModelErrorKind::BadValue {
                     key: "type".into(),
@@ -467,11 +699,11 @@ impl Expander<'_> {
         let Some(op_type) = OpType::from_name(&ty) else {
             return Err(plain(ModelErrorKind::UnknownType(ty)));
         };
-        let local = self.string(&mut table, "name", &plain)?;
+        let local = self.string(&mut table, "name", at.index, &plain)?;
         let name = self.layer_name(local.as_deref(), scope, &ty);
         let label = format!("'{name}' ({ty})");
         let err = |k: ModelErrorKind| self.err_at(line, scope, Some(label.clone()), k);
-        let inputs = self.inputs(&mut table, scope, prev, &err)?;
+        let inputs = self.inputs(&mut table, scope, prev, at.index, &err)?;
         let ints = scope
             .bindings
             .iter()
@@ -486,6 +718,15 @@ impl Expander<'_> {
         };
         let op = parse_op(op_type, &mut keys)?;
         keys.finish()?;
+        // The count before expanding cannot see a template chosen by a parameter
+        // (`use = "$t"`): this bounds those too.
+        if self.layers.len() as u64 >= MAX_LAYERS {
+            return Err(err(ModelErrorKind::TooManyLayers {
+                count: MAX_LAYERS + 1,
+                limit: MAX_LAYERS,
+                chain: " (counted while expanding, at this layer)".into(),
+            }));
+        }
         self.claim_name(&name, line, scope)?;
         self.layers.push(Layer {
             name: name.clone(),
@@ -511,12 +752,15 @@ impl Expander<'_> {
     fn instance(
         &mut self,
         mut table: Table,
-        line: usize,
+        at: Position,
         scope: &Scope,
         prev: &str,
     ) -> Result<String, ModelError> {
+        let line = at.line;
         let plain = |k: ModelErrorKind| self.err_at(line, scope, None, k);
-        let tname = self.string(&mut table, "use", &plain)?.unwrap_or_default();
+        let tname = self
+            .string(&mut table, "use", at.index, &plain)?
+            .unwrap_or_default();
         let Some(template) = self.templates.get(&tname) else {
             return Err(plain(ModelErrorKind::UnknownTemplate {
                 name: tname,
@@ -533,11 +777,11 @@ impl Expander<'_> {
                 "templates nest deeper than {MAX_DEPTH} levels (does '{tname}' use itself?)"
             ))));
         }
-        let local = self.string(&mut table, "name", &plain)?;
+        let local = self.string(&mut table, "name", at.index, &plain)?;
         let name = self.layer_name(local.as_deref(), scope, &tname);
         let label = format!("'{name}' (template {tname})");
         let err = |k: ModelErrorKind| self.err_at(line, scope, Some(label.clone()), k);
-        let inputs = self.inputs(&mut table, scope, prev, &err)?;
+        let inputs = self.inputs(&mut table, scope, prev, at.index, &err)?;
         if inputs.len() != 1 {
             return Err(err(ModelErrorKind::BadValue {
                 key: "inputs".into(),
@@ -548,7 +792,7 @@ impl Expander<'_> {
         let mut bindings = BTreeMap::new();
         for (k, v) in t.defaults.iter() {
             if !t.params.contains(k) {
-                let tl = line_of(self.text, template.span().start);
+                let tl = self.lines.line_of(template.span().start);
                 return Err(self.err_at(
                     tl,
                     scope,

@@ -2,7 +2,9 @@
 //! checked, every count resolved. What the trainer, `model show`, `profile` and `simulate`
 //! all work from.
 
+use super::bounds::{MAX_DIM, MAX_ELEMENTS, MAX_LAYERS};
 use super::error::{ModelError, ModelErrorKind};
+use super::expr::ExprError;
 use super::spec::{Conv2d, Layer, Linear, ModelSpec, Op, Pool, Units, INPUT};
 use std::collections::{BTreeMap, HashMap};
 
@@ -18,7 +20,8 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Elements per sample.
+    /// Elements per sample (a graph's shapes are checked at build to have at most
+    /// [`MAX_ELEMENTS`], so this cannot overflow for them).
     pub fn numel(&self) -> usize {
         self.c * self.h * self.w
     }
@@ -142,21 +145,38 @@ impl Graph {
                 )),
             ));
         }
-        let layers = with_default_loss(&spec.layers);
         let at = Locator {
             source: &spec.source,
         };
-        let reads = resolve_reads(&layers, &at)?;
-        let order = topo_order(&reads).map_err(|cycle| {
-            let names: Vec<String> = cycle.iter().map(|&i| layers[i - 1].name.clone()).collect();
-            at.layer(&layers[cycle[0] - 1], ModelErrorKind::Cycle(names))
-        })?;
+        let whole = |kind| ModelError::file(&spec.source, None, kind);
+        if spec.layers.len() as u64 > MAX_LAYERS {
+            return Err(whole(ModelErrorKind::TooManyLayers {
+                count: spec.layers.len() as u64,
+                limit: MAX_LAYERS,
+                chain: String::new(),
+            }));
+        }
         let input = Shape {
             c: input[0],
             h: input[1],
             w: input[2],
         };
+        check_shape("input", input).map_err(whole)?;
+        if classes as u64 > MAX_DIM {
+            return Err(whole(ModelErrorKind::TooLarge {
+                field: "classes".into(),
+                value: classes.to_string(),
+                limit: format!("at most {MAX_DIM}"),
+            }));
+        }
+        let layers = with_default_loss(&spec.layers);
+        let reads = resolve_reads(&layers, &at)?;
+        let order = topo_order(&reads).map_err(|cycle| {
+            let names: Vec<String> = cycle.iter().map(|&i| layers[i - 1].name.clone()).collect();
+            at.layer(&layers[cycle[0] - 1], ModelErrorKind::Cycle(names))
+        })?;
         let nodes = infer_nodes(&layers, &reads, &order, input, classes, &at)?;
+        check_totals(&nodes).map_err(whole)?;
         let losses = losses_main_first(&nodes);
         check_every_output_is_read(&nodes, &losses, |i| &layers[order[i] - 1], &at)?;
         Ok(Graph {
@@ -237,7 +257,10 @@ fn resolve_reads(layers: &[Layer], at: &Locator) -> Result<Vec<Vec<usize>>, Mode
         }
     }
     let mut reads: Vec<Vec<usize>> = vec![Vec::new()];
-    for l in layers {
+    // read_by[j] == i + 1: layer i reads j already (a `contains` per input was quadratic
+    // in the inputs of a concat).
+    let mut read_by = vec![0usize; layers.len() + 1];
+    for (i, l) in layers.iter().enumerate() {
         let mut r = Vec::new();
         for name in &l.inputs {
             let Some(&j) = index.get(name.as_str()) else {
@@ -249,7 +272,7 @@ fn resolve_reads(layers: &[Layer], at: &Locator) -> Result<Vec<Vec<usize>>, Mode
                     },
                 ));
             };
-            if r.contains(&j) {
+            if read_by[j] == i + 1 {
                 return Err(at.layer(
                     l,
                     ModelErrorKind::Graph(format!(
@@ -257,6 +280,7 @@ fn resolve_reads(layers: &[Layer], at: &Locator) -> Result<Vec<Vec<usize>>, Mode
                     )),
                 ));
             }
+            read_by[j] = i + 1;
             r.push(j);
         }
         if r.is_empty() {
@@ -299,7 +323,7 @@ fn infer_nodes(
             .map(|&j| (nodes[j].name.clone(), nodes[j].shape))
             .collect();
         let (op, shape, params, macs) =
-            infer(&l.op, &shapes, classes).map_err(|m| at.layer(l, ModelErrorKind::Shape(m)))?;
+            infer(&l.op, &shapes, classes).map_err(|kind| at.layer(l, kind))?;
         nodes.push(Node {
             name: l.name.clone(),
             op: NodeOp::Layer(op),
@@ -343,8 +367,12 @@ fn check_every_output_is_read<'a>(
             used[j] = true;
         }
     }
+    let mut is_loss = vec![false; nodes.len()];
+    for &i in losses {
+        is_loss[i] = true;
+    }
     for (i, n) in nodes.iter().enumerate().skip(1) {
-        if !used[i] && !losses.contains(&i) {
+        if !used[i] && !is_loss[i] {
             return Err(at.layer(
                 layer(i),
                 ModelErrorKind::Graph(
@@ -352,7 +380,7 @@ fn check_every_output_is_read<'a>(
                 ),
             ));
         }
-        if losses.contains(&i) && used[i] {
+        if is_loss[i] && used[i] {
             return Err(at.layer(
                 layer(i),
                 ModelErrorKind::Graph(format!(
@@ -380,8 +408,15 @@ fn similar(name: &str, index: &HashMap<&str, usize>) -> String {
         }
         prev[b.len()]
     };
+    // Names whose lengths differ by more than 2 are further than 2 apart: skipped unmeasured
+    // (the distance is quadratic in the lengths).
+    let len = name.chars().count();
+    if len > 64 {
+        return String::new();
+    }
     index
         .keys()
+        .filter(|k| k.len().abs_diff(name.len()) <= 8 && k.chars().count().abs_diff(len) <= 2)
         .map(|k| (dist(name, k), *k))
         .filter(|(d, _)| *d <= 2)
         .min()
@@ -435,7 +470,7 @@ fn topo_order(reads: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
     Err(cycle)
 }
 
-fn resolve(u: &Units, key: &str, channels: usize, classes: usize) -> Result<usize, String> {
+fn resolve(u: &Units, key: &str, channels: usize, classes: usize) -> Result<usize, ModelErrorKind> {
     match u {
         Units::Fixed(n) => Ok(*n),
         Units::Expr(e) => {
@@ -444,44 +479,141 @@ fn resolve(u: &Units, key: &str, channels: usize, classes: usize) -> Result<usiz
                 ("classes".to_string(), classes as i64),
             ]
             .into();
-            let v = e.eval(&vars).map_err(|m| format!("'{key}' = {e}: {m}"))?;
+            let v = e.eval(&vars).map_err(|m| match m {
+                ExprError::Overflow { .. } => too_large(key, e.to_string(), m.to_string()),
+                _ => ModelErrorKind::Shape(format!("'{key}' = {e}: {m}")),
+            })?;
             if v < 1 {
-                return Err(format!(
+                return Err(ModelErrorKind::Shape(format!(
                     "'{key}' = {e} is {v} for {channels} input channels; it must be at least 1"
-                ));
+                )));
             }
-            Ok(v as usize)
+            match usize::try_from(v) {
+                Ok(n) if v as u64 <= MAX_DIM => Ok(n),
+                _ => Err(too_large(
+                    key,
+                    format!("{e} = {v}"),
+                    format!("at most {MAX_DIM}"),
+                )),
+            }
         }
     }
 }
 
-/// Output size of a sliding window, or why it does not fit.
+/// A size past the bounds of `model::bounds`.
+fn too_large(field: &str, value: String, limit: String) -> ModelErrorKind {
+    ModelErrorKind::TooLarge {
+        field: field.into(),
+        value,
+        limit,
+    }
+}
+
+/// `factors` multiplied, at most `limit`, or the error naming `field` and the product.
+fn product(field: &str, factors: &[u64], limit: u64) -> Result<u64, ModelErrorKind> {
+    let p = factors.iter().try_fold(1u64, |p, &f| p.checked_mul(f));
+    match p {
+        Some(p) if p <= limit => Ok(p),
+        _ => {
+            let shown: Vec<String> = factors.iter().map(u64::to_string).collect();
+            Err(too_large(
+                field,
+                shown.join(" x "),
+                format!("at most {limit} (model::bounds)"),
+            ))
+        }
+    }
+}
+
+/// A shape within the bounds: each dimension at most [`MAX_DIM`], at most [`MAX_ELEMENTS`]
+/// elements, so every later product of it (times a batch) stays in range.
+fn check_shape(field: &str, s: Shape) -> Result<(), ModelErrorKind> {
+    if [s.c, s.h, s.w].iter().any(|&d| d as u64 > MAX_DIM) {
+        return Err(too_large(
+            field,
+            s.to_string(),
+            format!("each dimension is at most {MAX_DIM}"),
+        ));
+    }
+    product(field, &[s.c as u64, s.h as u64, s.w as u64], MAX_ELEMENTS).map(|_| ())
+}
+
+/// The model's totals in range: parameters at most [`MAX_ELEMENTS`], MACs in a `u64`.
+fn check_totals(nodes: &[Node]) -> Result<(), ModelErrorKind> {
+    let params = nodes
+        .iter()
+        .try_fold(0u64, |sum, n| sum.checked_add(n.params as u64));
+    match params {
+        Some(p) if p <= MAX_ELEMENTS => {}
+        _ => {
+            return Err(too_large(
+                "parameters",
+                "the model's total".into(),
+                format!("at most {MAX_ELEMENTS}"),
+            ))
+        }
+    }
+    let macs = nodes
+        .iter()
+        .try_fold(0u64, |sum, n| sum.checked_add(n.macs));
+    macs.map(|_| ()).ok_or_else(|| {
+        too_large(
+            "MACs",
+            "the model's total".into(),
+            "what a 64-bit count holds".into(),
+        )
+    })
+}
+
+/// Output size of a sliding window, or why it does not fit (each argument is at most
+/// [`MAX_DIM`], or a "same" padding derived from two such; checked all the same).
 fn window(len: usize, k: usize, s: usize, p: usize, d: usize, axis: &str) -> Result<usize, String> {
-    let span = d * (k - 1) + 1;
-    if len + 2 * p < span {
+    let overflow =
+        || format!("a window of {k} (dilation {d}, padding {p}) along the {axis} overflows");
+    let span = k
+        .checked_sub(1)
+        .and_then(|k1| d.checked_mul(k1))
+        .and_then(|x| x.checked_add(1))
+        .ok_or_else(overflow)?;
+    let padded = p
+        .checked_mul(2)
+        .and_then(|p2| len.checked_add(p2))
+        .ok_or_else(overflow)?;
+    if padded < span {
         return Err(format!(
             "a window of {k} (dilation {d}, padding {p}) does not fit the input's {axis} of {len}"
         ));
     }
-    Ok((len + 2 * p - span) / s + 1)
+    Ok((padded - span) / s + 1)
 }
 
 type Inferred = (Op, Shape, usize, u64);
 
 /// The output shape, parameter count and MACs of `op` on inputs of `shapes`, with `Units`
 /// resolved, or a message naming the shapes that do not fit: a dispatch to each type's rule.
-fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred, String> {
+fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred, ModelErrorKind> {
+    let inferred = infer_unchecked(op, shapes, classes)?;
+    check_shape("output", inferred.1)?;
+    Ok(inferred)
+}
+
+/// [`infer`] before the output's bounds are checked.
+fn infer_unchecked(
+    op: &Op,
+    shapes: &[(String, Shape)],
+    classes: usize,
+) -> Result<Inferred, ModelErrorKind> {
     let input = Input {
         name: &shapes[0].0,
         shape: shapes[0].1,
     };
     let x = input.shape;
     if !matches!(op, Op::Add | Op::Concat) && shapes.len() != 1 {
-        return Err(format!(
+        return Err(ModelErrorKind::Shape(format!(
             "{} takes one input, got {}",
             op.type_name(),
             shapes.len()
-        ));
+        )));
     }
     Ok(match op {
         Op::Conv2d(c) => infer_conv(c, input, classes)?,
@@ -494,7 +626,11 @@ fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred
         Op::GlobalAvgPool => (op.clone(), Shape { c: x.c, h: 1, w: 1 }, 0, 0),
         Op::Flatten => {
             let flat = Shape {
-                c: x.numel(),
+                c: product(
+                    "output",
+                    &[x.c as u64, x.h as u64, x.w as u64],
+                    MAX_ELEMENTS,
+                )? as usize,
                 h: 1,
                 w: 1,
             };
@@ -505,10 +641,10 @@ fn infer(op: &Op, shapes: &[(String, Shape)], classes: usize) -> Result<Inferred
         Op::Concat => (op.clone(), concat_shape(shapes)?, 0, 0),
         Op::SoftmaxCrossEntropy(_) => {
             if !x.is_flat() || x.c != classes {
-                return Err(format!(
+                return Err(ModelErrorKind::Shape(format!(
                     "the loss needs one logit per class ({classes}), but '{}' gives {x}",
                     input.name
-                ));
+                )));
             }
             (op.clone(), Shape { c: 1, h: 1, w: 1 }, 0, 0)
         }
@@ -555,12 +691,12 @@ fn conv_padding(c: &Conv2d) -> Result<[usize; 2], String> {
 }
 
 /// A convolution's rule: channels and groups resolved and checked, padding resolved.
-fn infer_conv(c: &Conv2d, input: Input, classes: usize) -> Result<Inferred, String> {
+fn infer_conv(c: &Conv2d, input: Input, classes: usize) -> Result<Inferred, ModelErrorKind> {
     let x = input.shape;
     let out = resolve(&c.out, "out", x.c, classes)?;
     let groups = resolve(&c.groups, "groups", x.c, classes)?;
     if !x.c.is_multiple_of(groups) || !out.is_multiple_of(groups) {
-        return Err(format!("groups = {groups} must divide the input channels ({}, from '{}' of {x}) and the output channels ({out})", x.c, input.name));
+        return Err(ModelErrorKind::Shape(format!("groups = {groups} must divide the input channels ({}, from '{}' of {x}) and the output channels ({out})", x.c, input.name)));
     }
     let padding = conv_padding(c)?;
     let oh = input.window(
@@ -579,8 +715,10 @@ fn infer_conv(c: &Conv2d, input: Input, classes: usize) -> Result<Inferred, Stri
         c.dilation[1],
         "width",
     )?;
-    let per_out = c.kernel[0] * c.kernel[1] * x.c / groups;
-    let params = out * per_out + if c.bias { out } else { 0 };
+    let (k, cin) = (c.kernel.map(|k| k as u64), (x.c / groups) as u64);
+    let per_out = product("kernel", &[k[0], k[1], cin], MAX_ELEMENTS)?;
+    let weights = product("params", &[out as u64, per_out], MAX_ELEMENTS)?;
+    let params = (weights + if c.bias { out as u64 } else { 0 }) as usize;
     let resolved = Conv2d {
         out: Units::Fixed(out),
         groups: Units::Fixed(groups),
@@ -592,7 +730,7 @@ fn infer_conv(c: &Conv2d, input: Input, classes: usize) -> Result<Inferred, Stri
         h: oh,
         w: ow,
     };
-    let macs = (out * per_out * oh * ow) as u64;
+    let macs = product("MACs", &[weights, oh as u64, ow as u64], u64::MAX)?;
     Ok((Op::Conv2d(resolved), shape, params, macs))
 }
 
@@ -622,19 +760,20 @@ fn pool_shape(p: &Pool, max: bool, input: Input) -> Result<Shape, String> {
 }
 
 /// A linear layer's rule: a flat input, the output count resolved.
-fn infer_linear(l: &Linear, input: Input, classes: usize) -> Result<Inferred, String> {
+fn infer_linear(l: &Linear, input: Input, classes: usize) -> Result<Inferred, ModelErrorKind> {
     let x = input.shape;
     if !x.is_flat() {
-        return Err(format!("linear needs a flat input, but '{}' is {x}: put a flatten (or global_avg_pool) before it", input.name));
+        return Err(ModelErrorKind::Shape(format!("linear needs a flat input, but '{}' is {x}: put a flatten (or global_avg_pool) before it", input.name)));
     }
     let out = resolve(&l.out, "out", x.c, classes)?;
-    let params = out * x.c + if l.bias { out } else { 0 };
+    let weights = product("params", &[out as u64, x.c as u64], MAX_ELEMENTS)?;
+    let params = (weights + if l.bias { out as u64 } else { 0 }) as usize;
     let resolved = Linear {
         out: Units::Fixed(out),
         ..l.clone()
     };
     let shape = Shape { c: out, h: 1, w: 1 };
-    Ok((Op::Linear(resolved), shape, params, (out * x.c) as u64))
+    Ok((Op::Linear(resolved), shape, params, weights))
 }
 
 /// A sum's shape: two or more inputs of one shape.
@@ -666,6 +805,8 @@ fn concat_shape(shapes: &[(String, Shape)]) -> Result<Shape, String> {
     if let Some((n, s)) = shapes.iter().find(|(_, s)| (s.h, s.w) != (x.h, x.w)) {
         return Err(format!("concat joins channels of inputs of one height and width, but '{first}' is {x} and '{n}' is {s}"));
     }
+    // Each input is within the bounds, and there are at most MAX_LAYERS of them: the sum
+    // fits (the output's bounds are checked by `infer`).
     let c = shapes.iter().map(|(_, s)| s.c).sum();
     Ok(Shape { c, h: x.h, w: x.w })
 }

@@ -9,6 +9,7 @@
 //!
 //! The built-in models are model files in `src/model/builtin/`, embedded in the binary.
 
+pub mod bounds;
 pub mod error;
 pub mod expr;
 pub mod file;
@@ -80,15 +81,29 @@ pub fn load(name_or_path: &str) -> Result<ModelSpec, ModelError> {
             )),
         ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ModelError::file(
-            name_or_path,
-            None,
-            ModelErrorKind::Syntax(format!("cannot read the model file: {e}")),
-        )
-    })?;
+    let text = crate::input::read_text(path, crate::input::FileKind::ModelFile)
+        .map_err(|e| ModelError::file(name_or_path, None, ModelErrorKind::Read(e.to_string())))?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
     file::parse(&text, name_or_path, stem)
+}
+
+/// What `dptrain model show` builds: `spec`'s graph on `input` (default: the file's, else
+/// 3x32x32) with `classes` classes (default: the file's, else 10).
+pub fn show_graph(
+    spec: &ModelSpec,
+    input: Option<[usize; 3]>,
+    classes: Option<usize>,
+) -> Result<Graph, ModelError> {
+    let input = input.or(spec.default_input).unwrap_or([3, 32, 32]);
+    Graph::build(spec, input, classes.or(spec.default_classes).unwrap_or(10))
+}
+
+/// `dptrain model show` on a model file's text (no file read): parsed, built on the
+/// file's own input and classes, rendered as the table. What the fuzz target runs.
+pub fn show_text(text: &str, file: &str) -> Result<String, ModelError> {
+    let spec = file::parse(text, file, "model")?;
+    let g = show_graph(&spec, None, None)?;
+    Ok(summary::render(&g))
 }
 
 /// The graph of `model` on the input it was designed for (its file's `input`, `classes`;

@@ -40,7 +40,12 @@ pub fn render(g: &Graph) -> String {
             act_bytes += bytes;
         }
         let name = if n.name.len() > w {
-            format!("...{}", &n.name[n.name.len() - (w - 3)..])
+            // The last w - 3 bytes, moved forward to a character boundary (names are UTF-8).
+            let mut from = n.name.len() - (w - 3);
+            while !n.name.is_char_boundary(from) {
+                from += 1;
+            }
+            format!("...{}", &n.name[from..])
         } else {
             n.name.clone()
         };

@@ -206,6 +206,19 @@ impl Net {
         let readers = readers_of(g)?;
         let fusion = Fusion::plan(g, &readers);
         let mut layout = ExecLayout::build(g, &fusion, mb)?;
+        // Each node's shape is within model::bounds (at most 2^40 elements), but the batch is
+        // the user's: every buffer length, and their sum, checked before the closure below
+        // multiplies unchecked.
+        let total = g.nodes.iter().try_fold(0usize, |sum, n| {
+            mb.checked_mul(n.shape.numel())
+                .and_then(|len| sum.checked_add(len))
+        });
+        if total.is_none() {
+            return Err(NetError(format!(
+                "a batch of {mb} makes the activation buffers of {} overflow a 64-bit size: use a smaller --batch",
+                g.name
+            )));
+        }
         let numel = |j: usize| mb * g.nodes[j].shape.numel();
         let ((grads, grad_slot), (acts, act_slot)) = if inference {
             let keep = fusion.value_of[g.logits()];
