@@ -138,7 +138,8 @@ impl Prepared {
             let cut = output::trim_partial_line(&metrics).map_err(OutputsError::RunDir)?;
             if cut > 0 {
                 warn(&format!(
-                    "{} ended in a partial line ({cut} bytes, left by a run that stopped while                      writing it): cut off before continuing",
+                    "{} ended in a partial line ({cut} bytes, left by a run that stopped while \
+                     writing it): cut off before continuing",
                     metrics.display()
                 ));
             }
@@ -201,7 +202,8 @@ fn claim(cfg: &mut TrainConfig, notes: &mut Vec<String>) -> Result<RunDirLock, O
         }
         if n > 1 {
             notes.push(format!(
-                "{} holds an earlier run or one still going (left as it is): this run writes                  to {}",
+                "{} holds an earlier run or one still going (left as it is): this run writes \
+                 to {}",
                 base.display(),
                 dir.display()
             ));
