@@ -158,7 +158,7 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         .mode(0o644)
         .custom_flags_nofollow()
         .open(path)
-        .map_err(|e| io("open", e))?;
+        .map_err(|e| io("create a file in the run directory (its lock)", e))?;
     let m = file.metadata().map_err(|e| io("inspect", e))?;
     if !m.is_file() {
         return Err(LockError::Io(OutputError::NotRegular {
