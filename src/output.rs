@@ -17,7 +17,10 @@
 //!   created with `create_new` (so it can be neither a link planted in advance nor someone
 //!   else's file), fsynced and renamed over the target. A crash leaves the old file or the new
 //!   one; every failure path (disk full included) removes the temporary file, and temporary
-//!   files of killed processes are removed by [`remove_stale_temps`].
+//!   files of killed processes are removed by [`remove_stale_temps`]. Temporary files are
+//!   named `.dptrain-tmp-NAME.<pid>.<n>` ([`TEMP_PREFIX`]) and only exactly that is removed.
+//! - **Appends are whole lines** ([`append_line`]): a line that does not fit is cut back off,
+//!   so a full disk never leaves a torn line.
 //!
 //! Errors are [`OutputError`]: each names the path, what was wrong and what to do.
 
@@ -246,11 +249,14 @@ pub fn path_component(name: &str) -> String {
     out
 }
 
-/// Suffix of every temporary file: `NAME.<pid>.<n>.tmp`.
-const TEMP_SUFFIX: &str = ".tmp";
+/// Prefix of every temporary file: `.dptrain-tmp-NAME.<pid>.<n>`. A name no user would pick
+/// (hidden, and naming dptrain), because temporary files of killed runs are deleted on sight:
+/// with the old `NAME.<pid>.<n>.tmp`, a user's `thesis.99999.0.tmp` in a run directory was
+/// deleted as a stale temporary file.
+pub const TEMP_PREFIX: &str = ".dptrain-tmp-";
 
-/// Creates a new temporary file next to `path` (`NAME.<pid>.<n>.tmp`) with `create_new`, so
-/// nothing that already exists, a planted link included, is ever opened.
+/// Creates a new temporary file next to `path` (`.dptrain-tmp-NAME.<pid>.<n>`) with
+/// `create_new`, so nothing that already exists, a planted link included, is ever opened.
 fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
     let name = path
         .file_name()
@@ -259,7 +265,7 @@ fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
     let dir = parent_dir(path);
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!("{name}.{}.{n}{TEMP_SUFFIX}", std::process::id()));
+        let tmp = dir.join(format!("{TEMP_PREFIX}{name}.{}.{n}", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => return Ok((tmp, f)),
             // A leftover of an earlier process with our pid; take the next number.
@@ -415,36 +421,6 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
     Ok(())
 }
 
-/// Appends `line` and a newline to `path` (created if absent), which must pass
-/// [`check_file_target`]; the open does not follow a link planted after the check.
-pub fn append_line(path: &Path, line: &str) -> Result<(), OutputError> {
-    check_file_target(path)?;
-    let mut options = OpenOptions::new();
-    options.create(true).append(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
-        path: path.to_path_buf(),
-        action,
-        cause,
-    };
-    let mut f = options
-        .open(path)
-        .map_err(|e| io("open for appending", e))?;
-    let m = f.metadata().map_err(|e| io("inspect", e))?;
-    if !m.is_file() {
-        return Err(OutputError::NotRegular {
-            path: path.to_path_buf(),
-            kind: kind_of(&m.file_type()),
-        });
-    }
-    f.write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| io("append to", e))
-}
-
 /// Makes sure `dir` is a directory, creating it (one level: its parent must exist) if absent.
 /// An existing directory, also one reached through a link, is used as it is.
 pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
@@ -503,10 +479,11 @@ pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
     }
 }
 
-/// Removes temporary files (`NAME.<pid>.<n>.tmp`, see [`write_atomically`]) that processes no
-/// longer running left in `dir` when they were killed mid-write; returns what was removed.
-/// Files of live processes (this one included) and anything that is not a regular file are
-/// left alone.
+/// Removes temporary files (`.dptrain-tmp-NAME.<pid>.<n>`, see [`write_atomically`]) that
+/// processes no longer running left in `dir` when they were killed mid-write; returns what was
+/// removed. Only names of exactly that form are touched: files of live processes (this one and
+/// another run's included), anything that is not a regular file, and every other name (a
+/// user's `thesis.99999.0.tmp`) are left alone.
 pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -514,7 +491,7 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
     };
     for e in entries.filter_map(Result::ok) {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = temp_owner(&name) else {
+        let Some((_, pid)) = temp_owner(&name) else {
             continue;
         };
         let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
@@ -526,23 +503,148 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
-/// The pid in a temporary file's name `NAME.<pid>.<n>.tmp`, if it is one.
-fn temp_owner(name: &str) -> Option<u32> {
-    let stem = name.strip_suffix(TEMP_SUFFIX)?;
-    let mut parts = stem.rsplitn(3, '.');
+/// The target name and the pid in a temporary file's name `.dptrain-tmp-NAME.<pid>.<n>`, if it
+/// is exactly one: the prefix, a non-empty target, then a pid and a counter of decimal digits.
+fn temp_owner(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix(TEMP_PREFIX)?;
+    let mut parts = rest.rsplitn(3, '.');
     let n = parts.next()?;
     let pid = parts.next()?;
-    parts.next().filter(|s| !s.is_empty())?;
+    let target = parts.next().filter(|s| !s.is_empty())?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(n) || !digits(pid) {
+        return None;
+    }
     n.parse::<u64>().ok()?;
-    pid.parse::<u32>().ok()
+    Some((target, pid.parse::<u32>().ok()?))
 }
 
 /// True when `name` is a temporary file of [`write_atomically`] for the file `target`.
 pub fn is_temp_of(name: &str, target: &str) -> bool {
-    temp_owner(name).is_some()
-        && name
-            .strip_prefix(target)
-            .is_some_and(|rest| rest.starts_with('.'))
+    temp_owner(name).is_some_and(|(t, _)| t == target)
+}
+
+/// A file that lines are appended to, seen as [`append_whole`] needs it: its length now, and
+/// a way back to it. For [`File`]; tests give one that fails part way.
+pub trait AppendTarget: Write {
+    /// The length of the file now, where the next append starts.
+    fn end(&mut self) -> std::io::Result<u64>;
+    /// Cuts the file back to `len` bytes.
+    fn truncate_to(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl AppendTarget for File {
+    fn end(&mut self) -> std::io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+
+    fn truncate_to(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)
+    }
+}
+
+/// Appends `bytes` whole or not at all: on a short write or an error (a full disk), the file
+/// is cut back to its length before, so no partial line is left for a reader (or a resumed
+/// run's next line) to trip over. The error is the write's.
+pub fn append_whole(f: &mut impl AppendTarget, bytes: &[u8]) -> std::io::Result<()> {
+    let before = f.end()?;
+    let Err(e) = f.write_all(bytes).and_then(|()| f.flush()) else {
+        return Ok(());
+    };
+    if let Err(cut) = f.truncate_to(before) {
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("{e}; and its partial line could not be removed: {cut}"),
+        ));
+    }
+    Err(e)
+}
+
+/// Opens `path` (created if absent, when `create`) for appending or trimming: never through a
+/// link planted after [`check_file_target`], never blocking on a fifo, a regular file only.
+fn open_appendable(path: &Path, create: bool) -> Result<File, OutputError> {
+    check_file_target(path)?;
+    let mut options = OpenOptions::new();
+    options
+        .create(create)
+        .append(create)
+        .read(true)
+        .write(!create);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        action,
+        cause,
+    };
+    let f = options
+        .open(path)
+        .map_err(|e| io("open for appending", e))?;
+    let m = f.metadata().map_err(|e| io("inspect", e))?;
+    if !m.is_file() {
+        return Err(OutputError::NotRegular {
+            path: path.to_path_buf(),
+            kind: kind_of(&m.file_type()),
+        });
+    }
+    Ok(f)
+}
+
+/// Appends `line` and a newline to `path` (created if absent), which must pass
+/// [`check_file_target`]; the open does not follow a link planted after the check. The line is
+/// written whole or not at all ([`append_whole`]): a full disk leaves the file as it was.
+pub fn append_line(path: &Path, line: &str) -> Result<(), OutputError> {
+    let mut f = open_appendable(path, true)?;
+    let mut bytes = Vec::with_capacity(line.len() + 1);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.push(b'\n');
+    append_whole(&mut f, &bytes).map_err(|cause| OutputError::Io {
+        path: path.to_path_buf(),
+        action: "append a line to",
+        cause,
+    })
+}
+
+/// Cuts a partial last line (bytes after the last newline: what a crash in the middle of an
+/// append by an older dptrain left) off `path`, so the next append starts a line of its own;
+/// returns how many bytes were cut (0 when the file ends in a newline, is empty or absent).
+/// Reads backwards from the end in blocks, so a long file is not read whole.
+pub fn trim_partial_line(path: &Path) -> Result<u64, OutputError> {
+    use std::io::{Read, Seek, SeekFrom};
+    if !path.exists() {
+        return Ok(0);
+    }
+    let mut f = open_appendable(path, false)?;
+    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        action,
+        cause,
+    };
+    let len = f.metadata().map_err(|e| io("inspect", e))?.len();
+    let mut block = [0u8; 8192];
+    let mut end = len;
+    let keep = loop {
+        if end == 0 {
+            break 0;
+        }
+        let start = end.saturating_sub(block.len() as u64);
+        let part = &mut block[..(end - start) as usize];
+        f.seek(SeekFrom::Start(start))
+            .and_then(|_| f.read_exact(part))
+            .map_err(|e| io("read", e))?;
+        if let Some(i) = part.iter().rposition(|&b| b == b'\n') {
+            break start + i as u64 + 1;
+        }
+        end = start;
+    };
+    if keep < len {
+        f.set_len(keep)
+            .map_err(|e| io("cut the partial last line of", e))?;
+    }
+    Ok(len - keep)
 }
 
 #[cfg(test)]
@@ -551,12 +653,106 @@ mod tests {
 
     #[test]
     fn temp_names_are_recognised() {
-        assert_eq!(temp_owner("summary.json.123.0.tmp"), Some(123));
-        assert_eq!(temp_owner("a.b.c.45.7.tmp"), Some(45));
-        assert_eq!(temp_owner("summary.json.tmp"), None);
-        assert_eq!(temp_owner(".1.2.tmp"), None);
-        assert_eq!(temp_owner("x.y.1.tmp"), None);
-        assert!(is_temp_of("c.safetensors.9.3.tmp", "c.safetensors"));
-        assert!(!is_temp_of("c.safetensors.9.3.tmp", "c.safe"));
+        assert_eq!(
+            temp_owner(".dptrain-tmp-summary.json.123.0"),
+            Some(("summary.json", 123))
+        );
+        assert_eq!(temp_owner(".dptrain-tmp-a.b.c.45.7"), Some(("a.b.c", 45)));
+        // A user's names, and near misses, are not temporary files.
+        for name in [
+            "thesis.99999.0.tmp",
+            "summary.json.123.0.tmp",
+            ".dptrain-tmp-.1.2",
+            ".dptrain-tmp-x.1",
+            ".dptrain-tmp-x.+1.2",
+            ".dptrain-tmp-x.1.2.tmp",
+            ".dptrain-tmp-x.1.",
+            "dptrain-tmp-x.1.2",
+        ] {
+            assert_eq!(temp_owner(name), None, "{name}");
+        }
+        assert!(is_temp_of(
+            ".dptrain-tmp-c.safetensors.9.3",
+            "c.safetensors"
+        ));
+        assert!(!is_temp_of(".dptrain-tmp-c.safetensors.9.3", "c.safe"));
+        assert!(!is_temp_of(".dptrain-tmp-c.safetensors.9.3", "c"));
+    }
+
+    #[test]
+    fn temp_files_carry_the_prefix_and_are_recognised() {
+        let dir = std::env::temp_dir().join(format!("dptrain-out-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (tmp, f) = create_temp(&dir.join("summary.json")).unwrap();
+        drop(f);
+        let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(is_temp_of(&name, "summary.json"), "{name}");
+        // Ours, of a live process: left alone.
+        assert!(remove_stale_temps(&dir).is_empty());
+        assert!(tmp.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file in memory that takes `room` bytes, then fails as a full disk does.
+    struct FullAfter {
+        bytes: Vec<u8>,
+        room: usize,
+    }
+
+    impl Write for FullAfter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.room.saturating_sub(self.bytes.len()));
+            if n == 0 && !buf.is_empty() {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.bytes.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl AppendTarget for FullAfter {
+        fn end(&mut self) -> std::io::Result<u64> {
+            Ok(self.bytes.len() as u64)
+        }
+        fn truncate_to(&mut self, len: u64) -> std::io::Result<()> {
+            self.bytes.truncate(len as usize);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_append_that_does_not_fit_leaves_no_partial_line() {
+        let mut f = FullAfter {
+            bytes: Vec::new(),
+            room: 10,
+        };
+        append_whole(&mut f, b"{\"a\":1}\n").unwrap();
+        assert_eq!(f.bytes, b"{\"a\":1}\n");
+        // 2 bytes of room left: the short write is undone, the error is the disk's.
+        let e = append_whole(&mut f, b"{\"b\":2}\n").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        assert_eq!(f.bytes, b"{\"a\":1}\n");
+    }
+
+    #[test]
+    fn a_partial_last_line_is_trimmed() {
+        let dir = std::env::temp_dir().join(format!("dptrain-trim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("metrics.jsonl");
+        assert_eq!(trim_partial_line(&path).unwrap(), 0);
+        let long = "x".repeat(20_000);
+        std::fs::write(&path, format!("{{\"a\":1}}\n{long}")).unwrap();
+        assert_eq!(trim_partial_line(&path).unwrap(), 20_000);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n");
+        assert_eq!(trim_partial_line(&path).unwrap(), 0);
+        std::fs::write(&path, "no newline").unwrap();
+        assert_eq!(trim_partial_line(&path).unwrap(), 10);
+        assert_eq!(std::fs::read(&path).unwrap(), b"");
+        append_line(&path, "{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -17,6 +17,13 @@ pub fn print_warning(message: &str) {
     eprint!("{line}");
 }
 
+/// Prints `note: MESSAGE` to stderr as one preformatted string (one write, see
+/// [`print_warning`]): something done or chosen that the user should know about.
+pub fn print_note(message: &str) {
+    let line = format!("note: {message}\n");
+    eprint!("{line}");
+}
+
 /// What became of the process's stdout: open, closed by its reader, or failed otherwise.
 static STDOUT_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(STDOUT_OPEN);
 const STDOUT_OPEN: u8 = 0;

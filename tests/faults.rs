@@ -199,14 +199,17 @@ fn temp_files(dir: &Path, target: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Every temporary file (`*.tmp`) under `dir`, recursively.
+/// Every temporary file (`.dptrain-tmp-*`) under `dir`, recursively.
 fn any_temp_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
         if p.is_dir() {
             out.extend(any_temp_files(&p));
-        } else if p.to_string_lossy().ends_with(".tmp") {
+        } else if p.file_name().is_some_and(|n| {
+            n.to_string_lossy()
+                .starts_with(dptrain::output::TEMP_PREFIX)
+        }) {
             out.push(p);
         }
     }

@@ -6,6 +6,12 @@ use std::path::{Path, PathBuf};
 /// (default `runs/comparison`).
 pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), String> {
     for dir in run_dirs {
+        if let Some(holder) = crate::train::lock::holder_of(dir) {
+            crate::terminal::print_warning(&format!(
+                "{} is still being written by {holder}: the report shows the run so far",
+                dir.display()
+            ));
+        }
         let figures = crate::report::write_run_report(dir)?;
         crate::outln!("{}: report.md and {} figures", dir.display(), figures.len());
     }

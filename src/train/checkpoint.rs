@@ -62,7 +62,8 @@ pub enum CheckpointError {
     Write(String),
     /// The checkpoint is of another model.
     #[error(
-        "the checkpoint is for model '{checkpoint}', not '{now}': resume with --model {checkpoint}"
+        "the checkpoint is for model '{checkpoint}', not '{now}' (model names are the model \
+         files' `name`): give the model file the checkpoint was trained with"
     )]
     OtherModel {
         /// The checkpoint's model.

@@ -72,6 +72,9 @@ pub enum StepError {
     /// The worker panicked (caught on its thread).
     #[error("panicked: {0}")]
     Panicked(String),
+    /// The run stopped its workers (an output it must write failed; that is the cause).
+    #[error("stopped by the run")]
+    Stopped,
 }
 
 impl StepError {
@@ -81,6 +84,7 @@ impl StepError {
         match self {
             Self::Data(e) => e.is_echo(),
             Self::Comm(e) => e.is_echo(),
+            Self::Stopped => true,
             _ => false,
         }
     }
@@ -219,14 +223,17 @@ pub enum ResumeError {
     Load(#[from] CheckpointError),
     /// The checkpoint is of another model.
     #[error(
-        "the checkpoint is for model '{checkpoint}', not '{now}': resume with --model \
-         {checkpoint}"
+        "the checkpoint is for model '{checkpoint}', not '{now}': {}",
+        resume_with(model_flag)
     )]
     OtherModel {
-        /// The checkpoint's model.
+        /// The checkpoint's model (its name, as the model file's `name` gives it).
         checkpoint: String,
         /// This run's.
         now: String,
+        /// What `--model` gave the checkpoint's run (a built-in name or the model file's
+        /// path), as the checkpoint or its run's `summary.json` records it.
+        model_flag: Option<String>,
     },
     /// The checkpoint's run trained on other data, in another order, or another batch.
     #[error(
@@ -259,9 +266,6 @@ pub fn describe_changes(changes: &[(&'static str, String, String)]) -> String {
 /// An output that failed after training had finished; the summary was written before it.
 #[derive(Debug, thiserror::Error)]
 pub enum LateWrite {
-    /// A line of `metrics.jsonl`.
-    #[error("{0} (summary.json was written; the per-epoch lines are missing)")]
-    Metrics(String),
     /// The `--trace` timeline.
     #[error(
         "{error} (training finished; summary.json is in {})",
@@ -273,6 +277,26 @@ pub enum LateWrite {
         /// The run directory (which holds the results).
         run_dir: PathBuf,
     },
+}
+
+/// How to resume with the checkpoint's model: `--model` as its run was given it, when recorded.
+fn resume_with(model_flag: &Option<String>) -> String {
+    match model_flag {
+        Some(m) => format!("resume with --model {m} (what its run was given)"),
+        None => "resume with the --model its run was given (a built-in name or the model \
+                 file; neither the checkpoint nor a summary.json beside it records which)"
+            .into(),
+    }
+}
+
+/// Where a stopped run can be continued from, for its message.
+fn continue_hint(checkpoint: &Option<PathBuf>) -> String {
+    checkpoint.as_ref().map_or(String::new(), |c| {
+        format!(
+            "; once there is room, continue with --resume {}",
+            c.display()
+        )
+    })
 }
 
 /// Why a run ended without its summary, or with a write that failed late.
@@ -294,6 +318,19 @@ pub enum TrainError {
          please report it"
     )]
     Diverged(Vec<u64>),
+    /// A line of `metrics.jsonl` could not be written: the run stopped at the first one (a
+    /// run whose record silently lacks lines would pass for a complete one), and wrote no
+    /// summary.
+    #[error(
+        "{error}; the run stopped at this line (no summary.json was written){}",
+        continue_hint(checkpoint)
+    )]
+    Metrics {
+        /// The failed append, naming `metrics.jsonl` and the cause.
+        error: Box<crate::output::OutputError>,
+        /// The last checkpoint written before it, if any.
+        checkpoint: Option<PathBuf>,
+    },
     /// After training: the processes' final exchanges, or `summary.json`.
     #[error("{0}")]
     Finish(String),

@@ -12,6 +12,7 @@ pub mod description;
 pub mod error;
 pub mod event;
 pub mod inputs;
+pub mod lock;
 pub mod metrics;
 pub mod processes;
 pub mod progress;
@@ -44,14 +45,16 @@ pub use summary::Summary;
 pub fn check_resume(
     cfg: &TrainConfig,
     model: &str,
-    state: &checkpoint::TrainState,
+    ck: &checkpoint::Checkpoint,
     path: &Path,
 ) -> Result<Option<String>, ResumeError> {
+    let state = &ck.state;
     // The model first: its tensors could not be loaded into another one anyway.
     if state.model != model {
         return Err(ResumeError::OtherModel {
             checkpoint: state.model.clone(),
             now: model.to_string(),
+            model_flag: recorded_model_flag(ck, path),
         });
     }
     let Some(then) = &state.run else {
@@ -77,6 +80,24 @@ pub fn check_resume(
         path: path.to_path_buf(),
         changes,
     })
+}
+
+/// What `--model` the checkpoint's run was given: the built-in name or model file path the
+/// checkpoint records, else the `model` of the `summary.json` beside it (older checkpoints).
+fn recorded_model_flag(ck: &checkpoint::Checkpoint, path: &Path) -> Option<String> {
+    if let Some(d) = &ck.description {
+        let source = &d.model_source;
+        return Some(
+            source
+                .strip_prefix("builtin:")
+                .unwrap_or(source)
+                .to_string(),
+        );
+    }
+    let summary = crate::output::parent_dir(path).join("summary.json");
+    let text = crate::input::read_text(&summary, crate::input::FileKind::Summary).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["config"]["model"].as_str().map(str::to_string)
 }
 
 /// The model `--model NAME|FILE` made concrete for samples of `shape` and `classes`
@@ -277,9 +298,10 @@ pub fn train_in(
         }
     };
     let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
-    let workers = spawn_workers(&run, train_source, group, wall).map_err(TrainError::Start)?;
-    let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
     let mut progress = RunProgress::new(&run.cfg, run.start_epoch, run.steps_per_epoch);
+    let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
+        .map_err(TrainError::Start)?;
+    let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
     progress.follow(&run.cfg, &workers.events, &mut display);
     display.finish();
     finish(&run, workers, progress, &display, group, wall)
@@ -301,6 +323,9 @@ struct PreparedRun {
     steps_per_epoch: usize,
     /// Where the `--trace` timeline goes, if one was asked for.
     trace_path: Option<PathBuf>,
+    /// The run directory's lock (rank 0, which alone writes the run directory), held until
+    /// the summary that carries it is dropped: after the caller has drawn the report.
+    run_dir_lock: Option<Arc<lock::RunDirLock>>,
 }
 
 impl PreparedRun {
@@ -333,7 +358,7 @@ fn prepare(
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
     let steps_per_epoch = train_source.len() / cfg.batch;
-    let trace_path = prepare_outputs(&mut cfg, start_epoch, steps_per_epoch, warn)?;
+    let (trace_path, run_dir_lock) = prepare_outputs(&mut cfg, start_epoch, steps_per_epoch, warn)?;
     if group.size() > 1 {
         let lines =
             processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)
@@ -350,6 +375,7 @@ fn prepare(
         start_epoch,
         steps_per_epoch,
         trace_path,
+        run_dir_lock: run_dir_lock.map(Arc::new),
     };
     Ok((run, train_source))
 }
@@ -365,7 +391,7 @@ fn load_resume(
         return Ok(None);
     };
     let ck = checkpoint::Checkpoint::load(path).map_err(ResumeError::Load)?;
-    if let Some(note) = check_resume(cfg, model, &ck.state, path)? {
+    if let Some(note) = check_resume(cfg, model, &ck, path)? {
         warn(&note);
     }
     if ck.state.epoch >= cfg.epochs {
@@ -398,14 +424,15 @@ fn load_weights(
 }
 
 /// Checks every output and (on rank 0) prepares the run directory, which may move `cfg` to a
-/// numbered one; shows the configuration's warnings and the notes of clearing the directory.
-/// Returns where the trace goes, if one was asked for.
+/// numbered one (or, resuming, to the checkpoint's); shows the configuration's warnings and the
+/// notes of clearing the directory. Returns where the trace goes, if one was asked for, and
+/// the run directory's lock (rank 0).
 fn prepare_outputs(
     cfg: &mut TrainConfig,
     start_epoch: usize,
     steps_per_epoch: usize,
     warn: &dyn Fn(&str),
-) -> Result<Option<PathBuf>, PrepareError> {
+) -> Result<(Option<PathBuf>, Option<lock::RunDirLock>), PrepareError> {
     if let Some(w) = rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch)? {
         warn(&w);
     }
@@ -417,17 +444,18 @@ fn prepare_outputs(
     };
     // Only now: `prepare` may have moved the run to a numbered directory.
     let trace_path = rundir::check_trace(cfg)?;
-    if let Some(prepared) = prepared {
-        for w in &cfg.warnings {
-            warn(w);
-        }
-        for note in prepared.clear(&cfg.run_dir)? {
-            if !cfg.quiet {
-                eprintln!("note: {note}");
-            }
+    let Some(mut prepared) = prepared else {
+        return Ok((trace_path, None));
+    };
+    for w in &cfg.warnings {
+        warn(w);
+    }
+    for note in prepared.clear(&cfg.run_dir, warn)? {
+        if !cfg.quiet {
+            crate::terminal::print_note(&note);
         }
     }
-    Ok(trace_path)
+    Ok((trace_path, prepared.lock.take()))
 }
 
 /// A run's threads once started: the loader threads, one thread per worker, the events they
@@ -448,6 +476,7 @@ fn spawn_workers(
     train_source: Source,
     group: &ProcessGroup,
     wall: Instant,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<RunningWorkers, String> {
     let cfg = &run.cfg;
     let load_stats = Arc::new(LoadStats::default());
@@ -478,6 +507,7 @@ fn spawn_workers(
             weights: run.weights.clone(),
             description: run.description.clone(),
             tracer: worker_tracer(trace_sink.as_ref(), rank, cfg.world()),
+            stop: stop.clone(),
         };
         let compute_threads = cfg.threads;
         let thread = std::thread::Builder::new()
@@ -560,6 +590,15 @@ fn finish(
     // the failure is returned: a timeline of a failed run helps to see why it failed. A failure
     // to write it is returned after the summary is written, which it must not cost.
     let trace_error = write_trace(workers.trace_sink.as_deref(), run.trace_path.as_deref());
+    if let Some((error, before)) = progress.metrics_error {
+        // The first failure ends the run: a worker's that came before the line, else the line.
+        if !progress.failures[..before].iter().any(|f| !f.is_echo()) {
+            return Err(TrainError::Metrics {
+                error: Box::new(error),
+                checkpoint: progress.summary.checkpoint,
+            });
+        }
+    }
     if let Some(cause) = the_cause(progress.failures) {
         return Err(TrainError::Worker(cause));
     }
@@ -584,16 +623,16 @@ fn finish(
     summary.skipped_samples = workers.load_stats.skipped();
     summary.skipped_examples = workers.load_stats.examples();
     summary.steps = total_steps;
+    summary.run_dir_lock = run.run_dir_lock.clone();
     if cfg.process_rank == 0 {
         write_summary(&summary).map_err(TrainError::Finish)?;
     }
-    let late = match (progress.metrics_error, trace_error) {
-        (Some(e), _) => LateWrite::Metrics(e),
-        (None, Some(error)) => LateWrite::Trace {
-            error,
-            run_dir: cfg.run_dir.clone(),
-        },
-        (None, None) => return Ok(summary),
+    let Some(error) = trace_error else {
+        return Ok(summary);
+    };
+    let late = LateWrite::Trace {
+        error,
+        run_dir: cfg.run_dir.clone(),
     };
     Err(TrainError::LateWrite {
         summary: Box::new(summary),

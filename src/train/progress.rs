@@ -132,8 +132,11 @@ pub struct RunProgress {
     pub failures: Vec<WorkerError>,
     /// Seconds of training steps (worker 0, evaluation excluded).
     pub train_seconds: f64,
-    /// The first metrics line that could not be written.
-    pub metrics_error: Option<String>,
+    /// The first metrics line that could not be written, and how many worker failures had
+    /// come before it (a failure before it is the run's cause, not the line).
+    pub metrics_error: Option<(crate::output::OutputError, usize)>,
+    /// Set on the first failed metrics line: the workers stop before their next step.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     epoch_breakdown: Breakdown,
     metrics_path: PathBuf,
     /// The epoch the run started at (a resumed run's first).
@@ -151,6 +154,7 @@ impl RunProgress {
             failures: Vec::new(),
             train_seconds: 0.0,
             metrics_error: None,
+            stop: Default::default(),
             epoch_breakdown: Breakdown::default(),
             metrics_path: cfg.run_dir.join("metrics.jsonl"),
             start_epoch,
@@ -273,11 +277,16 @@ impl RunProgress {
         }
     }
 
-    /// Appends a line to `metrics.jsonl`; the first failure is kept and reported once the
-    /// summary is written (the run goes on: losing a line must not cost the training).
+    /// Appends a line to `metrics.jsonl` (whole, or not at all); the first failure stops the
+    /// run: the workers leave before their next step, and the failure is the run's error. No
+    /// line is written after it, so the file is the run's record up to that line.
     fn write_metrics_line(&mut self, line: &serde_json::Value) {
+        if self.metrics_error.is_some() {
+            return;
+        }
         if let Err(e) = append_jsonl(Path::new(&self.metrics_path), line) {
-            self.metrics_error.get_or_insert(e.to_string());
+            self.metrics_error = Some((e, self.failures.len()));
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

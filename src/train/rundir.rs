@@ -6,8 +6,10 @@
 //! summary and report with it), and a directory that holds another run's files is refused: a
 //! new run there deleted the old metrics, overwrote some checkpoints and left the later ones,
 //! so "resume the latest" would have picked up the other run. `--overwrite` deletes those files
-//! first instead, and says which.
+//! first instead, and says which. The directory is locked ([`super::lock`]) before any of
+//! that is looked at, so a run that is still going is neither mixed with nor deleted.
 
+use super::lock::{LockError, RunDirLock};
 use crate::config::TrainConfig;
 use crate::output::{self, OutputError};
 use std::ops::Range;
@@ -19,6 +21,9 @@ pub enum OutputsError {
     /// The run directory cannot be made, holds another run, or a file in it cannot be written.
     #[error("--run-dir: {0}")]
     RunDir(OutputError),
+    /// Another live run holds the run directory's lock ([`super::lock`]).
+    #[error(transparent)]
+    InUse(LockError),
     /// The default run directory and every numbered one after it hold earlier runs.
     #[error(
         "--run-dir: {} and 9998 numbered ones hold earlier runs: choose a --run-dir",
@@ -88,21 +93,27 @@ pub fn run_files_in(dir: &Path) -> Vec<String> {
     found
 }
 
-/// A run directory checked by [`prepare`]: what `--overwrite` will delete once every other
-/// check has passed ([`Prepared::clear`]), and what to tell the user.
+/// A run directory checked by [`prepare`]: its lock, what `--overwrite` will delete once every
+/// other check has passed ([`Prepared::clear`]), and what to tell the user.
 #[derive(Debug, Default)]
 pub struct Prepared {
+    /// The run directory's lock, held by this run; the run keeps it until its end.
+    pub lock: Option<RunDirLock>,
     /// An earlier run's files, to delete (`--overwrite`).
     pub to_delete: Vec<PathBuf>,
+    /// `metrics.jsonl` of the run being resumed, whose partial last line (if any) is cut off.
+    pub to_trim: Option<PathBuf>,
     /// Things done or found that the user should know about.
     pub notes: Vec<String>,
 }
 
 impl Prepared {
-    /// Deletes the earlier run's files (`--overwrite`); returns the notes, with what was
-    /// deleted.
-    pub fn clear(mut self, dir: &Path) -> Result<Vec<String>, OutputsError> {
-        for path in &self.to_delete {
+    /// Deletes the earlier run's files (`--overwrite`) and cuts a torn last line off the
+    /// resumed run's `metrics.jsonl` (said to `warn`); returns the notes, with what was
+    /// deleted. The lock stays.
+    pub fn clear(&mut self, dir: &Path, warn: &dyn Fn(&str)) -> Result<Vec<String>, OutputsError> {
+        let to_delete = std::mem::take(&mut self.to_delete);
+        for path in &to_delete {
             std::fs::remove_file(path).map_err(|cause| {
                 OutputsError::Delete(OutputError::Io {
                     path: path.clone(),
@@ -111,67 +122,130 @@ impl Prepared {
                 })
             })?;
         }
-        if !self.to_delete.is_empty() {
-            let names: Vec<String> = self
-                .to_delete
+        let mut notes = std::mem::take(&mut self.notes);
+        if !to_delete.is_empty() {
+            let names: Vec<String> = to_delete
                 .iter()
                 .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .collect();
-            self.notes.push(format!(
+            notes.push(format!(
                 "--overwrite: deleted the earlier run's {} in {}",
                 names.join(", "),
                 dir.display()
             ));
         }
-        Ok(self.notes)
+        if let Some(metrics) = self.to_trim.take() {
+            let cut = output::trim_partial_line(&metrics).map_err(OutputsError::RunDir)?;
+            if cut > 0 {
+                warn(&format!(
+                    "{} ended in a partial line ({cut} bytes, left by a run that stopped while \
+                     writing it): cut off before continuing",
+                    metrics.display()
+                ));
+            }
+        }
+        Ok(notes)
     }
 }
 
-/// Creates the run directory (one level; two for the default `runs/<model>-<dataset>`, whose
-/// parent the user did not name either), removes temporary files that killed runs left there,
-/// refuses another run's files (with `--overwrite`, lists them for [`Prepared::clear`], which
-/// the caller runs once its other checks have passed, so a refused run deletes nothing), and
-/// checks that every file the run writes can be written.
+/// With `--resume CKPT` and no `--run-dir`: the checkpoint's own directory, when it is a run
+/// directory (the checkpoint has the name a run gives it, or a run's files are beside it),
+/// which the run continues in; `None` otherwise (the default `runs/<model>-<dataset>`).
+fn resume_dir(cfg: &TrainConfig) -> Option<PathBuf> {
+    let ck = cfg.resume.as_deref().filter(|_| !cfg.run_dir_given)?;
+    let dir = output::parent_dir(ck);
+    let named = ck
+        .file_name()
+        .is_some_and(|n| is_checkpoint_name(&n.to_string_lossy()));
+    (named || !run_files_in(dir).is_empty()).then(|| dir.to_path_buf())
+}
+
+/// Creates the run directory (one level; two for the default `runs/<model>-<dataset>`) and
+/// takes its lock, before anything in it is looked at or written: of two runs started at once
+/// on a new directory, one holds it and the other is refused naming it. The default directory
+/// of a new run moves to the first numbered one that neither holds an earlier run nor is
+/// locked by a live one (said in a note).
+fn claim(cfg: &mut TrainConfig, notes: &mut Vec<String>) -> Result<RunDirLock, OutputsError> {
+    let run_dir_error = OutputsError::RunDir;
+    if !cfg.run_dir_given {
+        let parent = output::parent_dir(&cfg.run_dir);
+        if parent != Path::new(".") {
+            output::create_dir(parent).map_err(run_dir_error)?;
+        }
+    }
+    let numbered = !cfg.run_dir_given && cfg.resume.is_none() && !cfg.overwrite;
+    if !numbered {
+        output::create_dir(&cfg.run_dir).map_err(run_dir_error)?;
+        return RunDirLock::take(&cfg.run_dir).map_err(lock_error);
+    }
+    let base = cfg.run_dir.clone();
+    for n in 1..10_000 {
+        let dir = if n == 1 {
+            base.clone()
+        } else {
+            let mut name = base.as_os_str().to_owned();
+            name.push(format!("-{n}"));
+            PathBuf::from(name)
+        };
+        if !run_files_in(&dir).is_empty() {
+            continue;
+        }
+        output::create_dir(&dir).map_err(run_dir_error)?;
+        let lock = match RunDirLock::take(&dir) {
+            Ok(lock) => lock,
+            Err(LockError::InUse { .. }) => continue,
+            Err(e) => return Err(lock_error(e)),
+        };
+        // A run that ended between the look and the lock.
+        if !run_files_in(&dir).is_empty() {
+            continue;
+        }
+        if n > 1 {
+            notes.push(format!(
+                "{} holds an earlier run or one still going (left as it is): this run writes \
+                 to {}",
+                base.display(),
+                dir.display()
+            ));
+        }
+        cfg.run_dir = dir;
+        return Ok(lock);
+    }
+    Err(OutputsError::NoFreeRunDir(base))
+}
+
+/// A lock that could not be taken, as the run directory's error.
+fn lock_error(e: LockError) -> OutputsError {
+    match e {
+        LockError::InUse { .. } => OutputsError::InUse(e),
+        LockError::Io(e) => OutputsError::RunDir(e),
+    }
+}
+
+/// Claims the run directory ([`claim`]: created, locked; with `--resume CKPT` and no
+/// `--run-dir`, the checkpoint's own directory, said in a note), removes temporary files that
+/// killed runs left there, refuses another run's files (with `--overwrite`, lists them for
+/// [`Prepared::clear`], which the caller runs once its other checks have passed, so a refused
+/// run deletes nothing), and checks that every file the run writes can be written.
 ///
 /// The default directory (no `--run-dir`) is never refused for holding an earlier run: the
 /// run goes to the first free `runs/<model>-<dataset>-N` instead (said in a note), so the
 /// README's first command works every time and leaves every earlier run as it was.
 pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
-    let mut notes = Vec::new();
-    if !cfg.run_dir_given
-        && cfg.resume.is_none()
-        && !cfg.overwrite
-        && !run_files_in(&cfg.run_dir).is_empty()
-    {
-        let base = cfg.run_dir.clone();
-        let free = (2..10_000)
-            .map(|n| {
-                let mut name = base.as_os_str().to_owned();
-                name.push(format!("-{n}"));
-                PathBuf::from(name)
-            })
-            .find(|d| !d.exists() || run_files_in(d).is_empty())
-            .ok_or_else(|| OutputsError::NoFreeRunDir(base.clone()))?;
-        notes.push(format!(
-            "{} holds an earlier run (left as it is): this run writes to {}",
-            base.display(),
-            free.display()
-        ));
-        cfg.run_dir = free;
-    }
-    let dir = &cfg.run_dir;
-    let mut to_delete = Vec::new();
     if cfg.resume.is_some() && cfg.overwrite {
         return Err(OutputsError::OverwriteWithResume);
     }
-    let run_dir_error = OutputsError::RunDir;
-    if !cfg.run_dir_given {
-        let parent = output::parent_dir(dir);
-        if parent != Path::new(".") {
-            output::create_dir(parent).map_err(run_dir_error)?;
-        }
+    let mut notes = Vec::new();
+    if let Some(dir) = resume_dir(cfg) {
+        cfg.run_dir = dir;
     }
-    output::create_dir(dir).map_err(run_dir_error)?;
+    let lock = claim(cfg, &mut notes)?;
+    if cfg.resume.is_some() {
+        notes.push(format!("--resume: continuing in {}", cfg.run_dir.display()));
+    }
+    let dir = &cfg.run_dir;
+    let mut to_delete = Vec::new();
+    let run_dir_error = OutputsError::RunDir;
     for stale in output::remove_stale_temps(dir) {
         notes.push(format!(
             "removed {}, left by a run that was killed while writing it",
@@ -209,7 +283,12 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         output::check_file_target(t).map_err(run_dir_error)?;
     }
     output::check_writable(&dir.join("summary.json")).map_err(run_dir_error)?;
-    Ok(Prepared { to_delete, notes })
+    Ok(Prepared {
+        lock: Some(lock),
+        to_delete,
+        to_trim: cfg.resume.is_some().then(|| dir.join("metrics.jsonl")),
+        notes,
+    })
 }
 
 /// Checks, before the first step, that the trace file of this process (`PATH`, or
@@ -278,7 +357,7 @@ mod tests {
         assert!(is_checkpoint_name("checkpoint-epoch0003.safetensors"));
         assert!(!is_checkpoint_name("checkpoint-epoch.safetensors"));
         assert!(!is_checkpoint_name(
-            "checkpoint-epoch0003.safetensors.1.2.tmp"
+            ".dptrain-tmp-checkpoint-epoch0003.safetensors.1.2"
         ));
         assert!(!is_checkpoint_name("checkpoint-epochx.safetensors"));
     }

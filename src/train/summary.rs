@@ -48,6 +48,10 @@ pub struct Summary {
     /// The run directory the run wrote to (without `--run-dir`, the next free numbered one
     /// when the default held an earlier run).
     pub run_dir: PathBuf,
+    /// The run directory's lock, held while this summary (or a clone) lives, so the caller
+    /// draws the report before another run can take the directory; not part of the file.
+    #[serde(skip)]
+    pub run_dir_lock: Option<std::sync::Arc<super::lock::RunDirLock>>,
 }
 
 impl Summary {
@@ -72,6 +76,7 @@ impl Summary {
             slow_ranks: Vec::new(),
             steps: 0,
             run_dir: cfg.run_dir.clone(),
+            run_dir_lock: None,
         }
     }
 

@@ -50,6 +50,9 @@ pub struct WorkerSetup {
     pub description: Arc<super::description::ModelDescription>,
     /// Timeline handle ([`Tracer::off`] without `--trace`).
     pub tracer: Tracer,
+    /// Set by the run when it must stop (a `metrics.jsonl` line could not be written): the
+    /// worker leaves before its next step.
+    pub stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Something told when a worker starts and ends each step (on the worker's thread): `(rank,
@@ -121,6 +124,8 @@ pub struct Worker {
     /// What checkpoints record about the model.
     description: Arc<super::description::ModelDescription>,
     events: Sender<Event>,
+    /// The run's stop flag ([`WorkerSetup::stop`]).
+    stop: Arc<std::sync::atomic::AtomicBool>,
     start_epoch: usize,
     /// The phase the step is in, for the message if it panics.
     phase: Phase,
@@ -273,6 +278,7 @@ impl Worker {
             eval_batch: Batch::default(),
             description: s.description,
             events: s.events,
+            stop: s.stop,
             start_epoch,
             phase: Phase::Start,
             skipped_updates: 0,
@@ -343,6 +349,9 @@ impl Worker {
             let mut loss_sum = 0.0;
             for step in 0..spe {
                 let global = epoch * spe + step;
+                if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(self.failure(StepError::Stopped));
+                }
                 observe(self.rank, global, true);
                 let (loss, times) = self.step(&order, epoch, step, global)?;
                 observe(self.rank, global, false);

@@ -1,0 +1,405 @@
+//! Issue 21, rows 8, 9 and 12 and the resume messages: a run directory belongs to one run at a
+//! time (a second run on it is refused naming the first's pid), `metrics.jsonl` never holds a
+//! torn line (a full disk stops the run at the first line that does not fit, naming
+//! `metrics.jsonl`; a resumed run trims a torn last line), and only dptrain's own temporary
+//! files are deleted from a run directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn dptrain(args: &[&str], cwd: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A short training run on synthetic data into `run_dir` (relative to the cwd), with `extra`
+/// (256 training images unless `extra` gives `--train-limit`).
+fn train_args<'a>(run_dir: &'a str, epochs: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "train",
+        "--dataset",
+        "synthetic",
+        "--run-dir",
+        run_dir,
+        "--epochs",
+        epochs,
+        "--test-limit",
+        "64",
+        "--threads",
+        "1",
+    ];
+    if !extra.contains(&"--train-limit") {
+        a.extend(["--train-limit", "256"]);
+    }
+    a.extend_from_slice(extra);
+    a
+}
+
+fn no_panic(o: &Output) {
+    let all = text(o);
+    assert!(
+        !all.contains("panicked") && !all.contains("RUST_BACKTRACE"),
+        "a panic: {all}"
+    );
+}
+
+/// The epoch lines of a run directory's `metrics.jsonl`, each line parsed (a torn line fails).
+fn metrics_lines(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "metrics.jsonl ends in a partial line: {:?}",
+        &text[text.len().saturating_sub(80)..]
+    );
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("torn line {l:?}: {e}")))
+        .collect()
+}
+
+fn epochs_of(lines: &[serde_json::Value]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter(|l| l["kind"] == "epoch")
+        .map(|l| l["epoch"].as_u64().unwrap())
+        .collect()
+}
+
+/// Sends `signal` to the child.
+fn signal(child: &Child, signal: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    assert_eq!(rc, 0, "kill({}, {signal})", child.id());
+}
+
+/// Waits until the run directory's lock file names `pid` (the run holds the lock); fails the
+/// test if the run ends first or nothing happens for 60 s (a hang).
+fn wait_for_lock(child: &mut Child, lock: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = std::fs::read_to_string(lock)
+            .is_ok_and(|t| t.contains(&format!("pid={}\n", child.id())) && t.ends_with('\n'));
+        if held {
+            return;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the first run ended ({status}) before its lock was seen: give it more steps");
+        }
+        assert!(Instant::now() < deadline, "no lock file after 60 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Row 8: two runs on one new directory. The first holds the directory's lock for its whole
+/// run; it is paused (SIGSTOP) while the second tries, so the order is certain: the second is
+/// refused at once (exit 1) naming the first's pid, also with `--overwrite` (which deletes
+/// nothing of the live run) and `--resume`; `report` on it warns that the run is still going.
+/// The first completes with exactly its own two epoch lines and summary.
+#[test]
+fn a_second_run_on_a_locked_run_directory_is_refused_naming_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let same = ["--train-limit", "4096", "--seed", "1"];
+    // A checkpoint of the same run, for a resumed run into X to try.
+    let o = dptrain(&train_args("W", "1", &same), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let first_args = train_args("X", "2", &same);
+    let mut first = Command::new(BIN)
+        .args(&first_args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lock = cwd.join("X/.dptrain-lock");
+    wait_for_lock(&mut first, &lock);
+    signal(&first, libc::SIGSTOP);
+    let pid = first.id();
+    let in_use = format!("run directory X is in use by dptrain pid {pid} (started ");
+    for extra in [
+        &["--seed", "2"][..],
+        &["--seed", "2", "--overwrite"][..],
+        &[
+            "--train-limit",
+            "4096",
+            "--seed",
+            "1",
+            "--resume",
+            "W/checkpoint-epoch0001.safetensors",
+        ][..],
+    ] {
+        let second = dptrain(&train_args("X", "2", extra), cwd);
+        let all = text(&second);
+        no_panic(&second);
+        assert_eq!(second.status.code(), Some(1), "{extra:?}: {all}");
+        assert!(all.contains(&in_use), "{extra:?}: {all}");
+        assert!(
+            all.contains("wait for it, or give another --run-dir"),
+            "{extra:?}: {all}"
+        );
+    }
+    let report = dptrain(&["report", "X"], cwd);
+    assert!(
+        text(&report).contains(&format!("X is still being written by dptrain pid {pid} ")),
+        "{}",
+        text(&report)
+    );
+    signal(&first, libc::SIGCONT);
+    let out = first.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let dir = cwd.join("X");
+    assert_eq!(epochs_of(&metrics_lines(&dir)), [1, 2]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["config"]["seed"], 1);
+    assert_eq!(summary["epochs"].as_array().unwrap().len(), 2);
+    assert!(!lock.exists(), "the lock file outlived its run");
+    // Released: the directory is the finished run's, refused as such (not as in use).
+    let again = dptrain(&train_args("X", "2", &[]), cwd);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again).contains("holds the files of another run"),
+        "{}",
+        text(&again)
+    );
+}
+
+/// Row 8 without `--run-dir`: a run whose default directory is locked by a live run goes to
+/// the next numbered one instead, and says so.
+#[test]
+fn a_default_run_directory_in_use_moves_the_new_run_to_a_numbered_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let args = |limit: &'static str| {
+        vec![
+            "train",
+            "--dataset",
+            "synthetic",
+            "--epochs",
+            "1",
+            "--train-limit",
+            limit,
+            "--test-limit",
+            "64",
+            "--threads",
+            "1",
+        ]
+    };
+    let mut first = Command::new(BIN)
+        .args(args("4096"))
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_lock(&mut first, &cwd.join("runs/lenet5-synthetic/.dptrain-lock"));
+    signal(&first, libc::SIGSTOP);
+    let second = dptrain(&args("256"), cwd);
+    signal(&first, libc::SIGCONT);
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(
+        text(&second).contains("this run writes to runs/lenet5-synthetic-2"),
+        "{}",
+        text(&second)
+    );
+    assert!(first.wait().unwrap().success());
+    assert_eq!(
+        epochs_of(&metrics_lines(&cwd.join("runs/lenet5-synthetic"))),
+        [1]
+    );
+    assert_eq!(
+        epochs_of(&metrics_lines(&cwd.join("runs/lenet5-synthetic-2"))),
+        [1]
+    );
+}
+
+/// A tmpfs of `size` mounted at a new directory under `parent`, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(parent: &Path, size: &str) -> Self {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(
+            root,
+            "this test mounts a small tmpfs to fill it (issue 21 row 9): run the suite as root"
+        );
+        let at = parent.join("small");
+        std::fs::create_dir(&at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .expect("cannot run mount(8)");
+        assert!(status.success(), "mount -t tmpfs failed ({status})");
+        Self(at)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Row 9: a run directory on a nearly full 200 KiB tmpfs with a metrics line every step. The
+/// run stops at the first line that does not fit (exit 1, the error names `metrics.jsonl` and
+/// the cause), every line left is whole, and no summary is written after it.
+#[test]
+fn a_full_disk_stops_the_run_at_the_first_metrics_line_and_leaves_no_torn_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = Tmpfs::mount(tmp.path(), "200k");
+    // Leaves 12 KiB: about 45 step lines; the run would write 64 and an epoch line.
+    std::fs::write(fs.0.join("filler"), vec![0u8; 188 * 1024]).unwrap();
+    let run_dir = fs.0.join("run");
+    let run_dir_arg = run_dir.to_str().unwrap();
+    let extra = [
+        "--train-limit",
+        "4096",
+        "--log-every",
+        "1",
+        "--no-checkpoints",
+    ];
+    let o = dptrain(&train_args(run_dir_arg, "1", &extra), tmp.path());
+    let all = text(&o);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    let error = all.lines().find(|l| l.starts_with("error: ")).unwrap_or("");
+    assert!(
+        error.contains("metrics.jsonl: No space left on device")
+            && error.contains("the run stopped at this line"),
+        "{all}"
+    );
+    let lines = metrics_lines(&run_dir);
+    assert!(
+        !lines.is_empty() && lines.len() < 64,
+        "{} lines: the run did not stop at the first failed line",
+        lines.len()
+    );
+    assert!(!run_dir.join("summary.json").exists());
+    drop(fs);
+}
+
+/// Row 9's other half: `--resume` in a directory whose `metrics.jsonl` ends in a torn line
+/// (what a crash mid-append of an older dptrain left) cuts it off with a warning, so the
+/// resumed run's lines start on lines of their own.
+#[test]
+fn a_resumed_run_trims_a_torn_last_metrics_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let o = dptrain(&train_args("Z", "1", &[]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let metrics = cwd.join("Z/metrics.jsonl");
+    let mut torn = std::fs::read(&metrics).unwrap();
+    torn.extend_from_slice(b"{\"kind\":\"step\",\"ep");
+    std::fs::write(&metrics, torn).unwrap();
+    let resume = ["--resume", "Z/checkpoint-epoch0001.safetensors"];
+    let o = dptrain(&train_args("Z", "2", &resume), cwd);
+    let all = text(&o);
+    assert!(o.status.success(), "{all}");
+    assert!(
+        all.contains("warning: Z/metrics.jsonl ended in a partial line (18 bytes"),
+        "{all}"
+    );
+    assert_eq!(epochs_of(&metrics_lines(&cwd.join("Z"))), [1, 2]);
+}
+
+/// A pid no process has now (for a temporary file "left by a killed run").
+fn dead_pid() -> u32 {
+    (99_999..)
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .unwrap()
+}
+
+/// Row 12: a user's file that looks like an old-style temporary name survives a run (also
+/// with `--quiet` and `--overwrite`); dptrain's own temporary file of a dead process is
+/// removed, one of a live process is not.
+#[test]
+fn only_dptrains_own_temporary_files_are_removed_from_a_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("Y");
+    std::fs::create_dir(&dir).unwrap();
+    let dead = dead_pid();
+    let users = [
+        "thesis.99999.0.tmp",
+        "summary.json.99999.0.tmp",
+        ".dptrain-tmp-x.1",
+    ];
+    for name in users {
+        std::fs::write(dir.join(name), "mine").unwrap();
+    }
+    let stale = format!(".dptrain-tmp-summary.json.{dead}.0");
+    std::fs::write(dir.join(&stale), "stale").unwrap();
+    // This test's own pid: a live process, whose temporary file is still being written.
+    let live = format!(".dptrain-tmp-summary.json.{}.0", std::process::id());
+    std::fs::write(dir.join(&live), "live").unwrap();
+    for extra in [&["--quiet"][..], &["--quiet", "--overwrite"][..]] {
+        let o = dptrain(&train_args("Y", "1", extra), tmp.path());
+        assert!(o.status.success(), "{}", text(&o));
+        for name in users.iter().chain([&live.as_str()]) {
+            assert!(dir.join(name).exists(), "{name} was deleted ({extra:?})");
+        }
+        assert!(!dir.join(&stale).exists(), "{stale} was left");
+    }
+    // No temporary file of the runs themselves is left, under any name.
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".dptrain-") && *n != live && n != ".dptrain-tmp-x.1")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// The resume messages: `--resume CKPT` without `--run-dir` continues in the checkpoint's own
+/// directory and says so; a checkpoint of another model names the `--model` its run was given
+/// (the model file's path, not the `name` inside it).
+#[test]
+fn resume_continues_in_the_checkpoints_directory_and_names_its_model_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let model = cwd.join("mynet.toml");
+    let lenet = include_str!("../src/model/builtin/lenet5.toml");
+    std::fs::write(&model, lenet.replace("name = \"lenet5\"", "name = \"net\"")).unwrap();
+    let o = dptrain(&train_args("Z", "1", &["--model", "mynet.toml"]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    // No --run-dir: continues in Z, not in runs/net-synthetic.
+    let mut resume = train_args("Z", "2", &["--model", "mynet.toml"]);
+    resume.drain(3..5);
+    resume.extend(["--resume", "Z/checkpoint-epoch0001.safetensors"]);
+    let o = dptrain(&resume, cwd);
+    let all = text(&o);
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("note: --resume: continuing in Z\n"), "{all}");
+    assert!(cwd.join("Z/checkpoint-epoch0002.safetensors").is_file());
+    assert!(!cwd.join("runs").exists(), "{all}");
+    assert_eq!(epochs_of(&metrics_lines(&cwd.join("Z"))), [1, 2]);
+    // Another model: the message gives the model file the checkpoint's run was given.
+    let mut other = train_args("Z", "3", &["--model", "lenet5"]);
+    other.extend(["--resume", "Z/checkpoint-epoch0002.safetensors"]);
+    let o = dptrain(&other, cwd);
+    let all = text(&o);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains(
+            "the checkpoint is for model 'net', not 'lenet5': resume with --model mynet.toml"
+        ),
+        "{all}"
+    );
+}
