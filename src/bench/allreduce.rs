@@ -384,7 +384,7 @@ pub fn run_command(a: AllReduceArgs) -> Result<(), String> {
     if workers == 0 || a.iters == 0 {
         return Err("--workers and --iters must be at least 1".into());
     }
-    let sizes = float_sizes(&list(&a.sizes, parse_size)?)?;
+    let sizes = float_sizes(&list("--sizes", &a.sizes, parse_size)?)?;
     if mpi {
         if a.comm != "all" || a.link_bandwidth.is_some() || a.link_latency.is_some() {
             return Err(
@@ -405,7 +405,7 @@ fn comm_modes(comm: &str) -> Result<(Vec<CommMode>, bool), String> {
     let modes = if comm == "all" {
         CommMode::ALL.to_vec()
     } else {
-        list(&comm.replace("auto", "").replace(",,", ","), |m| {
+        list("--comm", &comm.replace("auto", "").replace(",,", ","), |m| {
             m.parse::<CommMode>()
         })
         .or_else(|e| {

@@ -28,7 +28,7 @@ pub struct DataArgs {
     /// Augmentation (off, or e.g. crop:4,flip).
     #[arg(long, default_value = "off")]
     pub augment: String,
-    /// Model of the training runs.
+    /// Model of the training runs: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, default_value = "lenet5")]
     pub model: String,
     /// Global batch.
@@ -390,7 +390,7 @@ impl DataResult {
 
 /// Runs `dptrain bench data`: both tables, printed row by row as they are measured.
 pub fn run_command(a: DataArgs) -> Result<(), String> {
-    let counts = super::args::list(&a.loader_threads, |t| {
+    let counts = super::args::list("--loader-threads", &a.loader_threads, |t| {
         t.parse::<usize>()
             .map_err(|_| format!("bad loader-thread count '{t}'"))
     })?;

@@ -89,7 +89,7 @@ fn sources(a: &LoaderArgs) -> Vec<(String, String)> {
 
 /// Measures every source at every thread count, `reps` times interleaved.
 pub fn measure(a: &LoaderArgs) -> Result<LoaderResult, String> {
-    let threads = super::args::list(&a.loader_threads, super::args::parse_thread_count)?;
+    let threads = super::args::list("--loader-threads", &a.loader_threads, super::args::parse_thread_count)?;
     let sources = sources(a);
     if sources.is_empty() {
         return Err("give --imagefolder DIR and/or --packed FILE[,FILE...]".into());

@@ -15,7 +15,8 @@ pub struct SimulateArgs {
     /// Profile JSON (from `dptrain profile`); or give --model and a device speed.
     #[arg(long, required_unless_present = "model")]
     pub profile: Option<PathBuf>,
-    /// Model to profile from its graph (with --device-tflops or --device-images-per-s).
+    /// Model to profile from its graph (with --device-tflops or --device-images-per-s):
+    /// a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, conflicts_with = "profile")]
     pub model: Option<String>,
     /// Per-worker batch, with --model.
@@ -100,14 +101,14 @@ fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
         v.push(CommChoice::Auto);
         return Ok(v);
     }
-    s.split(',').map(|m| CommChoice::parse(m.trim())).collect()
+    crate::bench::args::list("--comm", s, CommChoice::parse)
 }
 
 /// Runs `dptrain simulate`: the profile, the cluster and the sweep over worker counts, modes,
 /// hierarchical and overlap settings.
 pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let p = load_profile(&a)?;
-    let workers = worker_list(&a.workers)?;
+    let workers = worker_list("--workers", &a.workers)?;
     let base = topology(&a)?;
     let spread = compute_spread(&a, &p)?;
     let stragglers = Stragglers {
