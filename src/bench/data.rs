@@ -394,6 +394,9 @@ pub fn run_command(a: DataArgs) -> Result<(), String> {
         t.parse::<usize>()
             .map_err(|_| format!("bad loader-thread count '{t}'"))
     })?;
+    if a.batches == 0 || a.steps == 0 {
+        return Err("--batches and --steps must be at least 1".into());
+    }
     if a.prefetch == 0 {
         return Err("--prefetch is the \"on\" setting; give at least 1".into());
     }

@@ -318,6 +318,9 @@ impl OverlapGrid {
 pub fn run_command(a: OverlapArgs) -> Result<(), String> {
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
     super::args::entries("--comm", &a.comm)?;
+    if a.steps == 0 {
+        return Err("--steps must be at least 1".into());
+    }
     if a.workers < 2 {
         return Err("--workers must be at least 2".into());
     }

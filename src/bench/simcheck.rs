@@ -109,6 +109,13 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
     super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
     super::args::entries("--worker-batch", &a.worker_batch)?;
+    if a.rounds == 0 || a.device_headroom < 1.0 {
+        return Err(format!(
+            "--rounds must be at least 1 and --device-headroom at least 1 (a device no slower \
+             than the real compute it holds), not {} and {}",
+            a.rounds, a.device_headroom
+        ));
+    }
     match a.against.as_str() {
         "emulated" => run_emulated(&a),
         "cluster" => run_cluster(&a),

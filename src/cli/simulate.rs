@@ -25,7 +25,8 @@ pub struct SimulateArgs {
     /// The device, with --model.
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Worker counts, comma-separated (multiples of --devices-per-host).
+    /// Worker counts, comma-separated, one row each in the order given (multiples of
+    /// --devices-per-host).
     #[arg(long, default_value = "2,4,8,16,32,64,128,256,512,1024")]
     pub workers: String,
     /// Devices (workers) per host; they share the host's NIC.
@@ -107,8 +108,8 @@ fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
 /// Runs `dptrain simulate`: the profile, the cluster and the sweep over worker counts, modes,
 /// hierarchical and overlap settings.
 pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
-    let p = load_profile(&a)?;
     let workers = worker_list("--workers", &a.workers)?;
+    let p = load_profile(&a)?;
     let base = topology(&a)?;
     let spread = compute_spread(&a, &p)?;
     let stragglers = Stragglers {
@@ -178,6 +179,9 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
         latency: parse_duration(&a.link_latency).map_err(|e| format!("--link-latency: {e}"))?,
     };
     let d = a.devices_per_host;
+    if d == 0 {
+        return Err("--devices-per-host 0: a host holds at least 1 device".into());
+    }
     let intra = match &a.intra_bandwidth {
         Some(b) => LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(b)
