@@ -230,7 +230,8 @@ pub struct TrainOptions {
     /// runs the mode flat over every worker [default: on].
     #[arg(long)]
     pub hierarchical: Option<String>,
-    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: with neither bucket
+    /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
+    /// bucket) [default: with neither bucket
     /// flag given, the bytes the link moves in one latency, so that no bucket is
     /// latency-bound; with only --first-bucket-kb given, 0].
     #[arg(long)]

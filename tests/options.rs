@@ -486,6 +486,40 @@ const MEANING_REFUSALS: &[Case] = &[
         1,
         "--limit 0 exports nothing",
     ),
+    // The weights file only has to exist: the list is refused before it is read.
+    (
+        &["train", "--weights", BIN, "--reinit", "fc3,fc3"],
+        1,
+        "--reinit 'fc3,fc3': layer 'fc3' is named twice",
+    ),
+    (
+        &["train", "--weights", BIN, "--reinit", "fc3,"],
+        1,
+        "--reinit 'fc3,': give layer names",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--steps",
+            "99999999999",
+        ],
+        1,
+        "--steps 99999999999: at most 10000",
+    ),
+    (
+        &["bench", "loader", "--packed", "a,a"],
+        1,
+        "--packed: \"a\" is empty or given twice",
+    ),
+    (
+        &["bench", "loader", "--packed", "a,"],
+        2,
+        "a value is required for '--packed <PACKED>'",
+    ),
 ];
 
 fn check(cases: &[Case]) {

@@ -192,6 +192,15 @@ pub fn run_command(a: LoaderArgs) -> Result<(), String> {
     if a.batches == 0 || a.reps == 0 {
         return Err("--batches and --reps must be at least 1".into());
     }
+    for (i, p) in a.packed.iter().enumerate() {
+        if p.as_os_str().is_empty() || a.packed[..i].contains(p) {
+            return Err(format!(
+                "--packed: {:?} is empty or given twice; give each packed file once, separated \
+                 by single commas",
+                p.display().to_string()
+            ));
+        }
+    }
     let r = measure(&a)?;
     crate::out!("{}", r.terminal());
     Ok(())

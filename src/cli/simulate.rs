@@ -76,7 +76,7 @@ pub struct SimulateArgs {
     /// Seed of the straggler draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Steps simulated and averaged when the spread is above 0.
+    /// Steps simulated and averaged when the spread is above 0, at most 10000.
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
 }
@@ -105,10 +105,20 @@ fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
     crate::bench::args::list("--comm", s, CommChoice::parse)
 }
 
+/// Most `--steps` (straggler draws per configuration): beyond it a sweep takes hours.
+const MAX_STEPS: usize = 10_000;
+
 /// Runs `dptrain simulate`: the profile, the cluster and the sweep over worker counts, modes,
 /// hierarchical and overlap settings.
 pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let workers = worker_list("--workers", &a.workers)?;
+    if a.steps > MAX_STEPS {
+        return Err(format!(
+            "--steps {}: at most {MAX_STEPS} straggler draws are averaged (each configuration \
+             simulates every one, and the mean of more moves by less than the spread's noise)",
+            a.steps
+        ));
+    }
     let p = load_profile(&a)?;
     let base = topology(&a)?;
     let spread = compute_spread(&a, &p)?;
