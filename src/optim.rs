@@ -141,8 +141,13 @@ impl LrSchedule {
                     }
                     if let Some(&last) = milestones.last() {
                         if m <= last {
+                            let why = if m == last {
+                                " (a repeated milestone would apply gamma twice at once)"
+                            } else {
+                                " (milestones go in increasing order)"
+                            };
                             return Err(bad(&format!(
-                                "milestone {m} does not come after {last} (a repeated milestone would apply gamma twice at once); "
+                                "milestone {m} does not come after {last}{why}; "
                             )));
                         }
                     }

@@ -219,7 +219,7 @@ const MEANING_REFUSALS: &[Case] = &[
     (
         &["train", "--lr-schedule", "step:5,2"],
         1,
-        "milestone 2 does not come after 5",
+        "milestone 2 does not come after 5 (milestones go in increasing order)",
     ),
     (
         &["train", "--lr-schedule", "step:0"],
