@@ -174,7 +174,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TrainOptions {
-    /// Model: lenet5, vgg-small or resnet20 [default: lenet5].
+    /// Model: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md)
+    /// [default: lenet5].
     #[arg(long)]
     pub model: Option<String>,
     /// Dataset: mnist (bundled), fashion-mnist, cifar10, idx, imagefolder:DIR, packed:FILE
@@ -196,7 +197,8 @@ pub struct TrainOptions {
     /// Schedule: constant, cosine, or `step:E1,E2[:GAMMA]` [default: cosine].
     #[arg(long)]
     pub lr_schedule: Option<String>,
-    /// Linear warm-up steps [default: 100].
+    /// Linear warm-up steps: the rate rises from 0 to --lr over them (one longer than the run
+    /// never reaches --lr) [default: 100].
     #[arg(long)]
     pub warmup_steps: Option<usize>,
     /// SGD momentum [default: 0.9].
@@ -228,7 +230,8 @@ pub struct TrainOptions {
     /// runs the mode flat over every worker [default: on].
     #[arg(long)]
     pub hierarchical: Option<String>,
-    /// Gradient bucket cap in KiB, 0 for one block per bucket [default: with neither bucket
+    /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
+    /// bucket) [default: with neither bucket
     /// flag given, the bytes the link moves in one latency, so that no bucket is
     /// latency-bound; with only --first-bucket-kb given, 0].
     #[arg(long)]
@@ -262,10 +265,10 @@ pub struct TrainOptions {
     /// Run directory for metrics, summary and checkpoints (default: `runs/<model>-<dataset>`).
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs, 0 for only the last [default: 1].
+    /// Checkpoint every N epochs, 0 (or more than --epochs) for only the last [default: 1].
     #[arg(long)]
     pub checkpoint_every: Option<usize>,
-    /// Checkpoints to keep [default: 2].
+    /// Checkpoints to keep, at least 1 (the newest; more than written keeps all) [default: 2].
     #[arg(long)]
     pub keep_checkpoints: Option<usize>,
     /// Resume from this checkpoint file.
@@ -302,13 +305,14 @@ pub struct TrainOptions {
     /// count it [default: stop].
     #[arg(long)]
     pub on_nonfinite: Option<String>,
-    /// Also log metrics every N steps [default: 0, per epoch only].
+    /// Also log metrics every N steps (more than an epoch's steps: per epoch only) [default: 0,
+    /// per epoch only].
     #[arg(long)]
     pub log_every: Option<usize>,
-    /// Train on the first N samples only.
+    /// Train on the first N samples only, at least 1 (more than the dataset has: all of it).
     #[arg(long)]
     pub train_limit: Option<usize>,
-    /// Evaluate on the first N test samples only.
+    /// Evaluate on the first N test samples only, at least 1 (more than it has: all of it).
     #[arg(long)]
     pub test_limit: Option<usize>,
     /// No progress bar or per-epoch lines.
@@ -386,7 +390,8 @@ pub fn check_link_against_timeout(link: &LinkModel, timeout_s: f64) -> Result<()
     Ok(())
 }
 
-/// Parses `--reinit LAYER,...` (names as in the model file; empty entries refused).
+/// Parses `--reinit LAYER,...` (names as in the model file; empty and repeated entries
+/// refused).
 pub fn parse_reinit(list: &str) -> Result<Vec<String>, String> {
     let names: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
     if names.iter().any(String::is_empty) {
@@ -394,7 +399,31 @@ pub fn parse_reinit(list: &str) -> Result<Vec<String>, String> {
             "--reinit '{list}': give layer names separated by commas, e.g. --reinit fc3"
         ));
     }
+    let repeated = (1..names.len()).find(|&i| names[..i].contains(&names[i]));
+    if let Some(n) = repeated.map(|i| &names[i]) {
+        return Err(format!(
+            "--reinit '{list}': layer '{n}' is named twice; name each layer once"
+        ));
+    }
     Ok(names)
+}
+
+/// Warnings for a valid `--lr-schedule` that does not do what it reads as: step milestones
+/// past the last epoch are never reached.
+fn schedule_warnings(schedule: &LrSchedule, epochs: usize) -> Vec<String> {
+    match schedule {
+        LrSchedule::Step { milestones, .. } => milestones
+            .iter()
+            .filter(|&&m| m >= epochs)
+            .map(|m| {
+                format!(
+                    "--lr-schedule: milestone {m} is not before the last epoch ({epochs} \
+                     epochs, counted from 0): it never lowers the rate in this run"
+                )
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 macro_rules! overlay {
@@ -547,6 +576,8 @@ impl TrainOptions {
         self.check_limits()?;
         let input = self.resolve_input()?;
         let outputs = self.resolve_outputs(&model_name, &dataset)?;
+        let mut warnings = workers.warnings;
+        warnings.extend(schedule_warnings(&solver.lr_schedule, epochs));
         Ok(TrainConfig {
             model,
             model_spec,
@@ -578,7 +609,7 @@ impl TrainOptions {
             run_dir_given: self.run_dir.is_some(),
             overwrite: self.overwrite,
             resume_changed: self.resume_changed,
-            warnings: workers.warnings,
+            warnings,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             no_checkpoints: self.no_checkpoints,

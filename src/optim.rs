@@ -115,30 +115,53 @@ pub enum LrSchedule {
 }
 
 impl LrSchedule {
-    /// Parses `constant`, `cosine` or `step:E1,E2[:gamma]` (gamma defaults to 0.1).
+    /// Parses `constant`, `cosine` or `step:E1,E2[:gamma]` (gamma defaults to 0.1). The
+    /// milestones are epochs from 1, strictly increasing (a repeated one would apply gamma
+    /// twice at once, a milestone 0 before the first epoch: both are refused, as is an order
+    /// that is not ascending, since it reads as a typo); gamma is in (0, 1].
     pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        let bad = || {
-            format!("bad --lr-schedule '{s}': use constant, cosine, or step:E1,E2[:GAMMA] (e.g. step:5,8:0.1)")
+        let bad = |why: &str| {
+            format!("bad --lr-schedule '{s}': {why}use constant, cosine, or step:E1,E2[:GAMMA] with epochs E1 < E2 < ... from 1 and 0 < GAMMA <= 1 (e.g. step:5,8:0.1)")
         };
         match s {
             "constant" => Ok(Self::Constant),
             "cosine" => Ok(Self::Cosine),
             _ => {
-                let rest = s.strip_prefix("step:").ok_or_else(bad)?;
+                let rest = s.strip_prefix("step:").ok_or_else(|| bad(""))?;
                 let mut parts = rest.split(':');
-                let milestones = parts
-                    .next()
-                    .ok_or_else(bad)?
-                    .split(',')
-                    .map(|e| e.trim().parse::<usize>().map_err(|_| bad()))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                let gamma = parts
-                    .next()
-                    .map_or(Ok(0.1), |g| g.parse::<f32>().map_err(|_| bad()))?;
-                if parts.next().is_some()
-                    || gamma.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
-                {
-                    return Err(bad());
+                let mut milestones: Vec<usize> = Vec::new();
+                for e in parts.next().unwrap_or("").split(',').map(str::trim) {
+                    let m = e
+                        .parse::<usize>()
+                        .map_err(|_| bad(&format!("milestone '{e}' is not a whole number; ")))?;
+                    if m == 0 {
+                        return Err(bad(
+                            "milestone 0 would lower the rate before the first epoch; ",
+                        ));
+                    }
+                    if let Some(&last) = milestones.last() {
+                        if m <= last {
+                            let why = if m == last {
+                                " (a repeated milestone would apply gamma twice at once)"
+                            } else {
+                                " (milestones go in increasing order)"
+                            };
+                            return Err(bad(&format!(
+                                "milestone {m} does not come after {last}{why}; "
+                            )));
+                        }
+                    }
+                    milestones.push(m);
+                }
+                let gamma = parts.next().map_or(Ok(0.1), |g| {
+                    g.parse::<f32>()
+                        .map_err(|_| bad(&format!("gamma '{g}' is not a number; ")))
+                })?;
+                if parts.next().is_some() {
+                    return Err(bad("more than two ':'; "));
+                }
+                if !(gamma > 0.0 && gamma <= 1.0) {
+                    return Err(bad(&format!("gamma {gamma} is outside (0, 1]; ")));
                 }
                 Ok(Self::Step { milestones, gamma })
             }

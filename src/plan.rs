@@ -106,7 +106,8 @@ pub fn bucket_caps(caps_kb: Option<(usize, usize)>, link: &LinkModel) -> (usize,
             let cap = min_bucket_bytes(link);
             (cap, cap)
         }
-        Some((first, rest)) => (first * 1024, rest * 1024),
+        // A cap past any gradient's size means one bucket: saturate rather than wrap.
+        Some((first, rest)) => (first.saturating_mul(1024), rest.saturating_mul(1024)),
     }
 }
 

@@ -43,7 +43,7 @@ const TEST_SAMPLES: usize = 100;
 /// Arguments of `dptrain bench ablation`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AblationArgs {
-    /// Model: lenet5, vgg-small or resnet20.
+    /// Model: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, default_value = "lenet5")]
     pub model: String,
     /// Workers of the measured rows (at least 2).
@@ -214,16 +214,7 @@ impl AblationSpec {
                     .into(),
             );
         }
-        let sim_workers = a
-            .sim_workers
-            .split(',')
-            .map(|w| match w.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(n),
-                _ => Err(format!(
-                    "--sim-workers: bad worker count {w:?}; give positive integers, e.g. 8,64,512"
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let sim_workers = super::args::worker_list("--sim-workers", &a.sim_workers)?;
         let (link, link_model) = if a.link_bandwidth.trim() == "none" {
             (None, None)
         } else {

@@ -384,7 +384,9 @@ pub fn run_command(a: AllReduceArgs) -> Result<(), String> {
     if workers == 0 || a.iters == 0 {
         return Err("--workers and --iters must be at least 1".into());
     }
-    let sizes = float_sizes(&list(&a.sizes, parse_size)?)?;
+    let sizes = float_sizes(&list("--sizes", &a.sizes, |s| {
+        parse_size(s).map_err(|e| format!("--sizes: {e}"))
+    })?)?;
     if mpi {
         if a.comm != "all" || a.link_bandwidth.is_some() || a.link_latency.is_some() {
             return Err(
@@ -401,13 +403,20 @@ pub fn run_command(a: AllReduceArgs) -> Result<(), String> {
 /// The modes `--comm` names, and whether it asks for `auto` too.
 fn comm_modes(comm: &str) -> Result<(Vec<CommMode>, bool), String> {
     // "auto" runs the mode the cost model picks for each size (shown as auto:MODE).
-    let with_auto = comm == "all" || comm.split(',').any(|m| m.trim() == "auto");
+    let given = if comm == "all" {
+        Vec::new()
+    } else {
+        super::args::entries("--comm", comm)?
+    };
+    let with_auto = comm == "all" || given.contains(&"auto");
     let modes = if comm == "all" {
         CommMode::ALL.to_vec()
     } else {
-        list(&comm.replace("auto", "").replace(",,", ","), |m| {
-            m.parse::<CommMode>()
-        })
+        list(
+            "--comm",
+            &comm.replace("auto", "").replace(",,", ","),
+            |m| m.parse::<CommMode>(),
+        )
         .or_else(|e| {
             if comm.trim() == "auto" {
                 Ok(Vec::new())

@@ -4,9 +4,46 @@
 use crate::comm::{parse_bandwidth, parse_duration, LinkModel};
 use crate::terminal::print_warning;
 
-/// Parses a comma-separated list, each entry (trimmed) with `parse`.
-pub fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    s.split(',').map(|x| parse(x.trim())).collect()
+/// Parses `--flag`'s comma-separated list, each entry (trimmed) with `parse`: an empty entry
+/// (`a,,b`, a trailing comma, an empty list) and an entry given twice (by value: `1K,1024`
+/// too) are refused, since each would measure one configuration twice or stand for a typo.
+/// The order given is the order measured.
+pub fn list<T: PartialEq + std::fmt::Debug>(
+    flag: &str,
+    s: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    let mut out: Vec<T> = Vec::new();
+    for entry in entries(flag, s)? {
+        let v = parse(entry)?;
+        if out.contains(&v) {
+            return Err(format!(
+                "{flag} {s:?}: '{entry}' repeats an earlier entry; give each value once"
+            ));
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The entries of `--flag`'s comma-separated list, trimmed: none empty, none given twice.
+pub fn entries<'a>(flag: &str, s: &'a str) -> Result<Vec<&'a str>, String> {
+    let mut out: Vec<&str> = Vec::new();
+    for entry in s.split(',').map(str::trim) {
+        if entry.is_empty() {
+            return Err(format!(
+                "{flag} {s:?}: an empty entry (two commas in a row, or one at an end); \
+                 give values separated by single commas, e.g. a,b"
+            ));
+        }
+        if out.contains(&entry) {
+            return Err(format!(
+                "{flag} {s:?}: '{entry}' is given twice; give each value once"
+            ));
+        }
+        out.push(entry);
+    }
+    Ok(out)
 }
 
 /// Parses a size in bytes with an optional K, M or G suffix (binary multiples).
@@ -93,14 +130,13 @@ pub fn on_off_list(flag: &str, s: &str) -> Result<Vec<bool>, String> {
     }
 }
 
-/// Parses a comma-separated list of worker counts; each must be a positive integer.
-pub fn worker_list(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',')
-        .map(|w| match w.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(format!(
-                "bad worker count '{w}': give positive integers, e.g. 8,64,512"
-            )),
-        })
-        .collect()
+/// Parses `--flag`'s comma-separated list of worker counts: each a positive integer, none
+/// empty or repeated (see [`list`]).
+pub fn worker_list(flag: &str, s: &str) -> Result<Vec<usize>, String> {
+    list(flag, s, |w| match w.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{flag}: bad worker count '{w}': give positive integers, e.g. 8,64,512"
+        )),
+    })
 }

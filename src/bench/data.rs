@@ -28,7 +28,7 @@ pub struct DataArgs {
     /// Augmentation (off, or e.g. crop:4,flip).
     #[arg(long, default_value = "off")]
     pub augment: String,
-    /// Model of the training runs.
+    /// Model of the training runs: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, default_value = "lenet5")]
     pub model: String,
     /// Global batch.
@@ -390,10 +390,13 @@ impl DataResult {
 
 /// Runs `dptrain bench data`: both tables, printed row by row as they are measured.
 pub fn run_command(a: DataArgs) -> Result<(), String> {
-    let counts = super::args::list(&a.loader_threads, |t| {
+    let counts = super::args::list("--loader-threads", &a.loader_threads, |t| {
         t.parse::<usize>()
             .map_err(|_| format!("bad loader-thread count '{t}'"))
     })?;
+    if a.batches == 0 || a.steps == 0 {
+        return Err("--batches and --steps must be at least 1".into());
+    }
     if a.prefetch == 0 {
         return Err("--prefetch is the \"on\" setting; give at least 1".into());
     }

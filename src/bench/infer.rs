@@ -14,7 +14,7 @@ use std::time::Instant;
 /// Arguments of `dptrain bench infer`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct InferArgs {
-    /// Models, comma-separated.
+    /// Models, comma-separated: built-in names (`dptrain model list`) or model files (docs/MODEL_FILES.md).
     #[arg(long, default_value = "resnet18")]
     pub model: String,
     /// Batch size.
@@ -125,12 +125,12 @@ impl InferRow {
 
 /// Runs `dptrain bench infer`: a row per model and thread count, printed as measured.
 pub fn run_command(a: InferArgs) -> Result<(), String> {
-    let threads = super::args::list(&a.threads, super::args::parse_thread_count)?;
+    let threads = super::args::list("--threads", &a.threads, super::args::parse_thread_count)?;
     super::args::check_bench_threads(&threads);
     if a.batch == 0 || a.steps == 0 {
         return Err("--batch and --steps must be at least 1".into());
     }
-    let models: Vec<&str> = a.model.split(',').map(str::trim).collect();
+    let models = super::args::entries("--model", &a.model)?;
     for m in &models {
         // The training step's memory bounds the inference net's (a superset of its buffers).
         crate::measure::check_step_memory(m, a.batch, 1)?;

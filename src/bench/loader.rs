@@ -89,7 +89,11 @@ fn sources(a: &LoaderArgs) -> Vec<(String, String)> {
 
 /// Measures every source at every thread count, `reps` times interleaved.
 pub fn measure(a: &LoaderArgs) -> Result<LoaderResult, String> {
-    let threads = super::args::list(&a.loader_threads, super::args::parse_thread_count)?;
+    let threads = super::args::list(
+        "--loader-threads",
+        &a.loader_threads,
+        super::args::parse_thread_count,
+    )?;
     let sources = sources(a);
     if sources.is_empty() {
         return Err("give --imagefolder DIR and/or --packed FILE[,FILE...]".into());
@@ -184,6 +188,19 @@ impl LoaderResult {
 
 /// `dptrain bench loader`.
 pub fn run_command(a: LoaderArgs) -> Result<(), String> {
+    // Checked before any file is opened.
+    if a.batches == 0 || a.reps == 0 {
+        return Err("--batches and --reps must be at least 1".into());
+    }
+    for (i, p) in a.packed.iter().enumerate() {
+        if p.as_os_str().is_empty() || a.packed[..i].contains(p) {
+            return Err(format!(
+                "--packed: {:?} is empty or given twice; give each packed file once, separated \
+                 by single commas",
+                p.display().to_string()
+            ));
+        }
+    }
     let r = measure(&a)?;
     crate::out!("{}", r.terminal());
     Ok(())

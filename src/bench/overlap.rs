@@ -12,7 +12,7 @@ use std::path::Path;
 /// Arguments of `dptrain bench overlap`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OverlapArgs {
-    /// Model.
+    /// Model: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, default_value = "vgg-small")]
     pub model: String,
     /// Workers.
@@ -316,6 +316,11 @@ impl OverlapGrid {
 
 /// Runs `dptrain bench overlap`: the grid, printed row by row as it is measured.
 pub fn run_command(a: OverlapArgs) -> Result<(), String> {
+    super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
+    super::args::entries("--comm", &a.comm)?;
+    if a.steps == 0 {
+        return Err("--steps must be at least 1".into());
+    }
     if a.workers < 2 {
         return Err("--workers must be at least 2".into());
     }

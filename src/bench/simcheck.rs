@@ -40,7 +40,7 @@ pub struct SimCheckArgs {
     /// namespace cluster: root and --features mpi), published (Goyal et al. 2017), or all.
     #[arg(long, default_value = "emulated")]
     pub against: String,
-    /// Models, comma-separated (ours: lenet5, vgg-small, resnet20).
+    /// Models, comma-separated: built-in names (`dptrain model list`) or model files (docs/MODEL_FILES.md).
     #[arg(long, default_value = "vgg-small,lenet5")]
     pub model: String,
     /// Workers.
@@ -104,6 +104,18 @@ pub struct SimCheckArgs {
 
 /// Runs the comparisons `--against` names.
 pub fn run(a: SimCheckArgs) -> Result<(), String> {
+    // Lists refused before anything is measured: no empty or repeated entry.
+    super::args::entries("--model", &a.model)?;
+    super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
+    super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
+    super::args::entries("--worker-batch", &a.worker_batch)?;
+    if a.rounds == 0 || a.device_headroom < 1.0 {
+        return Err(format!(
+            "--rounds must be at least 1 and --device-headroom at least 1 (a device no slower \
+             than the real compute it holds), not {} and {}",
+            a.rounds, a.device_headroom
+        ));
+    }
     match a.against.as_str() {
         "emulated" => run_emulated(&a),
         "cluster" => run_cluster(&a),
@@ -776,8 +788,8 @@ impl<'a> ClusterCheck<'a> {
             CommChoice::Fixed(m) => m,
             _ => CommMode::Ring,
         };
-        let hosts = super::args::worker_list(&a.hosts)?;
-        let per_host = super::args::worker_list(&a.workers_per_host)?;
+        let hosts = super::args::worker_list("--hosts", &a.hosts)?;
+        let per_host = super::args::worker_list("--workers-per-host", &a.workers_per_host)?;
         let overlaps = super::args::on_off_list("overlap", &a.overlap)?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let t = |bytes| bench_allreduce(2, bytes, fit_mode, None, 40).map(|r| r.time);

@@ -55,7 +55,7 @@ pub fn bench_step(
 /// Arguments of `dptrain bench step`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StepArgs {
-    /// Models, comma-separated.
+    /// Models, comma-separated: built-in names (`dptrain model list`) or model files (docs/MODEL_FILES.md).
     #[arg(long, default_value = "lenet5,vgg-small")]
     pub model: String,
     /// Batch size.
@@ -183,12 +183,12 @@ impl StepTable {
 
 /// Runs `dptrain bench step`: the table, printed row by row as it is measured.
 pub fn run_command(a: StepArgs) -> Result<(), String> {
-    let threads = super::args::list(&a.threads, super::args::parse_thread_count)?;
+    let threads = super::args::list("--threads", &a.threads, super::args::parse_thread_count)?;
     super::args::check_bench_threads(&threads);
     if a.batch == 0 || a.steps == 0 {
         return Err("--batch and --steps must be at least 1".into());
     }
-    let models: Vec<&str> = a.model.split(',').collect();
+    let models = super::args::entries("--model", &a.model)?;
     for m in &models {
         crate::measure::check_step_memory(m.trim(), a.batch, 1)?;
     }

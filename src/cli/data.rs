@@ -110,6 +110,9 @@ fn export_images(
     overwrite: bool,
 ) -> Result<(), String> {
     // Checked before the dataset is loaded: a refusal costs nothing.
+    if limit == Some(0) {
+        return Err("--limit 0 exports nothing: give at least 1 (or leave it out)".into());
+    }
     crate::data::image_folder::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
     let cfg = TrainOptions {
         dataset: Some(dataset),

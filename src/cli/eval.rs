@@ -41,6 +41,13 @@ pub(super) struct EvalArgs {
 
 /// Evaluates and prints (and writes, with `--out`) the results.
 pub(super) fn run(a: EvalArgs) -> Result<(), String> {
+    if a.threads == Some(0) {
+        return Err("--threads 0: a forward needs at least 1 compute thread".into());
+    }
+    // Threads past the cores are capped, and said, as `train` says it.
+    for w in crate::limits::threads_per_worker(a.threads, a.workers.max(1)).1 {
+        crate::terminal::print_warning(&w);
+    }
     let opts = EvalOptions {
         dataset: a.dataset,
         data_dir: a.data_dir,

@@ -12,8 +12,9 @@ mod profile;
 mod report;
 pub mod simulate;
 mod train;
+mod values;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use data::DataCmd;
 use std::path::PathBuf;
 
@@ -70,7 +71,7 @@ enum ModelCmd {
     /// Check a model and print each layer's output shape, parameters, multiply-accumulates
     /// and activation memory per sample, with the totals.
     Show {
-        /// A built-in model name or a model file (see docs/MODEL_FILES.md).
+        /// Model: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
         model: String,
         /// Input shape CxHxW [default: the model file's `input`, else 3x32x32].
         #[arg(long)]
@@ -104,7 +105,9 @@ fn init_logging() {
 
 /// Parses the command line and runs the command; the error is the message to print.
 pub fn run() -> Result<(), String> {
-    let cli = Cli::parse();
+    // Every number option of every subcommand is read by `values`' parsers (see there).
+    let matches = values::with_number_parsers(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging();
     match cli.command.unwrap_or_default() {
         Command::Profile(a) => profile::run(a),

@@ -45,7 +45,7 @@ impl DeviceArgs {
 /// Arguments of `dptrain profile`.
 #[derive(Debug, clap::Args)]
 pub struct ProfileArgs {
-    /// Model: a built-in name or a model file. Measured on this machine's training engine, or
+    /// Model: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md). Measured on this machine's training engine, or
     /// derived from its graph with --device-tflops or --device-images-per-s.
     #[arg(long)]
     pub model: String,

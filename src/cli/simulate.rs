@@ -15,7 +15,8 @@ pub struct SimulateArgs {
     /// Profile JSON (from `dptrain profile`); or give --model and a device speed.
     #[arg(long, required_unless_present = "model")]
     pub profile: Option<PathBuf>,
-    /// Model to profile from its graph (with --device-tflops or --device-images-per-s).
+    /// Model to profile from its graph (with --device-tflops or --device-images-per-s):
+    /// a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, conflicts_with = "profile")]
     pub model: Option<String>,
     /// Per-worker batch, with --model.
@@ -24,7 +25,8 @@ pub struct SimulateArgs {
     /// The device, with --model.
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Worker counts, comma-separated (multiples of --devices-per-host).
+    /// Worker counts, comma-separated, one row each in the order given (multiples of
+    /// --devices-per-host).
     #[arg(long, default_value = "2,4,8,16,32,64,128,256,512,1024")]
     pub workers: String,
     /// Devices (workers) per host; they share the host's NIC.
@@ -74,7 +76,7 @@ pub struct SimulateArgs {
     /// Seed of the straggler draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Steps simulated and averaged when the spread is above 0.
+    /// Steps simulated and averaged when the spread is above 0, at most 10000.
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
 }
@@ -100,14 +102,24 @@ fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
         v.push(CommChoice::Auto);
         return Ok(v);
     }
-    s.split(',').map(|m| CommChoice::parse(m.trim())).collect()
+    crate::bench::args::list("--comm", s, CommChoice::parse)
 }
+
+/// Most `--steps` (straggler draws per configuration): beyond it a sweep takes hours.
+const MAX_STEPS: usize = 10_000;
 
 /// Runs `dptrain simulate`: the profile, the cluster and the sweep over worker counts, modes,
 /// hierarchical and overlap settings.
 pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
+    let workers = worker_list("--workers", &a.workers)?;
+    if a.steps > MAX_STEPS {
+        return Err(format!(
+            "--steps {}: at most {MAX_STEPS} straggler draws are averaged (each configuration \
+             simulates every one, and the mean of more moves by less than the spread's noise)",
+            a.steps
+        ));
+    }
     let p = load_profile(&a)?;
-    let workers = worker_list(&a.workers)?;
     let base = topology(&a)?;
     let spread = compute_spread(&a, &p)?;
     let stragglers = Stragglers {
@@ -177,6 +189,9 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
         latency: parse_duration(&a.link_latency).map_err(|e| format!("--link-latency: {e}"))?,
     };
     let d = a.devices_per_host;
+    if d == 0 {
+        return Err("--devices-per-host 0: a host holds at least 1 device".into());
+    }
     let intra = match &a.intra_bandwidth {
         Some(b) => LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(b)
