@@ -12,6 +12,7 @@ pub mod description;
 pub mod error;
 pub mod event;
 pub mod inputs;
+pub mod memory;
 pub mod metrics;
 pub mod processes;
 pub mod progress;
@@ -328,6 +329,9 @@ fn prepare(
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
         None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
     });
+    // Before anything large is allocated and before the run directory exists.
+    memory::check_device(&cfg, &graph)?;
+    memory::check_run_memory(&cfg, &graph)?;
     let resume = load_resume(&cfg, &graph.name, warn)?;
     let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
