@@ -444,6 +444,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
         // No warm-up here: a worker's messages are those in flight.
         messages_per_worker: if redundant { workers - 1 } else { 2 },
         extra_per_worker: Some(("the buffer and its scratch", 2.0 * largest as f64)),
+        loaded: 0.0,
     };
     crate::plan::memory::estimate(&inputs)
         .check(&format!(

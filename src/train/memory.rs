@@ -11,13 +11,14 @@ use crate::parallel::BucketOp;
 use crate::plan::memory::{estimate, MemoryEstimate, MemoryInputs};
 
 /// The estimate of a training run of `graph` as `cfg` configures it, in this process.
-pub fn run_estimate(cfg: &TrainConfig, graph: &Graph) -> MemoryEstimate {
+pub fn run_estimate(cfg: &TrainConfig, graph: &Graph, loaded: f64) -> MemoryEstimate {
     let per_worker = cfg.batch / cfg.world().max(1);
     let mut inputs = MemoryInputs::training(graph, per_worker, cfg.workers, cfg.threads);
     // The pool of `workers x (prefetch + 1)` batch buffers, or one batch per worker collated
     // in its step.
     inputs.data_buffers = cfg.workers * (cfg.prefetch + 1);
     inputs.other_threads = cfg.loader_threads + cfg.workers;
+    inputs.loaded = loaded;
     if cfg.world() > 1 {
         let lens: Vec<usize> = graph
             .nodes
@@ -50,7 +51,8 @@ pub fn run_estimate(cfg: &TrainConfig, graph: &Graph) -> MemoryEstimate {
 
 /// Refuses a run that would not fit in the memory this process may take, naming the parts
 /// and what to lower.
-pub fn check_run_memory(cfg: &TrainConfig, graph: &Graph) -> Result<(), PrepareError> {
+/// `loaded`: bytes of the data sets already in memory.
+pub fn check_run_memory(cfg: &TrainConfig, graph: &Graph, loaded: f64) -> Result<(), PrepareError> {
     let what = format!(
         "training {} at {} samples per worker on {} worker(s) x {} thread(s)",
         graph.name,
@@ -58,7 +60,14 @@ pub fn check_run_memory(cfg: &TrainConfig, graph: &Graph) -> Result<(), PrepareE
         cfg.workers,
         cfg.threads
     );
-    run_estimate(cfg, graph).check(&what)?;
+    let estimate = run_estimate(cfg, graph, loaded);
+    tracing::debug!(
+        "memory estimate: {:.0} MiB to take, {:.0} MiB at the peak ({})",
+        estimate.total() / 1048576.0,
+        estimate.peak() / 1048576.0,
+        estimate.describe()
+    );
+    estimate.check(&what)?;
     Ok(())
 }
 
@@ -72,4 +81,14 @@ pub fn check_device(cfg: &TrainConfig, graph: &Graph) -> Result<(), PrepareError
     let blocks = graph.nodes.iter().filter(|n| n.params > 0).count();
     device.check_fits(&cfg.model, cfg.batch / cfg.world().max(1), blocks)?;
     Ok(())
+}
+
+/// Bytes of pixels already in memory: the training split when it is held whole, and the test
+/// split (allocations, not lengths: a `--train-limit` keeps the whole split's buffer).
+pub fn loaded_bytes(train: &crate::pipeline::Source, test: &crate::data::Dataset) -> f64 {
+    let train = match train {
+        crate::pipeline::Source::Memory(d) => d.pixels.capacity(),
+        _ => 0,
+    };
+    (train + test.pixels.capacity()) as f64
 }

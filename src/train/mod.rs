@@ -331,7 +331,7 @@ fn prepare(
     });
     // Before anything large is allocated and before the run directory exists.
     memory::check_device(&cfg, &graph)?;
-    memory::check_run_memory(&cfg, &graph)?;
+    memory::check_run_memory(&cfg, &graph, memory::loaded_bytes(&train_source, &test_set))?;
     let resume = load_resume(&cfg, &graph.name, warn)?;
     let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
