@@ -102,7 +102,7 @@ pub fn address_space_limit() -> Option<u64> {
     };
     // SAFETY: getrlimit writes one rlimit into the struct we own, and reads nothing else.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) };
-    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64)
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
 /// A `Key:   123 kB` line of `/proc/meminfo` or `/proc/self/status`, in bytes.
