@@ -149,11 +149,19 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
             4.0 * input * b * inputs.data_buffers as f64,
             "--prefetch or --batch".into(),
         );
-        let col = COL_ROWS * max_column_width(g);
+        let width = max_column_width(g);
+        let lower = if width > THREAD_SCRATCH_FLOATS / COL_ROWS {
+            format!(
+                "the model's convolutions (a column row of {width} values: kernel x kernel x \
+                 input channels), --threads or --workers"
+            )
+        } else {
+            "--threads or --workers".into()
+        };
         part(
             "compute threads' scratch",
-            4.0 * (THREAD_SCRATCH_FLOATS + col) * (inputs.threads as f64) * w,
-            "--threads or --workers".into(),
+            4.0 * (THREAD_SCRATCH_FLOATS + COL_ROWS * width) * (inputs.threads as f64) * w,
+            lower,
         );
     }
     if let Some((what, bytes)) = inputs.extra_per_worker {
