@@ -668,6 +668,7 @@ impl TrainOptions {
         if workers == 0 {
             return Err("--workers must be at least 1".into());
         }
+        crate::comm::transport::check_in_process_workers(workers)?;
         let batch = self.batch.unwrap_or(64);
         crate::plan::per_worker_batch(batch, workers, 1).map_err(|e| e.to_string())?;
         if self.threads == Some(0) {

@@ -17,6 +17,8 @@
 //!    several processes hold several workers each, and `auto` asks the cost model
 //!    ([`choose_mode`]) for the link its leaders' (or flat) phase crosses.
 
+pub mod memory;
+
 use crate::comm::{choose_mode, min_bucket_bytes, CommMode, LeaderOp, LinkModel};
 use crate::parallel::{BucketOp, BucketPlan};
 use std::time::Duration;

@@ -436,13 +436,30 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     if let Some(l) = &link {
         crate::config::check_link_against_timeout(l, TIMEOUT_S as f64)?;
     }
-    // Each worker holds the buffer, a scratch copy and the messages in flight.
+    crate::comm::transport::check_in_process_workers(workers)?;
+    // Each worker holds the buffer and a scratch copy; the fabric its channels and the
+    // messages in flight (one to every peer at once in the redundant mode).
     let largest = sizes.iter().copied().max().unwrap_or(0);
-    crate::limits::check_memory(
-        &format!("an all-reduce of {largest} bytes on {workers} workers"),
-        3.0 * workers as f64 * largest as f64,
-        "give smaller --sizes or fewer --workers",
-    )?;
+    let redundant = with_auto || modes.contains(&CommMode::Redundant);
+    let inputs = crate::plan::memory::MemoryInputs {
+        graph: None,
+        batch_per_worker: 0,
+        workers,
+        threads: 0,
+        training: false,
+        data_buffers: 0,
+        other_threads: 0,
+        largest_message: largest / 4,
+        // No warm-up here: a worker's messages are those in flight.
+        messages_per_worker: if redundant { workers - 1 } else { 2 },
+        extra_per_worker: Some(("the buffer and its scratch", 2.0 * largest as f64)),
+        loaded: 0.0,
+    };
+    crate::plan::memory::estimate(&inputs)
+        .check(&format!(
+            "an all-reduce of {largest} bytes on {workers} workers"
+        ))
+        .map_err(|e| e.to_string())?;
     crate::outln!(
         "all-reduce, {workers} workers, link: {}",
         link.map_or("none (memory)".to_string(), |l| format!(

@@ -1,5 +1,8 @@
 //! `dptrain model show` and `dptrain model list`.
 
+/// The batch `train` runs at unless told (`--batch`), for the memory line.
+const DEFAULT_BATCH: usize = 64;
+
 /// `dptrain model show`: a model's layers, shapes, parameters and costs.
 pub(super) fn show(model: &str, input: Option<&str>, classes: Option<usize>) -> Result<(), String> {
     let spec = crate::model::load(model).map_err(|e| e.to_string())?;
@@ -26,6 +29,16 @@ pub(super) fn show(model: &str, input: Option<&str>, classes: Option<usize>) -> 
         }
     );
     crate::out!("{}", crate::model::summary::render(&g));
+    // The same estimate `train` checks, for the default batch on one worker.
+    let threads = crate::limits::cores();
+    let mut inputs = crate::plan::memory::MemoryInputs::training(&g, DEFAULT_BATCH, 1, threads);
+    inputs.data_buffers = 3;
+    let memory = crate::plan::memory::estimate(&inputs);
+    crate::outln!(
+        "memory: training at --batch {DEFAULT_BATCH} on 1 worker x {threads} thread(s) needs about {} ({})",
+        crate::limits::human_bytes(memory.total()),
+        memory.describe()
+    );
     Ok(())
 }
 

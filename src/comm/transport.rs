@@ -456,6 +456,52 @@ impl InProcessTransport {
 /// Messages one worker may have sent to another and not yet received.
 const IN_FLIGHT: usize = 256;
 
+/// Message buffers each rank's pool holds from the start ([`Transport::warm_up`]).
+const WARM_MESSAGES: usize = 4;
+
+/// Most workers one process's fabric connects. The fabric has a channel for every ordered pair
+/// of workers (a ring of [`IN_FLIGHT`] messages and a stash of as many, allocated up front:
+/// about 27 KB a pair, 1.8 GB at 256 workers), and every worker is at least three threads
+/// (its own, its communication thread, a compute thread) on this machine's cores: past a few
+/// hundred, a run spends its memory and time on the emulation, not on training. Real nodes
+/// hold 8 or 16 devices; more workers than this are for `simulate`.
+pub const MAX_IN_PROCESS_WORKERS: usize = 256;
+
+/// Refuses more workers in one process than [`MAX_IN_PROCESS_WORKERS`], saying why.
+pub fn check_in_process_workers(workers: usize) -> Result<(), String> {
+    if workers <= MAX_IN_PROCESS_WORKERS {
+        return Ok(());
+    }
+    Err(format!(
+        "--workers {workers} is more than the {MAX_IN_PROCESS_WORKERS} workers one process \
+         runs: its workers talk through a channel per pair (workers^2 channels, 1.8 GB of \
+         them at {MAX_IN_PROCESS_WORKERS}) and each is three or more threads on this \
+         machine's {} cores; give fewer --workers (several processes with --transport mpi \
+         for more), or plan a larger cluster with `dptrain simulate`",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    ))
+}
+
+/// Message buffers each rank of a `world`-worker fabric holds once [`Transport::warm_up`] ran.
+pub fn warm_messages(world: usize) -> usize {
+    WARM_MESSAGES.min(2 * world)
+}
+
+/// Bytes an [`InProcessFabric`] of `world` workers takes: the channels and stashes of every
+/// pair, and `messages_per_rank` message buffers of `largest_message` floats per rank (those
+/// [`warm_messages`] keeps, or what a collective has in flight at once if more: `world - 1` in
+/// the redundant mode).
+pub fn fabric_bytes(world: usize, largest_message: usize, messages_per_rank: usize) -> f64 {
+    if world <= 1 {
+        return 0.0;
+    }
+    let w = world as f64;
+    let per_pair = IN_FLIGHT as f64
+        * (std::mem::size_of::<Msg>() as f64 + 8.0 + std::mem::size_of::<Msg>() as f64);
+    let message = 4.0 * largest_message as f64;
+    w * w * per_pair + w * messages_per_rank as f64 * message
+}
+
 impl Transport for InProcessTransport {
     fn rank(&self) -> usize {
         self.rank
@@ -484,14 +530,17 @@ impl Transport for InProcessTransport {
                 }
             }
         }
-        // Message buffers of the largest size, enough for every message one rank can have
-        // in flight (at most one per peer in any collective here, plus slack), so no step
-        // allocates or grows one.
+        // Message buffers of the largest size for the messages one rank has in flight in
+        // the tree, ring and halving-doubling modes (one or two at a time, plus slack), so no
+        // step allocates or grows one. A fixed number, not one per peer: `2 x world` buffers
+        // of the whole weights per rank made the fabric's memory grow as workers^2 (100
+        // lenet5 workers took 5.5 GB). The redundant mode, which has a message to every peer
+        // in flight, adds its buffers in its first step and reuses them after.
         let mut pool = lock(&self.pools[self.rank]);
         for b in pool.iter_mut() {
             b.reserve(largest_message.saturating_sub(b.len()));
         }
-        while pool.len() < (2 * self.world).min(MAX_POOLED) {
+        while pool.len() < WARM_MESSAGES.min(2 * self.world) {
             pool.push(Vec::with_capacity(largest_message));
         }
     }

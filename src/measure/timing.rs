@@ -200,26 +200,17 @@ fn time_replica(
     })
 }
 
-/// Bytes a measured training step needs per sample, as a multiple of the f32 bytes of every
-/// layer's output: the network keeps each output for backward and at most as much again in
-/// gradient buffers (shared by liveness, usually far less); 2.5 leaves a margin for the
-/// kernels' scratch.
-const STEP_BYTES_FACTOR: f64 = 2.5;
-
-/// Refuses a measured profile whose step would not fit in this machine's memory.
+/// Refuses a measured profile whose step would not fit in this machine's memory (the one
+/// estimate of [`crate::plan::memory`], each replica a worker).
 pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
     let g = reference_graph(model)?;
-    let elems: usize = g.nodes.iter().map(|n| n.shape.numel()).sum();
-    let bytes = 4.0 * elems as f64 * STEP_BYTES_FACTOR * batch as f64 * replicas as f64
-        + 16.0 * g.num_params() as f64 * replicas as f64;
+    let inputs = crate::plan::memory::MemoryInputs::training(&g, batch, replicas, 1);
     let replicas = if replicas > 1 {
         format!(" on {replicas} replicas")
     } else {
         String::new()
     };
-    crate::limits::check_memory(
-        &format!("a {model} step at batch {batch}{replicas}"),
-        bytes,
-        "lower --batch",
-    )
+    crate::plan::memory::estimate(&inputs)
+        .check(&format!("a {model} step at batch {batch}{replicas}"))
+        .map_err(|e| e.to_string())
 }

@@ -76,7 +76,7 @@ impl EmulatedDevice {
             serde_json::from_str(&text).map_err(|e| refused(ProfileProblem::NotAProfile(e)))?;
         let ms = |ms: f64, what: &'static str| {
             let s = ms * scale / 1e3;
-            if !(0.0..3600.0).contains(&s) {
+            if !(0.0..MAX_STEP_S).contains(&s) {
                 return Err(refused(ProfileProblem::Time { what, ms, scale }));
             }
             Ok(Duration::from_secs_f64(s))
@@ -93,6 +93,16 @@ impl EmulatedDevice {
             acc += ms(b.backward_ms, "a block's backward")?;
             backward_until[k] = acc;
         }
+        let update = ms(p.update_ms, "the update")?;
+        // The cap is per step, not per block: each block under an hour still let a profile of
+        // many blocks hold every step for days.
+        let step = forward + acc + update;
+        if step.as_secs_f64() >= MAX_STEP_S {
+            return Err(refused(ProfileProblem::StepTime {
+                seconds: step.as_secs_f64(),
+                scale,
+            }));
+        }
         Ok(Self {
             path: path.to_path_buf(),
             scale,
@@ -100,7 +110,7 @@ impl EmulatedDevice {
             batch: p.batch,
             forward,
             backward_until,
-            update: ms(p.update_ms, "the update")?,
+            update,
         })
     }
 
@@ -152,6 +162,12 @@ impl EmulatedDevice {
     }
 }
 
+/// Longest step an emulated device may hold a worker to, seconds. Every worker of the run
+/// waits for the slowest step (the collectives join them), so a step of hours is a run that
+/// looks hung and is never what a profile of a real device means: an hour is far past any
+/// real step and still says the time was typed wrong.
+const MAX_STEP_S: f64 = 3600.0;
+
 /// Why an emulated device was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -189,6 +205,17 @@ pub enum ProfileProblem {
         what: &'static str,
         /// The profile's time.
         ms: f64,
+        /// The scale applied.
+        scale: f64,
+    },
+    /// The whole step (forward, backward, update), scaled, is an hour or more.
+    #[error(
+        "its step (forward, backward and update) is {seconds:.0} s with x {scale}: an emulated \
+         step must be under an hour; lower --emulate-device-scale or profile again"
+    )]
+    StepTime {
+        /// The step's time, seconds.
+        seconds: f64,
         /// The scale applied.
         scale: f64,
     },
@@ -319,6 +346,32 @@ mod tests {
                 Err(DeviceError::Scale(_))
             ));
         }
+    }
+
+    #[test]
+    fn the_hour_caps_the_whole_step_not_each_block() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two blocks of 40 minutes each: each under the hour, the step not.
+        let p = write(
+            dir.path(),
+            r#"{"model":"m","source":"x","batch":1,"input":[1,2,2],"update_ms":0.0,
+               "blocks":[{"name":"a","forward_ms":2400000.0,"backward_ms":0.0,"param_sizes":[1],"macs_per_sample":1},
+                         {"name":"b","forward_ms":2400000.0,"backward_ms":0.0,"param_sizes":[1],"macs_per_sample":1}]}"#,
+        );
+        let e = EmulatedDevice::load(&p, 1.0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DeviceError::Profile {
+                    problem: ProfileProblem::StepTime { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("4800 s"), "{e}");
+        assert!(EmulatedDevice::load(&p, 0.8).is_err());
+        assert!(EmulatedDevice::load(&p, 0.7).is_ok());
     }
 
     #[test]

@@ -201,6 +201,12 @@ pub enum PrepareError {
     /// The processes of the run could not start or do not describe the same run.
     #[error("{0}")]
     Processes(String),
+    /// The run would not fit in the memory this process may take.
+    #[error(transparent)]
+    Memory(#[from] crate::limits::MemoryError),
+    /// The emulated device's profile is not of this run.
+    #[error(transparent)]
+    Device(#[from] crate::testbed::device::DeviceError),
 }
 
 impl From<ModelError> for PrepareError {

@@ -13,6 +13,7 @@ pub mod error;
 pub mod event;
 pub mod inputs;
 pub mod lock;
+pub mod memory;
 pub mod metrics;
 pub mod processes;
 pub mod progress;
@@ -353,6 +354,9 @@ fn prepare(
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
         None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
     });
+    // Before anything large is allocated and before the run directory exists.
+    memory::check_device(&cfg, &graph)?;
+    memory::check_run_memory(&cfg, &graph, memory::loaded_bytes(&train_source, &test_set))?;
     let resume = load_resume(&cfg, &graph.name, warn)?;
     let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));

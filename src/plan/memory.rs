@@ -1,0 +1,437 @@
+//! The one estimate of a run's memory, checked before anything large is allocated: what
+//! `train`, `profile`, `bench *` and `model show` ask ([`estimate`], then
+//! [`MemoryEstimate::check`]).
+//!
+//! A run holds, per worker: the parameters (and the trainer's copy of them for broadcasts), the
+//! gradients (the reducer's bucket buffers, which backward writes into), the momentum, the
+//! activations (one buffer per layer output for the per-worker batch, as `nn::Net` plans
+//! them: fused activations share their layer's) and the activations' gradients (shared by
+//! liveness, the same walk `nn::Net` makes); per compute thread, the kernels' scratch (the
+//! convolution's column matrix, GEMM's packed blocks); for the run, the input pipeline's batch
+//! buffers and the in-process fabric between workers ([`crate::comm::transport::fabric_bytes`]:
+//! its channels grow as workers^2). Thread stacks and the allocator's per-thread arenas are
+//! address space, not resident memory: they count only against `RLIMIT_AS`.
+//!
+//! The check is against what this process may take ([`crate::limits::memory_room`]: the
+//! smallest of `MemAvailable`, the cgroup's headroom and `RLIMIT_AS` minus the mapped size).
+
+use crate::limits::{human_bytes, MemoryError, MemoryLimit, MemoryRoom};
+use crate::model::{Graph, Op};
+
+/// What a run is, as far as its memory goes.
+#[derive(Debug, Clone)]
+pub struct MemoryInputs<'a> {
+    /// The model (`None`: no model, e.g. `bench allreduce`).
+    pub graph: Option<&'a Graph>,
+    /// Samples per worker per step.
+    pub batch_per_worker: usize,
+    /// Workers in this process.
+    pub workers: usize,
+    /// Compute threads per worker.
+    pub threads: usize,
+    /// A training step (gradients, momentum, activation gradients), not inference alone.
+    pub training: bool,
+    /// Batch buffers of the input pipeline (`workers x (prefetch + 1)`; 0 for none).
+    pub data_buffers: usize,
+    /// Other threads of the run (loader threads, communication threads).
+    pub other_threads: usize,
+    /// Floats of the largest message between workers (0: no messages).
+    pub largest_message: usize,
+    /// Message buffers of `largest_message` floats each worker holds at once (its warm
+    /// buffers, or `workers - 1` in flight in the redundant mode).
+    pub messages_per_worker: usize,
+    /// Further buffers per worker in bytes, with what they are (an all-reduce's buffer and
+    /// scratch).
+    pub extra_per_worker: Option<(&'static str, f64)>,
+    /// Bytes of data already in memory when the check runs (a data set loaded whole): part of
+    /// what the run holds, but not of what it has still to take.
+    pub loaded: f64,
+}
+
+impl<'a> MemoryInputs<'a> {
+    /// A training run of `graph` at `batch_per_worker` on `workers` x `threads`, no pipeline
+    /// and no messages (fill in the rest).
+    pub fn training(
+        graph: &'a Graph,
+        batch_per_worker: usize,
+        workers: usize,
+        threads: usize,
+    ) -> Self {
+        Self {
+            graph: Some(graph),
+            batch_per_worker,
+            workers,
+            threads,
+            training: true,
+            data_buffers: 0,
+            other_threads: 0,
+            largest_message: 0,
+            messages_per_worker: 0,
+            extra_per_worker: None,
+            loaded: 0.0,
+        }
+    }
+}
+
+/// One part of an estimate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPart {
+    /// What it is.
+    pub what: &'static str,
+    /// Bytes, over the whole process.
+    pub bytes: f64,
+    /// What to lower to make it smaller.
+    pub lower: String,
+}
+
+/// A run's memory, by part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryEstimate {
+    /// Resident memory, by part.
+    pub parts: Vec<MemoryPart>,
+    /// Address space on top of it (thread stacks, allocator arenas): counts against
+    /// `RLIMIT_AS` only.
+    pub address_space_only: f64,
+    /// Resident already when the check runs (the program, a data set loaded whole): in what
+    /// the process will hold ([`MemoryEstimate::peak`]), not in what it has still to take.
+    pub resident: f64,
+}
+
+/// The program itself once running: code, libraries, the allocator's own (measured: a
+/// `train` of lenet5 at batch 64 peaked 44 MiB above its data set and buffers).
+const PROGRAM_BYTES: f64 = 48.0 * 1024.0 * 1024.0;
+
+/// Stack reserved per thread (Rust's default for spawned threads, which rayon keeps).
+const STACK_BYTES: f64 = 2.0 * 1024.0 * 1024.0;
+
+/// Address space glibc reserves per malloc arena (`HEAP_MAX_SIZE` on 64-bit); a process gets
+/// up to 8 per core, one per thread that allocates while the others hold theirs.
+const ARENA_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
+
+/// Per compute thread: the convolution's column budget and GEMM's packed block of A
+/// (`backend::cpu`'s `COL_BUDGET` and `MC x KC`), in floats.
+const THREAD_SCRATCH_FLOATS: f64 = (3 << 16) as f64 + 168.0 * 384.0;
+
+/// Rows of a convolution's column matrix one thread holds at most (`backend::cpu::gemm::KC`).
+const COL_ROWS: f64 = 384.0;
+
+/// What `inputs` needs, by part.
+pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
+    let w = inputs.workers.max(1) as f64;
+    let b = inputs.batch_per_worker as f64;
+    let mut parts = Vec::new();
+    let mut part = |what, bytes: f64, lower: String| {
+        if bytes > 0.0 {
+            parts.push(MemoryPart { what, bytes, lower });
+        }
+    };
+    let workers_now = format!("--workers ({} now)", inputs.workers);
+    if let Some(g) = inputs.graph {
+        let p = g.nodes.iter().map(|n| n.params as f64).sum::<f64>();
+        let model = format!("the model's size ({} parameters now)", p);
+        // Parameters and the kernels' packed copy of the weights; with training also their
+        // gradients, the momentum and the copy the trainer broadcasts weights through.
+        let copies = if inputs.training { 5.0 } else { 2.0 };
+        part(
+            "parameters, gradients and momentum",
+            4.0 * p * copies * w,
+            model,
+        );
+        let (acts, grads) = activation_floats(g);
+        let batch = format!("--batch ({} per worker now)", inputs.batch_per_worker);
+        part("activations", 4.0 * acts * b * w, batch.clone());
+        if inputs.training {
+            part("activation gradients", 4.0 * grads * b * w, batch.clone());
+        }
+        let input = g.input().numel() as f64 + 1.0;
+        part(
+            "input pipeline batches",
+            4.0 * input * b * inputs.data_buffers as f64,
+            "--prefetch or --batch".into(),
+        );
+        let width = max_column_width(g);
+        let lower = if width > THREAD_SCRATCH_FLOATS / COL_ROWS {
+            format!(
+                "the model's convolutions (a column row of {width} values: kernel x kernel x \
+                 input channels), --threads or --workers"
+            )
+        } else {
+            "--threads or --workers".into()
+        };
+        part(
+            "compute threads' scratch",
+            4.0 * (THREAD_SCRATCH_FLOATS + COL_ROWS * width) * (inputs.threads as f64) * w,
+            lower,
+        );
+    }
+    if let Some((what, bytes)) = inputs.extra_per_worker {
+        part(what, bytes * w, "--sizes (or --workers)".into());
+    }
+    part(
+        "messages between workers",
+        crate::comm::transport::fabric_bytes(
+            inputs.workers,
+            inputs.largest_message,
+            inputs.messages_per_worker,
+        ),
+        workers_now,
+    );
+    let threads = w * (inputs.threads as f64 + 1.0) + inputs.other_threads as f64 + 1.0;
+    let arenas = threads.min(8.0 * crate::limits::cores() as f64);
+    MemoryEstimate {
+        parts,
+        address_space_only: threads * STACK_BYTES + arenas * ARENA_BYTES,
+        resident: PROGRAM_BYTES + inputs.loaded,
+    }
+}
+
+impl MemoryEstimate {
+    /// Resident bytes the run has still to take.
+    pub fn total(&self) -> f64 {
+        self.parts.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Resident bytes the process will hold at its peak: [`MemoryEstimate::total`] and what
+    /// is resident already (what `VmHWM` measures).
+    pub fn peak(&self) -> f64 {
+        self.total() + self.resident
+    }
+
+    /// The parts, largest first: `activations 1.2 GiB, parameters ... 40.0 MiB`.
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<&MemoryPart> = self.parts.iter().collect();
+        parts.sort_by(|a, b| b.bytes.total_cmp(&a.bytes));
+        parts
+            .iter()
+            .map(|p| format!("{} {}", p.what, human_bytes(p.bytes)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Refuses `what` if it does not fit in what this process may take now.
+    pub fn check(&self, what: &str) -> Result<(), MemoryError> {
+        self.check_in(what, crate::limits::memory_room())
+    }
+
+    /// [`MemoryEstimate::check`] against a given room (`None`: unknown, passes). Under
+    /// `RLIMIT_AS` the thread stacks and arenas count too.
+    pub fn check_in(&self, what: &str, room: Option<MemoryRoom>) -> Result<(), MemoryError> {
+        let Some(room) = room else {
+            return Ok(());
+        };
+        let mut needed = self.total();
+        if room.limit == MemoryLimit::AddressSpace {
+            needed += self.address_space_only;
+        }
+        if crate::limits::fits(needed, room.bytes) {
+            return Ok(());
+        }
+        let largest = self.parts.iter().max_by(|a, b| a.bytes.total_cmp(&b.bytes));
+        let todo = match largest {
+            Some(p) => format!(
+                "lower {} ({} is the largest part, {})",
+                p.lower,
+                p.what,
+                human_bytes(p.bytes)
+            ),
+            None => "lower the thread count".into(),
+        };
+        Err(MemoryError {
+            what: format!("{what} ({})", self.describe()),
+            needed,
+            room,
+            todo,
+        })
+    }
+}
+
+/// Floats per sample of a training net's activation buffers and of its activation-gradient
+/// buffers, planned as `nn::Net` plans them: an activation fused into the layer before it
+/// (`relu`/`relu6` after a `conv2d`, `batch_norm`, `linear` or `add` read by nothing else)
+/// shares that layer's buffer, losses have none, and gradients are shared by liveness (a
+/// gradient lives from the backward of its tensor's last reader to its producer's).
+pub fn activation_floats(g: &Graph) -> (f64, f64) {
+    let nn = g.nodes.len();
+    let mut readers = vec![0usize; nn];
+    for n in &g.nodes {
+        for &j in &n.inputs {
+            readers[j] += 1;
+        }
+    }
+    // value_of[i]: the node whose buffer holds node i's value; fused[j]: j runs inside another.
+    let mut value_of: Vec<usize> = (0..nn).collect();
+    let mut fused = vec![false; nn];
+    let mut has_act = vec![false; nn];
+    for (j, n) in g.nodes.iter().enumerate() {
+        if !matches!(n.layer(), Some(Op::Relu | Op::Relu6)) {
+            continue;
+        }
+        let i = n.inputs[0];
+        let fusable = matches!(
+            g.nodes[i].layer(),
+            Some(Op::Conv2d(_) | Op::BatchNorm(_) | Op::Linear(_) | Op::Add)
+        );
+        if fusable && readers[i] == 1 && !has_act[i] {
+            fused[j] = true;
+            has_act[i] = true;
+            value_of[i] = j;
+        }
+    }
+    let is_loss = |i: usize| g.losses.contains(&i);
+    let numel = |i: usize| g.nodes[i].shape.numel() as f64;
+    // The execs: (out, inputs, has parameters, loss), in forward order.
+    let execs: Vec<(usize, Vec<usize>, bool, bool)> = (1..nn)
+        .filter(|&i| !fused[i])
+        .map(|i| {
+            let ins = g.nodes[i].inputs.iter().map(|&j| value_of[j]).collect();
+            (value_of[i], ins, g.nodes[i].params > 0, is_loss(i))
+        })
+        .collect();
+    let acts = numel(0)
+        + execs
+            .iter()
+            .filter(|e| !e.3)
+            .map(|e| numel(e.0))
+            .sum::<f64>();
+    (acts, gradient_floats(&execs, nn, numel))
+}
+
+/// The liveness walk of `nn::Net`'s gradient buffers over `execs`, in floats per sample.
+fn gradient_floats(
+    execs: &[(usize, Vec<usize>, bool, bool)],
+    nn: usize,
+    numel: impl Fn(usize) -> f64,
+) -> f64 {
+    let mut needs_grad = vec![false; nn];
+    let mut backward = Vec::with_capacity(execs.len());
+    let mut needs_dx: Vec<Vec<bool>> = Vec::with_capacity(execs.len());
+    for (out, ins, params, loss) in execs {
+        let dx: Vec<bool> = ins.iter().map(|&j| needs_grad[j]).collect();
+        let bw = *params || dx.iter().any(|&b| b);
+        needs_grad[*out] = bw && !loss;
+        backward.push(bw);
+        needs_dx.push(dx);
+    }
+    let mut slot: Vec<Option<usize>> = vec![None; nn];
+    let mut sizes: Vec<f64> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    for (e, (out, ins, _, loss)) in execs.iter().enumerate().rev() {
+        if !backward[e] {
+            continue;
+        }
+        for (&j, _) in ins.iter().zip(&needs_dx[e]).filter(|(_, &n)| n) {
+            if slot[j].is_none() {
+                let b = match free
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| sizes[*a.1].total_cmp(&sizes[*b.1]))
+                    .map(|(fi, _)| fi)
+                {
+                    Some(fi) => free.swap_remove(fi),
+                    None => {
+                        sizes.push(0.0);
+                        sizes.len() - 1
+                    }
+                };
+                sizes[b] = sizes[b].max(numel(j));
+                slot[j] = Some(b);
+            }
+        }
+        if let (Some(b), false) = (slot[*out], *loss) {
+            free.push(b);
+        }
+    }
+    sizes.iter().sum()
+}
+
+/// The widest column matrix row of the model's convolutions (kernel x kernel x input channels
+/// per group), 0 without any.
+fn max_column_width(g: &Graph) -> f64 {
+    g.nodes
+        .iter()
+        .filter_map(|n| match n.layer() {
+            // Its parameters are out x (kernel x kernel x channels per group), plus a bias.
+            Some(Op::Conv2d(_)) => Some(n.params as f64 / n.shape.c.max(1) as f64),
+            _ => None,
+        })
+        .fold(0.0, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(gib: u64, limit: MemoryLimit) -> Option<MemoryRoom> {
+        Some(MemoryRoom {
+            bytes: gib << 30,
+            limit,
+        })
+    }
+
+    #[test]
+    fn a_training_net_is_planned_as_the_net_allocates_it() {
+        for model in ["lenet5", "resnet20", "vgg-small"] {
+            let g = std::sync::Arc::new(crate::model::reference_graph(model).unwrap());
+            let net = crate::nn::Net::new(
+                g.clone(),
+                crate::nn::NetConfig {
+                    max_batch: 4,
+                    seed: 1,
+                },
+            )
+            .unwrap();
+            let (acts, grads) = activation_floats(&g);
+            assert_eq!(
+                4.0 * 4.0 * (acts + grads),
+                net.buffer_bytes() as f64,
+                "{model}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_does_not_fit_is_refused_naming_the_largest_part() {
+        let g = crate::model::reference_graph("vgg-small").unwrap();
+        let e = estimate(&MemoryInputs::training(&g, 100_000, 1, 1));
+        let err = e
+            .check_in("vgg-small", room(4, MemoryLimit::MemAvailable))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--batch (100000 per worker now)") && err.contains("4.0 GiB available"),
+            "{err}"
+        );
+        assert!(estimate(&MemoryInputs::training(&g, 64, 1, 1))
+            .check_in("x", room(4, MemoryLimit::MemAvailable))
+            .is_ok());
+        // Stacks and arenas count against the address space only.
+        let g = crate::model::reference_graph("lenet5").unwrap();
+        let mut threads = MemoryInputs::training(&g, 1, 64, 16);
+        threads.other_threads = 1000;
+        let e = estimate(&threads);
+        assert!(e.check_in("x", room(4, MemoryLimit::MemAvailable)).is_ok());
+        assert!(e.check_in("x", room(4, MemoryLimit::AddressSpace)).is_err());
+    }
+
+    #[test]
+    fn the_fabric_grows_as_workers_squared_and_is_counted() {
+        let one = crate::comm::transport::fabric_bytes(100, 1000, 4);
+        let two = crate::comm::transport::fabric_bytes(200, 1000, 4);
+        // The message buffers are linear in the workers (they were 2 x workers per worker).
+        let buffers = |w| {
+            crate::comm::transport::fabric_bytes(w, 1 << 20, 4)
+                - crate::comm::transport::fabric_bytes(w, 0, 4)
+        };
+        assert_eq!(buffers(200), 2.0 * buffers(100));
+        assert!(two > 3.5 * one, "{one} {two}");
+        let g = crate::model::reference_graph("lenet5").unwrap();
+        let mut i = MemoryInputs::training(&g, 1, 1000, 1);
+        i.largest_message = 61_706;
+        i.messages_per_worker = 4;
+        let err = estimate(&i)
+            .check_in("x", room(16, MemoryLimit::MemAvailable))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--workers (1000 now)"), "{err}");
+    }
+}
