@@ -446,8 +446,8 @@ impl TrainConfig {
 impl TrainOptions {
     /// Reads options from a TOML file (same names as the flags, e.g. `bucket-kb = 128`).
     pub fn from_toml_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let text = crate::input::read_text(path, crate::input::FileKind::Config)
+            .map_err(|e| e.to_string())?;
         toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
     }
 
