@@ -757,11 +757,10 @@ impl TrainOptions {
                         .into(),
                 )
             }
-            (Some(w), None, _) if !w.is_file() => {
-                return Err(format!(
-                    "--weights {}: no such checkpoint file",
-                    w.display()
-                ))
+            (Some(w), None, _) => {
+                // Refused by type here, before a run directory is made.
+                crate::input::open_regular(w, crate::input::FileKind::Checkpoint)
+                    .map_err(|e| format!("--weights: {e}"))?;
             }
             (None, _, Some(_)) => {
                 return Err("--reinit only applies with --weights CHECKPOINT".into())
@@ -769,9 +768,9 @@ impl TrainOptions {
             _ => {}
         }
         match &self.resume {
-            Some(r) if !r.is_file() => {
-                Err(format!("--resume {}: no such checkpoint file", r.display()))
-            }
+            Some(r) => crate::input::open_regular(r, crate::input::FileKind::Checkpoint)
+                .map(|_| ())
+                .map_err(|e| format!("--resume: {e}")),
             None if self.resume_changed => {
                 Err("--resume-changed only applies with --resume CHECKPOINT".into())
             }

@@ -43,7 +43,8 @@ pub fn load_cifar10(dir: &Path) -> Result<DatasetPair, DataError> {
     let missing: Vec<&str> = all
         .iter()
         .copied()
-        .filter(|f| !dir.join(f).is_file())
+        // Only what is absent: a fifo or a device in its place is refused by the read, by type.
+        .filter(|f| !dir.join(f).exists())
         .collect();
     if let Some(first) = missing.first() {
         let also = if missing.len() > 1 {
