@@ -355,3 +355,89 @@ fn report_says_when_a_directory_is_missing_or_not_a_run() {
     assert_eq!(r.code, Some(1), "{}", r.text);
     assert!(r.text.contains("is not a run directory"), "{}", r.text);
 }
+
+/// Writes a 28 x 28 grey PNG at `path`.
+fn png(path: &Path) {
+    let mut bytes = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut bytes, 28, 28);
+        e.set_color(png::ColorType::Grayscale);
+        e.set_depth(png::BitDepth::Eight);
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(&[128u8; 28 * 28]).unwrap();
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("folder");
+    for split in ["train", "test"] {
+        for class in ["a", "b"] {
+            let d = root.join(split).join(class);
+            std::fs::create_dir_all(&d).unwrap();
+            png(&d.join("0.png"));
+        }
+    }
+    let class = root.join("train").join("a");
+    mkfifo(&class.join("1.png"));
+    std::os::unix::fs::symlink("/dev/zero", class.join("2.png")).unwrap();
+    std::os::unix::fs::symlink(class.join("3.png"), class.join("3.png")).unwrap();
+    let spec = format!("imagefolder:{}", root.display());
+    let run_dir = tmp.path().join("run");
+    let args = [
+        "train",
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--dataset",
+        &spec,
+        "--epochs",
+        "1",
+        "--batch",
+        "2",
+        "--threads",
+        "1",
+    ];
+    let r = run_ok(&args, tmp.path());
+    assert!(
+        r.text
+            .contains(&format!("warning: {}: skipped 3 entries", class.display())),
+        "{}",
+        r.text
+    );
+    assert!(r.text.contains("not a regular file"), "{}", r.text);
+}
+
+#[test]
+fn packed_and_cifar_files_that_are_devices_or_fifos_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let run_dir = run_dir.to_str().unwrap();
+    let mut packed = vec!["train", "--run-dir", run_dir, "--dataset", "packed:{}"];
+    packed.extend_from_slice(&SMALL);
+    for (path, what) in hostile(tmp.path(), "data.packed") {
+        let spec = format!("packed:{}", path.display());
+        let args: Vec<&str> = packed
+            .iter()
+            .map(|a| if *a == "packed:{}" { spec.as_str() } else { a })
+            .collect();
+        let r = run(&args, tmp.path());
+        refused(&r, &path, what, &args);
+    }
+    for (i, (target, what)) in hostile(tmp.path(), "cifar-fifo").into_iter().enumerate() {
+        let dir = tmp.path().join(format!("cifar{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        let names = (1..=5)
+            .map(|k| format!("data_batch_{k}.bin"))
+            .chain(["test_batch.bin".to_string()]);
+        for f in names {
+            std::os::unix::fs::symlink(&target, dir.join(f)).unwrap();
+        }
+        let spec = format!("cifar10:{}", dir.display());
+        let mut args = vec!["train", "--run-dir", run_dir, "--dataset", &spec];
+        args.extend_from_slice(&SMALL);
+        let r = run(&args, tmp.path());
+        refused(&r, &dir.join("data_batch_1.bin"), what, &args);
+    }
+}
