@@ -982,7 +982,7 @@ mod tests {
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
             (
                 Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())),
-                "no such checkpoint",
+                "checkpoint /no/such/ckpt.safetensors does not exist",
             ),
             (
                 Box::new(|o| o.lr_schedule = Some("zigzag".into())),
@@ -1017,7 +1017,7 @@ mod tests {
             ),
             (
                 Box::new(|o| o.emulate_device = Some("/no/such/profile.json".into())),
-                "--emulate-device /no/such/profile.json",
+                "--emulate-device: device profile /no/such/profile.json does not exist",
             ),
             (
                 Box::new(|o| o.comm_timeout = Some(1e30)),
