@@ -475,8 +475,8 @@ impl TrainConfig {
 impl TrainOptions {
     /// Reads options from a TOML file (same names as the flags, e.g. `bucket-kb = 128`).
     pub fn from_toml_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        let text = crate::input::read_text(path, crate::input::FileKind::Config)
+            .map_err(|e| e.to_string())?;
         toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
     }
 
@@ -795,11 +795,10 @@ impl TrainOptions {
                         .into(),
                 )
             }
-            (Some(w), None, _) if !w.is_file() => {
-                return Err(format!(
-                    "--weights {}: no such checkpoint file",
-                    w.display()
-                ))
+            (Some(w), None, _) => {
+                // Refused by type here, before a run directory is made.
+                crate::input::open_regular(w, crate::input::FileKind::Checkpoint)
+                    .map_err(|e| format!("--weights: {e}"))?;
             }
             (None, _, Some(_)) => {
                 return Err("--reinit only applies with --weights CHECKPOINT".into())
@@ -807,9 +806,9 @@ impl TrainOptions {
             _ => {}
         }
         match &self.resume {
-            Some(r) if !r.is_file() => {
-                Err(format!("--resume {}: no such checkpoint file", r.display()))
-            }
+            Some(r) => crate::input::open_regular(r, crate::input::FileKind::Checkpoint)
+                .map(|_| ())
+                .map_err(|e| format!("--resume: {e}")),
             None if self.resume_changed => {
                 Err("--resume-changed only applies with --resume CHECKPOINT".into())
             }
@@ -1021,7 +1020,7 @@ mod tests {
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
             (
                 Box::new(|o| o.resume = Some("/no/such/ckpt.safetensors".into())),
-                "no such checkpoint",
+                "checkpoint /no/such/ckpt.safetensors does not exist",
             ),
             (
                 Box::new(|o| o.lr_schedule = Some("zigzag".into())),
@@ -1056,7 +1055,7 @@ mod tests {
             ),
             (
                 Box::new(|o| o.emulate_device = Some("/no/such/profile.json".into())),
-                "--emulate-device /no/such/profile.json",
+                "--emulate-device: device profile /no/such/profile.json does not exist",
             ),
             (
                 Box::new(|o| o.comm_timeout = Some(1e30)),

@@ -37,6 +37,8 @@ pub enum FileKind {
     Table,
     /// A dataset file (IDX, CIFAR batches, checksum lists).
     Dataset,
+    /// A packed dataset (`dptrain data pack`): memory-mapped, never read whole.
+    PackedDataset,
     /// One image of an image folder, or one to predict.
     Image,
     /// A checkpoint or weights file (safetensors).
@@ -59,6 +61,8 @@ impl FileKind {
             FileKind::Table => 64 * MIB,
             // Checked again against the machine's memory by the readers (data::check_split_memory).
             FileKind::Dataset => 16 * 1024 * MIB,
+            // Mapped, not read: the cap only refuses a length no dataset has (16 TiB).
+            FileKind::PackedDataset => 16 * 1024 * 1024 * MIB,
             // A 4096 x 4096 RGB PNG stored uncompressed is 48 MiB; decode refuses larger images.
             FileKind::Image => 256 * MIB,
             FileKind::Checkpoint => 64 * 1024 * MIB,
@@ -75,6 +79,7 @@ impl FileKind {
             FileKind::Metrics => "metrics log",
             FileKind::Table => "table",
             FileKind::Dataset => "dataset file",
+            FileKind::PackedDataset => "packed dataset",
             FileKind::Image => "image",
             FileKind::Checkpoint => "checkpoint",
         }

@@ -327,8 +327,8 @@ pub fn single_worker_options(spec: &AblationSpec, data_dir: &Path, run_dir: &Pat
 /// `--log-every 1`).
 fn timed_steps(run_dir: &Path) -> Result<Vec<StepTimes>, String> {
     let path = run_dir.join("metrics.jsonl");
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let text = crate::input::read_text(&path, crate::input::FileKind::Metrics)
+        .map_err(|e| e.to_string())?;
     let mut steps = Vec::new();
     for line in text.lines() {
         let v: serde_json::Value =

@@ -542,8 +542,8 @@ impl Cluster {
         let path = std::path::Path::new(&dir)
             .join(&self.name)
             .join("cluster.env");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = crate::input::read_text(&path, crate::input::FileKind::Table)
+            .map_err(|e| e.to_string())?;
         let line = text
             .lines()
             .find(|l| l.starts_with("RTT="))
@@ -614,7 +614,8 @@ impl Phases {
     /// steps as the summary does. Medians, not means: on a machine shared with other jobs a
     /// few steps stall for tens of ms.
     fn median_of_steps(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = crate::input::read_text(path, crate::input::FileKind::Metrics)
+            .map_err(|e| e.to_string())?;
         let steps: Vec<serde_json::Value> = text
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

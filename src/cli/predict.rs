@@ -62,6 +62,11 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
+    if failed > 0 && failed == files.len() {
+        return Err(format!(
+            "none of the {failed} files could be predicted (each named above)"
+        ));
+    }
     if failed > 0 {
         return Err(format!(
             "{failed} of {} files could not be predicted (each named above); the others were",

@@ -5,7 +5,6 @@
 //! copied without reordering). Official batches hold 10000 records, but any
 //! whole number is accepted so small fixtures and subsets work.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::data::{join, pair, DataError, Dataset, DatasetPair, TEN_CLASSES};
@@ -44,7 +43,8 @@ pub fn load_cifar10(dir: &Path) -> Result<DatasetPair, DataError> {
     let missing: Vec<&str> = all
         .iter()
         .copied()
-        .filter(|f| !dir.join(f).is_file())
+        // Only what is absent: a fifo or a device in its place is refused by the read, by type.
+        .filter(|f| !dir.join(f).exists())
         .collect();
     if let Some(first) = missing.first() {
         let also = if missing.len() > 1 {
@@ -106,7 +106,8 @@ fn dataset(pixels: Vec<u8>, labels: Vec<u8>) -> Dataset {
 
 /// Reads one batch file into (pixels, labels).
 pub fn read_cifar10_batch(path: &Path) -> Result<(Vec<u8>, Vec<u8>), DataError> {
-    let bytes = fs::read(path).map_err(|e| DataError::from_io(path, e, GET_HINT))?;
+    let bytes = crate::input::read_bytes(path, crate::input::FileKind::Dataset)
+        .map_err(|e| DataError::from_input(e, GET_HINT))?;
     parse_cifar10_batch(path, &bytes)
 }
 

@@ -27,6 +27,11 @@ pub enum DataError {
         cause: io::Error,
     },
 
+    /// A file a user named is not a regular file of its kind's size ([`crate::input`]'s
+    /// refusal, which names the path and what it is).
+    #[error(transparent)]
+    Input(crate::input::InputError),
+
     /// Writing a file (a dataset writer, `data export-images`) failed: the output rules of
     /// [`crate::output`] refused the path, or the OS refused the write.
     #[error(transparent)]
@@ -116,6 +121,18 @@ impl DataError {
         DataError::Invalid {
             path: path.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// Maps [`crate::input`]'s refusal, turning "not found" into [`DataError::NotFound`] with
+    /// `hint` so the user learns where to get the file.
+    pub(crate) fn from_input(e: crate::input::InputError, hint: &str) -> Self {
+        match e {
+            crate::input::InputError::NotFound { path, .. } => DataError::NotFound {
+                path,
+                hint: hint.to_string(),
+            },
+            e => DataError::Input(e),
         }
     }
 

@@ -10,7 +10,6 @@
 //! make us buffer more than the header promised plus one byte (which is how
 //! trailing garbage is detected).
 
-use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -128,14 +127,11 @@ pub fn resolve(path: &Path) -> Result<PathBuf, DataError> {
 /// Reads a whole file into memory.
 ///
 /// Its length comes from the file system, not from a header, so it is safe
-/// to allocate; the compressed MNIST files are at most a few tens of MB.
+/// to allocate; the compressed MNIST files are at most a few tens of MB. Only a
+/// regular file is read ([`crate::input`]): `/dev/zero` or a fifo is refused.
 pub fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
-    fs::read(path).map_err(|e| {
-        DataError::from_io(
-            path,
-            e,
-            "check the dataset directory, or re-download the file",
-        )
+    crate::input::read_bytes(path, crate::input::FileKind::Dataset).map_err(|e| {
+        DataError::from_input(e, "check the dataset directory, or re-download the file")
     })
 }
 

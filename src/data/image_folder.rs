@@ -20,7 +20,7 @@
 use super::decode::{DecodedImage, Decoder, Resampler};
 use super::{DataError, Dataset, DatasetPair};
 use image::ImageFormat;
-use std::io::{Cursor, Read};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 pub use super::decode::{MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
@@ -102,20 +102,7 @@ impl ImageFolder {
         }
         let (mut files, mut labels) = (Vec::new(), Vec::new());
         for (label, class) in classes.iter().enumerate() {
-            let dir = split_dir.join(class);
-            let mut these = Vec::new();
-            if dir.is_dir() {
-                for e in std::fs::read_dir(&dir).map_err(|e| DataError::from_io(&dir, e, hint))? {
-                    let p = e.map_err(|e| DataError::from_io(&dir, e, hint))?.path();
-                    let ext = p
-                        .extension()
-                        .map(|x| x.to_string_lossy().to_ascii_lowercase());
-                    if p.is_file() && ext.is_some_and(|x| EXTENSIONS.contains(&x.as_str())) {
-                        these.push(p);
-                    }
-                }
-            }
-            these.sort();
+            let these = class_files(&split_dir.join(class), hint)?;
             labels.extend(std::iter::repeat_n(label as u8, these.len()));
             files.extend(these);
         }
@@ -188,13 +175,9 @@ impl ImageFolder {
     /// The bytes of sample `i`'s file, read into `buf` (reused); returns its path.
     pub fn read_file<'a>(&'a self, i: usize, buf: &mut Vec<u8>) -> Result<&'a Path, DataError> {
         let path = &self.files[i];
-        buf.clear();
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(buf))
-            .map_err(|e| DataError::Io {
-                path: path.clone(),
-                cause: e,
-            })?;
+        // A file swapped for a fifo or a device since the listing is refused, never blocks.
+        crate::input::read_into(path, crate::input::FileKind::Image, buf)
+            .map_err(DataError::Input)?;
         Ok(path)
     }
 
@@ -277,12 +260,61 @@ impl ImageFolder {
     }
 }
 
+/// The image files of one class directory, sorted. An entry with an image's extension that is
+/// not a regular file (a fifo, a device, a directory, a dangling link or a link loop) is
+/// skipped with a warning naming it, since reading it could block or never end.
+fn class_files(dir: &Path, hint: &str) -> Result<Vec<PathBuf>, DataError> {
+    let mut these = Vec::new();
+    if !dir.is_dir() {
+        return Ok(these);
+    }
+    let mut skipped: Vec<(PathBuf, &str)> = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| DataError::from_io(dir, e, hint))? {
+        let p = e.map_err(|e| DataError::from_io(dir, e, hint))?.path();
+        let ext = p
+            .extension()
+            .map(|x| x.to_string_lossy().to_ascii_lowercase());
+        if !ext.is_some_and(|x| EXTENSIONS.contains(&x.as_str())) {
+            continue;
+        }
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_file() => these.push(p),
+            Ok(m) => skipped.push((p, entry_type(m.file_type()))),
+            Err(_) => skipped.push((p, "a dangling link or a link loop")),
+        }
+    }
+    if let Some((first, what)) = skipped.first() {
+        crate::terminal::print_warning(&format!(
+            "{}: skipped {} entr{} with an image's name that {} not a regular file ({} is {what})",
+            dir.display(),
+            skipped.len(),
+            if skipped.len() == 1 { "y" } else { "ies" },
+            if skipped.len() == 1 { "is" } else { "are" },
+            first.display()
+        ));
+    }
+    these.sort();
+    Ok(these)
+}
+
+/// What a file type that is not a regular file is, in words.
+fn entry_type(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a fifo"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else {
+        "a socket"
+    }
+}
+
 /// The header of `path`, checked (see [`crate::data::decode::read_info`]).
 fn probe(path: &Path) -> Result<super::decode::ImageInfo, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::Io {
-        path: path.to_path_buf(),
-        cause: e,
-    })?;
+    let bytes =
+        crate::input::read_bytes(path, crate::input::FileKind::Image).map_err(DataError::Input)?;
     Ok(super::decode::read_info(&bytes, path)?)
 }
 

@@ -5,6 +5,7 @@
 //! instead of surfacing as a confusing format error or, worse, loading
 //! subtly wrong data.
 
+use crate::input::FileKind;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -62,9 +63,8 @@ pub fn load_mnist(dir: &Path, bundled: bool) -> Result<DatasetPair, DataError> {
     };
     let hint = hint.as_str();
     let sums_path = dir.join(SHA256SUMS);
-    let sums_text = std::fs::read_to_string(&sums_path).map_err(|e| {
-        DataError::from_io(
-            &sums_path,
+    let sums_text = crate::input::read_text(&sums_path, FileKind::Dataset).map_err(|e| {
+        DataError::from_input(
             e,
             &format!(
                 "MNIST is loaded only with its checksums; {hint} (or load unverified files with \
@@ -153,7 +153,8 @@ pub fn read_verified(path: &Path, expected: &str) -> Result<(PathBuf, Vec<u8>), 
 
 /// [`read_verified`] with the repair hint for the copy being read.
 fn read_checked(path: &Path, expected: &str, hint: &str) -> Result<(PathBuf, Vec<u8>), DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::from_io(path, e, hint))?;
+    let bytes = crate::input::read_bytes(path, FileKind::Dataset)
+        .map_err(|e| DataError::from_input(e, hint))?;
     let actual = sha256_hex(&bytes);
     if !actual.eq_ignore_ascii_case(expected) {
         let hint = if bytes.starts_with(LFS_POINTER_PREFIX) {

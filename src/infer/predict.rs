@@ -69,12 +69,35 @@ pub fn collect_images(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool), InferEr
 
 /// Adds the images under `dir` to `out`, in name order, subdirectories in place.
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InferError> {
+    walk_from(dir, out, &mut Vec::new())
+}
+
+/// [`walk`], with the directories entered so far (device and inode): a directory reached again
+/// through a link (a link loop, or a second link to it) is skipped with a warning instead of
+/// being walked again, so a loop cannot make the walk endless. An entry with an image's name
+/// that is not a regular file (a fifo, a device) is skipped with a warning, since reading it
+/// could block.
+fn walk_from(
+    dir: &Path,
+    out: &mut Vec<PathBuf>,
+    entered: &mut Vec<(u64, u64)>,
+) -> Result<(), InferError> {
+    use std::os::unix::fs::MetadataExt;
     let io = |e: std::io::Error| {
         InferError::Data(DataError::Io {
             path: dir.to_path_buf(),
             cause: e,
         })
     };
+    let meta = std::fs::metadata(dir).map_err(io)?;
+    if entered.contains(&(meta.dev(), meta.ino())) {
+        crate::terminal::print_warning(&format!(
+            "{}: skipped, a directory already walked (through a link)",
+            dir.display()
+        ));
+        return Ok(());
+    }
+    entered.push((meta.dev(), meta.ino()));
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io)?
         .map(|e| e.map(|e| e.path()))
@@ -82,10 +105,16 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InferError> {
         .map_err(io)?;
     entries.sort();
     for p in entries {
-        if p.is_dir() {
-            walk(&p, out)?;
-        } else if p.is_file() && is_image_name(&p) {
-            out.push(p);
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => walk_from(&p, out, entered)?,
+            Ok(m) if m.is_file() && is_image_name(&p) => out.push(p),
+            Ok(m) if m.is_file() => {}
+            _ if is_image_name(&p) => crate::terminal::print_warning(&format!(
+                "{}: skipped, not a regular file (a fifo, a device, a dangling link or a link \
+                 loop)",
+                p.display()
+            )),
+            _ => {}
         }
     }
     Ok(())
@@ -198,22 +227,20 @@ fn decode(
     eval: &Transforms,
     scratch: &mut TransformScratch,
 ) -> Result<Vec<u8>, DataError> {
-    let io = |e: std::io::Error| DataError::Io {
-        path: file.to_path_buf(),
-        cause: e,
-    };
-    // Checked before reading: a stray multi-gigabyte file is refused, not read into memory.
-    let len = std::fs::metadata(file).map_err(io)?.len();
-    if len > crate::data::decode::MAX_DECODE_BYTES {
+    // A fifo or a device is refused by type, a file over the image cap by its length, before
+    // a byte is read; a file larger than any image dptrain decodes is refused after.
+    let bytes =
+        crate::input::read_bytes(file, crate::input::FileKind::Image).map_err(DataError::Input)?;
+    if bytes.len() as u64 > crate::data::decode::MAX_DECODE_BYTES {
         return Err(DataError::invalid(
             file,
             format!(
-                "is {len} bytes, more than any image dptrain decodes ({} bytes)",
+                "is {} bytes, more than any image dptrain decodes ({} bytes)",
+                bytes.len(),
                 crate::data::decode::MAX_DECODE_BYTES
             ),
         ));
     }
-    let bytes = std::fs::read(file).map_err(io)?;
     let mut pixels = vec![0u8; channels * size.pixels()];
     eval.apply_bytes_u8(
         &bytes,

@@ -109,10 +109,7 @@ impl Profile {
     /// ([`validate`]).
     pub fn load(path: &Path) -> Result<Self, ProfileError> {
         let path_buf = || path.to_path_buf();
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
-            path: path_buf(),
-            source,
-        })?;
+        let text = crate::input::read_text(path, crate::input::FileKind::Profile)?;
         let p: Profile =
             serde_json::from_str(&text).map_err(|source| ProfileError::NotAProfile {
                 path: path_buf(),
@@ -132,14 +129,9 @@ impl Profile {
 /// Why a profile file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    /// It could not be read.
-    #[error("{}: {source}", .path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// It could not be read (or is not a regular file of a profile's size).
+    #[error(transparent)]
+    Read(#[from] crate::input::InputError),
     /// It is not a profile's JSON.
     #[error("{}: not a profile: {source}", .path.display())]
     NotAProfile {

@@ -5,6 +5,9 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+use crate::input::{self, FileKind, InputError};
+use crate::terminal::print_warning;
+
 /// The phases of the step breakdown, in the order they happen (and are stacked).
 pub const PHASES: [&str; 5] = ["data wait", "forward", "backward", "exposed comm", "update"];
 
@@ -85,50 +88,45 @@ pub struct RunData {
 }
 
 impl RunData {
-    /// Reads `summary.json` and `metrics.jsonl` of `dir`; needs at least one of them.
+    /// Reads `summary.json` and `metrics.jsonl` of `dir`; needs at least one of them. A torn
+    /// last line of `metrics.jsonl` (what a crash or a full disk leaves) is skipped with a
+    /// warning; a bad line before it is an error naming the line.
     pub fn load(dir: &Path) -> Result<Self, String> {
-        let summary_path = dir.join("summary.json");
-        let summary: Option<Value> = match std::fs::read_to_string(&summary_path) {
-            Ok(text) => {
-                let v: Value = serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: {e}", summary_path.display()))?;
-                check_types(&v, SUMMARY_FIELDS).map_err(|e| {
-                    format!(
-                        "{}: {e}; it is not a summary dptrain wrote (or it was edited): \
-                         re-run the training, or remove the file to report from metrics.jsonl",
-                        summary_path.display()
-                    )
-                })?;
-                Some(v)
+        match std::fs::metadata(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(format!(
+                    "run directory {} does not exist: give the --run-dir of a training run",
+                    dir.display()
+                ))
             }
-            Err(_) => None,
-        };
+            Err(e) => return Err(format!("cannot read run directory {}: {e}", dir.display())),
+            Ok(m) if !m.is_dir() => {
+                return Err(format!(
+                    "{} is not a directory: give a run directory (the --run-dir of a training \
+                     run), which holds summary.json and metrics.jsonl",
+                    dir.display()
+                ))
+            }
+            Ok(_) => {}
+        }
+        let summary = read_summary(&dir.join("summary.json"))?;
         let metrics_path = dir.join("metrics.jsonl");
-        let mut lines = Vec::new();
-        if let Ok(text) = std::fs::read_to_string(&metrics_path) {
-            for (i, line) in text
-                .lines()
-                .enumerate()
-                .filter(|(_, l)| !l.trim().is_empty())
-            {
-                let v: Value = serde_json::from_str(line)
-                    .map_err(|e| format!("{} line {}: {e}", metrics_path.display(), i + 1))?;
-                if v.get("kind").and_then(Value::as_str) == Some("epoch") {
-                    check_types(&v, EPOCH_FIELDS).map_err(|e| {
-                        format!(
-                            "{} line {}: {e}; it is not a line dptrain wrote (or it was edited)",
-                            metrics_path.display(),
-                            i + 1
-                        )
-                    })?;
-                    lines.push(v);
-                }
-            }
+        let metrics = read_optional(&metrics_path, FileKind::Metrics)?;
+        let mut lines = match &metrics {
+            Some(text) => epoch_lines(&metrics_path, text)?,
+            None => Vec::new(),
+        };
+        if summary.is_none() && metrics.is_none() {
+            return Err(format!(
+                "{} is not a run directory: it has no summary.json and no metrics.jsonl \
+                 (give the --run-dir of a training run)",
+                dir.display()
+            ));
         }
         if summary.is_none() && lines.is_empty() {
             return Err(format!(
-                "{}: no summary.json and no epoch lines in metrics.jsonl: not a run directory, \
-                 or the run stopped before its first epoch ended",
+                "{}: no summary.json and no epoch lines in metrics.jsonl: the run stopped \
+                 before its first epoch ended",
                 dir.display()
             ));
         }
@@ -282,6 +280,93 @@ const EPOCH_FIELDS: &[(&str, Kind)] = &[
     ("breakdown/mean", Kind::Object),
     ("breakdown/mean/step_ms", Kind::Number),
 ];
+
+/// Reads `path` as text, or `None` when it does not exist; anything else that stops the read
+/// (a fifo, a device, a file over its cap) is an error.
+fn read_optional(path: &Path, kind: FileKind) -> Result<Option<String>, String> {
+    match input::read_text(path, kind) {
+        Ok(text) => Ok(Some(text)),
+        Err(InputError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Reads and type-checks `summary.json`, or `None` when the run wrote none.
+fn read_summary(path: &Path) -> Result<Option<Value>, String> {
+    let Some(text) = read_optional(path, FileKind::Summary)? else {
+        return Ok(None);
+    };
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: {}", path.display(), json_error(&e)))?;
+    check_types(&v, SUMMARY_FIELDS).map_err(|e| {
+        format!(
+            "{}: {e}; it is not a summary dptrain wrote (or it was edited): \
+             re-run the training, or remove the file to report from metrics.jsonl",
+            path.display()
+        )
+    })?;
+    Ok(Some(v))
+}
+
+/// A JSON error without serde's "at line 1 column N" (a metrics line is one line of the file,
+/// so that position would name the wrong line): its column and what went wrong.
+fn json_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = text.strip_suffix(&suffix).unwrap_or(&text);
+    format!("column {}: {message}", e.column())
+}
+
+/// The epoch lines of `metrics.jsonl` (its text given), type-checked. Lines are numbered from
+/// 1 as in the file, blank lines included. The last line is torn when the writer stopped in
+/// the middle of it (a crash, a full disk): it has no newline or ends before the JSON does. It
+/// is skipped with a warning; a bad line before it is an error.
+fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
+    let last = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .last()
+        .map(|(i, _)| i);
+    let mut lines = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) if Some(i) == last && (e.is_eof() || !text.ends_with('\n')) => {
+                print_warning(&format!(
+                    "{} line {}: skipped a torn last line ({}), what a run that crashed or \
+                     ran out of disk leaves",
+                    path.display(),
+                    i + 1,
+                    json_error(&e)
+                ));
+                continue;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{} line {}: {}; it is not a line dptrain wrote (or it was edited)",
+                    path.display(),
+                    i + 1,
+                    json_error(&e)
+                ))
+            }
+        };
+        if v.get("kind").and_then(Value::as_str) == Some("epoch") {
+            check_types(&v, EPOCH_FIELDS).map_err(|e| {
+                format!(
+                    "{} line {}: {e}; it is not a line dptrain wrote (or it was edited)",
+                    path.display(),
+                    i + 1
+                )
+            })?;
+            lines.push(v);
+        }
+    }
+    Ok(lines)
+}
 
 /// Checks that `v` is an object whose fields in `fields` have the stated types. Absent fields
 /// pass (older runs, runs that stopped early); present ones of another type are an error

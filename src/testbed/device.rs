@@ -63,15 +63,8 @@ impl EmulatedDevice {
         if !(scale > 0.0 && scale.is_finite() && scale <= 1e6) {
             return Err(DeviceError::Scale(scale));
         }
-        // A profile is a few KB; a larger file is not one (and is not read into memory).
-        let len = std::fs::metadata(path)
-            .map_err(|e| refused(ProfileProblem::Unreadable(e)))?
-            .len();
-        if len > 16 << 20 {
-            return Err(refused(ProfileProblem::TooLarge(len)));
-        }
-        let text =
-            std::fs::read_to_string(path).map_err(|e| refused(ProfileProblem::Unreadable(e)))?;
+        // A profile is a few KB: input.rs refuses devices, fifos and files over the cap.
+        let text = crate::input::read_text(path, crate::input::FileKind::Profile)?;
         let p: Profile =
             serde_json::from_str(&text).map_err(|e| refused(ProfileProblem::NotAProfile(e)))?;
         let ms = |ms: f64, what: &'static str| {
@@ -182,17 +175,14 @@ pub enum DeviceError {
         /// What is wrong with it.
         problem: ProfileProblem,
     },
+    /// The profile file cannot be read, or is not a regular file of a profile's size.
+    #[error("--emulate-device: {0}")]
+    Read(#[from] crate::input::InputError),
 }
 
 /// What is wrong with an emulated device's profile.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileProblem {
-    /// It cannot be read.
-    #[error("{0}")]
-    Unreadable(std::io::Error),
-    /// It is far larger than any profile.
-    #[error("{0} bytes is not a profile (a few KB); give the file `dptrain profile` wrote")]
-    TooLarge(u64),
     /// It is not a profile's JSON.
     #[error(
         "not a profile ({0}); write one with `dptrain profile --model M --batch B --out FILE`"

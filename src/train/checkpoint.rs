@@ -30,6 +30,10 @@ use std::path::{Path, PathBuf};
 /// Why a checkpoint could not be written, read or restored.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CheckpointError {
+    /// The file could not be read (missing, not a regular file, over the cap); shared, since
+    /// the error is cloned and an I/O error is not.
+    #[error(transparent)]
+    Read(std::sync::Arc<crate::input::InputError>),
     /// The file could not be read, or its bytes are not a checkpoint this dptrain can use.
     #[error("checkpoint {}: {detail}", path.display())]
     Invalid {
@@ -477,10 +481,8 @@ impl Checkpoint {
 
     /// Reads and checks a checkpoint file.
     pub fn load(path: &Path) -> Result<Self, CheckpointError> {
-        let bytes = std::fs::read(path).map_err(|e| CheckpointError::Invalid {
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })?;
+        let bytes = crate::input::read_bytes(path, crate::input::FileKind::Checkpoint)
+            .map_err(|e| CheckpointError::Read(std::sync::Arc::new(e)))?;
         Self::from_bytes(&bytes, path)
     }
 

@@ -383,24 +383,15 @@ impl std::fmt::Debug for PackedFile {
 impl PackedFile {
     /// Opens and maps `path`, checking its header and index (see the module comment).
     pub fn open(path: &Path) -> Result<Arc<PackedFile>, DataError> {
-        let file = std::fs::File::open(path).map_err(|e| {
-            DataError::from_io(
-                path,
+        // A fifo or a device is refused by type before anything is mapped.
+        let (file, len) = crate::input::open_regular(path, crate::input::FileKind::PackedDataset)
+            .map_err(|e| {
+            DataError::from_input(
                 e,
                 "make a packed dataset with `dptrain data pack DIR --out FILE`",
             )
         })?;
-        let meta = file.metadata().map_err(|e| DataError::Io {
-            path: path.into(),
-            cause: e,
-        })?;
-        if !meta.is_file() {
-            return Err(DataError::invalid(
-                path,
-                "is not a regular file; give a packed dataset file",
-            ));
-        }
-        if meta.len() == 0 {
+        if len == 0 {
             return Err(DataError::invalid(
                 path,
                 "is empty, not a packed dataset: re-pack it",

@@ -270,10 +270,7 @@ fn progress_bar(show: bool, total: usize) -> indicatif::ProgressBar {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
-    std::fs::read(path).map_err(|e| DataError::Io {
-        path: path.to_path_buf(),
-        cause: e,
-    })
+    crate::input::read_bytes(path, crate::input::FileKind::Image).map_err(DataError::Input)
 }
 
 /// Decodes, orients, shrinks and encodes one image.

@@ -142,7 +142,8 @@ pub fn model_text(cfg: &crate::config::TrainConfig) -> (String, Option<String>) 
         // A built-in derived from another's file (inception-v3-noaux): loaded by its name.
         return (format!("builtin:{}", cfg.model), None);
     }
-    (cfg.model.clone(), std::fs::read_to_string(&cfg.model).ok())
+    let text = crate::input::read_text(Path::new(&cfg.model), crate::input::FileKind::ModelFile);
+    (cfg.model.clone(), text.ok())
 }
 
 /// The description of a run's checkpoints, once the run has resolved its input (image size,
