@@ -181,8 +181,16 @@ def cases(tmp):
               ["bench", "allreduce", "--workers", "1000", "--sizes", "4K"]))
     c.append(("14", "bench allreduce --sizes 1G (ulimit -v 4000000)",
               ["bench", "allreduce", "--sizes", "1G"]))
+    ckpt = os.path.join(tmp, "ckpt", "checkpoint-epoch0001.safetensors")
+    c.append(("14", "eval --checkpoint CKPT --batch 99999999999",
+              ["eval", "--checkpoint", ckpt, "--batch", "99999999999"]))
     c.append(("15", "train --keep-checkpoints 0 $T", ["train", "--keep-checkpoints", "0"] + T))
     return c
+
+
+def prepare_checkpoint(binary, tmp):
+    subprocess.run([binary, "train", "--run-dir", os.path.join(tmp, "ckpt"), "--quiet"] + T,
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 def prepare_torn(binary, tmp):
@@ -245,6 +253,8 @@ def main():
         all_cases = cases(tmp)
         if only is None or "10" in only:
             prepare_torn(binary, tmp)
+        if only is None or "14" in only:
+            prepare_checkpoint(binary, tmp)
         os.mkdir(os.path.join(tmp, "r12"))
         write(os.path.join(tmp, "r12", "thesis.99999.0.tmp"), "a user's file\n")
         print("| row | command | exit | peak RSS | first line of output |")

@@ -276,6 +276,8 @@ pub fn evaluate(
     let classes = model.class_names().len();
     let chunks = data.set.len().div_ceil(batch);
     let workers = opts.workers.min(chunks).max(1);
+    let threads = crate::limits::threads_per_worker(opts.threads, workers).0;
+    super::check_memory(model, batch, workers, threads)?;
     let plan = Plan {
         model,
         set: &data.set,
@@ -283,7 +285,7 @@ pub fn evaluate(
         batch,
         chunks,
         workers,
-        threads: crate::limits::threads_per_worker(opts.threads, workers).0,
+        threads,
         top_k: classes.min(5),
     };
     let tallies: Vec<Result<Tally, InferError>> = std::thread::scope(|s| {

@@ -46,6 +46,31 @@ pub enum InferError {
     /// Worker threads could not be started.
     #[error("cannot start evaluation threads: {0}")]
     Threads(String),
+    /// The nets asked for do not fit in the memory this process may use.
+    #[error(transparent)]
+    Memory(#[from] crate::limits::MemoryError),
+}
+
+/// Refuses `workers` inference nets of `model` at `batch` (each on `threads` threads) that would
+/// not fit, before any is allocated: the run memory estimate (`plan::memory`) with no
+/// gradients, shared with `train`, `profile` and the benchmarks.
+pub fn check_memory(
+    model: &crate::train::description::TrainedModel,
+    batch: usize,
+    workers: usize,
+    threads: usize,
+) -> Result<(), InferError> {
+    let mut inputs =
+        crate::plan::memory::MemoryInputs::training(&model.graph, batch, workers, threads);
+    inputs.training = false;
+    inputs.data_buffers = workers;
+    let nets = if workers == 1 {
+        "an inference net".to_string()
+    } else {
+        format!("{workers} inference nets")
+    };
+    crate::plan::memory::estimate(&inputs).check(&format!("{nets} at --batch {batch}"))?;
+    Ok(())
 }
 
 impl From<InferError> for String {
