@@ -7,15 +7,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{text, BIN};
 
 /// Runs dptrain in `dir` under `ulimit -v KB` (the address-space limit the issue's
 /// reproducers ran under, which also keeps a broken check from taking the machine down).

@@ -5,15 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_dptrain");
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{text, BIN};
 
 /// Runs dptrain with stdout a pipe whose reader is gone before the first write (what
 /// `| head -1` becomes once head has its line), deterministically: the read end is closed

@@ -460,7 +460,7 @@ const IN_FLIGHT: usize = 256;
 const WARM_MESSAGES: usize = 4;
 
 /// Most workers one process's fabric connects. The fabric has a channel for every ordered pair
-/// of workers (a ring of [`IN_FLIGHT`] messages and a stash of as many, allocated up front:
+/// of workers (a ring of `IN_FLIGHT` messages and a stash of as many, allocated up front:
 /// about 27 KB a pair, 1.8 GB at 256 workers), and every worker is at least three threads
 /// (its own, its communication thread, a compute thread) on this machine's cores: past a few
 /// hundred, a run spends its memory and time on the emulation, not on training. Real nodes

@@ -222,7 +222,7 @@ fn lock_error(e: LockError) -> OutputsError {
     }
 }
 
-/// Claims the run directory ([`claim`]: created, locked; with `--resume CKPT` and no
+/// Claims the run directory (`claim`: created, locked; with `--resume CKPT` and no
 /// `--run-dir`, the checkpoint's own directory, said in a note), removes temporary files that
 /// killed runs left there, refuses another run's files (with `--overwrite`, lists them for
 /// [`Prepared::clear`], which the caller runs once its other checks have passed, so a refused
