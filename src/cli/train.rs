@@ -29,7 +29,9 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
     let written = result.as_ref().map_or_else(|e| e.summary(), Some);
     if let (Some(s), 0) = (written, rank) {
         if let Err(e) = crate::report::write_run_report(&s.run_dir) {
-            tracing::warn!("cannot write the run report: {e}");
+            print_warning(&format!(
+                "cannot write the run report (the run's results are in its other files): {e}"
+            ));
         }
     }
     if let (Err(e), true) = (&result, processes > 1) {

@@ -123,12 +123,16 @@ pub struct ModelError {
 
 impl std::fmt::Display for ModelError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let text = format!(
-            "{}{}{}",
-            location(&self.file, &self.line),
-            layer_part(&self.layer),
-            self.kind
-        );
+        // A read error already names its path.
+        let text = match &*self.kind {
+            ModelErrorKind::Read(_) => self.kind.to_string(),
+            kind => format!(
+                "{}{}{}",
+                location(&self.file, &self.line),
+                layer_part(&self.layer),
+                kind
+            ),
+        };
         for c in text.chars() {
             if c.is_control() && c != '\n' {
                 write!(f, "{}", c.escape_default())?;
