@@ -94,7 +94,7 @@ def run(binary, args, cwd, shell_tail=None):
     # The line that says what happened: an error, warning or crash first, else the first.
     marked = [l for l in lines if any(k in l for k in ("error", "warning", "panicked",
                                                          "memory allocation", "overflow",
-                                                         "run directory:"))]
+                                                         "run directory:", "continuing"))]
     first = (marked or lines or [""])[0]
     return code, rss, first, secs
 
@@ -185,6 +185,21 @@ def cases(tmp):
     c.append(("14", "eval --checkpoint CKPT --batch 99999999999",
               ["eval", "--checkpoint", ckpt, "--batch", "99999999999"]))
     c.append(("15", "train --keep-checkpoints 0 $T", ["train", "--keep-checkpoints", "0"] + T))
+    # The unclear messages.
+    m = model("classes0.toml", 'name = "m"\nclasses = 0\n' + CONV.format(conv="out = 4, kernel = 3")
+              .split("\n", 1)[1])
+    c.append(("msg", "model show classes0.toml (classes = 0)", ["model", "show", m]))
+    m = model("ctrl.toml", CONV.format(conv="out = 4, kernel = 3").replace('"c"', '"c\\u001b[2J"'))
+    c.append(("msg", "model show ctrl.toml (a layer name with ESC)", ["model", "show", m]))
+    c.append(("msg", "report missing-dir", ["report", "missing-dir"]))
+    c.append(("msg", "train --lr-schedule step:2,2 $T", ["train", "--lr-schedule", "step:2,2"] + T))
+    c.append(("msg", "train --resume CKPT --epochs 2 (no --run-dir)",
+              ["train", "--resume", ckpt, "--train-limit", "512", "--test-limit", "128",
+               "--epochs", "2", "--threads", "1", "--quiet"]))
+    c.append(("msg", "train --resume CKPT --model resnet20",
+              ["train", "--resume", ckpt, "--model", "resnet20"] + T))
+    c.append(("msg", "bench sim-check --help | grep -A1 -- --model", ["bench", "sim-check", "--help"],
+              "| grep -A1 -- '--model <' | tr -s ' \\n' ' '"))
     return c
 
 
@@ -255,7 +270,7 @@ def main():
         all_cases = cases(tmp)
         if only is None or "10" in only:
             prepare_torn(binary, tmp)
-        if only is None or "14" in only:
+        if only is None or "14" in only or "msg" in only:
             prepare_checkpoint(binary, tmp)
         os.mkdir(os.path.join(tmp, "r12"))
         write(os.path.join(tmp, "r12", "thesis.99999.0.tmp"), "a user's file\n")
