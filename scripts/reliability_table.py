@@ -129,9 +129,9 @@ def cases(tmp):
               '  { type = "linear", name = "a", out = 1000000000 },\n'
               '  { type = "linear", name = "fc", out = "classes" },\n]\n')
     c.append(("3", "train --model lin.toml (linear out 1e9) $T", ["train", "--model", m] + T))
-    m = model("bomb7.toml", template_bomb(7, 14))
+    m = model("bomb7.toml", template_bomb(8, 14))
     c.append(("4", "model show bomb7.toml (7 levels x 14 uses: 1e8 layers)", ["model", "show", m]))
-    m = model("bomb1m.toml", template_bomb(6, 10))
+    m = model("bomb1m.toml", template_bomb(7, 10))
     c.append(("4", "model show bomb1m.toml (6 levels x 10 uses: 1e6 layers)", ["model", "show", m]))
     for n in (20_000, 100_000):
         m = model(f"relu{n}.toml", relu_chain(n))
@@ -222,9 +222,9 @@ def prepare_torn(binary, tmp):
 def row8(binary, tmp):
     """Two runs on one new run directory at once."""
     args = [binary, "train", "--run-dir", os.path.join(tmp, "r8"), "--epochs", "2",
-            "--train-limit", "2048", "--test-limit", "128", "--threads", "1"]
+            "--train-limit", "30000", "--test-limit", "128", "--threads", "1"]
     a = subprocess.Popen(args, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(0.3)
+    time.sleep(1.5)
     b = subprocess.run(args, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     a.communicate()
     lines = [l for l in b.stdout.decode().splitlines() if l.startswith("error")]
