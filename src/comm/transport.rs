@@ -453,6 +453,20 @@ impl InProcessTransport {
     }
 }
 
+/// Registers the calling thread once as a waiter on `rx`, so that crossbeam's first-wait
+/// allocations (the channel's waiter list, the thread's wait context) happen now and not in a
+/// training step; returns the message instead if one was ready (then nothing registered: call
+/// again). A timed `recv` does not do this reliably: it spins (yielding) before it registers
+/// and gives up without registering when the spin outlasts its timeout, which it does on a
+/// loaded machine. A `Select` with a deadline already past tries the channel once, then always
+/// registers, sees the deadline and unregisters (crossbeam-channel 0.5 `run_select`).
+pub fn register_as_waiter<T>(rx: &Receiver<T>) -> Option<T> {
+    let mut select = crossbeam_channel::Select::new();
+    select.recv(rx);
+    let op = select.select_timeout(Duration::ZERO).ok()?;
+    op.recv(rx).ok()
+}
+
 /// Messages one worker may have sent to another and not yet received.
 const IN_FLIGHT: usize = 256;
 
@@ -516,17 +530,12 @@ impl Transport for InProcessTransport {
         // channel once, then always registers, sees the deadline and unregisters. Messages
         // that arrive meanwhile are stashed, where `recv` looks first.
         for inbox in &self.inboxes {
-            let mut select = crossbeam_channel::Select::new();
-            select.recv(&inbox.rx);
             // Each ready message is one try that did not register; the bound only guards a
             // peer that sends without end.
             for _ in 0..IN_FLIGHT {
-                let Ok(op) = select.select_timeout(Duration::ZERO) else {
-                    break;
-                };
-                match op.recv(&inbox.rx) {
-                    Ok(msg) => lock(&inbox.state).stash.push_back(msg),
-                    Err(_) => break,
+                match register_as_waiter(&inbox.rx) {
+                    Some(msg) => lock(&inbox.state).stash.push_back(msg),
+                    None => break,
                 }
             }
         }

@@ -162,12 +162,11 @@ impl Reducer {
         let buckets = plan.buckets.len();
         let (job_tx, job_rx) = bounded::<Job>(buckets + 1);
         let (done_tx, done_rx) = bounded::<Done>(plan.buckets.len() + 1);
-        // A channel's first blocking receive allocates its waiter list: wait once on each
-        // here, while nothing can be in flight, instead of in a step.
-        let warm = std::time::Duration::from_millis(1);
+        // A channel's first blocking receive allocates its waiter list: register once on each
+        // here, while nothing can be in flight (both are empty), instead of in a step.
         if transport.as_ref().is_some_and(|t| t.world() > 1) {
-            let _ = job_rx.recv_timeout(warm);
-            let _ = done_rx.recv_timeout(warm);
+            let _ = crate::comm::transport::register_as_waiter(&job_rx);
+            let _ = crate::comm::transport::register_as_waiter(&done_rx);
         }
         // The largest message: a whole bucket, or the weights (broadcasts).
         let largest = plan
