@@ -43,10 +43,11 @@ pub struct TrainConfig {
     pub overlap: bool,
     /// Communication mode.
     pub comm: CommChoice,
-    /// With several processes of several workers: reduce within the process, across the
-    /// process leaders, back within the process (see [`crate::comm::hierarchical`]); off: one
-    /// flat all-reduce over every worker. No effect with one process or one worker each.
-    pub hierarchical: bool,
+    /// With several processes of several workers: how the workers of a process share the
+    /// reduction (see [`crate::comm::hierarchical`]: 2-D, through a leader, or flat over every
+    /// worker; `auto` lets the cost model pick with `--comm auto`, and is 2-D otherwise). No
+    /// effect with one process or one worker each.
+    pub hierarchy: crate::plan::HierarchyChoice,
     /// `--first-bucket-kb` and `--bucket-kb` (KiB; 0: one layer per bucket); with neither
     /// given the caps follow the link (see [`crate::plan::bucket_caps`]).
     pub buckets: crate::plan::BucketFlags,
@@ -225,9 +226,11 @@ pub struct TrainOptions {
     /// Communication mode: auto, tree, ring, hd, redundant [default: auto].
     #[arg(long)]
     pub comm: Option<String>,
-    /// With several MPI ranks of several --workers each: on reduces within each process, then
-    /// between one leader per process with the --comm mode, then back within the process; off
-    /// runs the mode flat over every worker [default: on].
+    /// With several MPI ranks of several --workers each: 2d (reduce-scatter within each
+    /// process, each worker's shard across the processes with the --comm mode, all-gather
+    /// within), leader (everything through local worker 0, which alone crosses the network),
+    /// off (the mode flat over every worker), or auto (with --comm auto the cost model picks
+    /// per bucket; otherwise 2d; mpi-native always uses leader); on means 2d [default: auto].
     #[arg(long)]
     pub hierarchical: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
@@ -440,10 +443,11 @@ impl TrainConfig {
     pub fn plan_inputs(&self) -> crate::plan::PlanInputs {
         crate::plan::PlanInputs {
             comm: self.comm,
-            hierarchical: self.hierarchical,
+            hierarchy: self.hierarchy,
             processes: self.processes,
             workers_per_process: self.workers,
             link: self.link,
+            intra_link: None,
             buckets: self.buckets,
         }
     }
@@ -455,7 +459,7 @@ impl TrainConfig {
             "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
             "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
-            "comm": self.comm.to_string(), "hierarchical": self.hierarchical, "transport": self.transport.to_string(),
+            "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
@@ -594,7 +598,7 @@ impl TrainOptions {
             threads: workers.threads,
             overlap: comm.overlap,
             comm: comm.comm,
-            hierarchical: comm.hierarchical,
+            hierarchy: comm.hierarchy,
             buckets: crate::plan::BucketFlags {
                 first_kb: self.first_bucket_kb,
                 kb: self.bucket_kb,
@@ -693,22 +697,24 @@ impl TrainOptions {
         if comm == CommChoice::Native && transport != TransportKind::Mpi {
             return Err("--comm mpi-native needs --transport mpi".into());
         }
-        let hierarchical = on_off(
-            "--hierarchical",
-            self.hierarchical.as_deref().unwrap_or("on"),
-        )?;
-        if comm == CommChoice::Native && !hierarchical && workers > 1 {
-            return Err(
-                "--comm mpi-native with --workers > 1 needs --hierarchical on \
-                        (MPI_Allreduce runs once per process, between the process leaders)"
-                    .into(),
-            );
+        let hierarchy =
+            crate::plan::HierarchyChoice::parse(self.hierarchical.as_deref().unwrap_or("auto"))?;
+        let leader_or_auto = matches!(
+            hierarchy,
+            crate::plan::HierarchyChoice::Fixed(crate::comm::Hierarchy::Leader)
+                | crate::plan::HierarchyChoice::Auto
+        );
+        if comm == CommChoice::Native && !leader_or_auto && workers > 1 {
+            return Err(format!(
+                "--comm mpi-native with --workers > 1 needs --hierarchical leader or auto, not \
+                 {hierarchy} (MPI_Allreduce runs once per process, between the process leaders)"
+            ));
         }
         Ok(ResolvedComm {
             overlap,
             comm,
             transport,
-            hierarchical,
+            hierarchy,
         })
     }
 
@@ -930,7 +936,7 @@ struct ResolvedComm {
     overlap: bool,
     comm: CommChoice,
     transport: TransportKind,
-    hierarchical: bool,
+    hierarchy: crate::plan::HierarchyChoice,
 }
 
 /// `--lr`, `--lr-schedule` and SGD's flags, resolved.
@@ -977,7 +983,7 @@ mod tests {
             o.hierarchical = Some("off".into());
         })
         .unwrap_err();
-        assert!(err.contains("--hierarchical on"), "{err}");
+        assert!(err.contains("--hierarchical leader or auto"), "{err}");
     }
 
     #[test]
@@ -1015,7 +1021,7 @@ mod tests {
             (Box::new(|o| o.overlap = Some("maybe".into())), "--overlap"),
             (
                 Box::new(|o| o.hierarchical = Some("sometimes".into())),
-                "--hierarchical must be on or off",
+                "--hierarchical must be auto, 2d, leader or off",
             ),
             (Box::new(|o| o.lr = Some(-1.0)), "--lr"),
             (

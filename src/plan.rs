@@ -13,13 +13,18 @@
 //! 3. **The buckets** ([`PlanInputs::bucket_plan`]): [`BucketPlan::new`] over the parameter
 //!    blocks at those caps.
 //! 4. **Each bucket's operation** ([`PlanInputs::bucket_ops`]): tree mode reduces to worker 0;
-//!    the others all-reduce, hierarchically ([`PlanInputs::reduces_hierarchically`]) when
-//!    several processes hold several workers each, and `auto` asks the cost model
-//!    ([`choose_mode`]) for the link its leaders' (or flat) phase crosses.
+//!    `mpi-native` runs `MPI_Allreduce` (between the process leaders with several workers per
+//!    process); a fixed mode all-reduces, in the hierarchy `--hierarchical` names when several
+//!    processes hold several workers each (2-D unless told otherwise); and `auto` asks the
+//!    cost model ([`choose_route`]) for the cheapest route of each bucket on the run's cluster
+//!    ([`PlanInputs::cluster`]: the hosts, the workers sharing each host's NIC, both links),
+//!    among the flat modes and, unless `--hierarchical` fixes one, both hierarchies.
 
 pub mod memory;
 
-use crate::comm::{choose_mode, min_bucket_bytes, CommMode, LeaderOp, LinkModel};
+use crate::comm::{
+    choose_route, min_bucket_bytes, AcrossOp, Cluster, CommMode, Hierarchy, LinkModel, Route,
+};
 use crate::parallel::{BucketOp, BucketPlan};
 use std::time::Duration;
 
@@ -55,6 +60,43 @@ impl std::fmt::Display for CommChoice {
             Self::Auto => f.write_str("auto"),
             Self::Fixed(m) => write!(f, "{m}"),
             Self::Native => f.write_str("mpi-native"),
+        }
+    }
+}
+
+/// How the workers of one process share a bucket's reduction (`--hierarchical`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HierarchyChoice {
+    /// With `--comm auto`, the cost model's pick per bucket (flat, leader or 2-D); with a fixed
+    /// mode, 2-D; with `mpi-native`, leader.
+    Auto,
+    /// Flat: the mode over every worker.
+    Off,
+    /// One hierarchy for every bucket.
+    Fixed(Hierarchy),
+}
+
+impl HierarchyChoice {
+    /// Parses `auto`, `2d`, `leader`, `off`, or `on` (the default hierarchy, 2-D).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            "2d" | "on" => Ok(Self::Fixed(Hierarchy::TwoD)),
+            "leader" => Ok(Self::Fixed(Hierarchy::Leader)),
+            _ => Err(format!(
+                "--hierarchical must be auto, 2d, leader or off (on: 2d), not {s:?}"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for HierarchyChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Off => f.write_str("off"),
+            Self::Fixed(h) => write!(f, "{h}"),
         }
     }
 }
@@ -175,28 +217,33 @@ pub fn block_lens(net: &crate::nn::Net) -> Vec<usize> {
 pub struct PlanInputs {
     /// `--comm`.
     pub comm: CommChoice,
-    /// `--hierarchical on`.
-    pub hierarchical: bool,
+    /// `--hierarchical`.
+    pub hierarchy: HierarchyChoice,
     /// Processes (MPI ranks; hosts in the simulator).
     pub processes: usize,
     /// Workers in each process (devices per host in the simulator).
     pub workers_per_process: usize,
-    /// The link given (`--link-*`), if any.
+    /// The link given (`--link-*`), if any: between processes, or each worker's in one
+    /// process.
     pub link: Option<LinkModel>,
+    /// The link between the workers of a process, if known (the simulator's host ports);
+    /// else [`IN_PROCESS_LINK`].
+    pub intra_link: Option<LinkModel>,
     /// The bucket caps given.
     pub buckets: BucketFlags,
 }
 
 impl PlanInputs {
     /// A run of `processes` x `workers_per_process` workers on `link` (if given) with the
-    /// trainer's defaults otherwise: `--comm auto`, `--hierarchical on`, no bucket flags.
+    /// trainer's defaults otherwise: `--comm auto`, `--hierarchical auto`, no bucket flags.
     pub fn defaults(processes: usize, workers_per_process: usize, link: Option<LinkModel>) -> Self {
         Self {
             comm: CommChoice::Auto,
-            hierarchical: true,
+            hierarchy: HierarchyChoice::Auto,
             processes,
             workers_per_process,
             link,
+            intra_link: None,
             buckets: BucketFlags::default(),
         }
     }
@@ -217,13 +264,68 @@ impl PlanInputs {
         })
     }
 
-    /// Whether buckets reduce hierarchically: several processes of several workers each (and
-    /// `--hierarchical on`), or `mpi-native` with several workers per process (MPI_Allreduce
-    /// runs between the process leaders only).
-    pub fn reduces_hierarchically(&self) -> bool {
-        let several = self.processes > 1 && self.workers_per_process > 1;
-        let native = self.comm == CommChoice::Native && self.workers_per_process > 1;
-        (several && self.hierarchical) || native
+    /// The cluster the cost model prices routes on: the processes as hosts of their workers,
+    /// sharing the link between processes, with the intra-process link between them; in one
+    /// process, every worker on its own port onto the link planned for (the in-process
+    /// fabric gives each worker its own, emulated or not).
+    pub fn cluster(&self) -> Cluster {
+        if self.processes > 1 {
+            Cluster {
+                hosts: self.processes,
+                per_host: self.workers_per_process,
+                intra: self.intra_link.unwrap_or(IN_PROCESS_LINK),
+                nic: self.auto_link(),
+            }
+        } else {
+            Cluster::flat(self.workers_per_process, self.auto_link())
+        }
+    }
+
+    /// Whether a hierarchy can apply: several processes of several workers each.
+    fn has_hierarchy(&self) -> bool {
+        self.processes > 1 && self.workers_per_process > 1
+    }
+
+    /// The hierarchy of a fixed mode's buckets: none unless several processes hold several
+    /// workers each; then the one given, 2-D by default.
+    pub fn fixed_hierarchy(&self) -> Option<Hierarchy> {
+        match self.hierarchy {
+            _ if !self.has_hierarchy() => None,
+            HierarchyChoice::Off => None,
+            HierarchyChoice::Fixed(h) => Some(h),
+            HierarchyChoice::Auto => Some(Hierarchy::TwoD),
+        }
+    }
+
+    /// The routes `--comm auto` chooses among: every mode flat, and in each hierarchy
+    /// `--hierarchical` allows (both with `auto`) where one can apply.
+    pub fn auto_routes(&self) -> Vec<Route> {
+        let hierarchies: &[Hierarchy] = match self.hierarchy {
+            _ if !self.has_hierarchy() => &[],
+            HierarchyChoice::Off => &[],
+            HierarchyChoice::Fixed(ref h) => std::slice::from_ref(h),
+            HierarchyChoice::Auto => &Hierarchy::ALL,
+        };
+        let mut routes: Vec<Route> = Vec::new();
+        for &h in hierarchies {
+            routes.extend(CommMode::ALL.iter().map(|&m| Route::Hierarchical(h, m)));
+        }
+        if hierarchies.is_empty() || self.hierarchy == HierarchyChoice::Auto {
+            routes.extend(CommMode::ALL.iter().map(|&m| Route::Flat(m)));
+        }
+        routes
+    }
+
+    /// The operation that runs `route` in this run.
+    fn op_of(&self, route: Route) -> BucketOp {
+        match route {
+            Route::Flat(m) => BucketOp::AllReduce(m),
+            Route::Hierarchical(hierarchy, m) => BucketOp::Hierarchical {
+                hierarchy,
+                across: AcrossOp::AllReduce(m),
+                workers_per_process: self.workers_per_process,
+            },
+        }
     }
 
     /// The bucket caps (first, others) in bytes of this run: [`bucket_caps`] for the link
@@ -242,32 +344,29 @@ impl PlanInputs {
     /// (Caffe's scheme), which stays flat over every worker even when the others reduce
     /// hierarchically.
     pub fn bucket_ops(&self, plan: &BucketPlan) -> Vec<BucketOp> {
-        let hierarchical = self.reduces_hierarchically();
-        let hier = |leader| BucketOp::Hierarchical {
-            leader,
-            workers_per_process: self.workers_per_process,
-        };
+        let cluster = self.cluster();
+        let routes = self.auto_routes();
         plan.buckets
             .iter()
             .map(|b| match self.comm {
                 CommChoice::Fixed(CommMode::Tree) => BucketOp::ReduceToRoot,
-                CommChoice::Fixed(m) if hierarchical => hier(LeaderOp::AllReduce(m)),
-                CommChoice::Fixed(m) => BucketOp::AllReduce(m),
-                CommChoice::Native if hierarchical => hier(LeaderOp::Native),
+                CommChoice::Fixed(m) => match self.fixed_hierarchy() {
+                    Some(h) => self.op_of(Route::Hierarchical(h, m)),
+                    None => self.op_of(Route::Flat(m)),
+                },
+                // MPI_Allreduce is one call per process: through the leaders.
+                CommChoice::Native if self.workers_per_process > 1 => BucketOp::Hierarchical {
+                    hierarchy: Hierarchy::Leader,
+                    across: AcrossOp::Native,
+                    workers_per_process: self.workers_per_process,
+                },
                 CommChoice::Native => BucketOp::Native,
-                CommChoice::Auto if hierarchical => {
-                    // The leaders' phase crosses the link between processes; the phases
-                    // within a process have no choice to make.
-                    let bytes = b.len * 4;
-                    let mode = choose_mode(self.processes, bytes, &self.auto_link());
-                    tracing::debug!(bytes, %mode, "auto: the cost model's choice for the leaders");
-                    hier(LeaderOp::AllReduce(mode))
-                }
                 CommChoice::Auto => {
                     let bytes = b.len * 4;
-                    let mode = choose_mode(self.world(), bytes, &self.auto_link());
-                    tracing::debug!(bytes, %mode, "auto: the cost model's choice for a bucket");
-                    BucketOp::AllReduce(mode)
+                    let route = choose_route(&cluster, bytes, &routes)
+                        .expect("auto always has the flat modes or a hierarchy's");
+                    tracing::debug!(bytes, %route, "auto: the cost model's route for a bucket");
+                    self.op_of(route)
                 }
             })
             .collect()
@@ -307,26 +406,85 @@ mod tests {
     }
 
     #[test]
-    fn the_hierarchy_needs_several_processes_of_several_workers_or_native() {
-        let inputs = |processes, workers_per_process, comm| PlanInputs {
+    fn the_hierarchy_needs_several_processes_of_several_workers_and_native_uses_the_leader() {
+        let inputs = |processes, workers_per_process, comm, hierarchy| PlanInputs {
             comm,
-            hierarchical: true,
+            hierarchy,
             processes,
             workers_per_process,
             link: None,
+            intra_link: None,
             buckets: BucketFlags::default(),
         };
         let ring = CommChoice::Fixed(CommMode::Ring);
-        assert!(inputs(2, 2, ring).reduces_hierarchically());
-        assert!(!inputs(2, 1, ring).reduces_hierarchically());
-        assert!(!inputs(1, 4, ring).reduces_hierarchically());
-        assert!(inputs(1, 2, CommChoice::Native).reduces_hierarchically());
-        let flat = PlanInputs {
-            hierarchical: false,
-            ..inputs(2, 2, ring)
+        let auto = HierarchyChoice::Auto;
+        let plan = BucketPlan::new(&[1000], 0, 0);
+        let op = |i: PlanInputs| i.bucket_ops(&plan)[0];
+        let two_d = |w| BucketOp::Hierarchical {
+            hierarchy: Hierarchy::TwoD,
+            across: AcrossOp::AllReduce(CommMode::Ring),
+            workers_per_process: w,
         };
-        assert!(!flat.reduces_hierarchically());
-        assert_eq!(inputs(2, 2, ring).auto_link(), BETWEEN_PROCESSES_LINK);
-        assert_eq!(inputs(1, 2, ring).auto_link(), IN_PROCESS_LINK);
+        assert_eq!(op(inputs(2, 2, ring, auto)), two_d(2));
+        assert_eq!(
+            op(inputs(2, 2, ring, HierarchyChoice::Off)),
+            BucketOp::AllReduce(CommMode::Ring)
+        );
+        let leader = HierarchyChoice::Fixed(Hierarchy::Leader);
+        assert!(matches!(
+            op(inputs(2, 3, ring, leader)),
+            BucketOp::Hierarchical {
+                hierarchy: Hierarchy::Leader,
+                workers_per_process: 3,
+                ..
+            }
+        ));
+        assert_eq!(
+            op(inputs(2, 1, ring, auto)),
+            BucketOp::AllReduce(CommMode::Ring)
+        );
+        assert_eq!(
+            op(inputs(1, 4, ring, auto)),
+            BucketOp::AllReduce(CommMode::Ring)
+        );
+        assert!(matches!(
+            op(inputs(1, 2, CommChoice::Native, auto)),
+            BucketOp::Hierarchical {
+                hierarchy: Hierarchy::Leader,
+                across: AcrossOp::Native,
+                ..
+            }
+        ));
+        assert_eq!(inputs(2, 2, ring, auto).auto_link(), BETWEEN_PROCESSES_LINK);
+        assert_eq!(inputs(1, 2, ring, auto).auto_link(), IN_PROCESS_LINK);
+        // auto chooses among every hierarchy's routes and the flat ones, or only those allowed.
+        assert_eq!(inputs(2, 2, CommChoice::Auto, auto).auto_routes().len(), 12);
+        let only_2d = inputs(
+            2,
+            2,
+            CommChoice::Auto,
+            HierarchyChoice::Fixed(Hierarchy::TwoD),
+        );
+        assert!(only_2d
+            .auto_routes()
+            .iter()
+            .all(|r| matches!(r, Route::Hierarchical(Hierarchy::TwoD, _))));
+        assert!(inputs(1, 4, CommChoice::Auto, auto)
+            .auto_routes()
+            .iter()
+            .all(|r| matches!(r, Route::Flat(_))));
+    }
+
+    #[test]
+    fn hierarchy_names_round_trip_and_on_means_2d() {
+        for h in ["auto", "off", "2d", "leader"] {
+            assert_eq!(HierarchyChoice::parse(h).unwrap().to_string(), h);
+        }
+        assert_eq!(
+            HierarchyChoice::parse("on").unwrap(),
+            HierarchyChoice::Fixed(Hierarchy::TwoD)
+        );
+        let e = HierarchyChoice::parse("sometimes").unwrap_err();
+        assert!(e.contains("auto, 2d, leader or off"), "{e}");
     }
 }

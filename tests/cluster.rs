@@ -232,14 +232,22 @@ fn two_hosts_of_two_workers_stay_in_sync_flat_and_hierarchical() {
         );
         assert_eq!(replica_hashes(&mpi_dir), replica_hashes(&thr_dir), "{comm}");
     }
-    // Hierarchical: every replica identical (checked by the helper), and equal to 4 threads up
-    // to float rounding (the additions are grouped by host).
-    for comm in ["ring", "redundant"] {
-        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "on", &launch);
+    // Hierarchical: every replica identical (checked by the helper); redundant (powers of two)
+    // the same bits as 4 threads, ring equal up to float rounding (the additions are grouped
+    // by host).
+    for hierarchy in ["2d", "leader"] {
+        let (mpi_dir, thr_dir) =
+            two_by_two_and_four_threads(tmp.path(), "redundant", hierarchy, &launch);
+        assert!(
+            weights(&mpi_dir) == weights(&thr_dir),
+            "redundant {hierarchy}: 2 hosts x 2 workers and 4 threads trained different weights"
+        );
+        let (mpi_dir, thr_dir) =
+            two_by_two_and_four_threads(tmp.path(), "ring", hierarchy, &launch);
         let worst = max_weight_diff(&weights(&mpi_dir), &weights(&thr_dir));
         assert!(
             worst <= 1e-5,
-            "{comm}: hierarchical weights differ from 4 threads' by up to {worst}"
+            "ring {hierarchy}: hierarchical weights differ from 4 threads' by up to {worst}"
         );
     }
 }

@@ -78,12 +78,26 @@ fn two_ranks_of_two_workers_flat_match_four_worker_threads_bit_for_bit() {
 #[test]
 fn two_ranks_of_two_workers_hierarchical_stay_in_sync_and_close_to_four_threads() {
     let tmp = tempfile::tempdir().unwrap();
-    for comm in ["redundant", "ring", "auto", "mpi-native"] {
-        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, "on");
+    // Redundant over 2 processes of 2 workers: the pairwise tree over hosts of pairwise trees
+    // over workers is flat redundant's tree, in both hierarchies: the same bits.
+    for hierarchy in ["2d", "leader"] {
+        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), "redundant", hierarchy);
+        assert!(
+            weights(&mpi_dir) == weights(&thr_dir),
+            "redundant {hierarchy}: 2 ranks x 2 workers and 4 threads trained different weights"
+        );
+    }
+    for (comm, hierarchy) in [
+        ("ring", "2d"),
+        ("ring", "leader"),
+        ("auto", "auto"),
+        ("mpi-native", "auto"),
+    ] {
+        let (mpi_dir, thr_dir) = two_by_two_and_four_threads(tmp.path(), comm, hierarchy);
         let worst = max_weight_diff(&weights(&mpi_dir), &weights(&thr_dir));
         assert!(
             worst <= 1e-5,
-            "{comm}: hierarchical weights differ from 4 threads' by up to {worst}"
+            "{comm} {hierarchy}: hierarchical weights differ from 4 threads' by up to {worst}"
         );
     }
 }

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use dptrain::comm::record::{record_rank, Event};
 use dptrain::comm::{
-    cost_terms, predicted_time, CommError, CommMode, InProcessFabric, LeaderOp, LinkModel,
-    Transport,
+    cost_terms, predicted_time, AcrossOp, CommError, CommMode, Hierarchy, InProcessFabric,
+    LinkModel, Transport,
 };
 use dptrain::measure::profile::ProfileError;
 use dptrain::model::reference_graph;
 use dptrain::parallel::BucketOp;
-use dptrain::plan::{BucketFlags, CommChoice};
+use dptrain::plan::{BucketFlags, CommChoice, HierarchyChoice};
 use dptrain::sim::{
     from_graph, search_buckets, simulate_step, BlockProfile, DeviceSpec, DeviceSpeed, Job, Profile,
     Simulator, StepConfig, StepResult, Stragglers, Topology,
@@ -66,11 +66,14 @@ fn jobs(world: usize) -> Vec<Job> {
     v.push(Job::WeightBroadcast);
     for w in 2..world {
         if world.is_multiple_of(w) {
-            for m in CommMode::ALL {
-                v.push(Job::Bucket(BucketOp::Hierarchical {
-                    leader: LeaderOp::AllReduce(m),
-                    workers_per_process: w,
-                }));
+            for hierarchy in Hierarchy::ALL {
+                for m in CommMode::ALL {
+                    v.push(Job::Bucket(BucketOp::Hierarchical {
+                        hierarchy,
+                        across: AcrossOp::AllReduce(m),
+                        workers_per_process: w,
+                    }));
+                }
             }
         }
     }
@@ -141,8 +144,16 @@ fn a_recording_at_the_exact_length_scales_to_any_length() {
                         };
                         assert_eq!(pa, pb);
                         let scaled = *eb as f64 * len as f64 / exact as f64;
+                        // Two dimensions round twice: the shard, then the mode's chunk of it.
+                        let two_d = matches!(
+                            job,
+                            Job::Bucket(BucketOp::Hierarchical {
+                                hierarchy: Hierarchy::TwoD,
+                                ..
+                            })
+                        );
                         assert!(
-                            (*ea as f64 - scaled).abs() < 1.0,
+                            (*ea as f64 - scaled).abs() < if two_d { 2.0 } else { 1.0 },
                             "{job} over {world}, {len} elements, rank {r}: {ea} vs {scaled}"
                         );
                     }
@@ -179,7 +190,7 @@ fn cfg(topology: Topology, comm: CommChoice, overlap: bool, cap_kb: Option<usize
     StepConfig {
         topology,
         comm,
-        hierarchical: true,
+        hierarchy: HierarchyChoice::Auto,
         overlap,
         buckets: BucketFlags {
             first_kb: cap_kb,
@@ -295,6 +306,14 @@ fn close(a: &StepResult, b: &StepResult) -> bool {
     c(a.step_ms, b.step_ms) && c(a.exposed_ms, b.exposed_ms) && c(a.comm_ms, b.comm_ms)
 }
 
+/// Every `--hierarchical` setting.
+const HIERARCHIES: [HierarchyChoice; 4] = [
+    HierarchyChoice::Auto,
+    HierarchyChoice::Fixed(Hierarchy::TwoD),
+    HierarchyChoice::Fixed(Hierarchy::Leader),
+    HierarchyChoice::Off,
+];
+
 #[test]
 fn one_host_of_a_symmetric_schedule_stands_for_all() {
     // Simulating host 0's ranks (and mapping what the others send to it) gives the same step as
@@ -314,18 +333,18 @@ fn one_host_of_a_symmetric_schedule_stands_for_all() {
     ] {
         let topo = cluster(hosts, d);
         for comm in all_comms() {
-            for hierarchical in [true, false] {
+            for hierarchy in HIERARCHIES {
                 for overlap in [true, false] {
                     for cap in [None, Some(0), ONE_BUCKET] {
                         let c = StepConfig {
-                            hierarchical,
+                            hierarchy,
                             ..cfg(topo, comm, overlap, cap)
                         };
                         let fast = Simulator::new().step(&p, &c).unwrap();
                         let full = Simulator::new().every_rank().step(&p, &c).unwrap();
                         assert_eq!(full.simulated_ranks, hosts * d);
                         let what = format!(
-                            "{hosts}x{d} {comm} hier={hierarchical} overlap={overlap} cap={cap:?}: \
+                            "{hosts}x{d} {comm} hier={hierarchy} overlap={overlap} cap={cap:?}: \
                              {fast:?} vs {full:?}"
                         );
                         assert!(close(&fast, &full), "{what}");
@@ -355,11 +374,27 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     };
     let (ai, an) = (7e-6, 35e-6);
     let (bi, bn) = (1.0 / 20e9, 1.0 / 1e9);
-    // Hierarchical ring: 3 buffers into the leader's port, a 2-leader ring of two half-buffer
+    // Leader ring: 3 buffers into the leader's port, a 2-leader ring of two half-buffer
     // rounds over the NICs, 3 buffers out of the leader's port.
-    let c = cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET);
+    let c = StepConfig {
+        hierarchy: HierarchyChoice::Fixed(Hierarchy::Leader),
+        ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET)
+    };
     let r = simulate_step(&comm_only(s), &c).unwrap();
     let want = (3.0 * sf * bi + ai) + 2.0 * (sf / 2.0 * bn + an) + (3.0 * sf * bi + ai);
+    assert!(
+        (r.step_ms / 1e3 - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.step_ms / 1e3
+    );
+    // 2-D ring: 3 quarter-buffers through every port each way; between, 4 rings of 2 rounds
+    // of eighths share each NIC (8 eighths through it, the last one's latency after).
+    let c = StepConfig {
+        hierarchy: HierarchyChoice::Fixed(Hierarchy::TwoD),
+        ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET)
+    };
+    let r = simulate_step(&comm_only(s), &c).unwrap();
+    let want = 2.0 * (0.75 * sf * bi + ai) + (sf * bn + an);
     assert!(
         (r.step_ms / 1e3 - want).abs() < 1e-9,
         "{} vs {want}",
@@ -370,7 +405,7 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // its host's one NIC, which the host's 4 workers share: 16 buffers per NIC, then the last
     // message's latency.
     let c = StepConfig {
-        hierarchical: false,
+        hierarchy: HierarchyChoice::Off,
         ..cfg(
             topo,
             CommChoice::Fixed(CommMode::Redundant),
@@ -409,10 +444,14 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
 fn the_trainers_rules_choose_buckets_and_operations() {
     let p = uneven();
     let topo = cluster(4, 2);
-    // Several hosts of several workers reduce hierarchically (`--hierarchical on`), else flat.
-    for (hier, want) in [(true, "hier:ring"), (false, "ring")] {
+    // Several hosts of several workers reduce hierarchically (2-D by default), else flat.
+    for (hier, want) in [
+        (HierarchyChoice::Auto, "2d:ring"),
+        (HierarchyChoice::Fixed(Hierarchy::Leader), "leader:ring"),
+        (HierarchyChoice::Off, "ring"),
+    ] {
         let c = StepConfig {
-            hierarchical: hier,
+            hierarchy: hier,
             ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, None)
         };
         let (_, ops) = dptrain::sim::plan(&p, &c).unwrap();

@@ -553,7 +553,7 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
             &StepConfig {
                 topology: Topology::flat(world, link),
                 comm,
-                hierarchical: true,
+                hierarchy: crate::plan::HierarchyChoice::Auto,
                 overlap,
                 // The trainer's default buckets (`plan::bucket_caps`), as the
                 // measured rows ran.

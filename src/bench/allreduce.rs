@@ -7,7 +7,8 @@
 use super::args::{float_sizes, list, parse_link, parse_size};
 use super::median;
 use crate::comm::{
-    all_reduce_sum, choose_mode, CommMode, InProcessFabric, LeaderOp, LinkModel, Transport,
+    all_reduce_sum, choose_mode, AcrossOp, CommMode, Hierarchy, InProcessFabric, LinkModel,
+    Transport,
 };
 use crate::config::TransportKind;
 use crate::parallel::BucketOp;
@@ -106,7 +107,7 @@ pub fn bench_allreduce(
 #[derive(Debug, Clone)]
 pub struct OpRow {
     /// The operation as the table shows it (`ring`, `auto:redundant`, and across processes
-    /// `hier:ring`, `mpi-native`, ...).
+    /// `2d:ring`, `leader:ring`, `mpi-native`, ...).
     pub name: String,
     /// Buffer size in bytes.
     pub bytes: usize,
@@ -131,16 +132,21 @@ pub fn process_ops(processes: usize, workers: usize, bytes: usize) -> Vec<(Strin
     let auto_op = crate::plan::PlanInputs::defaults(processes, workers, None)
         .bucket_ops(&crate::parallel::BucketPlan::new(&[bytes / 4], 0, 0))
         .remove(0);
-    let hier = |leader| BucketOp::Hierarchical {
-        leader,
+    let hier = |hierarchy, across| BucketOp::Hierarchical {
+        hierarchy,
+        across,
         workers_per_process: workers,
     };
     if workers > 1 {
-        for m in CommMode::ALL {
-            ops.push((format!("hier:{m}"), hier(LeaderOp::AllReduce(m))));
+        for h in Hierarchy::ALL {
+            for m in CommMode::ALL {
+                let op = hier(h, AcrossOp::AllReduce(m));
+                ops.push((op.to_string(), op));
+            }
         }
         ops.push((format!("auto:{auto_op}"), auto_op));
-        ops.push(("hier:mpi-native".into(), hier(LeaderOp::Native)));
+        let native = hier(Hierarchy::Leader, AcrossOp::Native);
+        ops.push((native.to_string(), native));
     } else {
         ops.push((format!("auto:{auto_op}"), auto_op));
         ops.push(("mpi-native".into(), BucketOp::Native));

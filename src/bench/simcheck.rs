@@ -380,7 +380,7 @@ fn emulated_group(
         let step = StepConfig {
             topology: Topology::flat(a.workers, link),
             comm,
-            hierarchical: true,
+            hierarchy: crate::plan::HierarchyChoice::Auto,
             overlap,
             // The trainer's default caps, planned for the link the run was given.
             buckets: crate::plan::BucketFlags::default(),
@@ -952,7 +952,7 @@ impl<'a> ClusterCheck<'a> {
         let flat_small = self.small_allreduce(cluster, hosts, 1, &name)?;
         let mut intra_of: Vec<(usize, LinkModel)> = vec![(1, self.intra)];
         for &d in self.per_host.iter().filter(|&&d| d > 1) {
-            let hier = self.small_allreduce(cluster, hosts, d, &format!("hier:{name}"))?;
+            let hier = self.small_allreduce(cluster, hosts, d, &format!("leader:{name}"))?;
             let extra = hier.saturating_sub(flat_small) / 2;
             let link = LinkModel {
                 latency: self.intra.latency.max(extra),
@@ -960,7 +960,7 @@ impl<'a> ClusterCheck<'a> {
             };
             crate::outln!(
                 "{hosts} hosts at {bw}, {d} workers per host: within a host {:.1} us per \
-                 message (hier:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
+                 message (leader:{name} of {} B {:.1} us, {name} of one worker per host {:.1} us)",
                 link.latency.as_secs_f64() * 1e6,
                 FIT_SIZES.0,
                 hier.as_secs_f64() * 1e6,
@@ -1239,7 +1239,8 @@ impl<'a> ClusterCheck<'a> {
         let step = StepConfig {
             topology,
             comm: self.comm,
-            hierarchical: true,
+            // As the measured run: `train`'s default.
+            hierarchy: crate::plan::HierarchyChoice::Auto,
             overlap: case.overlap,
             buckets: crate::plan::BucketFlags::default(),
             planning_link: Some(links.planning),
@@ -1374,7 +1375,8 @@ pub fn goyal2017() -> Result<Published, String> {
     let base = StepConfig {
         topology: inputs.topology,
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
-        hierarchical: true,
+        // Goyal et al.'s three phases: each server's sum in one buffer, then across.
+        hierarchy: crate::plan::HierarchyChoice::Fixed(crate::comm::Hierarchy::Leader),
         overlap: true,
         buckets: crate::plan::BucketFlags::default(),
         planning_link: None,
@@ -1505,7 +1507,7 @@ fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<A
         Assumption {
             what: "algorithm",
             value: "hierarchical: within the server to GPU 0, recursive halving-doubling among \
-                    the 32 servers' GPU 0s, back within (our --comm hd --hierarchical on); the \
+                    the 32 servers' GPU 0s, back within (our --comm hd --hierarchical leader); the \
                     8-GPU baseline is one process, so flat hd over its 8 GPUs as the trainer \
                     runs it"
                 .into(),
@@ -1573,7 +1575,7 @@ fn goyal_variants(
         c.comm = CommChoice::Fixed(CommMode::Ring)
     })?;
     variant("flat hd over every GPU (--hierarchical off)", &|c| {
-        c.hierarchical = false
+        c.hierarchy = crate::plan::HierarchyChoice::Off
     })?;
     variant("overlap off", &|c| c.overlap = false)?;
     Ok(rows)
@@ -1688,22 +1690,22 @@ mod tests {
             name_width: PROCESS_NAME_WIDTH,
             rows: vec![
                 row("ring", 4, 115.5),
-                row("hier:ring", 4, 230.25),
-                row("auto:hier:redundant", 4 << 20, 698659.2),
+                row("leader:ring", 4, 230.25),
+                row("auto:2d:redundant", 4 << 20, 698659.2),
             ],
         };
         let out = table.terminal();
         assert_eq!(
-            parse_allreduce(&out, "hier:ring", 4).unwrap(),
+            parse_allreduce(&out, "leader:ring", 4).unwrap(),
             Duration::from_secs_f64(230.2e-6)
         );
         assert_eq!(
-            parse_allreduce(&out, "auto:hier:redundant", 4 << 20).unwrap(),
+            parse_allreduce(&out, "auto:2d:redundant", 4 << 20).unwrap(),
             Duration::from_secs_f64(698659.2e-6)
         );
         assert!(table
             .markdown()
-            .contains("| 4M | auto:hier:redundant | 698659.2 | 1.000 | 1.000 |"));
+            .contains("| 4M | auto:2d:redundant | 698659.2 | 1.000 | 1.000 |"));
         assert_eq!(crate::bench::allreduce::size_label(1536), "1536");
     }
 

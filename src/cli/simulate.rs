@@ -3,7 +3,7 @@
 use super::profile::{describe_profile, make_profile, DeviceArgs};
 use crate::bench::args::{on_off_list, worker_list};
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
-use crate::plan::{BucketFlags, CommChoice};
+use crate::plan::{BucketFlags, CommChoice, HierarchyChoice};
 use crate::sim::{
     search_buckets, Profile, Simulator, StepConfig, StepResult, Stragglers, Topology,
 };
@@ -51,8 +51,9 @@ pub struct SimulateArgs {
     /// Modes, comma-separated (tree, ring, hd, redundant, auto), or all.
     #[arg(long, default_value = "all")]
     pub comm: String,
-    /// Reduce within each host first (on), flat over every worker (off), or both.
-    #[arg(long, default_value = "on")]
+    /// How each host's devices share a bucket's reduction, read as `train --hierarchical` is:
+    /// auto, 2d, leader, off (on: 2d), comma-separated, or all (every one).
+    #[arg(long, default_value = "auto")]
     pub hierarchical: String,
     /// on, off or both.
     #[arg(long, default_value = "both")]
@@ -105,6 +106,19 @@ fn comm_list(s: &str) -> Result<Vec<CommChoice>, String> {
     crate::bench::args::list("--comm", s, CommChoice::parse)
 }
 
+/// Parses `--hierarchical`: a comma-separated list of hierarchies, or `all`.
+fn hierarchy_list(s: &str) -> Result<Vec<HierarchyChoice>, String> {
+    if s.trim() == "all" {
+        return Ok(vec![
+            HierarchyChoice::Auto,
+            HierarchyChoice::Fixed(crate::comm::Hierarchy::TwoD),
+            HierarchyChoice::Fixed(crate::comm::Hierarchy::Leader),
+            HierarchyChoice::Off,
+        ]);
+    }
+    crate::bench::args::list("--hierarchical", s, HierarchyChoice::parse)
+}
+
 /// Most `--steps` (straggler draws per configuration): beyond it a sweep takes hours.
 const MAX_STEPS: usize = 10_000;
 
@@ -131,7 +145,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let single_cfg = StepConfig {
         topology: Topology::flat(1, base.nic),
         comm: CommChoice::Fixed(CommMode::Ring),
-        hierarchical: true,
+        hierarchy: HierarchyChoice::Auto,
         overlap: true,
         buckets: a.bucket_flags(),
         planning_link: None,
@@ -147,7 +161,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         single,
         search: a.search_buckets,
         comms: comm_list(&a.comm)?,
-        hiers: on_off_list("hierarchical", &a.hierarchical)?,
+        hiers: hierarchy_list(&a.hierarchical)?,
         overlaps: on_off_list("overlap", &a.overlap)?,
     };
     let (mut rows, mut refused) = (0usize, 0usize);
@@ -276,7 +290,7 @@ struct Sweep<'a> {
     /// Search the bucket caps (`--search-buckets`)?
     search: bool,
     comms: Vec<CommChoice>,
-    hiers: Vec<bool>,
+    hiers: Vec<HierarchyChoice>,
     overlaps: Vec<bool>,
 }
 
@@ -286,12 +300,12 @@ impl Sweep<'_> {
     fn print_rows(&self, sim: &mut Simulator, topology: Topology) -> (usize, usize) {
         let (mut rows, mut refused) = (0, 0);
         for &comm in &self.comms {
-            for &hierarchical in &self.hiers {
+            for &hierarchy in &self.hiers {
                 for &overlap in &self.overlaps {
                     let cfg = StepConfig {
                         topology,
                         comm,
-                        hierarchical,
+                        hierarchy,
                         overlap,
                         ..self.single_cfg
                     };
@@ -322,11 +336,11 @@ impl Sweep<'_> {
 fn refused_row(cfg: &StepConfig, e: &str) -> String {
     let t = &cfg.topology;
     format!(
-        "{:>7} {:>9} {:>10} {:>5} {:>7} refused: {e}",
+        "{:>7} {:>9} {:>10} {:>6} {:>7} refused: {e}",
         t.workers(),
         format!("{}x{}", t.hosts, t.devices_per_host),
         cfg.comm.to_string(),
-        if cfg.hierarchical { "on" } else { "off" },
+        cfg.hierarchy.to_string(),
         if cfg.overlap { "on" } else { "off" },
     )
 }
@@ -334,7 +348,7 @@ fn refused_row(cfg: &StepConfig, e: &str) -> String {
 /// The table header of [`row`].
 fn header() -> String {
     format!(
-        "{:>7} {:>9} {:>10} {:>5} {:>7} {:>9} {:>7} {:>10} {:>10} {:>10} {:>11} {:>6}",
+        "{:>7} {:>9} {:>10} {:>6} {:>7} {:>9} {:>7} {:>10} {:>10} {:>10} {:>11} {:>6}",
         "workers",
         "hosts",
         "comm",
@@ -368,11 +382,11 @@ fn row(
     let t = &cfg.topology;
     let world = t.workers();
     format!(
-        "{:>7} {:>9} {:>10} {:>5} {:>7} {:>9} {:>7} {:>10.3} {:>10.3} {:>10.3} {:>11.0} {:>6.1}",
+        "{:>7} {:>9} {:>10} {:>6} {:>7} {:>9} {:>7} {:>10.3} {:>10.3} {:>10.3} {:>11.0} {:>6.1}",
         world,
         format!("{}x{}", t.hosts, t.devices_per_host),
         cfg.comm.to_string(),
-        if cfg.hierarchical { "on" } else { "off" },
+        cfg.hierarchy.to_string(),
         if cfg.overlap { "on" } else { "off" },
         bucket,
         r.bucket_bytes.len(),

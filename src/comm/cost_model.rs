@@ -32,12 +32,30 @@
 //! Local additions are ignored (memory-bound and far cheaper than the network
 //! for the link speeds this is meant for). A simulator can reuse the same
 //! per-mode counts through [`cost_terms`].
+//!
+//! **On a cluster of hosts** ([`Cluster`], [`route_time`]): `P` hosts of `d` workers, ranks
+//! host-major, each worker with a port onto its host (`intra`) and every host one NIC that its
+//! workers share (`nic`), as in the simulator's topology (`sim::topology`). A collective is
+//! priced round by round: in each round every message is a hop over its link, and the
+//! messages that leave one host in that round share its NIC, so a round costs
+//! `max(α_intra + m·β_intra, α_nic + f·m·β_nic)` with `f` the most messages leaving one host
+//! (counted from the algorithm's own pairing: ring's neighbours, halving-doubling's partners,
+//! the binomial tree's children). That is what makes flat halving-doubling expensive on hosts
+//! of several workers: its first rounds send half the buffer from every worker of a host
+//! through the NIC at once (`f = d`), where the ring sends one chunk per host per round.
+//! Redundant's copies are priced by port: the NIC carries `d(N-d)` copies, a worker's own
+//! sends (one after another) `d-1` over its port and `N-d` over the NIC.
+//! The hierarchies ([`crate::comm::hierarchical`]) add their phases: the leader's port takes
+//! `d-1` whole buffers in and sends `d-1` out, then the leaders run the mode over `P` hosts;
+//! 2-D moves `(d-1)/d` of the buffer each way through every port, and its `d` shard
+//! collectives share the NIC (`f = d` on messages of `n/d`: the NIC's bytes of one
+//! collective of `n`). With `d = 1` every formula is the flat one above.
 
 use std::time::Duration;
 
 use crate::comm::halving_doubling::prev_power_of_two;
 use crate::comm::transport::secs_to_duration;
-use crate::comm::{CommMode, LinkModel};
+use crate::comm::{CommMode, Hierarchy, LinkModel};
 
 /// The model's per-mode counts for one all-reduce of `bytes` bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -129,13 +147,345 @@ pub fn cost_terms(mode: CommMode, world: usize, bytes: usize) -> CostTerms {
     }
 }
 
-/// Predicted wall time of one all-reduce of `bytes` bytes over `world` ranks.
+/// Predicted wall time of one all-reduce of `bytes` bytes over `world` ranks, each with its
+/// own port onto `link`.
 pub fn predicted_time(mode: CommMode, world: usize, bytes: usize, link: &LinkModel) -> Duration {
-    let c = cost_terms(mode, world, bytes);
-    secs_to_duration(
-        c.latency_terms * link.latency.as_secs_f64()
-            + c.serialized_bytes / link.bandwidth_bytes_per_s,
-    )
+    route_time(Route::Flat(mode), &Cluster::flat(world, *link), bytes)
+}
+
+/// Hosts of workers as the cost model sees them (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cluster {
+    /// Hosts (processes).
+    pub hosts: usize,
+    /// Workers per host, sharing its NIC.
+    pub per_host: usize,
+    /// Each worker's port within its host.
+    pub intra: LinkModel,
+    /// Each host's NIC.
+    pub nic: LinkModel,
+}
+
+impl Cluster {
+    /// `world` workers, each alone behind a port onto `link` (one process's emulated link, or
+    /// one worker per host).
+    pub fn flat(world: usize, link: LinkModel) -> Self {
+        Self {
+            hosts: world,
+            per_host: 1,
+            intra: link,
+            nic: link,
+        }
+    }
+
+    /// Every worker.
+    pub fn world(&self) -> usize {
+        self.hosts * self.per_host
+    }
+}
+
+/// How one bucket is reduced, as the cost model prices it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// The mode over every worker.
+    Flat(CommMode),
+    /// A hierarchy with the mode among hosts.
+    Hierarchical(Hierarchy, CommMode),
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Flat(m) => write!(f, "{m}"),
+            Self::Hierarchical(h, m) => write!(f, "{h}:{m}"),
+        }
+    }
+}
+
+/// Predicted wall time of one all-reduce of `bytes` bytes on `cluster` by `route` (see the
+/// module docs).
+pub fn route_time(route: Route, cluster: &Cluster, bytes: usize) -> Duration {
+    let n = bytes as f64;
+    let c = cluster;
+    let secs = if bytes == 0 || c.world() <= 1 {
+        0.0
+    } else {
+        match route {
+            Route::Flat(mode) => Pricing::new(c, 1.0).flat(mode, n),
+            Route::Hierarchical(h, mode) => {
+                let d = c.per_host as f64;
+                let hosts = Cluster::flat(c.hosts, c.nic);
+                // Phases 1 and 3 through the busiest port, and phase 2 among the hosts.
+                let (within, across) = match h {
+                    Hierarchy::Leader => ((d - 1.0) * n, Pricing::new(&hosts, 1.0).flat(mode, n)),
+                    Hierarchy::TwoD => {
+                        ((d - 1.0) / d * n, Pricing::new(&hosts, d).flat(mode, n / d))
+                    }
+                };
+                let within = if c.per_host > 1 {
+                    2.0 * (c.intra.latency.as_secs_f64() + within / c.intra.bandwidth_bytes_per_s)
+                } else {
+                    0.0
+                };
+                within + if c.hosts > 1 { across } else { 0.0 }
+            }
+        }
+    };
+    secs_to_duration(secs)
+}
+
+/// The route of `routes` with the smallest [`route_time`] (ties go to the earlier one).
+pub fn choose_route(cluster: &Cluster, bytes: usize, routes: &[Route]) -> Option<Route> {
+    let mut best: Option<(Route, Duration)> = None;
+    for &r in routes {
+        let t = route_time(r, cluster, bytes);
+        if best.is_none_or(|(_, b)| t < b) {
+            best = Some((r, t));
+        }
+    }
+    best.map(|(r, _)| r)
+}
+
+/// Up to this many workers the tree is priced by walking it (O(workers x log workers));
+/// past it, round by round.
+const TREE_WALK_LIMIT: usize = 1 << 16;
+
+/// One round of a collective (s): what its chain of dependent messages pays, the latency and
+/// the transfer of its slowest hop, and the busiest port's time for all the round's messages.
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    chain: f64,
+    alpha: f64,
+    transfer: f64,
+    occupancy: f64,
+    /// Some sampled host sends fewer messages through its NIC than another.
+    uneven: bool,
+}
+
+/// A flat collective priced round by round on a host-major cluster; `concurrent` collectives
+/// like it run at once, sharing every NIC (the 2-D hierarchy's shards).
+struct Pricing<'a> {
+    c: &'a Cluster,
+    concurrent: f64,
+}
+
+impl<'a> Pricing<'a> {
+    fn new(c: &'a Cluster, concurrent: f64) -> Self {
+        Self { c, concurrent }
+    }
+
+    fn host(&self, rank: usize) -> usize {
+        rank / self.c.per_host
+    }
+
+    /// The hosts whose ranks a round is priced from, where every host has ranks that send:
+    /// the first (which holds halving-doubling's folded pairs), the second, the middle and the
+    /// last. Hosts are otherwise alike in ring's and halving-doubling's pairing, so this is
+    /// exact for power-of-two shapes and a close sample otherwise, and a round costs O(workers
+    /// per host) whatever the cluster's size.
+    fn sampled_hosts(&self) -> Vec<usize> {
+        let h = self.c.hosts;
+        Self::distinct(vec![0, 1, h / 2, h.saturating_sub(1)], h)
+    }
+
+    /// `hosts` sorted, without repeats or hosts past `below`.
+    fn distinct(mut hosts: Vec<usize>, below: usize) -> Vec<usize> {
+        hosts.retain(|&x| x < below);
+        hosts.sort_unstable();
+        hosts.dedup();
+        hosts
+    }
+
+    /// One round in which every rank `r` with a `partner(r)` sends it `m` bytes.
+    /// `pipelined`: the ring, whose chain of dependent messages walks through every hop in
+    /// turn (so it pays the hops' mean), where the others wait for their slowest hop.
+    /// The ranks of `hosts` are the sample it is priced from.
+    fn round(
+        &self,
+        hosts: &[usize],
+        partner: impl Fn(usize) -> Option<usize>,
+        m: f64,
+        pipelined: bool,
+    ) -> Round {
+        let d = self.c.per_host;
+        let (mut hops, mut chain_sum, mut slowest) = (0usize, 0.0f64, (0.0f64, 0.0f64));
+        let (mut intra, mut flows, mut fewest) = (false, 0usize, usize::MAX);
+        for &h in hosts {
+            let mut leaving = 0;
+            for from in h * d..(h + 1) * d {
+                let Some(to) = partner(from) else { continue };
+                let link = if self.host(to) == h {
+                    intra = true;
+                    &self.c.intra
+                } else {
+                    leaving += 1;
+                    &self.c.nic
+                };
+                let (a, x) = (link.latency.as_secs_f64(), m / link.bandwidth_bytes_per_s);
+                hops += 1;
+                chain_sum += a + x;
+                if a + x > slowest.0 + slowest.1 {
+                    slowest = (a, x);
+                }
+            }
+            flows = flows.max(leaving);
+            fewest = fewest.min(leaving);
+        }
+        let intra_port = if intra {
+            m / self.c.intra.bandwidth_bytes_per_s
+        } else {
+            0.0
+        };
+        let nic_port = flows as f64 * self.concurrent * m / self.c.nic.bandwidth_bytes_per_s;
+        Round {
+            chain: if pipelined {
+                chain_sum / hops.max(1) as f64
+            } else {
+                slowest.0 + slowest.1
+            },
+            alpha: slowest.0,
+            transfer: slowest.1,
+            occupancy: intra_port.max(nic_port),
+            uneven: fewest < flows,
+        }
+    }
+
+    /// A sequence of dependent rounds, s. Where every host sends as many messages through its
+    /// NIC, a round costs its chain (latency and one message's transfer) or the busiest port's
+    /// time, whichever is longer: the messages a NIC queues arrive one transfer apart, each
+    /// receiver goes on as its own arrives, so the latencies overlap the other transfers and
+    /// the stagger does not grow; once, at the end, the last message's wait is added (a
+    /// latency after a port-bound round, or its place in the queue, at most a latency). Where
+    /// some host sends more than another (halving-doubling's fold, the tree's sparse senders,
+    /// off powers of two), the ranks behind the longer queue hold up their partners: such a
+    /// round costs its latency after the busiest port has sent everything.
+    fn rounds(rounds: impl Iterator<Item = (Round, f64)>) -> f64 {
+        let (mut t, mut queued) = (0.0f64, 0.0f64);
+        for (r, times) in rounds {
+            if r.uneven {
+                t += times * (r.alpha + r.transfer.max(r.occupancy)).max(r.chain);
+                continue;
+            }
+            t += times * r.chain.max(r.occupancy);
+            let last = if r.occupancy > r.chain {
+                r.alpha
+            } else {
+                r.alpha.min(r.occupancy - r.transfer).max(0.0)
+            };
+            queued = queued.max(last);
+        }
+        t + queued
+    }
+
+    /// `mode` over every rank of the cluster on a buffer of `n` bytes, s.
+    fn flat(&self, mode: CommMode, n: f64) -> f64 {
+        let world = self.c.world();
+        if world <= 1 || n == 0.0 {
+            return 0.0;
+        }
+        match mode {
+            CommMode::Ring => {
+                let next = |r: usize| Some((r + 1) % world);
+                let round = self.round(&self.sampled_hosts(), next, n / world as f64, true);
+                Self::rounds(std::iter::once((round, 2.0 * (world - 1) as f64)))
+            }
+            CommMode::HalvingDoubling => self.halving_doubling(n),
+            CommMode::Tree if world <= TREE_WALK_LIMIT => 2.0 * self.subtree(0, world, n),
+            CommMode::Tree => {
+                // Reduce and broadcast: the same rounds, each way.
+                let mut rounds = Vec::new();
+                let mut mask = 1;
+                while mask < world {
+                    let child = |v: usize| (v & mask != 0 && v & (mask - 1) == 0).then(|| v - mask);
+                    // The senders are the odd multiples of `mask`: sample their hosts.
+                    let odd = |k: usize| (2 * k + 1) * mask;
+                    let last = (world - 1 - mask) / (2 * mask);
+                    let senders = [odd(0), odd(1), odd(last / 2), odd(last)];
+                    let hosts = Self::distinct(
+                        senders.iter().map(|&r| self.host(r)).collect(),
+                        self.c.hosts,
+                    );
+                    rounds.push((self.round(&hosts, child, n, false), 2.0));
+                    mask <<= 1;
+                }
+                Self::rounds(rounds.into_iter())
+            }
+            CommMode::Redundant => self.redundant(n),
+        }
+    }
+
+    /// The binomial tree's reduce of the subtree rooted at `root` over ranks `root..root +
+    /// size`, s: each child's message leaves when the child's own subtree is done and the
+    /// root's receiving port (its NIC for a child on another host) is free, so a child whose
+    /// subtree stayed within a host arrives early while a sibling's crossed the network (the
+    /// broadcast is the same tree, backwards).
+    fn subtree(&self, root: usize, size: usize, n: f64) -> f64 {
+        let world = self.c.world();
+        let (mut done, mut port_free, mut nic_free) = (0.0f64, 0.0f64, 0.0f64);
+        let mut mask = 1;
+        while mask < size && root + mask < world {
+            let child = root + mask;
+            let ready = self.subtree(child, mask, n);
+            let c = self.c;
+            // The concurrent collectives' messages share a NIC.
+            let (free, link, sharing) = if self.host(child) == self.host(root) {
+                (&mut port_free, &c.intra, 1.0)
+            } else {
+                (&mut nic_free, &c.nic, self.concurrent)
+            };
+            let start = ready.max(*free);
+            *free = start + sharing * n / link.bandwidth_bytes_per_s;
+            done = done.max(*free + link.latency.as_secs_f64());
+            mask <<= 1;
+        }
+        done
+    }
+
+    fn halving_doubling(&self, n: f64) -> f64 {
+        let world = self.c.world();
+        let p2 = prev_power_of_two(world);
+        let rem = world - p2;
+        let real = |v: usize| if v < rem { 2 * v } else { v + rem };
+        // The virtual rank of a real one in the power-of-two core (the folded odd ones sit out).
+        let virtual_rank = |r: usize| match r {
+            r if r < 2 * rem && r % 2 == 1 => None,
+            r if r < 2 * rem => Some(r / 2),
+            r => Some(r - rem),
+        };
+        let mut rounds = Vec::new();
+        if rem > 0 {
+            // Fold-in and hand-back: whole buffers between the pairs.
+            let fold = |r: usize| (r < 2 * rem && r % 2 == 1).then(|| r - 1);
+            rounds.push((self.round(&self.sampled_hosts(), fold, n, false), 2.0));
+        }
+        let mut mask = p2 / 2;
+        while mask >= 1 {
+            // Halving and doubling rounds at this distance both send `mask` chunks each way.
+            let partner = |r: usize| virtual_rank(r).map(|v| real(v ^ mask));
+            let m = mask as f64 * n / p2 as f64;
+            rounds.push((self.round(&self.sampled_hosts(), partner, m, false), 2.0));
+            mask /= 2;
+        }
+        Self::rounds(rounds.into_iter())
+    }
+
+    fn redundant(&self, n: f64) -> f64 {
+        let c = self.c;
+        let (world, d) = (c.world() as f64, c.per_host as f64);
+        let copies_out = world - d;
+        let (bi, bx) = (
+            1.0 / c.intra.bandwidth_bytes_per_s,
+            1.0 / c.nic.bandwidth_bytes_per_s,
+        );
+        let nic = self.concurrent * d * copies_out * n * bx;
+        let own = (d - 1.0) * n * bi + copies_out * n * bx * self.concurrent;
+        let alpha = match (d > 1.0, copies_out > 0.0) {
+            (true, true) => c.nic.latency.max(c.intra.latency).as_secs_f64(),
+            (_, true) => c.nic.latency.as_secs_f64(),
+            _ => c.intra.latency.as_secs_f64(),
+        };
+        alpha + nic.max(own)
+    }
 }
 
 /// The mode with the smallest [`predicted_time`] (ties go to the earlier

@@ -162,7 +162,7 @@ impl Transport for HybridTransport {
         } else {
             Err(CommError::Unsupported {
                 what: "a flat native all-reduce with several workers per process (it runs \
-                       between the process leaders: use --hierarchical on)",
+                       between the process leaders: use --hierarchical leader)",
             })
         }
     }
@@ -179,7 +179,7 @@ impl Transport for HybridTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::hierarchical::{hierarchical_all_reduce_sum, LeaderOp};
+    use crate::comm::hierarchical::{hierarchical_all_reduce_sum, AcrossOp, Hierarchy};
     use crate::comm::{all_reduce_sum, CommMode, InProcessFabric};
     use std::time::Duration;
 
@@ -265,18 +265,13 @@ mod tests {
     #[test]
     fn hierarchical_over_hybrid_is_identical_everywhere() {
         let eps = hybrid(3, 2);
-        let got = on_all(&eps, |t, b| {
-            hierarchical_all_reduce_sum(
-                t,
-                2,
-                LeaderOp::AllReduce(CommMode::Ring),
-                b,
-                3,
-                &mut Vec::new(),
-            )
-            .unwrap()
-        });
-        assert!(got.iter().all(|g| *g == got[0]));
+        for h in Hierarchy::ALL {
+            let got = on_all(&eps, |t, b| {
+                let ring = AcrossOp::AllReduce(CommMode::Ring);
+                hierarchical_all_reduce_sum(t, h, 2, ring, b, 3, &mut Vec::new()).unwrap()
+            });
+            assert!(got.iter().all(|g| *g == got[0]), "{h}");
+        }
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub mod error;
 pub mod halving_doubling;
 pub mod hierarchical;
 pub mod hybrid;
+pub mod leader;
 pub mod mode;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
@@ -46,15 +47,19 @@ pub mod redundant;
 pub mod ring;
 pub mod transport;
 pub mod tree;
+pub mod two_d;
 
 pub use crate::comm::collective::AllReduce;
 pub(crate) use crate::comm::collective::{add_into, chunk_range, chunk_span, scratch_slice};
 pub use crate::comm::cost_model::{
-    choose_mode, cost_terms, min_bucket_bytes, predicted_time, CostTerms,
+    choose_mode, choose_route, cost_terms, min_bucket_bytes, predicted_time, route_time, Cluster,
+    CostTerms, Route,
 };
 pub use crate::comm::error::CommError;
 pub use crate::comm::halving_doubling::HalvingDoublingAllReduce;
-pub use crate::comm::hierarchical::{hierarchical_all_reduce_sum, LeaderOp, LeaderView};
+pub use crate::comm::hierarchical::{
+    hierarchical_all_reduce_sum, AcrossOp, Hierarchy, LocalView, ProcessView,
+};
 pub use crate::comm::hybrid::{HybridTransport, RemotePort};
 pub use crate::comm::mode::{all_reduce_sum, CommMode};
 pub use crate::comm::redundant::RedundantAllReduce;

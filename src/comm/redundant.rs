@@ -36,26 +36,38 @@ impl AllReduce for RedundantAllReduce {
             t.send((r + k) % n, tag, buf)?;
         }
         // Scratch: this rank's own contribution, then one partial sum per tree level.
-        let depth = usize::BITS as usize - (n - 1).leading_zeros() as usize;
-        let (own, partials) = scratch_slice(scratch, (1 + depth) * len).split_at_mut(len);
+        let (own, partials) = scratch_slice(scratch, len + partials_len(n, len)).split_at_mut(len);
         own.copy_from_slice(buf);
         let ranks = RankSum { t, me: r, tag, own };
         ranks.sum(0, n, buf, partials)
     }
 }
 
-/// The contributions of ranks `lo..hi`, received and added as `sum_order`'s pairwise tree.
-struct RankSum<'a> {
-    t: &'a dyn Transport,
-    me: usize,
-    tag: u64,
-    own: &'a [f32],
+/// The contributions of ranks `lo..hi`, received and added as `sum_order`'s pairwise tree
+/// (this rank's own from `own`): redundant mode over every rank, and the hierarchies' sums
+/// over the workers of a process.
+pub(crate) struct RankSum<'a> {
+    /// Where the other ranks' contributions come from.
+    pub t: &'a dyn Transport,
+    /// This rank.
+    pub me: usize,
+    /// The collective's tag.
+    pub tag: u64,
+    /// This rank's contribution.
+    pub own: &'a [f32],
+}
+
+/// Scratch elements [`RankSum::sum`] over `ranks` ranks needs for buffers of `len`: one
+/// partial sum per tree level.
+pub(crate) fn partials_len(ranks: usize, len: usize) -> usize {
+    let depth = usize::BITS as usize - ranks.saturating_sub(1).leading_zeros() as usize;
+    depth * len
 }
 
 impl RankSum<'_> {
     /// Writes the sum of ranks `lo..hi` into `out`; `partials` holds one buffer of `out.len()`
     /// per remaining tree level.
-    fn sum(
+    pub(crate) fn sum(
         &self,
         lo: usize,
         hi: usize,

@@ -15,8 +15,8 @@
 
 use super::bucket::BucketPlan;
 use crate::comm::{
-    all_reduce_sum, hierarchical_all_reduce_sum, tree_broadcast, tree_reduce, CommError, CommMode,
-    LeaderOp, Transport,
+    all_reduce_sum, hierarchical_all_reduce_sum, tree_broadcast, tree_reduce, AcrossOp, CommError,
+    CommMode, Hierarchy, Transport,
 };
 use crate::nn::GradSink;
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -32,12 +32,14 @@ pub enum BucketOp {
     ReduceToRoot,
     /// The transport's own all-reduce (MPI_Allreduce with `--comm mpi-native`).
     Native,
-    /// Within the process to its leader, `leader` between the process leaders, back within the
-    /// process ([`crate::comm::hierarchical`]); ranks are process-major, `workers_per_process`
-    /// per process.
+    /// Within the process, `across` between processes, within the process again, as
+    /// `hierarchy` does it ([`crate::comm::hierarchical`]); ranks are process-major,
+    /// `workers_per_process` per process.
     Hierarchical {
-        /// What the leaders run among themselves.
-        leader: LeaderOp,
+        /// Through the process leaders, or in two dimensions.
+        hierarchy: Hierarchy,
+        /// What runs among the processes.
+        across: AcrossOp,
         /// Workers per process.
         workers_per_process: usize,
     },
@@ -49,7 +51,9 @@ impl std::fmt::Display for BucketOp {
             Self::AllReduce(m) => write!(f, "{m}"),
             Self::ReduceToRoot => f.write_str("tree-reduce+root-update"),
             Self::Native => f.write_str("mpi-native"),
-            Self::Hierarchical { leader, .. } => write!(f, "hier:{leader}"),
+            Self::Hierarchical {
+                hierarchy, across, ..
+            } => write!(f, "{hierarchy}:{across}"),
         }
     }
 }
@@ -70,9 +74,18 @@ impl BucketOp {
             BucketOp::ReduceToRoot => tree_reduce(t, buf, 0, tag, scratch),
             BucketOp::Native => t.native_all_reduce_sum(buf, scratch),
             BucketOp::Hierarchical {
-                leader,
+                hierarchy,
+                across,
                 workers_per_process,
-            } => hierarchical_all_reduce_sum(t, workers_per_process, leader, buf, tag, scratch),
+            } => hierarchical_all_reduce_sum(
+                t,
+                hierarchy,
+                workers_per_process,
+                across,
+                buf,
+                tag,
+                scratch,
+            ),
         }
     }
 }

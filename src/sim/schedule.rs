@@ -13,7 +13,8 @@
 //! ([`crate::comm::CommMode::chunks`], the algorithms' own partition), so every message is an
 //! exact fraction of the buffer. A bucket of `b` bytes then sends `fraction x b` bytes per
 //! message; the algorithms split by whole elements, so their messages differ from these by
-//! less than one f32 (the cost model makes the same simplification).
+//! less than one f32 (two for the 2-D hierarchy, which cuts shards and then the mode cuts
+//! them; the cost model makes the same simplification).
 //!
 //! **Symmetry, for large clusters.** Simulating every rank costs one event per message: a
 //! ring over N workers is 2N(N-1) messages per bucket. But when the cluster's hosts are all
@@ -31,7 +32,7 @@
 
 use super::topology::Topology;
 use crate::comm::record::{Event, RecordError, Recorder};
-use crate::comm::{tree_broadcast, CommError, LeaderOp, Transport};
+use crate::comm::{tree_broadcast, AcrossOp, CommError, Hierarchy, Transport};
 use crate::parallel::BucketOp;
 use std::collections::HashMap;
 
@@ -89,13 +90,22 @@ impl Job {
         match self {
             Self::Bucket(BucketOp::AllReduce(m)) => Ok(m.chunks(world)),
             Self::Bucket(BucketOp::ReduceToRoot) | Self::WeightBroadcast => Ok(1),
+            // The leaders cut the whole buffer; in two dimensions each of the W shards is cut.
             Self::Bucket(BucketOp::Hierarchical {
-                leader: LeaderOp::AllReduce(m),
+                hierarchy,
+                across: AcrossOp::AllReduce(m),
                 workers_per_process,
-            }) => Ok(m.chunks(world / workers_per_process.max(1))),
+            }) => {
+                let w = workers_per_process.max(1);
+                let across = m.chunks(world / w);
+                Ok(match hierarchy {
+                    Hierarchy::Leader => across,
+                    Hierarchy::TwoD => across * w,
+                })
+            }
             Self::Bucket(BucketOp::Native)
             | Self::Bucket(BucketOp::Hierarchical {
-                leader: LeaderOp::Native,
+                across: AcrossOp::Native,
                 ..
             }) => Err(
                 "mpi-native runs MPI's own all-reduce, whose messages are MPI's and not ours to \

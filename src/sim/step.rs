@@ -20,7 +20,7 @@ use super::topology::Topology;
 use crate::comm::LinkModel;
 use crate::measure::Profile;
 use crate::parallel::{BucketOp, BucketPlan};
-use crate::plan::{BucketFlags, CommChoice, PlanInputs};
+use crate::plan::{BucketFlags, CommChoice, HierarchyChoice, PlanInputs};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -51,8 +51,8 @@ pub struct StepConfig {
     pub topology: Topology,
     /// Communication mode, or `auto` (mpi-native is refused: its messages are MPI's).
     pub comm: CommChoice,
-    /// Reduce within each host first (the trainer's `--hierarchical`, default on).
-    pub hierarchical: bool,
+    /// How each host's devices share a bucket's reduction (the trainer's `--hierarchical`).
+    pub hierarchy: HierarchyChoice,
     /// Buckets start as soon as they are ready (on), or all after backward (off).
     pub overlap: bool,
     /// `--first-bucket-kb` and `--bucket-kb`, read by the trainer's rule
@@ -91,19 +91,21 @@ pub struct StepResult {
 }
 
 /// What the plan of `cfg`'s cluster depends on, as the trainer would see it: hosts are
-/// processes, devices their workers, and the link planned for is the one given, else the NIC
-/// between hosts (within a host when there is one).
+/// processes, devices their workers, the link planned for is the one given, else the NIC
+/// between hosts (within a host when there is one), and the devices' ports are the link within
+/// a process.
 pub fn plan_inputs(cfg: &StepConfig) -> PlanInputs {
     let topo = &cfg.topology;
     PlanInputs {
         comm: cfg.comm,
-        hierarchical: cfg.hierarchical,
+        hierarchy: cfg.hierarchy,
         processes: topo.hosts,
         workers_per_process: topo.devices_per_host,
         link: Some(
             cfg.planning_link
                 .unwrap_or(if topo.hosts > 1 { topo.nic } else { topo.intra }),
         ),
+        intra_link: Some(topo.intra),
         buckets: cfg.buckets,
     }
 }

@@ -503,7 +503,7 @@ pub fn run_description(
         ),
         ("comm".into(), s(&cfg.comm)),
         ("overlap".into(), s(&cfg.overlap)),
-        ("hierarchical".into(), s(&cfg.hierarchical)),
+        ("hierarchical".into(), s(&cfg.hierarchy)),
         (
             "bucket plan".into(),
             format!("{} [{}]", plan.describe(), sizes.join(",")),

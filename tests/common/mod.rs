@@ -105,7 +105,7 @@ pub fn replica_hashes(dir: &Path) -> Vec<u64> {
         .collect()
 }
 
-/// Trains `comm` on 2 MPI ranks x 2 worker threads (`hierarchical` on or off), launched by
+/// Trains `comm` on 2 MPI ranks x 2 worker threads (`hierarchical`: auto, 2d, leader or off), launched by
 /// `launch(ranks, args)` (which returns mpirun's output), and on 4 worker threads in one
 /// process; checks that the 4 replicas of the MPI run agree and returns both run directories.
 pub fn two_by_two_and_four_threads(

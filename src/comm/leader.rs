@@ -1,0 +1,66 @@
+//! The leader hierarchy (see [`crate::comm::hierarchical`] for the picture): every worker of a
+//! process sends its whole buffer to the process's leader (local worker 0), which adds them
+//! (the pairwise tree over local ranks); the leaders all-reduce the process sums among
+//! themselves with the bucket's mode, or with the transport's own all-reduce
+//! (`MPI_Allreduce`, `--comm mpi-native`: one call per process, which is why that mode uses
+//! this hierarchy); each leader sends the result back to its workers, verbatim.
+//!
+//! One core adds every byte of the process and one stream crosses its NIC: the 2-D hierarchy
+//! ([`crate::comm::two_d`]) spreads both over the workers. Kept for `mpi-native`, and as the
+//! cheaper choice where the within-process copies cost nothing next to the network's latency
+//! (the cost model prices both).
+
+use crate::comm::hierarchical::{AcrossOp, LocalView, ProcessView};
+use crate::comm::redundant::{partials_len, RankSum};
+use crate::comm::{all_reduce_sum, scratch_slice, CommError, Transport};
+
+/// Sums `buf` over every rank of `t` (process-major, `w` workers per process, `w` dividing the
+/// world; `buf` not empty) through the process leaders.
+pub(crate) fn reduce(
+    t: &dyn Transport,
+    w: usize,
+    across: AcrossOp,
+    buf: &mut [f32],
+    tag: u64,
+    scratch: &mut Vec<f32>,
+) -> Result<(), CommError> {
+    let local = LocalView { parent: t, size: w };
+    let me = local.rank();
+    if me != 0 {
+        // Phase 1, then 3: to the leader, and the sum back.
+        local.send(0, tag, buf)?;
+        return local.recv(0, tag, buf);
+    }
+    // Phase 1: the leader adds its workers' buffers, its own among them.
+    let len = buf.len();
+    {
+        let (own, partials) = scratch_slice(scratch, len + partials_len(w, len)).split_at_mut(len);
+        own.copy_from_slice(buf);
+        let process = RankSum {
+            t: &local,
+            me: 0,
+            tag,
+            own,
+        };
+        process.sum(0, w, buf, partials)?;
+    }
+    // Phase 2: the leaders combine the process sums.
+    if t.world() > w {
+        match across {
+            AcrossOp::AllReduce(mode) => {
+                let leaders = ProcessView {
+                    parent: t,
+                    stride: w,
+                    offset: 0,
+                };
+                all_reduce_sum(mode, &leaders, buf, tag, scratch)?;
+            }
+            AcrossOp::Native => t.native_all_reduce_sum_across_processes(buf, scratch)?,
+        }
+    }
+    // Phase 3: the result goes back to the workers.
+    for worker in 1..w {
+        local.send(worker, tag, buf)?;
+    }
+    Ok(())
+}
