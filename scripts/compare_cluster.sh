@@ -171,10 +171,14 @@ run_ddp() {
   for i in "${pids[@]}"; do wait "$i" || failed=1; done
   local line
   line=$(grep '^RESULT torch-ddp' "$log" || true)
-  if [ "$failed" = 1 ] || [ -z "$line" ]; then
+  if [ -z "$line" ]; then
     tail -20 "$log" >&2
     die "DDP run failed ($model ${hosts}x$w $link); its output: $log"
   fi
+  # Gloo sometimes aborts in destroy_process_group after the timed steps ("terminate called
+  # without an active exception", here 1 run in about 50): the figure stands, the run says so.
+  [ "$failed" = 0 ] ||
+    echo "compare_cluster.sh: warning: a DDP process failed after rank 0's result ($model ${hosts}x$w $link, run $rep); kept the result; output: $log" >&2
   echo "$line" | awk -v k="ddp $model $hosts $w $link $rep" '{
     for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
     print k, v["imgs_per_s"], v["step_ms"] }' >>"$results"
