@@ -176,7 +176,7 @@ run_ddp() {
     die "DDP run failed ($model ${hosts}x$w $link); its output: $log"
   fi
   # Gloo sometimes aborts in destroy_process_group after the timed steps ("terminate called
-  # without an active exception", here 1 run in about 50): the figure stands, the run says so.
+  # without an active exception"; once in about 60 runs here): the figure stands; say so.
   [ "$failed" = 0 ] ||
     echo "compare_cluster.sh: warning: a DDP process failed after rank 0's result ($model ${hosts}x$w $link, run $rep); kept the result; output: $log" >&2
   echo "$line" | awk -v k="ddp $model $hosts $w $link $rep" '{
