@@ -278,6 +278,7 @@ fn cluster(hosts: usize, d: usize) -> Topology {
         intra: link(20e9, 2),
         nic: link(1.25e9, 15),
         overhead: Duration::from_micros(3),
+        step_overhead: Duration::ZERO,
     }
 }
 
@@ -352,6 +353,7 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
         intra: link(20e9, 2),
         nic: link(1e9, 30),
         overhead: Duration::from_micros(5),
+        step_overhead: Duration::ZERO,
     };
     let (ai, an) = (7e-6, 35e-6);
     let (bi, bn) = (1.0 / 20e9, 1.0 / 1e9);
