@@ -15,7 +15,8 @@
 //!   and the check is of the simulator's network and overlap model; `--devices shared` runs
 //!   the real compute on the shared cores instead.
 //! * `--against published`: Goyal et al. 2017, ResNet-50 on 256 P100s, every input stated
-//!   with its source ([`run_published`]).
+//!   with its source and the simulator's measured defaults ([`crate::sim::defaults`]) added,
+//!   beside the ideal network's prediction ([`run_published`]).
 //!
 //! The emulated link adds software costs the specified link does not have: handing a message
 //! between threads and waking the receiver (tens of µs per message here). A real network's
