@@ -228,15 +228,22 @@ fn recorded_schedules_reproduce_the_alpha_beta_formulas() {
                     let exact = t.latency_terms * l.latency.as_secs_f64()
                         + t.serialized_bytes / l.bandwidth_bytes_per_s;
                     let predicted = predicted_time(mode, world, bytes, l).as_secs_f64();
-                    assert!((exact - predicted).abs() <= 2e-9);
-                    let what =
-                        format!("{mode} N={world} {bytes} B {l:?}: sim {sim_s} model {exact}");
+                    let what = format!(
+                        "{mode} N={world} {bytes} B {l:?}: sim {sim_s} formula {exact} model \
+                         {predicted}"
+                    );
                     if mode == CommMode::Tree && !world.is_power_of_two() {
                         // The formula charges every round a full critical path; off a power of
                         // two some subtrees are shallower, and the schedule finishes earlier.
+                        // The cost model walks the tree, so it sees them.
                         assert!(sim_s <= exact * (1.0 + 1e-9), "{what}");
                         assert!(sim_s >= 0.5 * exact, "{what}");
-                    } else if mode == CommMode::HalvingDoubling && !world.is_power_of_two() {
+                        assert!(predicted <= exact * (1.0 + 1e-9) + 2e-9, "{what}");
+                        assert!((predicted - sim_s).abs() <= 0.10 * sim_s + 2e-9, "{what}");
+                        continue;
+                    }
+                    assert!((exact - predicted).abs() <= 2e-9, "{what}");
+                    if mode == CommMode::HalvingDoubling && !world.is_power_of_two() {
                         // The ranks that skip the fold-in run ahead, and their early sends can
                         // hold a lagging rank's receive port; the formula ignores that port
                         // contention.
@@ -289,6 +296,7 @@ fn cluster(hosts: usize, d: usize) -> Topology {
         intra: link(20e9, 2),
         nic: link(1.25e9, 15),
         overhead: Duration::from_micros(3),
+        step_overhead: Duration::ZERO,
     }
 }
 
@@ -371,6 +379,7 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
         intra: link(20e9, 2),
         nic: link(1e9, 30),
         overhead: Duration::from_micros(5),
+        step_overhead: Duration::ZERO,
     };
     let (ai, an) = (7e-6, 35e-6);
     let (bi, bn) = (1.0 / 20e9, 1.0 / 1e9);
@@ -1058,4 +1067,148 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
     }
     // The flags above plan differently from one another, so the comparison is not vacuous.
     assert!(distinct.len() >= 3, "{distinct:?}");
+}
+
+// `--comm auto` on clusters of hosts that share a NIC (issue 22): the cost model's route for a
+// bucket (flat, leader or 2-D hierarchy, and the mode) checked against what it models, the
+// simulator's replay of the real algorithms' recorded schedules, over a grid of hosts x
+// devices per host x link rates x bucket sizes. The rule: auto (with the default
+// `--hierarchical auto`) is never more than 5% slower than the best fixed choice a user could
+// make (`--comm tree|ring|hd|redundant` x `--hierarchical 2d|leader|off`) in the simulator;
+// with `--hierarchical 2d` or `leader` fixed, never more than 5% slower than that hierarchy's
+// best mode; forced flat (`off`), 15%.
+
+fn one_bucket_config(
+    topology: Topology,
+    comm: CommChoice,
+    hierarchy: HierarchyChoice,
+) -> StepConfig {
+    StepConfig {
+        topology,
+        comm,
+        hierarchy,
+        overlap: true,
+        // One bucket of the whole gradient.
+        buckets: BucketFlags {
+            first_kb: Some(1 << 30),
+            kb: Some(1 << 30),
+        },
+        planning_link: None,
+        stragglers: Stragglers::NONE,
+    }
+}
+
+/// Every fixed choice a user can make.
+fn fixed_choices() -> Vec<(CommChoice, HierarchyChoice)> {
+    let hierarchies = [
+        HierarchyChoice::Fixed(Hierarchy::TwoD),
+        HierarchyChoice::Fixed(Hierarchy::Leader),
+        HierarchyChoice::Off,
+    ];
+    let mut v = Vec::new();
+    for m in CommMode::ALL {
+        for h in hierarchies {
+            v.push((CommChoice::Fixed(m), h));
+        }
+    }
+    v
+}
+
+#[test]
+fn auto_is_within_five_percent_of_the_best_fixed_choice_on_every_cluster_in_the_simulator() {
+    // NICs from 100 Mbit/s to 100 Gbit/s; within a host, a PCIe-class port (12 GB/s, as the
+    // issue's P100 hosts) and this machine's in-process link (5 GB/s, 20 us).
+    let bits = |bits_per_s: f64, lat_us| link(bits_per_s / 8.0, lat_us);
+    let nics = [
+        bits(100e6, 100),
+        bits(1e9, 50),
+        bits(10e9, 10),
+        bits(100e9, 5),
+    ];
+    let intras = [bits(96e9, 2), bits(40e9, 20)];
+    let mut sim = Simulator::new();
+    let mut worst: (f64, String) = (0.0, String::new());
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for hosts in [2usize, 3, 4, 8, 16] {
+        for d in [1usize, 2, 4, 8] {
+            for nic in nics {
+                for intra in intras {
+                    let topology = Topology {
+                        hosts,
+                        devices_per_host: d,
+                        intra,
+                        nic,
+                        overhead: Duration::ZERO,
+                        step_overhead: Duration::ZERO,
+                    };
+                    for bytes in [4096usize, 65_536, 1 << 20, 16 << 20, 256 << 20] {
+                        let p = comm_only(bytes);
+                        let step = |sim: &mut Simulator, c, h| {
+                            sim.step(&p, &one_bucket_config(topology, c, h)).unwrap()
+                        };
+                        let fixed: Vec<(f64, String, HierarchyChoice)> = fixed_choices()
+                            .into_iter()
+                            .map(|(c, h)| (step(&mut sim, c, h).step_ms, format!("{c} {h}"), h))
+                            .collect();
+                        // `--hierarchical auto` against every fixed choice, and each fixed
+                        // hierarchy (with `--comm auto`) against the modes in it.
+                        for h in [
+                            HierarchyChoice::Auto,
+                            HierarchyChoice::Off,
+                            HierarchyChoice::Fixed(Hierarchy::TwoD),
+                            HierarchyChoice::Fixed(Hierarchy::Leader),
+                        ] {
+                            let auto = step(&mut sim, CommChoice::Auto, h);
+                            let (best, best_name, _) = fixed
+                                .iter()
+                                // `--comm tree` updates at the root and is flat whatever
+                                // the hierarchy: a choice beside the flat modes only.
+                                .filter(|f| match h {
+                                    HierarchyChoice::Auto => true,
+                                    HierarchyChoice::Off => f.2 == h || f.1.starts_with("tree"),
+                                    _ => f.2 == h && !f.1.starts_with("tree"),
+                                })
+                                .min_by(|a, b| a.0.total_cmp(&b.0))
+                                .unwrap();
+                            let ratio = auto.step_ms / best;
+                            let what = format!(
+                                "{hosts}x{d} nic {:.0} Mbit/s {:?} intra {:.0} GB/s, {bytes} B, \
+                                 --hierarchical {h}: auto ({}) {:.4} ms vs best fixed \
+                                 ({best_name}) {best:.4} ms: {ratio:.3}x",
+                                nic.bandwidth_bytes_per_s * 8e-6,
+                                nic.latency,
+                                intra.bandwidth_bytes_per_s * 1e-9,
+                                auto.bucket_ops[0],
+                                auto.step_ms,
+                            );
+                            cases += 1;
+                            if ratio > worst.0 {
+                                worst = (ratio, what.clone());
+                            }
+                            // Forced flat on hosts that share a NIC, the model prices halving-
+                            // doubling's fold off powers of two (3 hosts) and the tree's small
+                            // buckets less well: within 15% there (3 of 800 cases past 5%
+                            // when this was written), 5% everywhere else.
+                            let bound = if h == HierarchyChoice::Off {
+                                1.15
+                            } else {
+                                1.05
+                            };
+                            if ratio > bound {
+                                failures.push(what);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{cases} cases; worst: {}", worst.1);
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} cases slower than the bound allows:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

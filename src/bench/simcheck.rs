@@ -15,7 +15,8 @@
 //!   and the check is of the simulator's network and overlap model; `--devices shared` runs
 //!   the real compute on the shared cores instead.
 //! * `--against published`: Goyal et al. 2017, ResNet-50 on 256 P100s, every input stated
-//!   with its source ([`run_published`]).
+//!   with its source and the simulator's measured defaults ([`crate::sim::defaults`]) added,
+//!   beside the ideal network's prediction ([`run_published`]).
 //!
 //! The emulated link adds software costs the specified link does not have: handing a message
 //! between threads and waking the receiver (tens of µs per message here). A real network's
@@ -30,7 +31,9 @@ use super::overlap::{run_case, GridSpec, OverlapCase};
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
 use crate::plan::CommChoice;
-use crate::sim::{measure, Profile, Simulator, StepConfig, Stragglers, Topology};
+use crate::sim::{
+    measure, Overheads, Profile, Simulator, StepConfig, Stragglers, Topology, MEASURED,
+};
 use crate::train::metrics::StepTimes;
 
 /// Arguments of `dptrain bench sim-check`.
@@ -80,6 +83,9 @@ pub struct SimCheckArgs {
     /// Cluster: overlap on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
+    /// Cluster: `train --hierarchical` settings, comma-separated (auto, 2d, leader, off).
+    #[arg(long, default_value = "auto")]
+    pub hierarchical: String,
     /// Cluster: each worker's compute: emulated (a device of its own, held to a profile
     /// measured alone, see `testbed::device`) or shared (real compute on this machine's shared
     /// cores, profiled with as many replicas at once).
@@ -710,6 +716,7 @@ struct ClusterCheck<'a> {
     hosts: Vec<usize>,
     per_host: Vec<usize>,
     overlaps: Vec<bool>,
+    hierarchies: Vec<crate::plan::HierarchyChoice>,
     /// This program, which the cluster's ranks run.
     exe: std::path::PathBuf,
     cores: usize,
@@ -757,17 +764,19 @@ struct ClusterCase<'a> {
     per_host: usize,
     model: &'a str,
     overlap: bool,
+    hierarchy: crate::plan::HierarchyChoice,
 }
 
 /// The cluster table's column header.
 fn cluster_header() -> String {
     format!(
-        "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "{:>6} {:>5} {:>4} {:>10} {:>7} {:>6} {:>9} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "link",
         "hosts",
         "w/h",
         "model",
         "overlap",
+        "hier",
         "meas ms",
         "sim ms",
         "err%",
@@ -792,6 +801,11 @@ impl<'a> ClusterCheck<'a> {
         let hosts = super::args::worker_list("--hosts", &a.hosts)?;
         let per_host = super::args::worker_list("--workers-per-host", &a.workers_per_host)?;
         let overlaps = super::args::on_off_list("overlap", &a.overlap)?;
+        let hierarchies = super::args::list(
+            "--hierarchical",
+            &a.hierarchical,
+            crate::plan::HierarchyChoice::parse,
+        )?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let t = |bytes| bench_allreduce(2, bytes, fit_mode, None, 40).map(|r| r.time);
         let intra = fit_link(
@@ -822,6 +836,7 @@ impl<'a> ClusterCheck<'a> {
             hosts,
             per_host,
             overlaps,
+            hierarchies,
             exe,
             cores: crate::limits::cores(),
             intra,
@@ -903,13 +918,16 @@ impl<'a> ClusterCheck<'a> {
         for &per_host in &self.per_host {
             for model in self.models() {
                 for &overlap in &self.overlaps {
-                    cases.push(ClusterCase {
-                        bw,
-                        hosts,
-                        per_host,
-                        model,
-                        overlap,
-                    });
+                    for &hierarchy in &self.hierarchies {
+                        cases.push(ClusterCase {
+                            bw,
+                            hosts,
+                            per_host,
+                            model,
+                            overlap,
+                            hierarchy,
+                        });
+                    }
                 }
             }
         }
@@ -917,8 +935,8 @@ impl<'a> ClusterCheck<'a> {
         for round in 0..a.rounds.max(1) {
             for (i, case) in cases.iter().enumerate() {
                 let dir = scratch.join(format!(
-                    "{}-{hosts}x{}-{}-{round}",
-                    case.model, case.per_host, case.overlap
+                    "{}-{hosts}x{}-{}-{}-{round}",
+                    case.model, case.per_host, case.overlap, case.hierarchy
                 ));
                 let args = self.train_args(case, &ours, links.rtt, &dir)?;
                 cluster.mpirun(hosts, &args)?;
@@ -1136,6 +1154,8 @@ impl<'a> ClusterCheck<'a> {
             (batch * (a.steps + 5)).to_string(),
             "--overlap".into(),
             if case.overlap { "on" } else { "off" }.into(),
+            "--hierarchical".into(),
+            case.hierarchy.to_string(),
             "--link-bandwidth".into(),
             ours.to_string(),
             "--link-latency".into(),
@@ -1235,12 +1255,13 @@ impl<'a> ClusterCheck<'a> {
             intra,
             nic,
             overhead: std::time::Duration::ZERO,
+            step_overhead: std::time::Duration::ZERO,
         };
         let step = StepConfig {
             topology,
             comm: self.comm,
-            // As the measured run: `train`'s default.
-            hierarchy: crate::plan::HierarchyChoice::Auto,
+            // As the measured run.
+            hierarchy: case.hierarchy,
             overlap: case.overlap,
             buckets: crate::plan::BucketFlags::default(),
             planning_link: Some(links.planning),
@@ -1264,12 +1285,13 @@ impl<'a> ClusterCheck<'a> {
         t.worst_cal = t.worst_cal.max(cal_err.abs());
         t.rows += 1;
         crate::outln!(
-            "{:>6} {:>5} {:>4} {:>10} {:>7} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            "{:>6} {:>5} {:>4} {:>10} {:>7} {:>6} {:>9.1} {:>9.1} {:>+7.1} {:>9.1} {:>+7.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
             case.bw,
             case.hosts,
             d,
             model,
             if case.overlap { "on" } else { "off" },
+            case.hierarchy.to_string(),
             m.step,
             sim.step_ms,
             err,
@@ -1281,8 +1303,8 @@ impl<'a> ClusterCheck<'a> {
             sim.forward_ms + sim.backward_ms + sim.update_ms
         );
         crate::outln!(
-            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
-            case.bw, case.hosts, case.overlap, m.step, sim.step_ms, cal.step_ms
+            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} hierarchical={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+            case.bw, case.hosts, case.overlap, case.hierarchy, m.step, sim.step_ms, cal.step_ms
         );
         Ok(())
     }
@@ -1338,17 +1360,28 @@ pub struct Assumption {
 /// prediction moves when the least certain inputs change.
 #[derive(Debug, Clone)]
 pub struct Published {
+    /// The run: who, what, on what.
+    pub title: String,
+    /// The published statement, with where it is.
+    pub claim: String,
     /// Every input and its source.
     pub assumptions: Vec<Assumption>,
-    /// The published scaling efficiency 8 -> 256 GPUs, %.
+    /// The published scaling efficiency, %.
     pub published: f64,
-    /// (variant, 8-GPU step ms, 256-GPU step ms, efficiency %); the first row is the
-    /// prediction from the stated inputs.
+    /// Points from the published figure the prediction is held to (the issue's target).
+    pub target: f64,
+    /// The baseline's and the scaled run's workers.
+    pub workers: (usize, usize),
+    /// The ideal network's efficiency (no overheads, the NIC at its line rate, every GPU
+    /// alike), %: an upper bound of the prediction.
+    pub ideal: f64,
+    /// (variant, baseline step ms, scaled step ms, efficiency %); the first row is the
+    /// prediction from the stated inputs with the measured defaults.
     pub rows: Vec<(String, f64, f64, f64)>,
 }
 
 impl Published {
-    /// The prediction from the stated inputs, %.
+    /// The prediction from the stated inputs with the measured defaults, %.
     pub fn predicted(&self) -> f64 {
         self.rows[0].3
     }
@@ -1360,7 +1393,8 @@ const GOYAL_BACKWARD_S: f64 = 0.120;
 /// Goyal et al. 2017 ("Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour",
 /// arXiv:1706.02677): ResNet-50 on 32 servers of 8 P100s, ~90% weak-scaling efficiency from 8
 /// to 256 GPUs. Simulates the 8-GPU baseline (one server) and the 256-GPU run with the inputs
-/// below, and variants of the uncertain ones.
+/// below and the measured defaults ([`crate::sim::defaults::MEASURED`]), the ideal network
+/// beside them, and variants of the uncertain inputs.
 pub fn goyal2017() -> Result<Published, String> {
     let graph = crate::model::reference_graph("resnet50")?;
     let inputs = GoyalInputs::new(&graph);
@@ -1372,21 +1406,65 @@ pub fn goyal2017() -> Result<Published, String> {
             mem_gbs: inputs.mem_gbs,
         },
     )?;
+    let measured = MEASURED.overheads();
     let base = StepConfig {
-        topology: inputs.topology,
+        topology: measured.apply(inputs.topology),
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
         // Goyal et al.'s three phases: each server's sum in one buffer, then across.
         hierarchy: crate::plan::HierarchyChoice::Fixed(crate::comm::Hierarchy::Leader),
         overlap: true,
         buckets: crate::plan::BucketFlags::default(),
         planning_link: None,
-        stragglers: Stragglers::NONE,
+        stragglers: default_stragglers(&measured),
     };
+    let ideal = StepConfig {
+        topology: Overheads::IDEAL.apply(inputs.topology),
+        stragglers: Stragglers::NONE,
+        ..base
+    };
+    let mut sim = Simulator::new();
+    let workers = (8, 256);
     Ok(Published {
+        title: "Goyal et al. 2017 (arXiv:1706.02677), ResNet-50 on P100s".into(),
+        claim: "~90% scaling efficiency when moving from 8 to 256 GPUs (abstract); efficiency = \
+                8-GPU step / 256-GPU step at 32 images per GPU"
+            .into(),
         assumptions: goyal_assumptions(&graph, &inputs),
         published: 90.0,
-        rows: goyal_variants(&profile, base)?,
+        target: 5.0,
+        workers,
+        ideal: scaling(&mut sim, &profile, &ideal, workers)?.2,
+        rows: goyal_variants(&mut sim, &profile, base, workers)?,
     })
+}
+
+/// The straggler draws of a published comparison: the measured spread, the simulator's
+/// default seed and 20 steps (`simulate`'s default).
+fn default_stragglers(o: &Overheads) -> Stragglers {
+    Stragglers {
+        spread: o.compute_spread,
+        seed: 1,
+        steps: 20,
+    }
+}
+
+/// The baseline's and the scaled run's steps (ms) under `c` (its topology at the baseline's
+/// size) and the efficiency, %.
+fn scaling(
+    sim: &mut Simulator,
+    profile: &Profile,
+    c: &StepConfig,
+    (small, large): (usize, usize),
+) -> Result<(f64, f64, f64), String> {
+    let at = |n: usize| -> Result<StepConfig, String> {
+        Ok(StepConfig {
+            topology: c.topology.with_workers(n)?,
+            ..*c
+        })
+    };
+    let a = sim.step(profile, &at(small)?)?.step_ms;
+    let b = sim.step(profile, &at(large)?)?.step_ms;
+    Ok((a, b, 100.0 * a / b))
 }
 
 /// The figures [`goyal2017`] feeds the simulator (their sources are in
@@ -1400,7 +1478,7 @@ struct GoyalInputs {
     update_s: f64,
     /// The device throughput the step comes to, for `--device-images-per-s`.
     images_per_s: f64,
-    /// One 8-GPU server.
+    /// One 8-GPU server, its NIC at the line rate and no overheads (the defaults add them).
     topology: Topology,
 }
 
@@ -1422,10 +1500,11 @@ impl GoyalInputs {
                 latency: us(5),
             },
             nic: LinkModel {
-                bandwidth_bytes_per_s: 50e9 / 8.0 * 0.94,
+                bandwidth_bytes_per_s: 50e9 / 8.0,
                 latency: us(10),
             },
-            overhead: us(5),
+            overhead: std::time::Duration::ZERO,
+            step_overhead: std::time::Duration::ZERO,
         };
         Self {
             batch,
@@ -1437,6 +1516,19 @@ impl GoyalInputs {
     }
 }
 
+/// The measured defaults as inputs of a published comparison, each with its source.
+fn default_assumptions() -> Vec<Assumption> {
+    MEASURED
+        .rows()
+        .into_iter()
+        .map(|(what, value, source)| Assumption {
+            what,
+            value: format!("{value} (the measured default, sim::defaults)"),
+            source,
+        })
+        .collect()
+}
+
 /// Every input of [`goyal2017`] with its source.
 fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<Assumption> {
     let GoyalInputs {
@@ -1446,7 +1538,7 @@ fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<A
         topology: topo,
         ..
     } = *inputs;
-    vec![
+    let mut v = vec![
         Assumption {
             what: "model",
             value: format!(
@@ -1492,17 +1584,12 @@ fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<A
         Assumption {
             what: "between servers",
             value: format!(
-                "one NIC per server, {:.1} Gbit/s full duplex, 10 us",
+                "one NIC per server, {:.0} Gbit/s line rate full duplex (times the NIC \
+                 efficiency below), 10 us",
                 topo.nic.bandwidth_bytes_per_s * 8.0 / 1e9
             ),
             source: "Goyal et al. 2017 §4: Mellanox ConnectX-4 50 Gbit Ethernet per server; \
-                     TCP payload 94% of the line rate at a 1500-byte MTU (1448 of 1538 bytes on \
-                     the wire), assumed; latency assumed (not published)",
-        },
-        Assumption {
-            what: "per-message overhead",
-            value: "5 us".into(),
-            source: "assumed (software cost of a message in Gloo/NCCL-class libraries; not published)",
+                     latency assumed (not published)",
         },
         Assumption {
             what: "algorithm",
@@ -1521,42 +1608,36 @@ fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<A
             source: "Goyal et al. 2017 §4: a layer's gradient is aggregated as soon as it is \
                      computed, while backprop continues",
         },
-        Assumption {
-            what: "stragglers",
-            value: "none (every GPU equally fast)".into(),
-            source: "no published spread; the variants show 2%",
-        },
-    ]
+    ];
+    v.extend(default_assumptions());
+    v
 }
 
-/// The 8-GPU and 256-GPU steps and the efficiency, from the stated inputs (`base`) and with
-/// each uncertain input changed.
+/// The baseline's and the scaled run's steps and the efficiency, from the stated inputs
+/// (`base`, with the measured defaults) and with each uncertain input changed.
 fn goyal_variants(
-    profile: &crate::sim::Profile,
+    sim: &mut Simulator,
+    profile: &Profile,
     base: StepConfig,
+    workers: (usize, usize),
 ) -> Result<Vec<(String, f64, f64, f64)>, String> {
     let us = std::time::Duration::from_micros;
-    let mut sim = Simulator::new();
     let mut rows = Vec::new();
     let mut variant = |name: &str, f: &dyn Fn(&mut StepConfig)| -> Result<(), String> {
         let mut c = base;
         f(&mut c);
-        let small = sim.step(profile, &c)?.step_ms;
-        let large = StepConfig {
-            topology: c.topology.with_workers(256)?,
-            ..c
-        };
-        let big = sim.step(profile, &large)?.step_ms;
-        rows.push((name.to_string(), small, big, 100.0 * small / big));
+        let (small, big, eff) = scaling(sim, profile, &c, workers)?;
+        rows.push((name.to_string(), small, big, eff));
         Ok(())
     };
-    variant("as stated above", &|_| {})?;
+    variant("as stated above, measured defaults", &|_| {})?;
     variant("NIC at half the rate (23.5 Gbit/s)", &|c| {
         c.topology.nic.bandwidth_bytes_per_s /= 2.0
     })?;
     variant("latency + overhead 50 us per message", &|c| {
-        c.topology.nic.latency = us(45);
-        c.topology.intra.latency = us(45);
+        let l = us(50) - c.topology.overhead;
+        c.topology.nic.latency = l;
+        c.topology.intra.latency = l;
     })?;
     variant("within a server 10 GB/s", &|c| {
         c.topology.intra.bandwidth_bytes_per_s = 10e9
@@ -1564,12 +1645,14 @@ fn goyal_variants(
     variant("within a server 80 GB/s (all 4 NVLinks)", &|c| {
         c.topology.intra.bandwidth_bytes_per_s = 80e9
     })?;
-    variant("stragglers: 2% compute spread (20 seeded steps)", &|c| {
-        c.stragglers = Stragglers {
-            spread: 0.02,
-            seed: 1,
-            steps: 20,
-        }
+    variant("no stragglers (every GPU alike)", &|c| {
+        c.stragglers = Stragglers::NONE
+    })?;
+    variant("stragglers: 3% compute spread (20 seeded steps)", &|c| {
+        c.stragglers.spread = 0.03
+    })?;
+    variant("no per-step overhead", &|c| {
+        c.topology.step_overhead = std::time::Duration::ZERO
     })?;
     variant("ring among the servers", &|c| {
         c.comm = CommChoice::Fixed(CommMode::Ring)
@@ -1583,20 +1666,20 @@ fn goyal_variants(
 
 impl Published {
     /// The comparison on the terminal: inputs with sources, the variants' table, and the
-    /// prediction beside the published figure.
+    /// prediction beside the published figure and the ideal network's.
     pub fn terminal(&self) -> String {
-        let mut s = format!(
-            "Goyal et al. 2017 (arXiv:1706.02677), ResNet-50 on P100s: published ~{:.0}% scaling \
-             efficiency from 8 to 256 GPUs (abstract); efficiency = 8-GPU step / 256-GPU step at 32 \
-             images per GPU\ninputs:\n",
-            self.published
-        );
+        let (small, large) = self.workers;
+        let mut s = format!("{}: published {}\ninputs:\n", self.title, self.claim);
         for a in &self.assumptions {
             s += &format!("  {}: {}\n      source: {}\n", a.what, a.value, a.source);
         }
         s += &format!(
             "{:<50} {:>12} {:>12} {:>8} {:>10}\n",
-            "variant", "8 GPUs ms", "256 GPUs ms", "eff%", "vs 90%"
+            "variant",
+            format!("{small} GPUs ms"),
+            format!("{large} GPUs ms"),
+            "eff%",
+            format!("vs {:.0}%", self.published)
         );
         for (name, small, big, eff) in &self.rows {
             s += &format!(
@@ -1606,19 +1689,49 @@ impl Published {
         }
         let d = self.predicted() - self.published;
         s + &format!(
-            "prediction from the stated inputs: {:.1}% against the published ~{:.0}%: {d:+.1} points \
-             (target: within 10)",
+            "prediction from the stated inputs with the measured defaults: {:.1}% (the ideal \
+             network: {:.1}%) against the published ~{:.0}%: {d:+.1} points (target: within {:.0})",
             self.predicted(),
-            self.published
+            self.ideal,
+            self.published,
+            self.target
+        )
+    }
+
+    /// One line of the summary table: run, published, ideal, predicted, difference.
+    fn summary_row(&self) -> String {
+        format!(
+            "| {} | {} -> {} | {:.0}% | {:.1}% | {:.1}% | {:+.1} |",
+            self.title,
+            self.workers.0,
+            self.workers.1,
+            self.published,
+            self.ideal,
+            self.predicted(),
+            self.predicted() - self.published
         )
     }
 }
 
-/// Prints [`goyal2017`]: inputs with sources, prediction beside the published figure, variants.
-pub fn run_published() -> Result<Published, String> {
-    let p = goyal2017()?;
-    crate::outln!("{}", p.terminal());
-    Ok(p)
+/// Every published comparison (one so far: see docs/bench/sim-check.md for the runs
+/// considered and why they are not here).
+pub fn published_runs() -> Result<Vec<Published>, String> {
+    Ok(vec![goyal2017()?])
+}
+
+/// Prints [`published_runs`]: per run its inputs with sources, the prediction beside the
+/// published figure and the ideal network's, the variants; then the summary.
+pub fn run_published() -> Result<Vec<Published>, String> {
+    let runs = published_runs()?;
+    for p in &runs {
+        crate::outln!("{}\n", p.terminal());
+    }
+    crate::outln!("| run | GPUs | published | ideal network | measured defaults | points |");
+    crate::outln!("|---|---|---:|---:|---:|---:|");
+    for p in &runs {
+        crate::outln!("{}", p.summary_row());
+    }
+    Ok(runs)
 }
 
 #[cfg(test)]

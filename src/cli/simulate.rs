@@ -5,9 +5,11 @@ use crate::bench::args::{on_off_list, worker_list};
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
 use crate::plan::{BucketFlags, CommChoice, HierarchyChoice};
 use crate::sim::{
-    search_buckets, Profile, Simulator, StepConfig, StepResult, Stragglers, Topology,
+    search_buckets, Overheads, Profile, Simulator, StepConfig, StepResult, Stragglers, Topology,
+    MEASURED,
 };
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Arguments of `dptrain simulate`.
 #[derive(Debug, clap::Args)]
@@ -45,9 +47,22 @@ pub struct SimulateArgs {
     /// Latency within a host.
     #[arg(long, default_value = "1us")]
     pub intra_latency: String,
-    /// Software cost of every message, added to its link's latency.
-    #[arg(long, default_value = "0")]
-    pub message_overhead: String,
+    /// Software cost of every message, added to its link's latency (e.g. 5us) [default: the
+    /// measured one, `sim::defaults::MEASURED`: 14us].
+    #[arg(long)]
+    pub message_overhead: Option<String>,
+    /// Fraction of the NIC's line rate (--link-bandwidth) a real stack delivers, in (0, 1]
+    /// [default: the measured one: 0.94].
+    #[arg(long)]
+    pub nic_efficiency: Option<f64>,
+    /// Fixed cost of every step of more than one worker that communication cannot hide (e.g.
+    /// 0.5ms) [default: the measured one: 0.5ms].
+    #[arg(long)]
+    pub step_overhead: Option<String>,
+    /// Simulate the ideal network alone: no per-message or per-step overhead, the NIC at its
+    /// line rate, every worker alike (flags given with it still apply).
+    #[arg(long)]
+    pub ideal: bool,
     /// Modes, comma-separated (tree, ring, hd, redundant, auto), or all.
     #[arg(long, default_value = "all")]
     pub comm: String,
@@ -71,9 +86,9 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub search_buckets: bool,
     /// Coefficient of variation of each worker's compute per step (stragglers), e.g. 0.02, or
-    /// `profile`: the spread measured with the profile. Above 0 every worker is simulated.
-    #[arg(long, default_value = "0")]
-    pub compute_spread: String,
+    /// `profile`: the spread measured with the profile [default: the measured one: 0.015].
+    #[arg(long)]
+    pub compute_spread: Option<String>,
     /// Seed of the straggler draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -123,7 +138,8 @@ fn hierarchy_list(s: &str) -> Result<Vec<HierarchyChoice>, String> {
 const MAX_STEPS: usize = 10_000;
 
 /// Runs `dptrain simulate`: the profile, the cluster and the sweep over worker counts, modes,
-/// hierarchical and overlap settings.
+/// hierarchical and overlap settings, each row with the measured overheads (or those given)
+/// and beside it the ideal network's efficiency.
 pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let workers = worker_list("--workers", &a.workers)?;
     if a.steps > MAX_STEPS {
@@ -134,10 +150,11 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         ));
     }
     let p = load_profile(&a)?;
-    let base = topology(&a)?;
-    let spread = compute_spread(&a, &p)?;
+    let line_rate = topology(&a)?;
+    let o = overheads(&a, &p)?;
+    let base = o.apply(line_rate);
     let stragglers = Stragglers {
-        spread,
+        spread: o.compute_spread,
         seed: a.seed,
         steps: a.steps,
     };
@@ -152,13 +169,24 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         stragglers,
     };
     let single = sim.step(&p, &single_cfg)?.step_ms;
+    // The ideal network's 1-worker step: every worker alike (one worker has no other cost).
+    let ideal = if a.ideal {
+        None
+    } else {
+        let c = StepConfig {
+            stragglers: Stragglers::NONE,
+            ..single_cfg
+        };
+        Some((Overheads::IDEAL.apply(line_rate), sim.step(&p, &c)?.step_ms))
+    };
     crate::outln!("{}", describe_profile(&p).lines().next().unwrap_or(""));
-    crate::outln!("{}", setting_line(&a, spread, p.batch, single));
-    crate::outln!("{}", header());
+    crate::outln!("{}", setting_line(&a, &o, p.batch, single));
+    crate::outln!("{}", header(ideal.is_some()));
     let sweep = Sweep {
         profile: &p,
         single_cfg,
         single,
+        ideal,
         search: a.search_buckets,
         comms: comm_list(&a.comm)?,
         hiers: hierarchy_list(&a.hierarchical)?,
@@ -180,6 +208,35 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The run's overheads: the measured defaults ([`MEASURED`]), or the ideal network's with
+/// `--ideal`, each replaced by its flag where given.
+fn overheads(a: &SimulateArgs, p: &Profile) -> Result<Overheads, String> {
+    let mut o = if a.ideal {
+        Overheads::IDEAL
+    } else {
+        MEASURED.overheads()
+    };
+    if let Some(m) = &a.message_overhead {
+        o.message_overhead = parse_duration(m).map_err(|e| format!("--message-overhead: {e}"))?;
+    }
+    if let Some(e) = a.nic_efficiency {
+        if !(e > 0.0 && e <= 1.0) {
+            return Err(format!(
+                "--nic-efficiency {e}: give the fraction of the line rate delivered, in (0, 1]"
+            ));
+        }
+        o.nic_efficiency = e;
+    }
+    if let Some(s) = &a.step_overhead {
+        o.step_overhead = parse_duration(s).map_err(|e| format!("--step-overhead: {e}"))?;
+    }
+    if let Some(s) = &a.compute_spread {
+        o.compute_spread = compute_spread(s, p)?;
+    }
+    o.validate()?;
+    Ok(o)
+}
+
 /// The profile `--profile` names, or one from `--model`'s graph and the device speed.
 fn load_profile(a: &SimulateArgs) -> Result<Profile, String> {
     match (&a.profile, &a.model) {
@@ -194,8 +251,8 @@ fn load_profile(a: &SimulateArgs) -> Result<Profile, String> {
     }
 }
 
-/// One host of the cluster (the sweep multiplies it): its NIC, the link within it (needed
-/// with more than one device) and the per-message overhead.
+/// One host of the cluster (the sweep multiplies it) as the flags give it: its NIC at its line
+/// rate and the link within it (needed with more than one device), before any overhead.
 fn topology(a: &SimulateArgs) -> Result<Topology, String> {
     let nic = LinkModel {
         bandwidth_bytes_per_s: parse_bandwidth(&a.link_bandwidth)
@@ -221,20 +278,19 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
         }
         None => nic,
     };
-    let overhead =
-        parse_duration(&a.message_overhead).map_err(|e| format!("--message-overhead: {e}"))?;
     Ok(Topology {
         hosts: 1,
         devices_per_host: d,
         intra,
         nic,
-        overhead,
+        overhead: Duration::ZERO,
+        step_overhead: Duration::ZERO,
     })
 }
 
 /// `--compute-spread`: a number >= 0, or the spread measured with the profile.
-fn compute_spread(a: &SimulateArgs, p: &Profile) -> Result<f64, String> {
-    match a.compute_spread.trim() {
+fn compute_spread(v: &str, p: &Profile) -> Result<f64, String> {
+    match v.trim() {
         "profile" => p.compute_spread.ok_or_else(|| {
             format!(
                 "--compute-spread profile: {} has no measured spread (profiles from FLOPs or \
@@ -251,12 +307,23 @@ fn compute_spread(a: &SimulateArgs, p: &Profile) -> Result<f64, String> {
     }
 }
 
-/// The line under the profile's: the cluster, the spread and the 1-worker step.
-fn setting_line(a: &SimulateArgs, spread: f64, batch: usize, single: f64) -> String {
+/// The lines under the profile's: the cluster, the overheads (measured defaults or given) and
+/// the 1-worker step.
+fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> String {
     let d = a.devices_per_host;
+    let given = |flag: bool| {
+        if flag {
+            "given"
+        } else if a.ideal {
+            "ideal"
+        } else {
+            "measured default"
+        }
+    };
     format!(
-        "{} device(s) per host; NIC {} / {}{}; message overhead {}; compute spread {:.1}%{}; \
-         weak scaling at batch {} per worker; 1 worker: {single:.3} ms/step",
+        "{} device(s) per host; NIC {} / {}{}; weak scaling at batch {} per worker; 1 worker: \
+         {single:.3} ms/step\noverheads: message {:.1} us ({}), NIC {:.0}% of the line rate \
+         ({}), step {:.2} ms ({}), compute spread {:.1}% ({}){}; sources: src/sim/defaults.rs",
         d,
         a.link_bandwidth,
         a.link_latency,
@@ -269,14 +336,20 @@ fn setting_line(a: &SimulateArgs, spread: f64, batch: usize, single: f64) -> Str
         } else {
             String::new()
         },
-        a.message_overhead,
-        100.0 * spread,
-        if spread > 0.0 {
+        batch,
+        o.message_overhead.as_secs_f64() * 1e6,
+        given(a.message_overhead.is_some()),
+        o.nic_efficiency * 100.0,
+        given(a.nic_efficiency.is_some()),
+        o.step_overhead.as_secs_f64() * 1e3,
+        given(a.step_overhead.is_some()),
+        100.0 * o.compute_spread,
+        given(a.compute_spread.is_some()),
+        if o.compute_spread > 0.0 {
             format!(" (mean of {} seeded steps)", a.steps)
         } else {
             String::new()
         },
-        batch
     )
 }
 
@@ -287,6 +360,9 @@ struct Sweep<'a> {
     single_cfg: StepConfig,
     /// Its step time, ms.
     single: f64,
+    /// The ideal network's host (the sweep multiplies it) and 1-worker step, ms; `None` with
+    /// `--ideal`.
+    ideal: Option<(Topology, f64)>,
     /// Search the bucket caps (`--search-buckets`)?
     search: bool,
     comms: Vec<CommChoice>,
@@ -316,9 +392,13 @@ impl Sweep<'_> {
                             .map(|r| (cfg.buckets.caps_kb().map(|(_, b)| b), r))
                     };
                     rows += 1;
-                    match result {
-                        Ok((kb, r)) => {
-                            crate::outln!("{}", row(&cfg, kb, &r, self.single, self.profile.batch))
+                    match result.and_then(|(kb, r)| Ok((kb, self.ideal_eff(sim, &cfg, kb)?, r))) {
+                        Ok((kb, ideal, r)) => {
+                            let eff = Efficiency {
+                                single: self.single,
+                                ideal,
+                            };
+                            crate::outln!("{}", row(&cfg, kb, &r, eff, self.profile.batch))
                         }
                         Err(e) => {
                             refused += 1;
@@ -330,6 +410,42 @@ impl Sweep<'_> {
         }
         (rows, refused)
     }
+}
+
+impl Sweep<'_> {
+    /// The ideal network's efficiency for `cfg` at the bucket cap `kb` that `cfg` ran with
+    /// (searched or given), %; `None` with `--ideal`.
+    fn ideal_eff(
+        &self,
+        sim: &mut Simulator,
+        cfg: &StepConfig,
+        kb: Option<usize>,
+    ) -> Result<Option<f64>, String> {
+        let Some((host, single)) = self.ideal else {
+            return Ok(None);
+        };
+        let buckets = match kb {
+            Some(kb) if self.search => BucketFlags {
+                first_kb: Some(cfg.buckets.first_kb.unwrap_or(kb)),
+                kb: Some(kb),
+            },
+            _ => cfg.buckets,
+        };
+        let c = StepConfig {
+            topology: host.with_workers(cfg.topology.workers())?,
+            stragglers: Stragglers::NONE,
+            buckets,
+            ..*cfg
+        };
+        Ok(Some(100.0 * single / sim.step(self.profile, &c)?.step_ms))
+    }
+}
+
+/// A row's efficiencies: its own 1-worker step, ms, and the ideal network's efficiency, %.
+#[derive(Debug, Clone, Copy)]
+struct Efficiency {
+    single: f64,
+    ideal: Option<f64>,
 }
 
 /// The line of a configuration too large to simulate, saying why.
@@ -345,9 +461,9 @@ fn refused_row(cfg: &StepConfig, e: &str) -> String {
     )
 }
 
-/// The table header of [`row`].
-fn header() -> String {
-    format!(
+/// The table header of [`row`] (with the ideal network's column or without).
+fn header(ideal: bool) -> String {
+    let h = format!(
         "{:>7} {:>9} {:>10} {:>6} {:>7} {:>9} {:>7} {:>10} {:>10} {:>10} {:>11} {:>6}",
         "workers",
         "hosts",
@@ -361,16 +477,22 @@ fn header() -> String {
         "exposed",
         "img/s",
         "eff%"
-    )
+    );
+    if ideal {
+        h + &format!(" {:>7}", "ideal%")
+    } else {
+        h
+    }
 }
 
-/// One configuration's line: `single` is the 1-worker step time (weak-scaling efficiency);
-/// `bucket_kb` the cap searched or given (`None`: the trainer's default).
+/// One configuration's line: `eff.single` is the 1-worker step time (weak-scaling
+/// efficiency), `eff.ideal` the ideal network's efficiency beside it; `bucket_kb` the cap
+/// searched or given (`None`: the trainer's default).
 fn row(
     cfg: &StepConfig,
     bucket_kb: Option<usize>,
     r: &StepResult,
-    single: f64,
+    eff: Efficiency,
     batch: usize,
 ) -> String {
     let bucket = match bucket_kb {
@@ -381,7 +503,7 @@ fn row(
     };
     let t = &cfg.topology;
     let world = t.workers();
-    format!(
+    let line = format!(
         "{:>7} {:>9} {:>10} {:>6} {:>7} {:>9} {:>7} {:>10.3} {:>10.3} {:>10.3} {:>11.0} {:>6.1}",
         world,
         format!("{}x{}", t.hosts, t.devices_per_host),
@@ -394,6 +516,10 @@ fn row(
         r.comm_ms,
         r.exposed_ms,
         (world * batch) as f64 / (r.step_ms / 1e3),
-        100.0 * single / r.step_ms
-    )
+        100.0 * eff.single / r.step_ms
+    );
+    match eff.ideal {
+        Some(i) => line + &format!(" {i:>7.1}"),
+        None => line,
+    }
 }

@@ -33,7 +33,7 @@
 //! ```
 //!
 //! Both hierarchies run the existing algorithms unchanged among processes on a
-//! [`ProcessView`] (the ranks of one local index across processes), and add the workers of a
+//! [`crate::comm::ProcessView`] (the ranks of one local index across processes), and add the workers of a
 //! process in the pairwise tree of [`crate::backend::sum_order`] over local ranks. Every worker
 //! ends with the same bits (each element's sum is computed by one worker, or by every leader
 //! in the same order, and then copied). Summation order: with `redundant` among processes and
@@ -48,7 +48,10 @@
 //! bucket's tag: messages between one pair of ranks arrive in the order sent (the transport's
 //! FIFO per pair and tag), and each pair exchanges phase 1's message before phase 3's.
 
-use crate::comm::{two_d, CommError, CommMode, Transport};
+pub use crate::comm::leader::AcrossOp;
+#[cfg(test)]
+use crate::comm::CommMode;
+use crate::comm::{two_d, CommError, Transport};
 
 /// How a hierarchical all-reduce uses the workers of a process (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,25 +74,6 @@ impl std::fmt::Display for Hierarchy {
             Self::Leader => "leader",
             Self::TwoD => "2d",
         })
-    }
-}
-
-/// What runs among the processes (phase 2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AcrossOp {
-    /// One of our all-reduce algorithms.
-    AllReduce(CommMode),
-    /// The transport's own all-reduce across processes (`MPI_Allreduce`): one call per
-    /// process, so only the leader hierarchy can use it.
-    Native,
-}
-
-impl std::fmt::Display for AcrossOp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::AllReduce(m) => write!(f, "{m}"),
-            Self::Native => f.write_str("mpi-native"),
-        }
     }
 }
 
@@ -139,70 +123,6 @@ fn bug(t: &dyn Transport, what: String) -> CommError {
     CommError::Transport {
         rank: t.rank(),
         detail: format!("{what}; this is a bug in the caller"),
-    }
-}
-
-/// The ranks of one local index across the processes of a process-major transport, as a
-/// transport of their own: rank `i` here is rank `i * stride + offset` of the parent. Only
-/// those ranks may use it. The leader hierarchy's view is offset 0 (the leaders); the 2-D
-/// hierarchy's worker `j` uses offset `j` (the owners of shard `j`).
-pub struct ProcessView<'a> {
-    /// The transport over every worker.
-    pub parent: &'a dyn Transport,
-    /// Workers per process.
-    pub stride: usize,
-    /// The local index this view connects.
-    pub offset: usize,
-}
-
-impl Transport for ProcessView<'_> {
-    fn rank(&self) -> usize {
-        self.parent.rank() / self.stride
-    }
-
-    fn world(&self) -> usize {
-        self.parent.world() / self.stride
-    }
-
-    fn send(&self, to: usize, tag: u64, data: &[f32]) -> Result<(), CommError> {
-        self.parent.send(to * self.stride + self.offset, tag, data)
-    }
-
-    fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError> {
-        self.parent.recv(from * self.stride + self.offset, tag, out)
-    }
-}
-
-/// The workers of this rank's process of a process-major transport, as a transport of their
-/// own: rank `i` here is rank `first + i` of the parent.
-pub struct LocalView<'a> {
-    /// The transport over every worker.
-    pub parent: &'a dyn Transport,
-    /// Workers per process.
-    pub size: usize,
-}
-
-impl LocalView<'_> {
-    fn first(&self) -> usize {
-        self.parent.rank() - self.parent.rank() % self.size
-    }
-}
-
-impl Transport for LocalView<'_> {
-    fn rank(&self) -> usize {
-        self.parent.rank() % self.size
-    }
-
-    fn world(&self) -> usize {
-        self.size
-    }
-
-    fn send(&self, to: usize, tag: u64, data: &[f32]) -> Result<(), CommError> {
-        self.parent.send(self.first() + to, tag, data)
-    }
-
-    fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError> {
-        self.parent.recv(self.first() + from, tag, out)
     }
 }
 

@@ -10,9 +10,28 @@
 //! cheaper choice where the within-process copies cost nothing next to the network's latency
 //! (the cost model prices both).
 
-use crate::comm::hierarchical::{AcrossOp, LocalView, ProcessView};
+use crate::comm::process_view::{LocalView, ProcessView};
 use crate::comm::redundant::{partials_len, RankSum};
-use crate::comm::{all_reduce_sum, scratch_slice, CommError, Transport};
+use crate::comm::{all_reduce_sum, scratch_slice, CommError, CommMode, Transport};
+
+/// What runs among the processes (phase 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AcrossOp {
+    /// One of our all-reduce algorithms.
+    AllReduce(CommMode),
+    /// The transport's own all-reduce across processes (`MPI_Allreduce`): one call per
+    /// process, so only the leader hierarchy can use it.
+    Native,
+}
+
+impl std::fmt::Display for AcrossOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AllReduce(m) => write!(f, "{m}"),
+            Self::Native => f.write_str("mpi-native"),
+        }
+    }
+}
 
 /// Sums `buf` over every rank of `t` (process-major, `w` workers per process, `w` dividing the
 /// world; `buf` not empty) through the process leaders.

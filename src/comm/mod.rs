@@ -42,6 +42,7 @@ pub mod leader;
 pub mod mode;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
+pub mod process_view;
 pub mod record;
 pub mod redundant;
 pub mod ring;
@@ -57,11 +58,10 @@ pub use crate::comm::cost_model::{
 };
 pub use crate::comm::error::CommError;
 pub use crate::comm::halving_doubling::HalvingDoublingAllReduce;
-pub use crate::comm::hierarchical::{
-    hierarchical_all_reduce_sum, AcrossOp, Hierarchy, LocalView, ProcessView,
-};
+pub use crate::comm::hierarchical::{hierarchical_all_reduce_sum, AcrossOp, Hierarchy};
 pub use crate::comm::hybrid::{HybridTransport, RemotePort};
 pub use crate::comm::mode::{all_reduce_sum, CommMode};
+pub use crate::comm::process_view::{LocalView, ProcessView};
 pub use crate::comm::redundant::RedundantAllReduce;
 pub use crate::comm::ring::RingAllReduce;
 pub use crate::comm::transport::{

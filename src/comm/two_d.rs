@@ -20,7 +20,7 @@
 //! `2(W-1)` whole buckets through the leader's); phase 2 moves what the mode moves over the
 //! processes, on a shard. Empty shards (a bucket shorter than `W`) send nothing, on both sides.
 
-use crate::comm::hierarchical::{LocalView, ProcessView};
+use crate::comm::process_view::{LocalView, ProcessView};
 use crate::comm::redundant::{partials_len, RankSum};
 use crate::comm::{all_reduce_sum, chunk_range, scratch_slice, CommError, CommMode, Transport};
 

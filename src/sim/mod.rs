@@ -16,7 +16,10 @@
 //!    device: its FLOPS and efficiency, or its training images/s for the model (a published
 //!    single-device figure).
 //! 2. **The cluster** ([`topology`]): hosts x devices per host, a port per device within its
-//!    host, one NIC per host shared by its devices, and a per-message software overhead.
+//!    host, one NIC per host shared by its devices, a per-message software overhead and a
+//!    per-step one. Their defaults, and those of the NIC's efficiency and the workers' compute
+//!    spread, are measured ones with their sources ([`defaults`]); all zero is the ideal
+//!    network, an upper bound that `simulate` prints beside each prediction.
 //! 3. **A step** ([`step`]) replays every worker's timeline: forward, then backward last block
 //!    first; the trainer's own rules cut the gradients into buckets and choose each bucket's
 //!    operation (flat or hierarchical, `auto`'s mode), and a bucket is ready when backward
@@ -40,6 +43,7 @@
 //! with `--concurrent N` captures the compute side of it), and data loading (assumed
 //! prefetched).
 
+pub mod defaults;
 pub mod engine;
 pub mod profile;
 pub mod schedule;
@@ -47,6 +51,7 @@ pub mod step;
 pub mod topology;
 
 pub use crate::measure::{measure, BlockProfile, Profile};
+pub use defaults::{Overheads, MEASURED};
 pub use profile::{from_graph, DeviceSpec, DeviceSpeed};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};
 pub use step::{

@@ -9,7 +9,9 @@
 //! the sender goes on once the last byte is out (the trainer's sends return then), and the
 //! message can be received `latency + overhead` after that: latency is the link's, overhead a
 //! per-message software cost (thread hand-off, MPI and TCP stacks) that `bench sim-check`
-//! measures.
+//! measures. A step of more than one worker also costs a fixed `step_overhead` that
+//! communication cannot hide. [`super::defaults`] holds the measured defaults of both, and of
+//! the NIC's efficiency (the fraction of its line rate a real stack delivers).
 //!
 //! Ranks are host-major, as the trainer numbers the workers of a multi-process run (worker
 //! `w` of process `p` is rank `p * workers + w`): a host is a process, its devices are the
@@ -31,6 +33,9 @@ pub struct Topology {
     pub nic: LinkModel,
     /// Software cost of every message, added to its link's latency.
     pub overhead: Duration,
+    /// Software cost of every step of more than one worker that communication cannot hide
+    /// (coordinating the last gradients), added once at the end of the step.
+    pub step_overhead: Duration,
 }
 
 impl Topology {
@@ -43,6 +48,7 @@ impl Topology {
             intra: link,
             nic: link,
             overhead: Duration::ZERO,
+            step_overhead: Duration::ZERO,
         }
     }
 
