@@ -1,6 +1,6 @@
 //! The 2-D hierarchy (see [`crate::comm::hierarchical`] for the picture; NCCL's, Horovod's
 //! hierarchical and BytePS's scheme): with `W` workers per process, a bucket is cut into `W`
-//! shards ([`chunk_range`], so every worker computes the same cut) and local worker `j` owns
+//! shards (`collective::chunk_range`, so every worker computes the same cut) and local worker `j` owns
 //! shard `j`.
 //!
 //! 1. **Reduce-scatter within the process**: every worker sends shard `j` of its buffer to
