@@ -116,7 +116,9 @@ fn bench_allreduce_over_mpi_prints_one_table_with_every_mode() {
         for mode in ["tree", "ring", "hd", "redundant", "auto:", "mpi-native"] {
             assert!(t.contains(mode), "no {mode} in:\n{t}");
         }
-        assert_eq!(t.contains("hier:ring"), workers == "2", "{t}");
+        for hierarchical in ["2d:ring", "leader:ring", "leader:mpi-native"] {
+            assert_eq!(t.contains(hierarchical), workers == "2", "{t}");
+        }
     }
 }
 
