@@ -11,8 +11,8 @@
 //! (the cost model prices both).
 
 use crate::comm::process_view::{LocalView, ProcessView};
-use crate::comm::redundant::{partials_len, RankSum};
-use crate::comm::{all_reduce_sum, scratch_slice, CommError, CommMode, Transport};
+use crate::comm::redundant::sum_in_rank_order;
+use crate::comm::{all_reduce_sum, CommError, CommMode, Transport};
 
 /// What runs among the processes (phase 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,18 +51,7 @@ pub(crate) fn reduce(
         return local.recv(0, tag, buf);
     }
     // Phase 1: the leader adds its workers' buffers, its own among them.
-    let len = buf.len();
-    {
-        let (own, partials) = scratch_slice(scratch, len + partials_len(w, len)).split_at_mut(len);
-        own.copy_from_slice(buf);
-        let process = RankSum {
-            t: &local,
-            me: 0,
-            tag,
-            own,
-        };
-        process.sum(0, w, buf, partials)?;
-    }
+    sum_in_rank_order(&local, tag, buf, scratch)?;
     // Phase 2: the leaders combine the process sums.
     if t.world() > w {
         match across {

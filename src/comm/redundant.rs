@@ -35,31 +35,44 @@ impl AllReduce for RedundantAllReduce {
         for k in 1..n {
             t.send((r + k) % n, tag, buf)?;
         }
-        // Scratch: this rank's own contribution, then one partial sum per tree level.
-        let (own, partials) = scratch_slice(scratch, len + partials_len(n, len)).split_at_mut(len);
-        own.copy_from_slice(buf);
-        let ranks = RankSum { t, me: r, tag, own };
-        ranks.sum(0, n, buf, partials)
+        sum_in_rank_order(t, tag, buf, scratch)
     }
 }
 
+/// Replaces `buf` (this rank's contribution) with the sum of every rank of `t`'s, the others'
+/// received under `tag`, added as `sum_order`'s pairwise tree over ranks: redundant mode over
+/// every rank, and the hierarchies' sums over the workers of a process. `scratch` holds this
+/// rank's own contribution, then one partial sum per tree level.
+pub(crate) fn sum_in_rank_order(
+    t: &dyn Transport,
+    tag: u64,
+    buf: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<(), CommError> {
+    let (n, len) = (t.world(), buf.len());
+    let (own, partials) = scratch_slice(scratch, len + partials_len(n, len)).split_at_mut(len);
+    own.copy_from_slice(buf);
+    let ranks = RankSum {
+        t,
+        me: t.rank(),
+        tag,
+        own,
+    };
+    ranks.sum(0, n, buf, partials)
+}
+
 /// The contributions of ranks `lo..hi`, received and added as `sum_order`'s pairwise tree
-/// (this rank's own from `own`): redundant mode over every rank, and the hierarchies' sums
-/// over the workers of a process.
-pub(crate) struct RankSum<'a> {
-    /// Where the other ranks' contributions come from.
-    pub t: &'a dyn Transport,
-    /// This rank.
-    pub me: usize,
-    /// The collective's tag.
-    pub tag: u64,
-    /// This rank's contribution.
-    pub own: &'a [f32],
+/// (this rank's own from `own`).
+struct RankSum<'a> {
+    t: &'a dyn Transport,
+    me: usize,
+    tag: u64,
+    own: &'a [f32],
 }
 
 /// Scratch elements [`RankSum::sum`] over `ranks` ranks needs for buffers of `len`: one
 /// partial sum per tree level.
-pub(crate) fn partials_len(ranks: usize, len: usize) -> usize {
+fn partials_len(ranks: usize, len: usize) -> usize {
     let depth = usize::BITS as usize - ranks.saturating_sub(1).leading_zeros() as usize;
     depth * len
 }
@@ -67,7 +80,7 @@ pub(crate) fn partials_len(ranks: usize, len: usize) -> usize {
 impl RankSum<'_> {
     /// Writes the sum of ranks `lo..hi` into `out`; `partials` holds one buffer of `out.len()`
     /// per remaining tree level.
-    pub(crate) fn sum(
+    fn sum(
         &self,
         lo: usize,
         hi: usize,

@@ -21,8 +21,8 @@
 //! processes, on a shard. Empty shards (a bucket shorter than `W`) send nothing, on both sides.
 
 use crate::comm::process_view::{LocalView, ProcessView};
-use crate::comm::redundant::{partials_len, RankSum};
-use crate::comm::{all_reduce_sum, chunk_range, scratch_slice, CommError, CommMode, Transport};
+use crate::comm::redundant::sum_in_rank_order;
+use crate::comm::{all_reduce_sum, chunk_range, CommError, CommMode, Transport};
 
 /// Sums `buf` over every rank of `t` (process-major, `w` workers per process, `w` dividing the
 /// world; `buf` not empty) in two dimensions, `mode` across processes.
@@ -47,16 +47,7 @@ pub(crate) fn reduce(
         }
     }
     if !mine.is_empty() {
-        let n = mine.len();
-        let (own, partials) = scratch_slice(scratch, n + partials_len(w, n)).split_at_mut(n);
-        own.copy_from_slice(&buf[mine.clone()]);
-        let process = RankSum {
-            t: &local,
-            me,
-            tag,
-            own,
-        };
-        process.sum(0, w, &mut buf[mine.clone()], partials)?;
+        sum_in_rank_order(&local, tag, &mut buf[mine.clone()], scratch)?;
         // Phase 2: my shard over the processes.
         if t.world() > w {
             let owners = ProcessView {
