@@ -449,6 +449,7 @@ impl TrainConfig {
             link: self.link,
             intra_link: None,
             buckets: self.buckets,
+            cores: crate::limits::cores(),
         }
     }
 
@@ -696,6 +697,23 @@ impl TrainOptions {
         let transport = TransportKind::parse(self.transport.as_deref().unwrap_or("inproc"))?;
         if comm == CommChoice::Native && transport != TransportKind::Mpi {
             return Err("--comm mpi-native needs --transport mpi".into());
+        }
+        if comm == CommChoice::SharedMemory && transport != TransportKind::InProcess {
+            return Err(
+                "--comm shm reads the other workers' buffers in place, so every worker must be \
+                 a thread of one process: use --transport inproc (over MPI, the workers of \
+                 each process already share memory within a hierarchy: --comm auto or a mode \
+                 with --hierarchical 2d or leader)"
+                    .into(),
+            );
+        }
+        if comm == CommChoice::SharedMemory && self.link_bandwidth.is_some() {
+            return Err(
+                "--comm shm and --link-bandwidth: an emulated link says the workers are devices \
+                 apart, which share no memory; leave out --link-* or choose a mode that sends \
+                 messages (tree, ring, hd, redundant, auto)"
+                    .into(),
+            );
         }
         let hierarchy =
             crate::plan::HierarchyChoice::parse(self.hierarchical.as_deref().unwrap_or("auto"))?;

@@ -18,10 +18,15 @@
 //!    processes hold several workers each (2-D unless told otherwise); and `auto` asks the
 //!    cost model ([`choose_route`]) for the cheapest route of each bucket on the run's cluster
 //!    ([`PlanInputs::cluster`]: the hosts, the workers sharing each host's NIC, both links),
-//!    among the flat modes and, unless `--hierarchical` fixes one, both hierarchies.
+//!    among the flat modes and, unless `--hierarchical` fixes one, both hierarchies. When the
+//!    workers are threads of one process and no link is emulated ([`PlanInputs::in_memory`]),
+//!    summing is memory work: `auto` asks [`choose_in_memory`] instead, which prices the
+//!    bytes each way copies and adds ([`crate::comm::memory_cost`]) and picks the
+//!    shared-memory collective or a message mode.
 
 pub mod memory;
 
+use crate::comm::memory_cost::{choose_in_memory, InMemory, MemoryRates};
 use crate::comm::{
     choose_route, min_bucket_bytes, AcrossOp, Cluster, CommMode, Hierarchy, LinkModel, Route,
 };
@@ -37,6 +42,10 @@ pub enum CommChoice {
     Fixed(CommMode),
     /// The transport's own all-reduce (`mpi-native`: MPI_Allreduce), the reference to beat.
     Native,
+    /// `shm`: the workers of one process read each other's buffers in place
+    /// ([`crate::comm::shared_memory`]); needs every worker in one process and no emulated
+    /// link.
+    SharedMemory,
 }
 
 impl CommChoice {
@@ -46,10 +55,12 @@ impl CommChoice {
             Ok(Self::Auto)
         } else if s == "mpi-native" {
             Ok(Self::Native)
+        } else if s == "shm" {
+            Ok(Self::SharedMemory)
         } else {
-            s.parse::<CommMode>()
-                .map(Self::Fixed)
-                .map_err(|e| format!("{e} (or auto, or mpi-native with --transport mpi)"))
+            s.parse::<CommMode>().map(Self::Fixed).map_err(|e| {
+                format!("{e} (or auto, shm in one process, or mpi-native with --transport mpi)")
+            })
         }
     }
 }
@@ -60,6 +71,7 @@ impl std::fmt::Display for CommChoice {
             Self::Auto => f.write_str("auto"),
             Self::Fixed(m) => write!(f, "{m}"),
             Self::Native => f.write_str("mpi-native"),
+            Self::SharedMemory => f.write_str("shm"),
         }
     }
 }
@@ -231,6 +243,9 @@ pub struct PlanInputs {
     pub intra_link: Option<LinkModel>,
     /// The bucket caps given.
     pub buckets: BucketFlags,
+    /// Cores the workers' communication threads share: what memory work costs when the
+    /// workers are threads of one process ([`PlanInputs::in_memory`]).
+    pub cores: usize,
 }
 
 impl PlanInputs {
@@ -245,7 +260,15 @@ impl PlanInputs {
             link,
             intra_link: None,
             buckets: BucketFlags::default(),
+            cores: crate::limits::cores(),
         }
+    }
+
+    /// Whether the workers are threads of one process with no link emulated between them:
+    /// then summing is memory work ([`crate::comm::memory_cost`]), and the shared-memory
+    /// collective can run.
+    pub fn in_memory(&self) -> bool {
+        self.processes == 1 && self.link.is_none()
     }
 
     /// Every worker of the run.
@@ -361,6 +384,14 @@ impl PlanInputs {
                     workers_per_process: self.workers_per_process,
                 },
                 CommChoice::Native => BucketOp::Native,
+                CommChoice::SharedMemory => BucketOp::SharedMemory,
+                CommChoice::Auto if self.in_memory() => {
+                    let rates = MemoryRates::MEASURED;
+                    match choose_in_memory(self.world(), b.len * 4, self.cores, &rates) {
+                        InMemory::SharedMemory => BucketOp::SharedMemory,
+                        InMemory::Messages(m) => BucketOp::AllReduce(m),
+                    }
+                }
                 CommChoice::Auto => {
                     let bytes = b.len * 4;
                     let route = choose_route(&cluster, bytes, &routes)
@@ -415,6 +446,7 @@ mod tests {
             link: None,
             intra_link: None,
             buckets: BucketFlags::default(),
+            cores: 2,
         };
         let ring = CommChoice::Fixed(CommMode::Ring);
         let auto = HierarchyChoice::Auto;

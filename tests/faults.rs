@@ -86,18 +86,23 @@ fn injected_faults_end_the_run_quickly_with_the_cause() {
         ),
         ("data@3:1", 0, &["worker 1", "data", "loader failure"][..]),
     ];
+    // Shared memory (what `auto` picks for 2 workers in one process) and messages.
     for (fault, prefetch, expected) in cases {
         for round in 0..20 {
+            let comm = ["shm", "redundant"][round % 2];
             let dir = tmp.path().join(format!(
                 "{}-{prefetch}-{round}",
                 fault.replace([':', '@'], "_")
             ));
-            let (r, took) = run_with_deadline(options(&dir, fault, prefetch));
+            let mut opts = options(&dir, fault, prefetch);
+            opts.comm = Some(comm.into());
+            let (r, took) = run_with_deadline(opts);
             let err = r.expect_err("an injected fault must fail the run");
             for want in expected {
                 assert!(
                     err.contains(want),
-                    "{fault} (prefetch {prefetch}, round {round}): '{want}' missing from: {err}"
+                    "{fault} ({comm}, prefetch {prefetch}, round {round}): '{want}' missing from: \
+                     {err}"
                 );
             }
             assert!(took < Duration::from_secs(10), "{fault}: took {took:?}");

@@ -111,7 +111,7 @@ fn n_workers_match_one_worker_with_the_whole_batch_over_a_grid() {
                         )
                     })
                     .clone();
-                let mut comms = vec!["redundant"];
+                let mut comms = vec!["redundant", "shm"];
                 if workers == 2 {
                     comms.extend(["ring", "tree", "hd", "auto"]);
                 }
@@ -140,7 +140,7 @@ fn n_workers_match_one_worker_with_the_whole_batch_over_a_grid() {
 #[test]
 fn replicas_stay_bit_identical_in_every_mode_and_overlap_does_not_change_results() {
     let tmp = tempfile::tempdir().unwrap();
-    for comm in ["tree", "ring", "hd", "redundant", "auto"] {
+    for comm in ["tree", "ring", "hd", "redundant", "shm", "auto"] {
         let mut per_overlap = Vec::new();
         for overlap in ["on", "off"] {
             let s = run(&tmp.path().join(format!("{comm}-{overlap}")), |o| {

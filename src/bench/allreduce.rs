@@ -6,8 +6,9 @@
 
 use super::args::{float_sizes, list, parse_link, parse_size};
 use super::median;
+use crate::comm::memory_cost::{in_memory_time, InMemory, MemoryRates};
 use crate::comm::{
-    all_reduce_sum, choose_mode, AcrossOp, CommMode, Hierarchy, InProcessFabric, LinkModel,
+    all_reduce_sum, predicted_time, AcrossOp, CommMode, Hierarchy, InProcessFabric, LinkModel,
     Transport,
 };
 use crate::config::TransportKind;
@@ -40,6 +41,8 @@ impl AllReduceRow {
             time: self.time,
             algbw: self.algbw,
             busbw: self.busbw,
+            model: None,
+            bound: None,
         }
     }
 }
@@ -55,6 +58,27 @@ pub fn bench_allreduce(
     link: Option<LinkModel>,
     iters: usize,
 ) -> Result<AllReduceRow, String> {
+    let t = time_in_process(workers, bytes, BucketOp::AllReduce(mode), link, iters)?;
+    let algbw = bytes as f64 / t.as_secs_f64();
+    let n = workers as f64;
+    Ok(AllReduceRow {
+        mode,
+        bytes,
+        time: t,
+        algbw,
+        busbw: algbw * 2.0 * (n - 1.0) / n,
+    })
+}
+
+/// The median over `iters` timed runs (after 2 warm-ups) of `op` on `bytes` with `workers`
+/// threads of one fabric, each run's time from its first worker's start to its last's end.
+pub fn time_in_process(
+    workers: usize,
+    bytes: usize,
+    op: BucketOp,
+    link: Option<LinkModel>,
+    iters: usize,
+) -> Result<Duration, String> {
     let len = bytes / 4;
     let fabric = InProcessFabric::new(workers, link, Duration::from_secs(TIMEOUT_S));
     let barrier = Arc::new(Barrier::new(workers));
@@ -62,45 +86,35 @@ pub fn bench_allreduce(
         .into_iter()
         .map(|t| {
             let barrier = barrier.clone();
-            std::thread::spawn(move || -> Result<Vec<f64>, String> {
+            std::thread::spawn(move || -> Result<Vec<(Instant, Instant)>, String> {
                 let mut buf: Vec<f32> =
                     (0..len).map(|i| (i % 7) as f32 + t.rank() as f32).collect();
                 let mut scratch = Vec::new();
-                let mut times = Vec::new();
+                let mut spans = Vec::new();
                 for i in 0..iters + 2 {
                     barrier.wait();
                     let t0 = Instant::now();
-                    all_reduce_sum(mode, &t as &dyn Transport, &mut buf, i as u64, &mut scratch)
+                    op.run(&t as &dyn Transport, &mut buf, i as u64, &mut scratch)
                         .map_err(|e| e.to_string())?;
-                    let dt = t0.elapsed().as_secs_f64();
                     if i >= 2 {
-                        times.push(dt);
+                        spans.push((t0, Instant::now()));
                     }
                 }
-                Ok(times)
+                Ok(spans)
             })
         })
         .collect();
-    // A collective ends when its slowest rank ends: take the max over ranks per iteration.
-    let mut per_iter = vec![0f64; iters];
+    // A collective takes from its first rank's start to its last rank's end.
+    let mut spans = Vec::with_capacity(workers);
     for h in handles {
-        let times = h
-            .join()
-            .map_err(|_| "benchmark thread panicked".to_string())??;
-        for (m, t) in per_iter.iter_mut().zip(times) {
-            *m = m.max(t);
-        }
+        spans.push(
+            h.join()
+                .map_err(|_| "benchmark thread panicked".to_string())??,
+        );
     }
-    let t = median(&mut per_iter);
-    let algbw = bytes as f64 / t;
-    let n = workers as f64;
-    Ok(AllReduceRow {
-        mode,
-        bytes,
-        time: Duration::from_secs_f64(t),
-        algbw,
-        busbw: algbw * 2.0 * (n - 1.0) / n,
-    })
+    Ok(Duration::from_secs_f64(median(&mut super::wall_times(
+        &spans,
+    ))))
 }
 
 /// One row of an all-reduce table: an operation by name.
@@ -117,6 +131,10 @@ pub struct OpRow {
     pub algbw: f64,
     /// Bus bandwidth over every worker of the run, bytes/s.
     pub busbw: f64,
+    /// What the cost model predicts for it, where it prices it (in one process).
+    pub model: Option<Duration>,
+    /// The memory bound of the same sum measured in the same run (in one process, no link).
+    pub bound: Option<Duration>,
 }
 
 /// The operations compared at `bytes` over `processes` x `workers`: our modes flat, with
@@ -225,6 +243,8 @@ pub fn bench_allreduce_processes(
                 time: Duration::from_secs_f64(t),
                 algbw,
                 busbw: algbw * 2.0 * (n - 1.0) / n,
+                model: None,
+                bound: None,
             }
         })
         .collect())
@@ -317,24 +337,41 @@ impl OpRow {
     /// The row on the terminal, its operation column `name_width` wide.
     pub fn terminal(&self, name_width: usize) -> String {
         format!(
-            "{:>12} {:>name_width$} {:>12.1} {:>12.3} {:>12.3}",
+            "{:>12} {:>name_width$} {:>12.1} {:>12.3} {:>12.3} {:>10} {:>8}",
             self.bytes,
             self.name,
             self.time.as_secs_f64() * 1e6,
             self.algbw / 1e9,
-            self.busbw / 1e9
+            self.busbw / 1e9,
+            self.model_us(),
+            self.times_bound(),
         )
+    }
+
+    /// The model's prediction in microseconds, or `-`.
+    fn model_us(&self) -> String {
+        self.model
+            .map_or("-".into(), |m| format!("{:.1}", m.as_secs_f64() * 1e6))
+    }
+
+    /// The time over the memory bound, or `-`.
+    fn times_bound(&self) -> String {
+        self.bound.map_or("-".into(), |b| {
+            format!("{:.2}", self.time.as_secs_f64() / b.as_secs_f64())
+        })
     }
 
     /// The row in markdown, its size as `4K`, `16M`.
     pub fn markdown(&self) -> String {
         format!(
-            "| {} | {} | {:.1} | {:.3} | {:.3} |\n",
+            "| {} | {} | {:.1} | {:.3} | {:.3} | {} | {} |\n",
             size_label(self.bytes),
             self.name,
             self.time.as_secs_f64() * 1e6,
             self.algbw / 1e9,
-            self.busbw / 1e9
+            self.busbw / 1e9,
+            self.model_us(),
+            self.times_bound(),
         )
     }
 }
@@ -343,8 +380,8 @@ impl AllReduceTable {
     /// The terminal table's header, its operation column `name_width` wide.
     pub fn terminal_header(name_width: usize) -> String {
         format!(
-            "{:>12} {:>name_width$} {:>12} {:>12} {:>12}",
-            "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s"
+            "{:>12} {:>name_width$} {:>12} {:>12} {:>12} {:>10} {:>8}",
+            "bytes", "mode", "time us", "algbw GB/s", "busbw GB/s", "model us", "x bound"
         )
     }
 
@@ -361,7 +398,8 @@ impl AllReduceTable {
     /// The table in markdown.
     pub fn markdown(&self) -> String {
         let mut s = String::from(
-            "| bytes | mode | time us | algbw GB/s | busbw GB/s |\n|---:|---|---:|---:|---:|\n",
+            "| bytes | mode | time us | algbw GB/s | busbw GB/s | model us | x bound |\n\
+             |---:|---|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             s += &r.markdown();
@@ -406,39 +444,75 @@ pub fn run_command(a: AllReduceArgs) -> Result<(), String> {
     run_in_process(&a, workers, &sizes)
 }
 
-/// The modes `--comm` names, and whether it asks for `auto` too.
-fn comm_modes(comm: &str) -> Result<(Vec<CommMode>, bool), String> {
-    // "auto" runs the mode the cost model picks for each size (shown as auto:MODE).
+/// The operations `--comm` names in one process: modes, `shm` (only without a link: an
+/// emulated link says the workers share no memory), and `auto` as a training run would pick
+/// it for one bucket of each size (shown as `auto:OP`, added per size).
+fn comm_ops(comm: &str, in_memory: bool) -> Result<(Vec<BucketOp>, bool), String> {
     let given = if comm == "all" {
         Vec::new()
     } else {
         super::args::entries("--comm", comm)?
     };
     let with_auto = comm == "all" || given.contains(&"auto");
-    let modes = if comm == "all" {
-        CommMode::ALL.to_vec()
-    } else {
-        list(
-            "--comm",
-            &comm.replace("auto", "").replace(",,", ","),
-            |m| m.parse::<CommMode>(),
-        )
-        .or_else(|e| {
-            if comm.trim() == "auto" {
-                Ok(Vec::new())
-            } else {
-                Err(e)
+    let mut ops: Vec<BucketOp> = Vec::new();
+    if comm == "all" {
+        if in_memory {
+            ops.push(BucketOp::SharedMemory);
+        }
+        ops.extend(CommMode::ALL.iter().map(|&m| BucketOp::AllReduce(m)));
+    }
+    for name in given.iter().filter(|&&n| n != "auto") {
+        if *name == "shm" {
+            if !in_memory {
+                return Err(
+                    "--comm shm reads the other workers' buffers in place: an emulated \
+                            link says they share no memory; leave out --link-* for it"
+                        .into(),
+                );
             }
-        })?
+            ops.push(BucketOp::SharedMemory);
+        } else {
+            let mode = name
+                .parse::<CommMode>()
+                .map_err(|e| format!("--comm: {e} (or shm, auto, all)"))?;
+            ops.push(BucketOp::AllReduce(mode));
+        }
+    }
+    Ok((ops, with_auto))
+}
+
+/// What the cost model predicts for `op` on `bytes` over `workers` threads: memory work
+/// without a link ([`crate::comm::memory_cost`]), the alpha-beta model with one.
+fn predicted(
+    op: BucketOp,
+    workers: usize,
+    bytes: usize,
+    link: Option<LinkModel>,
+) -> Option<Duration> {
+    let way = match op {
+        BucketOp::SharedMemory => InMemory::SharedMemory,
+        BucketOp::AllReduce(m) => match link {
+            Some(l) => return Some(predicted_time(m, workers, bytes, &l)),
+            None => InMemory::Messages(m),
+        },
+        _ => return None,
     };
-    Ok((modes, with_auto))
+    let cores = crate::limits::cores();
+    Some(in_memory_time(
+        way,
+        workers,
+        bytes,
+        cores,
+        &MemoryRates::MEASURED,
+    ))
 }
 
 /// `bench allreduce` in this process: worker threads, optionally over an emulated link; the
-/// table printed row by row as it is measured.
+/// table printed row by row as it is measured. Without a link each size's memory bound is
+/// measured too ([`super::memory_bound`]) and every row says how far above it it is.
 fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<(), String> {
-    let (modes, with_auto) = comm_modes(&a.comm)?;
     let link = parse_link(&a.link_bandwidth, &a.link_latency)?;
+    let (ops, with_auto) = comm_ops(&a.comm, link.is_none())?;
     if let Some(l) = &link {
         crate::config::check_link_against_timeout(l, TIMEOUT_S as f64)?;
     }
@@ -446,7 +520,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     // Each worker holds the buffer and a scratch copy; the fabric its channels and the
     // messages in flight (one to every peer at once in the redundant mode).
     let largest = sizes.iter().copied().max().unwrap_or(0);
-    let redundant = with_auto || modes.contains(&CommMode::Redundant);
+    let redundant = with_auto || ops.contains(&BucketOp::AllReduce(CommMode::Redundant));
     let inputs = crate::plan::memory::MemoryInputs {
         graph: None,
         batch_per_worker: 0,
@@ -474,25 +548,57 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
             l.latency
         ))
     );
+    if link.is_none() {
+        let probe = largest.clamp(1 << 20, 64 << 20);
+        let cores = workers.min(crate::limits::cores());
+        let (copy, add, update) = super::memory_bound::memory_rates(cores, probe, a.iters.max(3));
+        let assumed = MemoryRates::MEASURED;
+        crate::outln!(
+            "memory, one core of {cores} busy, {} buffers: copy {:.2} GB/s, add {:.2} GB/s, in \
+             place {:.2} GB/s (the model assumes {:.2}, {:.2}, {:.2}); x bound = time / the \
+             memory bound measured per size",
+            size_label(probe),
+            copy / 1e9,
+            add / 1e9,
+            update / 1e9,
+            assumed.copy_bytes_per_s / 1e9,
+            assumed.add_bytes_per_s / 1e9,
+            assumed.in_place_bytes_per_s / 1e9,
+        );
+    }
     let width = IN_PROCESS_NAME_WIDTH;
     crate::outln!("{}", AllReduceTable::terminal_header(width));
+    let n = workers as f64;
     for &bytes in sizes {
+        let bound = link
+            .is_none()
+            .then(|| super::memory_bound::memory_bound(workers, bytes, a.iters));
         let auto = with_auto.then(|| {
-            let planning = crate::plan::PlanInputs::defaults(1, workers, link);
-            choose_mode(workers, bytes, &planning.auto_link())
+            crate::plan::PlanInputs::defaults(1, workers, link)
+                .bucket_ops(&crate::parallel::BucketPlan::new(&[bytes / 4], 0, 0))
+                .remove(0)
         });
-        let rows = modes
+        let rows = ops
             .iter()
-            .map(|&m| (m, false))
-            .chain(auto.map(|m| (m, true)));
-        for (mode, is_auto) in rows {
-            let r = bench_allreduce(workers, bytes, mode, link, a.iters)?;
-            let name = if is_auto {
-                format!("auto:{mode}")
-            } else {
-                mode.to_string()
+            .map(|&op| (op, false))
+            .chain(auto.map(|op| (op, true)));
+        for (op, is_auto) in rows {
+            let time = time_in_process(workers, bytes, op, link, a.iters)?;
+            let algbw = bytes as f64 / time.as_secs_f64();
+            let row = OpRow {
+                name: if is_auto {
+                    format!("auto:{op}")
+                } else {
+                    op.to_string()
+                },
+                bytes,
+                time,
+                algbw,
+                busbw: algbw * 2.0 * (n - 1.0) / n,
+                model: predicted(op, workers, bytes, link),
+                bound,
             };
-            crate::outln!("{}", r.named(name).terminal(width));
+            crate::outln!("{}", row.terminal(width));
         }
     }
     Ok(())

@@ -9,12 +9,27 @@ pub mod args;
 pub mod data;
 pub mod infer;
 pub mod loader;
+pub mod memory_bound;
 pub mod overlap;
 pub mod simcheck;
 pub mod step;
 pub mod suite;
 
 pub use crate::measure::median;
+
+/// Each iteration's wall time over threads that ran it at once: from the earliest thread's
+/// start to the latest's end (with more threads than cores, a thread timing only itself
+/// would miss the time it waited for a core). `spans[thread][iteration]` = (start, end).
+pub fn wall_times(spans: &[Vec<(std::time::Instant, std::time::Instant)>]) -> Vec<f64> {
+    let iters = spans.iter().map(Vec::len).min().unwrap_or(0);
+    (0..iters)
+        .map(|i| {
+            let start = spans.iter().map(|s| s[i].0).min().expect("a thread");
+            let end = spans.iter().map(|s| s[i].1).max().expect("a thread");
+            end.duration_since(start).as_secs_f64()
+        })
+        .collect()
+}
 
 use std::path::{Path, PathBuf};
 

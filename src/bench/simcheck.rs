@@ -1798,6 +1798,8 @@ mod tests {
             time: Duration::from_secs_f64(us * 1e-6),
             algbw: 1e9,
             busbw: 1e9,
+            model: None,
+            bound: None,
         };
         let table = AllReduceTable {
             name_width: PROCESS_NAME_WIDTH,

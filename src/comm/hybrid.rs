@@ -128,6 +128,15 @@ impl Transport for HybridTransport {
         self.workers * self.remote.processes()
     }
 
+    fn shared_memory(&self) -> Option<crate::comm::SharedMemory<'_>> {
+        self.local
+            .shared_memory()
+            .map(|shm| crate::comm::SharedMemory {
+                first_rank: self.rank - self.local.rank(),
+                ..shm
+            })
+    }
+
     fn send(&self, to: usize, tag: u64, data: &[f32]) -> Result<(), CommError> {
         self.check_peer(to)?;
         let (process, worker) = (to / self.workers, to % self.workers);
@@ -271,6 +280,36 @@ mod tests {
                 hierarchical_all_reduce_sum(t, h, 2, ring, b, 3, &mut Vec::new()).unwrap()
             });
             assert!(got.iter().all(|g| *g == got[0]), "{h}");
+        }
+    }
+
+    #[test]
+    fn hierarchies_in_shared_memory_give_the_bits_of_messages() {
+        // Over hybrid endpoints a process's workers share memory, so the within-process
+        // phases read each other's buffers; over one fabric of every worker they are messages.
+        for (processes, workers) in [(2, 2), (3, 2), (2, 3)] {
+            let hybrid = hybrid(processes, workers);
+            let one = InProcessFabric::new(processes * workers, None, Duration::from_secs(10));
+            let local = |t: &dyn Transport| {
+                crate::comm::LocalView {
+                    parent: t,
+                    size: workers,
+                }
+                .shared_memory()
+                .is_some()
+            };
+            assert!(local(&hybrid[1]) && !local(&one[1]));
+            for h in Hierarchy::ALL {
+                for mode in CommMode::ALL {
+                    let op = |t: &dyn Transport, b: &mut Vec<f32>| {
+                        let across = AcrossOp::AllReduce(mode);
+                        hierarchical_all_reduce_sum(t, h, workers, across, b, 3, &mut Vec::new())
+                            .unwrap()
+                    };
+                    let shared = on_all(&hybrid, op);
+                    assert_eq!(shared, on_all(&one, op), "{processes}x{workers} {h}:{mode}");
+                }
+            }
         }
     }
 

@@ -5,6 +5,10 @@
 //! (`MPI_Allreduce`, `--comm mpi-native`: one call per process, which is why that mode uses
 //! this hierarchy); each leader sends the result back to its workers, verbatim.
 //!
+//! When the process's workers share memory ([`Transport::shared_memory`]), phases 1 and 3
+//! read and write their buffers in place ([`crate::comm::shared_memory`],
+//! [`Ownership::Leader`]): the same sums, without the copies through the fabric.
+//!
 //! One core adds every byte of the process and one stream crosses its NIC: the 2-D hierarchy
 //! ([`crate::comm::two_d`]) spreads both over the workers. Kept for `mpi-native`, and as the
 //! cheaper choice where the within-process copies cost nothing next to the network's latency
@@ -12,7 +16,7 @@
 
 use crate::comm::process_view::{LocalView, ProcessView};
 use crate::comm::redundant::sum_in_rank_order;
-use crate::comm::{all_reduce_sum, CommError, CommMode, Transport};
+use crate::comm::{all_reduce_sum, CommError, CommMode, Ownership, Transport};
 
 /// What runs among the processes (phase 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +48,20 @@ pub(crate) fn reduce(
     scratch: &mut Vec<f32>,
 ) -> Result<(), CommError> {
     let local = LocalView { parent: t, size: w };
+    if let Some(shm) = local.shared_memory() {
+        // In shared memory: the leader adds every worker's buffer into its own, crosses, and
+        // writes the result into theirs.
+        return shm.collective(buf, tag, Ownership::Leader, |all| {
+            if shm.rank == 0 {
+                all.sum_into_own();
+                if t.world() > w {
+                    across_processes(t, w, across, all.own_mut(), tag, scratch)?;
+                }
+                all.copy_to_all();
+            }
+            Ok(())
+        });
+    }
     let me = local.rank();
     if me != 0 {
         // Phase 1, then 3: to the leader, and the sum back.
@@ -54,21 +72,33 @@ pub(crate) fn reduce(
     sum_in_rank_order(&local, tag, buf, scratch)?;
     // Phase 2: the leaders combine the process sums.
     if t.world() > w {
-        match across {
-            AcrossOp::AllReduce(mode) => {
-                let leaders = ProcessView {
-                    parent: t,
-                    stride: w,
-                    offset: 0,
-                };
-                all_reduce_sum(mode, &leaders, buf, tag, scratch)?;
-            }
-            AcrossOp::Native => t.native_all_reduce_sum_across_processes(buf, scratch)?,
-        }
+        across_processes(t, w, across, buf, tag, scratch)?;
     }
     // Phase 3: the result goes back to the workers.
     for worker in 1..w {
         local.send(worker, tag, buf)?;
     }
     Ok(())
+}
+
+/// Phase 2: the leaders (local worker 0 of each process) combine the process sums in `buf`.
+fn across_processes(
+    t: &dyn Transport,
+    w: usize,
+    across: AcrossOp,
+    buf: &mut [f32],
+    tag: u64,
+    scratch: &mut Vec<f32>,
+) -> Result<(), CommError> {
+    match across {
+        AcrossOp::AllReduce(mode) => {
+            let leaders = ProcessView {
+                parent: t,
+                stride: w,
+                offset: 0,
+            };
+            all_reduce_sum(mode, &leaders, buf, tag, scratch)
+        }
+        AcrossOp::Native => t.native_all_reduce_sum_across_processes(buf, scratch),
+    }
 }

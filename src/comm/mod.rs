@@ -23,6 +23,12 @@
 //!   dependency chain, which wins when latency dominates (small tensors, few
 //!   ranks, slow links).
 //!
+//! * **Shared memory** (`--comm shm`, [`shared_memory`]) — for workers that are threads of one
+//!   process: no messages at all; each worker sums its slice of every replica's buffer in
+//!   place and writes the sum into all of them (the redundant mode's summation order). The
+//!   hierarchies use it within a process too. [`memory_cost`] prices it and the message
+//!   modes as the memory work they are, for `auto` between threads.
+//!
 //! Every mode leaves **bit-identical** results on all ranks (each element's sum
 //! is computed once and copied, or — in redundant mode — computed by every
 //! rank with the same fixed addition order). Replicas therefore never drift
@@ -39,19 +45,21 @@ pub mod halving_doubling;
 pub mod hierarchical;
 pub mod hybrid;
 pub mod leader;
+pub mod memory_cost;
 pub mod mode;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
+pub mod partition;
 pub mod process_view;
 pub mod record;
 pub mod redundant;
 pub mod ring;
+pub mod shared_memory;
 pub mod transport;
 pub mod tree;
 pub mod two_d;
 
 pub use crate::comm::collective::AllReduce;
-pub(crate) use crate::comm::collective::{add_into, chunk_range, chunk_span, scratch_slice};
 pub use crate::comm::cost_model::{
     choose_mode, choose_route, cost_terms, min_bucket_bytes, predicted_time, route_time, Cluster,
     CostTerms, Route,
@@ -60,10 +68,12 @@ pub use crate::comm::error::CommError;
 pub use crate::comm::halving_doubling::HalvingDoublingAllReduce;
 pub use crate::comm::hierarchical::{hierarchical_all_reduce_sum, AcrossOp, Hierarchy};
 pub use crate::comm::hybrid::{HybridTransport, RemotePort};
-pub use crate::comm::mode::{all_reduce_sum, CommMode};
+pub use crate::comm::mode::{all_reduce_sum, shared_memory_all_reduce_sum, CommMode};
+pub(crate) use crate::comm::partition::{add_into, chunk_range, chunk_span, scratch_slice};
 pub use crate::comm::process_view::{LocalView, ProcessView};
 pub use crate::comm::redundant::RedundantAllReduce;
 pub use crate::comm::ring::RingAllReduce;
+pub use crate::comm::shared_memory::{Ownership, SharedGroup, SharedMemory};
 pub use crate::comm::transport::{
     parse_bandwidth, parse_duration, InProcessFabric, InProcessTransport, LinkModel, Transport,
 };

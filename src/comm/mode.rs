@@ -96,6 +96,24 @@ pub fn all_reduce_sum(
     mode.algorithm().all_reduce_sum(t, buf, tag, scratch)
 }
 
+/// Sums `buf` over all ranks in shared memory ([`crate::comm::shared_memory`]), when every rank
+/// of `t` is a thread of this process (an in-process fabric emulating no link); otherwise
+/// says why it cannot. Same bits as [`CommMode::Redundant`].
+pub fn shared_memory_all_reduce_sum(
+    t: &dyn Transport,
+    buf: &mut [f32],
+    tag: u64,
+) -> Result<(), CommError> {
+    match t.shared_memory() {
+        Some(shm) if shm.world() == t.world() => shm.all_reduce_sum(buf, tag),
+        _ => Err(CommError::Unsupported {
+            what: "the shared-memory all-reduce here: it needs every worker in one process \
+                   and no emulated link (--comm shm with --transport inproc, no \
+                   --link-bandwidth)",
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! the processes ([`ProcessView`]). The hierarchies ([`crate::comm::hierarchical`]) run the
 //! existing algorithms unchanged on them.
 
-use crate::comm::{CommError, Transport};
+use crate::comm::{CommError, SharedMemory, Transport};
 
 /// The ranks of one local index across the processes of a process-major transport, as a
 /// transport of their own: rank `i` here is rank `i * stride + offset` of the parent. Only
@@ -54,6 +54,14 @@ impl LocalView<'_> {
 impl Transport for LocalView<'_> {
     fn rank(&self) -> usize {
         self.parent.rank() % self.size
+    }
+
+    /// The parent's group, when it is exactly this process's workers (a multi-process
+    /// transport's, or a one-process fabric's).
+    fn shared_memory(&self) -> Option<SharedMemory<'_>> {
+        self.parent
+            .shared_memory()
+            .filter(|shm| shm.world() == self.size && shm.rank == self.rank())
     }
 
     fn world(&self) -> usize {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::comm::error::CommError;
+use crate::comm::shared_memory::{SharedGroup, SharedMemory};
 
 /// Moves tagged `f32` messages between ranks `0..world`.
 ///
@@ -42,6 +43,13 @@ pub trait Transport: Send + Sync {
     /// allocated here instead of in a training step. The default does nothing.
     fn warm_up(&self, largest_message: usize) {
         let _ = largest_message;
+    }
+    /// The workers of this rank's process that share its memory, as a group for the
+    /// shared-memory collective ([`crate::comm::shared_memory`]), if they do: every rank of an
+    /// in-process fabric that emulates no link (an emulated link says the workers are devices
+    /// apart), the workers of this process for a multi-process transport. The default: none.
+    fn shared_memory(&self) -> Option<SharedMemory<'_>> {
+        None
     }
     /// Sums `buf` over all ranks with the transport's own all-reduce, if it has one (MPI's
     /// `MPI_Allreduce` for `--comm mpi-native`, the reference our modes are measured
@@ -272,6 +280,7 @@ impl InProcessFabric {
             })
         });
         let pools: Vec<Pool> = (0..world).map(|_| Arc::default()).collect();
+        let shared = Arc::new(SharedGroup::new(world));
         // senders[from][to] / receivers[to][from]
         let mut senders: Vec<Vec<Sender<Msg>>> = (0..world).map(|_| Vec::new()).collect();
         let mut receivers: Vec<Vec<Option<Receiver<Msg>>>> = (0..world)
@@ -309,6 +318,7 @@ impl InProcessFabric {
                     .collect(),
                 pools: pools.clone(),
                 link: link.clone(),
+                shared: shared.clone(),
                 timeout,
             })
             .collect()
@@ -326,7 +336,16 @@ pub struct InProcessTransport {
     inboxes: Vec<Inbox>,
     pools: Vec<Pool>,
     link: Option<Arc<LinkState>>,
+    shared: Arc<SharedGroup>,
     timeout: Duration,
+}
+
+impl Drop for InProcessTransport {
+    /// A dropped endpoint is gone for the shared-memory collective too: the others stop
+    /// waiting for it at once (the channels tell message receivers by disconnecting).
+    fn drop(&mut self) {
+        self.shared.mark_gone(self.rank);
+    }
 }
 
 /// Locks a mutex, ignoring poisoning: the protected data (buffers, queues,
@@ -556,6 +575,15 @@ impl Transport for InProcessTransport {
 
     fn world(&self) -> usize {
         self.world
+    }
+
+    fn shared_memory(&self) -> Option<SharedMemory<'_>> {
+        self.link.is_none().then_some(SharedMemory {
+            group: &self.shared,
+            rank: self.rank,
+            timeout: self.timeout,
+            first_rank: 0,
+        })
     }
 
     fn send(&self, to: usize, tag: u64, data: &[f32]) -> Result<(), CommError> {

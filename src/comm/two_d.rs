@@ -1,6 +1,6 @@
 //! The 2-D hierarchy (see [`crate::comm::hierarchical`] for the picture; NCCL's, Horovod's
 //! hierarchical and BytePS's scheme): with `W` workers per process, a bucket is cut into `W`
-//! shards (`collective::chunk_range`, so every worker computes the same cut) and local worker `j` owns
+//! shards (`partition::chunk_range`, so every worker computes the same cut) and local worker `j` owns
 //! shard `j`.
 //!
 //! 1. **Reduce-scatter within the process**: every worker sends shard `j` of its buffer to
@@ -16,13 +16,19 @@
 //!    calls, never across a wait).
 //! 3. **All-gather within the process**: each owner sends its finished shard to the others.
 //!
+//! When the process's workers share memory ([`Transport::shared_memory`]: threads of one
+//! process, no emulated link between them), phases 1 and 3 read and write the other workers'
+//! buffers in place ([`crate::comm::shared_memory`], [`Ownership::Chunks`]): the owner adds
+//! its shard of every buffer into its own, runs phase 2 on it, and writes the result into the
+//! others' buffers; the same sums, no copies through the fabric. Otherwise they are messages:
+//!
 //! Per worker, phases 1 and 3 move `2(W-1)/W` of the bucket through its port (the leader:
 //! `2(W-1)` whole buckets through the leader's); phase 2 moves what the mode moves over the
 //! processes, on a shard. Empty shards (a bucket shorter than `W`) send nothing, on both sides.
 
 use crate::comm::process_view::{LocalView, ProcessView};
 use crate::comm::redundant::sum_in_rank_order;
-use crate::comm::{all_reduce_sum, chunk_range, CommError, CommMode, Transport};
+use crate::comm::{all_reduce_sum, chunk_range, CommError, CommMode, Ownership, Transport};
 
 /// Sums `buf` over every rank of `t` (process-major, `w` workers per process, `w` dividing the
 /// world; `buf` not empty) in two dimensions, `mode` across processes.
@@ -35,6 +41,16 @@ pub(crate) fn reduce(
     scratch: &mut Vec<f32>,
 ) -> Result<(), CommError> {
     let local = LocalView { parent: t, size: w };
+    if let Some(shm) = local.shared_memory() {
+        return shm.collective(buf, tag, Ownership::Chunks, |shard| {
+            shard.sum_into_own();
+            if t.world() > w {
+                across(t, w, shm.rank, mode, shard.own_mut(), tag, scratch)?;
+            }
+            shard.copy_to_all();
+            Ok(())
+        });
+    }
     let me = local.rank();
     let len = buf.len();
     let shard = |j: usize| chunk_range(len, w, j);
@@ -50,12 +66,7 @@ pub(crate) fn reduce(
         sum_in_rank_order(&local, tag, &mut buf[mine.clone()], scratch)?;
         // Phase 2: my shard over the processes.
         if t.world() > w {
-            let owners = ProcessView {
-                parent: t,
-                stride: w,
-                offset: me,
-            };
-            all_reduce_sum(mode, &owners, &mut buf[mine.clone()], tag, scratch)?;
+            across(t, w, me, mode, &mut buf[mine.clone()], tag, scratch)?;
         }
         // Phase 3: my finished shard to every other worker.
         for k in 1..w {
@@ -69,4 +80,22 @@ pub(crate) fn reduce(
         }
     }
     Ok(())
+}
+
+/// Phase 2: shard `me` over the processes, among its owners (local worker `me` of each).
+fn across(
+    t: &dyn Transport,
+    w: usize,
+    me: usize,
+    mode: CommMode,
+    shard: &mut [f32],
+    tag: u64,
+    scratch: &mut Vec<f32>,
+) -> Result<(), CommError> {
+    let owners = ProcessView {
+        parent: t,
+        stride: w,
+        offset: me,
+    };
+    all_reduce_sum(mode, &owners, shard, tag, scratch)
 }

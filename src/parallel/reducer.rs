@@ -10,13 +10,15 @@
 //! [`Reducer::finish`] waits for every bucket to come back; the time it waits is the *exposed*
 //! communication, the part that computation did not hide.
 //!
-//! Buffers travel by ownership, so the worker and the communication thread never share memory
-//! and no step allocates: the same buffers go round and round.
+//! Buffers travel by ownership, so the worker and its communication thread never share memory
+//! and no step allocates: the same buffers go round and round. (In `shm` mode the workers'
+//! communication threads read and write each other's buffers while a bucket is away from its
+//! worker; [`crate::comm::shared_memory`] says why that is safe.)
 
 use super::bucket::BucketPlan;
 use crate::comm::{
-    all_reduce_sum, hierarchical_all_reduce_sum, tree_broadcast, tree_reduce, AcrossOp, CommError,
-    CommMode, Hierarchy, Transport,
+    all_reduce_sum, hierarchical_all_reduce_sum, shared_memory_all_reduce_sum, tree_broadcast,
+    tree_reduce, AcrossOp, CommError, CommMode, Hierarchy, Transport,
 };
 use crate::nn::GradSink;
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -32,6 +34,9 @@ pub enum BucketOp {
     ReduceToRoot,
     /// The transport's own all-reduce (MPI_Allreduce with `--comm mpi-native`).
     Native,
+    /// Every worker a thread of this process: sums read the peers' buffers in place
+    /// ([`crate::comm::shared_memory`]; `--comm shm`, and what `auto` picks in memory).
+    SharedMemory,
     /// Within the process, `across` between processes, within the process again, as
     /// `hierarchy` does it ([`crate::comm::hierarchical`]); ranks are process-major,
     /// `workers_per_process` per process.
@@ -51,6 +56,7 @@ impl std::fmt::Display for BucketOp {
             Self::AllReduce(m) => write!(f, "{m}"),
             Self::ReduceToRoot => f.write_str("tree-reduce+root-update"),
             Self::Native => f.write_str("mpi-native"),
+            Self::SharedMemory => f.write_str("shm"),
             Self::Hierarchical {
                 hierarchy, across, ..
             } => write!(f, "{hierarchy}:{across}"),
@@ -73,6 +79,7 @@ impl BucketOp {
             BucketOp::AllReduce(mode) => all_reduce_sum(mode, t, buf, tag, scratch),
             BucketOp::ReduceToRoot => tree_reduce(t, buf, 0, tag, scratch),
             BucketOp::Native => t.native_all_reduce_sum(buf, scratch),
+            BucketOp::SharedMemory => shared_memory_all_reduce_sum(t, buf, tag),
             BucketOp::Hierarchical {
                 hierarchy,
                 across,

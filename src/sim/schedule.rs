@@ -112,6 +112,12 @@ impl Job {
                  record: simulate tree, ring, hd, redundant or auto"
                     .into(),
             ),
+            Self::Bucket(BucketOp::SharedMemory) => Err(
+                "shm reads the other workers' buffers in place: it sends no messages to record, \
+                 and the simulator's devices share no memory: simulate tree, ring, hd, \
+                 redundant or auto"
+                    .into(),
+            ),
         }
     }
 }

@@ -126,6 +126,8 @@ pub fn plan_inputs(cfg: &StepConfig) -> PlanInputs {
         ),
         intra_link: Some(topo.intra),
         buckets: cfg.buckets,
+        // Devices, not threads: the link is always given, so nothing is priced as memory work.
+        cores: 1,
     }
 }
 
@@ -135,6 +137,13 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
         return Err(
             "--comm mpi-native runs MPI's own all-reduce, whose messages are MPI's and not \
              ours to simulate: choose tree, ring, hd, redundant or auto"
+                .into(),
+        );
+    }
+    if cfg.comm == CommChoice::SharedMemory {
+        return Err(
+            "--comm shm reads the other workers' buffers in place, and the simulator's devices \
+             share no memory: choose tree, ring, hd, redundant or auto"
                 .into(),
         );
     }
