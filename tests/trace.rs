@@ -162,6 +162,13 @@ fn traced_run(dir: &Path, overlap: &str) -> usize {
             assert!(s.args["bytes"].as_u64().unwrap() > 0);
             assert_eq!(s.args["mode"], "ring");
             assert!(s.args["bucket"].is_u64());
+            // The communication thread's CPU time in the collective: its work, never more
+            // than the span's wall time (microseconds; 1 us for the trace's rounding).
+            let cpu = s.args["cpu_us"].as_f64().unwrap();
+            assert!(
+                cpu >= 0.0 && cpu <= (s.end - s.ts) as f64 + 1.0,
+                "cpu {cpu} us"
+            );
         } else {
             assert!(track.starts_with("worker "), "'{}' on {track}", s.name);
         }

@@ -360,6 +360,7 @@ fn median_times(steps: &[StepTimes]) -> StepTimes {
         backward_ms: m(|t| t.backward_ms),
         exposed_comm_ms: m(|t| t.exposed_comm_ms),
         comm_total_ms: m(|t| t.comm_total_ms),
+        comm_cpu_ms: m(|t| t.comm_cpu_ms),
         update_ms: m(|t| t.update_ms),
         step_ms: m(|t| t.step_ms),
     }

@@ -116,6 +116,7 @@ enum Done {
         index: usize,
         buf: Vec<f32>,
         busy: Duration,
+        cpu: Duration,
         started: Instant,
     },
     Broadcast {
@@ -129,6 +130,9 @@ enum Done {
 pub struct CommTimes {
     /// Time the communication thread spent in collectives.
     pub total: Duration,
+    /// CPU time the communication thread used in them (the part of `total` it worked, not
+    /// waited).
+    pub cpu: Duration,
     /// Time the worker waited for communication after backward ended.
     pub exposed: Duration,
     /// When the first bucket's reduction started (to check overlap).
@@ -144,6 +148,8 @@ pub struct BucketSpan {
     pub started: Instant,
     /// How long the collective took.
     pub busy: Duration,
+    /// CPU time the communication thread used in it.
+    pub cpu: Duration,
 }
 
 /// Per-worker gradient buckets and the communication thread that reduces them.
@@ -302,16 +308,19 @@ impl Reducer {
                     index,
                     buf,
                     busy,
+                    cpu,
                     started,
                 } => {
                     self.buffers[index] = Some(buf);
                     self.times.total += busy;
+                    self.times.cpu += cpu;
                     self.times.first_start =
                         Some(self.times.first_start.map_or(started, |s| s.min(started)));
                     self.spans.push(BucketSpan {
                         index,
                         started,
                         busy,
+                        cpu,
                     });
                     self.in_flight -= 1;
                 }
@@ -419,6 +428,7 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
             inject_panic,
         } => {
             let started = Instant::now();
+            let cpu_before = crate::trace::thread_cpu_time();
             if inject_panic {
                 panic!("injected fault: Comm while reducing bucket {index}");
             }
@@ -427,6 +437,7 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
                 index,
                 buf,
                 busy: started.elapsed(),
+                cpu: crate::trace::thread_cpu_time().saturating_sub(cpu_before),
                 started,
             })
         }

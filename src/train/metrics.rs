@@ -18,6 +18,10 @@ pub struct StepTimes {
     pub exposed_comm_ms: f64,
     /// Time the communication thread spent in collectives (hidden + exposed).
     pub comm_total_ms: f64,
+    /// CPU time the communication thread used in them: its work, without its waits (absent
+    /// from older runs' metrics).
+    #[serde(default)]
+    pub comm_cpu_ms: f64,
     /// Optimizer update.
     pub update_ms: f64,
     /// Whole step.
@@ -59,6 +63,7 @@ impl Breakdown {
         upd(&mut self.mean.backward_ms, t.backward_ms);
         upd(&mut self.mean.exposed_comm_ms, t.exposed_comm_ms);
         upd(&mut self.mean.comm_total_ms, t.comm_total_ms);
+        upd(&mut self.mean.comm_cpu_ms, t.comm_cpu_ms);
         upd(&mut self.mean.update_ms, t.update_ms);
         upd(&mut self.mean.step_ms, t.step_ms);
         self.steps += 1;
@@ -76,7 +81,7 @@ impl Breakdown {
         let m = &self.mean;
         let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
         format!(
-            "step {:.2} ms = data {:.2} ({:.1}%) + forward {:.2} ({:.1}%) + backward {:.2} ({:.1}%) + exposed comm {:.2} ({:.1}%) + update {:.2} ({:.1}%); comm total {:.2} ms, {:.0}% hidden",
+            "step {:.2} ms = data {:.2} ({:.1}%) + forward {:.2} ({:.1}%) + backward {:.2} ({:.1}%) + exposed comm {:.2} ({:.1}%) + update {:.2} ({:.1}%); comm total {:.2} ms, {:.0}% hidden, comm thread CPU {:.2} ms",
             m.step_ms,
             m.data_ms,
             pct(m.data_ms),
@@ -90,6 +95,7 @@ impl Breakdown {
             pct(m.update_ms),
             m.comm_total_ms,
             if m.comm_total_ms > 0.0 { 100.0 * m.hidden_comm_ms() / m.comm_total_ms } else { 0.0 },
+            m.comm_cpu_ms,
         )
     }
 }

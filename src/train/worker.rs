@@ -163,6 +163,7 @@ impl StepMarks {
             backward_ms: ms(self.backward_end - self.backward),
             exposed_comm_ms: ms(exposed),
             comm_total_ms: ms(comm.total) + ms(exposed - comm.exposed),
+            comm_cpu_ms: ms(comm.cpu),
             update_ms: ms(self.ended - self.update) - ms(exposed - comm.exposed),
             step_ms: ms(self.ended - self.started),
         }
@@ -690,6 +691,7 @@ impl Worker {
                 "bucket": b,
                 "mode": self.reducer.ops()[b].to_string(),
                 "bytes": self.reducer.plan().buckets[b].len * 4,
+                "cpu_us": span.cpu.as_secs_f64() * 1e6,
                 "global_step": global,
             });
             let name = format!("reduce bucket {b}");
