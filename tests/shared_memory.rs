@@ -105,6 +105,37 @@ fn a_worker_that_is_gone_ends_the_others_collective_at_once_naming_it() {
 }
 
 #[test]
+fn the_timeout_names_the_worker_that_did_not_arrive() {
+    // Workers 0 and 2 arrive; worker 1 keeps its endpoint and never calls.
+    let eps = InProcessFabric::new(3, None, Duration::from_millis(100));
+    let errs: Vec<CommError> = std::thread::scope(|s| {
+        let handles: Vec<_> = [&eps[0], &eps[2]]
+            .into_iter()
+            .map(|t| s.spawn(move || shared_memory_all_reduce_sum(t, &mut [1.0; 8], 6)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap_err())
+            .collect()
+    });
+    // The first to time out names worker 1; the other may see it withdraw instead.
+    assert!(
+        errs.iter()
+            .any(|e| matches!(e, CommError::Timeout { from: 1, .. })),
+        "{errs:?}"
+    );
+    for e in &errs {
+        assert!(
+            matches!(
+                e,
+                CommError::Timeout { from: 1, .. } | CommError::PeerGone { .. }
+            ),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn a_worker_that_never_arrives_times_out_and_later_collectives_refuse() {
     let eps = InProcessFabric::new(2, None, Duration::from_millis(100));
     let err = shared_memory_all_reduce_sum(&eps[0], &mut [1.0; 8], 4).unwrap_err();

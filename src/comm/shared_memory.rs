@@ -90,6 +90,9 @@ pub struct SharedGroup {
 struct Slot {
     ptr: AtomicPtr<f32>,
     len: AtomicUsize,
+    /// The barrier generation this worker last arrived at barrier A in, plus one (0: never):
+    /// who has not arrived, for a timeout's message.
+    arrived: AtomicU64,
 }
 
 impl SharedGroup {
@@ -104,6 +107,7 @@ impl SharedGroup {
                 .map(|_| Slot {
                     ptr: AtomicPtr::new(std::ptr::null_mut()),
                     len: AtomicUsize::new(0),
+                    arrived: AtomicU64::new(0),
                 })
                 .collect(),
             barrier: AtomicU64::new(0),
@@ -297,13 +301,14 @@ impl SharedMemory<'_> {
         // Barrier A: every buffer published.
         let started = Instant::now();
         let generation = group.arrive();
+        slot.arrived.store(generation + 1, SeqCst);
         let give_up = || group.failed_rank().is_some() || started.elapsed() >= self.timeout;
         if !group.wait(generation, Some(&give_up)) && group.withdraw(generation) {
             let cause = match group.failed_rank() {
                 Some(peer) => gone(peer),
                 None => CommError::Timeout {
                     rank: me,
-                    from: first + self.first_absent(),
+                    from: first + self.first_absent(generation),
                     tag,
                     waited: started.elapsed(),
                 },
@@ -350,10 +355,13 @@ impl SharedMemory<'_> {
         }
     }
 
-    /// A worker that has not arrived yet, for a timeout's message (the first whose buffer is
-    /// not this collective's is not knowable without more state: name the lowest other rank).
-    fn first_absent(&self) -> usize {
-        (0..self.world()).find(|&r| r != self.rank).unwrap_or(0)
+    /// The first worker that has not arrived at barrier A of `generation`, for a timeout's
+    /// message.
+    fn first_absent(&self, generation: u64) -> usize {
+        let arrived = |r: usize| self.group.slots[r].arrived.load(SeqCst) == generation + 1;
+        (0..self.world())
+            .find(|&r| r != self.rank && !arrived(r))
+            .unwrap_or(self.rank)
     }
 }
 
