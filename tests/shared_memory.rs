@@ -18,6 +18,29 @@ fn input(rank: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The shared-memory all-reduce by one path: the one `all_reduce_sum` picks (one barrier for
+/// small buffers when workers outnumber cores), or either of them forced, so both are tested
+/// on any machine.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    Picked,
+    OneBarrier,
+    TwoBarriers,
+}
+
+const PATHS: [Path; 3] = [Path::Picked, Path::OneBarrier, Path::TwoBarriers];
+
+fn shm_sum(path: Path, t: &dyn Transport, buf: &mut [f32], tag: u64) -> Result<(), CommError> {
+    let shm = t
+        .shared_memory()
+        .expect("an in-process fabric shares memory");
+    match path {
+        Path::Picked => shared_memory_all_reduce_sum(t, buf, tag),
+        Path::OneBarrier => shm.staged_sum(buf, tag),
+        Path::TwoBarriers => shm.two_barrier_sum(buf, tag),
+    }
+}
+
 /// Every worker's result of `op` on its own input, as bits, over one fabric.
 fn on_all(
     workers: usize,
@@ -45,17 +68,20 @@ fn gives_the_redundant_modes_bits_on_every_worker_for_every_size_and_worker_coun
     // Lengths not divisible by the worker count, shorter than it, and past one block.
     for workers in 1..=8 {
         for len in [1, 2, 7, 37, 1000, 2 * BLOCK + 3, 5 * BLOCK] {
-            let shm = on_all(workers, len, &|t, b| {
-                // Twice: the second collective reuses the group's barrier.
-                for tag in 0..2 {
-                    *b = input(t.rank(), b.len());
-                    shared_memory_all_reduce_sum(t, b, tag).unwrap();
-                }
-            });
             let redundant = on_all(workers, len, &|t, b| {
                 all_reduce_sum(CommMode::Redundant, t, b, 0, &mut Vec::new()).unwrap()
             });
-            assert_eq!(shm, redundant, "{workers} workers, {len} floats");
+            for path in PATHS {
+                let shm = on_all(workers, len, &|t, b| {
+                    // Three times: the later collectives reuse the barrier and the other
+                    // staging buffer, then the first again.
+                    for tag in 0..3 {
+                        *b = input(t.rank(), b.len());
+                        shm_sum(path, t, b, tag).unwrap();
+                    }
+                });
+                assert_eq!(shm, redundant, "{workers} workers, {len} floats, {path:?}");
+            }
         }
     }
 }
@@ -79,14 +105,56 @@ fn buckets_of_several_steps_in_a_row_never_deadlock() {
 }
 
 #[test]
+fn one_and_two_barrier_collectives_interleave_with_every_sum_right_and_no_deadlock() {
+    // A staging buffer is rewritten two barriers after it was read: whatever mix of paths
+    // and whichever worker is late, no worker reads a copy overwritten by the next
+    // collective. Workers take turns to be slow.
+    let lens = [300usize, 5000, 1, 70_000, 64];
+    let workers = 4;
+    let expected: Vec<Vec<Vec<u32>>> = lens
+        .iter()
+        .map(|&len| {
+            on_all(workers, len, &|t, b| {
+                all_reduce_sum(CommMode::Redundant, t, b, 0, &mut Vec::new()).unwrap()
+            })
+        })
+        .collect();
+    let ok = on_all(workers, 1, &|t, b| {
+        let mut right = true;
+        for round in 0..200usize {
+            let which = round % lens.len();
+            let path = [Path::OneBarrier, Path::OneBarrier, Path::TwoBarriers][round % 3];
+            let mut buf = input(t.rank(), lens[which]);
+            if round % workers == t.rank() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            shm_sum(path, t, &mut buf, round as u64).unwrap();
+            let bits: Vec<u32> = buf.iter().map(|x| x.to_bits()).collect();
+            right &= bits == expected[which][t.rank()];
+        }
+        b[0] = if right { 1.0 } else { 0.0 };
+    });
+    assert!(
+        ok.iter().all(|r| r[0] == 1f32.to_bits()),
+        "a sum went wrong: {ok:?}"
+    );
+}
+
+#[test]
 fn a_worker_that_is_gone_ends_the_others_collective_at_once_naming_it() {
+    for path in PATHS {
+        a_gone_worker_is_named(path);
+    }
+}
+
+fn a_gone_worker_is_named(path: Path) {
     let mut eps = InProcessFabric::new(3, None, Duration::from_secs(30));
     drop(eps.remove(2));
     let started = Instant::now();
     std::thread::scope(|s| {
         for t in &eps {
             s.spawn(move || {
-                let err = shared_memory_all_reduce_sum(t, &mut vec![1.0; 100], 9).unwrap_err();
+                let err = shm_sum(path, t, &mut vec![1.0; 100], 9).unwrap_err();
                 assert!(
                     matches!(
                         err,
@@ -96,22 +164,28 @@ fn a_worker_that_is_gone_ends_the_others_collective_at_once_naming_it() {
                             ..
                         }
                     ),
-                    "{err}"
+                    "{path:?}: {err}"
                 );
             });
         }
     });
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(5), "{path:?}");
 }
 
 #[test]
 fn the_timeout_names_the_worker_that_did_not_arrive() {
+    for path in PATHS {
+        the_absent_worker_is_named(path);
+    }
+}
+
+fn the_absent_worker_is_named(path: Path) {
     // Workers 0 and 2 arrive; worker 1 keeps its endpoint and never calls.
     let eps = InProcessFabric::new(3, None, Duration::from_millis(100));
     let errs: Vec<CommError> = std::thread::scope(|s| {
         let handles: Vec<_> = [&eps[0], &eps[2]]
             .into_iter()
-            .map(|t| s.spawn(move || shared_memory_all_reduce_sum(t, &mut [1.0; 8], 6)))
+            .map(|t| s.spawn(move || shm_sum(path, t, &mut [1.0; 8], 6)))
             .collect();
         handles
             .into_iter()
@@ -192,17 +266,25 @@ fn a_worker_that_fails_between_the_barriers_fails_everyones_collective() {
 
 #[test]
 fn unequal_buffers_are_refused_on_every_worker() {
-    let eps = InProcessFabric::new(2, None, Duration::from_secs(10));
-    std::thread::scope(|s| {
-        for t in &eps {
-            s.spawn(move || {
-                let mut buf = vec![1.0; 10 + t.rank()];
-                let err = shared_memory_all_reduce_sum(t, &mut buf, 3).unwrap_err();
-                assert!(matches!(err, CommError::SizeMismatch { .. }), "{err}");
-                assert!(buf.iter().all(|&x| x == 1.0), "a buffer was touched");
-            });
-        }
-    });
+    // Also when the lengths would send workers down different paths (one staged, one not):
+    // every worker checks the lengths at the same barrier, before either path goes on.
+    for (path_of, lens) in [
+        ([Path::Picked; 2], [10, 11]),
+        ([Path::OneBarrier, Path::TwoBarriers], [10, 100_000]),
+        ([Path::TwoBarriers, Path::OneBarrier], [10, 100_000]),
+    ] {
+        let eps = InProcessFabric::new(2, None, Duration::from_secs(10));
+        std::thread::scope(|s| {
+            for t in &eps {
+                s.spawn(move || {
+                    let mut buf = vec![1.0; lens[t.rank()]];
+                    let err = shm_sum(path_of[t.rank()], t, &mut buf, 3).unwrap_err();
+                    assert!(matches!(err, CommError::SizeMismatch { .. }), "{err}");
+                    assert!(buf.iter().all(|&x| x == 1.0), "a buffer was touched");
+                });
+            }
+        });
+    }
 }
 
 #[test]

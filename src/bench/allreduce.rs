@@ -91,12 +91,13 @@ pub fn time_in_process(
                     (0..len).map(|i| (i % 7) as f32 + t.rank() as f32).collect();
                 let mut scratch = Vec::new();
                 let mut spans = Vec::new();
-                for i in 0..iters + 2 {
+                let warm_up = warm_up_iterations(bytes);
+                for i in 0..iters + warm_up {
                     barrier.wait();
                     let t0 = Instant::now();
                     op.run(&t as &dyn Transport, &mut buf, i as u64, &mut scratch)
                         .map_err(|e| e.to_string())?;
-                    if i >= 2 {
+                    if i >= warm_up {
                         spans.push((t0, Instant::now()));
                     }
                 }
@@ -115,6 +116,18 @@ pub fn time_in_process(
     Ok(Duration::from_secs_f64(median(&mut super::wall_times(
         &spans,
     ))))
+}
+
+/// Untimed all-reduces before the timed ones. Small ones are all wake-ups, and the first
+/// dozen of a process's first row took up to 14x longer than later rows of the same operation
+/// (threads' stacks faulted in, the scheduler placing them: 2-worker `shm` at 4 KB 13-14 us
+/// after 2, 1.0 us as a later row); large ones need only their pages touched.
+fn warm_up_iterations(bytes: usize) -> usize {
+    if bytes <= 1 << 20 {
+        20
+    } else {
+        2
+    }
 }
 
 /// One row of an all-reduce table: an operation by name.
@@ -265,7 +278,8 @@ fn time_ops(
     for (bytes, name, op) in plan {
         let buf = &mut data[..bytes / 4];
         let mut times = Vec::with_capacity(iters);
-        for i in 0..iters + 2 {
+        let warm_up = warm_up_iterations(*bytes);
+        for i in 0..iters + warm_up {
             for (j, x) in buf.iter_mut().enumerate() {
                 *x = (j % 7) as f32 + t.rank() as f32;
             }
@@ -281,7 +295,7 @@ fn time_ops(
             let t0 = Instant::now();
             op.run(t, buf, collective << 16, &mut scratch)
                 .map_err(|e| format!("{name}, {bytes} bytes: {e}"))?;
-            if i >= 2 {
+            if i >= warm_up {
                 times.push(t0.elapsed().as_secs_f64());
             }
         }

@@ -11,7 +11,10 @@
 //! * **shm** ([`crate::comm::shared_memory`]): each worker reads its `1/W` part of every
 //!   buffer (`n` bytes), adds in cache, and writes the sum back over what it read (`n`
 //!   bytes): one in-place pass over `n` (no second buffer's lines to fetch, unlike a copy),
-//!   and two barriers.
+//!   and two barriers. (Small buffers with more workers than cores take a one-barrier path
+//!   instead, only where it measured faster: [`crate::comm::shared_memory::STAGED_MAX_TOTAL_BYTES`].
+//!   It is priced as the two-barrier path, which bounds it: its `W` reads of every byte
+//!   are in cache, at a rate this model does not measure.)
 //! * **the message modes**: each byte sent is copied twice (into and out of a message), so
 //!   `2 x` [`crate::comm::CostTerms::serialized_bytes`] copied, plus the additions (ring and
 //!   halving-doubling `(W-1)/W·n`, plus `n` for halving-doubling's fold when `W` is not a

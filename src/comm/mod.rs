@@ -41,6 +41,7 @@
 pub mod collective;
 pub mod cost_model;
 pub mod error;
+pub mod futex;
 pub mod halving_doubling;
 pub mod hierarchical;
 pub mod hybrid;

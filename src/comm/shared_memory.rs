@@ -21,7 +21,23 @@
 //! barrier (the all-gather is the owner's push). Per worker that is `(W-1)/W` of the buffer
 //! added and all of it written once: no transport copies, no message pool, two
 //! synchronisations per bucket and no lock on the way (a barrier is one shared atomic word;
-//! a worker that waits long parks on a condition variable, the only lock, taken once per wait).
+//! a worker that waits long sleeps on a futex, [`crate::comm::futex`]).
+//!
+//! **Small buffers with more workers than cores** (at most [`STAGED_MAX_TOTAL_BYTES`] over all
+//! the workers) take one barrier instead of two: there a barrier is a context switch for every
+//! worker without a core, and costs more than copying the bytes:
+//!
+//! ```text
+//!  1. stage        every worker copies its buffer into a staging buffer of its own
+//!                  in the group (one of two, by the barrier's generation)        barrier A
+//!  2. sum          every worker adds all the staged copies, in the same pairwise
+//!                  tree, into its own buffer
+//! ```
+//!
+//! Nobody touches another worker's own buffer, so nobody waits for the others to finish. A
+//! staging buffer, and the slot its address is published in, are written again only two
+//! barriers later (each has two, by the barrier's parity): by then every worker has arrived
+//! at the barrier in between, after it finished reading.
 //!
 //! **Summation order**: each element's sum is the pairwise tree over ranks of
 //! [`crate::comm::redundant`]'s, so the result is bit-identical to the redundant mode (and,
@@ -39,10 +55,10 @@
 //! later collectives refuse at once.
 
 use crate::backend::sum_order::pairwise_split;
-use crate::comm::{add_into, chunk_range, CommError};
+use crate::comm::{add_into, chunk_range, futex, CommError};
+use std::cell::UnsafeCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 /// No worker has failed (the value of [`SharedGroup::failed`] until one does).
@@ -56,11 +72,32 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 /// stay in L1 while the block is added and written out.
 const BLOCK: usize = 2048;
 
-/// Levels of the pairwise tree over at most `MAX_WORKERS` ranks.
-const MAX_DEPTH: usize = 9;
+/// With more workers than cores, all-reduces of at most this many bytes *over all the
+/// workers* (`W` times the buffer) take one barrier (see the module docs); with a core per
+/// worker, none do. Measured on this project's 2-core machine, each way at 4 KB-128 KB
+/// (docs/bench/in-memory-allreduce.md, "One barrier or two"): with 2 workers two barriers were
+/// faster at every size (a barrier costs about 1 us there, less than the staging copy); with
+/// 4 workers one barrier was faster up to 16 KB (22-27 vs 29-45 us) and slower from 32 KB;
+/// with 8 up to 8 KB (88-106 vs 99-120 us) and slower from 16 KB. Every worker reads all `W`
+/// staged copies, so the crossing falls with `W·n`, at 64 KB both times.
+pub const STAGED_MAX_TOTAL_BYTES: usize = 64 << 10;
 
 /// Most workers a group holds: [`crate::comm::transport::MAX_IN_PROCESS_WORKERS`].
 const MAX_WORKERS: usize = 256;
+
+/// Which of a slot's two places a collective whose barrier A has `generation` uses.
+fn parity(generation: u64) -> usize {
+    (generation & 1) as usize
+}
+
+/// The largest buffer `world` workers on `cores` cores sum with one barrier.
+pub fn staged_max_bytes(world: usize, cores: usize) -> usize {
+    if world > cores {
+        STAGED_MAX_TOTAL_BYTES / world
+    } else {
+        0
+    }
+}
 
 /// What the workers of one process share: one slot per worker for its buffer's address, the
 /// barrier, and whether one has failed. One per in-process fabric, behind an `Arc` in every
@@ -72,11 +109,15 @@ pub struct SharedGroup {
     /// The first worker that failed, withdrew or went away (low 32 bits) and the barrier
     /// generation current when it did (high 32 bits), or [`NONE_FAILED`].
     failed: AtomicU64,
-    /// Workers parked on `wake`; the last arrival only takes the lock when there are some.
+    /// The largest buffer summed with one barrier ([`STAGED_MAX_TOTAL_BYTES`]); the same for
+    /// every worker of the group, so all take the same path.
+    staged_max_bytes: usize,
+    /// The generation of the current barrier (as in `barrier`), the word waiters sleep on:
+    /// it changes when the barrier opens.
+    epoch: AtomicU32,
+    /// Workers sleeping on `epoch`; the last arrival only wakes them when there are some.
     sleepers: AtomicUsize,
-    parked: Mutex<()>,
-    wake: Condvar,
-    /// How long a waiter yields before it parks: a few microseconds while every worker has a
+    /// How long a waiter yields before it sleeps: a few microseconds while every worker has a
     /// core (the others arrive that soon when they are in the collective), almost none when
     /// workers outnumber the cores (a yielding waiter takes a core from a worker that has not
     /// arrived). Bounded in time, not in tries: in training a worker's communication thread
@@ -88,11 +129,47 @@ pub struct SharedGroup {
 
 /// One worker's published buffer.
 struct Slot {
-    ptr: AtomicPtr<f32>,
-    len: AtomicUsize,
+    /// Its address and length, in two places by the parity of the barrier A it is published
+    /// for: after a one-barrier collective a worker publishes its next buffer while others
+    /// may still read the last one's.
+    ptr: [AtomicPtr<f32>; 2],
+    len: [AtomicUsize; 2],
     /// The barrier generation this worker last arrived at barrier A in, plus one (0: never):
     /// who has not arrived, for a timeout's message.
     arrived: AtomicU64,
+    /// The two staging buffers of the one-barrier collective, by the generation's parity.
+    staging: [OwnerOnly; 2],
+    /// The partial sums of this worker's pairwise tree.
+    scratch: OwnerOnly,
+}
+
+/// A buffer in the group that only its worker writes or resizes, and only while nobody reads
+/// it: a staging buffer before its worker arrives at barrier A (the others read it through the
+/// published address between that barrier and their next arrival), the scratch during its
+/// worker's own collective (nobody else reads it).
+struct OwnerOnly(UnsafeCell<Vec<f32>>);
+
+// SAFETY: written only by its worker, at times (above) no other thread reads it; the
+// barrier's SeqCst arrival and opening order the writes before every read.
+unsafe impl Sync for OwnerOnly {}
+
+impl OwnerOnly {
+    fn new() -> Self {
+        Self(UnsafeCell::new(Vec::new()))
+    }
+
+    /// The buffer, at least `len` long (grown once to the most ever asked for).
+    ///
+    /// # Safety
+    /// Only the owning worker calls this, while no other thread reads the buffer.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, len: usize) -> &mut [f32] {
+        let v = &mut *self.0.get();
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        &mut v[..len]
+    }
 }
 
 impl SharedGroup {
@@ -105,16 +182,18 @@ impl SharedGroup {
         Self {
             slots: (0..world)
                 .map(|_| Slot {
-                    ptr: AtomicPtr::new(std::ptr::null_mut()),
-                    len: AtomicUsize::new(0),
+                    ptr: [(); 2].map(|_| AtomicPtr::new(std::ptr::null_mut())),
+                    len: [(); 2].map(|_| AtomicUsize::new(0)),
                     arrived: AtomicU64::new(0),
+                    staging: [OwnerOnly::new(), OwnerOnly::new()],
+                    scratch: OwnerOnly::new(),
                 })
                 .collect(),
             barrier: AtomicU64::new(0),
             failed: AtomicU64::new(NONE_FAILED),
+            epoch: AtomicU32::new(0),
             sleepers: AtomicUsize::new(0),
-            parked: Mutex::new(()),
-            wake: Condvar::new(),
+            staged_max_bytes: staged_max_bytes(world, crate::limits::cores()),
             yield_for: if world <= crate::limits::cores() {
                 Duration::from_micros(20)
             } else {
@@ -150,8 +229,13 @@ impl SharedGroup {
     }
 
     fn wake_all(&self) {
-        let _guard = self.parked.lock().unwrap_or_else(|e| e.into_inner());
-        self.wake.notify_all();
+        futex::wake_all(&self.epoch);
+    }
+
+    /// The generation of the barrier now being filled (it cannot open before this worker
+    /// arrives).
+    fn generation(&self) -> u64 {
+        self.barrier.load(SeqCst) >> COUNT_BITS
     }
 
     /// Counts this worker in the current barrier; returns its generation. The last arrival
@@ -163,6 +247,9 @@ impl SharedGroup {
             // Everyone is in: nobody can arrive for the next barrier before seeing this.
             let next = (generation + 1) & COUNT_MASK;
             self.barrier.store(next << COUNT_BITS, SeqCst);
+            // After `barrier`, so a waiter that sees the new epoch sees it open; before
+            // `sleepers` is read, so a waiter counted after that read sees the new epoch.
+            self.epoch.store(next as u32, SeqCst);
             if self.sleepers.load(SeqCst) > 0 {
                 self.wake_all();
             }
@@ -193,7 +280,7 @@ impl SharedGroup {
     }
 
     /// Waits until barrier `generation` opens, or (with `give_up`) until `give_up` says to
-    /// stop; spins briefly, then yields, then parks. Returns whether it opened.
+    /// stop; spins briefly, then yields, then sleeps. Returns whether it opened.
     fn wait(&self, generation: u64, give_up: Option<&dyn Fn() -> bool>) -> bool {
         for _ in 0..64 {
             if self.opened(generation) {
@@ -216,12 +303,10 @@ impl SharedGroup {
                 return false;
             }
             self.sleepers.fetch_add(1, SeqCst);
-            let guard = self.parked.lock().unwrap_or_else(|e| e.into_inner());
-            if !self.opened(generation) {
-                // Rechecked under the lock the last arrival takes to notify: no wake-up lost.
-                // The timeout only bounds how late `give_up` is asked again.
-                let _ = self.wake.wait_timeout(guard, Duration::from_millis(10));
-            }
+            // Counted before the epoch is read (the last arrival does the opposite), and the
+            // futex sleeps only while the epoch is still this one: no wake-up lost. The
+            // timeout only bounds how late `give_up` is asked again.
+            futex::wait(&self.epoch, generation as u32, Duration::from_millis(10));
             self.sleepers.fetch_sub(1, SeqCst);
         }
     }
@@ -270,10 +355,41 @@ impl SharedMemory<'_> {
     /// Sums `buf` over the group's workers (see the module docs); every worker ends with the
     /// same bits, those of the redundant mode.
     pub fn all_reduce_sum(&self, buf: &mut [f32], tag: u64) -> Result<(), CommError> {
+        if std::mem::size_of_val(buf) <= self.group.staged_max_bytes {
+            self.staged_sum(buf, tag)
+        } else {
+            self.two_barrier_sum(buf, tag)
+        }
+    }
+
+    /// The two-barrier all-reduce (module docs), whatever the buffer's size.
+    pub fn two_barrier_sum(&self, buf: &mut [f32], tag: u64) -> Result<(), CommError> {
         self.collective(buf, tag, Ownership::Chunks, |part| {
             part.sum_to_all();
             Ok(())
         })
+    }
+
+    /// The one-barrier all-reduce (module docs), whatever the buffer's size: the same bits
+    /// as [`Self::two_barrier_sum`]. Every worker of a collective must take the same one.
+    pub fn staged_sum(&self, buf: &mut [f32], tag: u64) -> Result<(), CommError> {
+        let group = self.group;
+        let generation = group.generation();
+        let slot = &group.slots[self.rank];
+        // SAFETY: this worker's staging buffer of this parity was last read at barrier
+        // `generation - 2`, and every reader has since arrived at `generation - 1`.
+        let staged = unsafe { slot.staging[parity(generation)].get(buf.len()) };
+        staged.copy_from_slice(buf);
+        let opened = self.enter(staged.as_mut_ptr(), buf.len(), tag)?;
+        debug_assert_eq!(opened, generation);
+        let mut every = OwnPart {
+            group,
+            rank: self.rank,
+            range: 0..buf.len(),
+            parity: parity(generation),
+        };
+        every.sum_blocks(|at, sum| buf[at..at + sum.len()].copy_from_slice(sum));
+        Ok(())
     }
 
     /// Runs one collective on `buf`: publish, barrier A, `work` on this worker's part (per
@@ -286,50 +402,8 @@ impl SharedMemory<'_> {
         work: impl FnOnce(&mut OwnPart<'_>) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         let group = self.group;
-        let (me, first) = (self.rank + self.first_rank, self.first_rank);
-        let gone = |peer: usize| CommError::PeerGone {
-            rank: me,
-            peer: first + peer,
-            tag,
-        };
-        if let Some(peer) = group.failed_rank() {
-            return Err(gone(peer));
-        }
-        let slot = &group.slots[self.rank];
-        slot.ptr.store(buf.as_mut_ptr(), SeqCst);
-        slot.len.store(buf.len(), SeqCst);
-        // Barrier A: every buffer published.
-        let started = Instant::now();
-        let generation = group.arrive();
-        slot.arrived.store(generation + 1, SeqCst);
-        let give_up = || group.failed_rank().is_some() || started.elapsed() >= self.timeout;
-        if !group.wait(generation, Some(&give_up)) && group.withdraw(generation) {
-            let cause = match group.failed_rank() {
-                Some(peer) => gone(peer),
-                None => CommError::Timeout {
-                    rank: me,
-                    from: first + self.first_absent(generation),
-                    tag,
-                    waited: started.elapsed(),
-                },
-            };
-            group.mark_gone(self.rank);
-            return Err(cause);
-        }
-        // Every worker is in (a withdrawal that lost the race found the barrier open).
         let len = buf.len();
-        if let Some(other) = (0..self.world()).find(|&r| group.slots[r].len.load(SeqCst) != len) {
-            // Every worker sees the same lengths, so all leave here and none skips barrier B
-            // alone; nobody has touched a buffer.
-            group.mark_gone(self.rank);
-            return Err(CommError::SizeMismatch {
-                rank: me,
-                from: first + other,
-                tag,
-                expected: len,
-                got: group.slots[other].len.load(SeqCst),
-            });
-        }
+        let generation = self.enter(buf.as_mut_ptr(), len, tag)?;
         let mut arrival = ArriveAtB {
             group,
             rank: self.rank,
@@ -339,6 +413,7 @@ impl SharedMemory<'_> {
             group,
             rank: self.rank,
             range: ownership.range(len, self.world(), self.rank),
+            parity: parity(generation),
         };
         let result = work(&mut part);
         if result.is_err() {
@@ -350,9 +425,65 @@ impl SharedMemory<'_> {
             // Another worker failed between the barriers (before B opened, so in
             // the generation of B): its part was not written. One that went away
             // after B opened (its run ended) is not this collective's failure.
-            Some((peer, when)) if when == barrier_b => Err(gone(peer)),
+            Some((peer, when)) if when == barrier_b => Err(self.gone(peer, tag)),
             _ => Ok(()),
         }
+    }
+
+    /// The error for worker `peer` of the group having failed or gone.
+    fn gone(&self, peer: usize, tag: u64) -> CommError {
+        CommError::PeerGone {
+            rank: self.rank + self.first_rank,
+            peer: self.first_rank + peer,
+            tag,
+        }
+    }
+
+    /// Publishes `len` elements at `ptr` as this worker's buffer and passes barrier A with
+    /// every worker, each with the same length; returns the barrier's generation. On an error
+    /// nobody has touched a published buffer, and the group is failed for good.
+    fn enter(&self, ptr: *mut f32, len: usize, tag: u64) -> Result<u64, CommError> {
+        let group = self.group;
+        let (me, first) = (self.rank + self.first_rank, self.first_rank);
+        if let Some(peer) = group.failed_rank() {
+            return Err(self.gone(peer, tag));
+        }
+        let slot = &group.slots[self.rank];
+        let at = parity(group.generation());
+        slot.ptr[at].store(ptr, SeqCst);
+        slot.len[at].store(len, SeqCst);
+        let started = Instant::now();
+        let generation = group.arrive();
+        slot.arrived.store(generation + 1, SeqCst);
+        let give_up = || group.failed_rank().is_some() || started.elapsed() >= self.timeout;
+        if !group.wait(generation, Some(&give_up)) && group.withdraw(generation) {
+            let cause = match group.failed_rank() {
+                Some(peer) => self.gone(peer, tag),
+                None => CommError::Timeout {
+                    rank: me,
+                    from: first + self.first_absent(generation),
+                    tag,
+                    waited: started.elapsed(),
+                },
+            };
+            group.mark_gone(self.rank);
+            return Err(cause);
+        }
+        // Every worker is in (a withdrawal that lost the race found the barrier open).
+        let len_of = |r: usize| group.slots[r].len[at].load(SeqCst);
+        if let Some(other) = (0..self.world()).find(|&r| len_of(r) != len) {
+            // Every worker sees the same lengths, so all leave here (none waits at a later
+            // barrier alone); nobody has touched a buffer.
+            group.mark_gone(self.rank);
+            return Err(CommError::SizeMismatch {
+                rank: me,
+                from: first + other,
+                tag,
+                expected: len,
+                got: len_of(other),
+            });
+        }
+        Ok(generation)
     }
 
     /// The first worker that has not arrived at barrier A of `generation`, for a timeout's
@@ -399,6 +530,8 @@ pub struct OwnPart<'a> {
     group: &'a SharedGroup,
     rank: usize,
     range: Range<usize>,
+    /// Where the collective's buffers are published (`Slot::ptr`).
+    parity: usize,
 }
 
 impl OwnPart<'_> {
@@ -439,35 +572,68 @@ impl OwnPart<'_> {
     /// Worker `r`'s buffer at the start of the owned range.
     fn ptr(&self, r: usize) -> *mut f32 {
         // In bounds: every buffer has the published length, which the range lies within.
-        self.group.slots[r]
-            .ptr
+        self.group.slots[r].ptr[self.parity]
             .load(SeqCst)
             .wrapping_add(self.range.start)
     }
 
     fn sum(&mut self, to_all: bool) {
-        let (world, n) = (self.group.world(), self.range.len());
-        let mut out = [0f32; BLOCK];
-        let mut levels = [[0f32; BLOCK]; MAX_DEPTH];
-        let mut at = 0;
-        while at < n {
-            let len = BLOCK.min(n - at);
-            self.tree(0, world, at, &mut out[..len], &mut levels);
-            for r in 0..world {
-                if to_all || r == self.rank {
-                    // SAFETY: as in `own_mut`; `out` is this thread's stack.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(out.as_ptr(), self.ptr(r).add(at), len)
-                    };
+        let world = self.group.world();
+        let (rank, ptrs) = (self.rank, self.ptrs());
+        self.sum_blocks(|at, sum| {
+            for (r, ptr) in ptrs.iter().enumerate().take(world) {
+                if to_all || r == rank {
+                    // SAFETY: as in `own_mut`; `sum` is this worker's scratch.
+                    unsafe { std::ptr::copy_nonoverlapping(sum.as_ptr(), ptr.add(at), sum.len()) };
                 }
             }
+        });
+    }
+
+    /// Every worker's buffer at the start of the owned range (the first `world`).
+    fn ptrs(&self) -> [*mut f32; MAX_WORKERS] {
+        let mut ptrs = [std::ptr::null_mut(); MAX_WORKERS];
+        for (r, p) in ptrs.iter_mut().enumerate().take(self.group.world()) {
+            *p = self.ptr(r);
+        }
+        ptrs
+    }
+
+    /// Sums the owned range of every worker's buffer a block at a time and hands each block's
+    /// sum to `each` with its offset in the range.
+    fn sum_blocks(&mut self, mut each: impl FnMut(usize, &[f32])) {
+        let (world, n) = (self.group.world(), self.range.len());
+        // One block of output and one per level of the tree below the root.
+        let depth = world.next_power_of_two().trailing_zeros() as usize;
+        let block = BLOCK.min(n);
+        // SAFETY: this worker's scratch, used by nobody else.
+        let scratch = unsafe {
+            self.group.slots[self.rank]
+                .scratch
+                .get(block * depth.max(1))
+        };
+        let (out, levels) = scratch.split_at_mut(block);
+        let mut at = 0;
+        while at < n {
+            let len = block.min(n - at);
+            self.tree(0, world, at, &mut out[..len], levels, block);
+            each(at, &out[..len]);
             at += len;
         }
     }
 
     /// Writes the sum of ranks `lo..hi` at `at..at + out.len()` of the owned range into `out`
-    /// (`redundant::sum_in_rank_order`'s tree).
-    fn tree(&self, lo: usize, hi: usize, at: usize, out: &mut [f32], levels: &mut [[f32; BLOCK]]) {
+    /// (`redundant::sum_in_rank_order`'s tree); `levels` holds a partial of `block` elements
+    /// per level below.
+    fn tree(
+        &self,
+        lo: usize,
+        hi: usize,
+        at: usize,
+        out: &mut [f32],
+        levels: &mut [f32],
+        block: usize,
+    ) {
         let n = out.len();
         let part = |r: usize| {
             // SAFETY: as in `own_mut`: read-only, within the owned range.
@@ -482,12 +648,28 @@ impl OwnPart<'_> {
             }
             _ => {
                 let mid = pairwise_split(lo, hi);
-                let (right, deeper) = levels.split_first_mut().expect("depth of 256 ranks");
+                let (right, deeper) = levels.split_at_mut(block);
                 let right = &mut right[..out.len()];
-                self.tree(lo, mid, at, out, deeper);
-                self.tree(mid, hi, at, right, deeper);
+                self.tree(lo, mid, at, out, deeper, block);
+                self.tree(mid, hi, at, right, deeper, block);
                 add_into(out, right);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_barrier_only_for_small_buffers_and_more_workers_than_cores() {
+        // A core per worker: a barrier costs about a microsecond, less than staging.
+        assert_eq!(staged_max_bytes(2, 2), 0);
+        assert_eq!(staged_max_bytes(8, 8), 0);
+        // More workers than cores: the crossing measured falls with the workers.
+        assert_eq!(staged_max_bytes(4, 2), 16 << 10);
+        assert_eq!(staged_max_bytes(8, 2), 8 << 10);
+        assert_eq!(staged_max_bytes(3, 1), STAGED_MAX_TOTAL_BYTES / 3);
     }
 }
