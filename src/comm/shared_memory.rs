@@ -76,10 +76,11 @@ const BLOCK: usize = 2048;
 /// workers* (`W` times the buffer) take one barrier (see the module docs); with a core per
 /// worker, none do. Measured on this project's 2-core machine, each way at 4 KB-128 KB
 /// (docs/bench/in-memory-allreduce.md, "One barrier or two"): with 2 workers two barriers were
-/// faster at every size (a barrier costs about 1 us there, less than the staging copy); with
-/// 4 workers one barrier was faster up to 16 KB (22-27 vs 29-45 us) and slower from 32 KB;
-/// with 8 up to 8 KB (88-106 vs 99-120 us) and slower from 16 KB. Every worker reads all `W`
-/// staged copies, so the crossing falls with `W·n`, at 64 KB both times.
+/// faster at every size but in one outlier run (a barrier costs about 1 us there, less than
+/// the staging copy); with 4 workers one barrier was faster up to 16 KB (22-27 vs 29-45 us)
+/// and slower from 32 KB; with 8 up to 8 KB (88-106 vs 99-120 us) and slower from 16 KB.
+/// Every worker reads all `W` staged copies, so the crossing falls with `W·n`, at 64 KB both
+/// times.
 pub const STAGED_MAX_TOTAL_BYTES: usize = 64 << 10;
 
 /// Most workers a group holds: [`crate::comm::transport::MAX_IN_PROCESS_WORKERS`].
