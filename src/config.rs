@@ -104,6 +104,8 @@ pub struct TrainConfig {
     pub loader_threads: usize,
     /// Batches prefetched per worker; 0 collates inside the step (the synchronous baseline).
     pub prefetch: usize,
+    /// How the replicas' 3x3 stride-1 convolutions are computed (`--conv-algo`).
+    pub conv_algo: crate::backend::ConvAlgo,
     /// Training-time augmentation: the transform list, in order.
     pub augment: crate::pipeline::Augment,
     /// The model's input size (`--image-size`); `None`: the dataset's (an ImageFolder's first
@@ -328,6 +330,11 @@ pub struct TrainOptions {
     /// Batches prefetched per worker, 0 to load inside the step [default: 2].
     #[arg(long)]
     pub prefetch: Option<usize>,
+    /// How 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd
+    /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where it measured faster: at
+    /// least 32 channels in and out) [default: direct].
+    #[arg(long)]
+    pub conv_algo: Option<String>,
     /// Training transforms in order: off, or a list of random-resized-crop (optionally
     /// :SMIN,SMAX and then :RMIN,RMAX), flip, crop:PAD, resize-shorter (optionally :S),
     /// center-crop, resize, e.g. crop:4,flip or random-resized-crop,flip [default: off].
@@ -469,6 +476,7 @@ impl TrainConfig {
             "train_limit": self.train_limit, "test_limit": self.test_limit,
             "weights": self.weights.as_ref().map(|w| w.display().to_string()), "reinit": self.reinit,
             "loader_threads": self.loader_threads, "prefetch": self.prefetch,
+            "conv_algo": self.conv_algo.to_string(),
             "augment": self.augment.to_string(), "skip_bad_samples": self.skip_bad_samples,
             "image_size": self.image_size.map(|s| s.to_string()),
             "eval_transform": self.eval_transform.as_ref().map(|t| t.to_string()),
@@ -534,6 +542,7 @@ impl TrainOptions {
             test_limit,
             loader_threads,
             prefetch,
+            conv_algo,
             augment,
             image_size,
             eval_transform,
@@ -641,6 +650,10 @@ impl TrainOptions {
             quiet: self.quiet,
             loader_threads: input.loader_threads,
             prefetch: input.prefetch,
+            conv_algo: match &self.conv_algo {
+                Some(a) => a.parse().map_err(|e| format!("--conv-algo: {e}"))?,
+                None => crate::backend::ConvAlgo::Direct,
+            },
             augment: input.augment,
             image_size: input.image_size,
             eval_transform: input.eval_transform,

@@ -3,6 +3,7 @@
 //! layer before it. Covers groups, depthwise, dilation, padding, rectangular kernels, odd
 //! sizes, batch 1, odd batches (a short last chunk), fused activations, label smoothing.
 
+use dptrain::backend::{ConvAlgo, WinogradTile};
 use dptrain::model::{
     BatchNorm, Conv2d, Graph, Linear, ModelBuilder, ModelSpec, Op, Pool, SoftmaxCrossEntropy,
     Units, INPUT,
@@ -31,6 +32,18 @@ fn check(label: &str, spec: &ModelSpec, input: [usize; 3], classes: usize, n: us
     check_within(label, spec, input, classes, n, 3e-2, 24)
 }
 
+/// [`check`] with the net's 3x3 stride-1 convolutions computed by `algo`.
+fn check_algo(
+    label: &str,
+    spec: &ModelSpec,
+    input: [usize; 3],
+    classes: usize,
+    n: usize,
+    algo: ConvAlgo,
+) {
+    check_on(label, spec, input, classes, n, 3e-2, 24, algo)
+}
+
 /// [`check`] with a given relative tolerance, checking up to `picks` random elements of each
 /// parameter block (all of a smaller block).
 fn check_within(
@@ -42,6 +55,21 @@ fn check_within(
     tol: f64,
     picks: usize,
 ) {
+    check_on(label, spec, input, classes, n, tol, picks, ConvAlgo::Direct)
+}
+
+/// [`check_within`] on the convolution algorithm `algo`.
+#[allow(clippy::too_many_arguments)]
+fn check_on(
+    label: &str,
+    spec: &ModelSpec,
+    input: [usize; 3],
+    classes: usize,
+    n: usize,
+    tol: f64,
+    picks: usize,
+    algo: ConvAlgo,
+) {
     let g = Arc::new(Graph::build(spec, input, classes).unwrap_or_else(|e| panic!("{label}: {e}")));
     let mut net = Net::new(
         g.clone(),
@@ -51,6 +79,7 @@ fn check_within(
         },
     )
     .unwrap();
+    net.set_conv_algo(algo);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let numel: usize = input.iter().product();
     let x: Vec<f32> = (0..n * numel)
@@ -198,6 +227,29 @@ fn conv2d_geometries() {
         let spec = net_around(|m, x| m.conv2d("conv", x, conv.clone()));
         for n in [1, 5] {
             check(&format!("conv2d {label}, batch {n}"), &spec, input, 3, n);
+        }
+    }
+}
+
+/// A small residual net whose 3x3 stride-1 convolutions (padding 1, and 0 and 2, whose input
+/// gradient is not Winograd's) run through each Winograd tile, odd sizes and a batch of 1.
+#[test]
+fn winograd_convolutions() {
+    let mut m = ModelBuilder::new("t");
+    let x = m.conv2d("c1", INPUT, Conv2d::new(5, 3).padding(1));
+    let x = m.relu(&x);
+    let y = m.conv2d("c2", &x, Conv2d::new(5, 3).padding(1).no_bias());
+    let y = m.batch_norm("bn", &y);
+    let x = m.add(&[&x, &y]);
+    let x = m.conv2d("c3", &x, Conv2d::new(4, 3));
+    let x = m.conv2d("c4", &x, Conv2d::new(3, 3).padding(2));
+    let x = m.flatten(&x);
+    m.linear("head", &x, Linear::new(Units::classes()));
+    let spec = m.build();
+    for tile in [WinogradTile::F2, WinogradTile::F4] {
+        for (n, input) in [(1, [3, 7, 6]), (4, [2, 9, 9])] {
+            let label = format!("winograd {tile:?}, batch {n}, input {input:?}");
+            check_algo(&label, &spec, input, 3, n, ConvAlgo::Winograd(tile));
         }
     }
 }

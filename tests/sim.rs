@@ -731,7 +731,11 @@ fn graphs_have_the_published_flops() {
 
 #[test]
 fn measured_profile_has_every_block_and_its_spread() {
-    let p = dptrain::sim::measure("lenet5", 4, 1, 3, 2).unwrap();
+    let p = dptrain::sim::measure(&dptrain::sim::MeasureSpec {
+        concurrent: 2,
+        ..dptrain::sim::MeasureSpec::new("lenet5", 4, 1, 3)
+    })
+    .unwrap();
     assert_eq!(p.blocks.len(), 5);
     assert!(p
         .blocks

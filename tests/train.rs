@@ -479,7 +479,7 @@ fn an_emulated_device_holds_every_phase_to_its_profile_and_refuses_a_profile_of_
     // A profile of lenet5 at the per-worker batch (8), measured here, its times raised so that
     // the device is much slower than the real compute.
     let dir = tempfile::tempdir().unwrap();
-    let p = dptrain::sim::measure("lenet5", 8, 1, 2, 1).unwrap();
+    let p = dptrain::sim::measure(&dptrain::sim::MeasureSpec::new("lenet5", 8, 1, 2)).unwrap();
     let file = dir.path().join("device.json");
     std::fs::write(&file, serde_json::to_string(&p).unwrap()).unwrap();
     let scale = 20.0 / p.forward_ms().min(p.backward_ms());

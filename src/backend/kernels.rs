@@ -1,6 +1,6 @@
 //! The [`Kernels`] trait: the one contract between the layers and a backend.
 
-use super::{Act, ConvGeom, DropoutMask, PoolGeom};
+use super::{Act, ConvAlgo, ConvGeom, DropoutMask, PoolGeom};
 
 /// The kernels a network's layers are made of. Slices are batch-major NHWC activations
 /// (`[n, h, w, c]`), weights in each layer's internal layout (see `crate::nn`). "Gradient
@@ -11,6 +11,9 @@ pub trait Kernels: Send {
     /// Samples per chunk of every parameter-gradient batch sum (see [`super::sum_order`]): the
     /// network sets it once, before any call.
     fn set_batch_chunk(&mut self, samples: usize);
+    /// How the 3x3 stride-1 convolutions are computed (`--conv-algo`); a backend with one way
+    /// only ignores it. Direct until set.
+    fn set_conv_algo(&mut self, algo: ConvAlgo);
     /// Convolution forward: `y = act(conv(x, w) + bias)`.
     fn conv2d_forward(
         &mut self,

@@ -21,12 +21,14 @@
 //! through (`crate::nn`), they never read them.
 
 mod act;
+mod conv_algo;
 mod cpu;
 mod geom;
 mod kernels;
 pub mod sum_order;
 
 pub use act::{Act, DropoutMask};
+pub use conv_algo::{winograd_applies, ConvAlgo, WinogradTile};
 pub use geom::{ConvGeom, PoolGeom};
 pub use kernels::Kernels;
 
@@ -34,4 +36,11 @@ pub use kernels::Kernels;
 /// backend, with fresh (unsized) workspaces.
 pub fn default_kernels() -> Box<dyn Kernels> {
     Box::new(cpu::Cpu::default())
+}
+
+/// The arithmetic ceiling of the CPU kernels: `iterations` of a register-only FMA loop in the
+/// ISA the GEMM uses, on the calling thread. Returns the floating-point operations done and the
+/// ISA's name; time it to get the peak (`bench roofline`).
+pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
+    cpu::fma_loop(iterations)
 }

@@ -28,7 +28,7 @@ use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, LinkModel};
 use crate::config::CommChoice;
 use crate::config::TrainOptions;
-use crate::sim::{measure, Simulator, StepConfig, Stragglers, Topology};
+use crate::sim::{measure, MeasureSpec, Simulator, StepConfig, Stragglers, Topology};
 use crate::train::metrics::StepTimes;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -538,13 +538,15 @@ struct SimulatedRows {
 /// The measured rows' settings simulated at each of the spec's worker counts, from a profile
 /// measured here.
 fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<SimulatedRows, String> {
-    let profile = measure(
-        &spec.model,
-        spec.per_worker_batch(),
-        spec.threads,
-        spec.steps.clamp(3, 20),
-        spec.workers,
-    )?;
+    let profile = measure(&MeasureSpec {
+        concurrent: spec.workers,
+        ..MeasureSpec::new(
+            &spec.model,
+            spec.per_worker_batch(),
+            spec.threads,
+            spec.steps.clamp(3, 20),
+        )
+    })?;
     // The link an in-process run of this spec plans for (`plan::PlanInputs::auto_link`).
     let link = crate::plan::PlanInputs::defaults(1, spec.workers, spec.link_model).auto_link();
     let mut simulator = Simulator::new();

@@ -11,6 +11,7 @@ pub mod infer;
 pub mod loader;
 pub mod memory_bound;
 pub mod overlap;
+pub mod roofline;
 pub mod simcheck;
 pub mod step;
 pub mod suite;

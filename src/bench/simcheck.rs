@@ -32,7 +32,7 @@ use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
 use crate::plan::CommChoice;
 use crate::sim::{
-    measure, Overheads, Profile, Simulator, StepConfig, Stragglers, Topology, MEASURED,
+    measure, MeasureSpec, Overheads, Profile, Simulator, StepConfig, Stragglers, Topology, MEASURED,
 };
 use crate::train::metrics::StepTimes;
 
@@ -323,7 +323,10 @@ pub fn measure_emulated(
     on_line(&EmulatedCheck::terminal_header());
     let mut simulator = Simulator::new();
     for model in a.model.split(',').map(str::trim) {
-        let profile = measure(model, a.batch / a.workers, a.threads, a.steps, a.workers)?;
+        let profile = measure(&MeasureSpec {
+            concurrent: a.workers,
+            ..MeasureSpec::new(model, a.batch / a.workers, a.threads, a.steps)
+        })?;
         for bw in a.link_bandwidth.split(',').map(str::trim) {
             let group = EmulatedGroup {
                 model: model.to_string(),
@@ -873,7 +876,8 @@ impl<'a> ClusterCheck<'a> {
         let (a, cores) = (self.a, self.cores);
         let mut devices = Vec::new();
         for model in self.models() {
-            let p = measure(model, self.batch_of(model)?, a.threads, a.steps.min(20), 1)?;
+            let batch = self.batch_of(model)?;
+            let p = measure(&MeasureSpec::new(model, batch, a.threads, a.steps.min(20)))?;
             let path = scratch.join(format!("{model}-device.json"));
             let json = serde_json::to_string(&p).map_err(|e| e.to_string())?;
             crate::output::write_atomically(&path, json.as_bytes())?;
@@ -1207,13 +1211,11 @@ impl<'a> ClusterCheck<'a> {
             None => {
                 // Every worker of the cluster shares this machine's cores: measure with
                 // as many replicas at once.
-                let p = measure(
-                    model,
-                    self.batch_of(model)?,
-                    a.threads,
-                    a.steps.min(20),
-                    workers,
-                )?;
+                let batch = self.batch_of(model)?;
+                let p = measure(&MeasureSpec {
+                    concurrent: workers,
+                    ..MeasureSpec::new(model, batch, a.threads, a.steps.min(20))
+                })?;
                 crate::outln!(
                     "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
                      step, spread {:.1}%)",

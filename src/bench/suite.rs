@@ -397,6 +397,7 @@ fn step_section(plan: &Plan, out: &Path) -> Result<String, String> {
         plan.step_batch,
         &plan.step_threads,
         plan.step_steps,
+        crate::backend::ConvAlgo::Direct,
         |_, _| {},
     )?;
     s += &table.markdown();

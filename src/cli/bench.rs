@@ -29,6 +29,9 @@ pub(super) enum BenchCmd {
     SimCheck(bench::simcheck::SimCheckArgs),
     /// Grid of overlap on/off x communication mode x emulated bandwidth for a model.
     Overlap(bench::overlap::OverlapArgs),
+    /// This machine's ceilings: the FMA peak of one core and of all (a register-only loop in
+    /// the kernels' ISA) and the memory's copy and add rates.
+    Roofline(bench::roofline::RooflineArgs),
 }
 
 /// Runs one `dptrain bench` command.
@@ -43,5 +46,6 @@ pub(super) fn run(cmd: BenchCmd) -> Result<(), String> {
         BenchCmd::Suite(a) => bench::suite::run_command(a),
         BenchCmd::SimCheck(a) => bench::simcheck::run(a),
         BenchCmd::Overlap(a) => bench::overlap::run_command(a),
+        BenchCmd::Roofline(a) => bench::roofline::run_command(a),
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::measure::{check_step_memory, MAX_PROFILE_BATCH};
 use crate::model::reference_graph;
-use crate::sim::{from_graph, measure, DeviceSpec, DeviceSpeed, Profile};
+use crate::sim::{from_graph, measure, DeviceSpec, DeviceSpeed, MeasureSpec, Profile};
 use std::path::PathBuf;
 
 /// How fast the device is, for a profile from the model's graph.
@@ -62,6 +62,10 @@ pub struct ProfileArgs {
     /// sharing this machine.
     #[arg(long, default_value_t = 1)]
     pub concurrent: usize,
+    /// How the 3x3 stride-1 convolutions are computed (measured profiles): direct, winograd
+    /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto.
+    #[arg(long, default_value = "direct")]
+    pub conv_algo: crate::backend::ConvAlgo,
     /// The device, instead of measuring.
     #[command(flatten)]
     pub device: DeviceArgs,
@@ -110,7 +114,11 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
             ));
         }
         check_step_memory(&a.model, a.batch, a.concurrent.max(1))?;
-        measure(&a.model, a.batch, a.threads, a.steps, a.concurrent)
+        measure(&MeasureSpec {
+            concurrent: a.concurrent,
+            conv_algo: a.conv_algo,
+            ..MeasureSpec::new(&a.model, a.batch, a.threads, a.steps)
+        })
     })?;
     p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
     crate::outln!("{}", describe_profile(&p));

@@ -3,6 +3,7 @@
 
 use super::profile::{graph_blocks, BlockProfile, Profile};
 use super::{median, SyntheticReplica};
+use crate::backend::ConvAlgo;
 use crate::model::{reference_graph, Graph};
 use std::time::Instant;
 
@@ -22,6 +23,39 @@ fn node_blocks(graph: &Graph) -> Vec<usize> {
         .collect()
 }
 
+/// What [`measure`] measures: a model at a per-worker batch, on `threads` compute threads,
+/// `steps` timed steps, `concurrent` replicas at once, its 3x3 convolutions by `conv_algo`.
+#[derive(Debug, Clone, Copy)]
+pub struct MeasureSpec<'a> {
+    /// A built-in model's name or a model file.
+    pub model: &'a str,
+    /// Per-worker batch.
+    pub batch: usize,
+    /// Compute threads of each replica.
+    pub threads: usize,
+    /// Timed steps (after 3 warm-up steps).
+    pub steps: usize,
+    /// Replicas at once.
+    pub concurrent: usize,
+    /// How the 3x3 stride-1 convolutions are computed.
+    pub conv_algo: ConvAlgo,
+}
+
+impl<'a> MeasureSpec<'a> {
+    /// `model` at `batch` on `threads` threads for `steps` steps, one replica, direct
+    /// convolutions.
+    pub fn new(model: &'a str, batch: usize, threads: usize, steps: usize) -> Self {
+        Self {
+            model,
+            batch,
+            threads,
+            steps,
+            concurrent: 1,
+            conv_algo: ConvAlgo::Direct,
+        }
+    }
+}
+
 /// Measures a profile of one of the training engine's models on this CPU: `steps` timed steps
 /// after 3 warm-up steps at per-worker `batch` on `threads` compute threads; block times are
 /// medians, and [`Profile::compute_spread`] is the spread of the per-step compute.
@@ -30,19 +64,21 @@ fn node_blocks(graph: &Graph) -> Vec<usize> {
 /// each block's time is the median over replicas too: N emulated workers share this machine's
 /// cores and memory, so their compute is slower than one worker's alone, and a profile that
 /// should predict an N-worker emulated run has to be measured under the same contention.
-pub fn measure(
-    model: &str,
-    batch: usize,
-    threads: usize,
-    steps: usize,
-    concurrent: usize,
-) -> Result<Profile, String> {
+pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
+    let &MeasureSpec {
+        model,
+        batch,
+        threads,
+        steps,
+        concurrent,
+        conv_algo,
+    } = spec;
     if batch == 0 || threads == 0 || steps == 0 || concurrent == 0 {
         return Err("batch, threads, steps and concurrent must be at least 1".into());
     }
     let runs: Vec<Result<ReplicaTimings, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
-            .map(|_| s.spawn(|| time_replica(model, batch, threads, steps)))
+            .map(|_| s.spawn(|| time_replica(spec)))
             .collect();
         handles
             .into_iter()
@@ -98,7 +134,7 @@ pub fn measure(
     Ok(Profile {
         model: model.to_string(),
         source: format!(
-            "measured on this machine: {threads} thread(s), {concurrent} concurrent replica(s), median of {steps} steps"
+            "measured on this machine: {threads} thread(s), {concurrent} concurrent replica(s), median of {steps} steps, {conv_algo} convolutions"
         ),
         batch,
         input: first.input,
@@ -111,7 +147,7 @@ pub fn measure(
 /// The parameter sizes of each block of one of the training engine's models (what a measured
 /// profile's `param_sizes` will be): builds a replica at batch 1 (its 3 warm-up steps run).
 pub fn blocks_of(model: &str) -> Result<Vec<Vec<usize>>, String> {
-    Ok(time_replica(model, 1, 1, 0)?
+    Ok(time_replica(&MeasureSpec::new(model, 1, 1, 0))?
         .blocks
         .into_iter()
         .map(|b| b.param_sizes)
@@ -138,18 +174,21 @@ struct StepTimes {
 ///
 /// Each block's forward ends where the engine reports it; its backward includes copying its
 /// gradients out, as the trainer's reducer does in the backward callback.
-fn time_replica(
-    model: &str,
-    batch: usize,
-    threads: usize,
-    steps: usize,
-) -> Result<ReplicaTimings, String> {
+fn time_replica(spec: &MeasureSpec) -> Result<ReplicaTimings, String> {
+    let &MeasureSpec {
+        model,
+        batch,
+        threads,
+        steps,
+        ..
+    } = spec;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .map_err(|e| e.to_string())?;
     pool.install(|| -> Result<ReplicaTimings, String> {
         let mut replica = SyntheticReplica::new(model, batch)?;
+        replica.net.set_conv_algo(spec.conv_algo);
         let graph = replica.net.graph();
         let blocks = graph_blocks(graph);
         let i = graph.input();

@@ -32,7 +32,7 @@
 use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS};
 use super::layers;
 use crate::backend::sum_order::{BATCH_CHUNK, BN_BATCH_CHUNK};
-use crate::backend::{default_kernels, Act, ConvGeom, Kernels, PoolGeom};
+use crate::backend::{default_kernels, Act, ConvAlgo, ConvGeom, Kernels, PoolGeom};
 use crate::model::{Conv2d, Graph, Op, Pool, Shape, Units};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -260,6 +260,10 @@ impl Net {
     /// The graph.
     pub fn graph(&self) -> &Graph {
         &self.graph
+    }
+    /// How the net's 3x3 stride-1 convolutions are computed from now on (direct until set).
+    pub fn set_conv_algo(&mut self, algo: ConvAlgo) {
+        self.kernels.set_conv_algo(algo);
     }
     /// The largest batch.
     pub fn max_batch(&self) -> usize {

@@ -50,7 +50,7 @@ pub mod schedule;
 pub mod step;
 pub mod topology;
 
-pub use crate::measure::{measure, BlockProfile, Profile};
+pub use crate::measure::{measure, BlockProfile, MeasureSpec, Profile};
 pub use defaults::{Overheads, MEASURED};
 pub use profile::{from_graph, DeviceSpec, DeviceSpeed};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};

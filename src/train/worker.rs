@@ -231,6 +231,7 @@ impl Worker {
             },
         )
         .map_err(|e| WorkerError::Setup(e.to_string()))?;
+        net.set_conv_algo(cfg.conv_algo);
         if let Some(d) = &cfg.device {
             d.check_fits(&cfg.model, local_batch, net.blocks().len())
                 .map_err(|e| WorkerError::Setup(e.to_string()))?;

@@ -143,6 +143,8 @@ fn target(j: usize, y: u32, k: usize, smoothing: f32) -> f32 {
 
 impl Kernels for Reference {
     fn set_batch_chunk(&mut self, _samples: usize) {}
+    // Plain loops, one algorithm: the reference every algorithm is checked against.
+    fn set_conv_algo(&mut self, _algo: dptrain::backend::ConvAlgo) {}
 
     fn conv2d_forward(
         &mut self,

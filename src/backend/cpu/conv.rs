@@ -25,24 +25,10 @@
 
 use super::batch_sum::TreeSum;
 use super::gemm::{copy_short, gemm, gemm_packed, zero_short, MatRef, PackedB, KC};
-use crate::backend::{Act, ConvGeom};
+use super::scratch::{with_scratch as with_col, Reservation};
+use super::winograd::{self, WinogradWorkspace};
+use crate::backend::{Act, ConvAlgo, ConvGeom};
 use rayon::prelude::*;
-use std::cell::RefCell;
-
-// Per-thread scratch for column matrices; it grows to the largest tile once.
-thread_local! {
-    static COL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-fn with_col<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    COL.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.len() < len {
-            c.resize(len, 0.0);
-        }
-        f(&mut c[..len])
-    })
-}
 
 /// Column-matrix floats a tile aims for (192 K floats, 768 KB: it stays in L2 between the
 /// im2col that writes it and the GEMM that reads it).
@@ -130,9 +116,10 @@ pub struct ConvWorkspace {
     packed: PackedB,
     flip: Vec<f32>,
     tree: TreeSum,
-    /// Column-scratch floats reserved on the global pool's threads, for calls from outside
-    /// any pool (see [`ConvWorkspace::reserve_col`]).
-    global_col_reserved: usize,
+    reserved: Reservation,
+    /// Which algorithm the 3x3 stride-1 layers use.
+    algo: ConvAlgo,
+    winograd: WinogradWorkspace,
 }
 
 /// Rows per forward tile: enough to reuse the packed weights, few enough for the column
@@ -144,26 +131,15 @@ fn tile_rows(rows: usize, kkc: usize) -> usize {
 }
 
 impl ConvWorkspace {
-    /// Grows the column scratch of every thread of the current pool to at least `len` floats
-    /// before a parallel loop whose tiles need `len`. Without it a thread grows its scratch the
-    /// first time work stealing hands it one of a layer's largest tiles, which on a loaded
-    /// machine can be a later step: an allocation in a steady-state step (seen in
-    /// tests/alloc.rs and tests/inference_net.rs). Inside a pool every thread's scratch has the
-    /// same length (each growth is a broadcast to all of them), so the calling thread's tells
-    /// whether a broadcast is needed; outside one (the work goes to the global pool) this
-    /// workspace remembers what it reserved there.
+    /// Grows every compute thread's scratch to `len` floats before a parallel loop (see
+    /// [`Reservation::reserve`]).
     fn reserve_col(&mut self, len: usize) {
-        let reserved = match rayon::current_thread_index() {
-            Some(_) => COL.with(|c| c.borrow().len()),
-            None => self.global_col_reserved,
-        };
-        if len <= reserved {
-            return;
-        }
-        rayon::broadcast(|_| with_col(len, |_| ()));
-        if rayon::current_thread_index().is_none() {
-            self.global_col_reserved = len;
-        }
+        self.reserved.reserve(len);
+    }
+
+    /// Sets the algorithm of the 3x3 stride-1 convolutions.
+    pub fn set_algo(&mut self, algo: ConvAlgo) {
+        self.algo = algo;
     }
 
     /// Sets the samples per chunk of the weight-gradient sums.
@@ -186,6 +162,8 @@ impl ConvWorkspace {
         let (y, x) = (&mut y[..n * g.out_len()], &x[..n * g.in_len()]);
         if g.depthwise() {
             depthwise_forward(g, n, x, w, y);
+        } else if let Some(tile) = self.algo.tile_for(g) {
+            self.winograd.forward(tile, g, n, x, w, y, false);
         } else {
             let (rows, kkc, og, o) = (n * g.pixels(), g.kkc(), g.og(), g.o);
             for grp in 0..g.groups {
@@ -242,15 +220,30 @@ impl ConvWorkspace {
             }
             return;
         }
-        if !(g.pointwise() && g.groups == 1) {
-            self.reserve_col(KC.min(n * g.pixels()) * g.kkc());
+        if let Some(tile) = self.algo.weight_grad_tile(g) {
+            self.winograd.reserve_weight_grad(tile, g);
+            let (p, o) = (g.pixels(), g.o);
+            self.tree.sum_chunks(n, dwb, &|r, part| {
+                let (pw, pb) = part.split_at_mut(wl);
+                winograd::weight_grad_chunk(tile, g, x, dy, r.clone(), pw);
+                if has_bias {
+                    column_sums(&dy[r.start * p * o..r.end * p * o], o, pb);
+                }
+            });
+        } else {
+            if !(g.pointwise() && g.groups == 1) {
+                self.reserve_col(KC.min(n * g.pixels()) * g.kkc());
+            }
+            self.tree.sum_chunks(n, dwb, &|r, part| {
+                weight_grad_chunk(g, x, dy, r, part, has_bias)
+            });
         }
-        self.tree.sum_chunks(n, dwb, &|r, part| {
-            weight_grad_chunk(g, x, dy, r, part, has_bias)
-        });
         if let Some((dx, acc)) = dx {
             let dx = &mut dx[..n * g.in_len()];
-            if g.dx_as_conv() {
+            let winograd = self.algo.tile_for(g).filter(|_| g.dx_as_conv());
+            if let Some(tile) = winograd {
+                self.winograd.input_grad(tile, g, n, dy, w, dx, acc);
+            } else if g.dx_as_conv() {
                 self.input_grad_as_conv(g, n, dy, w, dx, acc);
             } else {
                 self.input_grad_col2im(g, n, dy, w, dx, acc);

@@ -64,7 +64,7 @@ impl<'a> MatRef<'a> {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Isa {
+pub(super) enum Isa {
     Avx512,
     Avx2,
     Portable,
@@ -110,7 +110,8 @@ fn pick(sizes: &[usize], len: usize) -> usize {
     best
 }
 
-fn isa() -> Isa {
+/// The instruction set the micro-kernels (and `peak`'s FMA loop) use, detected once.
+pub(super) fn isa() -> Isa {
     use std::sync::OnceLock;
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
@@ -128,6 +129,12 @@ fn isa() -> Isa {
         }
         Isa::Portable
     })
+}
+
+/// Rows of A the micro-kernel computes at once (its tallest panel): a caller that picks its
+/// own row counts (Winograd's tile blocks) keeps them a multiple of it.
+pub(super) fn row_panel() -> usize {
+    isa().mrs()[0]
 }
 
 /// B packed once for many multiplications (a layer's weights, reused by every tile of a

@@ -13,12 +13,16 @@ mod gemm;
 mod linear;
 mod loss;
 mod norm;
+mod peak;
 mod pool;
+mod scratch;
+mod winograd;
 
-use super::{Act, ConvGeom, DropoutMask, Kernels, PoolGeom};
+use super::{Act, ConvAlgo, ConvGeom, DropoutMask, Kernels, PoolGeom};
 use conv::ConvWorkspace;
 use linear::LinearWorkspace;
 use norm::{BnSaved, BnScratch};
+pub use peak::fma_loop;
 
 /// The CPU backend of one worker: its kernels' reusable memory (packed weights, tree-sum
 /// buffers, statistics scratch). Sized by the first step; later steps allocate nothing.
@@ -33,6 +37,9 @@ impl Kernels for Cpu {
     fn set_batch_chunk(&mut self, samples: usize) {
         self.conv.set_chunk(samples);
         self.linear.set_chunk(samples);
+    }
+    fn set_conv_algo(&mut self, algo: ConvAlgo) {
+        self.conv.set_algo(algo);
     }
     fn conv2d_forward(
         &mut self,

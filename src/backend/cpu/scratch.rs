@@ -1,0 +1,50 @@
+//! Per-thread scratch of the convolution kernels (column matrices of im2col, Winograd's
+//! transformed tiles): one buffer per compute thread that grows to the largest request once.
+
+use std::cell::RefCell;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the calling thread's scratch, at least `len` floats (grown if shorter).
+pub(super) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() < len {
+            c.resize(len, 0.0);
+        }
+        f(&mut c[..len])
+    })
+}
+
+/// What a workspace has reserved of every thread's scratch (see [`Reservation::reserve`]).
+#[derive(Default)]
+pub(super) struct Reservation {
+    /// Floats reserved on the global pool's threads, for calls from outside any pool.
+    global: usize,
+}
+
+impl Reservation {
+    /// Grows the scratch of every thread of the current pool to at least `len` floats before a
+    /// parallel loop whose tasks need `len`. Without it a thread grows its scratch the first
+    /// time work stealing hands it one of a layer's largest tasks, which on a loaded machine
+    /// can be a later step: an allocation in a steady-state step (seen in tests/alloc.rs and
+    /// tests/inference_net.rs). Inside a pool every thread's scratch has the same length (each
+    /// growth is a broadcast to all of them), so the calling thread's tells whether a broadcast
+    /// is needed; outside one (the work goes to the global pool) this remembers what it
+    /// reserved there.
+    pub(super) fn reserve(&mut self, len: usize) {
+        let reserved = match rayon::current_thread_index() {
+            Some(_) => SCRATCH.with(|c| c.borrow().len()),
+            None => self.global,
+        };
+        if len <= reserved {
+            return;
+        }
+        rayon::broadcast(|_| with_scratch(len, |_| ()));
+        if rayon::current_thread_index().is_none() {
+            self.global = len;
+        }
+    }
+}

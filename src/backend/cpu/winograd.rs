@@ -1,0 +1,575 @@
+//! Winograd's minimal filtering for 3x3 convolutions of stride 1 (Lavin & Gray, "Fast
+//! Algorithms for Convolutional Neural Networks", CVPR 2016): F(m x m, 3 x 3).
+//!
+//! An `m x m` block of outputs is `Y = A^T [ (G g G^T) . (B^T d B) ] A` for the `a x a` input
+//! tile `d` (a = m + 2) under it and each 3x3 filter `g`, `.` the element-wise product. Over
+//! channels, the element-wise products are `a^2` independent matrix products: for each of the
+//! `a^2` transformed positions `xi`, `M[xi] (tiles x O) = V[xi] (tiles x C) x U[xi] (C x O)`,
+//! with `V` the tiles' transformed inputs and `U` the transformed weights. Those run through
+//! the packed GEMM; the transforms are small fixed matrices applied to rows of channels (NHWC:
+//! channels innermost, so every transform step is a vector operation over channels).
+//!
+//! Work: per tile and channel pair `a^2` multiplications instead of `9 m^2`: 2.25x fewer for
+//! F(2x2), 4x for F(4x4). The transforms add work linear in the channels (not quadratic), so
+//! they pay when the channel counts are not tiny ([`crate::backend::ConvAlgo::winograd_pays`]).
+//!
+//! Order of work: the weights are transformed and packed once per call (the `a^2` packed `U`
+//! reused by every tile); tiles go in blocks (a block's `V` and `M` stay in cache between the
+//! input transform, the `a^2` GEMMs and the output transform), blocks in parallel. Every output
+//! is computed from its own tile alone in a fixed order (the GEMM's order over `k` depends on
+//! `k` alone), so the result is the same bits for any thread count and block size.
+//!
+//! Backward, input gradient: for a stride-1 convolution whose output is as large as its input,
+//! `dx` is the convolution of `dy` with the flipped kernel (channels swapped), itself a 3x3
+//! stride-1 convolution, so it goes through the same forward.
+//!
+//! Backward, weight gradient: the adjoint of the forward's linear maps. With `Z = A dY A^T`
+//! (each output-gradient tile taken back to the transformed domain), `dU[xi] (C x O) =
+//! V[xi]^T x Z[xi]` summed over the tiles (a GEMM whose `k` runs over tiles), and `dW = G^T
+//! dU G` per channel pair. It runs per chunk of samples ([`weight_grad_chunk`], inside the
+//! batch-sum tree of `backend::sum_order`), in tile blocks of a size fixed by the shape
+//! alone, so it is the same bits for any thread count and any split of the batch over
+//! workers.
+//!
+//! Transforms: each is generic over the tile (`A`, `M` constants, its matrices constants), so
+//! the compiler unrolls it and drops the zero coefficients; it runs on 8 channels at a time
+//! held in registers (an AVX2 vector), reading and writing each value of a tile once.
+//!
+//! Error: the transforms are exact in real arithmetic; in f32 the larger tile's points (+-2,
+//! +-1/2) amplify rounding. Measured against direct convolution in tests/winograd.rs.
+
+use super::gemm::{gemm, gemm_packed, row_panel, MatRef, PackedB};
+use super::scratch::{with_scratch, Reservation};
+use crate::backend::{ConvGeom, WinogradTile};
+use rayon::prelude::*;
+
+/// One F(M x M, 3 x 3), A = M + 2: `bt` is `B^T`, `g` is `G`, `at` is `A^T`.
+struct Transform<const A: usize, const M: usize> {
+    bt: [[f32; A]; A],
+    g: [[f32; 3]; A],
+    at: [[f32; A]; M],
+}
+
+/// F(2x2, 3x3), interpolation points 0, 1, -1 (Lavin & Gray, section 4.1).
+const F2: Transform<4, 2> = Transform {
+    bt: [
+        [1.0, 0.0, -1.0, 0.0],
+        [0.0, 1.0, 1.0, 0.0],
+        [0.0, -1.0, 1.0, 0.0],
+        [0.0, 1.0, 0.0, -1.0],
+    ],
+    g: [
+        [1.0, 0.0, 0.0],
+        [0.5, 0.5, 0.5],
+        [0.5, -0.5, 0.5],
+        [0.0, 0.0, 1.0],
+    ],
+    at: [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]],
+};
+
+/// F(4x4, 3x3), interpolation points 0, 1, -1, 2, -2 (Lavin & Gray, section 4.2).
+const F4: Transform<6, 4> = Transform {
+    bt: [
+        [4.0, 0.0, -5.0, 0.0, 1.0, 0.0],
+        [0.0, -4.0, -4.0, 1.0, 1.0, 0.0],
+        [0.0, 4.0, -4.0, -1.0, 1.0, 0.0],
+        [0.0, -2.0, -1.0, 2.0, 1.0, 0.0],
+        [0.0, 2.0, -1.0, -2.0, 1.0, 0.0],
+        [0.0, 4.0, 0.0, -5.0, 0.0, 1.0],
+    ],
+    g: [
+        [1.0 / 4.0, 0.0, 0.0],
+        [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+        [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+        [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+        [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+        [0.0, 0.0, 1.0],
+    ],
+    at: [
+        [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+        [0.0, 1.0, -1.0, 2.0, -2.0, 0.0],
+        [0.0, 1.0, 1.0, 4.0, 4.0, 0.0],
+        [0.0, 1.0, -1.0, 8.0, -8.0, 1.0],
+    ],
+};
+
+/// Runs `$body` with `$t` bound to the tile's transform (each arm a separate instance of the
+/// generic code, with its matrices as constants).
+macro_rules! on_tile {
+    ($tile:expr, $t:ident => $body:expr) => {
+        match $tile {
+            WinogradTile::F2 => {
+                let $t = &F2;
+                $body
+            }
+            WinogradTile::F4 => {
+                let $t = &F4;
+                $body
+            }
+        }
+    };
+}
+
+/// Transformed positions (`A^2`) of a tile.
+fn positions(tile: WinogradTile) -> usize {
+    on_tile!(tile, t => a2(t))
+}
+
+fn a2<const A: usize, const M: usize>(_: &Transform<A, M>) -> usize {
+    A * A
+}
+
+/// Channels the transforms work on at once: one AVX2 vector.
+const L: usize = 8;
+type Lanes = [f32; L];
+
+/// `acc += coef * v`, lane by lane (one vector FMA).
+#[inline(always)]
+fn fma(acc: &mut Lanes, coef: f32, v: &Lanes) {
+    for l in 0..L {
+        acc[l] = coef.mul_add(v[l], acc[l]);
+    }
+}
+
+/// `sum over r of coef[r] * vals[r]` for a row of a constant matrix (zero terms fold away).
+#[inline(always)]
+fn combine<const N: usize>(coef: &[f32; N], vals: &[Lanes; N]) -> Lanes {
+    let mut acc = [0.0; L];
+    for r in 0..N {
+        if coef[r] != 0.0 {
+            fma(&mut acc, coef[r], &vals[r]);
+        }
+    }
+    acc
+}
+
+/// Lanes `c0..c0 + w` of `src` (zero past `w`).
+#[inline(always)]
+fn load(src: &[f32], w: usize) -> Lanes {
+    let mut v = [0.0; L];
+    if w == L {
+        v.copy_from_slice(&src[..L]);
+    } else {
+        v[..w].copy_from_slice(&src[..w]);
+    }
+    v
+}
+
+/// Writes (or adds) the first `w` lanes of `v` into `dst`.
+#[inline(always)]
+fn store(dst: &mut [f32], v: &Lanes, w: usize, accumulate: bool) {
+    let dst = &mut dst[..w];
+    if accumulate {
+        for (d, x) in dst.iter_mut().zip(v) {
+            *d += *x;
+        }
+    } else if w == L {
+        dst.copy_from_slice(v);
+    } else {
+        dst.copy_from_slice(&v[..w]);
+    }
+}
+
+/// Floats of a tile block's `V` and `M` a block aims for: 128 K floats (512 KB), one L2 of
+/// the machines this project runs on, so a block's transformed tiles are still in cache when
+/// the GEMMs read them and when the output transform reads the products.
+const BLOCK_BUDGET: usize = 1 << 17;
+/// Most tiles per block: past this the GEMMs' rows gain nothing and the block leaves L2.
+const MAX_BLOCK_TILES: usize = 120;
+
+/// The output pointer the tile blocks write through: tiles cover disjoint output pixels, so
+/// no two tasks write the same element.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each output element is written by exactly one tile (tiles partition the output
+// pixels), and the slice it points into outlives the parallel loop.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// Reusable memory of Winograd convolutions: the transformed weights and their packed forms,
+/// and the flipped kernel of the input gradient. Sized by the largest layer on the first step.
+#[derive(Default)]
+pub struct WinogradWorkspace {
+    /// Transformed weights `U`, `[c][xi][o]`.
+    u: Vec<f32>,
+    /// `U[xi]` packed for the GEMM, one per transformed position.
+    packed: Vec<PackedB>,
+    /// The flipped, channel-swapped kernel of the input gradient (`[3][3][o][c]`).
+    flip: Vec<f32>,
+    reserved: Reservation,
+}
+
+impl WinogradWorkspace {
+    /// `y (+)= conv(x, w)` for a 3x3 stride-1 convolution (`crate::backend::winograd_applies`)
+    /// with HWIO weights, no bias or activation (the caller's epilogue adds them); added into
+    /// `y` when `accumulate`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &mut self,
+        tile: WinogradTile,
+        g: &ConvGeom,
+        n: usize,
+        x: &[f32],
+        w: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) {
+        debug_assert!(crate::backend::winograd_applies(g));
+        on_tile!(tile, t => self.forward_with(t, g, n, x, w, y, accumulate))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_with<const A: usize, const M: usize>(
+        &mut self,
+        t: &Transform<A, M>,
+        g: &ConvGeom,
+        n: usize,
+        x: &[f32],
+        w: &[f32],
+        y: &mut [f32],
+        accumulate: bool,
+    ) {
+        self.prepare_weights(t, w, g.c, g.o);
+        let (a2, c, o) = (A * A, g.c, g.o);
+        let tiles = n * g.oh.div_ceil(M) * g.ow.div_ceil(M);
+        let tb = block_tiles(tiles, c, o, a2);
+        self.reserved.reserve(a2 * tb * (c + o));
+        let y = &mut y[..n * g.out_len()];
+        let x = &x[..n * g.in_len()];
+        let out = Out(y.as_mut_ptr());
+        let packed = &self.packed;
+        (0..tiles.div_ceil(tb)).into_par_iter().for_each(|blk| {
+            let first = blk * tb;
+            let count = tb.min(tiles - first);
+            with_scratch(a2 * tb * (c + o), |scratch| {
+                let (v, prod) = scratch.split_at_mut(a2 * tb * c);
+                for k in 0..count {
+                    input_tile(t, g, x, first + k, v, k, tb);
+                }
+                for (xi, u) in packed.iter().enumerate() {
+                    let a = MatRef::rows(&v[xi * tb * c..], c);
+                    gemm_packed(count, o, c, a, u, &mut prod[xi * tb * o..], o, false);
+                }
+                for k in 0..count {
+                    // SAFETY: see `Out`; `output_tile` writes only tile `first + k`'s pixels,
+                    // inside `y` (bounds checked against the geometry).
+                    unsafe { output_tile(t, g, prod, k, tb, first + k, out, accumulate) };
+                }
+            });
+        });
+    }
+
+    /// `dx (+)= ` the input gradient of a 3x3 stride-1 convolution whose output is as large as
+    /// its input: the convolution of `dy` with the flipped kernel, channels swapped.
+    #[allow(clippy::too_many_arguments)]
+    pub fn input_grad(
+        &mut self,
+        tile: WinogradTile,
+        g: &ConvGeom,
+        n: usize,
+        dy: &[f32],
+        w: &[f32],
+        dx: &mut [f32],
+        accumulate: bool,
+    ) {
+        let (c, o) = (g.c, g.o);
+        self.flip.resize(9 * c * o, 0.0);
+        // flip[ki][kj][oi][ci] = w[2 - ki][2 - kj][ci][oi]
+        for ki in 0..3 {
+            for kj in 0..3 {
+                let src = &w[((2 - ki) * 3 + (2 - kj)) * c * o..][..c * o];
+                let dst = &mut self.flip[(ki * 3 + kj) * c * o..][..c * o];
+                for ci in 0..c {
+                    for oi in 0..o {
+                        dst[oi * c + ci] = src[ci * o + oi];
+                    }
+                }
+            }
+        }
+        let flip = std::mem::take(&mut self.flip);
+        self.forward(tile, &g.flipped(), n, dy, &flip, dx, accumulate);
+        self.flip = flip;
+    }
+
+    /// Grows every compute thread's scratch for [`weight_grad_chunk`] on this geometry before
+    /// the batch-sum tree runs the chunks.
+    pub fn reserve_weight_grad(&mut self, tile: WinogradTile, g: &ConvGeom) {
+        self.reserved.reserve(weight_grad_scratch(tile, g));
+    }
+
+    /// `U[xi] = (G w G^T)[xi]` for every input and output channel, packed for the GEMM.
+    fn prepare_weights<const A: usize, const M: usize>(
+        &mut self,
+        t: &Transform<A, M>,
+        w: &[f32],
+        c: usize,
+        o: usize,
+    ) {
+        let a2 = A * A;
+        self.u.resize(c * a2 * o, 0.0);
+        self.u
+            .par_chunks_mut(a2 * o)
+            .enumerate()
+            .for_each(|(ci, uc)| {
+                for o0 in (0..o).step_by(L) {
+                    let wl = L.min(o - o0);
+                    // The 3x3 taps of input channel ci, output channels o0..o0 + wl.
+                    let taps: [[Lanes; 3]; 3] = std::array::from_fn(|ki| {
+                        std::array::from_fn(|kj| load(&w[((ki * 3 + kj) * c + ci) * o + o0..], wl))
+                    });
+                    // Stage 1: rows[i][kj] = sum over ki of G[i][ki] taps[ki][kj].
+                    let rows: [[Lanes; 3]; A] = std::array::from_fn(|i| {
+                        std::array::from_fn(|kj| {
+                            combine(&t.g[i], &[taps[0][kj], taps[1][kj], taps[2][kj]])
+                        })
+                    });
+                    // Stage 2: U[i][j] = sum over kj of rows[i][kj] G[j][kj].
+                    for i in 0..A {
+                        for j in 0..A {
+                            let u = combine(&t.g[j], &rows[i]);
+                            store(&mut uc[(i * A + j) * o + o0..], &u, wl, false);
+                        }
+                    }
+                }
+            });
+        self.packed.resize_with(a2, PackedB::default);
+        let u = &self.u;
+        self.packed
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(xi, p)| p.pack(MatRef::strided(&u[xi * o..], a2 * o, 1), c, o));
+    }
+}
+
+/// The weight gradient `dw` (HWIO, `9 x c x o`, overwritten) of samples `samples` of a 3x3
+/// stride-1 convolution: see the module's note. Runs on the calling thread (the chunks of the
+/// batch-sum tree run in parallel); its scratch is [`weight_grad_scratch`] floats.
+pub fn weight_grad_chunk(
+    tile: WinogradTile,
+    g: &ConvGeom,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+    dw: &mut [f32],
+) {
+    on_tile!(tile, t => weight_grad_with(t, g, x, dy, samples, dw))
+}
+
+fn weight_grad_with<const A: usize, const M: usize>(
+    t: &Transform<A, M>,
+    g: &ConvGeom,
+    x: &[f32],
+    dy: &[f32],
+    samples: std::ops::Range<usize>,
+    dw: &mut [f32],
+) {
+    let (a2, c, o) = (A * A, g.c, g.o);
+    let per_sample = g.oh.div_ceil(M) * g.ow.div_ceil(M);
+    let (first, last) = (samples.start * per_sample, samples.end * per_sample);
+    let tb = grad_block_tiles(c, o, a2);
+    with_scratch(a2 * (c * o + tb * (c + o)), |scratch| {
+        let (acc, rest) = scratch.split_at_mut(a2 * c * o);
+        let (v, z) = rest.split_at_mut(a2 * tb * c);
+        let mut start = first;
+        while start < last {
+            let count = tb.min(last - start);
+            for k in 0..count {
+                input_tile(t, g, x, start + k, v, k, tb);
+                grad_tile(t, g, dy, start + k, z, k, tb);
+            }
+            for xi in 0..a2 {
+                // dU[xi] (+)= V[xi]^T x Z[xi]: A is V[xi] read transposed, k the block's tiles.
+                let vt = MatRef::strided(&v[xi * tb * c..], 1, c);
+                let zb = MatRef::rows(&z[xi * tb * o..], o);
+                let dst = &mut acc[xi * c * o..(xi + 1) * c * o];
+                gemm(c, o, count, vt, zb, dst, o, start > first);
+            }
+            start += count;
+        }
+        if first == last {
+            acc.fill(0.0);
+        }
+        // dW[ki][kj] = sum over (i, j) of G[i][ki] G[j][kj] dU[i][j], 8 elements at a time.
+        let co = c * o;
+        let gt: [[f32; A]; 3] = std::array::from_fn(|k| std::array::from_fn(|i| t.g[i][k]));
+        for e0 in (0..co).step_by(L) {
+            let wl = L.min(co - e0);
+            let du: [[Lanes; A]; A] = std::array::from_fn(|i| {
+                std::array::from_fn(|j| load(&acc[(i * A + j) * co + e0..], wl))
+            });
+            // Stage 1: rows[ki][j] = sum over i of G[i][ki] dU[i][j].
+            let rows: [[Lanes; A]; 3] = std::array::from_fn(|ki| {
+                std::array::from_fn(|j| combine(&gt[ki], &std::array::from_fn(|i| du[i][j])))
+            });
+            for ki in 0..3 {
+                for kj in 0..3 {
+                    let d = combine(&gt[kj], &rows[ki]);
+                    store(&mut dw[(ki * 3 + kj) * co + e0..], &d, wl, false);
+                }
+            }
+        }
+    });
+}
+
+/// Floats of scratch [`weight_grad_chunk`] takes on its thread: the transformed-domain
+/// gradient `A^2 x c x o` and a block's `V` and `Z`.
+pub fn weight_grad_scratch(tile: WinogradTile, g: &ConvGeom) -> usize {
+    let a2 = positions(tile);
+    let tb = grad_block_tiles(g.c, g.o, a2);
+    a2 * (g.c * g.o + tb * (g.c + g.o))
+}
+
+/// Tiles per block of the weight gradient: what fits [`BLOCK_BUDGET`], within 8 and
+/// [`MAX_BLOCK_TILES`]; a function of the shape alone (never of the thread count), since the
+/// blocks are the order of the gradient's sum over tiles.
+fn grad_block_tiles(c: usize, o: usize, a2: usize) -> usize {
+    (BLOCK_BUDGET / (a2 * (c + o)).max(1)).clamp(8, MAX_BLOCK_TILES)
+}
+
+/// Tiles per block: what fits [`BLOCK_BUDGET`], at least one micro-kernel panel, at most
+/// [`MAX_BLOCK_TILES`], and few enough that every thread gets a block; a multiple of the
+/// micro-kernel's rows.
+fn block_tiles(tiles: usize, c: usize, o: usize, a2: usize) -> usize {
+    let panel = row_panel();
+    let threads = rayon::current_num_threads().max(1);
+    let by_cache = BLOCK_BUDGET / (a2 * (c + o)).max(1);
+    let per_thread = tiles.div_ceil(threads);
+    let tb = by_cache.min(MAX_BLOCK_TILES).min(per_thread).max(panel);
+    (tb / panel * panel).max(panel).min(tiles.max(1))
+}
+
+/// Where tile `tile` of an `M x M`-tiled output lies: its sample and the output row and
+/// column of its first pixel.
+fn tile_origin<const M: usize>(g: &ConvGeom, tile: usize) -> (usize, usize, usize) {
+    let (th, tw) = (g.oh.div_ceil(M), g.ow.div_ceil(M));
+    let s = tile / (th * tw);
+    let r = tile % (th * tw);
+    (s, (r / tw) * M, (r % tw) * M)
+}
+
+/// `V[xi][k] = (B^T d B)[xi]` for tile `tile` (block position `k` of `tb`), `d` its input
+/// pixels (zero outside the image).
+fn input_tile<const A: usize, const M: usize>(
+    t: &Transform<A, M>,
+    g: &ConvGeom,
+    x: &[f32],
+    tile: usize,
+    v: &mut [f32],
+    k: usize,
+    tb: usize,
+) {
+    let (s, oy, ox) = tile_origin::<M>(g, tile);
+    let c = g.c;
+    let xs = &x[s * g.in_len()..][..g.in_len()];
+    // Where each pixel of the window starts in `xs`, or None outside the image.
+    let at: [[Option<usize>; A]; A] = std::array::from_fn(|r| {
+        std::array::from_fn(|col| {
+            let iy = (oy + r).checked_sub(g.ph).filter(|&iy| iy < g.h)?;
+            let ix = (ox + col).checked_sub(g.pw).filter(|&ix| ix < g.w)?;
+            Some((iy * g.w + ix) * c)
+        })
+    });
+    for c0 in (0..c).step_by(L) {
+        let wl = L.min(c - c0);
+        let d: [[Lanes; A]; A] = std::array::from_fn(|r| {
+            std::array::from_fn(|col| match at[r][col] {
+                Some(p) => load(&xs[p + c0..], wl),
+                None => [0.0; L],
+            })
+        });
+        // Stage 1: rows[i][col] = sum over r of B^T[i][r] d[r][col].
+        let rows: [[Lanes; A]; A] = std::array::from_fn(|i| {
+            std::array::from_fn(|col| combine(&t.bt[i], &std::array::from_fn(|r| d[r][col])))
+        });
+        // Stage 2: V[i][j] = sum over col of rows[i][col] B^T[j][col].
+        for i in 0..A {
+            for j in 0..A {
+                let val = combine(&t.bt[j], &rows[i]);
+                store(&mut v[((i * A + j) * tb + k) * c + c0..], &val, wl, false);
+            }
+        }
+    }
+}
+
+/// `Z[xi][k] = (A dY A^T)[xi]` for tile `tile` (block position `k` of `tb`): the output
+/// gradient's `M x M` tile (zero past the output's edge) in the transformed domain.
+fn grad_tile<const A: usize, const M: usize>(
+    t: &Transform<A, M>,
+    g: &ConvGeom,
+    dy: &[f32],
+    tile: usize,
+    z: &mut [f32],
+    k: usize,
+    tb: usize,
+) {
+    let (s, oy, ox) = tile_origin::<M>(g, tile);
+    let o = g.o;
+    let dys = &dy[s * g.out_len()..][..g.out_len()];
+    let at_t: [[f32; M]; A] = std::array::from_fn(|i| std::array::from_fn(|p| t.at[p][i]));
+    for o0 in (0..o).step_by(L) {
+        let wl = L.min(o - o0);
+        let d: [[Lanes; M]; M] = std::array::from_fn(|p| {
+            std::array::from_fn(|q| {
+                if oy + p < g.oh && ox + q < g.ow {
+                    load(&dys[((oy + p) * g.ow + ox + q) * o + o0..], wl)
+                } else {
+                    [0.0; L]
+                }
+            })
+        });
+        // Stage 1: rows[i][q] = sum over p of A^T[p][i] dY[p][q].
+        let rows: [[Lanes; M]; A] = std::array::from_fn(|i| {
+            std::array::from_fn(|q| combine(&at_t[i], &std::array::from_fn(|p| d[p][q])))
+        });
+        // Stage 2: Z[i][j] = sum over q of rows[i][q] A^T[q][j].
+        for i in 0..A {
+            for j in 0..A {
+                let val = combine(&at_t[j], &rows[i]);
+                store(&mut z[((i * A + j) * tb + k) * o + o0..], &val, wl, false);
+            }
+        }
+    }
+}
+
+/// `Y = A^T P A` for tile `tile` (block position `k` of `tb`) from its products `P`, written
+/// (or added) into its output pixels inside the image.
+///
+/// # Safety
+/// `out` points at the output of the geometry `g` (every sample), and no other thread writes
+/// this tile's pixels meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn output_tile<const A: usize, const M: usize>(
+    t: &Transform<A, M>,
+    g: &ConvGeom,
+    prod: &[f32],
+    k: usize,
+    tb: usize,
+    tile: usize,
+    out: Out,
+    accumulate: bool,
+) {
+    let (s, oy, ox) = tile_origin::<M>(g, tile);
+    let o = g.o;
+    let (rows_in, cols_in) = (M.min(g.oh - oy), M.min(g.ow - ox));
+    for o0 in (0..o).step_by(L) {
+        let wl = L.min(o - o0);
+        let pm: [[Lanes; A]; A] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| load(&prod[((i * A + j) * tb + k) * o + o0..], wl))
+        });
+        // Stage 1: rows[p][j] = sum over i of A^T[p][i] P[i][j].
+        let rows: [[Lanes; A]; M] = std::array::from_fn(|p| {
+            std::array::from_fn(|j| combine(&t.at[p], &std::array::from_fn(|i| pm[i][j])))
+        });
+        // Stage 2: Y[p][q] = sum over j of rows[p][j] A^T[q][j], the pixels inside the image.
+        for (p, row) in rows.iter().enumerate().take(rows_in) {
+            for q in 0..cols_in {
+                let val = combine(&t.at[q], row);
+                let at = (s * g.pixels() + (oy + p) * g.ow + ox + q) * o + o0;
+                // SAFETY: `at + wl <= n * out_len`, the pixel is this tile's (the caller's
+                // contract).
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(at), wl) };
+                store(dst, &val, wl, accumulate);
+            }
+        }
+    }
+}
