@@ -72,12 +72,16 @@ impl ConvAlgo {
         g.oh >= 16 && g.ow >= 16
     }
 
-    /// `auto`'s rule for using Winograd: both channel counts at least 32. Measured (1 thread,
-    /// batch 64, docs/bench/winograd.md): at 16 channels F(4x4) took 2.5x direct's forward time
-    /// (the tile transforms, linear in the channels, outweigh the multiplications saved,
-    /// quadratic in them); at 32 the two were level; from 64 Winograd was 1.8-2.6x faster.
+    /// `auto`'s rule for using Winograd: both channel counts at least 64. The tile transforms
+    /// cost work linear in the channels, the multiplications they save are quadratic in them,
+    /// so Winograd pays from some channel count on; where depends on how close the GEMM runs
+    /// to the FMA peak. Measured (1 thread, batch 64, `bench step --layers`,
+    /// docs/bench/winograd.md): on an AVX-512 machine whose GEMM runs at 72-89% of its peak,
+    /// resnet20's 32-channel 16x16 layers took 1.94 + 3.69 ms (forward + backward) by F(4x4)
+    /// against 1.61 + 3.18 direct, its 64-channel 8x8 layers 1.19 + 2.49 against 1.47 + 2.88;
+    /// on an AVX2 machine 32 channels were level and 64 faster. 64 is where it won on both.
     pub fn winograd_pays(g: &ConvGeom) -> bool {
-        g.c >= 32 && g.o >= 32
+        g.c >= 64 && g.o >= 64
     }
 
     /// `auto`'s tile: F(4x4, 3x3) when the output is at least 8x8, F(2x2, 3x3) below. On a

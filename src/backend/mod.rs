@@ -44,3 +44,13 @@ pub fn default_kernels() -> Box<dyn Kernels> {
 pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
     cpu::fma_loop(iterations)
 }
+
+/// Floats the default backend's convolution of geometry `g` under `algo` adds to the net's
+/// memory and to each compute thread's scratch beyond direct convolution's (zero for a layer
+/// that runs direct): what `plan::memory` counts for `--conv-algo`.
+pub fn conv_algo_floats(algo: ConvAlgo, g: &ConvGeom) -> (usize, usize) {
+    match algo.tile_for(g) {
+        Some(tile) => cpu::winograd_workspace_floats(tile, g),
+        None => (0, 0),
+    }
+}

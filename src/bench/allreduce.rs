@@ -548,6 +548,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
         messages_per_worker: if redundant { workers - 1 } else { 2 },
         extra_per_worker: Some(("the buffer and its scratch", 2.0 * largest as f64)),
         loaded: 0.0,
+        conv_algo: crate::backend::ConvAlgo::Direct,
     };
     crate::plan::memory::estimate(&inputs)
         .check(&format!(

@@ -235,7 +235,7 @@ pub fn run_command(a: StepArgs) -> Result<(), String> {
     }
     let models = super::args::entries("--model", &a.model)?;
     for m in &models {
-        crate::measure::check_step_memory(m.trim(), a.batch, 1)?;
+        crate::measure::check_step_memory(m.trim(), a.batch, 1, a.conv_algo)?;
     }
     crate::outln!("{}", StepTable::terminal_header());
     let table = measure_table(

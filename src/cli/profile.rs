@@ -113,7 +113,7 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
                 crate::limits::cores()
             ));
         }
-        check_step_memory(&a.model, a.batch, a.concurrent.max(1))?;
+        check_step_memory(&a.model, a.batch, a.concurrent.max(1), a.conv_algo)?;
         measure(&MeasureSpec {
             concurrent: a.concurrent,
             conv_algo: a.conv_algo,

@@ -240,10 +240,16 @@ fn time_replica(spec: &MeasureSpec) -> Result<ReplicaTimings, String> {
 }
 
 /// Refuses a measured profile whose step would not fit in this machine's memory (the one
-/// estimate of [`crate::plan::memory`], each replica a worker).
-pub fn check_step_memory(model: &str, batch: usize, replicas: usize) -> Result<(), String> {
+/// estimate of [`crate::plan::memory`], each replica a worker, its convolutions by `conv_algo`).
+pub fn check_step_memory(
+    model: &str,
+    batch: usize,
+    replicas: usize,
+    conv_algo: ConvAlgo,
+) -> Result<(), String> {
     let g = reference_graph(model)?;
-    let inputs = crate::plan::memory::MemoryInputs::training(&g, batch, replicas, 1);
+    let mut inputs = crate::plan::memory::MemoryInputs::training(&g, batch, replicas, 1);
+    inputs.conv_algo = conv_algo;
     let replicas = if replicas > 1 {
         format!(" on {replicas} replicas")
     } else {

@@ -11,4 +11,6 @@ pub mod layers;
 mod net;
 
 pub use layer::{LossReport, Mode, StepInfo, TensorInfo, TensorLayout};
-pub use net::{ExecDone, FlatGrads, GradSink, Net, NetConfig, NetError, ParamBlock};
+pub use net::{
+    conv_geometries, ExecDone, FlatGrads, GradSink, Net, NetConfig, NetError, ParamBlock,
+};

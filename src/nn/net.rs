@@ -850,6 +850,18 @@ fn make_layer(
     })
 }
 
+/// The kernels' geometry of every convolution of `g`, in node order: what the net's
+/// convolution layers are built with (`plan::memory` sizes their workspaces from it).
+pub fn conv_geometries(g: &Graph) -> Vec<ConvGeom> {
+    g.nodes
+        .iter()
+        .filter_map(|n| match n.layer() {
+            Some(Op::Conv2d(c)) => Some(conv_geom(c, g.nodes[n.inputs[0]].shape, n.shape)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The kernels' geometry of convolution `c` from input shape `x` to output shape `y` (its
 /// padding and groups resolved by `Graph::build`).
 fn conv_geom(c: &Conv2d, x: Shape, y: Shape) -> ConvGeom {

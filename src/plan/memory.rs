@@ -15,6 +15,7 @@
 //! The check is against what this process may take ([`crate::limits::memory_room`]: the
 //! smallest of `MemAvailable`, the cgroup's headroom and `RLIMIT_AS` minus the mapped size).
 
+use crate::backend::ConvAlgo;
 use crate::limits::{human_bytes, MemoryError, MemoryLimit, MemoryRoom};
 use crate::model::{Graph, Op};
 
@@ -46,6 +47,9 @@ pub struct MemoryInputs<'a> {
     /// Bytes of data already in memory when the check runs (a data set loaded whole): part of
     /// what the run holds, but not of what it has still to take.
     pub loaded: f64,
+    /// How the 3x3 stride-1 convolutions are computed: Winograd's transformed weights and
+    /// tiles are memory direct convolution does not take.
+    pub conv_algo: ConvAlgo,
 }
 
 impl<'a> MemoryInputs<'a> {
@@ -69,6 +73,7 @@ impl<'a> MemoryInputs<'a> {
             messages_per_worker: 0,
             extra_per_worker: None,
             loaded: 0.0,
+            conv_algo: ConvAlgo::Direct,
         }
     }
 }
@@ -162,6 +167,12 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
             "compute threads' scratch",
             4.0 * (THREAD_SCRATCH_FLOATS + COL_ROWS * width) * (inputs.threads as f64) * w,
             lower,
+        );
+        let (net, thread) = conv_algo_floats(g, inputs.conv_algo);
+        part(
+            "Winograd workspace",
+            4.0 * (net + thread * inputs.threads as f64) * w,
+            "--conv-algo direct (or auto), --threads or --workers".into(),
         );
     }
     if let Some((what, bytes)) = inputs.extra_per_worker {
@@ -346,6 +357,17 @@ fn gradient_floats(
 
 /// The widest column matrix row of the model's convolutions (kernel x kernel x input channels
 /// per group), 0 without any.
+/// Floats of the convolution algorithm's own buffers beyond direct convolution's: per net and
+/// per compute thread, each the largest over the layers (the buffers grow to the largest once).
+fn conv_algo_floats(g: &Graph, algo: ConvAlgo) -> (f64, f64) {
+    crate::nn::conv_geometries(g)
+        .iter()
+        .map(|geom| crate::backend::conv_algo_floats(algo, geom))
+        .fold((0.0, 0.0), |(n, t), (gn, gt)| {
+            (f64::max(n, gn as f64), f64::max(t, gt as f64))
+        })
+}
+
 fn max_column_width(g: &Graph) -> f64 {
     g.nodes
         .iter()
@@ -387,6 +409,33 @@ mod tests {
                 "{model}"
             );
         }
+    }
+
+    #[test]
+    fn winograd_workspace_is_counted_where_winograd_runs() {
+        use crate::backend::WinogradTile;
+        let winograd = |model: &str, algo: ConvAlgo, threads: usize| {
+            let g = crate::model::reference_graph(model).unwrap();
+            let mut i = MemoryInputs::training(&g, 64, 1, threads);
+            i.conv_algo = algo;
+            estimate(&i)
+                .parts
+                .iter()
+                .find(|p| p.what == "Winograd workspace")
+                .map_or(0.0, |p| p.bytes)
+        };
+        let f4 = ConvAlgo::Winograd(WinogradTile::F4);
+        assert_eq!(winograd("resnet18", ConvAlgo::Direct, 1), 0.0);
+        // lenet5's convolutions are 5x5: nothing runs by Winograd.
+        assert_eq!(winograd("lenet5", f4, 1), 0.0);
+        // resnet18's largest 3x3 layer is 512 -> 512: 36 transformed positions of 512 x 512
+        // weights, packed again, and the 9 x 512 x 512 flipped kernel, at least.
+        let one = winograd("resnet18", f4, 1);
+        assert!(one >= 4.0 * (2.0 * 36.0 + 9.0) * 512.0 * 512.0, "{one}");
+        // Each compute thread adds its scratch; F(2x2) has 16 positions, not 36.
+        assert!(winograd("resnet18", f4, 2) > one);
+        let f2 = winograd("resnet18", ConvAlgo::Winograd(WinogradTile::F2), 1);
+        assert!(f2 < one && f2 > 0.0, "{f2} {one}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub fn run_estimate(cfg: &TrainConfig, graph: &Graph, loaded: f64) -> MemoryEsti
     inputs.data_buffers = cfg.workers * (cfg.prefetch + 1);
     inputs.other_threads = cfg.loader_threads + cfg.workers;
     inputs.loaded = loaded;
+    inputs.conv_algo = cfg.conv_algo;
     if cfg.world() > 1 {
         let lens: Vec<usize> = graph
             .nodes

@@ -23,6 +23,7 @@ use conv::ConvWorkspace;
 use linear::LinearWorkspace;
 use norm::{BnSaved, BnScratch};
 pub use peak::fma_loop;
+pub use winograd::workspace_floats as winograd_workspace_floats;
 
 /// The CPU backend of one worker: its kernels' reusable memory (packed weights, tree-sum
 /// buffers, statistics scratch). Sized by the first step; later steps allocate nothing.

@@ -38,7 +38,7 @@
 //! Error: the transforms are exact in real arithmetic; in f32 the larger tile's points (+-2,
 //! +-1/2) amplify rounding. Measured against direct convolution in tests/winograd.rs.
 
-use super::gemm::{gemm, gemm_packed, row_panel, MatRef, PackedB};
+use super::gemm::{gemm, gemm_packed, isa, row_panel, Isa, MatRef, PackedB};
 use super::scratch::{with_scratch, Reservation};
 use crate::backend::{ConvGeom, WinogradTile};
 use rayon::prelude::*;
@@ -119,13 +119,14 @@ fn a2<const A: usize, const M: usize>(_: &Transform<A, M>) -> usize {
     A * A
 }
 
-/// Channels the transforms work on at once: one AVX2 vector.
-const L: usize = 8;
-type Lanes = [f32; L];
+/// Channels the transforms work on at once: one vector, 16 lanes with AVX-512 and 8 (AVX2)
+/// otherwise ([`lanes!`]). Lanes are independent and each runs the same operations in the same
+/// order, so the width never changes a bit of the result.
+type Lanes<const L: usize> = [f32; L];
 
 /// `acc += coef * v`, lane by lane (one vector FMA).
 #[inline(always)]
-fn fma(acc: &mut Lanes, coef: f32, v: &Lanes) {
+fn fma<const L: usize>(acc: &mut Lanes<L>, coef: f32, v: &Lanes<L>) {
     for l in 0..L {
         acc[l] = coef.mul_add(v[l], acc[l]);
     }
@@ -133,7 +134,7 @@ fn fma(acc: &mut Lanes, coef: f32, v: &Lanes) {
 
 /// `sum over r of coef[r] * vals[r]` for a row of a constant matrix (zero terms fold away).
 #[inline(always)]
-fn combine<const N: usize>(coef: &[f32; N], vals: &[Lanes; N]) -> Lanes {
+fn combine<const N: usize, const L: usize>(coef: &[f32; N], vals: &[Lanes<L>; N]) -> Lanes<L> {
     let mut acc = [0.0; L];
     for r in 0..N {
         if coef[r] != 0.0 {
@@ -145,7 +146,7 @@ fn combine<const N: usize>(coef: &[f32; N], vals: &[Lanes; N]) -> Lanes {
 
 /// Lanes `c0..c0 + w` of `src` (zero past `w`).
 #[inline(always)]
-fn load(src: &[f32], w: usize) -> Lanes {
+fn load<const L: usize>(src: &[f32], w: usize) -> Lanes<L> {
     let mut v = [0.0; L];
     if w == L {
         v.copy_from_slice(&src[..L]);
@@ -157,7 +158,7 @@ fn load(src: &[f32], w: usize) -> Lanes {
 
 /// Writes (or adds) the first `w` lanes of `v` into `dst`.
 #[inline(always)]
-fn store(dst: &mut [f32], v: &Lanes, w: usize, accumulate: bool) {
+fn store<const L: usize>(dst: &mut [f32], v: &Lanes<L>, w: usize, accumulate: bool) {
     let dst = &mut dst[..w];
     if accumulate {
         for (d, x) in dst.iter_mut().zip(v) {
@@ -168,6 +169,33 @@ fn store(dst: &mut [f32], v: &Lanes, w: usize, accumulate: bool) {
     } else {
         dst.copy_from_slice(&v[..w]);
     }
+}
+
+/// Defines `$name`, which runs `$body::<A, M, L>` with the widest lanes this machine has: an
+/// AVX-512 instance (compiled with `avx512f` enabled, 16 lanes) when the GEMM uses AVX-512,
+/// else 8 lanes (the crate's AVX2 baseline). The transforms are most of Winograd's work besides
+/// the GEMMs; twice the lanes halves their instructions.
+macro_rules! lanes {
+    ($(#[$doc:meta])* fn $name:ident => $body:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        fn $name<const A: usize, const M: usize>(t: &Transform<A, M>, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if isa() == Isa::Avx512 {
+                #[target_feature(enable = "avx512f")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn wide<const A: usize, const M: usize>(
+                    t: &Transform<A, M>,
+                    $($arg: $ty),*
+                ) {
+                    $body::<A, M, 16>(t, $($arg),*)
+                }
+                // SAFETY: `isa()` returned Avx512 only after detecting avx512f at run time.
+                return unsafe { wide(t, $($arg),*) };
+            }
+            $body::<A, M, 8>(t, $($arg),*)
+        }
+    };
 }
 
 /// Floats of a tile block's `V` and `M` a block aims for: 128 K floats (512 KB), one L2 of
@@ -186,16 +214,13 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-/// Reusable memory of Winograd convolutions: the transformed weights and their packed forms,
-/// and the flipped kernel of the input gradient. Sized by the largest layer on the first step.
+/// Reusable memory of Winograd convolutions: the transformed weights and their packed forms. Sized by the largest layer on the first step.
 #[derive(Default)]
 pub struct WinogradWorkspace {
     /// Transformed weights `U`, `[c][xi][o]`.
     u: Vec<f32>,
     /// `U[xi]` packed for the GEMM, one per transformed position.
     packed: Vec<PackedB>,
-    /// The flipped, channel-swapped kernel of the input gradient (`[3][3][o][c]`).
-    flip: Vec<f32>,
     reserved: Reservation,
 }
 
@@ -215,7 +240,7 @@ impl WinogradWorkspace {
         accumulate: bool,
     ) {
         debug_assert!(crate::backend::winograd_applies(g));
-        on_tile!(tile, t => self.forward_with(t, g, n, x, w, y, accumulate))
+        on_tile!(tile, t => self.forward_with(t, g, n, x, w, false, y, accumulate))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -226,10 +251,13 @@ impl WinogradWorkspace {
         n: usize,
         x: &[f32],
         w: &[f32],
+        flipped: bool,
         y: &mut [f32],
         accumulate: bool,
     ) {
-        self.prepare_weights(t, w, g.c, g.o);
+        // The flipped kernel's geometry is `g` (its channels already swapped by the caller).
+        let (wc, wo) = if flipped { (g.o, g.c) } else { (g.c, g.o) };
+        self.prepare_weights(t, w, wc, wo, flipped);
         let (a2, c, o) = (A * A, g.c, g.o);
         let tiles = n * g.oh.div_ceil(M) * g.ow.div_ceil(M);
         let tb = block_tiles(tiles, c, o, a2);
@@ -243,18 +271,12 @@ impl WinogradWorkspace {
             let count = tb.min(tiles - first);
             with_scratch(a2 * tb * (c + o), |scratch| {
                 let (v, prod) = scratch.split_at_mut(a2 * tb * c);
-                for k in 0..count {
-                    input_tile(t, g, x, first + k, v, k, tb);
-                }
+                input_tiles(t, g, x, first..first + count, v, tb);
                 for (xi, u) in packed.iter().enumerate() {
                     let a = MatRef::rows(&v[xi * tb * c..], c);
                     gemm_packed(count, o, c, a, u, &mut prod[xi * tb * o..], o, false);
                 }
-                for k in 0..count {
-                    // SAFETY: see `Out`; `output_tile` writes only tile `first + k`'s pixels,
-                    // inside `y` (bounds checked against the geometry).
-                    unsafe { output_tile(t, g, prod, k, tb, first + k, out, accumulate) };
-                }
+                output_tiles(t, g, prod, first..first + count, tb, out, accumulate);
             });
         });
     }
@@ -272,23 +294,8 @@ impl WinogradWorkspace {
         dx: &mut [f32],
         accumulate: bool,
     ) {
-        let (c, o) = (g.c, g.o);
-        self.flip.resize(9 * c * o, 0.0);
-        // flip[ki][kj][oi][ci] = w[2 - ki][2 - kj][ci][oi]
-        for ki in 0..3 {
-            for kj in 0..3 {
-                let src = &w[((2 - ki) * 3 + (2 - kj)) * c * o..][..c * o];
-                let dst = &mut self.flip[(ki * 3 + kj) * c * o..][..c * o];
-                for ci in 0..c {
-                    for oi in 0..o {
-                        dst[oi * c + ci] = src[ci * o + oi];
-                    }
-                }
-            }
-        }
-        let flip = std::mem::take(&mut self.flip);
-        self.forward(tile, &g.flipped(), n, dy, &flip, dx, accumulate);
-        self.flip = flip;
+        let flipped = g.flipped();
+        on_tile!(tile, t => self.forward_with(t, &flipped, n, dy, w, true, dx, accumulate))
     }
 
     /// Grows every compute thread's scratch for [`weight_grad_chunk`] on this geometry before
@@ -297,47 +304,79 @@ impl WinogradWorkspace {
         self.reserved.reserve(weight_grad_scratch(tile, g));
     }
 
-    /// `U[xi] = (G w G^T)[xi]` for every input and output channel, packed for the GEMM.
+    /// `U[xi] = (G w G^T)[xi]` for every input and output channel, packed for the GEMM; with
+    /// `flipped`, of the input gradient's kernel instead (taps reversed, input and output
+    /// channels swapped), read from `w` in place: the transform of each channel pair is the
+    /// same arithmetic on the same taps, and the swap is the packing's (a transposed view).
     fn prepare_weights<const A: usize, const M: usize>(
         &mut self,
         t: &Transform<A, M>,
         w: &[f32],
         c: usize,
         o: usize,
+        flipped: bool,
     ) {
         let a2 = A * A;
         self.u.resize(c * a2 * o, 0.0);
         self.u
             .par_chunks_mut(a2 * o)
             .enumerate()
-            .for_each(|(ci, uc)| {
-                for o0 in (0..o).step_by(L) {
-                    let wl = L.min(o - o0);
-                    // The 3x3 taps of input channel ci, output channels o0..o0 + wl.
-                    let taps: [[Lanes; 3]; 3] = std::array::from_fn(|ki| {
-                        std::array::from_fn(|kj| load(&w[((ki * 3 + kj) * c + ci) * o + o0..], wl))
-                    });
-                    // Stage 1: rows[i][kj] = sum over ki of G[i][ki] taps[ki][kj].
-                    let rows: [[Lanes; 3]; A] = std::array::from_fn(|i| {
-                        std::array::from_fn(|kj| {
-                            combine(&t.g[i], &[taps[0][kj], taps[1][kj], taps[2][kj]])
-                        })
-                    });
-                    // Stage 2: U[i][j] = sum over kj of rows[i][kj] G[j][kj].
-                    for i in 0..A {
-                        for j in 0..A {
-                            let u = combine(&t.g[j], &rows[i]);
-                            store(&mut uc[(i * A + j) * o + o0..], &u, wl, false);
-                        }
-                    }
-                }
-            });
+            .for_each(|(ci, uc)| weights_of_channel(t, w, c, o, ci, flipped, uc));
         self.packed.resize_with(a2, PackedB::default);
         let u = &self.u;
-        self.packed
-            .par_iter_mut()
-            .enumerate()
-            .for_each(|(xi, p)| p.pack(MatRef::strided(&u[xi * o..], a2 * o, 1), c, o));
+        self.packed.par_iter_mut().enumerate().for_each(|(xi, p)| {
+            let u = &u[xi * o..];
+            if flipped {
+                // The flipped convolution's inputs are this one's outputs: B is o x c.
+                p.pack(MatRef::strided(u, 1, a2 * o), o, c)
+            } else {
+                p.pack(MatRef::strided(u, a2 * o, 1), c, o)
+            }
+        });
+    }
+}
+
+lanes! {
+    /// `uc[xi][o] = (G w[.][.][ci][o] G^T)[xi]`: input channel `ci`'s transformed weights for
+    /// every output channel (taps reversed when `flipped`).
+    fn weights_of_channel => weights_of_channel_lanes(
+        w: &[f32],
+        c: usize,
+        o: usize,
+        ci: usize,
+        flipped: bool,
+        uc: &mut [f32],
+    )
+}
+
+#[inline(always)]
+fn weights_of_channel_lanes<const A: usize, const M: usize, const L: usize>(
+    t: &Transform<A, M>,
+    w: &[f32],
+    c: usize,
+    o: usize,
+    ci: usize,
+    flipped: bool,
+    uc: &mut [f32],
+) {
+    let tap = |k: usize| if flipped { 2 - k } else { k };
+    for o0 in (0..o).step_by(L) {
+        let wl = L.min(o - o0);
+        // The 3x3 taps of input channel ci, output channels o0..o0 + wl.
+        let taps: [[Lanes<L>; 3]; 3] = std::array::from_fn(|ki| {
+            std::array::from_fn(|kj| load(&w[((tap(ki) * 3 + tap(kj)) * c + ci) * o + o0..], wl))
+        });
+        // Stage 1: rows[i][kj] = sum over ki of G[i][ki] taps[ki][kj].
+        let rows: [[Lanes<L>; 3]; A] = std::array::from_fn(|i| {
+            std::array::from_fn(|kj| combine(&t.g[i], &[taps[0][kj], taps[1][kj], taps[2][kj]]))
+        });
+        // Stage 2: U[i][j] = sum over kj of rows[i][kj] G[j][kj].
+        for i in 0..A {
+            for j in 0..A {
+                let u = combine(&t.g[j], &rows[i]);
+                store(&mut uc[(i * A + j) * o + o0..], &u, wl, false);
+            }
+        }
     }
 }
 
@@ -373,10 +412,8 @@ fn weight_grad_with<const A: usize, const M: usize>(
         let mut start = first;
         while start < last {
             let count = tb.min(last - start);
-            for k in 0..count {
-                input_tile(t, g, x, start + k, v, k, tb);
-                grad_tile(t, g, dy, start + k, z, k, tb);
-            }
+            input_tiles(t, g, x, start..start + count, v, tb);
+            grad_tiles(t, g, dy, start..start + count, z, tb);
             for xi in 0..a2 {
                 // dU[xi] (+)= V[xi]^T x Z[xi]: A is V[xi] read transposed, k the block's tiles.
                 let vt = MatRef::strided(&v[xi * tb * c..], 1, c);
@@ -389,26 +426,44 @@ fn weight_grad_with<const A: usize, const M: usize>(
         if first == last {
             acc.fill(0.0);
         }
-        // dW[ki][kj] = sum over (i, j) of G[i][ki] G[j][kj] dU[i][j], 8 elements at a time.
-        let co = c * o;
-        let gt: [[f32; A]; 3] = std::array::from_fn(|k| std::array::from_fn(|i| t.g[i][k]));
-        for e0 in (0..co).step_by(L) {
-            let wl = L.min(co - e0);
-            let du: [[Lanes; A]; A] = std::array::from_fn(|i| {
-                std::array::from_fn(|j| load(&acc[(i * A + j) * co + e0..], wl))
-            });
-            // Stage 1: rows[ki][j] = sum over i of G[i][ki] dU[i][j].
-            let rows: [[Lanes; A]; 3] = std::array::from_fn(|ki| {
-                std::array::from_fn(|j| combine(&gt[ki], &std::array::from_fn(|i| du[i][j])))
-            });
-            for ki in 0..3 {
-                for kj in 0..3 {
-                    let d = combine(&gt[kj], &rows[ki]);
-                    store(&mut dw[(ki * 3 + kj) * co + e0..], &d, wl, false);
-                }
+        weights_from_transformed(t, acc, c * o, dw);
+    });
+}
+
+lanes! {
+    /// `dW[ki][kj] = sum over (i, j) of G[i][ki] G[j][kj] dU[i][j]` for each of the `co`
+    /// channel pairs: the transformed-domain gradient `du` (`[xi][co]`) taken back to 3x3.
+    fn weights_from_transformed => weights_from_transformed_lanes(
+        du: &[f32],
+        co: usize,
+        dw: &mut [f32],
+    )
+}
+
+#[inline(always)]
+fn weights_from_transformed_lanes<const A: usize, const M: usize, const L: usize>(
+    t: &Transform<A, M>,
+    acc: &[f32],
+    co: usize,
+    dw: &mut [f32],
+) {
+    let gt: [[f32; A]; 3] = std::array::from_fn(|k| std::array::from_fn(|i| t.g[i][k]));
+    for e0 in (0..co).step_by(L) {
+        let wl = L.min(co - e0);
+        let du: [[Lanes<L>; A]; A] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| load(&acc[(i * A + j) * co + e0..], wl))
+        });
+        // Stage 1: rows[ki][j] = sum over i of G[i][ki] dU[i][j].
+        let rows: [[Lanes<L>; A]; 3] = std::array::from_fn(|ki| {
+            std::array::from_fn(|j| combine(&gt[ki], &std::array::from_fn(|i| du[i][j])))
+        });
+        for ki in 0..3 {
+            for kj in 0..3 {
+                let d = combine(&gt[kj], &rows[ki]);
+                store(&mut dw[(ki * 3 + kj) * co + e0..], &d, wl, false);
             }
         }
-    });
+    }
 }
 
 /// Floats of scratch [`weight_grad_chunk`] takes on its thread: the transformed-domain
@@ -417,6 +472,21 @@ pub fn weight_grad_scratch(tile: WinogradTile, g: &ConvGeom) -> usize {
     let a2 = positions(tile);
     let tb = grad_block_tiles(g.c, g.o, a2);
     a2 * (g.c * g.o + tb * (g.c + g.o))
+}
+
+/// Floats a layer of geometry `g` makes Winograd's memory grow to: the net's workspace
+/// (transformed weights, their packed copies padded to whole micro-panels, the flipped kernel)
+/// and one compute thread's scratch (the larger of a forward block and [`weight_grad_chunk`]'s).
+/// Each buffer grows to the largest layer once, so a net's need is the maximum over its layers.
+pub fn workspace_floats(tile: WinogradTile, g: &ConvGeom) -> (usize, usize) {
+    let (a2, c, o) = (positions(tile), g.c, g.o);
+    let panel_cols = o.div_ceil(32) * 32;
+    let net = a2 * c * o + a2 * c * panel_cols + 9 * c * o;
+    let forward_tiles = (BLOCK_BUDGET / (a2 * (c + o)).max(1))
+        .min(MAX_BLOCK_TILES)
+        .max(row_panel());
+    let thread = (a2 * forward_tiles * (c + o)).max(weight_grad_scratch(tile, g));
+    (net, thread)
 }
 
 /// Tiles per block of the weight gradient: what fits [`BLOCK_BUDGET`], within 8 and
@@ -438,6 +508,42 @@ fn block_tiles(tiles: usize, c: usize, o: usize, a2: usize) -> usize {
     (tb / panel * panel).max(panel).min(tiles.max(1))
 }
 
+lanes! {
+    /// `V[xi][k] = (B^T d B)[xi]` for the `k`-th tile of `tiles` (of a block of `tb`), `d`
+    /// its input pixels (zero outside the image).
+    fn input_tiles => input_tiles_lanes(
+        g: &ConvGeom,
+        x: &[f32],
+        tiles: std::ops::Range<usize>,
+        v: &mut [f32],
+        tb: usize,
+    )
+}
+
+lanes! {
+    /// `Z[xi][k] = (A dY A^T)[xi]` for the `k`-th tile of `tiles` (of a block of `tb`): the
+    /// output gradient's `M x M` tile (zero past the output's edge) in the transformed domain.
+    fn grad_tiles => grad_tiles_lanes(
+        g: &ConvGeom,
+        dy: &[f32],
+        tiles: std::ops::Range<usize>,
+        z: &mut [f32],
+        tb: usize,
+    )
+}
+
+lanes! {
+    /// `Y = A^T P A` for each tile of `tiles` into `out` (see [`output_tiles_lanes`]).
+    fn output_tiles => output_tiles_lanes(
+        g: &ConvGeom,
+        prod: &[f32],
+        tiles: std::ops::Range<usize>,
+        tb: usize,
+        out: Out,
+        accumulate: bool,
+    )
+}
+
 /// Where tile `tile` of an `M x M`-tiled output lies: its sample and the output row and
 /// column of its first pixel.
 fn tile_origin<const M: usize>(g: &ConvGeom, tile: usize) -> (usize, usize, usize) {
@@ -447,128 +553,129 @@ fn tile_origin<const M: usize>(g: &ConvGeom, tile: usize) -> (usize, usize, usiz
     (s, (r / tw) * M, (r % tw) * M)
 }
 
-/// `V[xi][k] = (B^T d B)[xi]` for tile `tile` (block position `k` of `tb`), `d` its input
-/// pixels (zero outside the image).
-fn input_tile<const A: usize, const M: usize>(
+/// The input transform of a block's tiles (see [`input_tiles`]).
+#[inline(always)]
+fn input_tiles_lanes<const A: usize, const M: usize, const L: usize>(
     t: &Transform<A, M>,
     g: &ConvGeom,
     x: &[f32],
-    tile: usize,
+    tiles: std::ops::Range<usize>,
     v: &mut [f32],
-    k: usize,
     tb: usize,
 ) {
-    let (s, oy, ox) = tile_origin::<M>(g, tile);
-    let c = g.c;
-    let xs = &x[s * g.in_len()..][..g.in_len()];
-    // Where each pixel of the window starts in `xs`, or None outside the image.
-    let at: [[Option<usize>; A]; A] = std::array::from_fn(|r| {
-        std::array::from_fn(|col| {
-            let iy = (oy + r).checked_sub(g.ph).filter(|&iy| iy < g.h)?;
-            let ix = (ox + col).checked_sub(g.pw).filter(|&ix| ix < g.w)?;
-            Some((iy * g.w + ix) * c)
-        })
-    });
-    for c0 in (0..c).step_by(L) {
-        let wl = L.min(c - c0);
-        let d: [[Lanes; A]; A] = std::array::from_fn(|r| {
-            std::array::from_fn(|col| match at[r][col] {
-                Some(p) => load(&xs[p + c0..], wl),
-                None => [0.0; L],
+    for (k, tile) in tiles.enumerate() {
+        let (s, oy, ox) = tile_origin::<M>(g, tile);
+        let c = g.c;
+        let xs = &x[s * g.in_len()..][..g.in_len()];
+        // Where each pixel of the window starts in `xs`, or None outside the image.
+        let at: [[Option<usize>; A]; A] = std::array::from_fn(|r| {
+            std::array::from_fn(|col| {
+                let iy = (oy + r).checked_sub(g.ph).filter(|&iy| iy < g.h)?;
+                let ix = (ox + col).checked_sub(g.pw).filter(|&ix| ix < g.w)?;
+                Some((iy * g.w + ix) * c)
             })
         });
-        // Stage 1: rows[i][col] = sum over r of B^T[i][r] d[r][col].
-        let rows: [[Lanes; A]; A] = std::array::from_fn(|i| {
-            std::array::from_fn(|col| combine(&t.bt[i], &std::array::from_fn(|r| d[r][col])))
-        });
-        // Stage 2: V[i][j] = sum over col of rows[i][col] B^T[j][col].
-        for i in 0..A {
-            for j in 0..A {
-                let val = combine(&t.bt[j], &rows[i]);
-                store(&mut v[((i * A + j) * tb + k) * c + c0..], &val, wl, false);
+        for c0 in (0..c).step_by(L) {
+            let wl = L.min(c - c0);
+            let d: [[Lanes<L>; A]; A] = std::array::from_fn(|r| {
+                std::array::from_fn(|col| match at[r][col] {
+                    Some(p) => load(&xs[p + c0..], wl),
+                    None => [0.0; L],
+                })
+            });
+            // Stage 1: rows[i][col] = sum over r of B^T[i][r] d[r][col].
+            let rows: [[Lanes<L>; A]; A] = std::array::from_fn(|i| {
+                std::array::from_fn(|col| combine(&t.bt[i], &std::array::from_fn(|r| d[r][col])))
+            });
+            // Stage 2: V[i][j] = sum over col of rows[i][col] B^T[j][col].
+            for i in 0..A {
+                for j in 0..A {
+                    let val = combine(&t.bt[j], &rows[i]);
+                    store(&mut v[((i * A + j) * tb + k) * c + c0..], &val, wl, false);
+                }
             }
         }
     }
 }
 
-/// `Z[xi][k] = (A dY A^T)[xi]` for tile `tile` (block position `k` of `tb`): the output
-/// gradient's `M x M` tile (zero past the output's edge) in the transformed domain.
-fn grad_tile<const A: usize, const M: usize>(
+/// The output-gradient transform of a block's tiles (see [`grad_tiles`]).
+#[inline(always)]
+fn grad_tiles_lanes<const A: usize, const M: usize, const L: usize>(
     t: &Transform<A, M>,
     g: &ConvGeom,
     dy: &[f32],
-    tile: usize,
+    tiles: std::ops::Range<usize>,
     z: &mut [f32],
-    k: usize,
     tb: usize,
 ) {
-    let (s, oy, ox) = tile_origin::<M>(g, tile);
-    let o = g.o;
-    let dys = &dy[s * g.out_len()..][..g.out_len()];
-    let at_t: [[f32; M]; A] = std::array::from_fn(|i| std::array::from_fn(|p| t.at[p][i]));
-    for o0 in (0..o).step_by(L) {
-        let wl = L.min(o - o0);
-        let d: [[Lanes; M]; M] = std::array::from_fn(|p| {
-            std::array::from_fn(|q| {
-                if oy + p < g.oh && ox + q < g.ow {
-                    load(&dys[((oy + p) * g.ow + ox + q) * o + o0..], wl)
-                } else {
-                    [0.0; L]
+    for (k, tile) in tiles.enumerate() {
+        let (s, oy, ox) = tile_origin::<M>(g, tile);
+        let o = g.o;
+        let dys = &dy[s * g.out_len()..][..g.out_len()];
+        let at_t: [[f32; M]; A] = std::array::from_fn(|i| std::array::from_fn(|p| t.at[p][i]));
+        for o0 in (0..o).step_by(L) {
+            let wl = L.min(o - o0);
+            let d: [[Lanes<L>; M]; M] = std::array::from_fn(|p| {
+                std::array::from_fn(|q| {
+                    if oy + p < g.oh && ox + q < g.ow {
+                        load(&dys[((oy + p) * g.ow + ox + q) * o + o0..], wl)
+                    } else {
+                        [0.0; L]
+                    }
+                })
+            });
+            // Stage 1: rows[i][q] = sum over p of A^T[p][i] dY[p][q].
+            let rows: [[Lanes<L>; M]; A] = std::array::from_fn(|i| {
+                std::array::from_fn(|q| combine(&at_t[i], &std::array::from_fn(|p| d[p][q])))
+            });
+            // Stage 2: Z[i][j] = sum over q of rows[i][q] A^T[q][j].
+            for i in 0..A {
+                for j in 0..A {
+                    let val = combine(&at_t[j], &rows[i]);
+                    store(&mut z[((i * A + j) * tb + k) * o + o0..], &val, wl, false);
                 }
-            })
-        });
-        // Stage 1: rows[i][q] = sum over p of A^T[p][i] dY[p][q].
-        let rows: [[Lanes; M]; A] = std::array::from_fn(|i| {
-            std::array::from_fn(|q| combine(&at_t[i], &std::array::from_fn(|p| d[p][q])))
-        });
-        // Stage 2: Z[i][j] = sum over q of rows[i][q] A^T[q][j].
-        for i in 0..A {
-            for j in 0..A {
-                let val = combine(&at_t[j], &rows[i]);
-                store(&mut z[((i * A + j) * tb + k) * o + o0..], &val, wl, false);
             }
         }
     }
 }
 
-/// `Y = A^T P A` for tile `tile` (block position `k` of `tb`) from its products `P`, written
-/// (or added) into its output pixels inside the image.
-///
-/// # Safety
-/// `out` points at the output of the geometry `g` (every sample), and no other thread writes
-/// this tile's pixels meanwhile.
+/// `Y = A^T P A` for each tile of `tiles` (block positions from 0, of `tb`) from its products
+/// `P`, written (or added) into its output pixels inside the image. `out` points at `g`'s
+/// whole output ([`Out`]: a block's tiles are its own, no other task writes their pixels).
 #[allow(clippy::too_many_arguments)]
-unsafe fn output_tile<const A: usize, const M: usize>(
+#[inline(always)]
+fn output_tiles_lanes<const A: usize, const M: usize, const L: usize>(
     t: &Transform<A, M>,
     g: &ConvGeom,
     prod: &[f32],
-    k: usize,
+    tiles: std::ops::Range<usize>,
     tb: usize,
-    tile: usize,
     out: Out,
     accumulate: bool,
 ) {
-    let (s, oy, ox) = tile_origin::<M>(g, tile);
-    let o = g.o;
-    let (rows_in, cols_in) = (M.min(g.oh - oy), M.min(g.ow - ox));
-    for o0 in (0..o).step_by(L) {
-        let wl = L.min(o - o0);
-        let pm: [[Lanes; A]; A] = std::array::from_fn(|i| {
-            std::array::from_fn(|j| load(&prod[((i * A + j) * tb + k) * o + o0..], wl))
-        });
-        // Stage 1: rows[p][j] = sum over i of A^T[p][i] P[i][j].
-        let rows: [[Lanes; A]; M] = std::array::from_fn(|p| {
-            std::array::from_fn(|j| combine(&t.at[p], &std::array::from_fn(|i| pm[i][j])))
-        });
-        // Stage 2: Y[p][q] = sum over j of rows[p][j] A^T[q][j], the pixels inside the image.
-        for (p, row) in rows.iter().enumerate().take(rows_in) {
-            for q in 0..cols_in {
-                let val = combine(&t.at[q], row);
-                let at = (s * g.pixels() + (oy + p) * g.ow + ox + q) * o + o0;
-                // SAFETY: `at + wl <= n * out_len`, the pixel is this tile's (the caller's
-                // contract).
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(at), wl) };
-                store(dst, &val, wl, accumulate);
+    for (k, tile) in tiles.enumerate() {
+        let (s, oy, ox) = tile_origin::<M>(g, tile);
+        let o = g.o;
+        let (rows_in, cols_in) = (M.min(g.oh - oy), M.min(g.ow - ox));
+        for o0 in (0..o).step_by(L) {
+            let wl = L.min(o - o0);
+            let pm: [[Lanes<L>; A]; A] = std::array::from_fn(|i| {
+                std::array::from_fn(|j| load(&prod[((i * A + j) * tb + k) * o + o0..], wl))
+            });
+            // Stage 1: rows[p][j] = sum over i of A^T[p][i] P[i][j].
+            let rows: [[Lanes<L>; A]; M] = std::array::from_fn(|p| {
+                std::array::from_fn(|j| combine(&t.at[p], &std::array::from_fn(|i| pm[i][j])))
+            });
+            // Stage 2: Y[p][q] = sum over j of rows[p][j] A^T[q][j], the pixels inside the image.
+            for (p, row) in rows.iter().enumerate().take(rows_in) {
+                for q in 0..cols_in {
+                    let val = combine(&t.at[q], row);
+                    let at = (s * g.pixels() + (oy + p) * g.ow + ox + q) * o + o0;
+                    // SAFETY: `at + wl <= n * out_len` (the pixel is inside the image), and the
+                    // pixel is this tile's alone (`Out`).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(at), wl) };
+                    store(dst, &val, wl, accumulate);
+                }
             }
         }
     }
