@@ -16,6 +16,7 @@ mod norm;
 mod peak;
 mod pool;
 mod scratch;
+mod vector;
 mod winograd;
 
 use super::{Act, ConvAlgo, ConvGeom, DropoutMask, Kernels, PoolGeom};

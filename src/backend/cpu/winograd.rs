@@ -15,7 +15,10 @@
 //!
 //! Order of work: the weights are transformed and packed once per call (the `a^2` packed `U`
 //! reused by every tile); tiles go in blocks (a block's `V` and `M` stay in cache between the
-//! input transform, the `a^2` GEMMs and the output transform), blocks in parallel. Every output
+//! input transform, the `a^2` GEMMs and the output transform), blocks in parallel. A block's
+//! `V`, `M` and `Z` are tile-major (`[tile][xi][channel]`): a transform writes or reads one
+//! tile's `a^2 x channels` values contiguously, and each GEMM reads its `xi` as a strided
+//! matrix in place (rows `a^2 x channels` apart). Every output
 //! is computed from its own tile alone in a fixed order (the GEMM's order over `k` depends on
 //! `k` alone), so the result is the same bits for any thread count and block size.
 //!
@@ -40,6 +43,9 @@
 
 use super::gemm::{gemm, gemm_packed, isa, row_panel, Isa, MatRef, PackedB};
 use super::scratch::{with_scratch, Reservation};
+#[cfg(target_arch = "x86_64")]
+use super::vector::Wide;
+use super::vector::{Narrow, Vector};
 use crate::backend::{ConvGeom, WinogradTile};
 use rayon::prelude::*;
 
@@ -93,6 +99,24 @@ const F4: Transform<6, 4> = Transform {
     ],
 };
 
+/// The transforms as compile-time constants: the vector code reads its coefficients from
+/// `<Lavin as Coefficients<A, M>>::T`, so they fold into the instructions and the zero ones
+/// vanish (through a `&Transform` argument they were loads and compares in every tile).
+trait Coefficients<const A: usize, const M: usize> {
+    const T: Transform<A, M>;
+}
+
+/// Lavin & Gray's transforms ([`F2`], [`F4`]).
+struct Lavin;
+
+impl Coefficients<4, 2> for Lavin {
+    const T: Transform<4, 2> = F2;
+}
+
+impl Coefficients<6, 4> for Lavin {
+    const T: Transform<6, 4> = F4;
+}
+
 /// Runs `$body` with `$t` bound to the tile's transform (each arm a separate instance of the
 /// generic code, with its matrices as constants).
 macro_rules! on_tile {
@@ -119,81 +143,72 @@ fn a2<const A: usize, const M: usize>(_: &Transform<A, M>) -> usize {
     A * A
 }
 
-/// Channels the transforms work on at once: one vector, 16 lanes with AVX-512 and 8 (AVX2)
-/// otherwise ([`lanes!`]). Lanes are independent and each runs the same operations in the same
-/// order, so the width never changes a bit of the result.
-type Lanes<const L: usize> = [f32; L];
-
-/// `acc += coef * v`, lane by lane (one vector FMA).
+/// `sum over r of coef[r] * vals[r]` for a row of a constant matrix (zero terms skipped).
 #[inline(always)]
-fn fma<const L: usize>(acc: &mut Lanes<L>, coef: f32, v: &Lanes<L>) {
-    for l in 0..L {
-        acc[l] = coef.mul_add(v[l], acc[l]);
-    }
-}
-
-/// `sum over r of coef[r] * vals[r]` for a row of a constant matrix (zero terms fold away).
-#[inline(always)]
-fn combine<const N: usize, const L: usize>(coef: &[f32; N], vals: &[Lanes<L>; N]) -> Lanes<L> {
-    let mut acc = [0.0; L];
+fn combine<const N: usize, V: Vector>(coef: &[f32; N], vals: &[V; N]) -> V {
+    let mut acc = V::zero();
     for r in 0..N {
         if coef[r] != 0.0 {
-            fma(&mut acc, coef[r], &vals[r]);
+            acc = acc.fma(coef[r], vals[r]);
         }
     }
     acc
 }
 
-/// Lanes `c0..c0 + w` of `src` (zero past `w`).
+/// Lanes `0..w` of `src` (zero past `w`).
 #[inline(always)]
-fn load<const L: usize>(src: &[f32], w: usize) -> Lanes<L> {
-    let mut v = [0.0; L];
-    if w == L {
-        v.copy_from_slice(&src[..L]);
-    } else {
-        v[..w].copy_from_slice(&src[..w]);
+fn load<V: Vector>(src: &[f32], w: usize) -> V {
+    V::load(src, w)
+}
+
+/// Lanes `0..w` from `src[0]`, `src[stride]`, ... (zero past `w`).
+#[inline(always)]
+fn gather<V: Vector>(src: &[f32], stride: usize, w: usize) -> V {
+    let mut lanes = [0.0f32; 16];
+    for (l, v) in lanes[..w].iter_mut().enumerate() {
+        *v = src[l * stride];
     }
-    v
+    V::load(&lanes, w)
 }
 
 /// Writes (or adds) the first `w` lanes of `v` into `dst`.
 #[inline(always)]
-fn store<const L: usize>(dst: &mut [f32], v: &Lanes<L>, w: usize, accumulate: bool) {
-    let dst = &mut dst[..w];
-    if accumulate {
-        for (d, x) in dst.iter_mut().zip(v) {
-            *d += *x;
-        }
-    } else if w == L {
-        dst.copy_from_slice(v);
+fn store<V: Vector>(dst: &mut [f32], v: &V, w: usize, accumulate: bool) {
+    let v = if accumulate {
+        v.add(V::load(dst, w))
     } else {
-        dst.copy_from_slice(&v[..w]);
-    }
+        *v
+    };
+    v.store(dst, w)
 }
 
-/// Defines `$name`, which runs `$body::<A, M, L>` with the widest lanes this machine has: an
-/// AVX-512 instance (compiled with `avx512f` enabled, 16 lanes) when the GEMM uses AVX-512,
-/// else 8 lanes (the crate's AVX2 baseline). The transforms are most of Winograd's work besides
-/// the GEMMs; twice the lanes halves their instructions.
+/// Defines `$name(t, ...)`, which runs `$body::<A, M, V>(...)` (`t` only names the tile) on the
+/// widest vector this machine has (`super::vector`): an AVX-512 instance (compiled with
+/// `avx512f` enabled, 16 lanes) when the GEMM uses AVX-512, else 8 lanes (the crate's AVX2
+/// baseline). The transforms are most of Winograd's work besides the GEMMs; twice the lanes
+/// halves their instructions.
 macro_rules! lanes {
     ($(#[$doc:meta])* fn $name:ident => $body:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
-        fn $name<const A: usize, const M: usize>(t: &Transform<A, M>, $($arg: $ty),*) {
+        fn $name<const A: usize, const M: usize>(_t: &Transform<A, M>, $($arg: $ty),*)
+        where
+            Lavin: Coefficients<A, M>,
+        {
             #[cfg(target_arch = "x86_64")]
             if isa() == Isa::Avx512 {
                 #[target_feature(enable = "avx512f")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn wide<const A: usize, const M: usize>(
-                    t: &Transform<A, M>,
-                    $($arg: $ty),*
-                ) {
-                    $body::<A, M, 16>(t, $($arg),*)
+                unsafe fn wide<const A: usize, const M: usize>($($arg: $ty),*)
+                where
+                    Lavin: Coefficients<A, M>,
+                {
+                    $body::<A, M, Wide>($($arg),*)
                 }
                 // SAFETY: `isa()` returned Avx512 only after detecting avx512f at run time.
-                return unsafe { wide(t, $($arg),*) };
+                return unsafe { wide::<A, M>($($arg),*) };
             }
-            $body::<A, M, 8>(t, $($arg),*)
+            $body::<A, M, Narrow>($($arg),*)
         }
     };
 }
@@ -254,7 +269,9 @@ impl WinogradWorkspace {
         flipped: bool,
         y: &mut [f32],
         accumulate: bool,
-    ) {
+    ) where
+        Lavin: Coefficients<A, M>,
+    {
         // The flipped kernel's geometry is `g` (its channels already swapped by the caller).
         let (wc, wo) = if flipped { (g.o, g.c) } else { (g.c, g.o) };
         self.prepare_weights(t, w, wc, wo, flipped);
@@ -271,12 +288,13 @@ impl WinogradWorkspace {
             let count = tb.min(tiles - first);
             with_scratch(a2 * tb * (c + o), |scratch| {
                 let (v, prod) = scratch.split_at_mut(a2 * tb * c);
-                input_tiles(t, g, x, first..first + count, v, tb);
+                input_tiles(t, g, x, first..first + count, v);
                 for (xi, u) in packed.iter().enumerate() {
-                    let a = MatRef::rows(&v[xi * tb * c..], c);
-                    gemm_packed(count, o, c, a, u, &mut prod[xi * tb * o..], o, false);
+                    // V[.][xi] as a tiles x c matrix, rows a tile's whole transform apart.
+                    let a = MatRef::strided(&v[xi * c..], a2 * c, 1);
+                    gemm_packed(count, o, c, a, u, &mut prod[xi * o..], a2 * o, false);
                 }
-                output_tiles(t, g, prod, first..first + count, tb, out, accumulate);
+                output_tiles(t, g, prod, first..first + count, out, accumulate);
             });
         });
     }
@@ -315,66 +333,76 @@ impl WinogradWorkspace {
         c: usize,
         o: usize,
         flipped: bool,
-    ) {
+    ) where
+        Lavin: Coefficients<A, M>,
+    {
         let a2 = A * A;
+        // The transformed convolution's input and output channels: swapped when flipped.
+        let (ins, outs) = if flipped { (o, c) } else { (c, o) };
         self.u.resize(c * a2 * o, 0.0);
         self.u
-            .par_chunks_mut(a2 * o)
+            .par_chunks_mut(a2 * outs)
             .enumerate()
-            .for_each(|(ci, uc)| weights_of_channel(t, w, c, o, ci, flipped, uc));
+            .for_each(|(i, ui)| weights_of_channel(t, w, c, o, i, flipped, ui));
         self.packed.resize_with(a2, PackedB::default);
         let u = &self.u;
-        self.packed.par_iter_mut().enumerate().for_each(|(xi, p)| {
-            let u = &u[xi * o..];
-            if flipped {
-                // The flipped convolution's inputs are this one's outputs: B is o x c.
-                p.pack(MatRef::strided(u, 1, a2 * o), o, c)
-            } else {
-                p.pack(MatRef::strided(u, a2 * o, 1), c, o)
-            }
-        });
+        self.packed
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(xi, p)| p.pack(MatRef::strided(&u[xi * outs..], a2 * outs, 1), ins, outs));
     }
 }
 
 lanes! {
-    /// `uc[xi][o] = (G w[.][.][ci][o] G^T)[xi]`: input channel `ci`'s transformed weights for
-    /// every output channel (taps reversed when `flipped`).
+    /// `ui[xi][.] = (G w[.][.][ch][.] G^T)[xi]`: input channel `ch`'s transformed weights
+    /// for every output channel, of the `c -> o` convolution `w` or, when `flipped`, of its
+    /// input gradient's `o -> c` one (taps reversed, `w[.][.][.][ch]` read across its rows).
     fn weights_of_channel => weights_of_channel_lanes(
         w: &[f32],
         c: usize,
         o: usize,
-        ci: usize,
+        ch: usize,
         flipped: bool,
-        uc: &mut [f32],
+        ui: &mut [f32],
     )
 }
 
 #[inline(always)]
-fn weights_of_channel_lanes<const A: usize, const M: usize, const L: usize>(
-    t: &Transform<A, M>,
+fn weights_of_channel_lanes<const A: usize, const M: usize, V: Vector>(
     w: &[f32],
     c: usize,
     o: usize,
-    ci: usize,
+    ch: usize,
     flipped: bool,
-    uc: &mut [f32],
-) {
-    let tap = |k: usize| if flipped { 2 - k } else { k };
-    for o0 in (0..o).step_by(L) {
-        let wl = L.min(o - o0);
-        // The 3x3 taps of input channel ci, output channels o0..o0 + wl.
-        let taps: [[Lanes<L>; 3]; 3] = std::array::from_fn(|ki| {
-            std::array::from_fn(|kj| load(&w[((tap(ki) * 3 + tap(kj)) * c + ci) * o + o0..], wl))
+    ui: &mut [f32],
+) where
+    Lavin: Coefficients<A, M>,
+{
+    let t = &<Lavin as Coefficients<A, M>>::T;
+    let outs = if flipped { c } else { o };
+    for o0 in (0..outs).step_by(V::LANES) {
+        let wl = V::LANES.min(outs - o0);
+        // The 3x3 taps of input channel ch, output channels o0..o0 + wl: a row of `w`, or
+        // (flipped) a column read across rows, taps reversed.
+        let taps: [[V; 3]; 3] = std::array::from_fn(|ki| {
+            std::array::from_fn(|kj| {
+                if flipped {
+                    let at = &w[((2 - ki) * 3 + (2 - kj)) * c * o..][..c * o];
+                    gather(&at[o0 * o + ch..], o, wl)
+                } else {
+                    load(&w[((ki * 3 + kj) * c + ch) * o + o0..], wl)
+                }
+            })
         });
         // Stage 1: rows[i][kj] = sum over ki of G[i][ki] taps[ki][kj].
-        let rows: [[Lanes<L>; 3]; A] = std::array::from_fn(|i| {
+        let rows: [[V; 3]; A] = std::array::from_fn(|i| {
             std::array::from_fn(|kj| combine(&t.g[i], &[taps[0][kj], taps[1][kj], taps[2][kj]]))
         });
         // Stage 2: U[i][j] = sum over kj of rows[i][kj] G[j][kj].
         for i in 0..A {
             for j in 0..A {
                 let u = combine(&t.g[j], &rows[i]);
-                store(&mut uc[(i * A + j) * o + o0..], &u, wl, false);
+                store(&mut ui[(i * A + j) * outs + o0..], &u, wl, false);
             }
         }
     }
@@ -401,7 +429,9 @@ fn weight_grad_with<const A: usize, const M: usize>(
     dy: &[f32],
     samples: std::ops::Range<usize>,
     dw: &mut [f32],
-) {
+) where
+    Lavin: Coefficients<A, M>,
+{
     let (a2, c, o) = (A * A, g.c, g.o);
     let per_sample = g.oh.div_ceil(M) * g.ow.div_ceil(M);
     let (first, last) = (samples.start * per_sample, samples.end * per_sample);
@@ -412,12 +442,12 @@ fn weight_grad_with<const A: usize, const M: usize>(
         let mut start = first;
         while start < last {
             let count = tb.min(last - start);
-            input_tiles(t, g, x, start..start + count, v, tb);
-            grad_tiles(t, g, dy, start..start + count, z, tb);
+            input_tiles(t, g, x, start..start + count, v);
+            grad_tiles(t, g, dy, start..start + count, z);
             for xi in 0..a2 {
                 // dU[xi] (+)= V[xi]^T x Z[xi]: A is V[xi] read transposed, k the block's tiles.
-                let vt = MatRef::strided(&v[xi * tb * c..], 1, c);
-                let zb = MatRef::rows(&z[xi * tb * o..], o);
+                let vt = MatRef::strided(&v[xi * c..], 1, a2 * c);
+                let zb = MatRef::strided(&z[xi * o..], a2 * o, 1);
                 let dst = &mut acc[xi * c * o..(xi + 1) * c * o];
                 gemm(c, o, count, vt, zb, dst, o, start > first);
             }
@@ -441,20 +471,22 @@ lanes! {
 }
 
 #[inline(always)]
-fn weights_from_transformed_lanes<const A: usize, const M: usize, const L: usize>(
-    t: &Transform<A, M>,
+fn weights_from_transformed_lanes<const A: usize, const M: usize, V: Vector>(
     acc: &[f32],
     co: usize,
     dw: &mut [f32],
-) {
+) where
+    Lavin: Coefficients<A, M>,
+{
+    let t = &<Lavin as Coefficients<A, M>>::T;
     let gt: [[f32; A]; 3] = std::array::from_fn(|k| std::array::from_fn(|i| t.g[i][k]));
-    for e0 in (0..co).step_by(L) {
-        let wl = L.min(co - e0);
-        let du: [[Lanes<L>; A]; A] = std::array::from_fn(|i| {
+    for e0 in (0..co).step_by(V::LANES) {
+        let wl = V::LANES.min(co - e0);
+        let du: [[V; A]; A] = std::array::from_fn(|i| {
             std::array::from_fn(|j| load(&acc[(i * A + j) * co + e0..], wl))
         });
         // Stage 1: rows[ki][j] = sum over i of G[i][ki] dU[i][j].
-        let rows: [[Lanes<L>; A]; 3] = std::array::from_fn(|ki| {
+        let rows: [[V; A]; 3] = std::array::from_fn(|ki| {
             std::array::from_fn(|j| combine(&gt[ki], &std::array::from_fn(|i| du[i][j])))
         });
         for ki in 0..3 {
@@ -509,26 +541,24 @@ fn block_tiles(tiles: usize, c: usize, o: usize, a2: usize) -> usize {
 }
 
 lanes! {
-    /// `V[xi][k] = (B^T d B)[xi]` for the `k`-th tile of `tiles` (of a block of `tb`), `d`
+    /// `V[k][xi] = (B^T d B)[xi]` for the `k`-th tile of `tiles`, `d`
     /// its input pixels (zero outside the image).
     fn input_tiles => input_tiles_lanes(
         g: &ConvGeom,
         x: &[f32],
         tiles: std::ops::Range<usize>,
         v: &mut [f32],
-        tb: usize,
     )
 }
 
 lanes! {
-    /// `Z[xi][k] = (A dY A^T)[xi]` for the `k`-th tile of `tiles` (of a block of `tb`): the
+    /// `Z[k][xi] = (A dY A^T)[xi]` for the `k`-th tile of `tiles`: the
     /// output gradient's `M x M` tile (zero past the output's edge) in the transformed domain.
     fn grad_tiles => grad_tiles_lanes(
         g: &ConvGeom,
         dy: &[f32],
         tiles: std::ops::Range<usize>,
         z: &mut [f32],
-        tb: usize,
     )
 }
 
@@ -538,7 +568,6 @@ lanes! {
         g: &ConvGeom,
         prod: &[f32],
         tiles: std::ops::Range<usize>,
-        tb: usize,
         out: Out,
         accumulate: bool,
     )
@@ -555,14 +584,15 @@ fn tile_origin<const M: usize>(g: &ConvGeom, tile: usize) -> (usize, usize, usiz
 
 /// The input transform of a block's tiles (see [`input_tiles`]).
 #[inline(always)]
-fn input_tiles_lanes<const A: usize, const M: usize, const L: usize>(
-    t: &Transform<A, M>,
+fn input_tiles_lanes<const A: usize, const M: usize, V: Vector>(
     g: &ConvGeom,
     x: &[f32],
     tiles: std::ops::Range<usize>,
     v: &mut [f32],
-    tb: usize,
-) {
+) where
+    Lavin: Coefficients<A, M>,
+{
+    let t = &<Lavin as Coefficients<A, M>>::T;
     for (k, tile) in tiles.enumerate() {
         let (s, oy, ox) = tile_origin::<M>(g, tile);
         let c = g.c;
@@ -575,23 +605,23 @@ fn input_tiles_lanes<const A: usize, const M: usize, const L: usize>(
                 Some((iy * g.w + ix) * c)
             })
         });
-        for c0 in (0..c).step_by(L) {
-            let wl = L.min(c - c0);
-            let d: [[Lanes<L>; A]; A] = std::array::from_fn(|r| {
+        for c0 in (0..c).step_by(V::LANES) {
+            let wl = V::LANES.min(c - c0);
+            let d: [[V; A]; A] = std::array::from_fn(|r| {
                 std::array::from_fn(|col| match at[r][col] {
                     Some(p) => load(&xs[p + c0..], wl),
-                    None => [0.0; L],
+                    None => V::zero(),
                 })
             });
             // Stage 1: rows[i][col] = sum over r of B^T[i][r] d[r][col].
-            let rows: [[Lanes<L>; A]; A] = std::array::from_fn(|i| {
+            let rows: [[V; A]; A] = std::array::from_fn(|i| {
                 std::array::from_fn(|col| combine(&t.bt[i], &std::array::from_fn(|r| d[r][col])))
             });
             // Stage 2: V[i][j] = sum over col of rows[i][col] B^T[j][col].
             for i in 0..A {
                 for j in 0..A {
                     let val = combine(&t.bt[j], &rows[i]);
-                    store(&mut v[((i * A + j) * tb + k) * c + c0..], &val, wl, false);
+                    store(&mut v[((k * A + i) * A + j) * c + c0..], &val, wl, false);
                 }
             }
         }
@@ -600,70 +630,72 @@ fn input_tiles_lanes<const A: usize, const M: usize, const L: usize>(
 
 /// The output-gradient transform of a block's tiles (see [`grad_tiles`]).
 #[inline(always)]
-fn grad_tiles_lanes<const A: usize, const M: usize, const L: usize>(
-    t: &Transform<A, M>,
+fn grad_tiles_lanes<const A: usize, const M: usize, V: Vector>(
     g: &ConvGeom,
     dy: &[f32],
     tiles: std::ops::Range<usize>,
     z: &mut [f32],
-    tb: usize,
-) {
+) where
+    Lavin: Coefficients<A, M>,
+{
+    let t = &<Lavin as Coefficients<A, M>>::T;
     for (k, tile) in tiles.enumerate() {
         let (s, oy, ox) = tile_origin::<M>(g, tile);
         let o = g.o;
         let dys = &dy[s * g.out_len()..][..g.out_len()];
         let at_t: [[f32; M]; A] = std::array::from_fn(|i| std::array::from_fn(|p| t.at[p][i]));
-        for o0 in (0..o).step_by(L) {
-            let wl = L.min(o - o0);
-            let d: [[Lanes<L>; M]; M] = std::array::from_fn(|p| {
+        for o0 in (0..o).step_by(V::LANES) {
+            let wl = V::LANES.min(o - o0);
+            let d: [[V; M]; M] = std::array::from_fn(|p| {
                 std::array::from_fn(|q| {
                     if oy + p < g.oh && ox + q < g.ow {
                         load(&dys[((oy + p) * g.ow + ox + q) * o + o0..], wl)
                     } else {
-                        [0.0; L]
+                        V::zero()
                     }
                 })
             });
             // Stage 1: rows[i][q] = sum over p of A^T[p][i] dY[p][q].
-            let rows: [[Lanes<L>; M]; A] = std::array::from_fn(|i| {
+            let rows: [[V; M]; A] = std::array::from_fn(|i| {
                 std::array::from_fn(|q| combine(&at_t[i], &std::array::from_fn(|p| d[p][q])))
             });
             // Stage 2: Z[i][j] = sum over q of rows[i][q] A^T[q][j].
             for i in 0..A {
                 for j in 0..A {
                     let val = combine(&at_t[j], &rows[i]);
-                    store(&mut z[((i * A + j) * tb + k) * o + o0..], &val, wl, false);
+                    store(&mut z[((k * A + i) * A + j) * o + o0..], &val, wl, false);
                 }
             }
         }
     }
 }
 
-/// `Y = A^T P A` for each tile of `tiles` (block positions from 0, of `tb`) from its products
+/// `Y = A^T P A` for each tile of `tiles` (block positions from 0) from its products
 /// `P`, written (or added) into its output pixels inside the image. `out` points at `g`'s
 /// whole output ([`Out`]: a block's tiles are its own, no other task writes their pixels).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn output_tiles_lanes<const A: usize, const M: usize, const L: usize>(
-    t: &Transform<A, M>,
+fn output_tiles_lanes<const A: usize, const M: usize, V: Vector>(
     g: &ConvGeom,
     prod: &[f32],
     tiles: std::ops::Range<usize>,
-    tb: usize,
     out: Out,
     accumulate: bool,
-) {
+) where
+    Lavin: Coefficients<A, M>,
+{
+    let t = &<Lavin as Coefficients<A, M>>::T;
     for (k, tile) in tiles.enumerate() {
         let (s, oy, ox) = tile_origin::<M>(g, tile);
         let o = g.o;
         let (rows_in, cols_in) = (M.min(g.oh - oy), M.min(g.ow - ox));
-        for o0 in (0..o).step_by(L) {
-            let wl = L.min(o - o0);
-            let pm: [[Lanes<L>; A]; A] = std::array::from_fn(|i| {
-                std::array::from_fn(|j| load(&prod[((i * A + j) * tb + k) * o + o0..], wl))
+        for o0 in (0..o).step_by(V::LANES) {
+            let wl = V::LANES.min(o - o0);
+            let pm: [[V; A]; A] = std::array::from_fn(|i| {
+                std::array::from_fn(|j| load(&prod[((k * A + i) * A + j) * o + o0..], wl))
             });
             // Stage 1: rows[p][j] = sum over i of A^T[p][i] P[i][j].
-            let rows: [[Lanes<L>; A]; M] = std::array::from_fn(|p| {
+            let rows: [[V; A]; M] = std::array::from_fn(|p| {
                 std::array::from_fn(|j| combine(&t.at[p], &std::array::from_fn(|i| pm[i][j])))
             });
             // Stage 2: Y[p][q] = sum over j of rows[p][j] A^T[q][j], the pixels inside the image.
