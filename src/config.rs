@@ -332,7 +332,7 @@ pub struct TrainOptions {
     pub prefetch: Option<usize>,
     /// How 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd
     /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where it measured faster: at
-    /// least 64 channels in and out) [default: direct].
+    /// least 16 channels in and out) [default: direct].
     #[arg(long)]
     pub conv_algo: Option<String>,
     /// Training transforms in order: off, or a list of random-resized-crop (optionally

@@ -181,8 +181,28 @@ fn auto_uses_winograd_only_where_it_applies_and_pays() {
     );
     assert_eq!(
         ConvAlgo::Auto.tile_for(&geom(16, 16, 32, 32, 1)),
-        None,
+        Some(WinogradTile::F4),
         "16 channels"
+    );
+    assert_eq!(
+        ConvAlgo::Auto.tile_for(&geom(8, 16, 32, 32, 1)),
+        None,
+        "8 channels in"
+    );
+    // The weight gradient by Winograd from an 8x8 output; every forced Winograd uses it.
+    assert_eq!(
+        ConvAlgo::Auto.weight_grad_tile(&wide),
+        Some(WinogradTile::F4)
+    );
+    let small = geom(64, 64, 4, 4, 1);
+    assert_eq!(
+        ConvAlgo::Auto.weight_grad_tile(&small),
+        None,
+        "a 4x4 output"
+    );
+    assert_eq!(
+        ConvAlgo::Winograd(WinogradTile::F4).weight_grad_tile(&small),
+        Some(WinogradTile::F4)
     );
     let strided = ConvGeom {
         sh: 2,

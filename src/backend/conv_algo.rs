@@ -65,29 +65,31 @@ impl ConvAlgo {
     }
 
     /// `auto`'s rule for the weight gradient by Winograd, on top of [`ConvAlgo::winograd_pays`]:
-    /// an output of at least 16x16. Its transformed-domain sum is per chunk of samples
+    /// an output of at least 8x8. Its transformed-domain sum is per chunk of samples
     /// (`backend::sum_order`), and taking it back to 3x3 costs the same for every chunk
-    /// whatever its tile count; on small outputs a chunk has too few tiles to repay it.
+    /// whatever its tile count; on a 4x4 output a chunk has too few tiles to repay it.
+    /// Measured (1 thread, batch 64, docs/bench/winograd.md): resnet18's 256-channel 8x8
+    /// layer's backward took 22.8 ms with it against 31.1 without; its 512-channel 4x4 layer's
+    /// 45.0 without against 47.7 with (F(2x2)) and 63.7 (F(4x4)).
     pub fn weight_grad_pays(g: &ConvGeom) -> bool {
-        g.oh >= 16 && g.ow >= 16
+        g.oh >= 8 && g.ow >= 8
     }
 
-    /// `auto`'s rule for using Winograd: both channel counts at least 64. The tile transforms
+    /// `auto`'s rule for using Winograd: both channel counts at least 16. The tile transforms
     /// cost work linear in the channels, the multiplications they save are quadratic in them,
-    /// so Winograd pays from some channel count on; where depends on how close the GEMM runs
-    /// to the FMA peak. Measured (1 thread, batch 64, `bench step --layers`,
-    /// docs/bench/winograd.md): on an AVX-512 machine whose GEMM runs at 72-89% of its peak,
-    /// resnet20's 32-channel 16x16 layers took 1.94 + 3.69 ms (forward + backward) by F(4x4)
-    /// against 1.61 + 3.18 direct, its 64-channel 8x8 layers 1.19 + 2.49 against 1.47 + 2.88;
-    /// on an AVX2 machine 32 channels were level and 64 faster. 64 is where it won on both.
+    /// so Winograd pays from some channel count on. Measured (1 thread, batch 64,
+    /// `bench step --layers`, docs/bench/winograd.md, forward + backward ms): resnet20's
+    /// 16-channel 32x32 layers 2.20 + 3.99 by F(4x4) against 2.22 + 4.61 direct, its
+    /// 32-channel 16x16 ones 1.00 + 2.06 against 1.64 + 3.16; its 3 -> 16 stem 1.44 + 1.73
+    /// against 0.96 + 0.92, and vgg-small's 3 -> 32 stem 2.13 + 3.02 against 1.60 + 1.81.
     pub fn winograd_pays(g: &ConvGeom) -> bool {
-        g.c >= 64 && g.o >= 64
+        g.c >= 16 && g.o >= 16
     }
 
     /// `auto`'s tile: F(4x4, 3x3) when the output is at least 8x8, F(2x2, 3x3) below. On a
     /// 4x4 output a batch has one F(4x4) tile per sample, too few to repay transforming
     /// 36 x C x O weights each call; F(2x2)'s 16 x C x O cost less (measured on resnet18's
-    /// 512-channel 4x4 layers: 50-58 ms against 55-68 forward, direct 71-73).
+    /// 512-channel 4x4 layers' forward: 14.6 ms by F(2x2), 20.7 by F(4x4), 20.6 direct).
     pub fn auto_tile(g: &ConvGeom) -> WinogradTile {
         if g.oh >= 8 && g.ow >= 8 {
             WinogradTile::F4

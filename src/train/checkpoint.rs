@@ -23,7 +23,7 @@
 
 use super::description::ModelDescription;
 use crate::nn::{Net, TensorInfo};
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::Dtype;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -320,6 +320,75 @@ fn data_section(bytes: &[u8]) -> Option<&[u8]> {
     bytes.get(start..)
 }
 
+/// What the checksum's value is while the data is serialised: as long as the hex digest that
+/// replaces it, so no offset in the header moves.
+const CHECKSUM_PLACEHOLDER: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Where the checksum placeholder's value starts in serialised bytes: after the header's
+/// `"tensor_sha256":"` key (its quotes unescaped, so no other metadata value can hold it).
+fn checksum_placeholder_at(bytes: &[u8]) -> Option<usize> {
+    let n = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..8usize.checked_add(n)?)?;
+    let key = format!("\"{CHECKSUM_KEY}\":\"{CHECKSUM_PLACEHOLDER}\"");
+    let at = header
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())?;
+    Some(8 + at + key.len() - 1 - CHECKSUM_PLACEHOLDER.len())
+}
+
+/// A stored tensor as safetensors serialises it: its values' bytes borrowed, not copied.
+struct StoredView<'a> {
+    dtype: Dtype,
+    shape: &'a [usize],
+    bytes: std::borrow::Cow<'a, [u8]>,
+}
+
+impl<'a> StoredView<'a> {
+    fn of(v: &'a Stored) -> Self {
+        match v {
+            Stored::F32(shape, data) => Self {
+                dtype: Dtype::F32,
+                shape,
+                bytes: le_bytes(data),
+            },
+            Stored::I64(x) => Self {
+                dtype: Dtype::I64,
+                shape: &[],
+                bytes: x.to_le_bytes().to_vec().into(),
+            },
+        }
+    }
+}
+
+impl safetensors::tensor::View for StoredView<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// `data`'s little-endian bytes: the values' own memory on a little-endian machine.
+fn le_bytes(data: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: any f32's 4 bytes are valid u8s, u8 has alignment 1, and the slice covers
+        // exactly `data`'s memory, borrowed for `data`'s lifetime.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        std::borrow::Cow::Borrowed(bytes)
+    } else {
+        data.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+}
+
 /// Lower-case hex SHA-256 of `bytes`.
 fn sha256_hex(bytes: &[u8]) -> String {
     crate::data::mnist::sha256_hex(bytes)
@@ -426,50 +495,29 @@ impl Checkpoint {
     }
 
     /// The checkpoint as safetensors bytes, its checksum in the header.
+    ///
+    /// Memory: the tensors are serialised once, straight from this checkpoint's values (no
+    /// byte copy of each tensor first), with a placeholder of the checksum's length in the
+    /// header; the digest of the data section is then written over the placeholder. Serialising
+    /// twice (once to hash, once with the digest) held three copies of the weights and momentum
+    /// at once: 264 MiB of resnet18's 1160 MiB run peak.
     pub fn to_bytes(&self) -> Result<Vec<u8>, CheckpointError> {
-        let raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = self
+        let views = self
             .tensors
             .iter()
-            .map(|(k, v)| match v {
-                Stored::F32(shape, data) => (
-                    k.clone(),
-                    Dtype::F32,
-                    shape.clone(),
-                    data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                ),
-                Stored::I64(x) => (k.clone(), Dtype::I64, Vec::new(), x.to_le_bytes().to_vec()),
-            })
-            .collect();
-        let serialise = |metadata: HashMap<String, String>| -> Result<Vec<u8>, CheckpointError> {
-            let views = raw
-                .iter()
-                .map(|(k, dtype, shape, data)| {
-                    TensorView::new(*dtype, shape.clone(), data)
-                        .map(|v| (k.as_str(), v))
-                        .map_err(|e| {
-                            CheckpointError::Serialise(format!(
-                                "cannot serialise checkpoint tensor '{k}': {e}"
-                            ))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            safetensors::serialize(views, Some(metadata)).map_err(|e| {
-                CheckpointError::Serialise(format!("cannot serialise checkpoint: {e}"))
-            })
-        };
-        // The checksum covers the data section, which the metadata does not change: serialise
-        // once to hash it, then again with the digest in the header.
+            .map(|(k, v)| (k.as_str(), StoredView::of(v)));
         let mut metadata = self.state.to_metadata();
         if let Some(d) = &self.description {
             metadata.extend(d.to_metadata());
         }
-        let unsigned = serialise(metadata.clone())?;
+        metadata.insert(CHECKSUM_KEY.into(), CHECKSUM_PLACEHOLDER.into());
+        let mut bytes = safetensors::serialize(views, Some(metadata))
+            .map_err(|e| CheckpointError::Serialise(format!("cannot serialise checkpoint: {e}")))?;
         let unserialisable = || CheckpointError::Serialise("cannot serialise checkpoint".into());
-        let data = data_section(&unsigned).ok_or_else(unserialisable)?;
-        let digest = sha256_hex(data);
-        drop(unsigned);
-        metadata.insert(CHECKSUM_KEY.into(), digest);
-        serialise(metadata)
+        let digest = sha256_hex(data_section(&bytes).ok_or_else(unserialisable)?);
+        let at = checksum_placeholder_at(&bytes).ok_or_else(unserialisable)?;
+        bytes[at..at + CHECKSUM_PLACEHOLDER.len()].copy_from_slice(digest.as_bytes());
+        Ok(bytes)
     }
 
     /// [`Checkpoint::save`]; with `slow`, the write pauses between chunks for about two
