@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Side-by-side, interleaved comparison with the PyTorch baselines in ../shared/peers/.
 # Needs a PyTorch venv (see ../shared/peers/README.md); set TORCH_PY to its python.
-# Usage: scripts/compare_pytorch.sh [rounds] [models]
+# Usage: [CONV_ALGO=auto|direct|winograd|winograd:2] scripts/compare_pytorch.sh [rounds] [models]
 #   models: comma-separated dptrain names (default lenet5,vgg-small,resnet20,resnet18,mobilenetv2)
+#   CONV_ALGO: how dptrain's steps compute 3x3 stride-1 convolutions (default auto: Winograd
+#   where its measured rule says it pays, src/backend/conv_algo.rs); the 2-worker rows run
+#   `bench overlap`, which trains with direct convolutions.
 # Prints medians per (model, threads) and ratios: one training step at batch 64 on 1 and 2
 # threads, and 2 workers x 1 thread against PyTorch DDP (gloo, 2 processes x 1 thread).
 set -euo pipefail
@@ -13,6 +16,7 @@ py=${TORCH_PY:-$HOME/torchvenv/bin/python}
 # Gloo on loopback: with its default interface choice it aborted here ("terminate called
 # without an active exception") on a machine with extra (down) interfaces.
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+conv_algo=${CONV_ALGO:-auto}
 peers=../shared/peers
 bin=target/release/dptrain
 cargo build --release -q
@@ -24,7 +28,7 @@ for r in $(seq "$rounds"); do
     m=$(torch_name "$model"); s=$(steps_for "$model")
     for t in 1 2; do
       WARM=2 "$py" "$peers/pytorch_step.py" "$m" $t "$s" | grep RESULT | sed "s/^/step $model $t /" >>"$out"
-      $bin bench step --model "$model" --threads $t --steps "$s" | grep RESULT | sed "s/^/step $model $t /" >>"$out"
+      $bin bench step --model "$model" --threads $t --steps "$s" --conv-algo "$conv_algo" | grep RESULT | sed "s/^/step $model $t /" >>"$out"
     done
     case $model in resnet18|mobilenetv2) continue ;; esac
     # Data-parallel, 2 workers: PyTorch DDP (gloo, 2 processes x 1 thread) vs dptrain (2 worker threads x 1 thread).
@@ -33,7 +37,7 @@ for r in $(seq "$rounds"); do
       | awk -v m="$model" '$1=="none" && $3=="on" {print "ddp " m " 2 RESULT dptrain imgs_per_s=" $9}' >>"$out"
   done
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "$conv_algo" <<'PY'
 import sys, re, statistics, collections
 vals = collections.defaultdict(list)
 for line in open(sys.argv[1]):
@@ -42,7 +46,7 @@ for line in open(sys.argv[1]):
     vals[(kind, model, t, who)].append(float(m.group(2)))
 rows = sorted({k[:3] for k in vals}, key=lambda k: (k[0] != 'step', k[1], k[2]))
 n = max(len(v) for v in vals.values())
-print(f"{'what':<6}{'model':<13}{'thr/wk':>7}{'dptrain':>13}{'pytorch':>13}{'ratio':>8}   (medians of {n} rounds)")
+print(f"{'what':<6}{'model':<13}{'thr/wk':>7}{'dptrain':>13}{'pytorch':>13}{'ratio':>8}   (medians of {n} rounds; steps with --conv-algo {sys.argv[2]})")
 for kind, model, t in rows:
     ours = vals.get((kind, model, t, 'dptrain'))
     torch = vals.get((kind, model, t, 'torch' if kind == 'step' else 'torch-ddp'))

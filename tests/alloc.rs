@@ -84,20 +84,26 @@ fn steady_state_steps_allocate_nothing() {
     );
     EXEMPT.with(|e| e.set(true));
     let dir = tempfile::tempdir().unwrap();
-    // (model, dataset, batch): 14+ steps in one epoch, so no evaluation falls in the window.
+    // (model, dataset, batch, --conv-algo): 14+ steps in one epoch, so no evaluation falls in
+    // the window. resnet18 with auto runs both Winograd tiles (F(2x2) on its 4x4 layers).
     let cases = [
-        ("lenet5", "synthetic:1x28x28:10", 32),
-        ("vgg-small", "synthetic:3x32x32:10", 16),
-        ("resnet20", "synthetic:3x32x32:10", 16),
-        ("mobilenetv2", "synthetic:3x32x32:10", 8),
-        ("resnet18", "synthetic:3x32x32:10", 8),
-        ("densenet-small", "synthetic:3x32x32:10", 16),
+        ("lenet5", "synthetic:1x28x28:10", 32, "direct"),
+        ("vgg-small", "synthetic:3x32x32:10", 16, "direct"),
+        ("resnet20", "synthetic:3x32x32:10", 16, "direct"),
+        ("mobilenetv2", "synthetic:3x32x32:10", 8, "direct"),
+        ("resnet18", "synthetic:3x32x32:10", 8, "direct"),
+        ("densenet-small", "synthetic:3x32x32:10", 16, "direct"),
+        ("resnet18", "synthetic:3x32x32:10", 8, "auto"),
+        ("vgg-small", "synthetic:3x32x32:10", 16, "winograd:2"),
     ];
-    for (model, dataset, batch) in cases {
+    for (name, dataset, batch, conv_algo) in cases {
+        let model = format!("{name} ({conv_algo})");
+        let model = model.as_str();
         ALLOCATIONS.store(0, Ordering::SeqCst);
         BYTES.store(0, Ordering::SeqCst);
         let o = TrainOptions {
-            model: Some(model.into()),
+            model: Some(name.into()),
+            conv_algo: Some(conv_algo.into()),
             dataset: Some(dataset.into()),
             workers: Some(2),
             threads: Some(1),
@@ -108,7 +114,7 @@ fn steady_state_steps_allocate_nothing() {
             overlap: Some("on".into()),
             comm: Some("ring".into()),
             bucket_kb: Some(64),
-            run_dir: Some(dir.path().join(model)),
+            run_dir: Some(dir.path().join(format!("{name}-{conv_algo}"))),
             quiet: true,
             no_checkpoints: true,
             ..Default::default()

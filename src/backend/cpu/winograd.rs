@@ -229,7 +229,8 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-/// Reusable memory of Winograd convolutions: the transformed weights and their packed forms. Sized by the largest layer on the first step.
+/// Reusable memory of Winograd convolutions: the transformed weights and their packed forms.
+/// Sized by the largest layer on the first step.
 #[derive(Default)]
 pub struct WinogradWorkspace {
     /// Transformed weights `U`, `[c][xi][o]`.
@@ -282,7 +283,7 @@ impl WinogradWorkspace {
         let y = &mut y[..n * g.out_len()];
         let x = &x[..n * g.in_len()];
         let out = Out(y.as_mut_ptr());
-        let packed = &self.packed;
+        let packed = &self.packed[..a2];
         (0..tiles.div_ceil(tb)).into_par_iter().for_each(|blk| {
             let first = blk * tb;
             let count = tb.min(tiles - first);
@@ -344,9 +345,13 @@ impl WinogradWorkspace {
             .par_chunks_mut(a2 * outs)
             .enumerate()
             .for_each(|(i, ui)| weights_of_channel(t, w, c, o, i, flipped, ui));
-        self.packed.resize_with(a2, PackedB::default);
+        // Grown, never shrunk: a net with both tiles (16 and 36 positions) would otherwise free
+        // and rebuild packed buffers on every step.
+        if self.packed.len() < a2 {
+            self.packed.resize_with(a2, PackedB::default);
+        }
         let u = &self.u;
-        self.packed
+        self.packed[..a2]
             .par_iter_mut()
             .enumerate()
             .for_each(|(xi, p)| p.pack(MatRef::strided(&u[xi * outs..], a2 * outs, 1), ins, outs));
