@@ -68,9 +68,10 @@ impl ConvAlgo {
     /// an output of at least 8x8. Its transformed-domain sum is per chunk of samples
     /// (`backend::sum_order`), and taking it back to 3x3 costs the same for every chunk
     /// whatever its tile count; on a 4x4 output a chunk has too few tiles to repay it.
-    /// Measured (1 thread, batch 64, docs/bench/winograd.md): resnet18's 256-channel 8x8
-    /// layer's backward took 22.8 ms with it against 31.1 without; its 512-channel 4x4 layer's
-    /// 45.0 without against 47.7 with (F(2x2)) and 63.7 (F(4x4)).
+    /// Measured (1 thread, batch 64, backward ms, docs/bench/winograd.md): resnet18's
+    /// 256-channel 8x8 layer 23.4 with it (F(4x4)) against 42.8 direct; its 512-channel 4x4
+    /// layer 46.4 without it (F(2x2) for the input gradient) against 47.3 with F(2x2) and 66.7
+    /// with F(4x4).
     pub fn weight_grad_pays(g: &ConvGeom) -> bool {
         g.oh >= 8 && g.ow >= 8
     }
@@ -79,9 +80,9 @@ impl ConvAlgo {
     /// cost work linear in the channels, the multiplications they save are quadratic in them,
     /// so Winograd pays from some channel count on. Measured (1 thread, batch 64,
     /// `bench step --layers`, docs/bench/winograd.md, forward + backward ms): resnet20's
-    /// 16-channel 32x32 layers 2.20 + 3.99 by F(4x4) against 2.22 + 4.61 direct, its
-    /// 32-channel 16x16 ones 1.00 + 2.06 against 1.64 + 3.16; its 3 -> 16 stem 1.44 + 1.73
-    /// against 0.96 + 0.92, and vgg-small's 3 -> 32 stem 2.13 + 3.02 against 1.60 + 1.81.
+    /// 16-channel 32x32 layers 2.17 + 3.97 by F(4x4) against 2.32 + 4.58 direct, its
+    /// 32-channel 16x16 ones 1.00 + 1.98 against 1.62 + 3.12; its 3 -> 16 stem 1.40 + 1.74
+    /// against 1.04 + 0.95, and vgg-small's 3 -> 32 stem 2.07 + 2.93 against 1.64 + 2.14.
     pub fn winograd_pays(g: &ConvGeom) -> bool {
         g.c >= 16 && g.o >= 16
     }
@@ -89,7 +90,7 @@ impl ConvAlgo {
     /// `auto`'s tile: F(4x4, 3x3) when the output is at least 8x8, F(2x2, 3x3) below. On a
     /// 4x4 output a batch has one F(4x4) tile per sample, too few to repay transforming
     /// 36 x C x O weights each call; F(2x2)'s 16 x C x O cost less (measured on resnet18's
-    /// 512-channel 4x4 layers' forward: 14.6 ms by F(2x2), 20.7 by F(4x4), 20.6 direct).
+    /// 512-channel 4x4 layers' forward: 15.4 ms by F(2x2), 20.1 by F(4x4), 20.7 direct).
     pub fn auto_tile(g: &ConvGeom) -> WinogradTile {
         if g.oh >= 8 && g.ow >= 8 {
             WinogradTile::F4

@@ -49,8 +49,5 @@ pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
 /// memory and to each compute thread's scratch beyond direct convolution's (zero for a layer
 /// that runs direct): what `plan::memory` counts for `--conv-algo`.
 pub fn conv_algo_floats(algo: ConvAlgo, g: &ConvGeom) -> (usize, usize) {
-    match algo.tile_for(g) {
-        Some(tile) => cpu::winograd_workspace_floats(tile, g),
-        None => (0, 0),
-    }
+    cpu::winograd_workspace_floats(algo.tile_for(g), algo.weight_grad_tile(g), g)
 }

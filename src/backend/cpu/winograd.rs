@@ -511,19 +511,28 @@ pub fn weight_grad_scratch(tile: WinogradTile, g: &ConvGeom) -> usize {
     a2 * (g.c * g.o + tb * (g.c + g.o))
 }
 
-/// Floats a layer of geometry `g` makes Winograd's memory grow to: the net's workspace
-/// (transformed weights, their packed copies padded to whole micro-panels, the flipped kernel)
-/// and one compute thread's scratch (the larger of a forward block and [`weight_grad_chunk`]'s).
-/// Each buffer grows to the largest layer once, so a net's need is the maximum over its layers.
-pub fn workspace_floats(tile: WinogradTile, g: &ConvGeom) -> (usize, usize) {
-    let (a2, c, o) = (positions(tile), g.c, g.o);
-    let panel_cols = o.div_ceil(32) * 32;
-    let net = a2 * c * o + a2 * c * panel_cols + 9 * c * o;
-    let forward_tiles = (BLOCK_BUDGET / (a2 * (c + o)).max(1))
-        .min(MAX_BLOCK_TILES)
-        .max(row_panel());
-    let thread = (a2 * forward_tiles * (c + o)).max(weight_grad_scratch(tile, g));
-    (net, thread)
+/// Floats a layer of geometry `g` makes Winograd's memory grow to, with `forward` the tile of
+/// its forward and input gradient and `weight_grad` that of its weight gradient (`None`:
+/// direct): the net's workspace (transformed weights and their packed copies, padded to whole
+/// micro-panels) and one compute thread's scratch (the larger of a forward block and
+/// [`weight_grad_chunk`]'s). Each buffer grows to the largest layer once, so a net's need is
+/// the maximum over its layers.
+pub fn workspace_floats(
+    forward: Option<WinogradTile>,
+    weight_grad: Option<WinogradTile>,
+    g: &ConvGeom,
+) -> (usize, usize) {
+    let (c, o) = (g.c, g.o);
+    let (net, forward_scratch) = forward.map_or((0, 0), |tile| {
+        let a2 = positions(tile);
+        let widest = c.max(o).div_ceil(32) * 32;
+        let tiles = (BLOCK_BUDGET / (a2 * (c + o)).max(1))
+            .min(MAX_BLOCK_TILES)
+            .max(row_panel());
+        (a2 * c * o + a2 * c.max(o) * widest, a2 * tiles * (c + o))
+    });
+    let grad_scratch = weight_grad.map_or(0, |tile| weight_grad_scratch(tile, g));
+    (net, forward_scratch.max(grad_scratch))
 }
 
 /// Tiles per block of the weight gradient: what fits [`BLOCK_BUDGET`], within 8 and
