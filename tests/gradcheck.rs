@@ -27,25 +27,27 @@ fn loss(net: &mut Net, x: &[f32], y: &[u32], n: usize) -> f64 {
     net.forward(x, y, n, step(n)).loss_sum / n as f64
 }
 
+/// How a check runs: the relative tolerance, how many random elements of each parameter block
+/// it checks (all of a smaller block), and the convolution algorithm.
+#[derive(Clone, Copy)]
+struct Settings {
+    tol: f64,
+    picks: usize,
+    algo: ConvAlgo,
+}
+
+const DEFAULT: Settings = Settings {
+    tol: 3e-2,
+    picks: 24,
+    algo: ConvAlgo::Direct,
+};
+
 /// Checks every parameter block of `spec` on input `input` with batch `n`.
 fn check(label: &str, spec: &ModelSpec, input: [usize; 3], classes: usize, n: usize) {
-    check_within(label, spec, input, classes, n, 3e-2, 24)
+    check_with(label, spec, input, classes, n, DEFAULT)
 }
 
-/// [`check`] with the net's 3x3 stride-1 convolutions computed by `algo`.
-fn check_algo(
-    label: &str,
-    spec: &ModelSpec,
-    input: [usize; 3],
-    classes: usize,
-    n: usize,
-    algo: ConvAlgo,
-) {
-    check_on(label, spec, input, classes, n, 3e-2, 24, algo)
-}
-
-/// [`check`] with a given relative tolerance, checking up to `picks` random elements of each
-/// parameter block (all of a smaller block).
+/// [`check`] with a given relative tolerance and number of elements checked per block.
 fn check_within(
     label: &str,
     spec: &ModelSpec,
@@ -55,21 +57,30 @@ fn check_within(
     tol: f64,
     picks: usize,
 ) {
-    check_on(label, spec, input, classes, n, tol, picks, ConvAlgo::Direct)
+    check_with(
+        label,
+        spec,
+        input,
+        classes,
+        n,
+        Settings {
+            tol,
+            picks,
+            ..DEFAULT
+        },
+    )
 }
 
-/// [`check_within`] on the convolution algorithm `algo`.
-#[allow(clippy::too_many_arguments)]
-fn check_on(
+/// [`check`] with `settings`.
+fn check_with(
     label: &str,
     spec: &ModelSpec,
     input: [usize; 3],
     classes: usize,
     n: usize,
-    tol: f64,
-    picks: usize,
-    algo: ConvAlgo,
+    settings: Settings,
 ) {
+    let Settings { tol, picks, algo } = settings;
     let g = Arc::new(Graph::build(spec, input, classes).unwrap_or_else(|e| panic!("{label}: {e}")));
     let mut net = Net::new(
         g.clone(),
@@ -249,7 +260,8 @@ fn winograd_convolutions() {
     for tile in [WinogradTile::F2, WinogradTile::F4] {
         for (n, input) in [(1, [3, 7, 6]), (4, [2, 9, 9])] {
             let label = format!("winograd {tile:?}, batch {n}, input {input:?}");
-            check_algo(&label, &spec, input, 3, n, ConvAlgo::Winograd(tile));
+            let algo = ConvAlgo::Winograd(tile);
+            check_with(&label, &spec, input, 3, n, Settings { algo, ..DEFAULT });
         }
     }
 }
