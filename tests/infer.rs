@@ -99,6 +99,34 @@ fn eval_gives_the_training_runs_test_figures_for_any_worker_count() {
 }
 
 #[test]
+fn eval_computes_convolutions_as_training_did() {
+    // Trained with Winograd convolutions: the checkpoint records it, and eval's loss is the
+    // run's own to the bit (direct convolutions round differently).
+    let dir = tempfile::tempdir().unwrap();
+    let s = run(&dir.path().join("run"), |o| {
+        o.model = Some("vgg-small".into());
+        o.dataset = Some("synthetic:3x32x32".into());
+        o.epochs = Some(1);
+        o.batch = Some(32);
+        o.train_limit = Some(128);
+        o.test_limit = Some(64);
+        o.conv_algo = Some("winograd".into());
+    });
+    let ck = s.checkpoint.clone().unwrap();
+    let model = TrainedModel::load(&ck).unwrap();
+    assert_eq!(
+        model.description.conv_algo.to_string(),
+        "winograd",
+        "{:?}",
+        model.description
+    );
+    let report = eval_with(&ck, |o| o.limit = Some(64));
+    let last = s.epochs.last().unwrap();
+    assert_eq!(report.top1, s.final_test_accuracy);
+    assert_eq!(report.loss.to_bits(), last.test_loss.to_bits());
+}
+
+#[test]
 fn eval_on_the_command_line_prints_json_and_writes_its_files() {
     let dir = tempfile::tempdir().unwrap();
     let s = run(&dir.path().join("run"), |o| o.epochs = Some(1));

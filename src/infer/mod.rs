@@ -64,6 +64,7 @@ pub fn check_memory(
         crate::plan::memory::MemoryInputs::training(&model.graph, batch, workers, threads);
     inputs.training = false;
     inputs.data_buffers = workers;
+    inputs.conv_algo = model.description.conv_algo;
     let nets = if workers == 1 {
         "an inference net".to_string()
     } else {

@@ -171,6 +171,7 @@ pub fn describe_run(
             .eval_transform
             .as_ref()
             .map_or_else(|| NO_TRANSFORM.to_string(), |t| t.to_string()),
+        conv_algo: cfg.conv_algo,
     }
 }
 
@@ -229,6 +230,7 @@ impl TrainedModel {
         let mut net = Net::for_inference(self.graph.clone(), cfg)
             .map_err(|e| CheckpointError::Tensor(format!("cannot set up the model: {e}")))?;
         self.checkpoint.restore(&mut net)?;
+        net.set_conv_algo(self.description.conv_algo);
         Ok(net)
     }
 
@@ -256,6 +258,7 @@ mod tests {
             mean: vec![0.1307],
             std: vec![0.3081],
             eval_transform: NO_TRANSFORM.into(),
+            conv_algo: crate::backend::ConvAlgo::Auto,
         }
     }
 
@@ -269,6 +272,15 @@ mod tests {
             ModelDescription::from_metadata(&std::collections::HashMap::new()).unwrap(),
             None
         );
+        // A checkpoint from before `conv_algo` was recorded trained with direct convolutions;
+        // a value that does not parse is named.
+        let mut m = d.to_metadata();
+        m.remove("conv_algo");
+        let old = ModelDescription::from_metadata(&m).unwrap().unwrap();
+        assert_eq!(old.conv_algo, crate::backend::ConvAlgo::Direct);
+        m.insert("conv_algo".into(), "fast".into());
+        let e = ModelDescription::from_metadata(&m).unwrap_err();
+        assert!(e.contains("conv_algo") && e.contains("fast"), "{e}");
         // Half a description is a broken file, named by the key.
         let mut m = d.to_metadata();
         m.remove("input_shape");

@@ -40,6 +40,10 @@ pub struct ModelDescription {
     /// [`NO_TRANSFORM`]: images used at the input size), as `crate::pipeline::Transforms`
     /// writes and parses them.
     pub eval_transform: String,
+    /// How the model's 3x3 stride-1 convolutions were computed in training (`--conv-algo`):
+    /// `eval` and `predict` compute them the same way, so their logits are the run's own to
+    /// the bit. Key `conv_algo`, optional: a checkpoint without it trained with `direct`.
+    pub conv_algo: crate::backend::ConvAlgo,
 }
 
 impl ModelDescription {
@@ -57,6 +61,7 @@ impl ModelDescription {
         m.insert("normalize_mean".into(), float_list(&self.mean));
         m.insert("normalize_std".into(), float_list(&self.std));
         m.insert("eval_transform".into(), self.eval_transform.clone());
+        m.insert("conv_algo".into(), self.conv_algo.to_string());
         m
     }
 
@@ -106,6 +111,12 @@ impl ModelDescription {
                 input[0]
             )));
         }
+        let conv_algo = match meta.get("conv_algo") {
+            None => crate::backend::ConvAlgo::Direct,
+            Some(a) => a
+                .parse()
+                .map_err(|e| what(format!("metadata 'conv_algo': {e}")))?,
+        };
         Ok(Some(Self {
             model_source: get("model_source")?.clone(),
             model_text: meta.get("model_text").cloned(),
@@ -114,6 +125,7 @@ impl ModelDescription {
             mean,
             std,
             eval_transform: get("eval_transform")?.clone(),
+            conv_algo,
         }))
     }
 }
