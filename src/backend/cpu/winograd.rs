@@ -18,9 +18,9 @@
 //! input transform, the `a^2` GEMMs and the output transform), blocks in parallel. A block's
 //! `V`, `M` and `Z` are tile-major (`[tile][xi][channel]`): a transform writes or reads one
 //! tile's `a^2 x channels` values contiguously, and each GEMM reads its `xi` as a strided
-//! matrix in place (rows `a^2 x channels` apart). Every output
-//! is computed from its own tile alone in a fixed order (the GEMM's order over `k` depends on
-//! `k` alone), so the result is the same bits for any thread count and block size.
+//! matrix in place (rows `a^2 x channels` apart). Every output is computed from its own tile
+//! alone in a fixed order (the GEMM's order over `k` depends on `k` alone), so the result is
+//! the same bits for any thread count and block size.
 //!
 //! Backward, input gradient: for a stride-1 convolution whose output is as large as its input,
 //! `dx` is the convolution of `dy` with the flipped kernel (channels swapped), itself a 3x3
@@ -34,9 +34,10 @@
 //! alone, so it is the same bits for any thread count and any split of the batch over
 //! workers.
 //!
-//! Transforms: each is generic over the tile (`A`, `M` constants, its matrices constants), so
-//! the compiler unrolls it and drops the zero coefficients; it runs on 8 channels at a time
-//! held in registers (an AVX2 vector), reading and writing each value of a tile once.
+//! Transforms: each is generic over the tile (`A`, `M` constants, its matrices compile-time
+//! constants through [`Coefficients`], so zero coefficients drop out) and over the vector it
+//! runs on (`super::vector`: 16 channels at a time with AVX-512, 8 with AVX2, chosen at run
+//! time by [`lanes!`]), reading and writing each value of a tile once.
 //!
 //! Error: the transforms are exact in real arithmetic; in f32 the larger tile's points (+-2,
 //! +-1/2) amplify rounding. Measured against direct convolution in tests/winograd.rs.
