@@ -45,9 +45,24 @@ pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
     cpu::fma_loop(iterations)
 }
 
-/// Floats the default backend's convolution of geometry `g` under `algo` adds to the net's
-/// memory and to each compute thread's scratch beyond direct convolution's (zero for a layer
-/// that runs direct): what `plan::memory` counts for `--conv-algo`.
-pub fn conv_algo_floats(algo: ConvAlgo, g: &ConvGeom) -> (usize, usize) {
+/// What one convolution's Winograd buffers grow to in the default backend, in floats (all
+/// zero for a layer that runs direct). A net's buffers grow to the largest layer once: its
+/// transformed weights and thread scratch to the largest of its layers', and each of the
+/// `positions` packed copies to the largest of the layers that have that position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WinogradMemory {
+    /// Transformed positions of the layer's tile (16 for F(2x2,3x3), 36 for F(4x4,3x3)).
+    pub positions: usize,
+    /// The transformed weights, all positions.
+    pub transformed: usize,
+    /// One position's packed weights.
+    pub packed: usize,
+    /// One compute thread's scratch (shared with im2col's column matrix).
+    pub thread: usize,
+}
+
+/// The Winograd buffers of a convolution of geometry `g` under `algo` in the default backend:
+/// what `plan::memory` counts for `--conv-algo`.
+pub fn conv_algo_floats(algo: ConvAlgo, g: &ConvGeom) -> WinogradMemory {
     cpu::winograd_workspace_floats(algo.tile_for(g), algo.weight_grad_tile(g), g)
 }

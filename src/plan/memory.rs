@@ -168,7 +168,10 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
             4.0 * (THREAD_SCRATCH_FLOATS + COL_ROWS * width) * (inputs.threads as f64) * w,
             lower,
         );
+        // The thread scratch is the buffer im2col's column matrix uses: only its growth past
+        // that counts.
         let (net, thread) = conv_algo_floats(g, inputs.conv_algo);
+        let thread = (thread - COL_ROWS * width).max(0.0);
         part(
             "Winograd workspace",
             4.0 * (net + thread * inputs.threads as f64) * w,
@@ -355,19 +358,26 @@ fn gradient_floats(
     sizes.iter().sum()
 }
 
-/// The widest column matrix row of the model's convolutions (kernel x kernel x input channels
-/// per group), 0 without any.
-/// Floats of the convolution algorithm's own buffers beyond direct convolution's: per net and
-/// per compute thread, each the largest over the layers (the buffers grow to the largest once).
+/// Floats of the convolution algorithm's own buffers beyond direct convolution's: per net (the
+/// transformed weights grown to the largest layer's, each packed position to the largest of
+/// the layers that have it) and per compute thread (the largest layer's scratch).
 fn conv_algo_floats(g: &Graph, algo: ConvAlgo) -> (f64, f64) {
-    crate::nn::conv_geometries(g)
+    let layers: Vec<_> = crate::nn::conv_geometries(g)
         .iter()
         .map(|geom| crate::backend::conv_algo_floats(algo, geom))
-        .fold((0.0, 0.0), |(n, t), (gn, gt)| {
-            (f64::max(n, gn as f64), f64::max(t, gt as f64))
-        })
+        .collect();
+    let most = |f: &dyn Fn(&crate::backend::WinogradMemory) -> usize| {
+        layers.iter().map(f).max().unwrap_or(0) as f64
+    };
+    let positions = most(&|l| l.positions) as usize;
+    let packed: f64 = (0..positions)
+        .map(|xi| most(&|l| if l.positions > xi { l.packed } else { 0 }))
+        .sum();
+    (most(&|l| l.transformed) + packed, most(&|l| l.thread))
 }
 
+/// The widest column matrix row of the model's convolutions (kernel x kernel x input channels
+/// per group), 0 without any.
 fn max_column_width(g: &Graph) -> f64 {
     g.nodes
         .iter()

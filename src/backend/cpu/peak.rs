@@ -7,7 +7,9 @@
 //! pipes busy; twelve leave a margin. Nothing is loaded or stored inside the loop, so the time
 //! is the FMA throughput alone: the ceiling no kernel in that ISA can pass.
 
-use super::gemm::{isa, Isa};
+use super::gemm::isa;
+#[cfg(target_arch = "x86_64")]
+use super::gemm::Isa;
 use std::hint::black_box;
 
 /// Independent accumulators: enough to hide the FMA latency on both pipes (module docs).

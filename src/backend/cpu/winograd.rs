@@ -42,12 +42,14 @@
 //! Error: the transforms are exact in real arithmetic; in f32 the larger tile's points (+-2,
 //! +-1/2) amplify rounding. Measured against direct convolution in tests/winograd.rs.
 
-use super::gemm::{gemm, gemm_packed, isa, row_panel, Isa, MatRef, PackedB};
+use super::gemm::{gemm, gemm_packed, row_panel, MatRef, PackedB};
+#[cfg(target_arch = "x86_64")]
+use super::gemm::{isa, Isa};
 use super::scratch::{with_scratch, Reservation};
 #[cfg(target_arch = "x86_64")]
 use super::vector::Wide;
 use super::vector::{Narrow, Vector};
-use crate::backend::{ConvGeom, WinogradTile};
+use crate::backend::{ConvGeom, WinogradMemory, WinogradTile};
 use rayon::prelude::*;
 
 /// One F(M x M, 3 x 3), A = M + 2: `bt` is `B^T`, `g` is `G`, `at` is `A^T`.
@@ -512,28 +514,32 @@ pub fn weight_grad_scratch(tile: WinogradTile, g: &ConvGeom) -> usize {
     a2 * (g.c * g.o + tb * (g.c + g.o))
 }
 
-/// Floats a layer of geometry `g` makes Winograd's memory grow to, with `forward` the tile of
+/// What a layer of geometry `g` makes Winograd's buffers grow to, with `forward` the tile of
 /// its forward and input gradient and `weight_grad` that of its weight gradient (`None`:
-/// direct): the net's workspace (transformed weights and their packed copies, padded to whole
-/// micro-panels) and one compute thread's scratch (the larger of a forward block and
-/// [`weight_grad_chunk`]'s). Each buffer grows to the largest layer once, so a net's need is
-/// the maximum over its layers.
+/// direct): the transformed weights, each position's packed copy (padded to whole
+/// micro-panels, the flipped kernel's too), and one compute thread's scratch (the larger of a
+/// forward block and [`weight_grad_chunk`]'s).
 pub fn workspace_floats(
     forward: Option<WinogradTile>,
     weight_grad: Option<WinogradTile>,
     g: &ConvGeom,
-) -> (usize, usize) {
+) -> WinogradMemory {
     let (c, o) = (g.c, g.o);
-    let (net, forward_scratch) = forward.map_or((0, 0), |tile| {
+    let mut m = WinogradMemory::default();
+    if let Some(tile) = forward {
         let a2 = positions(tile);
-        let widest = c.max(o).div_ceil(32) * 32;
         let tiles = (BLOCK_BUDGET / (a2 * (c + o)).max(1))
             .min(MAX_BLOCK_TILES)
             .max(row_panel());
-        (a2 * c * o + a2 * c.max(o) * widest, a2 * tiles * (c + o))
-    });
-    let grad_scratch = weight_grad.map_or(0, |tile| weight_grad_scratch(tile, g));
-    (net, forward_scratch.max(grad_scratch))
+        m.positions = a2;
+        m.transformed = a2 * c * o;
+        m.packed = c.max(o) * c.max(o).div_ceil(32) * 32;
+        m.thread = a2 * tiles * (c + o);
+    }
+    if let Some(tile) = weight_grad {
+        m.thread = m.thread.max(weight_grad_scratch(tile, g));
+    }
+    m
 }
 
 /// Tiles per block of the weight gradient: what fits [`BLOCK_BUDGET`], within 8 and
