@@ -100,6 +100,22 @@ impl ConvAlgo {
     }
 }
 
+/// What one convolution's Winograd buffers grow to in floats (all
+/// zero for a layer that runs direct). A net's buffers grow to the largest layer once: its
+/// transformed weights and thread scratch to the largest of its layers', and each of the
+/// `positions` packed copies to the largest of the layers that have that position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WinogradMemory {
+    /// Transformed positions of the layer's tile (16 for F(2x2,3x3), 36 for F(4x4,3x3)).
+    pub positions: usize,
+    /// The transformed weights, all positions.
+    pub transformed: usize,
+    /// One position's packed weights.
+    pub packed: usize,
+    /// One compute thread's scratch (shared with im2col's column matrix).
+    pub thread: usize,
+}
+
 /// Winograd's F(m x m, 3 x 3) computes exactly a 3x3 convolution of stride 1, dilation 1 and
 /// one group (any padding).
 pub fn winograd_applies(g: &ConvGeom) -> bool {

@@ -28,7 +28,7 @@ mod kernels;
 pub mod sum_order;
 
 pub use act::{Act, DropoutMask};
-pub use conv_algo::{winograd_applies, ConvAlgo, WinogradTile};
+pub use conv_algo::{winograd_applies, ConvAlgo, WinogradMemory, WinogradTile};
 pub use geom::{ConvGeom, PoolGeom};
 pub use kernels::Kernels;
 
@@ -43,22 +43,6 @@ pub fn default_kernels() -> Box<dyn Kernels> {
 /// ISA's name; time it to get the peak (`bench roofline`).
 pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
     cpu::fma_loop(iterations)
-}
-
-/// What one convolution's Winograd buffers grow to in the default backend, in floats (all
-/// zero for a layer that runs direct). A net's buffers grow to the largest layer once: its
-/// transformed weights and thread scratch to the largest of its layers', and each of the
-/// `positions` packed copies to the largest of the layers that have that position.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WinogradMemory {
-    /// Transformed positions of the layer's tile (16 for F(2x2,3x3), 36 for F(4x4,3x3)).
-    pub positions: usize,
-    /// The transformed weights, all positions.
-    pub transformed: usize,
-    /// One position's packed weights.
-    pub packed: usize,
-    /// One compute thread's scratch (shared with im2col's column matrix).
-    pub thread: usize,
 }
 
 /// The Winograd buffers of a convolution of geometry `g` under `algo` in the default backend:
