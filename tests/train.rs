@@ -475,6 +475,110 @@ fn checkpoints_hold_the_pytorch_state_dict_of_the_reference_models() {
 }
 
 #[test]
+fn a_checkpoint_streamed_from_the_net_is_the_file_safetensors_writes_and_reads_back_exactly() {
+    // The training run writes its checkpoint tensor by tensor from the net's memory
+    // (`save_net`); it must be the file the safetensors crate would serialise from a copy
+    // (`capture`), with the same data bytes, a checksum that verifies, and every value back.
+    use dptrain::train::checkpoint::{save_net, Stored, TrainState, CHECKSUM_KEY};
+    let g = std::sync::Arc::new(dptrain::model::reference_graph("resnet20").unwrap());
+    let mut net = dptrain::nn::Net::new(
+        g.clone(),
+        dptrain::nn::NetConfig {
+            max_batch: 1,
+            seed: 3,
+        },
+    )
+    .unwrap();
+    // Distinct running statistics and a counter, so no state tensor is a default.
+    for (i, v) in net.state_mut().iter_mut().enumerate() {
+        *v = (1 + i % 1000) as f32;
+    }
+    let momentum: Vec<f32> = (0..net.params().len())
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let state = TrainState {
+        model: g.name.clone(),
+        fingerprint: g.fingerprint(),
+        epoch: 4,
+        global_step: 77,
+        run: None,
+    };
+    let description = dptrain::train::description::ModelDescription {
+        model_source: "builtin:resnet20".into(),
+        model_text: None,
+        class_names: (0..10).map(|i| format!("c{i}")).collect(),
+        input: [3, 32, 32],
+        mean: vec![0.5; 3],
+        std: vec![0.25; 3],
+        eval_transform: dptrain::train::description::NO_TRANSFORM.into(),
+        conv_algo: dptrain::backend::ConvAlgo::Direct,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let streamed = dir.path().join("streamed.safetensors");
+    save_net(&streamed, &state, &description, &net, &momentum, false).unwrap();
+    let copy = Checkpoint::capture(state.clone(), &net, &momentum);
+
+    // The data section is what `safetensors::serialize` writes for the same tensors.
+    struct View<'a>(&'a Stored);
+    impl safetensors::View for View<'_> {
+        fn dtype(&self) -> safetensors::Dtype {
+            match self.0 {
+                Stored::F32(..) => safetensors::Dtype::F32,
+                Stored::I64(_) => safetensors::Dtype::I64,
+            }
+        }
+        fn shape(&self) -> &[usize] {
+            match self.0 {
+                Stored::F32(s, _) => s,
+                Stored::I64(_) => &[],
+            }
+        }
+        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+            match self.0 {
+                Stored::F32(_, v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Stored::I64(x) => x.to_le_bytes().to_vec().into(),
+            }
+        }
+        fn data_len(&self) -> usize {
+            self.data().len()
+        }
+    }
+    let reference = safetensors::serialize(
+        copy.tensors.iter().map(|(k, v)| (k.as_str(), View(v))),
+        None,
+    )
+    .unwrap();
+    let data = |bytes: &[u8]| {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        bytes[8 + n..].to_vec()
+    };
+    let bytes = std::fs::read(&streamed).unwrap();
+    assert_eq!(data(&bytes), data(&reference), "data section");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let digest: String = <sha2::Sha256 as sha2::Digest>::digest(data(&bytes))
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(meta.metadata().as_ref().unwrap()[CHECKSUM_KEY], digest);
+
+    let back = Checkpoint::load(&streamed).unwrap();
+    assert_eq!(back.tensors, copy.tensors);
+    assert_eq!((back.state.epoch, back.state.global_step), (4, 77));
+    assert_eq!(back.description.as_ref(), Some(&description));
+    let mut restored = dptrain::nn::Net::new(
+        g,
+        dptrain::nn::NetConfig {
+            max_batch: 1,
+            seed: 9,
+        },
+    )
+    .unwrap();
+    assert_eq!(back.restore(&mut restored).unwrap(), momentum);
+    assert_eq!(restored.params(), net.params());
+    assert_eq!(restored.state(), net.state());
+}
+
+#[test]
 fn an_emulated_device_holds_every_phase_to_its_profile_and_refuses_a_profile_of_another_run() {
     // A profile of lenet5 at the per-worker batch (8), measured here, its times raised so that
     // the device is much slower than the real compute.

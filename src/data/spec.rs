@@ -77,6 +77,20 @@ pub const SYNTHETIC_DEFAULT_TEST: usize = 10_000;
 pub const SYNTHETIC_DEFAULT_SEED: u64 = 0;
 
 impl DatasetSpec {
+    /// This spec with a synthetic set's splits cut to at most `train` and `test` samples:
+    /// the same bytes as the first samples of the whole set (each split is one sequential
+    /// stream), without generating the rest. Other datasets are files, read as they are.
+    pub fn generating_at_most(mut self, train: Option<usize>, test: Option<usize>) -> Self {
+        if let DatasetSpec::Synthetic {
+            train: t, test: e, ..
+        } = &mut self
+        {
+            *t = train.map_or(*t, |n| n.min(*t));
+            *e = test.map_or(*e, |n| n.min(*e));
+        }
+        self
+    }
+
     /// Turns a command-line dataset name (and optional directory) into a
     /// spec.
     ///

@@ -118,6 +118,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fewer_samples_are_the_first_samples_of_more() {
+        // A run with --train-limit generates only the samples it reads: they must be the
+        // ones the whole set would have started with.
+        let all = generate(40, 30, (3, 5, 4), 7, 11).unwrap();
+        let few = generate(9, 4, (3, 5, 4), 7, 11).unwrap();
+        for (few, all) in [(&few.train, &all.train), (&few.test, &all.test)] {
+            assert_eq!(few.pixels, all.pixels[..few.pixels.len()]);
+            assert_eq!(few.labels, all.labels[..few.labels.len()]);
+        }
+        assert_eq!((few.train.len(), few.test.len()), (9, 4));
+    }
+
+    #[test]
     fn rejects_bad_shapes() {
         for (shape, classes, want) in [
             ((0, 2, 2), 10, "at least 1"),

@@ -21,6 +21,8 @@
 //! whatever tensors they hold), checked on every load: a changed byte is reported as a corrupt
 //! checkpoint instead of loading silently.
 
+mod write;
+
 use super::description::ModelDescription;
 use crate::nn::{Net, TensorInfo};
 use safetensors::tensor::Dtype;
@@ -337,45 +339,6 @@ fn checksum_placeholder_at(bytes: &[u8]) -> Option<usize> {
     Some(8 + at + key.len() - 1 - CHECKSUM_PLACEHOLDER.len())
 }
 
-/// A stored tensor as safetensors serialises it: its values' bytes borrowed, not copied.
-struct StoredView<'a> {
-    dtype: Dtype,
-    shape: &'a [usize],
-    bytes: std::borrow::Cow<'a, [u8]>,
-}
-
-impl<'a> StoredView<'a> {
-    fn of(v: &'a Stored) -> Self {
-        match v {
-            Stored::F32(shape, data) => Self {
-                dtype: Dtype::F32,
-                shape,
-                bytes: le_bytes(data),
-            },
-            Stored::I64(x) => Self {
-                dtype: Dtype::I64,
-                shape: &[],
-                bytes: x.to_le_bytes().to_vec().into(),
-            },
-        }
-    }
-}
-
-impl safetensors::tensor::View for StoredView<'_> {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        self.shape
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
 /// `data`'s little-endian bytes: the values' own memory on a little-endian machine.
 fn le_bytes(data: &[f32]) -> std::borrow::Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
@@ -424,48 +387,110 @@ pub struct Checkpoint {
     pub description: Option<ModelDescription>,
 }
 
+/// The `state_dict` name of tensor `t` of block `block`.
+fn tensor_name(block: &crate::nn::ParamBlock, t: &TensorInfo) -> String {
+    format!("{}.{}", block.name, t.suffix)
+}
+
 /// Each tensor of `net`'s blocks: (full name, tensor, whether it is state, the block).
 fn named(net: &Net) -> Vec<(String, TensorInfo, bool, usize)> {
     let mut v = Vec::new();
     for (bi, b) in net.blocks().iter().enumerate() {
         for t in &b.tensors {
-            v.push((format!("{}.{}", b.name, t.suffix), t.clone(), false, bi));
+            v.push((tensor_name(b, t), t.clone(), false, bi));
         }
         for t in &b.state_tensors {
-            v.push((format!("{}.{}", b.name, t.suffix), t.clone(), true, bi));
+            v.push((tensor_name(b, t), t.clone(), true, bi));
         }
     }
     v
 }
 
+/// Each tensor of `net`'s blocks, and its momentum, as they are written: PyTorch's names and
+/// shapes, the values where they live (weights and momentum in our layout; BatchNorm's
+/// statistics and counter as stored).
+fn net_entries<'a>(net: &'a Net, momentum: &'a [f32]) -> Vec<write::Entry<'a>> {
+    let mut entries = Vec::new();
+    for b in net.blocks() {
+        for t in &b.tensors {
+            let range = b.range.start + t.offset..b.range.start + t.offset + t.len;
+            let name = tensor_name(b, t);
+            entries.push(write::Entry {
+                name: format!("{MOMENTUM}{name}"),
+                shape: &t.torch_shape,
+                values: write::Values::Ours(t, &momentum[range.clone()]),
+            });
+            entries.push(write::Entry {
+                name,
+                shape: &t.torch_shape,
+                values: write::Values::Ours(t, &net.params()[range]),
+            });
+        }
+        for t in &b.state_tensors {
+            let src = &net.state()[b.state_range.clone()][t.offset..t.offset + t.len];
+            entries.push(write::Entry {
+                name: tensor_name(b, t),
+                shape: &t.torch_shape,
+                values: if t.torch_shape.is_empty() {
+                    write::Values::Counter(src[0] as i64)
+                } else {
+                    write::Values::Torch(src)
+                },
+            });
+        }
+    }
+    entries
+}
+
+/// The metadata of a checkpoint of `state` and `description` (all but the checksum).
+fn metadata(state: &TrainState, description: Option<&ModelDescription>) -> HashMap<String, String> {
+    let mut metadata = state.to_metadata();
+    if let Some(d) = description {
+        metadata.extend(d.to_metadata());
+    }
+    metadata
+}
+
+/// Writes a checkpoint of `net` and `momentum` at `state` atomically to `path`, straight from
+/// the net's memory: one tensor at a time is converted to PyTorch's layout, so the write holds
+/// one tensor, not a copy of the model (see [`write`]). With `slow`, as
+/// [`Checkpoint::save_paced`].
+pub fn save_net(
+    path: &Path,
+    state: &TrainState,
+    description: &ModelDescription,
+    net: &Net,
+    momentum: &[f32],
+    slow: bool,
+) -> Result<(), CheckpointError> {
+    write::write(
+        path,
+        net_entries(net, momentum),
+        metadata(state, Some(description)),
+        slow,
+    )
+}
+
 impl Checkpoint {
     /// Captures the model (weights, running statistics) and the optimizer's momentum (laid
-    /// out as the parameters).
+    /// out as the parameters): a copy in PyTorch's layouts.
     pub fn capture(state: TrainState, net: &Net, momentum: &[f32]) -> Self {
-        let mut tensors = BTreeMap::new();
-        for (name, t, is_state, bi) in named(net) {
-            let b = &net.blocks()[bi];
-            if is_state {
-                let src = &net.state()[b.state_range.clone()][t.offset..t.offset + t.len];
-                let value = if t.torch_shape.is_empty() {
-                    Stored::I64(src[0] as i64)
-                } else {
-                    Stored::F32(t.torch_shape.clone(), src.to_vec())
+        let mut scratch = Vec::new();
+        let tensors = net_entries(net, momentum)
+            .into_iter()
+            .map(|e| {
+                let value = match e.values {
+                    write::Values::Counter(x) => Stored::I64(x),
+                    write::Values::Torch(v) => Stored::F32(e.shape.to_vec(), v.to_vec()),
+                    write::Values::Ours(t, ours) => {
+                        scratch.resize(t.len, 0.0);
+                        t.to_torch(ours, &mut scratch);
+                        Stored::F32(e.shape.to_vec(), scratch.clone())
+                    }
                 };
-                tensors.insert(name, value);
-                continue;
-            }
-            let range = b.range.start + t.offset..b.range.start + t.offset + t.len;
-            let mut w = vec![0.0; t.len];
-            t.to_torch(&net.params()[range.clone()], &mut w);
-            tensors.insert(name.clone(), Stored::F32(t.torch_shape.clone(), w));
-            let mut m = vec![0.0; t.len];
-            t.to_torch(&momentum[range], &mut m);
-            tensors.insert(
-                format!("{MOMENTUM}{name}"),
-                Stored::F32(t.torch_shape.clone(), m),
-            );
-        }
+                (e.name, value)
+            })
+            .collect();
         Self {
             state,
             tensors,
@@ -494,37 +519,31 @@ impl Checkpoint {
         self.save_paced(path, false)
     }
 
-    /// The checkpoint as safetensors bytes, its checksum in the header.
-    ///
-    /// Memory: the tensors are serialised once, straight from this checkpoint's values (no
-    /// byte copy of each tensor first), with a placeholder of the checksum's length in the
-    /// header; the digest of the data section is then written over the placeholder. Serialising
-    /// twice (once to hash, once with the digest) held three copies of the weights and momentum
-    /// at once: 264 MiB of resnet18's 1160 MiB run peak.
-    pub fn to_bytes(&self) -> Result<Vec<u8>, CheckpointError> {
-        let views = self
-            .tensors
-            .iter()
-            .map(|(k, v)| (k.as_str(), StoredView::of(v)));
-        let mut metadata = self.state.to_metadata();
-        if let Some(d) = &self.description {
-            metadata.extend(d.to_metadata());
-        }
-        metadata.insert(CHECKSUM_KEY.into(), CHECKSUM_PLACEHOLDER.into());
-        let mut bytes = safetensors::serialize(views, Some(metadata))
-            .map_err(|e| CheckpointError::Serialise(format!("cannot serialise checkpoint: {e}")))?;
-        let unserialisable = || CheckpointError::Serialise("cannot serialise checkpoint".into());
-        let digest = sha256_hex(data_section(&bytes).ok_or_else(unserialisable)?);
-        let at = checksum_placeholder_at(&bytes).ok_or_else(unserialisable)?;
-        bytes[at..at + CHECKSUM_PLACEHOLDER.len()].copy_from_slice(digest.as_bytes());
-        Ok(bytes)
-    }
-
-    /// [`Checkpoint::save`]; with `slow`, the write pauses between chunks for about two
+    /// [`Checkpoint::save`]; with `slow`, the write pauses between tensors for about two
     /// seconds in all, so a test can kill the process in the middle of it.
     pub fn save_paced(&self, path: &Path, slow: bool) -> Result<(), CheckpointError> {
-        crate::output::write_atomically_paced(path, &self.to_bytes()?, slow)
-            .map_err(|e| CheckpointError::Write(e.to_string()))
+        let entries = self
+            .tensors
+            .iter()
+            .map(|(name, v)| match v {
+                Stored::F32(shape, values) => write::Entry {
+                    name: name.clone(),
+                    shape,
+                    values: write::Values::Torch(values),
+                },
+                Stored::I64(x) => write::Entry {
+                    name: name.clone(),
+                    shape: &[],
+                    values: write::Values::Counter(*x),
+                },
+            })
+            .collect();
+        write::write(
+            path,
+            entries,
+            metadata(&self.state, self.description.as_ref()),
+            slow,
+        )
     }
 
     /// Reads and checks a checkpoint file.

@@ -134,7 +134,8 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> 
     } else {
         bundled
     };
-    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)?;
+    let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)?
+        .generating_at_most(cfg.train_limit, cfg.test_limit);
     let pair = data::load(&spec)?;
     let (mut train, mut test) = (pair.train, pair.test);
     if let Some(n) = cfg.train_limit {
@@ -259,6 +260,9 @@ fn truncate(ds: &mut Dataset, n: usize) {
     let n = n.min(ds.len());
     ds.pixels.truncate(n * ds.sample_len());
     ds.labels.truncate(n);
+    // The samples cut off would otherwise stay resident for the whole run.
+    ds.pixels.shrink_to_fit();
+    ds.labels.shrink_to_fit();
 }
 
 /// Trains as configured; prints progress unless `cfg.quiet`, and the run's warnings as

@@ -6,7 +6,7 @@
 //! timed; tracing, injected faults, the emulated device and the non-finite policy each sit in
 //! their own small function beside the compute.
 
-use super::checkpoint::{self, Checkpoint, TrainState};
+use super::checkpoint::{self, TrainState};
 use super::error::{Phase, StepError, WorkerError};
 use super::event::Event;
 use super::metrics::{ms, StepTimes};
@@ -416,15 +416,20 @@ impl Worker {
             description.mean = self.norm.mean().to_vec();
             description.std = self.norm.std().to_vec();
         }
-        let ck = Checkpoint::capture(state, &self.net, self.sgd.momentum())
-            .with_description(description);
         let path = checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
         let slow = self
             .cfg
             .fault
             .is_some_and(|f| f.phase == FaultPhase::SlowCheckpoint);
-        ck.save_paced(&path, slow)
-            .map_err(WorkerError::Checkpoint)?;
+        checkpoint::save_net(
+            &path,
+            &state,
+            &description,
+            &self.net,
+            self.sgd.momentum(),
+            slow,
+        )
+        .map_err(WorkerError::Checkpoint)?;
         checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints, epoch + 1);
         Ok(path)
     }

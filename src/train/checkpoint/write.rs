@@ -1,0 +1,159 @@
+//! Writing a checkpoint as a stream: one tensor at a time from where its values already live,
+//! never the whole file in memory.
+//!
+//! Why: serialising with `safetensors::serialize` builds the whole file in one buffer, and the
+//! tensors had first been copied out of the net into PyTorch's layout. For resnet18 those two
+//! copies of the weights and the momentum were 178 MiB of a training run's peak at every
+//! epoch's end. Here the header is built with the safetensors crate's own types
+//! (`Metadata`, `TensorInfo`), the tensors follow in the order `safetensors::serialize` would
+//! put them (type, then name), each converted into one reused buffer as it is written and
+//! hashed on its way to the file; the checksum's placeholder in the header is then overwritten
+//! with the digest. The file is the one `safetensors::serialize` would have written, byte for
+//! byte in its data section (a test checks it), and it goes through [`AtomicFile`]: a
+//! temporary file, fsynced, renamed into place.
+
+use super::{CheckpointError, CHECKSUM_KEY, CHECKSUM_PLACEHOLDER};
+use crate::nn::TensorInfo;
+use crate::output::AtomicFile;
+use safetensors::tensor::{Dtype, Metadata};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// Where one tensor's values come from when it is written.
+pub(super) enum Values<'a> {
+    /// Floats already in PyTorch's layout.
+    Torch(&'a [f32]),
+    /// Floats in our layout, converted to PyTorch's as they are written.
+    Ours(&'a TensorInfo, &'a [f32]),
+    /// An int64 counter (BatchNorm's `num_batches_tracked`).
+    Counter(i64),
+}
+
+/// One tensor of a checkpoint being written: its name, PyTorch shape and values.
+pub(super) struct Entry<'a> {
+    /// The `state_dict` name.
+    pub name: String,
+    /// PyTorch's shape (empty for a counter).
+    pub shape: &'a [usize],
+    /// The values.
+    pub values: Values<'a>,
+}
+
+impl Entry<'_> {
+    fn dtype(&self) -> Dtype {
+        match self.values {
+            Values::Counter(_) => Dtype::I64,
+            Values::Torch(_) | Values::Ours(..) => Dtype::F32,
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        match &self.values {
+            Values::Counter(_) => 8,
+            Values::Torch(v) => v.len() * 4,
+            Values::Ours(t, _) => t.len * 4,
+        }
+    }
+
+    /// Feeds this tensor's little-endian bytes to `sink`, converting through `scratch` when
+    /// the values are in our layout.
+    fn emit(
+        &self,
+        scratch: &mut Vec<f32>,
+        sink: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        match &self.values {
+            Values::Counter(x) => sink(&x.to_le_bytes()),
+            Values::Torch(v) => sink(&super::le_bytes(v)),
+            Values::Ours(t, ours) => {
+                scratch.clear();
+                scratch.resize(t.len, 0.0);
+                t.to_torch(ours, scratch);
+                sink(&super::le_bytes(scratch))
+            }
+        }
+    }
+}
+
+/// The safetensors header (its 8-byte length, then the JSON padded with spaces to a multiple
+/// of 8, as the crate pads it) for `entries` in their order, the checksum a placeholder.
+fn header(
+    entries: &[Entry<'_>],
+    mut metadata: HashMap<String, String>,
+) -> Result<Vec<u8>, CheckpointError> {
+    metadata.insert(CHECKSUM_KEY.into(), CHECKSUM_PLACEHOLDER.into());
+    let mut offset = 0;
+    let infos = entries
+        .iter()
+        .map(|e| {
+            let n = e.byte_len();
+            let info = safetensors::tensor::TensorInfo {
+                dtype: e.dtype(),
+                shape: e.shape.to_vec(),
+                data_offsets: (offset, offset + n),
+            };
+            offset += n;
+            (e.name.clone(), info)
+        })
+        .collect();
+    let unserialisable = |e: &dyn std::fmt::Display| {
+        CheckpointError::Serialise(format!("cannot serialise checkpoint: {e}"))
+    };
+    let metadata = Metadata::new(Some(metadata), infos).map_err(|e| unserialisable(&e))?;
+    let mut json = serde_json::to_vec(&metadata).map_err(|e| unserialisable(&e))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut bytes = Vec::with_capacity(8 + json.len());
+    bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&json);
+    Ok(bytes)
+}
+
+/// Writes `entries` with `metadata` to `path` atomically as a safetensors file whose header
+/// holds the SHA-256 of its data section. With `slow`, the write pauses between tensors for
+/// about two seconds in all, so a test can kill the process in the middle of it.
+pub(super) fn write(
+    path: &Path,
+    mut entries: Vec<Entry<'_>>,
+    metadata: HashMap<String, String>,
+    slow: bool,
+) -> Result<(), CheckpointError> {
+    // `safetensors::serialize`'s order: by type, larger alignment first, then by name.
+    entries.sort_by(|a, b| b.dtype().cmp(&a.dtype()).then_with(|| a.name.cmp(&b.name)));
+    let header = header(&entries, metadata)?;
+    let placeholder_at = super::checksum_placeholder_at(&header)
+        .ok_or_else(|| CheckpointError::Serialise("cannot serialise checkpoint".into()))?;
+    let failed = |e: crate::output::OutputError| CheckpointError::Write(e.to_string());
+    let mut file = AtomicFile::create(path).map_err(failed)?;
+    let pause = std::time::Duration::from_millis(2000 / entries.len().max(1) as u64);
+    let mut hasher = Sha256::new();
+    let written = (|| {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file.file());
+        out.write_all(&header)?;
+        let mut scratch = Vec::new();
+        for e in &entries {
+            e.emit(&mut scratch, &mut |bytes| {
+                hasher.update(bytes);
+                out.write_all(bytes)
+            })?;
+            if slow {
+                out.flush()?;
+                std::thread::sleep(pause);
+            }
+        }
+        out.flush()
+    })();
+    written.map_err(|e| failed(file.error("write", e)))?;
+    let digest: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let f = file.file();
+    let patched = f
+        .seek(SeekFrom::Start(placeholder_at as u64))
+        .and_then(|_| f.write_all(digest.as_bytes()));
+    patched.map_err(|e| failed(file.error("write", e)))?;
+    file.commit().map_err(failed)
+}
