@@ -3,9 +3,9 @@
 # Needs a PyTorch venv (see ../shared/peers/README.md); set TORCH_PY to its python.
 # Usage: [CONV_ALGO=auto|direct|winograd|winograd:2] scripts/compare_pytorch.sh [rounds] [models]
 #   models: comma-separated dptrain names (default lenet5,vgg-small,resnet20,resnet18,mobilenetv2)
-#   CONV_ALGO: how dptrain's steps compute 3x3 stride-1 convolutions (default auto: Winograd
-#   where its measured rule says it pays, src/backend/conv_algo.rs); the 2-worker rows run
-#   `bench overlap`, which trains with direct convolutions.
+#   CONV_ALGO: how dptrain computes 3x3 stride-1 convolutions, in the steps and the 2-worker
+#   rows alike (default auto: Winograd where its measured rule says it pays,
+#   src/backend/conv_algo.rs).
 # Prints medians per (model, threads) and ratios: one training step at batch 64 on 1 and 2
 # threads, and 2 workers x 1 thread against PyTorch DDP (gloo, 2 processes x 1 thread).
 set -euo pipefail
@@ -36,7 +36,7 @@ for r in $(seq "$rounds"); do
     # called without an active exception", as in compare_cluster.sh): keep the figure if it came.
     { "$py" "$peers/pytorch_ddp.py" "$m" 2 $((s + 10)) 1 2>/dev/null || echo "warning: pytorch_ddp.py $m exited non-zero" >&2; } \
       | { grep RESULT || true; } | sed "s/^/ddp $model 2 /" >>"$out"
-    $bin bench overlap --model "$model" --workers 2 --threads 1 --link-bandwidth none --comm auto --steps $((s + 10)) \
+    $bin bench overlap --model "$model" --workers 2 --threads 1 --link-bandwidth none --comm auto --steps $((s + 10)) --conv-algo "$conv_algo" \
       | awk -v m="$model" '$1=="none" && $3=="on" {print "ddp " m " 2 RESULT dptrain imgs_per_s=" $9}' >>"$out"
   done
 done
@@ -49,7 +49,7 @@ for line in open(sys.argv[1]):
     vals[(kind, model, t, who)].append(float(m.group(2)))
 rows = sorted({k[:3] for k in vals}, key=lambda k: (k[0] != 'step', k[1], k[2]))
 n = max(len(v) for v in vals.values())
-print(f"{'what':<6}{'model':<13}{'thr/wk':>7}{'dptrain':>13}{'pytorch':>13}{'ratio':>8}   (medians of {n} rounds; steps with --conv-algo {sys.argv[2]})")
+print(f"{'what':<6}{'model':<13}{'thr/wk':>7}{'dptrain':>13}{'pytorch':>13}{'ratio':>8}   (medians of {n} rounds; --conv-algo {sys.argv[2]})")
 for kind, model, t in rows:
     ours = vals.get((kind, model, t, 'dptrain'))
     torch = vals.get((kind, model, t, 'torch' if kind == 'step' else 'torch-ddp'))

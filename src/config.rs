@@ -652,7 +652,7 @@ impl TrainOptions {
             prefetch: input.prefetch,
             conv_algo: match &self.conv_algo {
                 Some(a) => a.parse().map_err(|e| format!("--conv-algo: {e}"))?,
-                None => crate::backend::ConvAlgo::Direct,
+                None => crate::backend::ConvAlgo::default(),
             },
             augment: input.augment,
             image_size: input.image_size,

@@ -287,6 +287,7 @@ pub fn stage_options(
         threads: spec.threads,
         steps: spec.steps,
         bucket_kb: None,
+        conv_algo: crate::backend::ConvAlgo::default(),
     };
     let case = OverlapCase {
         comm: settings.comm.clone(),

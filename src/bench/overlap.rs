@@ -39,6 +39,9 @@ pub struct OverlapArgs {
     /// Timed steps per cell.
     #[arg(long, default_value_t = 15)]
     pub steps: usize,
+    /// How the 3x3 stride-1 convolutions are computed (as `train --conv-algo`).
+    #[arg(long, default_value_t = crate::backend::ConvAlgo::default())]
+    pub conv_algo: crate::backend::ConvAlgo,
 }
 
 /// One grid cell's settings.
@@ -78,6 +81,8 @@ pub struct GridSpec {
     pub steps: usize,
     /// Bucket cap in KiB (`None`: the default).
     pub bucket_kb: Option<usize>,
+    /// How the 3x3 stride-1 convolutions are computed.
+    pub conv_algo: crate::backend::ConvAlgo,
 }
 
 /// Runs one grid cell: a short training run of `spec.model` on synthetic data.
@@ -103,6 +108,7 @@ pub fn case_options(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> TrainOpt
         link_latency: case.bandwidth.as_ref().and(case.latency.clone()),
         train_limit: Some(spec.batch * (spec.steps + 5)),
         test_limit: Some(100),
+        conv_algo: Some(spec.conv_algo.to_string()),
         run_dir: Some(dir.to_path_buf()),
         // The benchmarks run case after case in one scratch run directory of their own.
         overwrite: true,
@@ -333,6 +339,7 @@ pub fn run_command(a: OverlapArgs) -> Result<(), String> {
         threads: a.threads,
         steps: a.steps,
         bucket_kb: a.bucket_kb,
+        conv_algo: a.conv_algo,
     };
     let single = single_worker_images_per_s(&spec, scratch.path())?;
     crate::outln!(

@@ -377,6 +377,7 @@ fn emulated_group(
         threads: a.threads,
         steps: a.steps,
         bucket_kb: None,
+        conv_algo: crate::backend::ConvAlgo::default(),
     };
     for overlap in [true, false] {
         let case = OverlapCase {

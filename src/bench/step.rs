@@ -90,7 +90,7 @@ pub struct StepArgs {
     pub layers: bool,
     /// How the 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd
     /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where its rule says it pays).
-    #[arg(long, default_value = "direct")]
+    #[arg(long, default_value_t = crate::backend::ConvAlgo::default())]
     pub conv_algo: ConvAlgo,
 }
 

@@ -486,6 +486,7 @@ fn overlap_section(plan: &Plan, out: &Path) -> Result<String, String> {
         threads: 1,
         steps: plan.overlap_steps,
         bucket_kb: None,
+        conv_algo: crate::backend::ConvAlgo::default(),
     };
     let single = overlap::single_worker_images_per_s(&spec, scratch.path())?;
     let mut s = format!(

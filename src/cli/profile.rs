@@ -64,7 +64,7 @@ pub struct ProfileArgs {
     pub concurrent: usize,
     /// How the 3x3 stride-1 convolutions are computed (measured profiles): direct, winograd
     /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto.
-    #[arg(long, default_value = "direct")]
+    #[arg(long, default_value_t = crate::backend::ConvAlgo::default())]
     pub conv_algo: crate::backend::ConvAlgo,
     /// The device, instead of measuring.
     #[command(flatten)]

@@ -51,7 +51,7 @@ impl<'a> MeasureSpec<'a> {
             threads,
             steps,
             concurrent: 1,
-            conv_algo: ConvAlgo::Direct,
+            conv_algo: ConvAlgo::default(),
         }
     }
 }
