@@ -23,6 +23,8 @@
 
 mod write;
 
+pub use write::CHECKSUM_KEY;
+
 use super::description::ModelDescription;
 use crate::nn::{Net, TensorInfo};
 use safetensors::tensor::Dtype;
@@ -117,6 +119,17 @@ pub enum CheckpointError {
     },
 }
 
+impl From<write::WriteError> for CheckpointError {
+    fn from(e: write::WriteError) -> Self {
+        match e {
+            write::WriteError::Serialise(why) => {
+                CheckpointError::Serialise(format!("cannot serialise checkpoint: {why}"))
+            }
+            write::WriteError::Output(e) => CheckpointError::Write(e.to_string()),
+        }
+    }
+}
+
 impl From<CheckpointError> for String {
     fn from(e: CheckpointError) -> Self {
         e.to_string()
@@ -125,9 +138,6 @@ impl From<CheckpointError> for String {
 
 /// Format tag stored in every checkpoint.
 pub const FORMAT: &str = "dptrain-checkpoint-2";
-
-/// Metadata key of the SHA-256 (lower-case hex) of the tensor data.
-pub const CHECKSUM_KEY: &str = "tensor_sha256";
 
 /// Prefix of the optimizer's tensors.
 const MOMENTUM: &str = "optimizer.momentum.";
@@ -322,36 +332,6 @@ fn data_section(bytes: &[u8]) -> Option<&[u8]> {
     bytes.get(start..)
 }
 
-/// What the checksum's value is while the data is serialised: as long as the hex digest that
-/// replaces it, so no offset in the header moves.
-const CHECKSUM_PLACEHOLDER: &str =
-    "0000000000000000000000000000000000000000000000000000000000000000";
-
-/// Where the checksum placeholder's value starts in serialised bytes: after the header's
-/// `"tensor_sha256":"` key (its quotes unescaped, so no other metadata value can hold it).
-fn checksum_placeholder_at(bytes: &[u8]) -> Option<usize> {
-    let n = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
-    let header = bytes.get(8..8usize.checked_add(n)?)?;
-    let key = format!("\"{CHECKSUM_KEY}\":\"{CHECKSUM_PLACEHOLDER}\"");
-    let at = header
-        .windows(key.len())
-        .position(|w| w == key.as_bytes())?;
-    Some(8 + at + key.len() - 1 - CHECKSUM_PLACEHOLDER.len())
-}
-
-/// `data`'s little-endian bytes: the values' own memory on a little-endian machine.
-fn le_bytes(data: &[f32]) -> std::borrow::Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        // SAFETY: any f32's 4 bytes are valid u8s, u8 has alignment 1, and the slice covers
-        // exactly `data`'s memory, borrowed for `data`'s lifetime.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
-        std::borrow::Cow::Borrowed(bytes)
-    } else {
-        data.iter().flat_map(|x| x.to_le_bytes()).collect()
-    }
-}
-
 /// Lower-case hex SHA-256 of `bytes`.
 fn sha256_hex(bytes: &[u8]) -> String {
     crate::data::mnist::sha256_hex(bytes)
@@ -469,6 +449,7 @@ pub fn save_net(
         metadata(state, Some(description)),
         slow,
     )
+    .map_err(CheckpointError::from)
 }
 
 impl Checkpoint {
@@ -544,6 +525,7 @@ impl Checkpoint {
             metadata(&self.state, self.description.as_ref()),
             slow,
         )
+        .map_err(CheckpointError::from)
     }
 
     /// Reads and checks a checkpoint file.

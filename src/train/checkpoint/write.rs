@@ -12,14 +12,57 @@
 //! byte in its data section (a test checks it), and it goes through [`AtomicFile`]: a
 //! temporary file, fsynced, renamed into place.
 
-use super::{CheckpointError, CHECKSUM_KEY, CHECKSUM_PLACEHOLDER};
 use crate::nn::TensorInfo;
-use crate::output::AtomicFile;
+use crate::output::{AtomicFile, OutputError};
 use safetensors::tensor::{Dtype, Metadata};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
+
+/// Metadata key of the SHA-256 (lower-case hex) of the tensor data.
+pub const CHECKSUM_KEY: &str = "tensor_sha256";
+
+/// What the checksum's value is while the data is serialised: as long as the hex digest that
+/// replaces it, so no offset in the header moves.
+const CHECKSUM_PLACEHOLDER: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Where the checksum placeholder's value starts in serialised bytes: after the header's
+/// `"tensor_sha256":"` key (its quotes unescaped, so no other metadata value can hold it).
+fn checksum_placeholder_at(bytes: &[u8]) -> Option<usize> {
+    let n = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = bytes.get(8..8usize.checked_add(n)?)?;
+    let key = format!("\"{CHECKSUM_KEY}\":\"{CHECKSUM_PLACEHOLDER}\"");
+    let at = header
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())?;
+    Some(8 + at + key.len() - 1 - CHECKSUM_PLACEHOLDER.len())
+}
+
+/// `data`'s little-endian bytes: the values' own memory on a little-endian machine.
+fn le_bytes(data: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: any f32's 4 bytes are valid u8s, u8 has alignment 1, and the slice covers
+        // exactly `data`'s memory, borrowed for `data`'s lifetime.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        std::borrow::Cow::Borrowed(bytes)
+    } else {
+        data.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+}
+
+/// Why a checkpoint could not be written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WriteError {
+    /// The header could not be built (the message says why).
+    #[error("cannot serialise checkpoint: {0}")]
+    Serialise(String),
+    /// The file could not be written (the output rules' message).
+    #[error(transparent)]
+    Output(#[from] OutputError),
+}
 
 /// Where one tensor's values come from when it is written.
 pub(super) enum Values<'a> {
@@ -66,12 +109,12 @@ impl Entry<'_> {
     ) -> std::io::Result<()> {
         match &self.values {
             Values::Counter(x) => sink(&x.to_le_bytes()),
-            Values::Torch(v) => sink(&super::le_bytes(v)),
+            Values::Torch(v) => sink(&le_bytes(v)),
             Values::Ours(t, ours) => {
                 scratch.clear();
                 scratch.resize(t.len, 0.0);
                 t.to_torch(ours, scratch);
-                sink(&super::le_bytes(scratch))
+                sink(&le_bytes(scratch))
             }
         }
     }
@@ -82,7 +125,7 @@ impl Entry<'_> {
 fn header(
     entries: &[Entry<'_>],
     mut metadata: HashMap<String, String>,
-) -> Result<Vec<u8>, CheckpointError> {
+) -> Result<Vec<u8>, WriteError> {
     metadata.insert(CHECKSUM_KEY.into(), CHECKSUM_PLACEHOLDER.into());
     let mut offset = 0;
     let infos = entries
@@ -98,9 +141,7 @@ fn header(
             (e.name.clone(), info)
         })
         .collect();
-    let unserialisable = |e: &dyn std::fmt::Display| {
-        CheckpointError::Serialise(format!("cannot serialise checkpoint: {e}"))
-    };
+    let unserialisable = |e: &dyn std::fmt::Display| WriteError::Serialise(e.to_string());
     let metadata = Metadata::new(Some(metadata), infos).map_err(|e| unserialisable(&e))?;
     let mut json = serde_json::to_vec(&metadata).map_err(|e| unserialisable(&e))?;
     json.resize(json.len().next_multiple_of(8), b' ');
@@ -118,14 +159,13 @@ pub(super) fn write(
     mut entries: Vec<Entry<'_>>,
     metadata: HashMap<String, String>,
     slow: bool,
-) -> Result<(), CheckpointError> {
+) -> Result<(), WriteError> {
     // `safetensors::serialize`'s order: by type, larger alignment first, then by name.
     entries.sort_by(|a, b| b.dtype().cmp(&a.dtype()).then_with(|| a.name.cmp(&b.name)));
     let header = header(&entries, metadata)?;
-    let placeholder_at = super::checksum_placeholder_at(&header)
-        .ok_or_else(|| CheckpointError::Serialise("cannot serialise checkpoint".into()))?;
-    let failed = |e: crate::output::OutputError| CheckpointError::Write(e.to_string());
-    let mut file = AtomicFile::create(path).map_err(failed)?;
+    let placeholder_at = checksum_placeholder_at(&header)
+        .ok_or_else(|| WriteError::Serialise("no checksum placeholder in the header".into()))?;
+    let mut file = AtomicFile::create(path)?;
     let pause = std::time::Duration::from_millis(2000 / entries.len().max(1) as u64);
     let mut hasher = Sha256::new();
     let written = (|| {
@@ -144,7 +184,7 @@ pub(super) fn write(
         }
         out.flush()
     })();
-    written.map_err(|e| failed(file.error("write", e)))?;
+    written.map_err(|e| file.error("write", e))?;
     let digest: String = hasher
         .finalize()
         .iter()
@@ -154,6 +194,6 @@ pub(super) fn write(
     let patched = f
         .seek(SeekFrom::Start(placeholder_at as u64))
         .and_then(|_| f.write_all(digest.as_bytes()));
-    patched.map_err(|e| failed(file.error("write", e)))?;
-    file.commit().map_err(failed)
+    patched.map_err(|e| file.error("write", e))?;
+    Ok(file.commit()?)
 }
