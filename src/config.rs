@@ -106,6 +106,9 @@ pub struct TrainConfig {
     pub prefetch: usize,
     /// How the replicas' 3x3 stride-1 convolutions are computed (`--conv-algo`).
     pub conv_algo: crate::backend::ConvAlgo,
+    /// Whether `--conv-algo` was given: a resumed run without it computes as its checkpoint
+    /// did.
+    pub conv_algo_given: bool,
     /// Training-time augmentation: the transform list, in order.
     pub augment: crate::pipeline::Augment,
     /// The model's input size (`--image-size`); `None`: the dataset's (an ImageFolder's first
@@ -332,7 +335,7 @@ pub struct TrainOptions {
     pub prefetch: Option<usize>,
     /// How 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd
     /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where it measured faster: at
-    /// least 16 channels in and out) [default: direct].
+    /// least 16 channels in and out) [default: auto].
     #[arg(long)]
     pub conv_algo: Option<String>,
     /// Training transforms in order: off, or a list of random-resized-crop (optionally
@@ -650,6 +653,7 @@ impl TrainOptions {
             quiet: self.quiet,
             loader_threads: input.loader_threads,
             prefetch: input.prefetch,
+            conv_algo_given: self.conv_algo.is_some(),
             conv_algo: match &self.conv_algo {
                 Some(a) => a.parse().map_err(|e| format!("--conv-algo: {e}"))?,
                 None => crate::backend::ConvAlgo::default(),

@@ -205,6 +205,49 @@ fn resume_continues_bit_exactly() {
 }
 
 #[test]
+fn a_resumed_run_computes_its_convolutions_as_its_checkpoint_did() {
+    // Trained with --conv-algo direct and resumed without the flag (whose default is auto), the
+    // run continues with direct: the same bits as the run never interrupted. Given the flag,
+    // the resumed run computes as told (vgg-small has layers auto sends to Winograd).
+    let tmp = tempfile::tempdir().unwrap();
+    let base = |o: &mut TrainOptions| {
+        o.model = Some("vgg-small".into());
+        o.dataset = Some("synthetic:3x32x32".into());
+        o.epochs = Some(2);
+        o.train_limit = Some(32);
+        o.test_limit = Some(16);
+    };
+    let straight = run(&tmp.path().join("straight"), |o| {
+        base(o);
+        o.conv_algo = Some("direct".into());
+    });
+    let ck1 = tmp.path().join("straight/checkpoint-epoch0001.safetensors");
+    let resumed = run(&tmp.path().join("resumed"), |o| {
+        base(o);
+        o.resume = Some(ck1.clone());
+    });
+    let bits = |s: &Summary| -> Vec<u32> {
+        weights(s)
+            .into_iter()
+            .flat_map(|(_, v)| v.into_iter().map(f32::to_bits))
+            .collect()
+    };
+    assert!(
+        bits(&straight) == bits(&resumed),
+        "resumed without --conv-algo: not direct's bits"
+    );
+    let told = run(&tmp.path().join("told"), |o| {
+        base(o);
+        o.resume = Some(ck1.clone());
+        o.conv_algo = Some("auto".into());
+    });
+    assert!(
+        bits(&straight) != bits(&told),
+        "--conv-algo auto on resume was ignored"
+    );
+}
+
+#[test]
 fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let s = run(&tmp.path().join("rt"), |o| o.train_limit = Some(64));

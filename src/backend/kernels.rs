@@ -12,7 +12,7 @@ pub trait Kernels: Send {
     /// network sets it once, before any call.
     fn set_batch_chunk(&mut self, samples: usize);
     /// How the 3x3 stride-1 convolutions are computed (`--conv-algo`); a backend with one way
-    /// only ignores it. Direct until set.
+    /// only ignores it. `ConvAlgo::default()` (auto) until set.
     fn set_conv_algo(&mut self, algo: ConvAlgo);
     /// Convolution forward: `y = act(conv(x, w) + bias)`.
     fn conv2d_forward(

@@ -261,7 +261,8 @@ impl Net {
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
-    /// How the net's 3x3 stride-1 convolutions are computed from now on (direct until set).
+    /// How the net's 3x3 stride-1 convolutions are computed from now on (`ConvAlgo::default()`,
+    /// `auto`, until set).
     pub fn set_conv_algo(&mut self, algo: ConvAlgo) {
         self.kernels.set_conv_algo(algo);
     }

@@ -73,7 +73,7 @@ impl<'a> MemoryInputs<'a> {
             messages_per_worker: 0,
             extra_per_worker: None,
             loaded: 0.0,
-            conv_algo: ConvAlgo::Direct,
+            conv_algo: ConvAlgo::default(),
         }
     }
 }

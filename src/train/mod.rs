@@ -362,6 +362,9 @@ fn prepare(
     memory::check_device(&cfg, &graph)?;
     memory::check_run_memory(&cfg, &graph, memory::loaded_bytes(&train_source, &test_set))?;
     let resume = load_resume(&cfg, &graph.name, warn)?;
+    if let Some(ck) = resume.as_deref() {
+        continue_computing_as(&mut cfg, ck);
+    }
     let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
@@ -386,6 +389,19 @@ fn prepare(
         run_dir_lock: run_dir_lock.map(Arc::new),
     };
     Ok((run, train_source))
+}
+
+/// A resumed run computes its convolutions as the checkpoint's run did (its recorded
+/// `--conv-algo`; direct in checkpoints from before it was recorded) unless `--conv-algo` is
+/// given, so that resuming with the same command continues the run bit for bit whatever the
+/// default is.
+fn continue_computing_as(cfg: &mut TrainConfig, ck: &checkpoint::Checkpoint) {
+    if !cfg.conv_algo_given {
+        cfg.conv_algo = ck
+            .description
+            .as_ref()
+            .map_or(crate::backend::ConvAlgo::Direct, |d| d.conv_algo);
+    }
 }
 
 /// The checkpoint of `--resume`, checked against this run (its note, if any, goes to `warn`),
