@@ -133,7 +133,7 @@ pub fn run_command(a: InferArgs) -> Result<(), String> {
     let models = super::args::entries("--model", &a.model)?;
     for m in &models {
         // The training step's memory bounds the inference net's (a superset of its buffers).
-        crate::measure::check_step_memory(m, a.batch, 1, crate::backend::ConvAlgo::Direct)?;
+        crate::measure::check_step_memory(m, a.batch, 1, crate::backend::ConvAlgo::default())?;
     }
     crate::outln!("{}", InferRow::terminal_header());
     for m in models {
