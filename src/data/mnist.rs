@@ -139,10 +139,12 @@ fn parse_sums(path: &Path, text: &str, hint: &str) -> Result<Vec<(String, String
 
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(bytes))
+}
+
+/// `bytes` as lower-case hex, two digits each (how every digest is written).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Reads `path` and checks its SHA-256 against `expected` (hex), returning

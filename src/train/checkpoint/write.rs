@@ -185,11 +185,7 @@ pub(super) fn write(
         out.flush()
     })();
     written.map_err(|e| file.error("write", e))?;
-    let digest: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = crate::data::mnist::hex(&hasher.finalize());
     let f = file.file();
     let patched = f
         .seek(SeekFrom::Start(placeholder_at as u64))
