@@ -48,6 +48,9 @@ pub struct TrainConfig {
     /// worker; `auto` lets the cost model pick with `--comm auto`, and is 2-D otherwise). No
     /// effect with one process or one worker each.
     pub hierarchy: crate::plan::HierarchyChoice,
+    /// How gradients travel between workers (`--compress`): f32, 16 bits summed in f32
+    /// ([`crate::comm::wire`]), or the cost model's choice per bucket.
+    pub compress: crate::plan::CompressChoice,
     /// `--first-bucket-kb` and `--bucket-kb` (KiB; 0: one layer per bucket); with neither
     /// given the caps follow the link (see [`crate::plan::bucket_caps`]).
     pub buckets: crate::plan::BucketFlags,
@@ -238,6 +241,13 @@ pub struct TrainOptions {
     /// per bucket; otherwise 2d; mpi-native always uses leader); on means 2d [default: auto].
     #[arg(long)]
     pub hierarchical: Option<String>,
+    /// Gradients on the wire: none (f32), fp16 (half the bytes; values past 65504 stop the
+    /// run), bf16 (half the bytes, f32's range), or auto (bf16 on each bucket where the cost
+    /// model predicts the link time saved exceeds the conversions); sums stay in f32. Applies
+    /// to the messages of every mode and hierarchy, not to shm (no messages) nor mpi-native
+    /// [default: none].
+    #[arg(long)]
+    pub compress: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
     /// bucket) [default: with neither bucket
     /// flag given, the bytes the link moves in one latency, so that no bucket is
@@ -458,6 +468,7 @@ impl TrainConfig {
             workers_per_process: self.workers,
             link: self.link,
             intra_link: None,
+            compress: self.compress,
             buckets: self.buckets,
             cores: crate::limits::cores(),
         }
@@ -470,7 +481,7 @@ impl TrainConfig {
             "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
             "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
-            "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "transport": self.transport.to_string(),
+            "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "compress": self.compress.to_string(), "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
@@ -526,6 +537,7 @@ impl TrainOptions {
             overlap,
             comm,
             hierarchical,
+            compress,
             bucket_kb,
             first_bucket_kb,
             link_bandwidth,
@@ -612,6 +624,7 @@ impl TrainOptions {
             overlap: comm.overlap,
             comm: comm.comm,
             hierarchy: comm.hierarchy,
+            compress: comm.compress,
             buckets: crate::plan::BucketFlags {
                 first_kb: self.first_bucket_kb,
                 kb: self.bucket_kb,
@@ -745,11 +758,39 @@ impl TrainOptions {
                  {hierarchy} (MPI_Allreduce runs once per process, between the process leaders)"
             ));
         }
+        let compress =
+            crate::plan::CompressChoice::parse(self.compress.as_deref().unwrap_or("none"))?;
+        // `auto` leaves buckets that send no messages in f32; a format given must apply.
+        let given = match compress {
+            crate::plan::CompressChoice::Fixed(w) if w != crate::comm::WireFormat::F32 => Some(w),
+            _ => None,
+        };
+        if let Some(compress) = given {
+            match comm {
+                CommChoice::Native => {
+                    return Err(format!(
+                        "--compress {compress} with --comm mpi-native: MPI_Allreduce sums f32 \
+                         values itself; choose a mode of ours (auto, ring, hd, tree, redundant) \
+                         or --compress none"
+                    ))
+                }
+                CommChoice::SharedMemory => {
+                    return Err(format!(
+                        "--compress {compress} with --comm shm: the shared-memory collective \
+                         sends no messages, so there is nothing to compress; leave out \
+                         --compress, or emulate a link (--link-bandwidth) with a mode that \
+                         sends messages"
+                    ))
+                }
+                _ => {}
+            }
+        }
         Ok(ResolvedComm {
             overlap,
             comm,
             transport,
             hierarchy,
+            compress,
         })
     }
 
@@ -972,6 +1013,7 @@ struct ResolvedComm {
     comm: CommChoice,
     transport: TransportKind,
     hierarchy: crate::plan::HierarchyChoice,
+    compress: crate::plan::CompressChoice,
 }
 
 /// `--lr`, `--lr-schedule` and SGD's flags, resolved.

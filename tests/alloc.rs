@@ -87,17 +87,32 @@ fn steady_state_steps_allocate_nothing() {
     // (model, dataset, batch, --conv-algo): 14+ steps in one epoch, so no evaluation falls in
     // the window. resnet18 with auto runs both Winograd tiles (F(2x2) on its 4x4 layers).
     let cases = [
-        ("lenet5", "synthetic:1x28x28:10", 32, "direct"),
-        ("vgg-small", "synthetic:3x32x32:10", 16, "direct"),
-        ("resnet20", "synthetic:3x32x32:10", 16, "direct"),
-        ("mobilenetv2", "synthetic:3x32x32:10", 8, "direct"),
-        ("resnet18", "synthetic:3x32x32:10", 8, "direct"),
-        ("densenet-small", "synthetic:3x32x32:10", 16, "direct"),
-        ("resnet18", "synthetic:3x32x32:10", 8, "auto"),
-        ("vgg-small", "synthetic:3x32x32:10", 16, "winograd:2"),
+        ("lenet5", "synthetic:1x28x28:10", 32, "direct", "none"),
+        ("vgg-small", "synthetic:3x32x32:10", 16, "direct", "none"),
+        ("resnet20", "synthetic:3x32x32:10", 16, "direct", "none"),
+        ("mobilenetv2", "synthetic:3x32x32:10", 8, "direct", "none"),
+        ("resnet18", "synthetic:3x32x32:10", 8, "direct", "none"),
+        (
+            "densenet-small",
+            "synthetic:3x32x32:10",
+            16,
+            "direct",
+            "none",
+        ),
+        ("resnet18", "synthetic:3x32x32:10", 8, "auto", "none"),
+        (
+            "vgg-small",
+            "synthetic:3x32x32:10",
+            16,
+            "winograd:2",
+            "none",
+        ),
+        // Compressed gradients encode into a buffer the communication thread reserved.
+        ("vgg-small", "synthetic:3x32x32:10", 16, "direct", "fp16"),
+        ("lenet5", "synthetic:1x28x28:10", 32, "direct", "bf16"),
     ];
-    for (name, dataset, batch, conv_algo) in cases {
-        let model = format!("{name} ({conv_algo})");
+    for (name, dataset, batch, conv_algo, compress) in cases {
+        let model = format!("{name} ({conv_algo}, --compress {compress})");
         let model = model.as_str();
         ALLOCATIONS.store(0, Ordering::SeqCst);
         BYTES.store(0, Ordering::SeqCst);
@@ -113,8 +128,9 @@ fn steady_state_steps_allocate_nothing() {
             test_limit: Some(16),
             overlap: Some("on".into()),
             comm: Some("ring".into()),
+            compress: Some(compress.into()),
             bucket_kb: Some(64),
-            run_dir: Some(dir.path().join(format!("{name}-{conv_algo}"))),
+            run_dir: Some(dir.path().join(format!("{name}-{conv_algo}-{compress}"))),
             quiet: true,
             no_checkpoints: true,
             ..Default::default()

@@ -221,3 +221,33 @@ fn bench_sizes_and_thread_counts_that_mean_nothing_are_refused_or_said() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("needs about"), "{err}");
 }
+
+#[test]
+fn bench_compress_prints_each_format_and_size_and_refuses_a_size_of_nothing() {
+    let (code, out, err) = dptrain(&["bench", "compress", "--sizes-kb", "4,64"]);
+    assert_eq!(code, 0, "{err}");
+    for format in ["fp16", "bf16"] {
+        for kb in [4, 64] {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("RESULT compress {format} size_kb={kb} ")))
+                .unwrap_or_else(|| panic!("no {format} {kb} KiB line in {out}"));
+            // Every figure is a positive time per value.
+            for field in ["encode_ns=", "decode_ns=", "round_ns="] {
+                let v: f64 = line
+                    .split(field)
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("{field} in {line}"));
+                assert!(v > 0.0 && v.is_finite(), "{line}");
+            }
+        }
+    }
+    let (code, _, err) = dptrain(&["bench", "compress", "--sizes-kb", "0"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--sizes-kb") && err.contains("from 1 to"),
+        "{err}"
+    );
+}

@@ -361,3 +361,151 @@ fn an_emulated_link_too_slow_for_the_timeout_fails_at_once() {
         assert!(took < Duration::from_millis(900), "{took:?}");
     });
 }
+
+/// A transport that counts the floats it sends (what an emulated link would charge).
+struct Counting<'a> {
+    inner: &'a InProcessTransport,
+    sent: std::sync::atomic::AtomicUsize,
+}
+
+impl Transport for Counting<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+    fn send(&self, to: usize, tag: u64, data: &[f32]) -> Result<(), CommError> {
+        self.sent
+            .fetch_add(data.len(), std::sync::atomic::Ordering::Relaxed);
+        self.inner.send(to, tag, data)
+    }
+    fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError> {
+        self.inner.recv(from, tag, out)
+    }
+    fn shared_memory(&self) -> Option<dptrain::comm::SharedMemory<'_>> {
+        self.inner.shared_memory()
+    }
+}
+
+#[test]
+fn compressed_operations_sum_within_the_formats_rounding_bit_identically_in_half_the_floats() {
+    use dptrain::comm::{AcrossOp, Hierarchy, WireFormat};
+    use dptrain::parallel::BucketOp;
+    use std::sync::Mutex;
+    // (workers, workers per process: 1 = flat)
+    let mut cases: Vec<(usize, BucketOp)> = Vec::new();
+    for world in 2..=5 {
+        cases.extend(CommMode::ALL.map(|m| (world, BucketOp::AllReduce(m))));
+        cases.push((world, BucketOp::ReduceToRoot));
+    }
+    for (processes, per) in [(2, 2), (3, 2), (2, 3)] {
+        for hierarchy in [Hierarchy::Leader, Hierarchy::TwoD] {
+            for m in CommMode::ALL {
+                let op = BucketOp::Hierarchical {
+                    hierarchy,
+                    across: AcrossOp::AllReduce(m),
+                    workers_per_process: per,
+                };
+                cases.push((processes * per, op));
+            }
+        }
+    }
+    for format in [WireFormat::F16, WireFormat::Bf16] {
+        // Half a unit in the last place kept, per rounding.
+        let u = if format == WireFormat::F16 {
+            2f64.powi(-11)
+        } else {
+            2f64.powi(-8)
+        };
+        for &(world, op) in &cases {
+            for len in [1usize, 7, 1000, 10_001] {
+                let inputs: Vec<Vec<f32>> = (0..world).map(|r| rank_data(r, len)).collect();
+                let run = |wire: WireFormat| {
+                    run_world(InProcessFabric::new(world, None, TIMEOUT), |t| {
+                        let counting = Counting {
+                            inner: t,
+                            sent: 0.into(),
+                        };
+                        let outgoing = Mutex::new(Vec::new());
+                        let mut buf = inputs[t.rank()].clone();
+                        let mut scratch = Vec::new();
+                        op.run_on_wire(wire, &counting, &mut buf, 3, &mut scratch, &outgoing)
+                            .unwrap_or_else(|e| panic!("{op} {wire} N={world} len={len}: {e}"));
+                        (buf, counting.sent.into_inner())
+                    })
+                };
+                let plain = run(WireFormat::F32);
+                let packed = run(format);
+                let what = format!("{op} {format} N={world} len={len}");
+                let ranks = if op == BucketOp::ReduceToRoot {
+                    1
+                } else {
+                    world
+                };
+                for (r, (res, _)) in packed.iter().enumerate().take(ranks) {
+                    assert!(
+                        res.iter()
+                            .zip(&packed[0].0)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: rank {r} differs from rank 0"
+                    );
+                }
+                for i in 0..len {
+                    let exact: f64 = inputs.iter().map(|v| v[i] as f64).sum();
+                    let mag: f64 = inputs.iter().map(|v| (v[i] as f64).abs()).sum();
+                    let got = packed[0].0[i] as f64;
+                    // At most one rounding per value per link crossed, plus the final one.
+                    let bound = (world as f64 + 1.0) * u * mag + 1e-6;
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "{what} i={i}: {got} vs {exact}"
+                    );
+                }
+                let floats = |runs: &[(Vec<f32>, usize)]| runs.iter().map(|r| r.1).sum::<usize>();
+                let (f32_floats, wire_floats) = (floats(&plain), floats(&packed));
+                // Every message carries ceil(n/2) floats for n values.
+                assert!(
+                    2 * wire_floats >= f32_floats && wire_floats <= f32_floats.div_ceil(2) + 64,
+                    "{what}: {wire_floats} floats on the wire against {f32_floats}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fp16_stops_a_collective_whose_sum_leaves_its_range_and_names_bf16() {
+    use dptrain::comm::WireFormat;
+    use dptrain::parallel::BucketOp;
+    use std::sync::Mutex;
+    for mode in CommMode::ALL {
+        let results = run_world(InProcessFabric::new(3, None, TIMEOUT), |t| {
+            let outgoing = Mutex::new(Vec::new());
+            // Each contribution fits fp16; their sum (90,000) does not.
+            let mut buf = vec![30_000.0f32; 5];
+            BucketOp::AllReduce(mode).run_on_wire(
+                WireFormat::F16,
+                t,
+                &mut buf,
+                1,
+                &mut Vec::new(),
+                &outgoing,
+            )
+        });
+        let overflow = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .unwrap_or_else(|| panic!("{mode}: no rank saw the overflow"));
+        assert!(
+            matches!(overflow, CommError::WireOverflow { .. }) || overflow.is_echo(),
+            "{mode}: {overflow}"
+        );
+        let first = results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .find(|e| matches!(e, CommError::WireOverflow { .. }))
+            .unwrap_or_else(|| panic!("{mode}: only echoes"));
+        assert!(first.to_string().contains("--compress bf16"), "{first}");
+    }
+}

@@ -53,6 +53,35 @@ fn two_ranks_match_two_worker_threads_bit_for_bit() {
     }
 }
 
+#[test]
+fn compressed_gradients_cross_mpi_intact_and_mpi_native_refuses_compression() {
+    // The 16-bit values ride in f32 carriers: MPI must move them bit for bit, so 2 ranks give
+    // the weights of 2 threads with the same wire format. Which partial sums are rounded
+    // depends on the buckets, so both runs fix them (the planned links differ).
+    let tmp = tempfile::tempdir().unwrap();
+    for (comm, compress) in [("ring", "fp16"), ("redundant", "bf16")] {
+        let name = format!("{comm}-{compress}");
+        let (mpi_dir, thr_dir) = (tmp.path().join(&name), tmp.path().join(name + "-t"));
+        let args = ["--comm", comm, "--compress", compress, "--bucket-kb", "0"];
+        run_mpi(2, &small(&mpi_dir, &args));
+        run_threads(&small(&thr_dir, &[&args[..], &["--workers", "2"]].concat()));
+        let (a, b) = (weights(&mpi_dir), weights(&thr_dir));
+        assert!(!a.is_empty());
+        assert!(a == b, "{comm}/{compress}: MPI ranks and threads differ");
+    }
+    let o = Command::new(BIN)
+        .args(["train", "--transport", "mpi", "--comm", "mpi-native"])
+        .args(["--compress", "bf16"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o);
+    assert!(
+        err.contains("--compress bf16 with --comm mpi-native: MPI_Allreduce sums f32"),
+        "{err}"
+    );
+}
+
 /// [`common::two_by_two_and_four_threads`] with 2 ranks on this host.
 fn two_by_two_and_four_threads(
     tmp: &std::path::Path,

@@ -171,6 +171,24 @@ const PARSE_REFUSALS: &[Case] = &[
 /// schedules out of order.
 const MEANING_REFUSALS: &[Case] = &[
     (
+        &["train", "--compress", "zstd"],
+        1,
+        "--compress must be none, fp16 or bf16, not \"zstd\"",
+    ),
+    (
+        &[
+            "train",
+            "--workers",
+            "2",
+            "--comm",
+            "shm",
+            "--compress",
+            "fp16",
+        ],
+        1,
+        "--compress fp16 with --comm shm: the shared-memory collective sends no messages",
+    ),
+    (
         &["train", "--epochs", "0"],
         1,
         "--epochs must be at least 1",

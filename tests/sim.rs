@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use dptrain::comm::record::{record_rank, Event};
 use dptrain::comm::{
     cost_terms, predicted_time, AcrossOp, CommError, CommMode, Hierarchy, InProcessFabric,
-    LinkModel, Transport,
+    LinkModel, Transport, WireFormat,
 };
 use dptrain::measure::profile::ProfileError;
 use dptrain::model::reference_graph;
@@ -60,23 +60,33 @@ impl Transport for Tap<'_> {
 fn jobs(world: usize) -> Vec<Job> {
     let mut v: Vec<Job> = CommMode::ALL
         .iter()
-        .map(|&m| Job::Bucket(BucketOp::AllReduce(m)))
+        .map(|&m| Job::Bucket(BucketOp::AllReduce(m), WireFormat::F32))
         .collect();
-    v.push(Job::Bucket(BucketOp::ReduceToRoot));
+    v.push(Job::Bucket(BucketOp::ReduceToRoot, WireFormat::F32));
     v.push(Job::WeightBroadcast);
     for w in 2..world {
         if world.is_multiple_of(w) {
             for hierarchy in Hierarchy::ALL {
                 for m in CommMode::ALL {
-                    v.push(Job::Bucket(BucketOp::Hierarchical {
+                    let op = BucketOp::Hierarchical {
                         hierarchy,
                         across: AcrossOp::AllReduce(m),
                         workers_per_process: w,
-                    }));
+                    };
+                    v.push(Job::Bucket(op, WireFormat::F32));
                 }
             }
         }
     }
+    // Compressed, every message is half as long (in f32 carriers) and still an exact fraction.
+    let compressed: Vec<Job> = v
+        .iter()
+        .filter_map(|j| match *j {
+            Job::Bucket(op, _) => Some(Job::Bucket(op, WireFormat::F16)),
+            Job::WeightBroadcast => None,
+        })
+        .collect();
+    v.extend(compressed);
     v
 }
 
@@ -147,10 +157,13 @@ fn a_recording_at_the_exact_length_scales_to_any_length() {
                         // Two dimensions round twice: the shard, then the mode's chunk of it.
                         let two_d = matches!(
                             job,
-                            Job::Bucket(BucketOp::Hierarchical {
-                                hierarchy: Hierarchy::TwoD,
-                                ..
-                            })
+                            Job::Bucket(
+                                BucketOp::Hierarchical {
+                                    hierarchy: Hierarchy::TwoD,
+                                    ..
+                                },
+                                _
+                            )
                         );
                         assert!(
                             (*ea as f64 - scaled).abs() < if two_d { 2.0 } else { 1.0 },
@@ -161,7 +174,7 @@ fn a_recording_at_the_exact_length_scales_to_any_length() {
             }
         }
     }
-    assert!(Job::Bucket(BucketOp::Native)
+    assert!(Job::Bucket(BucketOp::Native, WireFormat::F32)
         .exact_len(4)
         .unwrap_err()
         .contains("MPI's own"));
@@ -188,6 +201,7 @@ fn comm_only(bytes: usize) -> Profile {
 
 fn cfg(topology: Topology, comm: CommChoice, overlap: bool, cap_kb: Option<usize>) -> StepConfig {
     StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         topology,
         comm,
         hierarchy: HierarchyChoice::Auto,
@@ -345,6 +359,7 @@ fn one_host_of_a_symmetric_schedule_stands_for_all() {
                 for overlap in [true, false] {
                     for cap in [None, Some(0), ONE_BUCKET] {
                         let c = StepConfig {
+                            compress: dptrain::plan::CompressChoice::NONE,
                             hierarchy,
                             ..cfg(topo, comm, overlap, cap)
                         };
@@ -386,6 +401,7 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // Leader ring: 3 buffers into the leader's port, a 2-leader ring of two half-buffer
     // rounds over the NICs, 3 buffers out of the leader's port.
     let c = StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         hierarchy: HierarchyChoice::Fixed(Hierarchy::Leader),
         ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET)
     };
@@ -399,6 +415,7 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // 2-D ring: 3 quarter-buffers through every port each way; between, 4 rings of 2 rounds
     // of eighths share each NIC (8 eighths through it, the last one's latency after).
     let c = StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         hierarchy: HierarchyChoice::Fixed(Hierarchy::TwoD),
         ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET)
     };
@@ -414,6 +431,7 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // its host's one NIC, which the host's 4 workers share: 16 buffers per NIC, then the last
     // message's latency.
     let c = StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         hierarchy: HierarchyChoice::Off,
         ..cfg(
             topo,
@@ -460,6 +478,7 @@ fn the_trainers_rules_choose_buckets_and_operations() {
         (HierarchyChoice::Off, "ring"),
     ] {
         let c = StepConfig {
+            compress: dptrain::plan::CompressChoice::NONE,
             hierarchy: hier,
             ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, None)
         };
@@ -473,6 +492,7 @@ fn the_trainers_rules_choose_buckets_and_operations() {
     // Auto without caps: buckets hold at least what the planning link moves in one latency.
     let slow = link(1.25e9, 2000);
     let c = StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         planning_link: Some(slow),
         ..cfg(Topology::flat(4, slow), CommChoice::Auto, true, None)
     };
@@ -532,6 +552,7 @@ fn stragglers_cost_more_at_scale_and_are_seeded() {
     let p = uneven();
     let at = |workers: usize, spread: f64, seed: u64| {
         let c = StepConfig {
+            compress: dptrain::plan::CompressChoice::NONE,
             stragglers: Stragglers {
                 spread,
                 seed,
@@ -1055,6 +1076,7 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
             .unwrap()
             .args;
             let step = StepConfig {
+                compress: dptrain::plan::CompressChoice::NONE,
                 buckets: sim.bucket_flags(),
                 ..cfg(
                     Topology::flat(2, given),
@@ -1088,6 +1110,7 @@ fn one_bucket_config(
     hierarchy: HierarchyChoice,
 ) -> StepConfig {
     StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         topology,
         comm,
         hierarchy,

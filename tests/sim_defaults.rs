@@ -36,6 +36,7 @@ fn cfg(
     overlap: bool,
 ) -> StepConfig {
     StepConfig {
+        compress: dptrain::plan::CompressChoice::NONE,
         topology,
         comm: CommChoice::Fixed(comm),
         hierarchy,

@@ -205,6 +205,64 @@ fn resume_continues_bit_exactly() {
 }
 
 #[test]
+fn compressed_gradients_keep_replicas_identical_resume_exactly_and_change_only_the_rounding() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bits = |s: &Summary| -> Vec<u32> {
+        weights(s)
+            .into_iter()
+            .flat_map(|(_, v)| v.into_iter().map(f32::to_bits))
+            .collect()
+    };
+    for comm in ["ring", "redundant", "tree"] {
+        let base = |o: &mut TrainOptions| {
+            o.workers = Some(3);
+            o.batch = Some(24);
+            o.train_limit = Some(24 * 6);
+            o.comm = Some(comm.into());
+            o.bucket_kb = Some(0);
+            o.first_bucket_kb = Some(0);
+        };
+        let plain = run(&tmp.path().join(format!("{comm}-f32")), base);
+        for compress in ["fp16", "bf16"] {
+            let s = run(&tmp.path().join(format!("{comm}-{compress}")), |o| {
+                base(o);
+                o.compress = Some(compress.into());
+            });
+            assert!(
+                s.replica_hashes.iter().all(|&h| h == s.replica_hashes[0]),
+                "{comm}/{compress}: replicas differ {:x?}",
+                s.replica_hashes
+            );
+            // Applied (other bits than f32's), and only a rounding away after 6 steps.
+            assert!(
+                bits(&s) != bits(&plain),
+                "{comm}/{compress}: same bits as f32"
+            );
+            let d = max_diff(&weights(&s), &weights(&plain));
+            assert!(d < 1e-2, "{comm}/{compress}: weights {d} from f32's");
+        }
+    }
+    // Resumed with the same flags, a compressed run continues bit-exactly.
+    let base = |o: &mut TrainOptions| {
+        o.workers = Some(2);
+        o.comm = Some("ring".into());
+        o.compress = Some("fp16".into());
+        o.epochs = Some(2);
+        o.train_limit = Some(160);
+    };
+    let straight = run(&tmp.path().join("straight"), base);
+    let ck1 = tmp.path().join("straight/checkpoint-epoch0001.safetensors");
+    let resumed = run(&tmp.path().join("resumed"), |o| {
+        base(o);
+        o.resume = Some(ck1.clone());
+    });
+    assert!(
+        bits(&straight) == bits(&resumed),
+        "fp16: resumed run differs"
+    );
+}
+
+#[test]
 fn a_resumed_run_computes_its_convolutions_as_its_checkpoint_did() {
     // Trained with --conv-algo direct and resumed without the flag (whose default is auto), the
     // run continues with direct: the same bits as the run never interrupted. Given the flag,

@@ -555,6 +555,7 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
         simulator.step(
             &profile,
             &StepConfig {
+                compress: crate::plan::CompressChoice::NONE,
                 topology: Topology::flat(world, link),
                 comm,
                 hierarchy: crate::plan::HierarchyChoice::Auto,

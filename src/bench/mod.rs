@@ -6,6 +6,7 @@
 pub mod ablation;
 pub mod allreduce;
 pub mod args;
+pub mod compress;
 pub mod data;
 pub mod infer;
 pub mod loader;

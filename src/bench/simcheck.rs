@@ -388,6 +388,7 @@ fn emulated_group(
         };
         let measured = run_case(&spec, &case, dir)?.breakdown.mean;
         let step = StepConfig {
+            compress: crate::plan::CompressChoice::NONE,
             topology: Topology::flat(a.workers, link),
             comm,
             hierarchy: crate::plan::HierarchyChoice::Auto,
@@ -1261,6 +1262,7 @@ impl<'a> ClusterCheck<'a> {
             step_overhead: std::time::Duration::ZERO,
         };
         let step = StepConfig {
+            compress: crate::plan::CompressChoice::NONE,
             topology,
             comm: self.comm,
             // As the measured run.
@@ -1411,6 +1413,7 @@ pub fn goyal2017() -> Result<Published, String> {
     )?;
     let measured = MEASURED.overheads();
     let base = StepConfig {
+        compress: crate::plan::CompressChoice::NONE,
         topology: measured.apply(inputs.topology),
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
         // Goyal et al.'s three phases: each server's sum in one buffer, then across.
@@ -1421,6 +1424,7 @@ pub fn goyal2017() -> Result<Published, String> {
         stragglers: default_stragglers(&measured),
     };
     let ideal = StepConfig {
+        compress: crate::plan::CompressChoice::NONE,
         topology: Overheads::IDEAL.apply(inputs.topology),
         stragglers: Stragglers::NONE,
         ..base
@@ -1461,6 +1465,7 @@ fn scaling(
 ) -> Result<(f64, f64, f64), String> {
     let at = |n: usize| -> Result<StepConfig, String> {
         Ok(StepConfig {
+            compress: crate::plan::CompressChoice::NONE,
             topology: c.topology.with_workers(n)?,
             ..*c
         })

@@ -32,6 +32,9 @@ pub(super) enum BenchCmd {
     /// This machine's ceilings: the FMA peak of one core and of all (a register-only loop in
     /// the kernels' ISA) and the memory's copy and add rates.
     Roofline(bench::roofline::RooflineArgs),
+    /// What `--compress fp16|bf16` costs the communication thread: ns per value to encode,
+    /// decode and round, per buffer size.
+    Compress(bench::compress::CompressArgs),
 }
 
 /// Runs one `dptrain bench` command.
@@ -47,5 +50,6 @@ pub(super) fn run(cmd: BenchCmd) -> Result<(), String> {
         BenchCmd::SimCheck(a) => bench::simcheck::run(a),
         BenchCmd::Overlap(a) => bench::overlap::run_command(a),
         BenchCmd::Roofline(a) => bench::roofline::run_command(a),
+        BenchCmd::Compress(a) => bench::compress::run_command(a),
     }
 }

@@ -73,6 +73,11 @@ pub struct SimulateArgs {
     /// on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
+    /// Gradients on the wire, read as `train --compress` is: none, fp16, bf16 (half the bytes
+    /// of every message; the conversions' compute is not simulated) or auto (the cost model's
+    /// choice per bucket).
+    #[arg(long, default_value = "none")]
+    pub compress: String,
     /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
     /// with neither bucket flag given, the bytes the planning link moves in one latency; with
     /// only --first-bucket-kb given, 0].
@@ -160,6 +165,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     };
     let mut sim = Simulator::new();
     let single_cfg = StepConfig {
+        compress: crate::plan::CompressChoice::parse(&a.compress)?,
         topology: Topology::flat(1, base.nic),
         comm: CommChoice::Fixed(CommMode::Ring),
         hierarchy: HierarchyChoice::Auto,
@@ -322,7 +328,7 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
     };
     format!(
         "{} device(s) per host; NIC {} / {}{}; weak scaling at batch {} per worker; 1 worker: \
-         {single:.3} ms/step\noverheads: message {:.1} us ({}), NIC {:.0}% of the line rate \
+         {single:.3} ms/step{}\noverheads: message {:.1} us ({}), NIC {:.0}% of the line rate \
          ({}), step {:.2} ms ({}), compute spread {:.1}% ({}){}; sources: src/sim/defaults.rs",
         d,
         a.link_bandwidth,
@@ -337,6 +343,10 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
             String::new()
         },
         batch,
+        match a.compress.trim() {
+            "none" => String::new(),
+            w => format!("; gradients on the wire as {w}"),
+        },
         o.message_overhead.as_secs_f64() * 1e6,
         given(a.message_overhead.is_some()),
         o.nic_efficiency * 100.0,

@@ -234,6 +234,63 @@ pub fn route_time(route: Route, cluster: &Cluster, bytes: usize) -> Duration {
     secs_to_duration(secs)
 }
 
+/// Predicted time of one all-reduce of `len` f32 values by `route` with its messages in
+/// `format`: [`route_time`] of the bytes on the wire, plus the busiest rank's conversions at
+/// `rates` (it encodes what it sends, decodes what it receives, rounds its sum once).
+pub fn wire_route_time(
+    route: Route,
+    cluster: &Cluster,
+    len: usize,
+    format: crate::comm::WireFormat,
+    rates: &crate::comm::wire::WireRates,
+) -> Duration {
+    let bytes = len * format.bytes_per_value();
+    let link = route_time(route, cluster, bytes);
+    if format == crate::comm::WireFormat::F32 || cluster.world() <= 1 {
+        return link;
+    }
+    // Values the busiest rank sends across: the mode's, over the hosts for a hierarchy (on
+    // a shard of 1/d of the buffer in two dimensions).
+    let sent = match route {
+        Route::Flat(mode) => cost_terms(mode, cluster.world(), len).bytes_sent_per_rank,
+        Route::Hierarchical(Hierarchy::Leader, mode) => {
+            cost_terms(mode, cluster.hosts, len).bytes_sent_per_rank
+        }
+        Route::Hierarchical(Hierarchy::TwoD, mode) => {
+            cost_terms(mode, cluster.hosts, len.div_ceil(cluster.per_host.max(1)))
+                .bytes_sent_per_rank
+        }
+    };
+    // (cost_terms counts units of its size argument: here values.) A rank receives as much as
+    // it sends in every mode but the tree's root, within a factor the rates' spread covers.
+    link + secs_to_duration(rates.seconds(format, sent, sent, len as f64))
+}
+
+/// `--compress auto` for one bucket of `len` values reduced by `route`: bf16 where the link
+/// time its halved bytes save outweighs the conversions counted twice, f32 otherwise. Twice:
+/// the communication thread converts on a core, which delays the bucket
+/// ([`wire_route_time`]) and, where every core also computes (workers x threads = cores, as
+/// training runs), takes that time from backward too. Measured (docs/bench/compress.md): at
+/// 10 Gbit/s, priced once, bf16 won 0.1 ms on paper and lost 2% of images/s. bf16, not fp16:
+/// it converts faster (`bench compress`) and cannot overflow.
+pub fn choose_wire(
+    route: Route,
+    cluster: &Cluster,
+    len: usize,
+    rates: &crate::comm::wire::WireRates,
+) -> crate::comm::WireFormat {
+    use crate::comm::WireFormat;
+    let plain = wire_route_time(route, cluster, len, WireFormat::F32, rates);
+    let packed = wire_route_time(route, cluster, len, WireFormat::Bf16, rates);
+    let link_only = route_time(route, cluster, len * WireFormat::Bf16.bytes_per_value());
+    let conversions = packed.saturating_sub(link_only);
+    if packed + conversions < plain {
+        WireFormat::Bf16
+    } else {
+        WireFormat::F32
+    }
+}
+
 /// The route of `routes` with the smallest [`route_time`] (ties go to the earlier one).
 pub fn choose_route(cluster: &Cluster, bytes: usize, routes: &[Route]) -> Option<Route> {
     let mut best: Option<(Route, Duration)> = None;

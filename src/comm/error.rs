@@ -117,6 +117,20 @@ pub enum CommError {
         detail: String,
     },
 
+    /// A value too large for the wire format (`--compress fp16`: largest 65504).
+    #[error(
+        "rank {rank}: a gradient value of {value:e} does not fit the {format} wire format \
+         (largest 65504): train with --compress bf16 (16 bits with f32's range) or none"
+    )]
+    WireOverflow {
+        /// Rank that was sending.
+        rank: usize,
+        /// The wire format's name (`fp16`).
+        format: &'static str,
+        /// The first value past its range.
+        value: f32,
+    },
+
     /// A worker's communication thread panicked while running a collective (caught there).
     #[error("communication thread panicked: {0}")]
     ThreadPanicked(String),

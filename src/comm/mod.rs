@@ -29,6 +29,10 @@
 //!   hierarchies use it within a process too. [`memory_cost`] prices it and the message
 //!   modes as the memory work they are, for `auto` between threads.
 //!
+//! * **Compression on the wire** (`--compress fp16|bf16`, [`wire`]) — any mode's messages
+//!   as 16-bit floats, summed in f32: half the bytes, each value rounded where it crosses a
+//!   link.
+//!
 //! Every mode leaves **bit-identical** results on all ranks (each element's sum
 //! is computed once and copied, or — in redundant mode — computed by every
 //! rank with the same fixed addition order). Replicas therefore never drift
@@ -59,11 +63,12 @@ pub mod shared_memory;
 pub mod transport;
 pub mod tree;
 pub mod two_d;
+pub mod wire;
 
 pub use crate::comm::collective::AllReduce;
 pub use crate::comm::cost_model::{
-    choose_mode, choose_route, cost_terms, min_bucket_bytes, predicted_time, route_time, Cluster,
-    CostTerms, Route,
+    choose_mode, choose_route, choose_wire, cost_terms, min_bucket_bytes, predicted_time,
+    route_time, wire_route_time, Cluster, CostTerms, Route,
 };
 pub use crate::comm::error::CommError;
 pub use crate::comm::halving_doubling::HalvingDoublingAllReduce;
@@ -79,3 +84,4 @@ pub use crate::comm::transport::{
     parse_bandwidth, parse_duration, InProcessFabric, InProcessTransport, LinkModel, Transport,
 };
 pub use crate::comm::tree::{tree_broadcast, tree_reduce, TreeAllReduce};
+pub use crate::comm::wire::{WireFormat, WireTransport};

@@ -34,6 +34,10 @@ impl Transport for ProcessView<'_> {
     fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError> {
         self.parent.recv(from * self.stride + self.offset, tag, out)
     }
+
+    fn round_to_wire(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        self.parent.round_to_wire(buf)
+    }
 }
 
 /// The workers of this rank's process of a process-major transport, as a transport of their
@@ -74,5 +78,9 @@ impl Transport for LocalView<'_> {
 
     fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError> {
         self.parent.recv(self.first() + from, tag, out)
+    }
+
+    fn round_to_wire(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        self.parent.round_to_wire(buf)
     }
 }

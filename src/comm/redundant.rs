@@ -30,6 +30,9 @@ impl AllReduce for RedundantAllReduce {
         if n <= 1 || len == 0 {
             return Ok(());
         }
+        // Every rank adds the values the others receive, its own included (a compressing
+        // transport rounds them: `comm::wire`).
+        t.round_to_wire(buf)?;
         // Rotated destination order: when all ranks send at once, round k is a
         // permutation (r -> r+k), so no receive port is hit twice per round.
         for k in 1..n {

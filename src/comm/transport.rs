@@ -51,6 +51,13 @@ pub trait Transport: Send + Sync {
     fn shared_memory(&self) -> Option<SharedMemory<'_>> {
         None
     }
+    /// Rounds `buf` as this transport's messages round what they carry (nothing, unless the
+    /// transport compresses: [`crate::comm::wire`]). Redundant mode rounds its own
+    /// contribution with it, so every rank adds the values the others received.
+    fn round_to_wire(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        let _ = buf;
+        Ok(())
+    }
     /// Sums `buf` over all ranks with the transport's own all-reduce, if it has one (MPI's
     /// `MPI_Allreduce` for `--comm mpi-native`, the reference our modes are measured
     /// against). The default has none and says so.

@@ -18,10 +18,11 @@
 use super::bucket::BucketPlan;
 use crate::comm::{
     all_reduce_sum, hierarchical_all_reduce_sum, shared_memory_all_reduce_sum, tree_broadcast,
-    tree_reduce, AcrossOp, CommError, CommMode, Hierarchy, Transport,
+    tree_reduce, AcrossOp, CommError, CommMode, Hierarchy, Transport, WireFormat, WireTransport,
 };
 use crate::nn::GradSink;
 use crossbeam_channel::{bounded, Receiver, Sender};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -95,6 +96,36 @@ impl BucketOp {
             ),
         }
     }
+
+    /// Whether this operation sends gradients as messages (what `--compress` narrows): not
+    /// the shared-memory collective, which sends none, nor MPI's own all-reduce.
+    pub fn sends_messages(self) -> bool {
+        match self {
+            BucketOp::AllReduce(_) | BucketOp::ReduceToRoot => true,
+            BucketOp::Native | BucketOp::SharedMemory => false,
+            BucketOp::Hierarchical { across, .. } => matches!(across, AcrossOp::AllReduce(_)),
+        }
+    }
+
+    /// [`BucketOp::run`] with its messages in `wire` ([`crate::comm::wire`]), encoded through
+    /// `outgoing`; then every rank rounds its sum as the wire does, so the replicas stay
+    /// bit-identical. An operation that sends no messages runs as it is.
+    pub fn run_on_wire(
+        self,
+        wire: WireFormat,
+        t: &dyn Transport,
+        buf: &mut [f32],
+        tag: u64,
+        scratch: &mut Vec<f32>,
+        outgoing: &Mutex<Vec<f32>>,
+    ) -> Result<(), CommError> {
+        if wire == WireFormat::F32 || !self.sends_messages() {
+            return self.run(t, buf, tag, scratch);
+        }
+        let t = WireTransport::new(t, wire, outgoing);
+        self.run(&t, buf, tag, scratch)?;
+        t.round_to_wire(buf)
+    }
 }
 
 enum Job {
@@ -102,6 +133,7 @@ enum Job {
         index: usize,
         buf: Vec<f32>,
         op: BucketOp,
+        wire: WireFormat,
         tag: u64,
         inject_panic: bool,
     },
@@ -156,6 +188,7 @@ pub struct BucketSpan {
 pub struct Reducer {
     plan: BucketPlan,
     ops: Vec<BucketOp>,
+    wires: Vec<WireFormat>,
     overlap: bool,
     world: usize,
     buffers: Vec<Option<Vec<f32>>>,
@@ -172,10 +205,11 @@ pub struct Reducer {
 
 impl Reducer {
     /// Starts the communication thread for `transport` (`world` > 1) or none (`world` == 1).
-    /// `ops[i]` is bucket i's operation.
+    /// `ops[i]` is bucket i's operation, `wires[i]` how its gradients travel.
     pub fn new(
         plan: BucketPlan,
         ops: Vec<BucketOp>,
+        wires: Vec<WireFormat>,
         overlap: bool,
         transport: Option<Box<dyn Transport>>,
     ) -> Self {
@@ -202,15 +236,17 @@ impl Reducer {
             .max()
             .unwrap_or(0)
             .max(plan.total_len());
+        let compressed = wires.iter().any(|&w| w != WireFormat::F32);
         let thread = transport.filter(|t| t.world() > 1).map(|t| {
             std::thread::Builder::new()
                 .name(format!("comm-{}", t.rank()))
-                .spawn(move || comm_thread(t, job_rx, done_tx, largest))
+                .spawn(move || comm_thread(t, job_rx, done_tx, largest, compressed))
                 .expect("spawning the communication thread")
         });
         Self {
             plan,
             ops,
+            wires,
             overlap,
             world,
             buffers,
@@ -247,6 +283,11 @@ impl Reducer {
         &self.ops
     }
 
+    /// How each bucket's gradients travel.
+    pub fn wires(&self) -> &[WireFormat] {
+        &self.wires
+    }
+
     /// Each bucket reduced in the last step, in the order they came back (valid after
     /// [`Reducer::finish`]).
     pub fn bucket_spans(&self) -> &[BucketSpan] {
@@ -281,6 +322,7 @@ impl Reducer {
             index,
             buf,
             op: self.ops[index],
+            wire: self.wires[index],
             tag,
             inject_panic: std::mem::take(&mut self.inject_panic),
         };
@@ -390,13 +432,24 @@ impl Drop for Reducer {
 ///
 /// A failure (an error, or a panic, caught here) is reported to the worker, and the thread
 /// ends: dropping the transport is what tells the peers, so nobody waits on a dead collective.
-fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>, largest: usize) {
+fn comm_thread(
+    t: Box<dyn Transport>,
+    jobs: Receiver<Job>,
+    done: Sender<Done>,
+    largest: usize,
+    compressed: bool,
+) {
     let mut scratch = Vec::new();
-    // First blocking waits allocate (see `Transport::warm_up`).
+    // First blocking waits allocate (see `Transport::warm_up`); so would the first encoding.
     t.warm_up(largest);
+    let outgoing = Mutex::new(Vec::with_capacity(if compressed {
+        WireFormat::Bf16.carriers(largest)
+    } else {
+        0
+    }));
     for job in jobs.iter() {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_job(t.as_ref(), job, &mut scratch)
+            run_job(t.as_ref(), job, &mut scratch, &outgoing)
         }));
         let result = match result {
             Ok(r) => r,
@@ -418,12 +471,18 @@ fn comm_thread(t: Box<dyn Transport>, jobs: Receiver<Job>, done: Sender<Done>, l
 }
 
 /// Runs one job on the communication thread.
-fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, CommError> {
+fn run_job(
+    t: &dyn Transport,
+    job: Job,
+    scratch: &mut Vec<f32>,
+    outgoing: &Mutex<Vec<f32>>,
+) -> Result<Done, CommError> {
     match job {
         Job::Bucket {
             index,
             mut buf,
             op,
+            wire,
             tag,
             inject_panic,
         } => {
@@ -432,7 +491,7 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
             if inject_panic {
                 panic!("injected fault: Comm while reducing bucket {index}");
             }
-            op.run(t, &mut buf, tag, scratch)?;
+            op.run_on_wire(wire, t, &mut buf, tag, scratch, outgoing)?;
             Ok(Done::Bucket {
                 index,
                 buf,
@@ -441,6 +500,7 @@ fn run_job(t: &dyn Transport, job: Job, scratch: &mut Vec<f32>) -> Result<Done, 
                 started,
             })
         }
+        // Weights (initial, and tree mode's updates) travel in f32 always.
         Job::Broadcast { mut buf, tag } => {
             tree_broadcast(t, &mut buf, 0, tag)?;
             Ok(Done::Broadcast { buf })

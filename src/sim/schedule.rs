@@ -32,7 +32,7 @@
 
 use super::topology::Topology;
 use crate::comm::record::{Event, RecordError, Recorder};
-use crate::comm::{tree_broadcast, AcrossOp, CommError, Hierarchy, Transport};
+use crate::comm::{tree_broadcast, AcrossOp, CommError, Hierarchy, Transport, WireFormat};
 use crate::parallel::BucketOp;
 use std::collections::HashMap;
 
@@ -53,8 +53,8 @@ pub const MAX_RECORD_WORK: usize = 2_000_000_000;
 /// What a communication thread runs (the trainer reducer's two kinds of job).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Job {
-    /// A gradient bucket's operation.
-    Bucket(BucketOp),
+    /// A gradient bucket's operation, its messages in a wire format (`--compress`).
+    Bucket(BucketOp, WireFormat),
     /// Tree mode: worker 0's updated weights down the binomial tree.
     WeightBroadcast,
 }
@@ -62,7 +62,10 @@ pub enum Job {
 impl std::fmt::Display for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Bucket(op) => write!(f, "{op}"),
+            Self::Bucket(op, w) if *w != WireFormat::F32 && op.sends_messages() => {
+                write!(f, "{op}+{w}")
+            }
+            Self::Bucket(op, _) => write!(f, "{op}"),
             Self::WeightBroadcast => f.write_str("weight broadcast"),
         }
     }
@@ -77,7 +80,9 @@ impl Job {
         scratch: &mut Vec<f32>,
     ) -> Result<(), CommError> {
         match self {
-            Self::Bucket(op) => op.run(t, buf, 0, scratch),
+            Self::Bucket(op, wire) => {
+                op.run_on_wire(wire, t, buf, 0, scratch, &std::sync::Mutex::new(Vec::new()))
+            }
             Self::WeightBroadcast => tree_broadcast(t, buf, 0, 0),
         }
     }
@@ -86,16 +91,29 @@ impl Job {
     /// an exact fraction of the buffer: the chunks its algorithm cuts a buffer into (over the
     /// process leaders for a hierarchical all-reduce). MPI's native all-reduce has no schedule
     /// of ours to record.
+    /// Compressed, each message of `n` values is `ceil(n / 2)` carriers: exact at twice that.
     pub fn exact_len(self, world: usize) -> Result<usize, String> {
+        let values = self.exact_values(world)?;
+        Ok(match self {
+            Self::Bucket(op, wire) if wire != WireFormat::F32 && op.sends_messages() => 2 * values,
+            _ => values,
+        })
+    }
+
+    /// [`Job::exact_len`] in values, as if sent in f32.
+    fn exact_values(self, world: usize) -> Result<usize, String> {
         match self {
-            Self::Bucket(BucketOp::AllReduce(m)) => Ok(m.chunks(world)),
-            Self::Bucket(BucketOp::ReduceToRoot) | Self::WeightBroadcast => Ok(1),
+            Self::Bucket(BucketOp::AllReduce(m), _) => Ok(m.chunks(world)),
+            Self::Bucket(BucketOp::ReduceToRoot, _) | Self::WeightBroadcast => Ok(1),
             // The leaders cut the whole buffer; in two dimensions each of the W shards is cut.
-            Self::Bucket(BucketOp::Hierarchical {
-                hierarchy,
-                across: AcrossOp::AllReduce(m),
-                workers_per_process,
-            }) => {
+            Self::Bucket(
+                BucketOp::Hierarchical {
+                    hierarchy,
+                    across: AcrossOp::AllReduce(m),
+                    workers_per_process,
+                },
+                _,
+            ) => {
                 let w = workers_per_process.max(1);
                 let across = m.chunks(world / w);
                 Ok(match hierarchy {
@@ -103,16 +121,19 @@ impl Job {
                     Hierarchy::TwoD => across * w,
                 })
             }
-            Self::Bucket(BucketOp::Native)
-            | Self::Bucket(BucketOp::Hierarchical {
-                across: AcrossOp::Native,
-                ..
-            }) => Err(
+            Self::Bucket(BucketOp::Native, _)
+            | Self::Bucket(
+                BucketOp::Hierarchical {
+                    across: AcrossOp::Native,
+                    ..
+                },
+                _,
+            ) => Err(
                 "mpi-native runs MPI's own all-reduce, whose messages are MPI's and not ours to \
                  record: simulate tree, ring, hd, redundant or auto"
                     .into(),
             ),
-            Self::Bucket(BucketOp::SharedMemory) => Err(
+            Self::Bucket(BucketOp::SharedMemory, _) => Err(
                 "shm reads the other workers' buffers in place: it sends no messages to record, \
                  and the simulator's devices share no memory: simulate tree, ring, hd, \
                  redundant or auto"

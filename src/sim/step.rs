@@ -28,7 +28,7 @@ use super::topology::Topology;
 use crate::comm::LinkModel;
 use crate::measure::Profile;
 use crate::parallel::{BucketOp, BucketPlan};
-use crate::plan::{BucketFlags, CommChoice, HierarchyChoice, PlanInputs};
+use crate::plan::{BucketFlags, CommChoice, CompressChoice, HierarchyChoice, PlanInputs};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -83,6 +83,8 @@ pub struct StepConfig {
     pub planning_link: Option<LinkModel>,
     /// Per-worker compute variation.
     pub stragglers: Stragglers,
+    /// How gradients travel (the trainer's `--compress`).
+    pub compress: CompressChoice,
 }
 
 /// One simulated step (times in ms, means over the simulated steps).
@@ -126,6 +128,7 @@ pub fn plan_inputs(cfg: &StepConfig) -> PlanInputs {
         ),
         intra_link: Some(topo.intra),
         buckets: cfg.buckets,
+        compress: cfg.compress,
         // Devices, not threads: the link is always given, so nothing is priced as memory work.
         cores: 1,
     }
@@ -213,9 +216,14 @@ impl Simulator {
             self.cache.clear();
         }
         let (plan, ops) = plan(profile, cfg)?;
+        let wires = plan_inputs(cfg).bucket_wires(&plan, &ops);
         let bytes: Vec<usize> = plan.buckets.iter().map(|b| b.len * 4).collect();
         let root_updates = ops.contains(&BucketOp::ReduceToRoot);
-        let mut jobs: Vec<Job> = ops.iter().map(|&op| Job::Bucket(op)).collect();
+        let mut jobs: Vec<Job> = ops
+            .iter()
+            .zip(&wires)
+            .map(|(&op, &w)| Job::Bucket(op, w))
+            .collect();
         if root_updates {
             jobs.push(Job::WeightBroadcast);
         }
@@ -521,6 +529,7 @@ pub fn search_buckets(
     for &kb in &SEARCH_CAPS_KB {
         // A given first cap stays; otherwise the first bucket is searched with the others.
         let c = StepConfig {
+            compress: crate::plan::CompressChoice::NONE,
             buckets: BucketFlags {
                 first_kb: Some(cfg.buckets.first_kb.unwrap_or(kb)),
                 kb: Some(kb),

@@ -504,6 +504,7 @@ pub fn run_description(
         ("comm".into(), s(&cfg.comm)),
         ("overlap".into(), s(&cfg.overlap)),
         ("hierarchical".into(), s(&cfg.hierarchy)),
+        ("compress".into(), s(&cfg.compress)),
         (
             "bucket plan".into(),
             format!("{} [{}]", plan.describe(), sizes.join(",")),

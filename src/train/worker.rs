@@ -10,7 +10,7 @@ use super::checkpoint::{self, TrainState};
 use super::error::{Phase, StepError, WorkerError};
 use super::event::Event;
 use super::metrics::{ms, StepTimes};
-use crate::comm::{CommError, CommMode, Transport};
+use crate::comm::{CommError, CommMode, Transport, WireFormat};
 use crate::config::{CommChoice, TrainConfig};
 use crate::data::Dataset;
 use crate::model::Graph;
@@ -250,8 +250,17 @@ impl Worker {
         let planning = cfg.plan_inputs();
         let plan = planning.bucket_plan(&crate::plan::block_lens(&net));
         let ops = planning.bucket_ops(&plan);
+        let wires = planning.bucket_wires(&plan, &ops);
         if s.rank == 0 {
-            let ops = ops.iter().map(|o| o.to_string()).collect();
+            // A compressed bucket shows its wire format: `ring+fp16`.
+            let ops = ops
+                .iter()
+                .zip(&wires)
+                .map(|(o, &w)| match w {
+                    WireFormat::F32 => o.to_string(),
+                    w => format!("{o}+{w}"),
+                })
+                .collect();
             let _ = s.events.send(Event::Plan {
                 description: plan.describe(),
                 ops,
@@ -260,7 +269,7 @@ impl Worker {
         let total = net.params().len();
         let ready_at = plan.ready_at_block.clone();
         let exec_names = net.exec_names().map(String::from).collect();
-        let reducer = Reducer::new(plan, ops, cfg.overlap, s.transport);
+        let reducer = Reducer::new(plan, ops, wires, cfg.overlap, s.transport);
         let mut w = Self {
             rank: s.rank,
             sampler: DistributedSampler::new(

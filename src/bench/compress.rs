@@ -1,0 +1,93 @@
+//! `dptrain bench compress`: what `--compress` costs the communication thread, per value and
+//! per MB: encoding a message (narrowing to 16 bits, two to a carrier), decoding it in place,
+//! and rounding a sum as the wire does ([`crate::comm::wire`]). One thread, buffers of a few
+//! bucket sizes, median of the rounds. `auto`'s price of a conversion is this command's figure
+//! on this machine ([`crate::comm::wire::WireRates::MEASURED`]).
+
+use crate::comm::WireFormat;
+use std::time::Instant;
+
+/// Rounds per figure; the median is reported.
+const ROUNDS: usize = 9;
+
+/// Arguments of `dptrain bench compress`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompressArgs {
+    /// Buffer sizes in KiB, comma-separated.
+    #[arg(long, default_value = "64,1024,16384")]
+    pub sizes_kb: String,
+}
+
+/// Nanoseconds per value of (encode, decode, round) for `format` on buffers of `values`.
+pub fn measure(format: WireFormat, values: usize) -> (f64, f64, f64) {
+    let src: Vec<f32> = (0..values)
+        .map(|i| ((i as f32) * 0.37).sin() * 1e-2)
+        .collect();
+    let mut wire = vec![0f32; format.carriers(values)];
+    let mut buf = vec![0f32; values];
+    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    for round in 0..=ROUNDS {
+        let t0 = Instant::now();
+        format.encode(&src, &mut wire).expect("the values fit");
+        let t1 = Instant::now();
+        buf[..wire.len()].copy_from_slice(&wire);
+        let t2 = Instant::now();
+        format.decode_in_place(&mut buf);
+        let t3 = Instant::now();
+        format.round(&mut buf).expect("the values fit");
+        let t4 = Instant::now();
+        std::hint::black_box(&buf);
+        if round > 0 {
+            let per = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e9 / values as f64;
+            times[0].push(per(t0, t1));
+            times[1].push(per(t2, t3));
+            times[2].push(per(t3, t4));
+        }
+    }
+    let [mut e, mut d, mut r] = times;
+    (
+        super::median(&mut e),
+        super::median(&mut d),
+        super::median(&mut r),
+    )
+}
+
+/// Runs `dptrain bench compress`.
+pub fn run_command(a: CompressArgs) -> Result<(), String> {
+    let sizes = super::args::list("--sizes-kb", &a.sizes_kb, |s| {
+        s.parse::<usize>()
+            .ok()
+            .filter(|&k| (1..=1 << 20).contains(&k))
+            .ok_or_else(|| format!("--sizes-kb: a size in KiB from 1 to 1048576, not {s:?}"))
+    })?;
+    crate::outln!(
+        "{:>6} {:>10} {:>12} {:>12} {:>12} {:>14}",
+        "format",
+        "size",
+        "encode ns/v",
+        "decode ns/v",
+        "round ns/v",
+        "encode+decode"
+    );
+    for format in [WireFormat::F16, WireFormat::Bf16] {
+        for &kb in &sizes {
+            let (e, d, r) = measure(format, kb * 1024 / 4);
+            // MB of f32 gradient per second through encode + decode.
+            let mb_s = 4.0 / (e + d) * 1e3;
+            crate::outln!(
+                "{:>6} {:>7} KiB {:>12.3} {:>12.3} {:>12.3} {:>9.0} MB/s",
+                format.to_string(),
+                kb,
+                e,
+                d,
+                r,
+                mb_s
+            );
+            crate::outln!(
+                "RESULT compress {format} size_kb={kb} encode_ns={e:.3} decode_ns={d:.3} \
+                 round_ns={r:.3}"
+            );
+        }
+    }
+    Ok(())
+}
