@@ -241,9 +241,10 @@ pub struct TrainOptions {
     /// per bucket; otherwise 2d; mpi-native always uses leader); on means 2d [default: auto].
     #[arg(long)]
     pub hierarchical: Option<String>,
-    /// Gradients on the wire: none (f32), fp16 (half the bytes; values past 65504 stop the
-    /// run), bf16 (half the bytes, f32's range), or auto (bf16 on each bucket where the cost
-    /// model predicts the link time saved exceeds the conversions); sums stay in f32. Applies
+    /// Gradients on the wire: none (f32), fp16 (half the bytes; a value that rounds past 65504
+    /// stops the run), bf16 (half the bytes, f32's range), or auto (bf16 on each bucket where
+    /// the cost model predicts the link time saved exceeds twice the conversions); sums stay
+    /// in f32. Applies
     /// to the messages of every mode and hierarchy, not to shm (no messages) nor mpi-native
     /// [default: none].
     #[arg(long)]

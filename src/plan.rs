@@ -95,7 +95,7 @@ impl CompressChoice {
 
     /// Parses `auto` or a wire format (`none`, `fp16`, `bf16`).
     pub fn parse(s: &str) -> Result<Self, String> {
-        if s.trim() == "auto" {
+        if s.trim().eq_ignore_ascii_case("auto") {
             return Ok(Self::Auto);
         }
         WireFormat::parse(s)
@@ -466,11 +466,13 @@ impl PlanInputs {
     }
 }
 
-/// The route the cost model prices for `op`, if it sends messages of ours.
+/// The route the cost model prices for `op`, if it sends messages of ours and the model prices
+/// what its wire carries. Not tree mode's reduce to worker 0: its route is priced as reduce
+/// plus broadcast, and that broadcast (of weights) travels in f32, so halving the route's bytes
+/// would promise twice the saving; `auto` leaves it in f32.
 fn route_of(op: BucketOp) -> Option<Route> {
     match op {
         BucketOp::AllReduce(m) => Some(Route::Flat(m)),
-        BucketOp::ReduceToRoot => Some(Route::Flat(CommMode::Tree)),
         BucketOp::Hierarchical {
             hierarchy,
             across: AcrossOp::AllReduce(m),

@@ -484,15 +484,17 @@ fn fp16_stops_a_collective_whose_sum_leaves_its_range_and_names_bf16() {
             let outgoing = Mutex::new(Vec::new());
             // Each contribution fits fp16; their sum (90,000) does not.
             let mut buf = vec![30_000.0f32; 5];
-            BucketOp::AllReduce(mode).run_on_wire(
-                WireFormat::F16,
-                t,
-                &mut buf,
-                1,
-                &mut Vec::new(),
-                &outgoing,
-            )
+            BucketOp::AllReduce(mode)
+                .run_on_wire(WireFormat::F16, t, &mut buf, 1, &mut Vec::new(), &outgoing)
+                .map(|()| buf)
         });
+        if mode == CommMode::Redundant {
+            // Only the contributions cross a link; each rank's sum stays in f32, unrounded.
+            for r in &results {
+                assert_eq!(r.as_ref().unwrap(), &vec![90_000.0f32; 5]);
+            }
+            continue;
+        }
         let overflow = results
             .iter()
             .find_map(|r| r.as_ref().err())
@@ -507,5 +509,15 @@ fn fp16_stops_a_collective_whose_sum_leaves_its_range_and_names_bf16() {
             .find(|e| matches!(e, CommError::WireOverflow { .. }))
             .unwrap_or_else(|| panic!("{mode}: only echoes"));
         assert!(first.to_string().contains("--compress bf16"), "{first}");
+        // The value named is one that cannot be sent, not merely a large one.
+        match first {
+            CommError::WireOverflow { value, .. } => assert!(*value >= 65_520.0, "{first}"),
+            _ => unreachable!(),
+        }
     }
+    // 65504 and what rounds to it travel; from 65520 a value rounds past the range.
+    let mut ok = [65_504.0f32, 65_519.0, -65_519.0];
+    WireFormat::F16.round(&mut ok).unwrap();
+    assert_eq!(ok, [65_504.0, 65_504.0, -65_504.0]);
+    assert_eq!(WireFormat::F16.round(&mut [65_520.0]), Err(65_520.0));
 }

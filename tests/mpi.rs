@@ -69,6 +69,28 @@ fn compressed_gradients_cross_mpi_intact_and_mpi_native_refuses_compression() {
         assert!(!a.is_empty());
         assert!(a == b, "{comm}/{compress}: MPI ranks and threads differ");
     }
+    // 2 ranks x 2 workers: the hierarchies' phases within a rank run in shared memory, in
+    // f32, around the compressed phase between the ranks; every replica ends the same.
+    for (comm, hierarchy) in [("ring", "2d"), ("redundant", "leader"), ("hd", "2d")] {
+        let dir = tmp.path().join(format!("{comm}-{hierarchy}-bf16"));
+        let args = [
+            "--comm",
+            comm,
+            "--workers",
+            "2",
+            "--hierarchical",
+            hierarchy,
+            "--compress",
+            "bf16",
+        ];
+        run_mpi(2, &small(&dir, &args));
+        let h = replica_hashes(&dir);
+        assert_eq!(h.len(), 4, "{comm} {hierarchy}");
+        assert!(
+            h.iter().all(|&x| x == h[0]),
+            "{comm} {hierarchy} bf16: replicas differ {h:x?}"
+        );
+    }
     let o = Command::new(BIN)
         .args(["train", "--transport", "mpi", "--comm", "mpi-native"])
         .args(["--compress", "bf16"])

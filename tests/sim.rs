@@ -359,7 +359,6 @@ fn one_host_of_a_symmetric_schedule_stands_for_all() {
                 for overlap in [true, false] {
                     for cap in [None, Some(0), ONE_BUCKET] {
                         let c = StepConfig {
-                            compress: dptrain::plan::CompressChoice::NONE,
                             hierarchy,
                             ..cfg(topo, comm, overlap, cap)
                         };
@@ -401,7 +400,6 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // Leader ring: 3 buffers into the leader's port, a 2-leader ring of two half-buffer
     // rounds over the NICs, 3 buffers out of the leader's port.
     let c = StepConfig {
-        compress: dptrain::plan::CompressChoice::NONE,
         hierarchy: HierarchyChoice::Fixed(Hierarchy::Leader),
         ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET)
     };
@@ -415,7 +413,6 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // 2-D ring: 3 quarter-buffers through every port each way; between, 4 rings of 2 rounds
     // of eighths share each NIC (8 eighths through it, the last one's latency after).
     let c = StepConfig {
-        compress: dptrain::plan::CompressChoice::NONE,
         hierarchy: HierarchyChoice::Fixed(Hierarchy::TwoD),
         ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, ONE_BUCKET)
     };
@@ -431,7 +428,6 @@ fn the_links_and_the_shared_nic_cost_what_the_port_model_says() {
     // its host's one NIC, which the host's 4 workers share: 16 buffers per NIC, then the last
     // message's latency.
     let c = StepConfig {
-        compress: dptrain::plan::CompressChoice::NONE,
         hierarchy: HierarchyChoice::Off,
         ..cfg(
             topo,
@@ -478,7 +474,6 @@ fn the_trainers_rules_choose_buckets_and_operations() {
         (HierarchyChoice::Off, "ring"),
     ] {
         let c = StepConfig {
-            compress: dptrain::plan::CompressChoice::NONE,
             hierarchy: hier,
             ..cfg(topo, CommChoice::Fixed(CommMode::Ring), true, None)
         };
@@ -492,7 +487,6 @@ fn the_trainers_rules_choose_buckets_and_operations() {
     // Auto without caps: buckets hold at least what the planning link moves in one latency.
     let slow = link(1.25e9, 2000);
     let c = StepConfig {
-        compress: dptrain::plan::CompressChoice::NONE,
         planning_link: Some(slow),
         ..cfg(Topology::flat(4, slow), CommChoice::Auto, true, None)
     };
@@ -552,7 +546,6 @@ fn stragglers_cost_more_at_scale_and_are_seeded() {
     let p = uneven();
     let at = |workers: usize, spread: f64, seed: u64| {
         let c = StepConfig {
-            compress: dptrain::plan::CompressChoice::NONE,
             stragglers: Stragglers {
                 spread,
                 seed,
@@ -1076,7 +1069,6 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
             .unwrap()
             .args;
             let step = StepConfig {
-                compress: dptrain::plan::CompressChoice::NONE,
                 buckets: sim.bucket_flags(),
                 ..cfg(
                     Topology::flat(2, given),

@@ -1424,7 +1424,6 @@ pub fn goyal2017() -> Result<Published, String> {
         stragglers: default_stragglers(&measured),
     };
     let ideal = StepConfig {
-        compress: crate::plan::CompressChoice::NONE,
         topology: Overheads::IDEAL.apply(inputs.topology),
         stragglers: Stragglers::NONE,
         ..base
@@ -1465,7 +1464,6 @@ fn scaling(
 ) -> Result<(f64, f64, f64), String> {
     let at = |n: usize| -> Result<StepConfig, String> {
         Ok(StepConfig {
-            compress: crate::plan::CompressChoice::NONE,
             topology: c.topology.with_workers(n)?,
             ..*c
         })

@@ -343,9 +343,9 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
             String::new()
         },
         batch,
-        match a.compress.trim() {
-            "none" => String::new(),
-            w => format!("; gradients on the wire as {w}"),
+        match crate::plan::CompressChoice::parse(&a.compress) {
+            Ok(crate::plan::CompressChoice::NONE) | Err(_) => String::new(),
+            Ok(w) => format!("; gradients on the wire: {w}"),
         },
         o.message_overhead.as_secs_f64() * 1e6,
         given(a.message_overhead.is_some()),

@@ -245,7 +245,14 @@ pub fn wire_route_time(
     rates: &crate::comm::wire::WireRates,
 ) -> Duration {
     let bytes = len * format.bytes_per_value();
-    let link = route_time(route, cluster, bytes);
+    // A hierarchy's phases within the host run in shared memory or between its threads, in
+    // f32 whatever the wire: priced at the narrow bytes over a port of half the rate, they
+    // cost what f32 does.
+    let mut host = *cluster;
+    if matches!(route, Route::Hierarchical(..)) {
+        host.intra.bandwidth_bytes_per_s *= format.bytes_per_value() as f64 / 4.0;
+    }
+    let link = route_time(route, &host, bytes);
     if format == crate::comm::WireFormat::F32 || cluster.world() <= 1 {
         return link;
     }

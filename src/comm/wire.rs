@@ -24,9 +24,15 @@
 //! value `2i` in its low 16 bits and `2i + 1` in its high 16 (a zero pad after an odd last
 //! value). Carriers are only copied, never computed with, so any transport moves them intact.
 //!
-//! fp16's range ends at 65504: a value past it cannot be sent and the collective fails with
-//! [`CommError::WireOverflow`] (naming bf16, which has f32's range), instead of training on
-//! infinities. Non-finite gradients pass through as they are, for the trainer's own check.
+//! Not rounded: flat redundant mode's sums (every rank adds the same rounded contributions in
+//! the same order, in f32) and tree mode's reduce to worker 0 (only it holds the sum).
+//!
+//! fp16's range ends at 65504: a value that rounds past it (from 65520) cannot be sent and the
+//! collective fails with [`CommError::WireOverflow`] (naming bf16, which has f32's range),
+//! instead of training on infinities; this stops the run even with `--on-nonfinite skip`.
+//! Below 6.1e-5 fp16 keeps fewer bits (subnormals) and under 3e-8 none: gradients already
+//! divided by the global batch can be that small, and bf16 keeps 8 bits down to f32's 1e-38.
+//! Non-finite gradients pass through as they are, for the trainer's own check.
 
 use crate::comm::{CommError, SharedMemory, Transport};
 use half::slice::HalfFloatSliceExt;
@@ -39,9 +45,10 @@ pub enum WireFormat {
     /// As they are: 32-bit floats.
     #[default]
     F32,
-    /// IEEE half precision: 11 significant bits, largest 65504.
+    /// IEEE half precision: 11 significant bits from 6.1e-5 to 65504; fewer below (subnormal),
+    /// zero under 3e-8; a value that rounds past 65504 (from 65520) cannot be sent.
     F16,
-    /// bfloat16: 8 significant bits, f32's range.
+    /// bfloat16: 8 significant bits over f32's range.
     Bf16,
 }
 
@@ -138,12 +145,11 @@ impl WireFormat {
                 let overflow = dst
                     .iter()
                     .zip(src)
-                    .any(|(&h, &x)| h & 0x7fff == 0x7c00 && x.is_finite());
-                if overflow {
-                    let bad = src.iter().find(|x| x.is_finite() && x.abs() >= 65504.0);
-                    return Err(bad.copied().unwrap_or(f32::MAX));
+                    .find(|&(&h, &x)| h & 0x7fff == 0x7c00 && x.is_finite());
+                match overflow {
+                    Some((_, &x)) => Err(x),
+                    None => Ok(()),
                 }
-                Ok(())
             }
             Self::Bf16 => {
                 for (d, &x) in dst.iter_mut().zip(src) {

@@ -108,8 +108,11 @@ impl BucketOp {
     }
 
     /// [`BucketOp::run`] with its messages in `wire` ([`crate::comm::wire`]), encoded through
-    /// `outgoing`; then every rank rounds its sum as the wire does, so the replicas stay
-    /// bit-identical. An operation that sends no messages runs as it is.
+    /// `outgoing`; then, where one rank computed a sum that the others received through the
+    /// wire, every rank rounds its sum as the wire does, so the replicas stay bit-identical.
+    /// Not after flat redundant mode (every rank already added the same values in the same
+    /// order) nor tree mode's reduce (only worker 0 holds the sum): their sums stay in f32. An
+    /// operation that sends no messages runs as it is.
     pub fn run_on_wire(
         self,
         wire: WireFormat,
@@ -124,7 +127,10 @@ impl BucketOp {
         }
         let t = WireTransport::new(t, wire, outgoing);
         self.run(&t, buf, tag, scratch)?;
-        t.round_to_wire(buf)
+        match self {
+            BucketOp::AllReduce(CommMode::Redundant) | BucketOp::ReduceToRoot => Ok(()),
+            _ => t.round_to_wire(buf),
+        }
     }
 }
 

@@ -529,7 +529,6 @@ pub fn search_buckets(
     for &kb in &SEARCH_CAPS_KB {
         // A given first cap stays; otherwise the first bucket is searched with the others.
         let c = StepConfig {
-            compress: crate::plan::CompressChoice::NONE,
             buckets: BucketFlags {
                 first_kb: Some(cfg.buckets.first_kb.unwrap_or(kb)),
                 kb: Some(kb),
