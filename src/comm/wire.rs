@@ -35,7 +35,7 @@
 //! Non-finite gradients pass through as they are, for the trainer's own check.
 
 use crate::comm::{CommError, SharedMemory, Transport};
-use half::slice::HalfFloatSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use std::sync::Mutex;
 
@@ -122,6 +122,10 @@ impl WireFormat {
     /// long). Fails on a finite value past fp16's range.
     pub fn encode(self, src: &[f32], dst: &mut [f32]) -> Result<(), f32> {
         debug_assert_eq!(dst.len(), self.carriers(src.len()));
+        if self == Self::F32 {
+            dst.copy_from_slice(src);
+            return Ok(());
+        }
         let mut halves = [0u16; BLOCK];
         for (values, carriers) in src.chunks(BLOCK).zip(dst.chunks_mut(BLOCK / 2)) {
             let h = &mut halves[..values.len()];
@@ -139,8 +143,8 @@ impl WireFormat {
         match self {
             Self::F32 => unreachable!("f32 is not narrowed"),
             Self::F16 => {
-                let d: &mut [f16] = zerocopy_u16_as_f16(dst);
-                d.convert_from_f32_slice(src);
+                dst.reinterpret_cast_mut::<f16>()
+                    .convert_from_f32_slice(src);
                 // Infinity out of a finite value: past the range (rounding up to 65520 or more).
                 let overflow = dst
                     .iter()
@@ -164,7 +168,7 @@ impl WireFormat {
     fn widen(self, src: &[u16], dst: &mut [f32]) {
         match self {
             Self::F32 => unreachable!("f32 is not widened"),
-            Self::F16 => zerocopy_u16_as_f16_ref(src).convert_to_f32_slice(dst),
+            Self::F16 => src.reinterpret_cast::<f16>().convert_to_f32_slice(dst),
             // bf16 is f32's top half: exact by a shift.
             Self::Bf16 => {
                 for (d, &h) in dst.iter_mut().zip(src) {
@@ -178,6 +182,9 @@ impl WireFormat {
     /// return `buf` holds its values. Blocks run from the end, so a block's values are
     /// written only over carriers already read.
     pub fn decode_in_place(self, buf: &mut [f32]) {
+        if self == Self::F32 {
+            return;
+        }
         let n = buf.len();
         let mut halves = [0u16; BLOCK];
         let mut values = [0f32; BLOCK];
@@ -211,16 +218,6 @@ impl WireFormat {
         }
         Ok(())
     }
-}
-
-fn zerocopy_u16_as_f16(s: &mut [u16]) -> &mut [f16] {
-    // SAFETY: f16 is a `repr(transparent)` wrapper of u16: same size, alignment and validity.
-    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<f16>(), s.len()) }
-}
-
-fn zerocopy_u16_as_f16_ref(s: &[u16]) -> &[f16] {
-    // SAFETY: as above.
-    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f16>(), s.len()) }
 }
 
 impl WireFormat {
@@ -378,6 +375,15 @@ mod tests {
         WireFormat::F16.decode_in_place(&mut buf);
         assert!(buf[277].is_infinite() && buf[3].is_nan());
         assert!(WireFormat::F16.round(&mut [65504.0]).is_ok());
+    }
+
+    #[test]
+    fn f32_encodes_as_a_copy_and_decodes_as_itself() {
+        let src = values(9);
+        let mut wire = vec![0f32; 9];
+        WireFormat::F32.encode(&src, &mut wire).unwrap();
+        WireFormat::F32.decode_in_place(&mut wire);
+        assert_eq!(wire, src);
     }
 
     #[test]
