@@ -5,6 +5,9 @@
 #   scripts/cluster.sh mpirun [--name NAME] MPIRUN_ARGS...   # mpirun across the hosts, TCP only
 #   scripts/cluster.sh stats [--name NAME]                   # bytes each host sent and received
 #   scripts/cluster.sh fail [--name NAME] I                  # host I fails: off the network, frozen
+#   scripts/cluster.sh restore [--name NAME] I               # host I is back, as after a reboot
+#   scripts/cluster.sh launch [--name NAME] BIN LAUNCH_ARGS... -- TRAIN_ARGS...
+#                                                            # BIN launch (elastic) across the hosts
 #   scripts/cluster.sh down [--name NAME]
 #
 # Each host is a network namespace NAME-hI (I = 1..N) with one interface, eth0, at
@@ -39,7 +42,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -304,6 +307,14 @@ cmd_stats() {
   done
 }
 
+# The host number of `$1 I` (in REST), checked against cluster NAME.
+host_arg() {
+  local i=${REST[0]:-}
+  [[ $i =~ ^[0-9]+$ ]] && ip netns list | awk '{print $1}' | grep -qx "$NAME-h$i" ||
+    die "$1 I: cluster $NAME has no host '$i'"
+  echo "$i"
+}
+
 # Host I fails as a machine losing power would: its link goes down first, so its peers get no
 # connection resets, only silence; then everything running on it is frozen (SIGSTOP). Frozen
 # rather than killed: its processes include the OpenMPI daemon that mpirun started through the
@@ -311,10 +322,9 @@ cmd_stats() {
 # at once. `down` kills them.
 cmd_fail() {
   take_name "$@"
-  local i=${REST[0]:-}
   need_root
-  [[ $i =~ ^[0-9]+$ ]] && ip netns list | awk '{print $1}' | grep -qx "$NAME-h$i" ||
-    die "fail I: cluster $NAME has no host '$i'"
+  local i
+  i=$(host_arg fail)
   ip -n "$NAME-sw" link set "h$i" down
   ip -n "$NAME-h$i" link set eth0 down
   local pids
@@ -322,6 +332,46 @@ cmd_fail() {
   # shellcheck disable=SC2086
   [ -z "$pids" ] || kill -STOP $pids 2>/dev/null || true
   echo "cluster $NAME: host $i is off the network; froze $(echo "$pids" | wc -w) processes on it"
+}
+
+# Host I comes back as after a reboot: on the network again, nothing of before running.
+cmd_restore() {
+  take_name "$@"
+  need_root
+  local i
+  i=$(host_arg restore)
+  # A rebooted host runs nothing of before: its frozen processes go (KILL acts on them frozen).
+  local pids
+  pids=$(ip netns pids "$NAME-h$i")
+  # shellcheck disable=SC2086
+  [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+  ip -n "$NAME-h$i" link set eth0 up
+  ip -n "$NAME-sw" link set "h$i" up
+  echo "cluster $NAME: host $i is back on the network (killed $(echo "$pids" | wc -w) frozen processes)"
+}
+
+# `dptrain launch` in the switch namespace: the cluster's hostfile, heartbeats to the switch's
+# address, and mpirun with this script's options (launch gives each job its own hostfile).
+cmd_launch() {
+  take_name "$@"
+  need_root
+  local dir bin subnet
+  dir=$(dir_of "$NAME")
+  [ -f "$dir/cluster.env" ] || die "cluster $NAME is not up (no $dir/cluster.env); start it with: $0 up N --name $NAME"
+  [ ${#REST[@]} -ge 1 ] || die "launch BIN [LAUNCH_ARGS...] -- TRAIN_ARGS...: give the dptrain binary"
+  bin=${REST[0]}
+  subnet=$(. "$dir/cluster.env" && echo "$SUBNET")
+  mpirun_line "$NAME" "$dir"
+  local opts=() a skip=0
+  for a in "${MPIRUN[@]:5}"; do
+    if [ $skip = 1 ]; then skip=0; continue; fi
+    [ "$a" = --hostfile ] && { skip=1; continue; }
+    opts+=("$a")
+  done
+  local cmd=(ip netns exec "$NAME-sw" "$bin" launch --hostfile "$dir/hostfile"
+    --listen "${subnet%.0/24}.254" --mpirun "mpirun ${opts[*]}" "${REST[@]:1}")
+  echo "+ ${cmd[*]}" >&2
+  exec "${cmd[@]}"
 }
 
 cmd_down() {
@@ -341,5 +391,7 @@ case ${1:-} in
   mpirun) shift; cmd_mpirun "$@" ;;
   stats) shift; cmd_stats "$@" ;;
   fail) shift; cmd_fail "$@" ;;
+  restore) shift; cmd_restore "$@" ;;
+  launch) shift; cmd_launch "$@" ;;
   *) usage ;;
 esac

@@ -9,6 +9,17 @@ use std::time::Duration;
 
 pub use crate::plan::CommChoice;
 
+/// `--batch` when not given: the global batch.
+pub const DEFAULT_BATCH: usize = 64;
+
+/// `--workers` when not given: worker threads per process.
+pub const DEFAULT_WORKERS: usize = 1;
+
+/// Commits kept in the run directory by default (`--keep-commits`): the newest and the one
+/// before it, in case the newest is being written when the run dies (its temporary file is
+/// then removed, the older one stays).
+pub const DEFAULT_KEEP_COMMITS: usize = 2;
+
 /// Everything a training run needs, validated.
 #[derive(Debug, Clone)]
 pub struct TrainConfig {
@@ -83,6 +94,14 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
     pub keep_checkpoints: usize,
+    /// Commit a restart point every this many steps (0: none): `train::commit`.
+    pub commit_every: usize,
+    /// Commits to keep (the newest).
+    pub keep_commits: usize,
+    /// Where this process sends its heartbeats (`dptrain launch`'s supervisor).
+    pub heartbeat: Option<std::net::SocketAddr>,
+    /// The `dptrain launch` whose lock on the run directory this job works under.
+    pub launched_by: Option<u32>,
     /// Write no checkpoints at all (benchmarks).
     pub no_checkpoints: bool,
     /// Injected fault, for the reliability tests.
@@ -290,6 +309,22 @@ pub struct TrainOptions {
     /// Checkpoints to keep, at least 1 (the newest; more than written keeps all) [default: 2].
     #[arg(long)]
     pub keep_checkpoints: Option<usize>,
+    /// Commit a restart point every N steps (`commit-stepN.safetensors`, written in the
+    /// background, the newest two kept), which `--resume` and `dptrain launch` continue from
+    /// exactly; 0 for none [default: 0].
+    #[arg(long)]
+    pub commit_every: Option<usize>,
+    /// Commits to keep, at least 1 (the newest) [default: 2].
+    #[arg(long)]
+    pub keep_commits: Option<usize>,
+    /// Send a heartbeat (UDP) to ADDR:PORT every 250 ms: how `dptrain launch` watches its
+    /// ranks (it passes this itself).
+    #[arg(long)]
+    pub heartbeat: Option<String>,
+    /// The pid of the `dptrain launch` that started this job and holds the run directory's
+    /// lock across its jobs (it passes this itself).
+    #[arg(long, hide = true)]
+    pub launched_by: Option<u32>,
     /// Resume from this checkpoint file.
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -550,6 +585,10 @@ impl TrainOptions {
             run_dir,
             checkpoint_every,
             keep_checkpoints,
+            commit_every,
+            keep_commits,
+            heartbeat,
+            launched_by,
             resume,
             weights,
             reinit,
@@ -643,6 +682,18 @@ impl TrainOptions {
             warnings,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
+            commit_every: self.commit_every.unwrap_or(0),
+            keep_commits: self.keep_commits.unwrap_or(DEFAULT_KEEP_COMMITS),
+            launched_by: self.launched_by,
+            heartbeat: self
+                .heartbeat
+                .as_deref()
+                .map(|a| {
+                    a.parse().map_err(|_| {
+                        format!("--heartbeat {a}: give the supervisor's ADDRESS:PORT, e.g. 10.0.0.1:7000")
+                    })
+                })
+                .transpose()?,
             no_checkpoints: self.no_checkpoints,
             fault: self
                 .inject_fault
@@ -700,12 +751,12 @@ impl TrainOptions {
 
     /// Workers, the global batch split evenly over them, and compute threads per worker.
     fn resolve_workers(&self) -> Result<ResolvedWorkers, String> {
-        let workers = self.workers.unwrap_or(1);
+        let workers = self.workers.unwrap_or(DEFAULT_WORKERS);
         if workers == 0 {
             return Err("--workers must be at least 1".into());
         }
         crate::comm::transport::check_in_process_workers(workers)?;
-        let batch = self.batch.unwrap_or(64);
+        let batch = self.batch.unwrap_or(DEFAULT_BATCH);
         crate::plan::per_worker_batch(batch, workers, 1).map_err(|e| e.to_string())?;
         if self.threads == Some(0) {
             return Err("--threads must be at least 1".into());
@@ -912,6 +963,19 @@ impl TrainOptions {
             return Err(
                 "--keep-checkpoints 0 would keep no checkpoint to resume from: give at \
                  least 1 (or --no-checkpoints to write none)"
+                    .into(),
+            );
+        }
+        if self.keep_commits == Some(0) {
+            return Err(
+                "--keep-commits 0 would keep no restart point: give at least 1 (or leave out \
+                 --commit-every to commit none)"
+                    .into(),
+            );
+        }
+        if self.commit_every.is_some_and(|k| k > 0) && self.no_checkpoints {
+            return Err(
+                "--commit-every writes restart points, which --no-checkpoints turns off: give                  one of them"
                     .into(),
             );
         }

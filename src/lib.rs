@@ -11,6 +11,7 @@ pub mod cli;
 pub mod comm;
 pub mod config;
 pub mod data;
+pub mod elastic;
 pub mod export;
 pub mod infer;
 pub mod input;

@@ -418,3 +418,286 @@ fn a_config_mismatch_across_hosts_stops_every_rank_with_what_differs() {
     let t = text(&o);
     assert!(!o.status.success(), "{t}");
 }
+
+/// `dptrain launch` across a cluster (`scripts/cluster.sh launch`), its stderr lines collected
+/// as they come.
+struct Launch {
+    child: std::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Cluster {
+    fn launch(&self, run_dir: &Path, launch: &[&str], train: &[&str]) -> Launch {
+        let mut child = Command::new(SCRIPT)
+            .args(["launch", "--name", &self.name, BIN, "--run-dir"])
+            .arg(run_dir)
+            .args(launch)
+            .arg("--")
+            .args(train)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (err, l) = (child.stderr.take().unwrap(), lines.clone());
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                l.lock().unwrap().push(line);
+            }
+        });
+        Launch {
+            child,
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    /// `scripts/cluster.sh fail I` or `restore I`.
+    fn host_event(&self, what: &str, i: usize) {
+        let o = Command::new(SCRIPT)
+            .args([what, "--name", &self.name, &i.to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+}
+
+impl Launch {
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    /// Waits (at most `secs`) until `ready` holds.
+    fn wait_until(&self, what: &str, secs: u64, ready: impl Fn(&Launch) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !ready(self) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {secs} s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (at most `secs`) for the launcher to end; its exit and its output.
+    fn finish(mut self, secs: u64) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("launch still runs after {secs} s:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        (status, self.log())
+    }
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `dir` holds a commit of at least `step` steps.
+fn committed(dir: &Path, step: usize) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.filter_map(Result::ok).any(|e| {
+            dptrain::train::commit::commit_step(&e.file_name().to_string_lossy())
+                .is_some_and(|s| s >= step)
+        })
+    })
+}
+
+fn elastic_report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("elastic.json")).unwrap()).unwrap()
+}
+
+/// lenet5 on the whole of MNIST at batch 96 (625 steps per epoch; it splits over 4, 3 and 2
+/// hosts), committing every 10 steps and keeping every commit (to compare against).
+const ELASTIC_TRAIN: [&str; 15] = [
+    "--epochs",
+    "2",
+    "--batch",
+    "96",
+    "--test-limit",
+    "500",
+    "--threads",
+    "1",
+    "--commit-every",
+    "10",
+    "--keep-commits",
+    "1000",
+    "--comm-timeout",
+    "60",
+    "--quiet",
+];
+
+#[test]
+fn a_lost_host_costs_seconds_and_ten_steps_and_the_run_finishes_on_the_survivors() {
+    let Some(cluster) = Cluster::up("elas", 4, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let launch = cluster.launch(&dir, &["--heartbeat-timeout", "3"], &ELASTIC_TRAIN);
+    // Host 3 drops off the network and freezes during epoch 2.
+    launch.wait_until("commit in epoch 2", 120, |_| committed(&dir, 700));
+    cluster.host_event("fail", 3);
+    let (status, log) = launch.finish(180);
+    eprintln!("{log}");
+    assert!(status.success(), "{log}");
+    let r = elastic_report(&dir);
+    let (jobs, failures) = (
+        r["jobs"].as_array().unwrap(),
+        r["failures"].as_array().unwrap(),
+    );
+    assert_eq!((jobs.len(), failures.len()), (2, 1), "{r:#}");
+    let f = &failures[0];
+    assert_eq!(f["host"], "10.77.0.3", "{r:#}");
+    let s = |v: &serde_json::Value| v.as_f64().unwrap();
+    // Found within the heartbeat timeout (and the monitor's 0.1 s poll), training again
+    // within 15 s, no more than one commit interval redone.
+    let found = s(&f["detected_s"]) - s(&f["last_beat_s"]);
+    assert!(
+        (3.0..3.6).contains(&found),
+        "detected {found} s after the last beat"
+    );
+    let back = s(&f["running_again_s"]) - s(&f["detected_s"]);
+    assert!(back < 15.0, "training again {back} s after detection");
+    assert!(f["steps_redone"].as_u64().unwrap() <= 10, "{r:#}");
+    assert_eq!(
+        jobs[1]["hosts"],
+        serde_json::json!(["10.77.0.1", "10.77.0.2", "10.77.0.4"])
+    );
+    // The report lists the lost host (and marks it on the loss and accuracy plots).
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("| 10.77.0.3 |"), "{report}");
+    let hashes = replica_hashes(&dir);
+    assert_eq!(hashes.len(), 3);
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{hashes:?}");
+    // Bit for bit what 3 hosts started from the commit the second job resumed do.
+    let step = jobs[1]["resumed_from"][1].as_u64().unwrap() as usize;
+    let commit = dptrain::train::commit::commit_path(&dir, step);
+    let again = tmp.path().join("again");
+    std::fs::create_dir_all(&again).unwrap();
+    std::fs::copy(&commit, again.join(commit.file_name().unwrap())).unwrap();
+    cluster.host_event("restore", 3);
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        "--run-dir".into(),
+        again.display().to_string(),
+    ];
+    args.extend(ELASTIC_TRAIN.iter().map(|s| s.to_string()));
+    args.extend([
+        "--resume".into(),
+        again
+            .join(commit.file_name().unwrap())
+            .display()
+            .to_string(),
+    ]);
+    cluster.train(3, &args);
+    assert_eq!(replica_hashes(&again), hashes);
+    assert_eq!(weights(&again), weights(&dir));
+}
+
+#[test]
+fn two_losses_one_of_rank_0_while_restarting_and_a_host_that_comes_back_all_finish() {
+    let Some(cluster) = Cluster::up("elat", 4, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let launch = cluster.launch(
+        &dir,
+        &["--heartbeat-timeout", "3", "--start-timeout", "20"],
+        &ELASTIC_TRAIN,
+    );
+    launch.wait_until("commit", 120, |_| committed(&dir, 300));
+    cluster.host_event("fail", 3);
+    // As the second job starts, host 1 (rank 0's) goes too, and host 3 comes back.
+    launch.wait_until("second job", 60, |l| l.log().contains("launch: job 2:"));
+    cluster.host_event("fail", 1);
+    cluster.host_event("restore", 3);
+    let (status, log) = launch.finish(240);
+    eprintln!("{log}");
+    assert!(status.success(), "{log}");
+    let r = elastic_report(&dir);
+    let lost: Vec<&str> = r["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["host"].as_str().unwrap())
+        .collect();
+    assert_eq!(lost, ["10.77.0.3", "10.77.0.1"], "{r:#}");
+    let last = r["jobs"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        last["hosts"],
+        serde_json::json!(["10.77.0.2", "10.77.0.3", "10.77.0.4"])
+    );
+    assert_eq!(last["outcome"], "finished");
+    assert!(log.contains("host 10.77.0.3 answers again"), "{log}");
+    let hashes = replica_hashes(&dir);
+    assert!(
+        hashes.len() == 3 && hashes.windows(2).all(|w| w[0] == w[1]),
+        "{hashes:?}"
+    );
+}
+
+/// On 2 hosts with `launch_args`, host 2 fails: the run must stop saying `says` and naming
+/// its newest state, which one process of two workers then continues.
+fn stops_naming_its_newest_state(tag: &str, launch_args: &[&str], says: &str) {
+    let Some(cluster) = Cluster::up(tag, 2, &[]) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut args = vec!["--heartbeat-timeout", "3"];
+    args.extend(launch_args);
+    let launch = cluster.launch(&dir, &args, &ELASTIC_TRAIN);
+    launch.wait_until("commit", 120, |_| committed(&dir, 100));
+    cluster.host_event("fail", 2);
+    let (status, log) = launch.finish(120);
+    assert!(!status.success(), "{log}");
+    assert!(log.contains(says), "{log}");
+    let named = log
+        .split("the newest state is ")
+        .nth(1)
+        .and_then(|t| t.split(": run dptrain launch again").next())
+        .unwrap_or_else(|| panic!("no state named:\n{log}"));
+    assert!(Path::new(named).is_file(), "{named}");
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        "--run-dir".into(),
+        dir.display().to_string(),
+    ];
+    args.extend(ELASTIC_TRAIN.iter().map(|s| s.to_string()));
+    args.extend(["--workers", "2", "--resume", named].map(String::from));
+    let o = Command::new(BIN).args(&args).output().unwrap();
+    assert!(
+        o.status.success() && text(&o).contains("done:"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn below_min_hosts_the_run_stops_naming_its_newest_state_which_resume_continues() {
+    stops_naming_its_newest_state("elam", &["--min-hosts", "2"], "fewer than --min-hosts 2");
+}
+
+#[test]
+fn past_max_restarts_the_run_stops_naming_its_newest_state_which_resume_continues() {
+    stops_naming_its_newest_state("elar", &["--max-restarts", "0"], "after 0 restart(s)");
+}

@@ -37,6 +37,7 @@ const LAYERS: &[&str] = &[
     "infer",    // eval and predict from a checkpoint
     "sim",      // planning past this machine
     "bench",    // benchmarks
+    "elastic",  // dptrain launch: the supervisor that restarts a run on the survivors
     "cli",      // the commands
 ];
 

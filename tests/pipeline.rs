@@ -85,7 +85,7 @@ fn batches_are_bitwise_identical_for_any_loader_thread_count_and_prefetch() {
             let (c, s) = (c.clone(), sampler.clone());
             let got = within(60, "a pipeline run", move || {
                 let (p, mut feeds) =
-                    Pipeline::start(c, s.clone(), 1..4, threads, prefetch).unwrap();
+                    Pipeline::start(c, s.clone(), s.global_steps(1..4), threads, prefetch).unwrap();
                 let got = all_batches(&mut feeds, &s, 1..4);
                 drop(feeds);
                 assert_eq!(p.shutdown(), threads);
@@ -106,7 +106,8 @@ fn the_queue_never_holds_more_than_k_batches_and_the_pool_is_fixed() {
     let sampler = DistributedSampler::new(400, 16, 2, 1);
     let k = 3;
     within(60, "a slow consumer", move || {
-        let (p, mut feeds) = Pipeline::start(c, sampler.clone(), 0..2, 4, k).unwrap();
+        let (p, mut feeds) =
+            Pipeline::start(c, sampler.clone(), sampler.global_steps(0..2), 4, k).unwrap();
         assert_eq!(p.pool_capacity(), 2 * (k + 1));
         let mut order = Vec::new();
         for epoch in 0..2 {
@@ -162,7 +163,8 @@ fn shutdown_mid_epoch_joins_every_thread_and_wakes_a_waiting_worker() {
     let c = collator(pair.train, "crop:4,flip", false);
     let sampler = DistributedSampler::new(2000, 32, 2, 1);
     within(30, "shutdown", move || {
-        let (p, mut feeds) = Pipeline::start(c, sampler.clone(), 0..50, 4, 2).unwrap();
+        let (p, mut feeds) =
+            Pipeline::start(c, sampler.clone(), sampler.global_steps(0..50), 4, 2).unwrap();
         let mut order = Vec::new();
         sampler.epoch_order(0, &mut order);
         for step in 0..3 {

@@ -555,6 +555,7 @@ fn checkpoints_hold_the_pytorch_state_dict_of_the_reference_models() {
             fingerprint: g.fingerprint(),
             epoch: 0,
             global_step: 0,
+            step_in_epoch: 0,
             run: None,
         };
         let momentum = vec![0.0; net.params().len()];
@@ -602,6 +603,7 @@ fn a_checkpoint_streamed_from_the_net_is_the_file_safetensors_writes_and_reads_b
         fingerprint: g.fingerprint(),
         epoch: 4,
         global_step: 77,
+        step_in_epoch: 0,
         run: None,
     };
     let description = dptrain::train::description::ModelDescription {

@@ -6,6 +6,7 @@ mod bench;
 mod data;
 mod eval;
 mod export;
+mod launch;
 mod model;
 mod predict;
 mod profile;
@@ -32,6 +33,9 @@ pub struct Cli {
 enum Command {
     /// Train a model (the default command: lenet5 on the bundled MNIST).
     Train(Box<train::TrainCmd>),
+    /// Train over MPI and outlive lost hosts: restart on the survivors from the newest
+    /// restart point (`train --commit-every`), watching each rank's heartbeat.
+    Launch(launch::LaunchArgs),
     /// Benchmarks that print figures.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -123,6 +127,7 @@ pub fn run() -> Result<(), String> {
         Command::Data(cmd) => data::run(cmd),
         Command::Report { run_dirs, out } => report::run(&run_dirs, out),
         Command::Train(t) => train::run(*t),
+        Command::Launch(a) => launch::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Predict(a) => predict::run(a),
     }

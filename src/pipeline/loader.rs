@@ -75,7 +75,8 @@ struct Shared {
     pool: BufferPool,
     stop: AtomicBool,
     next_job: AtomicUsize,
-    first_epoch: usize,
+    /// The global step of each worker's first batch.
+    first_step: usize,
     batches_per_worker: usize,
     orders: EpochOrders,
     running: AtomicUsize,
@@ -96,7 +97,8 @@ impl Shared {
     /// (epoch, step) of a worker's batch `seq`.
     fn epoch_step(&self, seq: usize) -> (usize, usize) {
         let spe = self.sampler.steps_per_epoch().max(1);
-        (self.first_epoch + seq / spe, seq % spe)
+        let global = self.first_step + seq;
+        (global / spe, global % spe)
     }
 }
 
@@ -117,7 +119,9 @@ impl Drop for Running<'_> {
 }
 
 impl Pipeline {
-    /// Starts `loader_threads` threads that fill every worker's batches for `epochs`, at most
+    /// Starts `loader_threads` threads that fill every worker's batches for the global `steps`
+    /// (epoch x steps per epoch + step: [`DistributedSampler::global_steps`]; a resumed run
+    /// starts inside an epoch), at most
     /// `prefetch` (>= 1) ahead per worker, and returns one feed per worker (rank order).
     ///
     /// The pool holds `workers * (prefetch + 1)` buffers: up to `prefetch` reserved or waiting
@@ -126,7 +130,7 @@ impl Pipeline {
     pub fn start(
         collator: Collator,
         sampler: DistributedSampler,
-        epochs: Range<usize>,
+        steps: Range<usize>,
         loader_threads: usize,
         prefetch: usize,
     ) -> Result<(Pipeline, Vec<BatchFeed>), String> {
@@ -146,8 +150,8 @@ impl Pipeline {
             pool: BufferPool::new(workers * (prefetch + 1)),
             stop: AtomicBool::new(false),
             next_job: AtomicUsize::new(0),
-            first_epoch: epochs.start,
-            batches_per_worker: epochs.len() * sampler.steps_per_epoch(),
+            first_step: steps.start,
+            batches_per_worker: steps.len(),
             orders: EpochOrders::default(),
             running: AtomicUsize::new(loader_threads),
             collator,

@@ -74,6 +74,12 @@ impl DistributedSampler {
         self.global_batch / self.world
     }
 
+    /// The global steps of `epochs` (epoch x steps per epoch + step in it).
+    pub fn global_steps(&self, epochs: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let spe = self.steps_per_epoch();
+        epochs.start * spe..epochs.end * spe
+    }
+
     /// The permutation for `epoch`, written into `order` (reused across epochs).
     pub fn epoch_order(&self, epoch: usize, order: &mut Vec<u32>) {
         order.clear();

@@ -75,6 +75,24 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
     } else {
         md.push_str("| summary | none: the run did not finish |\n");
     }
+    if !run.lost_hosts.is_empty() {
+        md.push_str(
+            "\n## Hosts lost (dptrain launch, `elastic.json`)\n\n| host | at step | found after | \
+             training again after | steps redone |\n|---|---:|---:|---:|---:|\n",
+        );
+        let opt = |x: Option<String>| x.unwrap_or_else(|| "-".into());
+        for l in &run.lost_hosts {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.1} s | {} | {} |",
+                l.host,
+                opt(l.at_step.map(|s| s.to_string())),
+                l.found_after_s,
+                opt(l.training_again_after_s.map(|t| format!("{t:.1} s"))),
+                opt(l.steps_redone.map(|s| s.to_string())),
+            );
+        }
+    }
     md.push_str("\n## Step breakdown (mean per step over all workers)\n\n");
     md.push_str(&breakdown_table(&run.phases));
     if !run.epochs.is_empty() {

@@ -82,13 +82,15 @@ fn padded(values: impl Iterator<Item = f64>, floor_zero: bool) -> std::ops::Rang
 /// A line's label, colour and `(epoch, value)` points.
 type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
 
-/// Lines of `(epoch, value)`, one per series.
+/// Lines of `(epoch, value)`, one per series, and a vertical line at each epoch position of
+/// `lost` (where `dptrain launch` lost a host).
 fn epoch_lines(
     path: &Path,
     title: &str,
     y_desc: &str,
     series: &[Series<'_>],
     floor_zero: bool,
+    lost: &[f64],
 ) -> Result<(), String> {
     let last = series
         .iter()
@@ -104,7 +106,7 @@ fn epoch_lines(
             .margin(16)
             .x_label_area_size(40)
             .y_label_area_size(64)
-            .build_cartesian_2d(0.5..last + 0.5, y)
+            .build_cartesian_2d(0.5..last + 0.5, y.clone())
             .map_err(err)?;
         chart
             .configure_mesh()
@@ -137,6 +139,15 @@ fn epoch_lines(
                 .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
                 .map_err(err)?;
         }
+        for (i, &x) in lost.iter().enumerate() {
+            let line = PathElement::new([(x, y.start), (x, y.end)], BLACK.stroke_width(1));
+            let drawn = chart.draw_series(std::iter::once(line)).map_err(err)?;
+            if i == 0 {
+                drawn.label("host lost (dptrain launch)").legend(|(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(1))
+                });
+            }
+        }
         chart
             .configure_series_labels()
             .background_style(WHITE.mix(0.8))
@@ -161,6 +172,7 @@ pub fn loss(run: &RunData, path: &Path) -> Result<(), String> {
             ("test loss", RED, pts(|e| e.test_loss)),
         ],
         true,
+        &run.lost_at_epochs(),
     )
 }
 
@@ -177,6 +189,7 @@ pub fn accuracy(run: &RunData, path: &Path) -> Result<(), String> {
         "test accuracy, %",
         &[("test accuracy", RGBColor(0, 158, 115), pts)],
         false,
+        &run.lost_at_epochs(),
     )
 }
 

@@ -72,6 +72,21 @@ pub struct EpochRow {
     pub phases: Phases,
 }
 
+/// A host `dptrain launch` lost during the run (from `elastic.json`).
+#[derive(Debug, Clone)]
+pub struct LostHost {
+    /// The host.
+    pub host: String,
+    /// Global steps done by the job that lost it.
+    pub at_step: Option<usize>,
+    /// Seconds from its last heartbeat to its detection.
+    pub found_after_s: f64,
+    /// Seconds from its detection to the next job's first step.
+    pub training_again_after_s: Option<f64>,
+    /// Steps the next job did again.
+    pub steps_redone: Option<usize>,
+}
+
 /// What a run directory holds, as far as a report needs it.
 #[derive(Debug, Clone)]
 pub struct RunData {
@@ -85,6 +100,8 @@ pub struct RunData {
     pub summary: Option<Value>,
     /// Mean step breakdown over the run (the summary's, else the epochs' weighted mean).
     pub phases: Phases,
+    /// Hosts lost on the way (`elastic.json` of `dptrain launch`), in order.
+    pub lost_hosts: Vec<LostHost>,
 }
 
 impl RunData {
@@ -157,12 +174,14 @@ impl RunData {
             .as_ref()
             .and_then(|s| s["config"].as_object().cloned())
             .unwrap_or_default();
+        let lost_hosts = read_lost_hosts(&dir.join("elastic.json"))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
             epochs,
             summary,
             phases,
+            lost_hosts,
         })
     }
 
@@ -177,6 +196,19 @@ impl RunData {
     /// A number in `summary.json`, if the run wrote one.
     pub(crate) fn summary_f64(&self, key: &str) -> Option<f64> {
         self.summary.as_ref()?.get(key)?.as_f64()
+    }
+
+    /// Where each lost host was lost, in epochs (its job's steps over the steps per epoch),
+    /// for the plots; empty without the summary's steps per epoch.
+    pub fn lost_at_epochs(&self) -> Vec<f64> {
+        let spe = self.summary_f64("steps_per_epoch").filter(|&s| s > 0.0);
+        let Some(spe) = spe else {
+            return Vec::new();
+        };
+        self.lost_hosts
+            .iter()
+            .filter_map(|l| Some(l.at_step? as f64 / spe))
+            .collect()
     }
 
     /// Final test accuracy (the summary's, else the last epoch's), 0..1.
@@ -321,6 +353,37 @@ fn json_error(e: &serde_json::Error) -> String {
 /// 1 as in the file, blank lines included. The last line is torn when the writer stopped in
 /// the middle of it (a crash, a full disk): it has no newline or ends before the JSON does. It
 /// is skipped with a warning; a bad line before it is an error.
+/// The hosts lost, from `elastic.json` at `path` (none when there is no such file: a run not
+/// started by `dptrain launch`).
+fn read_lost_hosts(path: &Path) -> Result<Vec<LostHost>, String> {
+    let Some(text) = read_optional(path, FileKind::Summary)? else {
+        return Ok(Vec::new());
+    };
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON ({e})", path.display()))?;
+    let jobs = v["jobs"].as_array().cloned().unwrap_or_default();
+    let n = |x: &Value| x.as_f64();
+    let lost = v["failures"].as_array().cloned().unwrap_or_default();
+    Ok(lost
+        .iter()
+        .map(|f| {
+            let job = f["job"]
+                .as_u64()
+                .and_then(|j| jobs.get((j as usize).checked_sub(1)?));
+            let detected = n(&f["detected_s"]).unwrap_or(f64::NAN);
+            LostHost {
+                host: f["host"].as_str().unwrap_or("?").to_string(),
+                at_step: job
+                    .and_then(|j| j["last_step"].as_u64())
+                    .map(|s| s as usize),
+                found_after_s: detected - n(&f["last_beat_s"]).unwrap_or(f64::NAN),
+                training_again_after_s: n(&f["running_again_s"]).map(|t| t - detected),
+                steps_redone: f["steps_redone"].as_u64().map(|s| s as usize),
+            }
+        })
+        .collect())
+}
+
 fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
     let last = text
         .lines()

@@ -233,6 +233,9 @@ pub struct TrainState {
     pub epoch: usize,
     /// Optimizer steps completed.
     pub global_step: usize,
+    /// Steps of epoch `epoch` already done: 0 for an epoch checkpoint, the position in the
+    /// epoch for a commit taken inside one (`--commit-every`), where a resumed run starts.
+    pub step_in_epoch: usize,
     /// What the run trained on.
     pub run: Option<RunIdentity>,
 }
@@ -251,8 +254,15 @@ impl TrainState {
             fingerprint: graph.fingerprint(),
             epoch,
             global_step,
+            step_in_epoch: 0,
             run: Some(RunIdentity::of(cfg)),
         }
+    }
+
+    /// The state of a commit inside epoch `epoch`, after `step_in_epoch` of its steps.
+    pub fn within_epoch(mut self, step_in_epoch: usize) -> Self {
+        self.step_in_epoch = step_in_epoch;
+        self
     }
 
     /// The metadata entries of this state (all but the format tag and the checksum).
@@ -263,6 +273,7 @@ impl TrainState {
             ("fingerprint", format!("{:016x}", self.fingerprint)),
             ("epoch", self.epoch.to_string()),
             ("global_step", self.global_step.to_string()),
+            ("step_in_epoch", self.step_in_epoch.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -319,6 +330,11 @@ impl TrainState {
             fingerprint,
             epoch: num("epoch")?,
             global_step: num("global_step")?,
+            // Absent in checkpoints from before commits: those are all at an epoch's end.
+            step_in_epoch: match meta.get("step_in_epoch") {
+                None => 0,
+                Some(_) => num("step_in_epoch")?,
+            },
             run,
         })
     }
@@ -476,6 +492,23 @@ impl Checkpoint {
             state,
             tensors,
             description: None,
+        }
+    }
+
+    /// [`Checkpoint::capture`] into this checkpoint's buffers (captured from the same net
+    /// before): the commits' copy, which allocates no tensor.
+    pub fn recapture(&mut self, state: TrainState, net: &Net, momentum: &[f32]) {
+        self.state = state;
+        for e in net_entries(net, momentum) {
+            let Some(slot) = self.tensors.get_mut(&e.name) else {
+                continue;
+            };
+            match (e.values, slot) {
+                (write::Values::Counter(x), Stored::I64(old)) => *old = x,
+                (write::Values::Torch(v), Stored::F32(_, old)) => old.copy_from_slice(v),
+                (write::Values::Ours(t, ours), Stored::F32(_, old)) => t.to_torch(ours, old),
+                _ => {}
+            }
         }
     }
 

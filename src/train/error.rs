@@ -29,6 +29,8 @@ pub enum Phase {
     Update,
     /// Worker 0's test-set evaluation and checkpoint.
     Evaluation,
+    /// Global worker 0's copy of a restart point (`--commit-every`).
+    Commit,
 }
 
 impl std::fmt::Display for Phase {
@@ -41,6 +43,7 @@ impl std::fmt::Display for Phase {
             Self::Communication => "communication",
             Self::Update => "update",
             Self::Evaluation => "evaluation",
+            Self::Commit => "commit",
         })
     }
 }
@@ -253,6 +256,22 @@ pub enum ResumeError {
         /// The checkpoint.
         path: PathBuf,
         /// Each setting that differs: (flag, the checkpoint's value, this run's).
+        changes: Vec<(&'static str, String, String)>,
+    },
+    /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to
+    /// the old settings' data order.
+    #[error(
+        "--resume {}: a commit inside epoch {} continues only the run that wrote it          (--resume-changed would resume it under other settings: {}); resume from an epoch          checkpoint instead, or give the commit's settings",
+        path.display(),
+        epoch + 1,
+        describe_changes(changes)
+    )]
+    ChangedMidEpoch {
+        /// The commit.
+        path: PathBuf,
+        /// Its epoch (epochs completed before it).
+        epoch: usize,
+        /// Each setting that differs.
         changes: Vec<(&'static str, String, String)>,
     },
     /// The checkpoint has trained every epoch asked for already.

@@ -33,6 +33,18 @@ pub enum LockError {
         /// Who holds it: "dptrain pid N (started ..., on HOST)".
         holder: String,
     },
+    /// `--launched-by PID` names a `dptrain launch` that does not hold the run directory.
+    #[error(
+        "run directory {} is not held by dptrain launch pid {pid} (--launched-by is for the \
+         jobs dptrain launch starts): leave the option out",
+        dir.display()
+    )]
+    NotLaunchers {
+        /// The run directory.
+        dir: PathBuf,
+        /// The pid given.
+        pid: u32,
+    },
     /// The lock file could not be opened, locked or written.
     #[error(transparent)]
     Io(OutputError),
@@ -126,6 +138,15 @@ pub fn holder_of(dir: &Path) -> Option<String> {
         Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Some(read_holder(file)),
         Err(_) => None,
     }
+}
+
+/// Whether process `pid` (a `dptrain launch`) holds the lock of `dir` now: a job it starts
+/// then works in the directory under its lock (a lost host's frozen job may still hold its
+/// own open files, never the lock).
+pub fn is_held_by(dir: &Path, pid: u32) -> bool {
+    holder_of(dir).is_some()
+        && std::fs::read_to_string(dir.join(LOCK_NAME))
+            .is_ok_and(|t| t.lines().any(|l| l == format!("pid={pid}")))
 }
 
 /// Opens flags shared by every open of the lock file: no link followed, no fifo waited on.

@@ -8,9 +8,11 @@
 //! [`crate::parallel`]; how a run fails in [`error`].
 
 pub mod checkpoint;
+pub mod commit;
 pub mod description;
 pub mod error;
 pub mod event;
+pub mod heartbeat;
 pub mod inputs;
 pub mod lock;
 pub mod memory;
@@ -68,6 +70,13 @@ pub fn check_resume(
     let changes = then.changes(&checkpoint::RunIdentity::of(cfg));
     if changes.is_empty() {
         return Ok(None);
+    }
+    if cfg.resume_changed && state.step_in_epoch > 0 {
+        return Err(ResumeError::ChangedMidEpoch {
+            path: path.to_path_buf(),
+            epoch: state.epoch,
+            changes,
+        });
     }
     if cfg.resume_changed {
         return Ok(Some(format!(
@@ -211,11 +220,12 @@ fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, Dataset), Prep
     Ok((source, test))
 }
 
-/// The input pipeline of a run: loader threads (unless `--prefetch 0`) and one feed per worker.
+/// The input pipeline of a run: loader threads (unless `--prefetch 0`) and one feed per worker,
+/// from the batch of `first_step` (epoch x steps per epoch + step in it).
 pub fn start_pipeline(
     cfg: &TrainConfig,
     source: Source,
-    first_epoch: usize,
+    first_step: usize,
     stats: Arc<LoadStats>,
 ) -> Result<(Option<Pipeline>, Vec<BatchFeed>), String> {
     let norm = match &cfg.normalize {
@@ -246,13 +256,8 @@ pub fn start_pipeline(
             .collect();
         return Ok((None, feeds));
     }
-    let (p, feeds) = Pipeline::start(
-        collator,
-        sampler,
-        first_epoch..cfg.epochs,
-        cfg.loader_threads,
-        cfg.prefetch,
-    )?;
+    let steps = first_step..sampler.global_steps(0..cfg.epochs).end;
+    let (p, feeds) = Pipeline::start(collator, sampler, steps, cfg.loader_threads, cfg.prefetch)?;
     Ok((Some(p), feeds))
 }
 
@@ -302,8 +307,19 @@ pub fn train_in(
             warn(message);
         }
     };
+    // Beating from the start: a rank still loading its data is alive.
+    let heartbeat = cfg
+        .heartbeat
+        .map(|to| heartbeat::Heartbeat::start(to, group.rank()))
+        .transpose()
+        .map_err(|e| {
+            TrainError::from(PrepareError::Config(format!(
+                "--heartbeat: cannot send heartbeats: {e}"
+            )))
+        })?;
     let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
-    let mut progress = RunProgress::new(&run.cfg, run.start_epoch, run.steps_per_epoch);
+    let mut progress = RunProgress::new(&run.cfg, run.first_step(), run.steps_per_epoch);
+    progress.heartbeat_steps = heartbeat.as_ref().map(heartbeat::Heartbeat::steps);
     let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
         .map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
@@ -325,6 +341,8 @@ struct PreparedRun {
     /// the worker).
     description: Arc<description::ModelDescription>,
     start_epoch: usize,
+    /// Steps of `start_epoch` done before this run (a commit's).
+    start_step_in_epoch: usize,
     steps_per_epoch: usize,
     /// Where the `--trace` timeline goes, if one was asked for.
     trace_path: Option<PathBuf>,
@@ -336,7 +354,12 @@ struct PreparedRun {
 impl PreparedRun {
     /// Steps of this run (after the resumed ones).
     fn total_steps(&self) -> usize {
-        (self.cfg.epochs - self.start_epoch) * self.steps_per_epoch
+        (self.cfg.epochs - self.start_epoch) * self.steps_per_epoch - self.start_step_in_epoch
+    }
+
+    /// The global step of the run's first batch in the data order.
+    fn first_step(&self) -> usize {
+        self.start_epoch * self.steps_per_epoch + self.start_step_in_epoch
     }
 }
 
@@ -368,8 +391,10 @@ fn prepare(
     let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
+    let start_step_in_epoch = resume.as_ref().map_or(0, |c| c.state.step_in_epoch);
     let steps_per_epoch = train_source.len() / cfg.batch;
-    let (trace_path, run_dir_lock) = prepare_outputs(&mut cfg, start_epoch, steps_per_epoch, warn)?;
+    let first_step = start_epoch * steps_per_epoch + start_step_in_epoch;
+    let (trace_path, run_dir_lock) = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
     if group.size() > 1 {
         let lines =
             processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)
@@ -384,6 +409,7 @@ fn prepare(
         weights,
         description,
         start_epoch,
+        start_step_in_epoch,
         steps_per_epoch,
         trace_path,
         run_dir_lock: run_dir_lock.map(Arc::new),
@@ -453,11 +479,11 @@ fn load_weights(
 /// the run directory's lock (rank 0).
 fn prepare_outputs(
     cfg: &mut TrainConfig,
-    start_epoch: usize,
+    first_step: usize,
     steps_per_epoch: usize,
     warn: &dyn Fn(&str),
 ) -> Result<(Option<PathBuf>, Option<lock::RunDirLock>), PrepareError> {
-    if let Some(w) = rundir::check_trace_steps(cfg, start_epoch, steps_per_epoch)? {
+    if let Some(w) = rundir::check_trace_steps(cfg, first_step, steps_per_epoch)? {
         warn(&w);
     }
     // The run directory first: a trace file may go into it.
@@ -504,7 +530,8 @@ fn spawn_workers(
 ) -> Result<RunningWorkers, String> {
     let cfg = &run.cfg;
     let load_stats = Arc::new(LoadStats::default());
-    let (pipeline, feeds) = start_pipeline(cfg, train_source, run.start_epoch, load_stats.clone())?;
+    let (pipeline, feeds) =
+        start_pipeline(cfg, train_source, run.first_step(), load_stats.clone())?;
     let transports = worker_transports(cfg, group)?;
     // One clock for the whole timeline: microseconds since the run started.
     let trace_sink = cfg
@@ -647,6 +674,7 @@ fn finish(
     summary.skipped_samples = workers.load_stats.skipped();
     summary.skipped_examples = workers.load_stats.examples();
     summary.steps = total_steps;
+    summary.steps_per_epoch = run.steps_per_epoch;
     summary.run_dir_lock = run.run_dir_lock.clone();
     if cfg.process_rank == 0 {
         write_summary(&summary).map_err(TrainError::Finish)?;

@@ -139,16 +139,19 @@ pub struct RunProgress {
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     epoch_breakdown: Breakdown,
     metrics_path: PathBuf,
-    /// The epoch the run started at (a resumed run's first).
-    start_epoch: usize,
+    /// Told the global steps done, for the heartbeat (`--heartbeat`).
+    pub heartbeat_steps: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    /// The global step the run started at (a resumed run's first).
+    first_step: usize,
     /// The global rank of this process's first worker.
     first_rank: usize,
     steps_per_epoch: usize,
 }
 
 impl RunProgress {
-    /// Nothing learnt yet about a run of `cfg` from `start_epoch`, with `steps_per_epoch`.
-    pub fn new(cfg: &TrainConfig, start_epoch: usize, steps_per_epoch: usize) -> Self {
+    /// Nothing learnt yet about a run of `cfg` from global step `first_step`, with
+    /// `steps_per_epoch`.
+    pub fn new(cfg: &TrainConfig, first_step: usize, steps_per_epoch: usize) -> Self {
         Self {
             summary: Summary::empty(cfg),
             failures: Vec::new(),
@@ -157,7 +160,8 @@ impl RunProgress {
             stop: Default::default(),
             epoch_breakdown: Breakdown::default(),
             metrics_path: cfg.run_dir.join("metrics.jsonl"),
-            start_epoch,
+            heartbeat_steps: None,
+            first_step,
             first_rank: cfg.process_rank * cfg.workers,
             steps_per_epoch,
         }
@@ -229,7 +233,12 @@ impl RunProgress {
         loss: f32,
         times: &StepTimes,
     ) {
-        if step >= metrics::WARMUP_STEPS || epoch > self.start_epoch {
+        if let Some(h) = &self.heartbeat_steps {
+            let done = epoch * self.steps_per_epoch + step + 1;
+            h.fetch_max(done, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Warm-up: this run's first steps, wherever in an epoch it started.
+        if epoch * self.steps_per_epoch + step >= self.first_step + metrics::WARMUP_STEPS {
             self.summary.breakdown.add(times);
             self.epoch_breakdown.add(times);
         }
@@ -253,12 +262,15 @@ impl RunProgress {
         seconds: f64,
     ) -> EpochRecord {
         self.train_seconds += seconds;
+        // A resumed run's first epoch trained only the steps after its commit.
+        let first = self.first_step.saturating_sub(epoch * self.steps_per_epoch);
+        let steps = self.steps_per_epoch.saturating_sub(first);
         EpochRecord {
             epoch: epoch + 1,
             train_loss,
             test_loss,
             test_accuracy,
-            images_per_s: (self.steps_per_epoch * batch) as f64 / seconds.max(1e-9),
+            images_per_s: (steps * batch) as f64 / seconds.max(1e-9),
             seconds,
             breakdown: std::mem::take(&mut self.epoch_breakdown),
             peak_rss_mb: peak_rss_mb(),

@@ -21,7 +21,8 @@ pub enum OutputsError {
     /// The run directory cannot be made, holds another run, or a file in it cannot be written.
     #[error("--run-dir: {0}")]
     RunDir(OutputError),
-    /// Another live run holds the run directory's lock ([`super::lock`]).
+    /// Another live run holds the run directory's lock ([`super::lock`]), or a job of
+    /// `dptrain launch` finds it not held by its launcher.
     #[error(transparent)]
     InUse(LockError),
     /// The default run directory and every numbered one after it hold earlier runs.
@@ -165,7 +166,10 @@ fn resume_dir(cfg: &TrainConfig) -> Option<PathBuf> {
 /// on a new directory, one holds it and the other is refused naming it. The default directory
 /// of a new run moves to the first numbered one that neither holds an earlier run nor is
 /// locked by a live one (said in a note).
-fn claim(cfg: &mut TrainConfig, notes: &mut Vec<String>) -> Result<RunDirLock, OutputsError> {
+fn claim(
+    cfg: &mut TrainConfig,
+    notes: &mut Vec<String>,
+) -> Result<Option<RunDirLock>, OutputsError> {
     let run_dir_error = OutputsError::RunDir;
     if !cfg.run_dir_given {
         let parent = output::parent_dir(&cfg.run_dir);
@@ -176,7 +180,17 @@ fn claim(cfg: &mut TrainConfig, notes: &mut Vec<String>) -> Result<RunDirLock, O
     let numbered = !cfg.run_dir_given && cfg.resume.is_none() && !cfg.overwrite;
     if !numbered {
         output::create_dir(&cfg.run_dir).map_err(run_dir_error)?;
-        return RunDirLock::take(&cfg.run_dir).map_err(lock_error);
+        // A job of `dptrain launch` works under the launcher's lock, held across its jobs.
+        if let Some(pid) = cfg.launched_by {
+            if !super::lock::is_held_by(&cfg.run_dir, pid) {
+                return Err(lock_error(LockError::NotLaunchers {
+                    dir: cfg.run_dir.clone(),
+                    pid,
+                }));
+            }
+            return Ok(None);
+        }
+        return RunDirLock::take(&cfg.run_dir).map(Some).map_err(lock_error);
     }
     let base = cfg.run_dir.clone();
     for n in 1..10_000 {
@@ -209,7 +223,7 @@ fn claim(cfg: &mut TrainConfig, notes: &mut Vec<String>) -> Result<RunDirLock, O
             ));
         }
         cfg.run_dir = dir;
-        return Ok(lock);
+        return Ok(Some(lock));
     }
     Err(OutputsError::NoFreeRunDir(base))
 }
@@ -217,7 +231,7 @@ fn claim(cfg: &mut TrainConfig, notes: &mut Vec<String>) -> Result<RunDirLock, O
 /// A lock that could not be taken, as the run directory's error.
 fn lock_error(e: LockError) -> OutputsError {
     match e {
-        LockError::InUse { .. } => OutputsError::InUse(e),
+        LockError::InUse { .. } | LockError::NotLaunchers { .. } => OutputsError::InUse(e),
         LockError::Io(e) => OutputsError::RunDir(e),
     }
 }
@@ -284,7 +298,7 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     }
     output::check_writable(&dir.join("summary.json")).map_err(run_dir_error)?;
     Ok(Prepared {
-        lock: Some(lock),
+        lock,
         to_delete,
         to_trim: cfg.resume.is_some().then(|| dir.join("metrics.jsonl")),
         notes,
@@ -313,18 +327,19 @@ pub fn trace_path(path: &Path, rank: usize) -> PathBuf {
 }
 
 /// Checks `--trace-steps` against the global steps the run will take (counted from 0 over all
-/// epochs: `start_epoch * steps_per_epoch` up to `epochs * steps_per_epoch`): a window that
+/// epochs: `first_step` (`start_epoch * steps_per_epoch`, plus a commit's steps into it) up to
+/// `epochs * steps_per_epoch`): a window that
 /// misses them all is an error (it would write an empty trace after the whole run); one that
 /// reaches past them is a warning, returned.
 pub fn check_trace_steps(
     cfg: &TrainConfig,
-    start_epoch: usize,
+    first_step: usize,
     steps_per_epoch: usize,
 ) -> Result<Option<String>, OutputsError> {
     if cfg.trace.is_none() {
         return Ok(None);
     }
-    let steps = start_epoch * steps_per_epoch..cfg.epochs * steps_per_epoch;
+    let steps = first_step..cfg.epochs * steps_per_epoch;
     let w = &cfg.trace_steps;
     if w.start >= steps.end || w.end <= steps.start {
         return Err(OutputsError::TraceMissesRun {

@@ -45,6 +45,8 @@ pub struct Summary {
     pub slow_ranks: Vec<processes::SlowRank>,
     /// Optimizer steps of this run (after the resumed ones, if any).
     pub steps: usize,
+    /// Global steps per epoch (global batches of the training set).
+    pub steps_per_epoch: usize,
     /// The run directory the run wrote to (without `--run-dir`, the next free numbered one
     /// when the default held an earlier run).
     pub run_dir: PathBuf,
@@ -75,6 +77,7 @@ impl Summary {
             ranks: Vec::new(),
             slow_ranks: Vec::new(),
             steps: 0,
+            steps_per_epoch: 0,
             run_dir: cfg.run_dir.clone(),
             run_dir_lock: None,
         }

@@ -106,6 +106,20 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
     }
 }
 
+/// What checkpoints record about the model: `base`, with the run's normalisation `norm` where
+/// the model file gave none.
+fn description_with(
+    base: &super::description::ModelDescription,
+    norm: &Normalize,
+) -> super::description::ModelDescription {
+    let mut description = base.clone();
+    if description.mean.is_empty() {
+        description.mean = norm.mean().to_vec();
+        description.std = norm.std().to_vec();
+    }
+    description
+}
+
 /// A worker's state.
 pub struct Worker {
     rank: usize,
@@ -127,6 +141,10 @@ pub struct Worker {
     /// The run's stop flag ([`WorkerSetup::stop`]).
     stop: Arc<std::sync::atomic::AtomicBool>,
     start_epoch: usize,
+    /// Steps of `start_epoch` a resumed commit had done already.
+    start_step_in_epoch: usize,
+    /// Global worker 0's restart points every `--commit-every` steps (`None` elsewhere).
+    committer: Option<super::commit::Committer>,
     /// The phase the step is in, for the message if it panics.
     phase: Phase,
     /// Updates skipped for a non-finite gradient (`--on-nonfinite skip`).
@@ -237,13 +255,18 @@ impl Worker {
                 .map_err(|e| WorkerError::Setup(e.to_string()))?;
         }
         let mut sgd = Sgd::new(cfg.sgd, net.params().len());
-        let (mut start_epoch, mut global_step) = (0, 0);
+        let (mut start_epoch, mut start_step_in_epoch, mut global_step) = (0, 0, 0);
         if let Some(ck) = &s.resume {
             let m = ck.restore(&mut net).map_err(WorkerError::Restore)?;
             sgd.set_momentum(m).map_err(WorkerError::Setup)?;
             start_epoch = ck.state.epoch;
+            start_step_in_epoch = ck.state.step_in_epoch;
             global_step = ck.state.global_step;
         }
+        let committer = (s.rank == 0 && cfg.commit_every > 0 && !cfg.no_checkpoints)
+            .then(|| super::commit::Committer::start(cfg.run_dir.clone(), cfg.keep_commits))
+            .transpose()
+            .map_err(WorkerError::Setup)?;
         if let Some(w) = &s.weights {
             w.apply(&mut net);
         }
@@ -291,6 +314,8 @@ impl Worker {
             events: s.events,
             stop: s.stop,
             start_epoch,
+            start_step_in_epoch,
+            committer,
             phase: Phase::Start,
             skipped_updates: 0,
             global_step,
@@ -358,7 +383,12 @@ impl Worker {
             self.sampler.epoch_order(epoch, &mut order);
             let started = Instant::now();
             let mut loss_sum = 0.0;
-            for step in 0..spe {
+            let first = if epoch == self.start_epoch {
+                self.start_step_in_epoch
+            } else {
+                0
+            };
+            for step in first..spe {
                 let global = epoch * spe + step;
                 if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
                     return Err(self.failure(StepError::Stopped));
@@ -374,12 +404,17 @@ impl Worker {
                     loss,
                     times,
                 });
+                self.commit_if_due(epoch, step + 1, spe)?;
             }
             let train_seconds = started.elapsed().as_secs_f64();
             if self.rank == 0 {
-                let train_loss = loss_sum / spe.max(1) as f64;
+                // A resumed epoch's loss is over the steps this run trained of it.
+                let train_loss = loss_sum / (spe - first).max(1) as f64;
                 self.end_epoch(epoch, train_loss, train_seconds)?;
             }
+        }
+        if let Some(c) = self.committer.take() {
+            c.finish().map_err(WorkerError::Checkpoint)?;
         }
         let _ = self.events.send(Event::Done {
             rank: self.rank,
@@ -417,14 +452,29 @@ impl Worker {
         Ok(())
     }
 
+    /// Global worker 0, after `done` steps of `epoch`: hands a restart point to the commit
+    /// writer when one is due (`--commit-every`).
+    fn commit_if_due(&mut self, epoch: usize, done: usize, spe: usize) -> Result<(), WorkerError> {
+        let Some(committer) = self.committer.as_mut() else {
+            return Ok(());
+        };
+        if !super::commit::due(self.cfg.commit_every, self.global_step, spe) {
+            return Ok(());
+        }
+        self.phase = Phase::Commit;
+        let state = TrainState::new(&self.cfg, self.net.graph(), epoch, self.global_step)
+            .within_epoch(done);
+        let (net, momentum) = (&self.net, self.sgd.momentum());
+        let (base, norm) = (&self.description, &self.norm);
+        committer
+            .commit(state, net, momentum, || description_with(base, norm))
+            .map_err(WorkerError::Checkpoint)
+    }
+
     /// Writes the checkpoint after `epoch` (and prunes older ones); returns its path.
     fn checkpoint(&self, epoch: usize) -> Result<std::path::PathBuf, WorkerError> {
         let state = TrainState::new(&self.cfg, self.net.graph(), epoch + 1, self.global_step);
-        let mut description = (*self.description).clone();
-        if description.mean.is_empty() {
-            description.mean = self.norm.mean().to_vec();
-            description.std = self.norm.std().to_vec();
-        }
+        let description = description_with(&self.description, &self.norm);
         let path = checkpoint::checkpoint_path(&self.cfg.run_dir, epoch + 1);
         let slow = self
             .cfg

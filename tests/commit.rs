@@ -1,0 +1,153 @@
+//! Committed state (`train --commit-every`): a run interrupted inside an epoch continues from its
+//! newest commit, step for step, as if it had never stopped, on as many workers as before or
+//! on fewer; what cannot continue exactly is refused.
+
+mod common;
+
+use common::{replica_hashes, small, text, weights, BIN};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dptrain-commit-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+fn ok(args: &[String]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{}", text(&o));
+    text(&o)
+}
+
+/// A run of `extra` in `dir` that an injected error stops at global step `fail_at`; returns
+/// the commits it left (global steps, sorted).
+fn interrupted(dir: &Path, extra: &[&str], fail_at: usize) -> Vec<usize> {
+    let fault = format!("forward@{fail_at}");
+    let mut args: Vec<&str> = extra.to_vec();
+    args.extend(["--inject-fault", &fault]);
+    let o = run(&small(dir, &args));
+    assert!(!o.status.success(), "the fault did not stop the run");
+    let mut steps: Vec<usize> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| dptrain::train::commit::commit_step(&e.ok()?.file_name().to_string_lossy()))
+        .collect();
+    steps.sort_unstable();
+    steps
+}
+
+#[test]
+fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
+    // 1536 samples at batch 64: 24 steps per epoch; commits every 5 steps.
+    let common = ["--workers", "2", "--commit-every", "5"];
+    let whole = tmp("whole");
+    ok(&small(&whole, &common));
+    let want = replica_hashes(&whole);
+    // Stopped at step 32 (epoch 2, its 9th step): the newest commits are 25 and 30.
+    let cut = tmp("cut");
+    assert_eq!(interrupted(&cut, &common, 32), vec![25, 30]);
+    let commit = cut.join("commit-step000000030.safetensors");
+    // Continued with the prefetching pipeline, and with batches collated in the step.
+    for (i, extra) in [&[][..], &["--prefetch", "0"][..]].into_iter().enumerate() {
+        let again = tmp(&format!("again{i}"));
+        std::fs::create_dir_all(&again).unwrap();
+        let copy = again.join("commit-step000000030.safetensors");
+        std::fs::copy(&commit, &copy).unwrap();
+        let mut args: Vec<&str> = common.to_vec();
+        args.extend(extra);
+        let resume = copy.display().to_string();
+        args.extend(["--resume", &resume]);
+        ok(&small(&again, &args));
+        assert_eq!(replica_hashes(&again), want, "{extra:?}");
+        assert_eq!(weights(&again), weights(&whole), "{extra:?}");
+        // The resumed epoch's line counts the steps trained in it.
+        let lines = std::fs::read_to_string(again.join("metrics.jsonl")).unwrap();
+        assert!(lines.lines().any(|l| l.contains("\"kind\":\"epoch\"")));
+        std::fs::remove_dir_all(&again).unwrap();
+    }
+    for d in [whole, cut] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn a_commit_continues_on_fewer_workers_as_a_run_started_there_from_it() {
+    // Batch 48 splits over 4 workers and over 3: 32 steps per epoch.
+    let four = tmp("four");
+    assert_eq!(
+        interrupted(
+            &four,
+            &["--workers", "4", "--batch", "48", "--commit-every", "10"],
+            23
+        ),
+        vec![10, 20]
+    );
+    let commit = four
+        .join("commit-step000000020.safetensors")
+        .display()
+        .to_string();
+    let three = ["--workers", "3", "--batch", "48", "--commit-every", "10"];
+    // From the commit on 3 workers, uninterrupted ...
+    let straight = tmp("straight");
+    let mut args = three.to_vec();
+    args.extend(["--resume", &commit]);
+    ok(&small(&straight, &args));
+    // ... and the same, stopped at step 45 and continued from its own commit at 40.
+    let twice = tmp("twice");
+    std::fs::create_dir_all(&twice).unwrap();
+    let copy = twice.join("commit-step000000020.safetensors");
+    std::fs::copy(&commit, &copy).unwrap();
+    let copy = copy.display().to_string();
+    let mut first = three.to_vec();
+    first.extend(["--resume", &copy]);
+    let left = interrupted(&twice, &first, 45);
+    assert_eq!(left, vec![30, 40], "commits of the resumed run");
+    let forty = twice
+        .join("commit-step000000040.safetensors")
+        .display()
+        .to_string();
+    let mut second = three.to_vec();
+    second.extend(["--resume", &forty]);
+    ok(&small(&twice, &second));
+    assert_eq!(replica_hashes(&twice), replica_hashes(&straight));
+    assert_eq!(weights(&twice), weights(&straight));
+    for d in [four, straight, twice] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn what_cannot_continue_exactly_is_refused_with_the_cause() {
+    let dir = tmp("refused");
+    assert_eq!(interrupted(&dir, &["--commit-every", "5"], 12), vec![5, 10]);
+    let commit = dir
+        .join("commit-step000000010.safetensors")
+        .display()
+        .to_string();
+    let other = tmp("refused-other");
+    for (extra, says) in [
+        (
+            vec!["--resume", &commit, "--resume-changed", "--batch", "32"],
+            "continues only the run that wrote it",
+        ),
+        (
+            vec!["--commit-every", "5", "--no-checkpoints"],
+            "--no-checkpoints",
+        ),
+        (
+            vec!["--commit-every", "5", "--keep-commits", "0"],
+            "--keep-commits 0",
+        ),
+    ] {
+        let o = run(&small(&other, &extra));
+        let t = text(&o);
+        assert!(!o.status.success() && t.contains(says), "{extra:?}: {t}");
+        assert!(!t.contains("panicked"), "{t}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&other);
+}

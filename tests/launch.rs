@@ -1,0 +1,48 @@
+//! `dptrain launch` refuses what it cannot run before it starts any job, naming the cause
+//! (the elastic runs themselves are in `tests/cluster.rs`, on a cluster of namespaces).
+
+mod common;
+
+use common::{text, BIN};
+use std::process::Command;
+
+#[test]
+fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = tmp.path().join("hosts");
+    std::fs::write(&hosts, "10.0.0.1 slots=1\n10.0.0.2\n").unwrap();
+    let bad = tmp.path().join("bad-hosts");
+    std::fs::write(&bad, "10.0.0.1 slots=two\n").unwrap();
+    let run = tmp.path().join("run");
+    let h = hosts.display().to_string();
+    let b = bad.display().to_string();
+    let cases: [(Vec<&str>, &str); 6] = [
+        (vec!["--hostfile", &b], "line 1"),
+        (vec!["--hostfile", "/no/such/hosts"], "/no/such/hosts"),
+        (
+            vec!["--hostfile", &h, "--", "--resume", "x"],
+            "--resume is set by dptrain launch",
+        ),
+        (
+            vec!["--hostfile", &h, "--", "--run-dir=x"],
+            "--run-dir is set by dptrain launch",
+        ),
+        (vec!["--hostfile", &h, "--min-hosts", "0"], "--min-hosts 0"),
+        (
+            vec!["--hostfile", &h, "--heartbeat-timeout", "0.1"],
+            "--heartbeat-timeout",
+        ),
+    ];
+    for (args, says) in cases {
+        let o = Command::new(BIN)
+            .arg("launch")
+            .arg("--run-dir")
+            .arg(&run)
+            .args(&args)
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert!(!o.status.success() && t.contains(says), "{args:?}: {t}");
+        assert!(!t.contains("panicked"), "{t}");
+    }
+}
