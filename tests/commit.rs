@@ -69,6 +69,17 @@ fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
         assert!(lines.lines().any(|l| l.contains("\"kind\":\"epoch\"")));
         std::fs::remove_dir_all(&again).unwrap();
     }
+    // The newest restart point is that commit; once it is corrupt, the one before it.
+    use dptrain::train::commit::newest_restart_point;
+    let newest = |d: &Path| newest_restart_point(d).map(|(p, s)| (p, s.global_step));
+    assert_eq!(newest(&cut), Some((commit.clone(), 30)));
+    let mut bytes = std::fs::read(&commit).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&commit, bytes).unwrap();
+    assert_eq!(
+        newest(&cut),
+        Some((cut.join("commit-step000000025.safetensors"), 25))
+    );
     for d in [whole, cut] {
         std::fs::remove_dir_all(d).unwrap();
     }

@@ -359,7 +359,7 @@ impl Supervisor<'_> {
         let started = self.started + Duration::from_secs_f64(job.started_s);
         if job.last_step.is_some_and(|s| s > resumed) {
             (self.say)(&format!(
-                "the job failed ({status}) with every host beating: restarting it"
+                "the job failed ({status}) after training, before any host fell silent: restarting it on the same hosts"
             ));
             return Ok(());
         }

@@ -690,6 +690,46 @@ impl Checkpoint {
     }
 }
 
+/// Most bytes a checkpoint's header may take (the safetensors crate's own limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// The training position recorded in the checkpoint at `path`, from its header alone: the
+/// tensors are neither read nor checked ([`Checkpoint::load`] does both). For choosing among
+/// checkpoints without reading each whole.
+pub fn read_state(path: &Path) -> Result<TrainState, CheckpointError> {
+    use std::io::Read;
+    let what = |detail: String| CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let (mut file, len) = crate::input::open_regular(path, crate::input::FileKind::Checkpoint)
+        .map_err(|e| CheckpointError::Read(std::sync::Arc::new(e)))?;
+    let mut size = [0u8; 8];
+    file.read_exact(&mut size)
+        .map_err(|e| what(format!("cannot read its header ({e})")))?;
+    let n = u64::from_le_bytes(size);
+    if n > MAX_HEADER || n > len.saturating_sub(8) {
+        return Err(what(format!("a header of {n} bytes in a file of {len}")));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header)
+        .map_err(|e| what(format!("cannot read its header ({e})")))?;
+    let json: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| what(format!("not a safetensors header ({e})")))?;
+    let meta: HashMap<String, String> = json["__metadata__"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    if meta.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(what("not a dptrain checkpoint of this version".into()));
+    }
+    TrainState::from_metadata(&meta, &what)
+}
+
 /// Path of the checkpoint after `epoch` in `dir`.
 pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
     dir.join(format!("checkpoint-epoch{epoch:04}.safetensors"))

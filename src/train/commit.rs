@@ -23,7 +23,7 @@
 //! step: the epoch's end (evaluation, epoch checkpoint) belongs to the epoch, and a run
 //! resumed there would report that epoch's training loss over no steps.
 
-use super::checkpoint::{Checkpoint, CheckpointError, TrainState};
+use super::checkpoint::{read_state, Checkpoint, CheckpointError, TrainState};
 use super::description::ModelDescription;
 use crate::nn::Net;
 use std::path::{Path, PathBuf};
@@ -75,25 +75,26 @@ fn prune(dir: &Path, keep: usize, global_step: usize) {
     }
 }
 
-/// The newest restart point in `dir`: of its epoch checkpoints and commits that read back as
-/// whole, checked checkpoints, the one with the most steps done. `None` if there is none.
+/// The newest restart point in `dir`: of its epoch checkpoints and commits, the one with the
+/// most steps done that reads back whole and checked. The positions come from the headers, so
+/// only the chosen file (and any newer one that fails its check) is read in full. `None` if
+/// there is none.
 pub fn newest_restart_point(dir: &Path) -> Option<(PathBuf, TrainState)> {
     let entries = std::fs::read_dir(dir).ok()?;
-    let mut candidates: Vec<PathBuf> = entries
+    let mut found: Vec<(PathBuf, TrainState)> = entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().to_string_lossy().into_owned();
             (commit_step(&name).is_some() || super::rundir::is_checkpoint_name(&name))
                 .then(|| dir.join(name))
         })
-        .collect();
-    candidates.sort();
-    candidates
-        .into_iter()
         .filter_map(|p| {
-            let state = Checkpoint::load(&p).ok()?.state;
+            let state = read_state(&p).ok()?;
             Some((p, state))
         })
-        .max_by_key(|(_, s)| s.global_step)
+        .collect();
+    // Newest first; of equal steps, the later name (a commit sorts after a checkpoint).
+    found.sort_by(|a, b| (b.1.global_step, &b.0).cmp(&(a.1.global_step, &a.0)));
+    found.into_iter().find(|(p, _)| Checkpoint::load(p).is_ok())
 }
 
 /// Global worker 0's committer: the two buffers and the writer thread.
