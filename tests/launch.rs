@@ -16,11 +16,11 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
     let run = tmp.path().join("run");
     let h = hosts.display().to_string();
     let b = bad.display().to_string();
-    let cases: [(Vec<&str>, &str); 6] = [
+    let cases: [(Vec<&str>, &str); 7] = [
         (vec!["--hostfile", &b], "line 1"),
         (vec!["--hostfile", "/no/such/hosts"], "/no/such/hosts"),
         (
-            vec!["--hostfile", &h, "--", "--resume", "x"],
+            vec!["--hostfile", &h, "--", "train", "--resume", "x"],
             "--resume is set by dptrain launch",
         ),
         (
@@ -31,6 +31,11 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
         (
             vec!["--hostfile", &h, "--heartbeat-timeout", "0.1"],
             "--heartbeat-timeout",
+        ),
+        // Heartbeats from 10.0.0.1 cannot reach this machine's loopback.
+        (
+            vec!["--hostfile", &h],
+            "--listen 127.0.0.1 is this machine's loopback",
         ),
     ];
     for (args, says) in cases {

@@ -34,8 +34,8 @@ pub(super) struct LaunchArgs {
     /// which each job gets from the live hosts.
     #[arg(long, default_value = "mpirun")]
     mpirun: String,
-    /// `train`'s options (after `--`), without --run-dir, --resume, --transport and
-    /// --heartbeat, which launch sets.
+    /// `train`'s options (after `--`, optionally after the word `train`), without --run-dir,
+    /// --resume, --transport and --heartbeat, which launch sets.
     #[arg(last = true)]
     train: Vec<String>,
 }
@@ -61,7 +61,11 @@ pub(super) fn run(a: LaunchArgs) -> Result<(), String> {
         listen: a.listen,
         mpirun: a.mpirun.split_whitespace().map(String::from).collect(),
         program,
-        train_args: a.train,
+        // `-- train --batch 96` reads as `-- --batch 96`.
+        train_args: match a.train.split_first() {
+            Some((first, rest)) if first == "train" => rest.to_vec(),
+            _ => a.train,
+        },
     };
     let say = |line: &str| eprintln!("launch: {line}");
     let (report, result) = elastic::launch(&cfg, &say);

@@ -93,6 +93,27 @@ pub fn host_of_rank(hosts: &[Host], rank: usize) -> Option<&Host> {
     })
 }
 
+/// `hosts` cut to the most leading ones over whose ranks x `workers` the global `batch`
+/// splits evenly (train refuses any other), and the rest, spares until a restart needs them.
+/// All of them when nothing splits it or the split is unknown: train then says why.
+pub fn split_for_batch(hosts: Vec<Host>, split: Option<(usize, usize)>) -> (Vec<Host>, Vec<Host>) {
+    let Some((batch, workers)) = split else {
+        return (hosts, Vec::new());
+    };
+    let fits = |k: usize| {
+        let ranks: usize = hosts[..k].iter().map(|h| h.slots).sum();
+        ranks * workers > 0 && batch.is_multiple_of(ranks * workers)
+    };
+    match (1..=hosts.len()).rev().find(|&k| fits(k)) {
+        Some(k) => {
+            let mut used = hosts;
+            let spares = used.split_off(k);
+            (used, spares)
+        }
+        None => (hosts, Vec::new()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,6 +141,25 @@ mod tests {
             (Some("10.0.0.1"), Some("10.0.0.1"), Some("10.0.0.2"), None)
         );
         assert_eq!(parse(&render(&hosts)).unwrap(), hosts);
+    }
+
+    #[test]
+    fn survivors_the_batch_does_not_split_over_wait_as_spares() {
+        let hosts = |n: usize| -> Vec<Host> {
+            (1..=n)
+                .map(|i| Host {
+                    name: format!("h{i}"),
+                    slots: 1,
+                })
+                .collect()
+        };
+        let (used, spares) = split_for_batch(hosts(3), Some((64, 1)));
+        assert_eq!((used.len(), spares.len()), (2, 1));
+        assert_eq!(spares[0].name, "h3");
+        let (used, spares) = split_for_batch(hosts(3), Some((96, 2)));
+        assert_eq!((used.len(), spares.len()), (3, 0));
+        let (used, _) = split_for_batch(hosts(3), None);
+        assert_eq!(used.len(), 3);
     }
 
     #[test]

@@ -263,7 +263,7 @@ fn holder_text() -> String {
 }
 
 /// This machine's name (`gethostname`), `unknown` where it cannot be had.
-fn hostname() -> String {
+pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
