@@ -975,7 +975,8 @@ impl TrainOptions {
         }
         if self.commit_every.is_some_and(|k| k > 0) && self.no_checkpoints {
             return Err(
-                "--commit-every writes restart points, which --no-checkpoints turns off: give                  one of them"
+                "--commit-every writes restart points, which --no-checkpoints turns off: give \
+                 one of them"
                     .into(),
             );
         }

@@ -158,12 +158,21 @@ fn link_emulation_delays_by_bandwidth_and_latency() {
             t.recv(0, 0, &mut buf).unwrap();
         }
         let cpu = thread_cpu_time().zip(cpu0).map(|(b, a)| b - a);
-        (start.elapsed(), cpu)
+        (start, Instant::now(), cpu)
     });
-    let (send_t, _) = times[0];
-    let (recv_t, recv_cpu) = times[1];
+    let (send_start, send_end, _) = times[0];
+    let (recv_start, recv_end, recv_cpu) = times[1];
+    let send_t = send_end - send_start;
     assert!(send_t >= Duration::from_millis(10), "send took {send_t:?}");
-    assert!(recv_t >= Duration::from_millis(11), "recv took {recv_t:?}");
+    // The data cannot arrive before the sender started plus wire time and latency. Measured
+    // from the sender's start: the receiver's own clock may start later (its thread scheduled
+    // late after the barrier on a busy machine), which once made its span 10.9 ms.
+    let arrived = recv_end.duration_since(send_start);
+    assert!(
+        arrived >= Duration::from_millis(11),
+        "arrived after {arrived:?}"
+    );
+    let recv_t = recv_end - recv_start;
     assert!(recv_t < Duration::from_millis(500), "recv took {recv_t:?}");
     if let Some(cpu) = recv_cpu {
         // Waiting is done by sleeping, not spinning.

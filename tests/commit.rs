@@ -162,3 +162,44 @@ fn what_cannot_continue_exactly_is_refused_with_the_cause() {
     std::fs::remove_dir_all(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&other);
 }
+
+/// An IDX directory of `n` training and 100 test images of 28x28 (MNIST's layout).
+fn idx_dir(dir: &Path, n: u32) {
+    use dptrain::data::{idx, mnist};
+    std::fs::create_dir_all(dir).unwrap();
+    for (images, labels, count) in [
+        (mnist::TRAIN_IMAGES_RAW, mnist::TRAIN_LABELS_RAW, n),
+        (mnist::TEST_IMAGES_RAW, mnist::TEST_LABELS_RAW, 100),
+    ] {
+        let px: Vec<u8> = (0..count * 784).map(|i| (i % 251) as u8).collect();
+        let lb: Vec<u8> = (0..count).map(|i| (i % 10) as u8).collect();
+        idx::write_idx_u8(&dir.join(images), &[count, 28, 28], &px, false).unwrap();
+        idx::write_idx_u8(&dir.join(labels), &[count], &lb, false).unwrap();
+    }
+}
+
+#[test]
+fn a_commit_past_the_end_of_a_shrunken_training_set_is_refused() {
+    let data = tmp("shrunk-data");
+    idx_dir(&data, 640);
+    let spec = format!("idx:{}", data.display());
+    let dir = tmp("shrunk");
+    // 640 samples at batch 64: 10 steps per epoch; the fault at step 8 leaves commits 3 and 6.
+    let common = ["--dataset", &spec, "--commit-every", "3"];
+    assert_eq!(interrupted(&dir, &common, 8), vec![3, 6]);
+    // The same path now holds 320 samples: 5 steps per epoch, and the commit is 6 into its.
+    idx_dir(&data, 320);
+    let commit = dir.join("commit-step000000006.safetensors");
+    let commit = commit.display().to_string();
+    let mut args = common.to_vec();
+    args.extend(["--resume", &commit]);
+    let o = run(&small(&dir, &args));
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("6 steps into its epoch, but an epoch here has 5"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&data).unwrap();
+}

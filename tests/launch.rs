@@ -16,7 +16,7 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
     let run = tmp.path().join("run");
     let h = hosts.display().to_string();
     let b = bad.display().to_string();
-    let cases: [(Vec<&str>, &str); 7] = [
+    let cases: [(Vec<&str>, &str); 8] = [
         (vec!["--hostfile", &b], "line 1"),
         (vec!["--hostfile", "/no/such/hosts"], "/no/such/hosts"),
         (
@@ -26,6 +26,18 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
         (
             vec!["--hostfile", &h, "--", "--run-dir=x"],
             "--run-dir is set by dptrain launch",
+        ),
+        // A heartbeat's rank names its host only under launch's own mapping.
+        (
+            vec![
+                "--hostfile",
+                &h,
+                "--listen",
+                "10.0.0.9",
+                "--mpirun",
+                "mpirun --map-by node",
+            ],
+            "--map-by is set by dptrain launch",
         ),
         (vec!["--hostfile", &h, "--min-hosts", "0"], "--min-hosts 0"),
         (

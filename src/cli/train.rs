@@ -23,6 +23,12 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
     let json_log = cfg.log_format == crate::config::LogFormat::Json;
     let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
     let (rank, processes) = (group.rank(), group.size());
+    // Beating from before the data loads until after MPI ends (`dptrain launch` watches it).
+    let heartbeat = cfg
+        .heartbeat
+        .map(|to| crate::train::heartbeat::Heartbeat::start(to, rank))
+        .transpose()
+        .map_err(|e| format!("--heartbeat: cannot send heartbeats: {e}"))?;
     let result = crate::train::train_in(cfg, &group, &print_warning);
     // The report is a view of the files the run wrote (also before a late write error);
     // failing to draw it loses no result.
@@ -42,6 +48,7 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
         std::process::exit(1);
     }
     group.end(result.is_ok());
+    drop(heartbeat);
     let s = result?;
     if rank != 0 {
         return Ok(());

@@ -27,14 +27,17 @@ pub(super) enum Failed {
     /// mpirun exited so (its exit status).
     Exited(String),
     /// Some rank never beat within `--start-timeout`; the job was stopped.
-    NoHeartbeat,
+    /// Whether any rank beat (if none did, `--listen` is likely unreachable).
+    NoHeartbeat { any_beat: bool },
 }
 
 impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failed::Exited(status) => f.write_str(status),
-            Failed::NoHeartbeat => f.write_str("a rank sent no heartbeat within --start-timeout"),
+            Failed::NoHeartbeat { .. } => {
+                f.write_str("a rank sent no heartbeat within --start-timeout")
+            }
         }
     }
 }
@@ -90,6 +93,8 @@ pub(super) fn run(spec: &JobSpec<'_>, events: &mut dyn JobEvents) -> Result<JobE
         .arg("--hostfile")
         .arg(&files.hostfile)
         .args(["-np", &spec.ranks().to_string()])
+        // Each host's slots filled in turn: how a heartbeat's rank names its host.
+        .args(["--map-by", "slot"])
         .arg(&cfg.program)
         .arg("train")
         .args(&cfg.train_args)
@@ -169,7 +174,8 @@ fn watch(
         {
             stop(&mut child);
             let never_beat = first_rank_per_host(hosts, last_beat.iter().map(Option::is_none));
-            return JobEnd::Failed(Failed::NoHeartbeat, never_beat);
+            let any_beat = last_beat.iter().any(Option::is_some);
+            return JobEnd::Failed(Failed::NoHeartbeat { any_beat }, never_beat);
         }
     }
 }

@@ -24,8 +24,9 @@
 //! within the heartbeat timeout. Why restart the job rather than shrink it in place: MPI
 //! communicators cannot lose a member without ULFM, which OpenMPI ships only as an option;
 //! a restart from state committed every few steps (`train --commit-every`) costs seconds, and
-//! the run continues exactly: the data order and learning rate depend on the global batch and
-//! the step alone, not on the number of workers.
+//! the run continues with the same data order and learning rates: they depend on the global
+//! batch and the step alone, not on the number of workers (bit for bit on the same number of
+//! workers; on fewer, the same gradients summed in another grouping round differently).
 //!
 //! The files: this one is the policy (what a failure means, when to restart, whom to drop
 //! and take back); `job.rs` runs one job (mpirun started, its exit and heartbeats watched, it
@@ -59,6 +60,9 @@ struct Supervisor<'a> {
     started: Instant,
     report: LaunchReport,
     say: &'a dyn Fn(&str),
+    /// The run directory's lock, held from the first job until `elastic.json` and the report
+    /// are written.
+    lock: Option<crate::train::lock::RunDirLock>,
 }
 
 /// Runs the elastic run `cfg` describes to its end; `say` gets a line for each event. Returns
@@ -69,6 +73,7 @@ pub fn launch(cfg: &LaunchConfig, say: &dyn Fn(&str)) -> (LaunchReport, Result<(
         started: Instant::now(),
         report: LaunchReport::default(),
         say,
+        lock: None,
     };
     let result = s.run();
     if cfg.run_dir.is_dir() {
@@ -85,6 +90,7 @@ pub fn launch(cfg: &LaunchConfig, say: &dyn Fn(&str)) -> (LaunchReport, Result<(
             }
         }
     }
+    drop(s.lock.take());
     (s.report, result)
 }
 
@@ -99,7 +105,7 @@ impl Supervisor<'_> {
         // The run directory is the launch's across its jobs: a lost host's frozen rank 0
         // cannot keep the next job out of it.
         crate::output::create_dir(&self.cfg.run_dir).map_err(LaunchError::RunDir)?;
-        let _lock = crate::train::lock::RunDirLock::take(&self.cfg.run_dir)?;
+        self.lock = Some(crate::train::lock::RunDirLock::take(&self.cfg.run_dir)?);
         let mut lost: Vec<String> = Vec::new();
         let mut restarts = 0;
         loop {
@@ -197,11 +203,26 @@ impl Supervisor<'_> {
                     status,
                     restart_point,
                 },
-                Failed::NoHeartbeat => LaunchError::NoHeartbeat {
+                Failed::NoHeartbeat { any_beat: false } => LaunchError::NoHeartbeat {
                     listen: self.cfg.listen,
                     timeout_s: self.cfg.start_timeout.as_secs_f64(),
                     restart_point,
                 },
+                Failed::NoHeartbeat { any_beat: true } => {
+                    let silent: Vec<String> = never_beat
+                        .iter()
+                        .map(|(h, r)| format!("{} (rank {r})", h.name))
+                        .collect();
+                    LaunchError::JobFailed {
+                        status: format!(
+                            "{} sent no heartbeat within --start-timeout {:.0} s while the \
+                             others did, and every host answers a probe",
+                            silent.join(", "),
+                            self.cfg.start_timeout.as_secs_f64()
+                        ),
+                        restart_point,
+                    }
+                }
             });
         }
         let detected = Instant::now();

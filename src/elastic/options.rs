@@ -43,6 +43,33 @@ const OWNED_TRAIN_FLAGS: [&str; 6] = [
     "--overwrite",
 ];
 
+/// mpirun options launch sets itself (per job) or whose effect it relies on, refused in
+/// [`LaunchConfig::mpirun`].
+const OWNED_MPIRUN_FLAGS: [&str; 22] = [
+    "--hostfile",
+    "-hostfile",
+    "--machinefile",
+    "-machinefile",
+    "--host",
+    "-host",
+    "-H",
+    "-np",
+    "--np",
+    "-n",
+    "-c",
+    "--map-by",
+    "-map-by",
+    "--rankfile",
+    "-rankfile",
+    "-rf",
+    "--npernode",
+    "-npernode",
+    "--bynode",
+    "-bynode",
+    "--byslot",
+    "-byslot",
+];
+
 impl LaunchConfig {
     /// Refuses what no job could run with, before anything starts.
     pub fn check(&self) -> Result<(), LaunchError> {
@@ -74,6 +101,16 @@ impl LaunchConfig {
                     self.listen, far.name
                 )));
             }
+        }
+        if let Some(flag) = self.mpirun.iter().find(|a| {
+            let flag = a.split('=').next().unwrap_or(a);
+            OWNED_MPIRUN_FLAGS.contains(&flag)
+        }) {
+            return Err(LaunchError::Options(format!(
+                "--mpirun: {flag} is set by dptrain launch itself (the hosts, the rank count and \
+                 the mapping, `--map-by slot`, by which a heartbeat's rank names its host): \
+                 leave it out"
+            )));
         }
         if self.mpirun.is_empty() {
             return Err(LaunchError::Options("--mpirun is empty".into()));

@@ -349,10 +349,6 @@ fn json_error(e: &serde_json::Error) -> String {
     format!("column {}: {message}", e.column())
 }
 
-/// The epoch lines of `metrics.jsonl` (its text given), type-checked. Lines are numbered from
-/// 1 as in the file, blank lines included. The last line is torn when the writer stopped in
-/// the middle of it (a crash, a full disk): it has no newline or ends before the JSON does. It
-/// is skipped with a warning; a bad line before it is an error.
 /// The hosts lost, from `elastic.json` at `path` (none when there is no such file: a run not
 /// started by `dptrain launch`).
 fn read_lost_hosts(path: &Path) -> Result<Vec<LostHost>, String> {
@@ -384,6 +380,10 @@ fn read_lost_hosts(path: &Path) -> Result<Vec<LostHost>, String> {
         .collect())
 }
 
+/// The epoch lines of `metrics.jsonl` (its text given), type-checked. Lines are numbered from
+/// 1 as in the file, blank lines included. The last line is torn when the writer stopped in
+/// the middle of it (a crash, a full disk): it has no newline or ends before the JSON does. It
+/// is skipped with a warning; a bad line before it is an error.
 fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
     let last = text
         .lines()

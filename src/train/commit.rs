@@ -25,6 +25,7 @@
 
 use super::checkpoint::{read_state, Checkpoint, CheckpointError, TrainState};
 use super::description::ModelDescription;
+pub use super::rundir::{commit_path, commit_step};
 use crate::nn::Net;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -32,22 +33,6 @@ use std::thread::JoinHandle;
 
 /// Buffers in flight between the worker and the writer.
 const BUFFERS: usize = 2;
-
-/// Path of the commit after `global_step` steps in `dir`.
-pub fn commit_path(dir: &Path, global_step: usize) -> PathBuf {
-    dir.join(format!("commit-step{global_step:09}.safetensors"))
-}
-
-/// The step count of a commit file's name (`commit-stepNNNNNNNNN.safetensors`), else `None`.
-pub fn commit_step(name: &str) -> Option<usize> {
-    let digits = name
-        .strip_prefix("commit-step")?
-        .strip_suffix(".safetensors")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
-}
 
 /// Whether the commit due after `global_step` completed steps should be taken: every `every`
 /// steps (0: never), not at the last step of an epoch of `steps_per_epoch`.
@@ -58,8 +43,26 @@ pub fn due(every: usize, global_step: usize, steps_per_epoch: usize) -> bool {
         && !global_step.is_multiple_of(steps_per_epoch.max(1))
 }
 
-/// Deletes the commits in `dir` older than the newest `keep` up to `global_step` (commits of
-/// later steps, left by a run this one resumed before, are not this run's to judge).
+/// Deletes the commits in `dir` past `global_step`: a run resumed from an earlier point
+/// abandons them, and they must not be taken for its newest restart point. Returns them.
+pub fn remove_later(dir: &Path, global_step: usize) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let later: Vec<PathBuf> = entries
+        .filter_map(|e| commit_step(&e.ok()?.file_name().to_string_lossy()))
+        .filter(|&s| s > global_step)
+        .map(|s| commit_path(dir, s))
+        .collect();
+    later
+        .into_iter()
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .collect()
+}
+
+/// Deletes the commits in `dir` older than the newest `keep` up to `global_step`. (Commits of
+/// later steps cannot be there: a resumed run removes them first, with `remove_later`; the
+/// filter keeps this function from deleting a newer run's restart points all the same.)
 fn prune(dir: &Path, keep: usize, global_step: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -108,7 +111,8 @@ pub struct Committer {
 impl Committer {
     /// Starts the writer thread, which writes commits into `dir` and keeps the newest `keep`.
     pub fn start(dir: PathBuf, keep: usize) -> Result<Self, String> {
-        let (to_writer, jobs) = mpsc::sync_channel::<Checkpoint>(0);
+        // One buffer may wait while the other is written: the step blocks only when both are.
+        let (to_writer, jobs) = mpsc::sync_channel::<Checkpoint>(BUFFERS - 1);
         let (back, returned) = mpsc::sync_channel::<Checkpoint>(BUFFERS);
         let writer = std::thread::Builder::new()
             .name("commit-writer".into())

@@ -261,7 +261,9 @@ pub enum ResumeError {
     /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to
     /// the old settings' data order.
     #[error(
-        "--resume {}: a commit inside epoch {} continues only the run that wrote it          (--resume-changed would resume it under other settings: {}); resume from an epoch          checkpoint instead, or give the commit's settings",
+        "--resume {}: a commit inside epoch {} continues only the run that wrote it \
+         (--resume-changed would resume it under other settings: {}); resume from an epoch \
+         checkpoint instead, or give the commit's settings",
         path.display(),
         epoch + 1,
         describe_changes(changes)
@@ -273,6 +275,22 @@ pub enum ResumeError {
         epoch: usize,
         /// Each setting that differs.
         changes: Vec<(&'static str, String, String)>,
+    },
+    /// A commit's position inside its epoch is past the epoch's steps here (the training set
+    /// has fewer samples than when it was written).
+    #[error(
+        "--resume {}: the commit is {step_in_epoch} steps into its epoch, but an epoch here has \
+         {steps_per_epoch}: the training set changed since it was written; resume from an \
+         epoch checkpoint, or give the data it was trained on",
+        path.display()
+    )]
+    PastEpochEnd {
+        /// The commit.
+        path: PathBuf,
+        /// Its steps into the epoch.
+        step_in_epoch: usize,
+        /// Steps per epoch of this run.
+        steps_per_epoch: usize,
     },
     /// The checkpoint has trained every epoch asked for already.
     #[error("the checkpoint has already completed {0} epochs; ask for more with --epochs")]

@@ -25,6 +25,15 @@ pub const INTERVAL: Duration = Duration::from_millis(250);
 /// `steps` before this process has finished a step (any step done makes it at least 1).
 const NO_STEP: usize = 0;
 
+/// Global steps this process has seen done (its data position), for its heartbeat: one per
+/// process, as the heartbeat is.
+static STEPS_DONE: AtomicUsize = AtomicUsize::new(NO_STEP);
+
+/// The run's progress: `steps` global steps done (the count only rises).
+pub fn record_steps_done(steps: usize) {
+    STEPS_DONE.fetch_max(steps, Ordering::Relaxed);
+}
+
 /// One heartbeat as the supervisor reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Beat {
@@ -59,10 +68,11 @@ impl Beat {
     }
 }
 
-/// The heartbeat thread of this process, beating until dropped.
+/// The heartbeat thread of this process, beating until dropped: the process holds it from
+/// before training starts until MPI is finalised, so a rank that has finished training and
+/// waits for the others is not taken for a lost one.
 pub struct Heartbeat {
     stop: Arc<AtomicBool>,
-    steps: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -77,13 +87,12 @@ impl Heartbeat {
         let socket = UdpSocket::bind(bind)?;
         socket.connect(to)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let steps = Arc::new(AtomicUsize::new(NO_STEP));
-        let (s, n) = (stop.clone(), steps.clone());
+        let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
-                    let done = n.load(Ordering::Relaxed);
+                    let done = STEPS_DONE.load(Ordering::Relaxed);
                     let beat = Beat {
                         rank,
                         steps: (done != NO_STEP).then_some(done),
@@ -95,14 +104,8 @@ impl Heartbeat {
             })?;
         Ok(Self {
             stop,
-            steps,
             thread: Some(thread),
         })
-    }
-
-    /// Where the run tells the heartbeat its global steps done (raise it with `fetch_max`).
-    pub fn steps(&self) -> Arc<AtomicUsize> {
-        self.steps.clone()
     }
 }
 
@@ -155,11 +158,12 @@ mod tests {
         let mut buf = [0u8; 64];
         let n = listener.recv(&mut buf).unwrap();
         assert_eq!(Beat::parse(&buf[..n]).unwrap().rank, 2);
-        hb.steps().store(7, Ordering::Relaxed);
+        record_steps_done(7);
         let seen = (0..40).find_map(|_| {
             let n = listener.recv(&mut buf).ok()?;
-            Beat::parse(&buf[..n]).filter(|b| b.steps == Some(7))
+            Beat::parse(&buf[..n]).filter(|b| b.steps.is_some_and(|s| s >= 7))
         });
+        drop(hb);
         assert!(seen.is_some(), "no beat carried the steps done");
     }
 }

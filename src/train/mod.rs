@@ -307,19 +307,8 @@ pub fn train_in(
             warn(message);
         }
     };
-    // Beating from the start: a rank still loading its data is alive.
-    let heartbeat = cfg
-        .heartbeat
-        .map(|to| heartbeat::Heartbeat::start(to, group.rank()))
-        .transpose()
-        .map_err(|e| {
-            TrainError::from(PrepareError::Config(format!(
-                "--heartbeat: cannot send heartbeats: {e}"
-            )))
-        })?;
     let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
     let mut progress = RunProgress::new(&run.cfg, run.first_step(), run.steps_per_epoch);
-    progress.heartbeat_steps = heartbeat.as_ref().map(heartbeat::Heartbeat::steps);
     let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
         .map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
@@ -393,8 +382,23 @@ fn prepare(
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
     let start_step_in_epoch = resume.as_ref().map_or(0, |c| c.state.step_in_epoch);
     let steps_per_epoch = train_source.len() / cfg.batch;
+    if start_step_in_epoch > 0 && start_step_in_epoch >= steps_per_epoch {
+        return Err(PrepareError::Resume(ResumeError::PastEpochEnd {
+            path: cfg.resume.clone().unwrap_or_default(),
+            step_in_epoch: start_step_in_epoch,
+            steps_per_epoch,
+        }));
+    }
     let first_step = start_epoch * steps_per_epoch + start_step_in_epoch;
     let (trace_path, run_dir_lock) = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
+    if let (Some(ck), 0) = (&resume, cfg.process_rank) {
+        for gone in commit::remove_later(&cfg.run_dir, ck.state.global_step) {
+            warn(&format!(
+                "removed {}: a commit past the resumed step, which this run replaces",
+                gone.display()
+            ));
+        }
+    }
     if group.size() > 1 {
         let lines =
             processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)

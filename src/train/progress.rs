@@ -139,8 +139,6 @@ pub struct RunProgress {
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     epoch_breakdown: Breakdown,
     metrics_path: PathBuf,
-    /// Told the global steps done, for the heartbeat (`--heartbeat`).
-    pub heartbeat_steps: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
     /// The global step the run started at (a resumed run's first).
     first_step: usize,
     /// The global rank of this process's first worker.
@@ -160,7 +158,6 @@ impl RunProgress {
             stop: Default::default(),
             epoch_breakdown: Breakdown::default(),
             metrics_path: cfg.run_dir.join("metrics.jsonl"),
-            heartbeat_steps: None,
             first_step,
             first_rank: cfg.process_rank * cfg.workers,
             steps_per_epoch,
@@ -233,10 +230,7 @@ impl RunProgress {
         loss: f32,
         times: &StepTimes,
     ) {
-        if let Some(h) = &self.heartbeat_steps {
-            let done = epoch * self.steps_per_epoch + step + 1;
-            h.fetch_max(done, std::sync::atomic::Ordering::Relaxed);
-        }
+        super::heartbeat::record_steps_done(epoch * self.steps_per_epoch + step + 1);
         // Warm-up: this run's first steps, wherever in an epoch it started.
         if epoch * self.steps_per_epoch + step >= self.first_step + metrics::WARMUP_STEPS {
             self.summary.breakdown.add(times);

@@ -64,14 +64,31 @@ pub enum OutputsError {
 }
 
 /// Files a run writes into its directory (besides the checkpoints).
-pub const RUN_FILES: [&str; 6] = [
+pub const RUN_FILES: [&str; 7] = [
     "metrics.jsonl",
+    "elastic.json",
     "summary.json",
     "report.md",
     "loss.png",
     "accuracy.png",
     "breakdown.png",
 ];
+
+/// Path of the commit after `global_step` steps in `dir`.
+pub fn commit_path(dir: &Path, global_step: usize) -> PathBuf {
+    dir.join(format!("commit-step{global_step:09}.safetensors"))
+}
+
+/// The step count of a commit file's name (`commit-stepNNNNNNNNN.safetensors`), else `None`.
+pub fn commit_step(name: &str) -> Option<usize> {
+    let digits = name
+        .strip_prefix("commit-step")?
+        .strip_suffix(".safetensors")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
 
 /// True for the name of a checkpoint file (`checkpoint-epochNNNN.safetensors`).
 pub fn is_checkpoint_name(name: &str) -> bool {
@@ -88,7 +105,9 @@ pub fn run_files_in(dir: &Path) -> Vec<String> {
     let mut found: Vec<String> = entries
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| RUN_FILES.contains(&n.as_str()) || is_checkpoint_name(n))
+        .filter(|n| {
+            RUN_FILES.contains(&n.as_str()) || is_checkpoint_name(n) || commit_step(n).is_some()
+        })
         .collect();
     found.sort();
     found
@@ -157,7 +176,8 @@ fn resume_dir(cfg: &TrainConfig) -> Option<PathBuf> {
     let dir = output::parent_dir(ck);
     let named = ck
         .file_name()
-        .is_some_and(|n| is_checkpoint_name(&n.to_string_lossy()));
+        .map(|n| n.to_string_lossy().into_owned())
+        .is_some_and(|n| is_checkpoint_name(&n) || commit_step(&n).is_some());
     (named || !run_files_in(dir).is_empty()).then(|| dir.to_path_buf())
 }
 

@@ -458,7 +458,8 @@ impl Worker {
         let Some(committer) = self.committer.as_mut() else {
             return Ok(());
         };
-        if !super::commit::due(self.cfg.commit_every, self.global_step, spe) {
+        // The data position, which `--resume-changed` may have set apart from the step count.
+        if !super::commit::due(self.cfg.commit_every, epoch * spe + done, spe) {
             return Ok(());
         }
         self.phase = Phase::Commit;
