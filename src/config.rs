@@ -65,8 +65,12 @@ pub struct TrainConfig {
     /// `--first-bucket-kb` and `--bucket-kb` (KiB; 0: one layer per bucket); with neither
     /// given the caps follow the link (see [`crate::plan::bucket_caps`]).
     pub buckets: crate::plan::BucketFlags,
-    /// Emulated link, if any.
+    /// Emulated link, if any (with `--transport mpi`: the link `--comm auto` plans for).
     pub link: Option<LinkModel>,
+    /// The link an MPI run with `--comm auto` and no `--link-*` measured between its processes
+    /// before training, as the standard rate it plans for ([`crate::plan::planned_link`]);
+    /// `None` until then, and in every other run.
+    pub measured_link: Option<LinkModel>,
     /// Emulated device: each worker's compute held to a profile's times (see
     /// [`crate::testbed::device`]).
     pub device: Option<crate::testbed::device::EmulatedDevice>,
@@ -502,7 +506,7 @@ impl TrainConfig {
             hierarchy: self.hierarchy,
             processes: self.processes,
             workers_per_process: self.workers,
-            link: self.link,
+            link: self.link.or(self.measured_link),
             intra_link: None,
             compress: self.compress,
             buckets: self.buckets,
@@ -520,6 +524,7 @@ impl TrainConfig {
             "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "compress": self.compress.to_string(), "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
+            "measured_link_bandwidth_bytes_per_s": self.measured_link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
             "emulate_device": self.device.as_ref().map(|d| d.path.display().to_string()),
             "emulate_device_scale": self.device.as_ref().map(|d| d.scale),
@@ -670,6 +675,7 @@ impl TrainOptions {
                 kb: self.bucket_kb,
             },
             link,
+            measured_link: None,
             device,
             comm_timeout,
             transport: comm.transport,

@@ -6,8 +6,9 @@
 //!
 //! The rules, top-down:
 //! 1. **The link planned for** ([`PlanInputs::auto_link`]): the one given (`--link-*`), else
-//!    the slowest on the way: [`BETWEEN_PROCESSES_LINK`] over several processes,
-//!    [`IN_PROCESS_LINK`] between threads.
+//!    for an MPI run with `--comm auto` the standard rate of the slowest path it measured
+//!    ([`planned_link`]), else the slowest on the way: [`BETWEEN_PROCESSES_LINK`] over
+//!    several processes, [`IN_PROCESS_LINK`] between threads.
 //! 2. **Bucket caps** ([`bucket_caps`]): the caps given (`--first-bucket-kb`, `--bucket-kb`;
 //!    one given leaves the other at 0), else what that link moves in one latency.
 //! 3. **The buckets** ([`PlanInputs::bucket_plan`]): [`BucketPlan::new`] over the parameter
@@ -159,12 +160,47 @@ pub const IN_PROCESS_LINK: LinkModel = LinkModel {
 
 /// Link parameters assumed by `--comm auto` between processes (an MPI run's flat modes, and
 /// the leaders' phase of a hierarchical all-reduce) when no `--link-bandwidth` describes the
-/// link: 10 Gbit/s Ethernet between machines. With `--transport mpi`, `--link-*` only informs
+/// link and none was measured ([`planned_link`]): 10 Gbit/s Ethernet between machines. With `--transport mpi`, `--link-*` only informs
 /// this choice; nothing is emulated.
 pub const BETWEEN_PROCESSES_LINK: LinkModel = LinkModel {
     bandwidth_bytes_per_s: 1.25e9,
     latency: Duration::from_micros(20),
 };
+
+/// The standard link rates (bits/s) an MPI run with `--comm auto` plans for when it measured
+/// its link: Ethernet's 10 Mbit/s to 10 Gbit/s. Faster links plan as 10 Gbit/s, today's
+/// assumption ([`BETWEEN_PROCESSES_LINK`]).
+pub const PLANNED_RATES_BITS: [f64; 4] = [10e6, 100e6, 1e9, 10e9];
+
+/// How far above its standard rate a link may measure and still count as it. A probe reads
+/// above the rate when the sender starts before the receiver's clock does (the ranks leave
+/// the barrier before it at different times): measured here, the end-of-run probe read
+/// 151 MB/s on a 125 MB/s (1 Gbit/s) link, 1.2x. Twice the rate is the margin: a link then
+/// classes as itself from a fifth of its rate (a 1 Gbit/s link probed at 320 Mbit/s on this
+/// busy 2-core machine, tests/cluster.rs allows it down to 40 MB/s) to twice it.
+pub const PLANNED_RATE_SLACK: f64 = 2.0;
+
+/// The link `--comm auto` plans an MPI run for, from the slowest path it measured (bytes/s):
+/// the smallest standard rate at or above the measurement (less [`PLANNED_RATE_SLACK`]),
+/// with [`BETWEEN_PROCESSES_LINK`]'s latency.
+///
+/// Why a standard rate and not the measurement: the plan decides each bucket's summation
+/// order, so two runs on one cluster must plan alike to train alike, bit for bit. A
+/// measurement varies from run to run; the class it falls in does not, because a link only
+/// measures within a small factor of its rate (slower: protocol overhead, a busy core;
+/// faster: see [`PLANNED_RATE_SLACK`]), and the standard rates are ten times apart. Why not the latency: a small message's time varies by tens of
+/// percent with the machine's load, with no such classes to round it to.
+pub fn planned_link(measured_bytes_per_s: f64) -> LinkModel {
+    let bits = measured_bytes_per_s * 8.0 / PLANNED_RATE_SLACK;
+    let rate = PLANNED_RATES_BITS
+        .into_iter()
+        .find(|&r| r >= bits)
+        .unwrap_or(PLANNED_RATES_BITS[PLANNED_RATES_BITS.len() - 1]);
+    LinkModel {
+        bandwidth_bytes_per_s: rate / 8.0,
+        latency: BETWEEN_PROCESSES_LINK.latency,
+    }
+}
 
 /// `--first-bucket-kb` and `--bucket-kb` as the user gave them (KiB; 0: one block per bucket).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -663,5 +699,38 @@ mod tests {
         );
         let e = HierarchyChoice::parse("sometimes").unwrap_err();
         assert!(e.contains("auto, 2d, leader or off"), "{e}");
+    }
+
+    #[test]
+    fn a_measured_link_plans_as_its_standard_rate_from_a_tenth_of_it_to_a_bit_above() {
+        let mbit = |m: f64| m * 1e6 / 8.0;
+        for (measured, planned) in [
+            // 100 Mbit/s: the namespace cluster's shaped link probes at 90 Mbit/s, a
+            // loaded one lower, a skewed start higher.
+            (90.0, 100.0),
+            (25.0, 100.0),
+            (190.0, 100.0),
+            // 1 Gbit/s: from the 320 Mbit/s a busy 2-core machine probed to the 1.2 Gbit/s a
+            // skewed start read.
+            (800.0, 1000.0),
+            (320.0, 1000.0),
+            (1210.0, 1000.0),
+            (8.0, 10.0),
+            (2100.0, 10_000.0),
+            // Faster than 10 Gbit/s (or the same machine): today's assumption.
+            (40_000.0, 10_000.0),
+        ] {
+            let link = planned_link(mbit(measured));
+            assert_eq!(
+                link.bandwidth_bytes_per_s,
+                mbit(planned),
+                "{measured} Mbit/s"
+            );
+            assert_eq!(link.latency, BETWEEN_PROCESSES_LINK.latency);
+        }
+        assert_eq!(
+            planned_link(mbit(40_000.0)).bandwidth_bytes_per_s,
+            BETWEEN_PROCESSES_LINK.bandwidth_bytes_per_s
+        );
     }
 }

@@ -310,6 +310,12 @@ fn a_host_on_a_ten_times_slower_link_is_named_as_the_slow_rank() {
     // 100 Mbit/s is 12.5 MB/s.
     assert!((4.0..12.5 * 1.1).contains(&l[1]), "{l:?}");
     assert!(l[1] * 4.0 < l[0].min(l[2]), "{l:?}");
+    // `--comm auto` planned for the standard rate of the slowest path: 1 Gbit/s on the even
+    // links, 100 Mbit/s with one host on 100 Mbit/s.
+    let planned =
+        |s: &serde_json::Value| s["config"]["measured_link_bandwidth_bytes_per_s"].as_f64();
+    assert_eq!(planned(&even), Some(125e6), "{even:#}");
+    assert_eq!(planned(&slow), Some(12.5e6), "{slow:#}");
 }
 
 /// Whether process `pid` is still running (not gone, not a zombie).

@@ -400,6 +400,7 @@ fn prepare(
         }
     }
     if group.size() > 1 {
+        plan_for_the_measured_link(&mut cfg, group).map_err(PrepareError::Processes)?;
         let lines =
             processes::run_description(&cfg, &graph, &train_source, test_set.len(), start_epoch)
                 .map_err(PrepareError::Processes)?;
@@ -419,6 +420,33 @@ fn prepare(
         run_dir_lock: run_dir_lock.map(Arc::new),
     };
     Ok((run, train_source))
+}
+
+/// With `--comm auto` and no `--link-*`, an MPI run plans for the link it measures between its
+/// processes, as the standard rate that measurement belongs to ([`crate::plan::planned_link`]),
+/// instead of assuming 10 Gbit/s: on a slower link the assumption sends small buckets to
+/// every rank at once (redundant mode), which costs the link N-1 copies of them. Collective,
+/// and run whatever the options (a few milliseconds at 1 Gbit/s): a rank whose options differ
+/// must still reach the handshake, which names the difference, rather than wait alone in a
+/// probe the others skipped.
+fn plan_for_the_measured_link(cfg: &mut TrainConfig, group: &ProcessGroup) -> Result<(), String> {
+    let Some(measured) = group.slowest_path_bytes_per_s()? else {
+        return Ok(());
+    };
+    if cfg.comm != crate::plan::CommChoice::Auto || cfg.link.is_some() {
+        return Ok(());
+    }
+    let link = crate::plan::planned_link(measured);
+    cfg.measured_link = Some(link);
+    if cfg.process_rank == 0 && !cfg.quiet {
+        eprintln!(
+            "note: --comm auto plans for a {:.0} Mbit/s link (the slowest path between \
+             processes measured {:.0} Mbit/s; --link-bandwidth sets another)",
+            link.bandwidth_bytes_per_s * 8e-6,
+            measured * 8e-6
+        );
+    }
+    Ok(())
 }
 
 /// A resumed run computes its convolutions as the checkpoint's run did (its recorded

@@ -44,6 +44,7 @@ const TAG_RANKS: u64 = 5;
 const TAG_PROBE_START: u64 = 6;
 #[cfg(feature = "mpi")]
 const TAG_PROBE: u64 = 7;
+const TAG_PLAN_PROBE: u64 = 8;
 
 /// Bytes of one link probe: large enough that the TCP start and the shaper's burst are small
 /// beside it, small enough to take milliseconds on a fast link.
@@ -51,6 +52,12 @@ pub const PROBE_BYTES: usize = 2 << 20;
 /// Timed probes per run (after one untimed, which opens the connections); the best counts, so
 /// a probe slowed by a busy core does not make a link look slow.
 pub const PROBE_REPS: usize = 3;
+
+/// Bytes of the probe `--comm auto` plans with: it only has to tell standard link rates apart
+/// (10x apart; see [`crate::plan::planned_link`]), so a quarter of a second at 100 Mbit/s.
+pub const PLAN_PROBE_BYTES: usize = 1 << 20;
+/// Timed plan probes (after one untimed); the best counts.
+pub const PLAN_PROBE_REPS: usize = 2;
 
 /// This process's place in the run.
 pub struct ProcessGroup {
@@ -265,11 +272,38 @@ impl ProcessGroup {
     /// The rate of the path from the previous rank to this one, MB/s (see the module docs);
     /// `None` without other processes. Collective.
     fn probe_from_previous(&self) -> Result<Option<f64>, String> {
+        Ok(self
+            .time_path_from_previous(PROBE_BYTES, PROBE_REPS)?
+            .map(|bytes_per_s| bytes_per_s / 1e6))
+    }
+
+    /// The slowest path between two neighbouring ranks, bytes/s: every rank times its path
+    /// from the previous one with [`PLAN_PROBE_BYTES`] and all take the least, so every rank
+    /// plans for the same link. `None` without other processes. Collective.
+    pub fn slowest_path_bytes_per_s(&self) -> Result<Option<f64>, String> {
+        let Some(mine) = self.time_path_from_previous(PLAN_PROBE_BYTES, PLAN_PROBE_REPS)? else {
+            return Ok(None);
+        };
+        let all = self.all_gather(&mine.to_le_bytes(), TAG_PLAN_PROBE)?;
+        let rates: Option<Vec<f64>> = all
+            .iter()
+            .map(|b| Some(f64::from_le_bytes(b.as_slice().try_into().ok()?)))
+            .collect();
+        let rates = rates.ok_or("a rank sent an unreadable link measurement")?;
+        Ok(rates.into_iter().reduce(f64::min))
+    }
+
+    /// The rate of the path from the previous rank into this one, bytes/s: `reps` timed
+    /// transfers of `bytes` after an untimed one, the best. `None` without other processes.
+    /// Collective.
+    fn time_path_from_previous(&self, bytes: usize, reps: usize) -> Result<Option<f64>, String> {
+        #[cfg(not(feature = "mpi"))]
+        let _ = (bytes, reps);
         #[cfg(feature = "mpi")]
         if let (Some(rt), true) = (&self.mpi, self.size > 1) {
-            let payload = vec![0u8; PROBE_BYTES];
+            let payload = vec![0u8; bytes];
             let mut best = Duration::MAX;
-            for rep in 0..=PROBE_REPS {
+            for rep in 0..=reps {
                 // Start together, so each probe times the transfer, not a late sender.
                 self.all_gather(&[], TAG_PROBE_START)?;
                 let took = rt
@@ -279,9 +313,7 @@ impl ProcessGroup {
                     best = best.min(took);
                 }
             }
-            return Ok(Some(
-                PROBE_BYTES as f64 / best.as_secs_f64().max(1e-9) / 1e6,
-            ));
+            return Ok(Some(bytes as f64 / best.as_secs_f64().max(1e-9)));
         }
         Ok(None)
     }
