@@ -16,7 +16,7 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
     let run = tmp.path().join("run");
     let h = hosts.display().to_string();
     let b = bad.display().to_string();
-    let cases: [(Vec<&str>, &str); 8] = [
+    let cases: [(Vec<&str>, &str); 9] = [
         (vec!["--hostfile", &b], "line 1"),
         (vec!["--hostfile", "/no/such/hosts"], "/no/such/hosts"),
         (
@@ -38,6 +38,17 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
                 "mpirun --map-by node",
             ],
             "--map-by is set by dptrain launch",
+        ),
+        (
+            vec![
+                "--hostfile",
+                &h,
+                "--listen",
+                "10.0.0.9",
+                "--mpirun",
+                "mpirun --rank-by=node",
+            ],
+            "--rank-by is set by dptrain launch",
         ),
         (vec!["--hostfile", &h, "--min-hosts", "0"], "--min-hosts 0"),
         (

@@ -45,7 +45,7 @@ const OWNED_TRAIN_FLAGS: [&str; 6] = [
 
 /// mpirun options launch sets itself (per job) or whose effect it relies on, refused in
 /// [`LaunchConfig::mpirun`].
-const OWNED_MPIRUN_FLAGS: [&str; 22] = [
+const OWNED_MPIRUN_FLAGS: [&str; 29] = [
     "--hostfile",
     "-hostfile",
     "--machinefile",
@@ -68,6 +68,14 @@ const OWNED_MPIRUN_FLAGS: [&str; 22] = [
     "-bynode",
     "--byslot",
     "-byslot",
+    // Processes per node and rank order: other ways to a rank -> host map not by slot.
+    "-N",
+    "--pernode",
+    "-pernode",
+    "--ppr",
+    "-ppr",
+    "--rank-by",
+    "-rank-by",
 ];
 
 impl LaunchConfig {
@@ -102,10 +110,12 @@ impl LaunchConfig {
                 )));
             }
         }
-        if let Some(flag) = self.mpirun.iter().find(|a| {
-            let flag = a.split('=').next().unwrap_or(a);
-            OWNED_MPIRUN_FLAGS.contains(&flag)
-        }) {
+        if let Some(flag) = self
+            .mpirun
+            .iter()
+            .map(|a| a.split('=').next().unwrap_or(a))
+            .find(|flag| OWNED_MPIRUN_FLAGS.contains(flag))
+        {
             return Err(LaunchError::Options(format!(
                 "--mpirun: {flag} is set by dptrain launch itself (the hosts, the rank count and \
                  the mapping, `--map-by slot`, by which a heartbeat's rank names its host): \
