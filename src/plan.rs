@@ -28,6 +28,7 @@
 pub mod memory;
 
 use crate::comm::memory_cost::{choose_in_memory, InMemory, MemoryRates};
+use crate::comm::powersgd::Matrix;
 use crate::comm::wire::WireRates;
 use crate::comm::{
     choose_route, choose_wire, min_bucket_bytes, AcrossOp, Cluster, CommMode, Hierarchy, LinkModel,
@@ -88,20 +89,47 @@ pub enum CompressChoice {
     /// than the conversions cost ([`crate::comm::choose_wire`]), f32 elsewhere; f32 between
     /// threads with no link emulated.
     Auto,
+    /// Each weight matrix that gains sent as a rank-`rank` product with error feedback
+    /// ([`crate::comm::powersgd`]), in f32; everything else uncompressed.
+    PowerSgd {
+        /// The product's rank (at least 1).
+        rank: usize,
+    },
 }
 
 impl CompressChoice {
     /// f32 on the wire: the default.
     pub const NONE: CompressChoice = CompressChoice::Fixed(WireFormat::F32);
 
-    /// Parses `auto` or a wire format (`none`, `fp16`, `bf16`).
+    /// Parses `auto`, `powersgd:R` or a wire format (`none`, `fp16`, `bf16`).
     pub fn parse(s: &str) -> Result<Self, String> {
-        if s.trim().eq_ignore_ascii_case("auto") {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("auto") {
             return Ok(Self::Auto);
         }
-        WireFormat::parse(s)
-            .map(Self::Fixed)
-            .map_err(|e| format!("{e}, or auto (bf16 where the cost model says it pays)"))
+        if let Some(rank) = t.strip_prefix("powersgd:") {
+            return match rank.parse::<usize>() {
+                Ok(rank) if rank >= 1 => Ok(Self::PowerSgd { rank }),
+                _ => Err(format!(
+                    "--compress {t}: PowerSGD's rank must be a whole number of at least 1, as \
+                     in powersgd:4"
+                )),
+            };
+        }
+        WireFormat::parse(s).map(Self::Fixed).map_err(|e| {
+            format!(
+                "{e}, powersgd:R (each weight matrix as a rank-R product), or auto (bf16 \
+                 where the cost model says it pays)"
+            )
+        })
+    }
+
+    /// PowerSGD's rank, if this is PowerSGD.
+    pub fn powersgd_rank(self) -> Option<usize> {
+        match self {
+            Self::PowerSgd { rank } => Some(rank),
+            _ => None,
+        }
     }
 }
 
@@ -110,6 +138,7 @@ impl std::fmt::Display for CompressChoice {
         match self {
             Self::Fixed(w) => write!(f, "{w}"),
             Self::Auto => f.write_str("auto"),
+            Self::PowerSgd { rank } => write!(f, "powersgd:{rank}"),
         }
     }
 }
@@ -295,6 +324,59 @@ pub fn per_worker_batch(
 /// is cut from ([`PlanInputs::bucket_plan`]).
 pub fn block_lens(net: &crate::nn::Net) -> Vec<usize> {
     net.blocks().iter().map(|b| b.range.len()).collect()
+}
+
+/// Each parameter block's tensors of two or more dimensions as the row-major matrices they are
+/// in memory (offsets within the block): a convolution's HWIO weight is `kh kw c/groups` rows
+/// of `o`, a plain `[d0, ...]` tensor `d0` rows. What PowerSGD can compress.
+pub fn block_matrices(net: &crate::nn::Net) -> Vec<Vec<Matrix>> {
+    use crate::nn::TensorLayout;
+    net.blocks()
+        .iter()
+        .map(|b| {
+            b.tensors
+                .iter()
+                .filter(|t| t.torch_shape.len() >= 2 && t.len > 0)
+                .map(|t| {
+                    let (rows, cols) = match t.layout {
+                        TensorLayout::Hwio { kh, kw, cg, o } => (kh * kw * cg, o),
+                        TensorLayout::Plain => (t.torch_shape[0], t.len / t.torch_shape[0]),
+                    };
+                    Matrix {
+                        offset: t.offset,
+                        rows,
+                        cols,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// For each bucket of `plan`, the matrices of `blocks` (from [`block_matrices`]) that PowerSGD
+/// at `rank` compresses ([`crate::comm::powersgd::compresses`]), at their offsets in the
+/// bucket, in order. The trainer and the simulator both read it.
+pub fn powersgd_matrices(
+    plan: &BucketPlan,
+    blocks: &[Vec<Matrix>],
+    rank: usize,
+) -> Vec<Vec<Matrix>> {
+    let mut per_bucket = vec![Vec::new(); plan.buckets.len()];
+    for (slot, matrices) in plan.slots.iter().zip(blocks) {
+        for m in matrices
+            .iter()
+            .filter(|m| crate::comm::powersgd::compresses(m.rows, m.cols, rank))
+        {
+            per_bucket[slot.bucket].push(Matrix {
+                offset: slot.range.start + m.offset,
+                ..*m
+            });
+        }
+    }
+    for matrices in &mut per_bucket {
+        matrices.sort_by_key(|m| m.offset);
+    }
+    per_bucket
 }
 
 /// What the plan of a run depends on, and nothing else.
@@ -492,6 +574,8 @@ impl PlanInputs {
             .map(|(b, &op)| match self.compress {
                 _ if !op.sends_messages() => WireFormat::F32,
                 CompressChoice::Fixed(w) => w,
+                // PowerSGD's rounds travel in f32 (`comm::powersgd`).
+                CompressChoice::PowerSgd { .. } => WireFormat::F32,
                 CompressChoice::Auto if self.in_memory() => WireFormat::F32,
                 CompressChoice::Auto => match route_of(op) {
                     Some(route) => choose_wire(route, &cluster, b.len, &WireRates::MEASURED),

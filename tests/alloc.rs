@@ -110,6 +110,8 @@ fn steady_state_steps_allocate_nothing() {
         // Compressed gradients encode into a buffer the communication thread reserved.
         ("vgg-small", "synthetic:3x32x32:10", 16, "direct", "fp16"),
         ("lenet5", "synthetic:1x28x28:10", 32, "direct", "bf16"),
+        // PowerSGD's state and both rounds' buffers travel with the bucket, allocated once.
+        ("lenet5", "synthetic:1x28x28:10", 32, "direct", "powersgd:2"),
     ];
     for (name, dataset, batch, conv_algo, compress) in cases {
         let model = format!("{name} ({conv_algo}, --compress {compress})");

@@ -244,6 +244,25 @@ fn bench_compress_prints_each_format_and_size_and_refuses_a_size_of_nothing() {
             }
         }
     }
+    // PowerSGD: a positive compute per value, and fewer values sent at rank 1 than at 4.
+    let field = |rank: usize, kb: usize, name: &str| -> f64 {
+        let prefix = format!("RESULT compress powersgd:{rank} size_kb={kb} ");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in {out}"));
+        line.split(name)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+    };
+    for rank in [1, 4] {
+        assert!(field(rank, 64, "compute_ns=") > 0.0);
+    }
+    // 64 KiB: a 128 x 128 matrix; rank r sends 256 r of its 16384 values.
+    assert!((field(1, 64, "sent_fraction=") - 256.0 / 16384.0).abs() < 1e-4);
+    assert!((field(4, 64, "sent_fraction=") - 1024.0 / 16384.0).abs() < 1e-4);
     let (code, _, err) = dptrain(&["bench", "compress", "--sizes-kb", "0"]);
     assert_eq!(code, 1);
     assert!(

@@ -203,3 +203,102 @@ fn a_commit_past_the_end_of_a_shrunken_training_set_is_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&data).unwrap();
 }
+
+#[test]
+fn powersgd_is_deterministic_and_continues_from_a_commit_or_checkpoint_bit_for_bit() {
+    // PowerSGD's error feedback is each worker's own: a restart point holds every worker's,
+    // so the continued run sends what the uninterrupted one would have sent.
+    let common = [
+        "--workers",
+        "2",
+        "--comm",
+        "ring",
+        "--compress",
+        "powersgd:2",
+        "--commit-every",
+        "5",
+    ];
+    let whole = tmp("psgd-whole");
+    ok(&small(&whole, &common));
+    let want = replica_hashes(&whole);
+    assert_eq!(want.len(), 2);
+    assert_eq!(want[0], want[1], "replicas differ");
+    // On 2 threads per worker: the same bits.
+    let threads = tmp("psgd-threads");
+    ok(&small(
+        &threads,
+        &[&common[..], &["--threads", "2"]].concat(),
+    ));
+    assert_eq!(weights(&threads), weights(&whole));
+    // Compression is on: uncompressed gradients train other weights.
+    let plain = tmp("psgd-none");
+    ok(&small(&plain, &common[..4]));
+    assert_ne!(weights(&plain), weights(&whole));
+    // The checkpoint holds both workers' error feedback and Q.
+    let ck = dptrain::train::checkpoint::Checkpoint::load(
+        &whole.join("checkpoint-epoch0001.safetensors"),
+    )
+    .unwrap();
+    let state = ck.powersgd().unwrap().expect("PowerSGD's state is saved");
+    assert_eq!(state.error_shape[0], 2);
+    assert!(state.error_of(0) != state.error_of(1));
+    assert!(state.errors.iter().any(|&e| e != 0.0));
+    // Stopped at step 32: continued from the commit at 30 and from epoch 1's checkpoint.
+    let cut = tmp("psgd-cut");
+    assert_eq!(interrupted(&cut, &common, 32), vec![25, 30]);
+    for (i, name) in [
+        "commit-step000000030.safetensors",
+        "checkpoint-epoch0001.safetensors",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let again = tmp(&format!("psgd-again{i}"));
+        std::fs::create_dir_all(&again).unwrap();
+        let copy = again.join(name);
+        std::fs::copy(cut.join(name), &copy).unwrap();
+        let resume = copy.display().to_string();
+        ok(&small(
+            &again,
+            &[&common[..], &["--resume", &resume]].concat(),
+        ));
+        assert_eq!(replica_hashes(&again), want, "from {name}");
+        assert_eq!(weights(&again), weights(&whole), "from {name}");
+        std::fs::remove_dir_all(&again).unwrap();
+    }
+    for d in [whole, threads, plain, cut] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn impossible_powersgd_options_are_refused_with_the_cause() {
+    let dir = tmp("psgd-bad");
+    for (compress, comm, want) in [
+        (
+            "powersgd:0",
+            "ring",
+            "rank must be a whole number of at least 1",
+        ),
+        (
+            "powersgd:x",
+            "ring",
+            "rank must be a whole number of at least 1",
+        ),
+        (
+            "powersgd:2",
+            "tree",
+            "--compress powersgd:2 with --comm tree",
+        ),
+        ("powersgd:60", "ring", "at rank 60 no weight of this model"),
+    ] {
+        let o = run(&small(
+            &dir,
+            &["--workers", "2", "--comm", comm, "--compress", compress],
+        ));
+        assert_eq!(o.status.code(), Some(1), "{compress} {comm}: {}", text(&o));
+        assert!(text(&o).contains(want), "{compress} {comm}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -91,6 +91,37 @@ fn compressed_gradients_cross_mpi_intact_and_mpi_native_refuses_compression() {
             "{comm} {hierarchy} bf16: replicas differ {h:x?}"
         );
     }
+    // PowerSGD: both rounds through MPI, the error feedback each rank's own; 2 ranks train
+    // the weights of 2 threads, and 2 ranks x 2 workers keep 4 identical replicas.
+    let (mpi_dir, thr_dir) = (tmp.path().join("psgd"), tmp.path().join("psgd-t"));
+    let args = [
+        "--comm",
+        "ring",
+        "--compress",
+        "powersgd:2",
+        "--bucket-kb",
+        "0",
+    ];
+    run_mpi(2, &small(&mpi_dir, &args));
+    run_threads(&small(&thr_dir, &[&args[..], &["--workers", "2"]].concat()));
+    assert!(
+        weights(&mpi_dir) == weights(&thr_dir),
+        "powersgd: MPI ranks and threads differ"
+    );
+    let dir = tmp.path().join("psgd-2d");
+    run_mpi(
+        2,
+        &small(
+            &dir,
+            &[&args[..], &["--workers", "2", "--hierarchical", "2d"]].concat(),
+        ),
+    );
+    let h = replica_hashes(&dir);
+    assert_eq!(h.len(), 4);
+    assert!(
+        h.iter().all(|&x| x == h[0]),
+        "powersgd 2d: replicas differ {h:x?}"
+    );
     let o = Command::new(BIN)
         .args(["train", "--transport", "mpi", "--comm", "mpi-native"])
         .args(["--compress", "bf16"])

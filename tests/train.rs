@@ -559,7 +559,11 @@ fn checkpoints_hold_the_pytorch_state_dict_of_the_reference_models() {
             run: None,
         };
         let momentum = vec![0.0; net.params().len()];
-        let ck = Checkpoint::capture(state, &net, &momentum);
+        let ck = Checkpoint::capture(
+            state,
+            &net,
+            dptrain::train::checkpoint::OptimizerState::momentum(&momentum),
+        );
         let got: std::collections::BTreeMap<String, Vec<usize>> = ck
             .tensors
             .iter()
@@ -618,8 +622,20 @@ fn a_checkpoint_streamed_from_the_net_is_the_file_safetensors_writes_and_reads_b
     };
     let dir = tempfile::tempdir().unwrap();
     let streamed = dir.path().join("streamed.safetensors");
-    save_net(&streamed, &state, &description, &net, &momentum, false).unwrap();
-    let copy = Checkpoint::capture(state.clone(), &net, &momentum);
+    save_net(
+        &streamed,
+        &state,
+        &description,
+        &net,
+        dptrain::train::checkpoint::OptimizerState::momentum(&momentum),
+        false,
+    )
+    .unwrap();
+    let copy = Checkpoint::capture(
+        state.clone(),
+        &net,
+        dptrain::train::checkpoint::OptimizerState::momentum(&momentum),
+    );
 
     // The data section is what `safetensors::serialize` writes for the same tensors.
     struct View<'a>(&'a Stored);

@@ -1,6 +1,7 @@
 //! `dptrain bench compress`: what `--compress` costs the communication thread, per value and
 //! per MB: encoding a message (narrowing to 16 bits, two to a carrier), decoding it in place,
-//! and rounding a sum as the wire does ([`crate::comm::wire`]). One thread, buffers of a few
+//! and rounding a sum as the wire does ([`crate::comm::wire`]); and PowerSGD's compute per value
+//! on a square matrix ([`crate::comm::powersgd`]). One thread, buffers of a few
 //! bucket sizes, median of the rounds. `auto`'s price of a conversion is this command's figure
 //! on this machine ([`crate::comm::wire::WireRates::MEASURED`]).
 
@@ -52,6 +53,41 @@ pub fn measure(format: WireFormat, values: usize) -> (f64, f64, f64) {
     )
 }
 
+/// PowerSGD's compute on one `side x side` matrix at `rank` (the whole `reduce` with the
+/// collectives left out): nanoseconds per gradient value, median of the rounds; and the
+/// fraction of the values it sends.
+pub fn measure_powersgd(side: usize, rank: usize) -> (f64, f64) {
+    use crate::comm::powersgd::{Matrix, PowerSgdBucket};
+    let values = side * side;
+    let m = Matrix {
+        offset: 0,
+        rows: side,
+        cols: side,
+    };
+    let mut state = PowerSgdBucket::new(values, vec![m], rank, 1);
+    let grad: Vec<f32> = (0..values)
+        .map(|i| ((i as f32) * 0.37).sin() * 1e-2)
+        .collect();
+    let mut buf = grad.clone();
+    let mut times = Vec::new();
+    for round in 0..=ROUNDS {
+        buf.copy_from_slice(&grad);
+        let t0 = Instant::now();
+        state
+            .reduce(&mut buf, |_| Ok(()))
+            .expect("no collective to fail");
+        if round > 0 {
+            times.push(t0.elapsed().as_secs_f64() * 1e9 / values as f64);
+        }
+        std::hint::black_box(&buf);
+    }
+    let (first, second) = state.round_lens();
+    (
+        super::median(&mut times),
+        (first + second) as f64 / values as f64,
+    )
+}
+
 /// Runs `dptrain bench compress`.
 pub fn run_command(a: CompressArgs) -> Result<(), String> {
     let sizes = super::args::list("--sizes-kb", &a.sizes_kb, |s| {
@@ -86,6 +122,34 @@ pub fn run_command(a: CompressArgs) -> Result<(), String> {
             crate::outln!(
                 "RESULT compress {format} size_kb={kb} encode_ns={e:.3} decode_ns={d:.3} \
                  round_ns={r:.3}"
+            );
+        }
+    }
+    // PowerSGD on a square matrix of each size: its compute per value (both products, the
+    // orthogonalisation, the error feedback and the product sent back), and what it sends.
+    crate::outln!(
+        "{:>11} {:>10} {:>12} {:>12} {:>14}",
+        "format",
+        "size",
+        "compute ns/v",
+        "values sent",
+        "compute"
+    );
+    for rank in [1, 4] {
+        for &kb in &sizes {
+            let side = ((kb * 1024 / 4) as f64).sqrt() as usize;
+            let (ns, sent) = measure_powersgd(side.max(1), rank);
+            crate::outln!(
+                "{:>11} {:>7} KiB {:>12.3} {:>11.4}x {:>9.0} MB/s",
+                format!("powersgd:{rank}"),
+                kb,
+                ns,
+                sent,
+                4.0 / ns * 1e3
+            );
+            crate::outln!(
+                "RESULT compress powersgd:{rank} size_kb={kb} compute_ns={ns:.3} \
+                 sent_fraction={sent:.4}"
             );
         }
     }

@@ -55,6 +55,7 @@ pub mod mode;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
 pub mod partition;
+pub mod powersgd;
 pub mod process_view;
 pub mod record;
 pub mod redundant;

@@ -16,6 +16,7 @@
 //! worker; [`crate::comm::shared_memory`] says why that is safe.)
 
 use super::bucket::BucketPlan;
+use crate::comm::powersgd::PowerSgdBucket;
 use crate::comm::{
     all_reduce_sum, hierarchical_all_reduce_sum, shared_memory_all_reduce_sum, tree_broadcast,
     tree_reduce, AcrossOp, CommError, CommMode, Hierarchy, Transport, WireFormat, WireTransport,
@@ -140,11 +141,19 @@ enum Job {
         buf: Vec<f32>,
         op: BucketOp,
         wire: WireFormat,
+        /// The bucket's PowerSGD state, travelling with its buffer (`--compress powersgd:R`).
+        powersgd: Option<PowerSgdBucket>,
         tag: u64,
         inject_panic: bool,
     },
     Broadcast {
         buf: Vec<f32>,
+        tag: u64,
+    },
+    /// Every rank's `mine` into rank 0's `all`, rank by rank.
+    Gather {
+        mine: Vec<f32>,
+        all: Vec<f32>,
         tag: u64,
     },
 }
@@ -153,12 +162,17 @@ enum Done {
     Bucket {
         index: usize,
         buf: Vec<f32>,
+        powersgd: Option<PowerSgdBucket>,
         busy: Duration,
         cpu: Duration,
         started: Instant,
     },
     Broadcast {
         buf: Vec<f32>,
+    },
+    Gather {
+        mine: Vec<f32>,
+        all: Vec<f32>,
     },
     Failed(CommError),
 }
@@ -198,6 +212,8 @@ pub struct Reducer {
     overlap: bool,
     world: usize,
     buffers: Vec<Option<Vec<f32>>>,
+    /// Each bucket's PowerSGD state (`None`: sent whole); home with its buffer.
+    powersgd: Vec<Option<PowerSgdBucket>>,
     in_flight: usize,
     step_tag: u64,
     inject_panic: bool,
@@ -255,6 +271,7 @@ impl Reducer {
             wires,
             overlap,
             world,
+            powersgd: vec![None; buckets],
             buffers,
             in_flight: 0,
             step_tag: 0,
@@ -265,6 +282,23 @@ impl Reducer {
             done: done_rx,
             thread,
         }
+    }
+
+    /// Sends bucket i by PowerSGD with `states[i]` from now on (`None`: whole).
+    pub fn set_powersgd(&mut self, states: Vec<Option<PowerSgdBucket>>) {
+        assert_eq!(states.len(), self.buffers.len(), "one state per bucket");
+        self.powersgd = states;
+    }
+
+    /// Each bucket's PowerSGD state (valid between steps: the states are home after
+    /// [`Reducer::finish`]).
+    pub fn powersgd(&self) -> &[Option<PowerSgdBucket>] {
+        &self.powersgd
+    }
+
+    /// Each bucket's PowerSGD state, to restore a checkpoint's into.
+    pub fn powersgd_mut(&mut self) -> &mut [Option<PowerSgdBucket>] {
+        &mut self.powersgd
     }
 
     /// The bucket plan.
@@ -329,6 +363,7 @@ impl Reducer {
             buf,
             op: self.ops[index],
             wire: self.wires[index],
+            powersgd: self.powersgd[index].take(),
             tag,
             inject_panic: std::mem::take(&mut self.inject_panic),
         };
@@ -355,11 +390,13 @@ impl Reducer {
                 Done::Bucket {
                     index,
                     buf,
+                    powersgd,
                     busy,
                     cpu,
                     started,
                 } => {
                     self.buffers[index] = Some(buf);
+                    self.powersgd[index] = powersgd;
                     self.times.total += busy;
                     self.times.cpu += cpu;
                     self.times.first_start =
@@ -373,7 +410,9 @@ impl Reducer {
                     self.in_flight -= 1;
                 }
                 Done::Failed(e) => return Err(e),
-                Done::Broadcast { .. } => unreachable!("no broadcast is in flight during a step"),
+                Done::Broadcast { .. } | Done::Gather { .. } => {
+                    unreachable!("no broadcast or gather is in flight during a step")
+                }
             }
         }
         self.times.exposed = backward_end.elapsed();
@@ -403,7 +442,40 @@ impl Reducer {
         match self.done.recv().map_err(|_| CommError::ThreadStopped)? {
             Done::Broadcast { buf } => Ok(buf),
             Done::Failed(e) => Err(e),
-            Done::Bucket { .. } => unreachable!("no bucket is in flight during a broadcast"),
+            Done::Bucket { .. } | Done::Gather { .. } => {
+                unreachable!("nothing else is in flight during a broadcast")
+            }
+        }
+    }
+
+    /// Gathers every worker's `mine` (all of one length) into worker 0's `all`, rank after
+    /// rank (`all` must hold `world` of them there; other workers' `all` comes back as it
+    /// went). Both buffers go to the communication thread and come back. Between steps.
+    pub fn gather(
+        &mut self,
+        mine: Vec<f32>,
+        all: Vec<f32>,
+    ) -> Result<(Vec<f32>, Vec<f32>), CommError> {
+        if self.world == 1 {
+            let mut all = all;
+            all.copy_from_slice(&mine);
+            return Ok((mine, all));
+        }
+        // The broadcast's tag (the transports reserve one tag between steps): a gather's
+        // messages go to rank 0, which a broadcast never sends to, so no pair of ranks
+        // carries both.
+        let tag = (self.step_tag << 16) | 0xffff;
+        self.jobs
+            .as_ref()
+            .expect("reducer is running")
+            .send(Job::Gather { mine, all, tag })
+            .map_err(|_| CommError::ThreadStopped)?;
+        match self.done.recv().map_err(|_| CommError::ThreadStopped)? {
+            Done::Gather { mine, all } => Ok((mine, all)),
+            Done::Failed(e) => Err(e),
+            Done::Bucket { .. } | Done::Broadcast { .. } => {
+                unreachable!("nothing else is in flight during a gather")
+            }
         }
     }
 }
@@ -489,6 +561,7 @@ fn run_job(
             mut buf,
             op,
             wire,
+            mut powersgd,
             tag,
             inject_panic,
         } => {
@@ -497,10 +570,18 @@ fn run_job(
             if inject_panic {
                 panic!("injected fault: Comm while reducing bucket {index}");
             }
-            op.run_on_wire(wire, t, &mut buf, tag, scratch, outgoing)?;
+            match powersgd.as_mut() {
+                // Both rounds on the bucket's tag: each pair of ranks exchanges round 1's
+                // messages before round 2's, and the transport keeps their order.
+                Some(state) => state.reduce(&mut buf, |round| {
+                    op.run_on_wire(wire, t, round, tag, scratch, outgoing)
+                })?,
+                None => op.run_on_wire(wire, t, &mut buf, tag, scratch, outgoing)?,
+            }
             Ok(Done::Bucket {
                 index,
                 buf,
+                powersgd,
                 busy: started.elapsed(),
                 cpu: crate::trace::thread_cpu_time().saturating_sub(cpu_before),
                 started,
@@ -510,6 +591,18 @@ fn run_job(
         Job::Broadcast { mut buf, tag } => {
             tree_broadcast(t, &mut buf, 0, tag)?;
             Ok(Done::Broadcast { buf })
+        }
+        Job::Gather { mine, mut all, tag } => {
+            if t.rank() == 0 {
+                let n = mine.len();
+                all[..n].copy_from_slice(&mine);
+                for from in 1..t.world() {
+                    t.recv(from, tag, &mut all[from * n..(from + 1) * n])?;
+                }
+            } else {
+                t.send(0, tag, &mine)?;
+            }
+            Ok(Done::Gather { mine, all })
         }
     }
 }

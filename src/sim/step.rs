@@ -143,6 +143,13 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
                 .into(),
         );
     }
+    if let Some(rank) = cfg.compress.powersgd_rank() {
+        return Err(format!(
+            "--compress powersgd:{rank}: the simulator does not model PowerSGD yet (its two \
+             rounds per bucket and their compute); simulate none, fp16 or bf16, and measure \
+             PowerSGD with train --link-bandwidth"
+        ));
+    }
     if cfg.comm == CommChoice::SharedMemory {
         return Err(
             "--comm shm reads the other workers' buffers in place, and the simulator's devices \

@@ -383,6 +383,55 @@ pub struct Checkpoint {
     pub description: Option<ModelDescription>,
 }
 
+/// `--compress powersgd:R`'s state in a checkpoint: every worker's error feedback, worker by
+/// worker, `[workers, values]` (what the product left out, which the next steps send), and the
+/// warm-start Q, the same on every worker.
+const POWERSGD_ERROR: &str = "optimizer.powersgd.error";
+/// See [`POWERSGD_ERROR`].
+const POWERSGD_Q: &str = "optimizer.powersgd.q";
+
+/// The optimizer's state as a checkpoint holds it: the momentum (laid out as the parameters)
+/// and, with `--compress powersgd:R`, PowerSGD's.
+#[derive(Clone, Copy)]
+pub struct OptimizerState<'a> {
+    /// The momentum buffers.
+    pub momentum: &'a [f32],
+    /// PowerSGD's error feedback and Q.
+    pub powersgd: Option<&'a PowerSgdState>,
+}
+
+impl<'a> OptimizerState<'a> {
+    /// Momentum alone.
+    pub fn momentum(momentum: &'a [f32]) -> Self {
+        Self {
+            momentum,
+            powersgd: None,
+        }
+    }
+}
+
+/// PowerSGD's state of a whole run: every worker's error feedback (all buckets' in bucket
+/// order, worker after worker) and the warm-start Q (all buckets').
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PowerSgdState {
+    /// `[workers, values]`.
+    pub error_shape: [usize; 2],
+    /// Every worker's error feedback.
+    pub errors: Vec<f32>,
+    /// `[values]`.
+    pub q_shape: [usize; 1],
+    /// The warm-start Q.
+    pub q: Vec<f32>,
+}
+
+impl PowerSgdState {
+    /// Worker `w`'s error feedback.
+    pub fn error_of(&self, w: usize) -> &[f32] {
+        let n = self.error_shape[1];
+        &self.errors[w * n..(w + 1) * n]
+    }
+}
+
 /// The `state_dict` name of tensor `t` of block `block`.
 fn tensor_name(block: &crate::nn::ParamBlock, t: &TensorInfo) -> String {
     format!("{}.{}", block.name, t.suffix)
@@ -405,8 +454,21 @@ fn named(net: &Net) -> Vec<(String, TensorInfo, bool, usize)> {
 /// Each tensor of `net`'s blocks, and its momentum, as they are written: PyTorch's names and
 /// shapes, the values where they live (weights and momentum in our layout; BatchNorm's
 /// statistics and counter as stored).
-fn net_entries<'a>(net: &'a Net, momentum: &'a [f32]) -> Vec<write::Entry<'a>> {
+fn net_entries<'a>(net: &'a Net, optimizer: OptimizerState<'a>) -> Vec<write::Entry<'a>> {
+    let momentum = optimizer.momentum;
     let mut entries = Vec::new();
+    if let Some(p) = optimizer.powersgd {
+        entries.push(write::Entry {
+            name: POWERSGD_ERROR.into(),
+            shape: &p.error_shape,
+            values: write::Values::Torch(&p.errors),
+        });
+        entries.push(write::Entry {
+            name: POWERSGD_Q.into(),
+            shape: &p.q_shape,
+            values: write::Values::Torch(&p.q),
+        });
+    }
     for b in net.blocks() {
         for t in &b.tensors {
             let range = b.range.start + t.offset..b.range.start + t.offset + t.len;
@@ -447,7 +509,7 @@ fn metadata(state: &TrainState, description: Option<&ModelDescription>) -> HashM
     metadata
 }
 
-/// Writes a checkpoint of `net` and `momentum` at `state` atomically to `path`, straight from
+/// Writes a checkpoint of `net` and `optimizer` at `state` atomically to `path`, straight from
 /// the net's memory: one tensor at a time is converted to PyTorch's layout, so the write holds
 /// one tensor, not a copy of the model (see [`write`]). With `slow`, as
 /// [`Checkpoint::save_paced`].
@@ -456,12 +518,12 @@ pub fn save_net(
     state: &TrainState,
     description: &ModelDescription,
     net: &Net,
-    momentum: &[f32],
+    optimizer: OptimizerState<'_>,
     slow: bool,
 ) -> Result<(), CheckpointError> {
     write::write(
         path,
-        net_entries(net, momentum),
+        net_entries(net, optimizer),
         metadata(state, Some(description)),
         slow,
     )
@@ -471,9 +533,9 @@ pub fn save_net(
 impl Checkpoint {
     /// Captures the model (weights, running statistics) and the optimizer's momentum (laid
     /// out as the parameters): a copy in PyTorch's layouts.
-    pub fn capture(state: TrainState, net: &Net, momentum: &[f32]) -> Self {
+    pub fn capture(state: TrainState, net: &Net, optimizer: OptimizerState<'_>) -> Self {
         let mut scratch = Vec::new();
-        let tensors = net_entries(net, momentum)
+        let tensors = net_entries(net, optimizer)
             .into_iter()
             .map(|e| {
                 let value = match e.values {
@@ -497,9 +559,9 @@ impl Checkpoint {
 
     /// [`Checkpoint::capture`] into this checkpoint's buffers (captured from the same net
     /// before): the commits' copy, which allocates no tensor.
-    pub fn recapture(&mut self, state: TrainState, net: &Net, momentum: &[f32]) {
+    pub fn recapture(&mut self, state: TrainState, net: &Net, optimizer: OptimizerState<'_>) {
         self.state = state;
-        for e in net_entries(net, momentum) {
+        for e in net_entries(net, optimizer) {
             let Some(slot) = self.tensors.get_mut(&e.name) else {
                 continue;
             };
@@ -632,6 +694,31 @@ impl Checkpoint {
             tensors,
             description,
         })
+    }
+
+    /// PowerSGD's state, if the checkpoint holds one (a run with `--compress powersgd:R`, 2 or
+    /// more workers). A malformed one is an error naming the tensor.
+    pub fn powersgd(&self) -> Result<Option<PowerSgdState>, CheckpointError> {
+        let (Some(error), Some(q)) = (
+            self.tensors.get(POWERSGD_ERROR),
+            self.tensors.get(POWERSGD_Q),
+        ) else {
+            return Ok(None);
+        };
+        match (error, q) {
+            (Stored::F32(es, e), Stored::F32(qs, q)) if es.len() == 2 && qs.len() == 1 => {
+                Ok(Some(PowerSgdState {
+                    error_shape: [es[0], es[1]],
+                    errors: e.clone(),
+                    q_shape: [qs[0]],
+                    q: q.clone(),
+                }))
+            }
+            _ => Err(CheckpointError::Tensor(format!(
+                "checkpoint tensors '{POWERSGD_ERROR}' and '{POWERSGD_Q}' must be f32 of 2 and 1 \
+                 dimensions"
+            ))),
+        }
     }
 
     /// Copies the stored state into `net` and returns the momentum buffer. Fails, naming the

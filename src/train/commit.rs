@@ -23,7 +23,7 @@
 //! step: the epoch's end (evaluation, epoch checkpoint) belongs to the epoch, and a run
 //! resumed there would report that epoch's training loss over no steps.
 
-use super::checkpoint::{read_state, Checkpoint, CheckpointError, TrainState};
+use super::checkpoint::{read_state, Checkpoint, CheckpointError, OptimizerState, TrainState};
 use super::description::ModelDescription;
 pub use super::rundir::{commit_path, commit_step};
 use crate::nn::Net;
@@ -141,7 +141,7 @@ impl Committer {
         &mut self,
         state: TrainState,
         net: &Net,
-        momentum: &[f32],
+        optimizer: OptimizerState<'_>,
         description: impl FnOnce() -> ModelDescription,
     ) -> Result<(), CheckpointError> {
         let buffer = match self.returned.try_recv() {
@@ -155,12 +155,12 @@ impl Committer {
         };
         let ck = match buffer {
             Some(mut b) => {
-                b.recapture(state, net, momentum);
+                b.recapture(state, net, optimizer);
                 b
             }
             None => {
                 self.made += 1;
-                Checkpoint::capture(state, net, momentum).with_description(description())
+                Checkpoint::capture(state, net, optimizer).with_description(description())
             }
         };
         let sent = self

@@ -46,6 +46,13 @@ pub fn run_estimate(cfg: &TrainConfig, graph: &Graph, loaded: f64) -> MemoryEsti
         } else {
             warm
         };
+        if cfg.compress.powersgd_rank().is_some() {
+            // At most every parameter: each worker's error feedback, and worker 0's copy of
+            // every worker's for checkpoints (counted over this process's workers).
+            let p = inputs.largest_message as f64;
+            let per_worker = 4.0 * p * (1.0 + cfg.world() as f64 / cfg.workers.max(1) as f64);
+            inputs.extra_per_worker = Some(("PowerSGD's error feedback", per_worker));
+        }
     }
     estimate(&inputs)
 }

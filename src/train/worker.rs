@@ -106,6 +106,144 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
     }
 }
 
+/// Each bucket's PowerSGD state for `--compress powersgd:R` (all `None` otherwise, and for a
+/// bucket with no matrix that gains); Q drawn from the run's seed and the bucket, alike on
+/// every worker. A rank at which no layer's weight gains is refused.
+fn powersgd_states(
+    cfg: &TrainConfig,
+    net: &Net,
+    plan: &crate::parallel::BucketPlan,
+) -> Result<Vec<Option<crate::comm::powersgd::PowerSgdBucket>>, WorkerError> {
+    let Some(rank) = cfg.compress.powersgd_rank() else {
+        return Ok(vec![None; plan.buckets.len()]);
+    };
+    let per_bucket = crate::plan::powersgd_matrices(plan, &crate::plan::block_matrices(net), rank);
+    if per_bucket.iter().all(Vec::is_empty) {
+        let widest = crate::plan::block_matrices(net)
+            .iter()
+            .flatten()
+            .map(|m| m.rows.min(m.cols))
+            .max()
+            .unwrap_or(0);
+        return Err(WorkerError::Setup(format!(
+            "--compress powersgd:{rank}: at rank {rank} no weight of this model is smaller as a \
+             product than whole (the largest matrix's smaller side is {widest}); choose a lower \
+             rank or --compress none"
+        )));
+    }
+    Ok(per_bucket
+        .into_iter()
+        .zip(&plan.buckets)
+        .enumerate()
+        .map(|(i, (matrices, bucket))| {
+            (!matrices.is_empty()).then(|| {
+                let seed = cfg.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1));
+                crate::comm::powersgd::PowerSgdBucket::new(bucket.len, matrices, rank, seed)
+            })
+        })
+        .collect())
+}
+
+/// PowerSGD's state on its way into checkpoints: this worker's error feedback flattened, and
+/// on worker 0 every worker's, with the warm-start Q. Buffers allocated once.
+struct PowerSgdGather {
+    mine: Vec<f32>,
+    state: checkpoint::PowerSgdState,
+}
+
+impl PowerSgdGather {
+    /// `None` without PowerSGD or with one worker (nothing is compressed).
+    fn new(reducer: &Reducer, rank: usize, world: usize) -> Option<Self> {
+        let states: Vec<_> = reducer.powersgd().iter().flatten().collect();
+        if states.is_empty() || world < 2 {
+            return None;
+        }
+        let errors: usize = states.iter().map(|s| s.error().len()).sum();
+        let q: usize = states.iter().map(|s| s.q().len()).sum();
+        Some(Self {
+            mine: vec![0.0; errors],
+            state: checkpoint::PowerSgdState {
+                error_shape: [world, errors],
+                errors: vec![0.0; if rank == 0 { world * errors } else { 0 }],
+                q_shape: [q],
+                q: vec![0.0; q],
+            },
+        })
+    }
+
+    /// Every worker's error feedback into worker 0's `state` (all workers call it at the
+    /// same point), and the Q.
+    fn gather(&mut self, reducer: &mut Reducer) -> Result<(), CommError> {
+        let (mut e, mut q) = (0, 0);
+        for s in reducer.powersgd().iter().flatten() {
+            self.mine[e..e + s.error().len()].copy_from_slice(s.error());
+            self.state.q[q..q + s.q().len()].copy_from_slice(s.q());
+            (e, q) = (e + s.error().len(), q + s.q().len());
+        }
+        let mine = std::mem::take(&mut self.mine);
+        let all = std::mem::take(&mut self.state.errors);
+        let (mine, all) = reducer.gather(mine, all)?;
+        (self.mine, self.state.errors) = (mine, all);
+        Ok(())
+    }
+}
+
+/// Puts a resumed checkpoint's PowerSGD state into the reducer's buckets: on as many workers
+/// as wrote it, each worker its own error feedback (exact); on another count, their sum on
+/// worker 0 and none elsewhere (what the run still owed, sent once). Q is everyone's. A
+/// checkpoint without the state (or from another rank or model layout) starts PowerSGD afresh.
+fn restore_powersgd(
+    ck: &checkpoint::Checkpoint,
+    reducer: &mut Reducer,
+    rank: usize,
+    world: usize,
+) -> Result<(), WorkerError> {
+    let Some(saved) = ck.powersgd().map_err(WorkerError::Restore)? else {
+        return Ok(());
+    };
+    let [workers, per_worker] = saved.error_shape;
+    let error_len: usize = reducer
+        .powersgd()
+        .iter()
+        .flatten()
+        .map(|s| s.error().len())
+        .sum();
+    let q_len: usize = reducer
+        .powersgd()
+        .iter()
+        .flatten()
+        .map(|s| s.q().len())
+        .sum();
+    if per_worker != error_len
+        || saved.q.len() != q_len
+        || saved.errors.len() != workers * per_worker
+    {
+        if rank == 0 && error_len > 0 {
+            crate::terminal::print_warning(
+                "the checkpoint's PowerSGD state is for another rank or layout: error feedback \
+                 starts from zero",
+            );
+        }
+        return Ok(());
+    }
+    let mine: Vec<f32> = if workers == world {
+        saved.error_of(rank).to_vec()
+    } else if rank == 0 {
+        (0..per_worker)
+            .map(|i| (0..workers).map(|w| saved.error_of(w)[i]).sum())
+            .collect()
+    } else {
+        vec![0.0; per_worker]
+    };
+    let (mut e, mut q) = (0, 0);
+    for s in reducer.powersgd_mut().iter_mut().flatten() {
+        let (el, ql) = (s.error().len(), s.q().len());
+        s.restore(&mine[e..e + el], &saved.q[q..q + ql]);
+        (e, q) = (e + el, q + ql);
+    }
+    Ok(())
+}
+
 /// What checkpoints record about the model: `base`, with the run's normalisation `norm` where
 /// the model file gave none.
 fn description_with(
@@ -145,6 +283,9 @@ pub struct Worker {
     start_step_in_epoch: usize,
     /// Global worker 0's restart points every `--commit-every` steps (`None` elsewhere).
     committer: Option<super::commit::Committer>,
+    /// With `--compress powersgd:R` and 2 or more workers: PowerSGD's state as checkpoints
+    /// record it (every worker's error feedback on worker 0), gathered when one is due.
+    powersgd_checkpoint: Option<PowerSgdGather>,
     /// The phase the step is in, for the message if it panics.
     phase: Phase,
     /// Updates skipped for a non-finite gradient (`--on-nonfinite skip`).
@@ -274,14 +415,17 @@ impl Worker {
         let plan = planning.bucket_plan(&crate::plan::block_lens(&net));
         let ops = planning.bucket_ops(&plan);
         let wires = planning.bucket_wires(&plan, &ops);
+        let powersgd = powersgd_states(&cfg, &net, &plan)?;
         if s.rank == 0 {
-            // A compressed bucket shows its wire format: `ring+fp16`.
+            // A compressed bucket shows how: `ring+fp16`, `ring+powersgd:4`.
             let ops = ops
                 .iter()
                 .zip(&wires)
-                .map(|(o, &w)| match w {
-                    WireFormat::F32 => o.to_string(),
-                    w => format!("{o}+{w}"),
+                .zip(&powersgd)
+                .map(|((o, &w), p)| match (w, p) {
+                    (_, Some(_)) => format!("{o}+{}", cfg.compress),
+                    (WireFormat::F32, None) => o.to_string(),
+                    (w, None) => format!("{o}+{w}"),
                 })
                 .collect();
             let _ = s.events.send(Event::Plan {
@@ -292,7 +436,12 @@ impl Worker {
         let total = net.params().len();
         let ready_at = plan.ready_at_block.clone();
         let exec_names = net.exec_names().map(String::from).collect();
-        let reducer = Reducer::new(plan, ops, wires, cfg.overlap, s.transport);
+        let mut reducer = Reducer::new(plan, ops, wires, cfg.overlap, s.transport);
+        reducer.set_powersgd(powersgd);
+        if let Some(ck) = &s.resume {
+            restore_powersgd(ck, &mut reducer, s.rank, cfg.world())?;
+        }
+        let powersgd_checkpoint = PowerSgdGather::new(&reducer, s.rank, cfg.world());
         let mut w = Self {
             rank: s.rank,
             sampler: DistributedSampler::new(
@@ -316,6 +465,7 @@ impl Worker {
             start_epoch,
             start_step_in_epoch,
             committer,
+            powersgd_checkpoint,
             phase: Phase::Start,
             skipped_updates: 0,
             global_step,
@@ -407,6 +557,10 @@ impl Worker {
                 self.commit_if_due(epoch, step + 1, spe)?;
             }
             let train_seconds = started.elapsed().as_secs_f64();
+            if self.epoch_checkpoint_due(epoch) {
+                self.phase = Phase::Evaluation;
+                self.gather_powersgd()?;
+            }
             if self.rank == 0 {
                 // A resumed epoch's loss is over the steps this run trained of it.
                 let train_loss = loss_sum / (spe - first).max(1) as f64;
@@ -433,10 +587,7 @@ impl Worker {
     ) -> Result<(), WorkerError> {
         self.phase = Phase::Evaluation;
         let (test_loss, test_accuracy) = self.evaluate();
-        let last = epoch + 1 == self.cfg.epochs;
-        let every = self.cfg.checkpoint_every;
-        let due = last || (every > 0 && (epoch + 1).is_multiple_of(every));
-        let checkpoint = if due && !self.cfg.no_checkpoints {
+        let checkpoint = if self.epoch_checkpoint_due(epoch) {
             Some(self.checkpoint(epoch)?)
         } else {
             None
@@ -452,23 +603,49 @@ impl Worker {
         Ok(())
     }
 
-    /// Global worker 0, after `done` steps of `epoch`: hands a restart point to the commit
-    /// writer when one is due (`--commit-every`).
-    fn commit_if_due(&mut self, epoch: usize, done: usize, spe: usize) -> Result<(), WorkerError> {
-        let Some(committer) = self.committer.as_mut() else {
+    /// Whether a checkpoint is written after `epoch` (the last, and every
+    /// `--checkpoint-every`), the same answer on every worker.
+    fn epoch_checkpoint_due(&self, epoch: usize) -> bool {
+        let last = epoch + 1 == self.cfg.epochs;
+        let every = self.cfg.checkpoint_every;
+        !self.cfg.no_checkpoints && (last || (every > 0 && (epoch + 1).is_multiple_of(every)))
+    }
+
+    /// Every worker, when a checkpoint or commit is due: PowerSGD's error feedback gathered
+    /// on worker 0 (nothing without PowerSGD).
+    fn gather_powersgd(&mut self) -> Result<(), WorkerError> {
+        let Some(g) = self.powersgd_checkpoint.as_mut() else {
             return Ok(());
         };
+        let gathered = g.gather(&mut self.reducer);
+        gathered.map_err(|e| self.failure(e.into()))
+    }
+
+    /// After `done` steps of `epoch`: when a restart point is due (`--commit-every`), every
+    /// worker gathers PowerSGD's state and global worker 0 hands the restart point to the
+    /// commit writer.
+    fn commit_if_due(&mut self, epoch: usize, done: usize, spe: usize) -> Result<(), WorkerError> {
         // The data position, which `--resume-changed` may have set apart from the step count.
-        if !super::commit::due(self.cfg.commit_every, epoch * spe + done, spe) {
+        let due = self.cfg.commit_every > 0
+            && !self.cfg.no_checkpoints
+            && super::commit::due(self.cfg.commit_every, epoch * spe + done, spe);
+        if !due {
             return Ok(());
         }
         self.phase = Phase::Commit;
+        self.gather_powersgd()?;
+        let Some(committer) = self.committer.as_mut() else {
+            return Ok(());
+        };
         let state = TrainState::new(&self.cfg, self.net.graph(), epoch, self.global_step)
             .within_epoch(done);
-        let (net, momentum) = (&self.net, self.sgd.momentum());
-        let (base, norm) = (&self.description, &self.norm);
+        let optimizer = checkpoint::OptimizerState {
+            momentum: self.sgd.momentum(),
+            powersgd: self.powersgd_checkpoint.as_ref().map(|g| &g.state),
+        };
+        let (net, base, norm) = (&self.net, &self.description, &self.norm);
         committer
-            .commit(state, net, momentum, || description_with(base, norm))
+            .commit(state, net, optimizer, || description_with(base, norm))
             .map_err(WorkerError::Checkpoint)
     }
 
@@ -486,7 +663,10 @@ impl Worker {
             &state,
             &description,
             &self.net,
-            self.sgd.momentum(),
+            checkpoint::OptimizerState {
+                momentum: self.sgd.momentum(),
+                powersgd: self.powersgd_checkpoint.as_ref().map(|g| &g.state),
+            },
             slow,
         )
         .map_err(WorkerError::Checkpoint)?;
