@@ -65,6 +65,13 @@ pub struct TrainConfig {
     /// `--first-bucket-kb` and `--bucket-kb` (KiB; 0: one layer per bucket); with neither
     /// given the caps follow the link (see [`crate::plan::bucket_caps`]).
     pub buckets: crate::plan::BucketFlags,
+    /// `--partition-kb`: each bucket reduced in collectives of at most this (see
+    /// [`crate::plan::partition_bytes`] for the default).
+    pub partition_kb: Option<usize>,
+    /// `--schedule`: buckets in backward's order and the update after all are back, or
+    /// input-first with each layer updated as the next forward needs it
+    /// ([`crate::parallel::schedule`]).
+    pub schedule: crate::parallel::Schedule,
     /// Emulated link, if any (with `--transport mpi`: the link `--comm auto` plans for).
     pub link: Option<LinkModel>,
     /// The link an MPI run with `--comm auto` and no `--link-*` measured between its processes
@@ -282,6 +289,18 @@ pub struct TrainOptions {
     /// with only --bucket-kb given, 0].
     #[arg(long)]
     pub first_bucket_kb: Option<usize>,
+    /// When buckets are reduced: overlap (in the order backward fills them; the update once
+    /// all are back, as DDP) or priority (the layers nearest the input first, each layer
+    /// updated just before the next step's forward needs it, so communication also runs under
+    /// the next forward; the same weights, bit for bit) [default: overlap].
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Each bucket is reduced in collectives (partitions) of at most this many KiB, at least 1;
+    /// under --schedule priority an early layer's partition waits for at most one other
+    /// [default: with --schedule priority, the larger of 160 KB (P3's 40,000 parameters) and 8
+    /// times what the link moves in one latency; with overlap, whole buckets].
+    #[arg(long)]
+    pub partition_kb: Option<usize>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s [default: no emulation].
     #[arg(long)]
     pub link_bandwidth: Option<String>,
@@ -510,6 +529,8 @@ impl TrainConfig {
             intra_link: None,
             compress: self.compress,
             buckets: self.buckets,
+            schedule: self.schedule,
+            partition_kb: self.partition_kb,
             cores: crate::limits::cores(),
         }
     }
@@ -523,6 +544,7 @@ impl TrainConfig {
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
             "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "compress": self.compress.to_string(), "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
+            "schedule": self.schedule.to_string(), "partition_kb": self.partition_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "measured_link_bandwidth_bytes_per_s": self.measured_link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
@@ -581,6 +603,8 @@ impl TrainOptions {
             compress,
             bucket_kb,
             first_bucket_kb,
+            schedule,
+            partition_kb,
             link_bandwidth,
             link_latency,
             emulate_device,
@@ -638,6 +662,7 @@ impl TrainOptions {
         let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
         let workers = self.resolve_workers()?;
         let comm = self.resolve_comm(workers.workers)?;
+        let (schedule, partition_kb) = self.resolve_schedule(&comm)?;
         let link = self.resolve_link()?;
         let device = self.resolve_device()?;
         let comm_timeout = self.resolve_comm_timeout(link.as_ref())?;
@@ -674,6 +699,8 @@ impl TrainOptions {
                 first_kb: self.first_bucket_kb,
                 kb: self.bucket_kb,
             },
+            schedule,
+            partition_kb,
             link,
             measured_link: None,
             device,
@@ -860,6 +887,26 @@ impl TrainOptions {
             hierarchy,
             compress,
         })
+    }
+
+    /// `--schedule` and `--partition-kb`, and what priority scheduling cannot work with.
+    fn resolve_schedule(
+        &self,
+        comm: &ResolvedComm,
+    ) -> Result<(crate::parallel::Schedule, Option<usize>), String> {
+        use crate::parallel::Schedule;
+        let schedule = Schedule::parse(self.schedule.as_deref().unwrap_or("overlap"))?;
+        if self.partition_kb == Some(0) {
+            return Err(
+                "--partition-kb 0: a partition must hold at least 1 KiB (to send \
+                 each layer in a bucket of its own, use --bucket-kb 0)"
+                    .into(),
+            );
+        }
+        if schedule == Schedule::Priority {
+            check_priority(comm, self.on_nonfinite.as_deref() == Some("skip"))?;
+        }
+        Ok((schedule, self.partition_kb))
     }
 
     /// The emulated link, if `--link-bandwidth` gives one.
@@ -1087,6 +1134,15 @@ struct ResolvedWorkers {
     batch: usize,
     threads: usize,
     warnings: Vec<String>,
+}
+
+/// [`crate::parallel::schedule::priority_refusal`] of these options.
+fn check_priority(comm: &ResolvedComm, skip_nonfinite: bool) -> Result<(), String> {
+    let tree = comm.comm == CommChoice::Fixed(crate::comm::CommMode::Tree);
+    match crate::parallel::schedule::priority_refusal(comm.overlap, tree, skip_nonfinite) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
 }
 
 /// `--overlap`, `--comm`, `--transport` and `--hierarchical`, resolved.

@@ -65,35 +65,64 @@ impl Sgd {
         lr: f32,
         grad_scale: f32,
     ) {
+        for (bi, b) in blocks.iter().enumerate() {
+            self.step_block(params, b, grad(bi), lr, grad_scale);
+        }
+    }
+
+    /// [`Sgd::step`] on the blocks `which` alone (indices into `blocks`). Each value's update
+    /// reads only its own weight, gradient and momentum, so updating the blocks in parts, in
+    /// any order, gives the bits of one whole step (`--schedule priority` updates a bucket's
+    /// blocks when the bucket comes back).
+    pub fn step_blocks<'g>(
+        &mut self,
+        params: &mut [f32],
+        blocks: &[ParamBlock],
+        which: &[usize],
+        grad: impl Fn(usize) -> &'g [f32],
+        lr: f32,
+        grad_scale: f32,
+    ) {
+        for &bi in which {
+            self.step_block(params, &blocks[bi], grad(bi), lr, grad_scale);
+        }
+    }
+
+    /// One block's update from its gradient `g`.
+    fn step_block(
+        &mut self,
+        params: &mut [f32],
+        b: &ParamBlock,
+        g: &[f32],
+        lr: f32,
+        grad_scale: f32,
+    ) {
         let SgdConfig {
             momentum: mu,
             weight_decay: wd,
             nesterov,
         } = self.cfg;
-        for (bi, b) in blocks.iter().enumerate() {
-            let g = grad(bi);
-            let w = &mut params[b.range.clone()];
-            let m = &mut self.momentum[b.range.clone()];
-            w.par_chunks_mut(BLOCK)
-                .zip(m.par_chunks_mut(BLOCK))
-                .zip(g.par_chunks(BLOCK))
-                .for_each(|((w, m), g)| {
-                    for ((w, m), &g) in w.iter_mut().zip(m.iter_mut()).zip(g) {
-                        let d = g * grad_scale + wd * *w;
-                        let step = if mu == 0.0 {
-                            d
+        let w = &mut params[b.range.clone()];
+        let m = &mut self.momentum[b.range.clone()];
+        w.par_chunks_mut(BLOCK)
+            .zip(m.par_chunks_mut(BLOCK))
+            .zip(g.par_chunks(BLOCK))
+            .for_each(|((w, m), g)| {
+                for ((w, m), &g) in w.iter_mut().zip(m.iter_mut()).zip(g) {
+                    let d = g * grad_scale + wd * *w;
+                    let step = if mu == 0.0 {
+                        d
+                    } else {
+                        *m = mu * *m + d;
+                        if nesterov {
+                            d + mu * *m
                         } else {
-                            *m = mu * *m + d;
-                            if nesterov {
-                                d + mu * *m
-                            } else {
-                                *m
-                            }
-                        };
-                        *w -= lr * step;
-                    }
-                });
-        }
+                            *m
+                        }
+                    };
+                    *w -= lr * step;
+                }
+            });
     }
 }
 

@@ -269,6 +269,38 @@ pub fn bucket_caps(caps_kb: Option<(usize, usize)>, link: &LinkModel) -> (usize,
     }
 }
 
+/// The smallest bucket priority scheduling makes when no bucket flag is given. Each bucket
+/// costs it a decision message from rank 0 (one more latency on the path of the next
+/// collective), so small layers share a bucket. Measured (2 workers x 1 thread, 50 us,
+/// priority, step ms by bucket cap 1 / 16 / 40 / 160 KiB): resnet20 at 120 Mbit/s, ring 88.6 /
+/// 83.1 / 82.0 / 86.7, redundant 96.6 / 88.8 / 92.1 / 88.2; vgg-small at 200 Mbit/s within
+/// the runs' spread (34.8-38.0) at every cap. One run each: the choice is the middle of the
+/// flat region, not a tuned optimum.
+pub const PRIORITY_MIN_BUCKET_BYTES: usize = 32 * 1024;
+
+/// P3's slice (Jayarajan et al., MLSys 2019): 40,000 parameters of 4 bytes, the smallest
+/// partition `--schedule priority` defaults to.
+pub const P3_SLICE_BYTES: usize = 40_000 * 4;
+
+/// The partition (bytes per collective; 0: each bucket whole) for `schedule` and
+/// `--partition-kb` as given: the given size; under priority scheduling by default the larger
+/// of P3's slice and 8 times what `link` moves in one latency (so a partition's latency is at
+/// most an eighth of its transfer); under overlap, whole buckets (each bucket is already one
+/// collective, and finer ones only add latency when nothing can overtake).
+pub fn partition_bytes(
+    schedule: crate::parallel::Schedule,
+    partition_kb: Option<usize>,
+    link: &LinkModel,
+) -> usize {
+    match (partition_kb, schedule) {
+        (Some(kb), _) => kb.saturating_mul(1024),
+        (None, crate::parallel::Schedule::Overlap) => 0,
+        (None, crate::parallel::Schedule::Priority) => {
+            P3_SLICE_BYTES.max(min_bucket_bytes(link).saturating_mul(8))
+        }
+    }
+}
+
 /// A global batch that does not split evenly over the run's workers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct UnevenBatch {
@@ -398,6 +430,10 @@ pub struct PlanInputs {
     pub intra_link: Option<LinkModel>,
     /// The bucket caps given.
     pub buckets: BucketFlags,
+    /// When buckets are reduced (`--schedule`).
+    pub schedule: crate::parallel::Schedule,
+    /// `--partition-kb` as given.
+    pub partition_kb: Option<usize>,
     /// How gradients travel (`--compress`).
     pub compress: CompressChoice,
     /// Cores the workers' communication threads share: what memory work costs when the
@@ -417,6 +453,8 @@ impl PlanInputs {
             link,
             intra_link: None,
             buckets: BucketFlags::default(),
+            schedule: crate::parallel::Schedule::Overlap,
+            partition_kb: None,
             compress: CompressChoice::NONE,
             cores: crate::limits::cores(),
         }
@@ -510,9 +548,23 @@ impl PlanInputs {
     }
 
     /// The bucket caps (first, others) in bytes of this run: [`bucket_caps`] for the link
-    /// `--comm auto` plans for.
+    /// `--comm auto` plans for; under priority scheduling with no bucket flag given, at least
+    /// [`PRIORITY_MIN_BUCKET_BYTES`].
     pub fn bucket_caps(&self) -> (usize, usize) {
-        bucket_caps(self.buckets.caps_kb(), &self.auto_link())
+        let (first, rest) = bucket_caps(self.buckets.caps_kb(), &self.auto_link());
+        match (self.schedule, self.buckets.caps_kb()) {
+            (crate::parallel::Schedule::Priority, None) => (
+                first.max(PRIORITY_MIN_BUCKET_BYTES),
+                rest.max(PRIORITY_MIN_BUCKET_BYTES),
+            ),
+            _ => (first, rest),
+        }
+    }
+
+    /// Bytes per collective of this run ([`partition_bytes`] for its schedule and link; 0:
+    /// whole buckets).
+    pub fn partition_bytes(&self) -> usize {
+        partition_bytes(self.schedule, self.partition_kb, &self.auto_link())
     }
 
     /// The buckets of parameter blocks of `block_lens` elements (forward order).
@@ -644,6 +696,8 @@ mod tests {
             link: None,
             intra_link: None,
             buckets: BucketFlags::default(),
+            schedule: crate::parallel::Schedule::Overlap,
+            partition_kb: None,
             compress: CompressChoice::NONE,
             cores: 2,
         };

@@ -87,34 +87,111 @@ fn steady_state_steps_allocate_nothing() {
     // (model, dataset, batch, --conv-algo): 14+ steps in one epoch, so no evaluation falls in
     // the window. resnet18 with auto runs both Winograd tiles (F(2x2) on its 4x4 layers).
     let cases = [
-        ("lenet5", "synthetic:1x28x28:10", 32, "direct", "none"),
-        ("vgg-small", "synthetic:3x32x32:10", 16, "direct", "none"),
-        ("resnet20", "synthetic:3x32x32:10", 16, "direct", "none"),
-        ("mobilenetv2", "synthetic:3x32x32:10", 8, "direct", "none"),
-        ("resnet18", "synthetic:3x32x32:10", 8, "direct", "none"),
+        (
+            "lenet5",
+            "synthetic:1x28x28:10",
+            32,
+            "direct",
+            "none",
+            false,
+        ),
+        (
+            "vgg-small",
+            "synthetic:3x32x32:10",
+            16,
+            "direct",
+            "none",
+            false,
+        ),
+        (
+            "resnet20",
+            "synthetic:3x32x32:10",
+            16,
+            "direct",
+            "none",
+            false,
+        ),
+        (
+            "mobilenetv2",
+            "synthetic:3x32x32:10",
+            8,
+            "direct",
+            "none",
+            false,
+        ),
+        (
+            "resnet18",
+            "synthetic:3x32x32:10",
+            8,
+            "direct",
+            "none",
+            false,
+        ),
         (
             "densenet-small",
             "synthetic:3x32x32:10",
             16,
             "direct",
             "none",
+            false,
         ),
-        ("resnet18", "synthetic:3x32x32:10", 8, "auto", "none"),
+        ("resnet18", "synthetic:3x32x32:10", 8, "auto", "none", false),
         (
             "vgg-small",
             "synthetic:3x32x32:10",
             16,
             "winograd:2",
             "none",
+            false,
         ),
         // Compressed gradients encode into a buffer the communication thread reserved.
-        ("vgg-small", "synthetic:3x32x32:10", 16, "direct", "fp16"),
-        ("lenet5", "synthetic:1x28x28:10", 32, "direct", "bf16"),
+        (
+            "vgg-small",
+            "synthetic:3x32x32:10",
+            16,
+            "direct",
+            "fp16",
+            false,
+        ),
+        (
+            "lenet5",
+            "synthetic:1x28x28:10",
+            32,
+            "direct",
+            "bf16",
+            false,
+        ),
         // PowerSGD's state and both rounds' buffers travel with the bucket, allocated once.
-        ("lenet5", "synthetic:1x28x28:10", 32, "direct", "powersgd:2"),
+        (
+            "lenet5",
+            "synthetic:1x28x28:10",
+            32,
+            "direct",
+            "powersgd:2",
+            false,
+        ),
+        // Priority scheduling: buckets in partitions, rank 0's decisions, the update of each
+        // bucket in the next forward.
+        (
+            "vgg-small",
+            "synthetic:3x32x32:10",
+            16,
+            "direct",
+            "none",
+            true,
+        ),
+        (
+            "lenet5",
+            "synthetic:1x28x28:10",
+            32,
+            "direct",
+            "powersgd:2",
+            true,
+        ),
     ];
-    for (name, dataset, batch, conv_algo, compress) in cases {
-        let model = format!("{name} ({conv_algo}, --compress {compress})");
+    for (name, dataset, batch, conv_algo, compress, priority) in cases {
+        let schedule = if priority { "priority" } else { "overlap" };
+        let model = format!("{name} ({conv_algo}, --compress {compress}, --schedule {schedule})");
         let model = model.as_str();
         ALLOCATIONS.store(0, Ordering::SeqCst);
         BYTES.store(0, Ordering::SeqCst);
@@ -132,7 +209,12 @@ fn steady_state_steps_allocate_nothing() {
             comm: Some("ring".into()),
             compress: Some(compress.into()),
             bucket_kb: Some(64),
-            run_dir: Some(dir.path().join(format!("{name}-{conv_algo}-{compress}"))),
+            schedule: Some(schedule.into()),
+            partition_kb: priority.then_some(16),
+            run_dir: Some(
+                dir.path()
+                    .join(format!("{name}-{conv_algo}-{compress}-{schedule}")),
+            ),
             quiet: true,
             no_checkpoints: true,
             ..Default::default()

@@ -54,6 +54,44 @@ fn two_ranks_match_two_worker_threads_bit_for_bit() {
 }
 
 #[test]
+fn priority_scheduling_over_mpi_trains_overlaps_weights() {
+    // Rank 0's decisions cross MPI on the broadcast tag; the partitions are the same
+    // collectives whatever their order, so 2 ranks under priority train the weights of 2 ranks
+    // under overlap with the same partitions, flat and with 2 workers per rank in 2-D.
+    let tmp = tempfile::tempdir().unwrap();
+    for (comm, workers) in [("ring", "1"), ("redundant", "1"), ("ring", "2")] {
+        let name = format!("{comm}-{workers}");
+        let base = [
+            "--comm",
+            comm,
+            "--workers",
+            workers,
+            "--bucket-kb",
+            "0",
+            "--partition-kb",
+            "8",
+        ];
+        let (prio, over) = (tmp.path().join(&name), tmp.path().join(name.clone() + "-o"));
+        run_mpi(
+            2,
+            &small(&prio, &[&base[..], &["--schedule", "priority"]].concat()),
+        );
+        run_mpi(2, &small(&over, &base));
+        let (a, b) = (weights(&prio), weights(&over));
+        assert!(!a.is_empty());
+        assert!(
+            a == b,
+            "{name}: priority and overlap trained different weights"
+        );
+        let h = replica_hashes(&prio);
+        assert!(
+            h.iter().all(|&x| x == h[0]),
+            "{name}: replicas differ {h:x?}"
+        );
+    }
+}
+
+#[test]
 fn compressed_gradients_cross_mpi_intact_and_mpi_native_refuses_compression() {
     // The 16-bit values ride in f32 carriers: MPI must move them bit for bit, so 2 ranks give
     // the weights of 2 threads with the same wire format. Which partial sums are rounded

@@ -171,6 +171,31 @@ const PARSE_REFUSALS: &[Case] = &[
 /// schedules out of order.
 const MEANING_REFUSALS: &[Case] = &[
     (
+        &["train", "--schedule", "fifo"],
+        1,
+        "--schedule must be overlap or priority, not \"fifo\"",
+    ),
+    (
+        &["train", "--schedule", "priority", "--partition-kb", "0"],
+        1,
+        "--partition-kb 0: a partition must hold at least 1 KiB",
+    ),
+    (
+        &["train", "--schedule", "priority", "--overlap", "off"],
+        1,
+        "--schedule priority with --overlap off",
+    ),
+    (
+        &["train", "--schedule", "priority", "--comm", "tree"],
+        1,
+        "--schedule priority with --comm tree",
+    ),
+    (
+        &["train", "--schedule", "priority", "--on-nonfinite", "skip"],
+        1,
+        "--schedule priority with --on-nonfinite skip",
+    ),
+    (
         &["train", "--compress", "zstd"],
         1,
         "--compress must be none, fp16 or bf16, not \"zstd\"",

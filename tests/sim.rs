@@ -202,6 +202,8 @@ fn comm_only(bytes: usize) -> Profile {
 fn cfg(topology: Topology, comm: CommChoice, overlap: bool, cap_kb: Option<usize>) -> StepConfig {
     StepConfig {
         compress: dptrain::plan::CompressChoice::NONE,
+        schedule: dptrain::parallel::Schedule::Overlap,
+        partition_kb: None,
         topology,
         comm,
         hierarchy: HierarchyChoice::Auto,
@@ -1103,6 +1105,8 @@ fn one_bucket_config(
 ) -> StepConfig {
     StepConfig {
         compress: dptrain::plan::CompressChoice::NONE,
+        schedule: dptrain::parallel::Schedule::Overlap,
+        partition_kb: None,
         topology,
         comm,
         hierarchy,

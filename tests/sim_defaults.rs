@@ -37,6 +37,8 @@ fn cfg(
 ) -> StepConfig {
     StepConfig {
         compress: dptrain::plan::CompressChoice::NONE,
+        schedule: dptrain::parallel::Schedule::Overlap,
+        partition_kb: None,
         topology,
         comm: CommChoice::Fixed(comm),
         hierarchy,

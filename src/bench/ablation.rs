@@ -292,6 +292,7 @@ pub fn stage_options(
     let case = OverlapCase {
         comm: settings.comm.clone(),
         overlap: settings.overlap,
+        schedule: crate::parallel::Schedule::Overlap,
         bandwidth: spec.link.as_ref().map(|l| l.0.clone()),
         latency: spec.link.as_ref().map(|l| l.1.clone()),
     };
@@ -556,6 +557,8 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
             &profile,
             &StepConfig {
                 compress: crate::plan::CompressChoice::NONE,
+                schedule: crate::parallel::Schedule::Overlap,
+                partition_kb: None,
                 topology: Topology::flat(world, link),
                 comm,
                 hierarchy: crate::plan::HierarchyChoice::Auto,

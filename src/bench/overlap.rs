@@ -36,6 +36,10 @@ pub struct OverlapArgs {
     /// Bucket cap in KiB.
     #[arg(long)]
     pub bucket_kb: Option<usize>,
+    /// Schedules with overlap on, comma-separated: overlap, priority (`train --schedule`;
+    /// priority is not run with tree, which refuses it).
+    #[arg(long, default_value = "overlap")]
+    pub schedule: String,
     /// Timed steps per cell.
     #[arg(long, default_value_t = 15)]
     pub steps: usize,
@@ -51,6 +55,8 @@ pub struct OverlapCase {
     pub comm: String,
     /// Overlap on?
     pub overlap: bool,
+    /// `--schedule` (priority only with overlap on).
+    pub schedule: crate::parallel::Schedule,
     /// `--link-bandwidth` value, `None` for no emulation.
     pub bandwidth: Option<String>,
     /// `--link-latency` value.
@@ -102,6 +108,7 @@ pub fn case_options(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> TrainOpt
         workers: Some(spec.workers),
         threads: Some(spec.threads),
         overlap: Some(if case.overlap { "on" } else { "off" }.into()),
+        schedule: Some(case.schedule.to_string()),
         comm: Some(case.comm.clone()),
         bucket_kb: spec.bucket_kb,
         link_bandwidth: case.bandwidth.clone(),
@@ -131,19 +138,27 @@ fn short_ops(ops: &[String]) -> String {
 }
 
 /// The grid's cells in table order: per bandwidth (`None`: no emulation), per mode, overlap on
-/// then off, every emulated cell at `latency`.
+/// with each of `schedules` (priority not with tree, which refuses it), then off, every
+/// emulated cell at `latency`.
 pub fn grid_cases(
     bandwidths: &[Option<String>],
     modes: &[&str],
+    schedules: &[crate::parallel::Schedule],
     latency: &str,
 ) -> Vec<OverlapCase> {
+    use crate::parallel::Schedule;
     let mut cases = Vec::new();
     for bw in bandwidths {
         for mode in modes {
-            for overlap in [true, false] {
+            let on = schedules
+                .iter()
+                .filter(|&&s| s == Schedule::Overlap || *mode != "tree")
+                .map(|&s| (true, s));
+            for (overlap, schedule) in on.chain([(false, Schedule::Overlap)]) {
                 cases.push(OverlapCase {
                     comm: mode.to_string(),
                     overlap,
+                    schedule,
                     bandwidth: bw.clone(),
                     latency: Some(latency.to_string()),
                 });
@@ -164,6 +179,7 @@ pub fn single_worker_images_per_s(spec: &GridSpec, dir: &Path) -> Result<f64, St
     let base = OverlapCase {
         comm: "ring".into(),
         overlap: true,
+        schedule: crate::parallel::Schedule::Overlap,
         bandwidth: None,
         latency: None,
     };
@@ -222,6 +238,17 @@ pub fn measure_grid(
     Ok(grid)
 }
 
+impl OverlapCase {
+    /// The overlap column: `on`, `off`, or `prio` (overlap on, `--schedule priority`).
+    fn overlap_label(&self) -> &'static str {
+        match (self.overlap, self.schedule) {
+            (false, _) => "off",
+            (true, crate::parallel::Schedule::Overlap) => "on",
+            (true, crate::parallel::Schedule::Priority) => "prio",
+        }
+    }
+}
+
 impl OverlapCell {
     /// Communication hidden under backward, % of all communication.
     fn hidden_pct(&self) -> f64 {
@@ -250,7 +277,7 @@ impl OverlapCell {
             "{:>10} {:>10} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.1} {:>9.0} {:>6.1}",
             case.bandwidth.as_deref().unwrap_or("none"),
             mode,
-            if case.overlap { "on" } else { "off" },
+            case.overlap_label(),
             m.step_ms,
             m.backward_ms,
             m.comm_total_ms,
@@ -267,7 +294,7 @@ impl OverlapCell {
         format!(
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |\n",
             self.case.comm,
-            if self.case.overlap { "on" } else { "off" },
+            self.case.overlap_label(),
             m.step_ms,
             m.backward_ms,
             m.comm_total_ms,
@@ -358,7 +385,11 @@ pub fn run_command(a: OverlapArgs) -> Result<(), String> {
         .map(|bw| (bw.trim() != "none").then(|| bw.trim().to_string()))
         .collect();
     let modes: Vec<&str> = a.comm.split(',').map(str::trim).collect();
-    let cases = grid_cases(&bandwidths, &modes, &a.link_latency);
+    let schedules = super::args::entries("--schedule", &a.schedule)?
+        .into_iter()
+        .map(crate::parallel::Schedule::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    let cases = grid_cases(&bandwidths, &modes, &schedules, &a.link_latency);
     measure_grid(&spec, single, &cases, scratch.path(), |grid, cell| {
         crate::outln!("{}", cell.terminal(grid))
     })?;

@@ -383,12 +383,15 @@ fn emulated_group(
         let case = OverlapCase {
             comm: a.comm.clone(),
             overlap,
+            schedule: crate::parallel::Schedule::Overlap,
             bandwidth: Some(group.bandwidth.clone()),
             latency: Some(a.link_latency.clone()),
         };
         let measured = run_case(&spec, &case, dir)?.breakdown.mean;
         let step = StepConfig {
             compress: crate::plan::CompressChoice::NONE,
+            schedule: crate::parallel::Schedule::Overlap,
+            partition_kb: None,
             topology: Topology::flat(a.workers, link),
             comm,
             hierarchy: crate::plan::HierarchyChoice::Auto,
@@ -1263,6 +1266,8 @@ impl<'a> ClusterCheck<'a> {
         };
         let step = StepConfig {
             compress: crate::plan::CompressChoice::NONE,
+            schedule: crate::parallel::Schedule::Overlap,
+            partition_kb: None,
             topology,
             comm: self.comm,
             // As the measured run.
@@ -1414,6 +1419,8 @@ pub fn goyal2017() -> Result<Published, String> {
     let measured = MEASURED.overheads();
     let base = StepConfig {
         compress: crate::plan::CompressChoice::NONE,
+        schedule: crate::parallel::Schedule::Overlap,
+        partition_kb: None,
         topology: measured.apply(inputs.topology),
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
         // Goyal et al.'s three phases: each server's sum in one buffer, then across.

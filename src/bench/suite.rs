@@ -499,7 +499,12 @@ fn overlap_section(plan: &Plan, out: &Path) -> Result<String, String> {
         batch / workers
     );
     let bandwidths = [Some(plan.overlap_bandwidth.to_string())];
-    let cases = overlap::grid_cases(&bandwidths, &plan.overlap_modes, latency);
+    let cases = overlap::grid_cases(
+        &bandwidths,
+        &plan.overlap_modes,
+        &[crate::parallel::Schedule::Overlap],
+        latency,
+    );
     let grid = overlap::measure_grid(&spec, single, &cases, scratch.path(), |_, _| {})?;
     s += &grid.markdown();
     let series: Vec<NamedSeries<f64>> = [("overlap on", true), ("overlap off", false)]

@@ -78,6 +78,14 @@ pub struct SimulateArgs {
     /// choice per bucket).
     #[arg(long, default_value = "none")]
     pub compress: String,
+    /// When buckets are reduced, read as `train --schedule` is: overlap, or priority
+    /// (partitions input-first, the next forward gated per layer; with overlap on only).
+    #[arg(long, default_value = "overlap")]
+    pub schedule: String,
+    /// Partition size in KiB, read as `train --partition-kb` is [default: the trainer's for the
+    /// schedule].
+    #[arg(long)]
+    pub partition_kb: Option<usize>,
     /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
     /// with neither bucket flag given, the bytes the planning link moves in one latency; with
     /// only --first-bucket-kb given, 0].
@@ -164,8 +172,14 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         steps: a.steps,
     };
     let mut sim = Simulator::new();
+    let schedule = crate::parallel::Schedule::parse(&a.schedule)?;
+    if a.partition_kb == Some(0) {
+        return Err("--partition-kb 0: a partition must hold at least 1 KiB".into());
+    }
     let single_cfg = StepConfig {
         compress: crate::plan::CompressChoice::parse(&a.compress)?,
+        schedule,
+        partition_kb: a.partition_kb,
         topology: Topology::flat(1, base.nic),
         comm: CommChoice::Fixed(CommMode::Ring),
         hierarchy: HierarchyChoice::Auto,
@@ -188,6 +202,17 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     crate::outln!("{}", describe_profile(&p).lines().next().unwrap_or(""));
     crate::outln!("{}", setting_line(&a, &o, p.batch, single));
     crate::outln!("{}", header(ideal.is_some()));
+    let overlaps: Vec<bool> = on_off_list("overlap", &a.overlap)?
+        .into_iter()
+        .filter(|&on| on || schedule == crate::parallel::Schedule::Overlap)
+        .collect();
+    if overlaps.is_empty() {
+        return Err(
+            "--schedule priority with --overlap off: priority scheduling sends each \
+                    bucket as backward fills it; use --overlap on or both"
+                .into(),
+        );
+    }
     let sweep = Sweep {
         profile: &p,
         single_cfg,
@@ -196,7 +221,8 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         search: a.search_buckets,
         comms: comm_list(&a.comm)?,
         hiers: hierarchy_list(&a.hierarchical)?,
-        overlaps: on_off_list("overlap", &a.overlap)?,
+        // Priority scheduling needs overlap on.
+        overlaps,
     };
     let (mut rows, mut refused) = (0usize, 0usize);
     for &n in &workers {

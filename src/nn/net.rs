@@ -171,6 +171,10 @@ pub struct Net {
 #[error("{0}")]
 pub struct NetError(pub String);
 
+/// What [`Net::forward_gated`] calls before each exec with parameter block `b`:
+/// `gate(b, params, blocks)`, the parameters to change in place.
+pub type ForwardGate<'a, E> = dyn FnMut(usize, &mut [f32], &[ParamBlock]) -> Result<(), E> + 'a;
+
 impl Net {
     /// Sets up `graph` for batches of up to `cfg.max_batch` samples with weights from
     /// `cfg.seed`, on the CPU backend.
@@ -334,6 +338,27 @@ impl Net {
         mode: Mode,
         on_exec: &mut dyn FnMut(usize),
     ) -> LossReport {
+        let mut no_gate = |_: usize, _: &mut [f32], _: &[ParamBlock]| Ok(());
+        let report: Result<_, std::convert::Infallible> =
+            self.forward_gated(images, labels, n, mode, &mut no_gate, on_exec);
+        match report {
+            Ok(r) => r,
+        }
+    }
+
+    /// [`Net::forward_observed`], calling `gate(b, params, blocks)` before each exec with
+    /// parameter block `b` runs, with the parameters to change in place (`--schedule
+    /// priority` applies the last step's update of that block there); an error from the gate
+    /// stops the forward and is returned.
+    pub fn forward_gated<E>(
+        &mut self,
+        images: &[f32],
+        labels: &[u32],
+        n: usize,
+        mode: Mode,
+        gate: &mut ForwardGate<'_, E>,
+        on_exec: &mut dyn FnMut(usize),
+    ) -> Result<LossReport, E> {
         assert!(
             n >= 1 && n <= self.max_batch,
             "batch of {n} for a net set up for at most {}",
@@ -359,6 +384,9 @@ impl Net {
         );
         let mut report = LossReport::default();
         for e in 0..self.execs.len() {
+            if let Some(b) = self.execs[e].block {
+                gate(b, &mut self.params, &self.blocks)?;
+            }
             let ex = &mut self.execs[e];
             let out_slot = if ex.loss {
                 None
@@ -396,7 +424,7 @@ impl Net {
             }
             on_exec(e);
         }
-        report
+        Ok(report)
     }
 
     /// Backward of the last training forward: parameter gradients into `grads` (each block

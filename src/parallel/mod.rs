@@ -12,14 +12,20 @@
 //!    (all-reduce modes) or worker 0 updates and broadcasts the weights (tree mode, Caffe's
 //!    scheme).
 //!
+//! With `--schedule priority` ([`schedule`]) steps 3 and 4 move into the next step's forward:
+//! buckets are reduced input-first in an order fixed on every rank, and each layer's bucket is
+//! waited for and applied just before that layer's forward.
+//!
 //! The bucket plan's layout is in [`bucket`] (its caps come from the planning rules,
 //! [`crate::plan`]); the algorithms are in [`crate::comm`].
 
 pub mod bucket;
 mod reducer;
+pub mod schedule;
 
 pub use bucket::{Bucket, BucketPlan, Slot};
 pub use reducer::{BucketOp, BucketSpan, CommTimes, Reducer};
+pub use schedule::Schedule;
 
 /// The text of a panic payload, for the error that reports the panic.
 ///

@@ -41,6 +41,8 @@ pub struct RankTimes {
     pub end: Vec<f64>,
     /// Time each spent inside segments (from a segment's start, waits for peers included), s.
     pub busy: Vec<f64>,
+    /// When each simulated rank finished each segment, s (`[segment][rank]`).
+    pub segment_end: Vec<Vec<f64>>,
 }
 
 /// Heap key: time as bits (order-preserving for non-negative floats), then rank for ties.
@@ -65,6 +67,7 @@ pub fn run(segments: &[Segment], topo: &Topology) -> Result<RankTimes, String> {
         return Ok(RankTimes {
             end: Vec::new(),
             busy: Vec::new(),
+            segment_end: Vec::new(),
         });
     };
     let ranks = first.job.ranks;
@@ -120,6 +123,7 @@ struct Engine<'s, 'a> {
     clock: Vec<f64>,
     seg_start: Vec<f64>,
     busy: Vec<f64>,
+    segment_end: Vec<Vec<f64>>,
     /// Per segment, while some rank is in it.
     mail: Vec<Option<Mail>>,
     heap: BinaryHeap<Reverse<(u64, usize)>>,
@@ -151,6 +155,7 @@ impl<'s, 'a> Engine<'s, 'a> {
             clock: vec![0.0; ranks],
             seg_start: vec![0.0; ranks],
             busy: vec![0.0; ranks],
+            segment_end: vec![vec![0.0; ranks]; segments.len()],
             mail: segments.iter().map(|_| None).collect(),
             heap: (0..ranks).map(|r| key(0.0, r)).collect(),
         }
@@ -220,6 +225,7 @@ impl<'s, 'a> Engine<'s, 'a> {
     /// Rank `r` is through segment `si` at `t`; the segment's messages go once every rank is.
     fn leave(&mut self, r: usize, t: f64, si: usize) {
         self.busy[r] += t - self.seg_start[r];
+        self.segment_end[si][r] = t;
         self.seg[r] += 1;
         self.started[r] = false;
         let m = self.mail[si].as_mut().expect("allocated on entry");
@@ -302,6 +308,7 @@ impl<'s, 'a> Engine<'s, 'a> {
         Ok(RankTimes {
             end: self.clock,
             busy: self.busy,
+            segment_end: self.segment_end,
         })
     }
 }

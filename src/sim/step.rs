@@ -21,6 +21,16 @@
 //! **Per-step overhead.** A step of more than one worker ends [`Topology::step_overhead`]
 //! after its last collective (coordination that communication cannot hide); one worker has
 //! nothing to coordinate.
+//!
+//! **Priority scheduling** (`--schedule priority`, [`crate::parallel::schedule`]). Each bucket
+//! is cut into the trainer's partitions ([`crate::plan::partition_bytes`]); the partitions run
+//! once in backward's order to time them, then in the order
+//! [`crate::parallel::schedule::priority_order`] gives for those times (rank 0's rule on the
+//! communication thread, in virtual time, without the jitter of a real step); and the step
+//! is the steady state of the overlap with the next forward: from the end of backward, the
+//! next forward runs block by block, each block once its bucket is back and its share of the
+//! update is done, then backward again. The decision message each partition costs on the
+//! trainer's communication thread is not modelled.
 
 use super::engine::{run, Segment};
 use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
@@ -85,6 +95,10 @@ pub struct StepConfig {
     pub stragglers: Stragglers,
     /// How gradients travel (the trainer's `--compress`).
     pub compress: CompressChoice,
+    /// When buckets are reduced (the trainer's `--schedule`).
+    pub schedule: crate::parallel::Schedule,
+    /// The trainer's `--partition-kb` (`None`: its default for the schedule).
+    pub partition_kb: Option<usize>,
 }
 
 /// One simulated step (times in ms, means over the simulated steps).
@@ -128,6 +142,8 @@ pub fn plan_inputs(cfg: &StepConfig) -> PlanInputs {
         ),
         intra_link: Some(topo.intra),
         buckets: cfg.buckets,
+        schedule: cfg.schedule,
+        partition_kb: cfg.partition_kb,
         compress: cfg.compress,
         // Devices, not threads: the link is always given, so nothing is priced as memory work.
         cores: 1,
@@ -149,6 +165,12 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
              rounds per bucket and their compute); simulate none, fp16 or bf16, and measure \
              PowerSGD with train --link-bandwidth"
         ));
+    }
+    if cfg.schedule == crate::parallel::Schedule::Priority {
+        let tree = cfg.comm == CommChoice::Fixed(crate::comm::CommMode::Tree);
+        if let Some(why) = crate::parallel::schedule::priority_refusal(cfg.overlap, tree, false) {
+            return Err(why);
+        }
     }
     if cfg.comm == CommChoice::SharedMemory {
         return Err(
@@ -235,10 +257,15 @@ impl Simulator {
             jobs.push(Job::WeightBroadcast);
         }
         let idx = self.compiled_jobs(&jobs, &topo, st, bytes.len())?;
+        let priority = cfg.schedule == crate::parallel::Schedule::Priority;
+        let partition_bytes = plan_inputs(cfg).partition_bytes();
         let planned = PlannedStep {
             profile,
             topo,
             overlap: cfg.overlap,
+            priority,
+            partition: partition_bytes / 4,
+            bucket_of_block: plan.slots.iter().map(|s| s.bucket).collect(),
             sim_ranks: idx.first().map_or(1, |&i| self.cache[i].1.ranks),
             total_bytes: bytes.iter().sum::<usize>() as f64,
             ready_after: plan.buckets.iter().map(|b| b.ready_after_block()).collect(),
@@ -326,6 +353,12 @@ struct PlannedStep<'p> {
     profile: &'p Profile,
     topo: Topology,
     overlap: bool,
+    /// `--schedule priority`: partitions input-first, the next forward gated per block.
+    priority: bool,
+    /// Values per partition (0: whole buckets).
+    partition: usize,
+    /// The bucket of each block.
+    bucket_of_block: Vec<usize>,
     /// Ranks the engine simulates.
     sim_ranks: usize,
     /// Each bucket's bytes, in the order they become ready.
@@ -429,6 +462,82 @@ impl PlannedStep<'_> {
         Ok(times.end)
     }
 
+    /// Priority scheduling: when each bucket is back on each simulated rank (`[bucket][rank]`),
+    /// its partitions run input-first (see the module docs); the busiest communication
+    /// thread's time is added to `acc`.
+    fn priority_communication(
+        &self,
+        cache: &[(Ranks, CompiledJob)],
+        ready: &[Vec<f64>],
+        acc: &mut Acc,
+    ) -> Result<Vec<Vec<f64>>, String> {
+        use crate::parallel::schedule::{partition_count, partition_range};
+        let parts: Vec<usize> = self
+            .bytes
+            .iter()
+            .map(|&b| partition_count(b / 4, self.partition))
+            .collect();
+        // Every partition that sends anything, buckets in backward's order and each bucket's
+        // partitions in buffer order (the later, the nearer the input).
+        let units: Vec<(usize, usize)> = (0..self.bytes.len())
+            .filter(|&b| self.bytes[b] > 0)
+            .flat_map(|b| (0..parts[b]).map(move |p| (b, p)))
+            .collect();
+        let segment = |&(b, p): &(usize, usize)| Segment {
+            job: &cache[self.idx[b]].1,
+            bytes: 4.0 * partition_range(self.bytes[b] / 4, parts[b], p).len() as f64,
+            ready: ready[b].clone(),
+            before: Vec::new(),
+        };
+        // Timed once in backward's order, then run in the priority order of those times.
+        let first: Vec<Segment> = units.iter().map(segment).collect();
+        let timed = run(&first, &self.topo)?;
+        let mut free = 0.0f64;
+        let (mut at, mut took) = (Vec::new(), Vec::new());
+        for (u, &(b, _)) in units.iter().enumerate() {
+            let start = free.max(ready[b][0]);
+            free = timed.segment_end[u][0];
+            at.push(ready[b][0]);
+            took.push(free - start);
+        }
+        let order = crate::parallel::schedule::priority_order(&at, &took);
+        let ordered: Vec<Segment> = order.iter().map(|&u| segment(&units[u])).collect();
+        let times = run(&ordered, &self.topo)?;
+        acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
+        // A bucket is back when its last partition is; an empty one when it is ready.
+        let mut back: Vec<Vec<f64>> = (0..self.bytes.len())
+            .map(|b| match self.bytes[b] {
+                0 => ready[b].clone(),
+                _ => vec![f64::NEG_INFINITY; self.sim_ranks],
+            })
+            .collect();
+        for (i, &u) in order.iter().enumerate() {
+            let b = units[u].0;
+            for (r, &end) in times.segment_end[i].iter().enumerate() {
+                back[b][r] = back[b][r].max(end);
+            }
+        }
+        Ok(back)
+    }
+
+    /// Priority scheduling, rank `r` at compute factor `f`: the step in steady state, from the
+    /// end of one backward to the end of the next, s: the next forward, each block once its
+    /// bucket is back (`back[bucket]`, in this step's time) and its share of the update done,
+    /// then backward.
+    fn gated_step(&self, r: usize, f: f64, bwd_end: f64, back: &[Vec<f64>]) -> f64 {
+        let total: usize = self.bytes.iter().sum::<usize>().max(1);
+        let mut t = bwd_end;
+        for (k, block) in self.profile.blocks.iter().enumerate() {
+            let bytes = block.grad_bytes();
+            if bytes > 0 {
+                let update = self.update_s * bytes as f64 / total as f64 * f;
+                t = t.max(back[self.bucket_of_block[k]][r]) + update;
+            }
+            t += block.forward_ms / 1e3 * f;
+        }
+        (t - bwd_end) + (bwd_end - self.forward_s * f)
+    }
+
     /// One simulated step at compute factors `factors` (one per simulated rank), added to
     /// `acc`.
     fn simulate_draw(
@@ -439,6 +548,9 @@ impl PlannedStep<'_> {
     ) -> Result<(), String> {
         let world = self.topo.workers();
         let (bwd_end, ready) = self.backward(factors);
+        if self.priority && world > 1 {
+            return self.simulate_priority_draw(cache, factors, &bwd_end, &ready, acc);
+        }
         let end: Vec<f64> = if world == 1 {
             bwd_end.clone()
         } else {
@@ -480,6 +592,39 @@ impl PlannedStep<'_> {
             .map(|r| self.update_of(r, factors))
             .collect();
         acc.update += updaters.iter().sum::<f64>() / updaters.len().max(1) as f64;
+        Ok(())
+    }
+}
+
+impl PlannedStep<'_> {
+    /// [`PlannedStep::simulate_draw`] under priority scheduling: the step is the slowest
+    /// rank's [`PlannedStep::gated_step`] and the coordination after its collectives.
+    fn simulate_priority_draw(
+        &self,
+        cache: &[(Ranks, CompiledJob)],
+        factors: &[f64],
+        bwd_end: &[f64],
+        ready: &[Vec<f64>],
+        acc: &mut Acc,
+    ) -> Result<(), String> {
+        let back = self.priority_communication(cache, ready, acc)?;
+        let coordination = self.topo.step_overhead.as_secs_f64();
+        let n = self.sim_ranks as f64;
+        let (mut step, mut compute_last) = (0.0f64, 0.0);
+        for (r, &f) in factors.iter().enumerate() {
+            let s = self.gated_step(r, f, bwd_end[r], &back) + coordination;
+            if s > step {
+                step = s;
+                compute_last = bwd_end[r] + self.update_s * f;
+            }
+        }
+        acc.step += step;
+        acc.exposed += (step - compute_last).max(0.0);
+        let fwd = self.forward_s;
+        acc.forward += factors.iter().map(|f| fwd * f).sum::<f64>() / n;
+        acc.backward +=
+            bwd_end.iter().sum::<f64>() / n - factors.iter().map(|f| fwd * f).sum::<f64>() / n;
+        acc.update += factors.iter().map(|f| self.update_s * f).sum::<f64>() / n;
         Ok(())
     }
 }

@@ -17,6 +17,7 @@ pub mod inputs;
 pub mod lock;
 pub mod memory;
 pub mod metrics;
+mod priority;
 pub mod processes;
 pub mod progress;
 pub mod rundir;

@@ -286,6 +286,8 @@ pub struct Worker {
     /// With `--compress powersgd:R` and 2 or more workers: PowerSGD's state as checkpoints
     /// record it (every worker's error feedback on worker 0), gathered when one is due.
     powersgd_checkpoint: Option<PowerSgdGather>,
+    /// `--schedule priority`: the deferred update and the bucket order.
+    priority: super::priority::PriorityUpdates,
     /// The phase the step is in, for the message if it panics.
     phase: Phase,
     /// Updates skipped for a non-finite gradient (`--on-nonfinite skip`).
@@ -436,12 +438,25 @@ impl Worker {
         let total = net.params().len();
         let ready_at = plan.ready_at_block.clone();
         let exec_names = net.exec_names().map(String::from).collect();
-        let mut reducer = Reducer::new(plan, ops, wires, cfg.overlap, s.transport);
+        let partition = planning.partition_bytes() / 4;
+        let mut reducer = Reducer::new(
+            plan,
+            ops,
+            wires,
+            cfg.overlap,
+            partition,
+            cfg.schedule,
+            s.transport,
+        );
         reducer.set_powersgd(powersgd);
         if let Some(ck) = &s.resume {
             restore_powersgd(ck, &mut reducer, s.rank, cfg.world())?;
         }
         let powersgd_checkpoint = PowerSgdGather::new(&reducer, s.rank, cfg.world());
+        let priority = super::priority::PriorityUpdates::new(
+            cfg.schedule == crate::parallel::Schedule::Priority,
+            reducer.plan().buckets.len(),
+        );
         let mut w = Self {
             rank: s.rank,
             sampler: DistributedSampler::new(
@@ -466,6 +481,7 @@ impl Worker {
             start_step_in_epoch,
             committer,
             powersgd_checkpoint,
+            priority,
             phase: Phase::Start,
             skipped_updates: 0,
             global_step,
@@ -556,6 +572,8 @@ impl Worker {
                 });
                 self.commit_if_due(epoch, step + 1, spe)?;
             }
+            // Under priority scheduling the last step's update is still away.
+            self.drain_updates()?;
             let train_seconds = started.elapsed().as_secs_f64();
             if self.epoch_checkpoint_due(epoch) {
                 self.phase = Phase::Evaluation;
@@ -633,6 +651,7 @@ impl Worker {
             return Ok(());
         }
         self.phase = Phase::Commit;
+        self.drain_updates()?;
         self.gather_powersgd()?;
         let Some(committer) = self.committer.as_mut() else {
             return Ok(());
@@ -686,22 +705,35 @@ impl Worker {
     ) -> Result<(f32, StepTimes), WorkerError> {
         self.tracer.begin_step(global);
         let started = Instant::now();
+        self.reducer.begin_step();
         self.data(epoch, step, order)?;
         let forward = Instant::now();
         let loss = self.forward(global, forward)?;
+        // Under priority scheduling: the last step's buckets the forward did not need.
+        self.drain_updates()?;
+        let waited = self.reducer.times().exposed;
         let backward = Instant::now();
         self.backward(global, backward)?;
         let backward_end = Instant::now();
-        let comm = self.exposed_comm()?;
-        let update = Instant::now();
-        self.update(loss, global, update)?;
-        let update_end = Instant::now();
-        let ended = if self.root_updates() {
-            self.broadcast_update()?;
-            Instant::now()
+        let deferred = self.priority.active();
+        let (comm, update, update_end, ended);
+        if deferred {
+            // The update waits for the next forward (see `super::priority`).
+            self.defer_update(loss, global)?;
+            comm = self.reducer.times();
+            (update, update_end, ended) = (backward_end, backward_end, backward_end);
         } else {
-            update_end
-        };
+            comm = self.exposed_comm()?;
+            update = Instant::now();
+            self.update(loss, global, update)?;
+            update_end = Instant::now();
+            ended = if self.root_updates() {
+                self.broadcast_update()?;
+                Instant::now()
+            } else {
+                update_end
+            };
+        }
         let marks = StepMarks {
             started,
             forward,
@@ -715,7 +747,34 @@ impl Worker {
             self.trace_step(epoch, step, global, &marks);
         }
         self.global_step += 1;
-        Ok((loss, marks.times(&comm)))
+        let mut times = marks.times(&comm);
+        // The forward's waits for the last step's buckets and its updates are exposed
+        // communication and update, not forward.
+        let applied = ms(self.priority.take_update_time());
+        times.forward_ms -= ms(waited) + applied;
+        times.update_ms += applied;
+        Ok((loss, times))
+    }
+
+    /// Priority scheduling, after backward: every bucket is away; its update is deferred to
+    /// the next forward.
+    fn defer_update(&mut self, loss: f32, global: usize) -> Result<(), WorkerError> {
+        self.phase = Phase::Communication;
+        let sent = self.reducer.send_rest();
+        sent.map_err(|e| self.failure(e.into()))?;
+        self.priority.defer(self.learning_rate(global), loss);
+        Ok(())
+    }
+
+    /// Priority scheduling: applies every bucket of the last step the forward has not (a
+    /// no-op otherwise).
+    fn drain_updates(&mut self) -> Result<(), WorkerError> {
+        self.phase = Phase::Update;
+        let (params, blocks) = self.net.params_and_blocks();
+        let drained = self
+            .priority
+            .drain(&mut self.reducer, &mut self.sgd, params, blocks);
+        drained.map_err(|e| self.failure(e))
     }
 
     /// Data: the step's batch, staged. Waiting here (for the prefetch queue, or collating
@@ -750,15 +809,19 @@ impl Worker {
             "forward",
             started,
         );
-        let report = self.net.forward_observed(
+        // Under priority scheduling each layer first gets the last step's update.
+        let (priority, reducer, sgd) = (&mut self.priority, &mut self.reducer, &mut self.sgd);
+        let report = self.net.forward_gated(
             &batch.images,
             &batch.labels,
             n,
             Mode::Train(info),
+            &mut |b, params, blocks| priority.apply_for_block(b, reducer, sgd, params, blocks),
             &mut |exec| {
                 spans.exec_done(exec);
             },
         );
+        let report = report.map_err(|e| self.failure(e))?;
         self.hold_device(started, |d| d.forward);
         let loss = (report.loss_sum / n as f64) as f32;
         if !loss.is_finite() && !self.cfg.skip_nonfinite {
@@ -771,7 +834,6 @@ impl Worker {
     /// the communication thread as they fill (with overlap on).
     fn backward(&mut self, global: usize, started: Instant) -> Result<(), WorkerError> {
         self.phase = Phase::Backward;
-        self.reducer.begin_step();
         if self.fault_hits(FaultPhase::Comm) {
             self.reducer.inject_panic_on_next_bucket();
         }
@@ -931,6 +993,12 @@ impl Worker {
             tracer.span(wt, "comm", name, t.update_end, t.ended, step_args());
         }
         let overlap = self.cfg.overlap;
+        // Under priority scheduling the buckets that came back in this step are the last
+        // step's, reduced under this step's forward.
+        let reduced = match self.priority.active() {
+            true => global.saturating_sub(1),
+            false => global,
+        };
         for span in self.reducer.bucket_spans() {
             let b = span.index;
             let args = json!({
@@ -938,7 +1006,7 @@ impl Worker {
                 "mode": self.reducer.ops()[b].to_string(),
                 "bytes": self.reducer.plan().buckets[b].len * 4,
                 "cpu_us": span.cpu.as_secs_f64() * 1e6,
-                "global_step": global,
+                "global_step": reduced,
             });
             let name = format!("reduce bucket {b}");
             tracer.span_for(comm_tid(rank), "comm", name, span.started, span.busy, args);
@@ -948,7 +1016,7 @@ impl Worker {
             }
             tracer.flow(
                 comm_tid(rank),
-                flow_id(rank, global, b),
+                flow_id(rank, reduced, b),
                 span.started,
                 false,
             );
