@@ -611,6 +611,59 @@ fn overlap_never_slows_a_step() {
 }
 
 #[test]
+fn priority_scheduling_hides_the_link_under_the_next_forward_within_the_bound() {
+    let p = uneven();
+    let compute = p.forward_ms() + p.backward_ms() + p.update_ms;
+    let priority = |c: StepConfig| StepConfig {
+        schedule: dptrain::parallel::Schedule::Priority,
+        ..c
+    };
+    // About 2.1 MB of gradients: at 150 MB/s a ring of 2 moves them in about the compute's
+    // time, where the next forward has the most to hide; at 20 GB/s nothing is left to hide.
+    for (bw, gains) in [(150e6, true), (20e9, false)] {
+        let topo = Topology::flat(2, link(bw, 20));
+        for comm in [
+            CommMode::Ring,
+            CommMode::Redundant,
+            CommMode::HalvingDoubling,
+        ] {
+            let base = cfg(topo, CommChoice::Fixed(comm), true, None);
+            let over = simulate_step(&p, &base).unwrap();
+            let prio = simulate_step(&p, &priority(base)).unwrap();
+            // Never faster than the compute, nor than the communication thread's busy time.
+            assert!(
+                prio.step_ms >= compute.max(prio.comm_ms) * (1.0 - 1e-9),
+                "{comm} {bw}"
+            );
+            if gains {
+                assert!(
+                    prio.step_ms < 0.95 * over.step_ms,
+                    "{comm}: priority {} against overlap {}",
+                    prio.step_ms,
+                    over.step_ms
+                );
+            } else {
+                assert!(prio.step_ms <= over.step_ms * 1.05, "{comm} fast link");
+            }
+        }
+    }
+    // What the trainer refuses, the simulator refuses with the same words.
+    let topo = Topology::flat(2, link(150e6, 20));
+    let tree = priority(cfg(topo, CommChoice::Fixed(CommMode::Tree), true, None));
+    let err = simulate_step(&p, &tree).unwrap_err();
+    assert!(
+        err.contains("--schedule priority with --comm tree"),
+        "{err}"
+    );
+    let off = priority(cfg(topo, CommChoice::Fixed(CommMode::Ring), false, None));
+    let err = simulate_step(&p, &off).unwrap_err();
+    assert!(
+        err.contains("--schedule priority with --overlap off"),
+        "{err}"
+    );
+}
+
+#[test]
 fn one_worker_is_compute_only_and_search_is_no_worse() {
     let p = uneven();
     let l = link(1e9, 10);

@@ -233,8 +233,8 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     // Nothing simulated is a failure, not a table.
     if rows > 0 && refused == rows {
         return Err(format!(
-            "every configuration ({rows}) was refused as too large to simulate (each row says \
-             why): simulate fewer --workers"
+            "every configuration ({rows}) was refused (each row says why: too large to \
+             simulate, or a combination the trainer refuses)"
         ));
     }
     Ok(())
@@ -372,6 +372,13 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
         match crate::plan::CompressChoice::parse(&a.compress) {
             Ok(crate::plan::CompressChoice::NONE) | Err(_) => String::new(),
             Ok(w) => format!("; gradients on the wire: {w}"),
+        } + &match a.schedule.as_str() {
+            "priority" => format!(
+                "; --schedule priority, partitions of {}",
+                a.partition_kb
+                    .map_or("the trainer's default".into(), |k| format!("{k} KiB"))
+            ),
+            _ => String::new(),
         },
         o.message_overhead.as_secs_f64() * 1e6,
         given(a.message_overhead.is_some()),
