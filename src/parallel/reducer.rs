@@ -593,7 +593,7 @@ impl Drop for Reducer {
 
 /// The communication thread: runs jobs one at a time on its transport, in arrival order (a
 /// bucket's partitions one after another), or, with `priority` (`--schedule priority`), each
-/// step's partitions nearest the input first ([`priority_step`]).
+/// step's partitions nearest the input first (`PriorityStep`).
 ///
 /// A failure (an error, or a panic, caught here) is reported to the worker, and the thread
 /// ends: dropping the transport is what tells the peers, so nobody waits on a dead collective.

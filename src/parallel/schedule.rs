@@ -12,7 +12,7 @@
 //!    ([`crate::plan::partition_bytes`]), so a large late layer cannot hold back an early one
 //!    for longer than one partition.
 //! 2. **Priority**: whenever the communication thread is free it takes, among the partitions
-//!    backward has filled, the one nearest the input ([`priority_order`]).
+//!    backward has filled, the one nearest the input.
 //! 3. **Per-layer update and gated forward**: the worker does not wait for the step's buckets.
 //!    The next step's forward runs layer by layer, and before a layer runs, the bucket holding
 //!    its weights is waited for and applied (the same SGD, element by element, so the weights
@@ -20,16 +20,15 @@
 //!    and a step approaches max(compute, communication) instead of their sum.
 //!
 //! Every rank must run the same collectives in the same order, or a ring would pair bucket 3
-//! on one rank with bucket 5 on another. The order is therefore decided once and the same on
-//! every rank: the run measures, on one step of `--schedule overlap`, when backward filled each
-//! bucket and how long each reduction took; [`priority_order`] runs the priority rule over
-//! those times, partition by partition; rank 0's order is broadcast; from the next step on,
-//! each communication thread reduces its partitions in exactly that order, waiting for a
-//! bucket backward has not filled yet. The sums are the same collectives on the same
-//! partitions, so the weights are bit-identical to `--schedule overlap` with the same buckets
-//! and partitions in every mode; only the time changes. (Partitions themselves change the
-//! bits of ring and halving-doubling, whose order of addition follows the chunk an element
-//! falls in; not of redundant, tree or shm, which add in rank order.)
+//! on one rank with bucket 5 on another. So rank 0 decides, partition by partition, and
+//! broadcasts each choice (the reducer's `PriorityStep`); the others wait for the chosen
+//! bucket from their own backward if they do not hold it yet. [`priority_order`] is the same
+//! rule in virtual time, for the simulator. The sums are the same collectives on the same
+//! partitions in whatever order they run, so the weights are bit-identical to `--schedule
+//! overlap` with the same buckets and partitions in every mode; only the time changes.
+//! (Partitions themselves change the bits of ring and halving-doubling, whose order of
+//! addition follows the chunk an element falls in; not of redundant, tree or shm, which add
+//! in rank order.)
 //!
 //! The in-flight credit of ByteScheduler is one partition here: the communication thread runs
 //! one collective at a time (the transports order messages by pair), so a partition that

@@ -51,6 +51,11 @@ impl PriorityUpdates {
         self.active
     }
 
+    /// Whether a step's update is still away (its buckets not all applied).
+    pub fn deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+
     /// After backward under priority scheduling: the step's buckets are away; the next forward
     /// applies them at `lr` (`loss` names the step if a gradient is not finite).
     pub fn defer(&mut self, lr: f32, loss: f32) {

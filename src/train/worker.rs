@@ -286,7 +286,7 @@ pub struct Worker {
     /// With `--compress powersgd:R` and 2 or more workers: PowerSGD's state as checkpoints
     /// record it (every worker's error feedback on worker 0), gathered when one is due.
     powersgd_checkpoint: Option<PowerSgdGather>,
-    /// `--schedule priority`: the deferred update and the bucket order.
+    /// `--schedule priority`: the update deferred into the next forward.
     priority: super::priority::PriorityUpdates,
     /// The phase the step is in, for the message if it panics.
     phase: Phase,
@@ -650,8 +650,8 @@ impl Worker {
         if !due {
             return Ok(());
         }
-        self.phase = Phase::Commit;
         self.drain_updates()?;
+        self.phase = Phase::Commit;
         self.gather_powersgd()?;
         let Some(committer) = self.committer.as_mut() else {
             return Ok(());
@@ -769,6 +769,9 @@ impl Worker {
     /// Priority scheduling: applies every bucket of the last step the forward has not (a
     /// no-op otherwise).
     fn drain_updates(&mut self) -> Result<(), WorkerError> {
+        if !self.priority.deferred() {
+            return Ok(());
+        }
         self.phase = Phase::Update;
         let (params, blocks) = self.net.params_and_blocks();
         let drained = self
