@@ -257,8 +257,18 @@ fn bench_compress_prints_each_format_and_size_and_refuses_a_size_of_nothing() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} in {line}"))
     };
-    for rank in [1, 4] {
-        assert!(field(rank, 64, "compute_ns=") > 0.0);
+    for rank in [1, 2, 4] {
+        // The three phases are positive and make up the whole.
+        let phases: f64 = ["before_ns=", "between_ns=", "after_ns="]
+            .iter()
+            .map(|p| {
+                let v = field(rank, 64, p);
+                assert!(v > 0.0 && v.is_finite(), "{p} {v}");
+                v
+            })
+            .sum();
+        let whole = field(rank, 64, "compute_ns=");
+        assert!((phases - whole).abs() < 3e-3, "{phases} against {whole}");
     }
     // 64 KiB: a 128 x 128 matrix; rank r sends 256 r of its 16384 values.
     assert!((field(1, 64, "sent_fraction=") - 256.0 / 16384.0).abs() < 1e-4);

@@ -192,6 +192,7 @@ fn comm_only(bytes: usize) -> Profile {
             forward_ms: 0.0,
             backward_ms: 0.0,
             param_sizes: vec![bytes / 4],
+            matrices: None,
             macs_per_sample: 0,
         }],
         update_ms: 0.0,
@@ -297,6 +298,7 @@ fn uneven() -> Profile {
                 forward_ms: *f,
                 backward_ms: *b,
                 param_sizes: p.to_vec(),
+                matrices: None,
                 macs_per_sample: 0,
             })
             .collect(),
@@ -1045,16 +1047,7 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
     }
     let link_flags = ["--link-bandwidth", "1Gbit", "--link-latency", "200us"];
     let given = link(1.25e8, 200);
-    let graph =
-        std::sync::Arc::new(dptrain::train::build_graph("resnet20", [3, 32, 32], 10).unwrap());
-    let net = dptrain::nn::Net::new(
-        graph,
-        dptrain::nn::NetConfig {
-            max_batch: 1,
-            seed: 1,
-        },
-    )
-    .unwrap();
+    let (_, net) = graph_and_net("resnet20");
     let lens = dptrain::plan::block_lens(&net);
     let profile = Profile {
         model: "resnet20".into(),
@@ -1069,6 +1062,7 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
                 forward_ms: 1.0,
                 backward_ms: 2.0,
                 param_sizes: vec![n],
+                matrices: None,
                 macs_per_sample: 1,
             })
             .collect(),
@@ -1286,5 +1280,220 @@ fn auto_is_within_five_percent_of_the_best_fixed_choice_on_every_cluster_in_the_
         "{} of {cases} cases slower than the bound allows:\n{}",
         failures.len(),
         failures.join("\n")
+    );
+}
+
+/// One block of `rows x cols` weights and `bias` more values, all its gradient ready at once
+/// and no compute: a step that is its communication alone.
+fn one_matrix(rows: usize, cols: usize, bias: usize) -> Profile {
+    let mut p = comm_only(4 * (rows * cols + bias));
+    p.blocks[0].matrices = Some(vec![dptrain::comm::powersgd::Matrix {
+        offset: 0,
+        rows,
+        cols,
+    }]);
+    p
+}
+
+fn powersgd(c: StepConfig, rank: usize) -> StepConfig {
+    StepConfig {
+        compress: dptrain::plan::CompressChoice::PowerSgd { rank },
+        ..c
+    }
+}
+
+#[test]
+fn powersgd_sends_two_rounds_and_pays_its_arithmetic_on_the_communication_thread() {
+    use dptrain::comm::powersgd::PowerSgdRates;
+    let (rows, cols, bias) = (1152, 256, 256);
+    let p = one_matrix(rows, cols, bias);
+    // 2 workers on a ring without latency: each round costs its bytes over the link.
+    let bw = 12.5e6;
+    let base = cfg(
+        Topology::flat(2, link(bw, 0)),
+        CommChoice::Fixed(CommMode::Ring),
+        true,
+        ONE_BUCKET,
+    );
+    let none = simulate_step(&p, &base).unwrap();
+    assert!((none.comm_ms - 4.0 * (rows * cols + bias) as f64 / bw * 1e3).abs() < 1e-6);
+    for rank in [1, 4] {
+        let r = simulate_step(&p, &powersgd(base, rank)).unwrap();
+        // Round 1: the bias and P (rows x rank); round 2: Q (cols x rank).
+        let sent = (bias + rows * rank + cols * rank) as f64;
+        let arithmetic: f64 = PowerSgdRates::MEASURED
+            .seconds(rows * cols, rank)
+            .iter()
+            .sum();
+        let expected = (4.0 * sent / bw + arithmetic) * 1e3;
+        assert!(
+            (r.comm_ms - expected).abs() < 1e-6,
+            "rank {rank}: {} ms against {expected} ms",
+            r.comm_ms
+        );
+        // The step ends after the product sent back, with the per-step overhead at zero.
+        assert!((r.step_ms - expected).abs() < 1e-6, "{}", r.step_ms);
+        assert!(r.step_ms < none.step_ms / 10.0);
+    }
+    // A matrix too small to gain at this rank travels whole, as the trainer sends it.
+    let small = one_matrix(8, 8, 0);
+    let whole = simulate_step(&small, &base).unwrap();
+    let r = simulate_step(&small, &powersgd(base, 4)).unwrap();
+    assert!((r.comm_ms - whole.comm_ms).abs() < 1e-9);
+}
+
+#[test]
+fn powersgd_needs_the_profiles_matrices_and_the_overlap_schedule() {
+    let base = cfg(
+        Topology::flat(2, link(12.5e6, 0)),
+        CommChoice::Fixed(CommMode::Ring),
+        true,
+        None,
+    );
+    let err = simulate_step(&comm_only(1 << 20), &powersgd(base, 4)).unwrap_err();
+    assert!(
+        err.contains("does not list its weight matrices") && err.contains("dptrain profile"),
+        "{err}"
+    );
+    let priority = StepConfig {
+        schedule: dptrain::parallel::Schedule::Priority,
+        ..powersgd(base, 4)
+    };
+    let err = simulate_step(&one_matrix(64, 64, 0), &priority).unwrap_err();
+    assert!(err.contains("--schedule priority"), "{err}");
+}
+
+/// A built-in model's graph for 3x32x32 images and 10 classes, and its net at batch 1.
+fn graph_and_net(model: &str) -> (std::sync::Arc<dptrain::model::Graph>, dptrain::nn::Net) {
+    let graph = std::sync::Arc::new(
+        dptrain::train::build_graph(model, [3, 32, 32], 10)
+            .unwrap_or_else(|e| panic!("{model}: {e}")),
+    );
+    let cfg = dptrain::nn::NetConfig {
+        max_batch: 1,
+        seed: 1,
+    };
+    let net = dptrain::nn::Net::new(graph.clone(), cfg).unwrap();
+    (graph, net)
+}
+
+#[test]
+fn the_graphs_weight_matrices_are_the_nets() {
+    use dptrain::model::BUILTIN;
+    for (model, _) in BUILTIN.iter().take(6) {
+        let (graph, net) = graph_and_net(model);
+        let from_graph: Vec<_> = dptrain::measure::profile::graph_blocks(&graph)
+            .into_iter()
+            .map(|b| b.matrices.expect("a graph's blocks list their matrices"))
+            .collect();
+        assert_eq!(from_graph, dptrain::plan::block_matrices(&net), "{model}");
+    }
+}
+
+#[test]
+fn the_schedule_search_is_never_worse_than_either_schedule_and_keeps_to_what_the_trainer_allows() {
+    use dptrain::parallel::Schedule;
+    use dptrain::sim::search_schedule;
+    let p = uneven();
+    let mut sim = Simulator::new();
+    for bw in [150e6, 20e9] {
+        let base = cfg(
+            Topology::flat(2, link(bw, 20)),
+            CommChoice::Fixed(CommMode::Ring),
+            true,
+            None,
+        );
+        let found = search_schedule(&mut sim, &p, &base, false).unwrap();
+        let overlap = sim.step(&p, &base).unwrap();
+        let priority = sim
+            .step(
+                &p,
+                &StepConfig {
+                    schedule: Schedule::Priority,
+                    ..base
+                },
+            )
+            .unwrap();
+        assert!((found.overlap_ms - overlap.step_ms).abs() < 1e-9);
+        assert!(found.result.step_ms <= overlap.step_ms.min(priority.step_ms) + 1e-9);
+        // What it reports is what that configuration gives.
+        assert_eq!(found.result, sim.step(&p, &found.cfg).unwrap());
+        if bw < 1e9 {
+            // A link about as slow as compute: priority wins (the test above).
+            assert_eq!(found.cfg.schedule, Schedule::Priority, "{bw}");
+        }
+    }
+    // Tree mode and overlap off refuse priority: the search answers overlap.
+    let topo = Topology::flat(2, link(150e6, 20));
+    for c in [
+        cfg(topo, CommChoice::Fixed(CommMode::Tree), true, None),
+        cfg(topo, CommChoice::Fixed(CommMode::Ring), false, None),
+    ] {
+        let found = search_schedule(&mut sim, &p, &c, true).unwrap();
+        assert_eq!(found.cfg.schedule, Schedule::Overlap);
+        assert!(found.bucket_kb.is_some());
+    }
+}
+
+#[test]
+fn simulate_searches_the_schedule_and_prices_powersgd_from_a_models_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.json");
+    std::fs::write(&path, serde_json::to_string(&uneven()).unwrap()).unwrap();
+    let p = path.to_str().unwrap();
+    let common = ["--workers", "2", "--link-latency", "20us", "--comm", "ring"];
+    let (code, out, err) = dptrain(
+        &[
+            &["simulate", "--profile", p, "--link-bandwidth", "150MB/s"][..],
+            &common,
+            &[
+                "--overlap",
+                "on",
+                "--compute-spread",
+                "0",
+                "--search-schedule",
+            ],
+        ]
+        .concat(),
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("priority, partitions of") && out.contains("x overlap's"),
+        "{out}"
+    );
+    // PowerSGD from a graph profile (its matrices are the graph's): far less on the link.
+    let graph = [
+        "simulate",
+        "--model",
+        "vgg-small",
+        "--device-tflops",
+        "1",
+        "--efficiency",
+        "0.5",
+        "--mem-gbs",
+        "10",
+        "--link-bandwidth",
+        "20Mbit",
+        "--overlap",
+        "on",
+    ];
+    let comm_ms = |compress: &str| {
+        let (code, out, err) = dptrain(
+            &[&graph[..], &common, &["--compress", compress]].concat(),
+            dir.path(),
+        );
+        assert_eq!(code, 0, "{err}");
+        let row = out.lines().last().unwrap().to_string();
+        row.split_whitespace()
+            .nth(8)
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    let (none, rank1) = (comm_ms("none"), comm_ms("powersgd:1"));
+    assert!(
+        rank1 < none / 10.0,
+        "powersgd:1 {rank1} ms against none {none} ms"
     );
 }

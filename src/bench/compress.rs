@@ -54,9 +54,10 @@ pub fn measure(format: WireFormat, values: usize) -> (f64, f64, f64) {
 }
 
 /// PowerSGD's compute on one `side x side` matrix at `rank` (the whole `reduce` with the
-/// collectives left out): nanoseconds per gradient value, median of the rounds; and the
-/// fraction of the values it sends.
-pub fn measure_powersgd(side: usize, rank: usize) -> (f64, f64) {
+/// collectives left out): nanoseconds per gradient value in each phase (before round 1,
+/// between the rounds, after round 2: [`crate::comm::powersgd::PowerSgdRates`]), medians of
+/// the rounds; and the fraction of the values it sends.
+pub fn measure_powersgd(side: usize, rank: usize) -> ([f64; 3], f64) {
     use crate::comm::powersgd::{Matrix, PowerSgdBucket};
     let values = side * side;
     let m = Matrix {
@@ -69,21 +70,29 @@ pub fn measure_powersgd(side: usize, rank: usize) -> (f64, f64) {
         .map(|i| ((i as f32) * 0.37).sin() * 1e-2)
         .collect();
     let mut buf = grad.clone();
-    let mut times = Vec::new();
+    let mut phases: [Vec<f64>; 3] = Default::default();
     for round in 0..=ROUNDS {
         buf.copy_from_slice(&grad);
-        let t0 = Instant::now();
+        // The collectives' places: the clock read when each round would start.
+        let mut marks = Vec::with_capacity(3);
+        marks.push(Instant::now());
         state
-            .reduce(&mut buf, |_| Ok(()))
+            .reduce(&mut buf, |_| {
+                marks.push(Instant::now());
+                Ok(())
+            })
             .expect("no collective to fail");
+        marks.push(Instant::now());
         if round > 0 {
-            times.push(t0.elapsed().as_secs_f64() * 1e9 / values as f64);
+            for (phase, pair) in phases.iter_mut().zip(marks.windows(2)) {
+                phase.push((pair[1] - pair[0]).as_secs_f64() * 1e9 / values as f64);
+            }
         }
         std::hint::black_box(&buf);
     }
     let (first, second) = state.round_lens();
     (
-        super::median(&mut times),
+        phases.map(|mut p| super::median(&mut p)),
         (first + second) as f64 / values as f64,
     )
 }
@@ -128,28 +137,38 @@ pub fn run_command(a: CompressArgs) -> Result<(), String> {
     // PowerSGD on a square matrix of each size: its compute per value (both products, the
     // orthogonalisation, the error feedback and the product sent back), and what it sends.
     crate::outln!(
-        "{:>11} {:>10} {:>12} {:>12} {:>14}",
+        "{:>11} {:>10} {:>12} {:>9} {:>9} {:>9} {:>12} {:>14}",
         "format",
         "size",
         "compute ns/v",
+        "before",
+        "between",
+        "after",
         "values sent",
         "compute"
     );
-    for rank in [1, 4] {
+    for rank in [1, 2, 4] {
         for &kb in &sizes {
             let side = ((kb * 1024 / 4) as f64).sqrt() as usize;
-            let (ns, sent) = measure_powersgd(side.max(1), rank);
+            let (phases, sent) = measure_powersgd(side.max(1), rank);
+            let ns: f64 = phases.iter().sum();
             crate::outln!(
-                "{:>11} {:>7} KiB {:>12.3} {:>11.4}x {:>9.0} MB/s",
+                "{:>11} {:>7} KiB {:>12.3} {:>9.3} {:>9.3} {:>9.3} {:>11.4}x {:>9.0} MB/s",
                 format!("powersgd:{rank}"),
                 kb,
                 ns,
+                phases[0],
+                phases[1],
+                phases[2],
                 sent,
                 4.0 / ns * 1e3
             );
             crate::outln!(
                 "RESULT compress powersgd:{rank} size_kb={kb} compute_ns={ns:.3} \
-                 sent_fraction={sent:.4}"
+                 before_ns={:.3} between_ns={:.3} after_ns={:.3} sent_fraction={sent:.4}",
+                phases[0],
+                phases[1],
+                phases[2]
             );
         }
     }

@@ -5,8 +5,8 @@ use crate::bench::args::{on_off_list, worker_list};
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
 use crate::plan::{BucketFlags, CommChoice, HierarchyChoice};
 use crate::sim::{
-    search_buckets, Overheads, Profile, Simulator, StepConfig, StepResult, Stragglers, Topology,
-    MEASURED,
+    search_buckets, search_schedule, Overheads, Profile, Simulator, StepConfig, StepResult,
+    Stragglers, Topology, MEASURED,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -74,8 +74,9 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "both")]
     pub overlap: String,
     /// Gradients on the wire, read as `train --compress` is: none, fp16, bf16 (half the bytes
-    /// of every message; the conversions' compute is not simulated) or auto (the cost model's
-    /// choice per bucket).
+    /// of every message; the conversions' compute is not simulated), auto (the cost model's
+    /// choice per bucket) or powersgd:R (two rounds per bucket of the trainer's sizes, and the
+    /// arithmetic around them at this machine's measured rates; overlap schedule only).
     #[arg(long, default_value = "none")]
     pub compress: String,
     /// When buckets are reduced, read as `train --schedule` is: overlap, or priority
@@ -98,6 +99,11 @@ pub struct SimulateArgs {
     /// Try a range of bucket caps and report the best for each configuration.
     #[arg(long)]
     pub search_buckets: bool,
+    /// Try `--schedule overlap` and `priority` with a range of partition sizes (the trainer's
+    /// default and 16 KiB-16 MiB) and report the best for each configuration, with its schedule
+    /// and its gain over overlap (`--schedule` and `--partition-kb` are then what is searched).
+    #[arg(long)]
+    pub search_schedule: bool,
     /// Coefficient of variation of each worker's compute per step (stragglers), e.g. 0.02, or
     /// `profile`: the spread measured with the profile [default: the measured one: 0.015].
     #[arg(long)]
@@ -219,6 +225,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         single,
         ideal,
         search: a.search_buckets,
+        search_schedule: a.search_schedule,
         comms: comm_list(&a.comm)?,
         hiers: hierarchy_list(&a.hierarchical)?,
         // Priority scheduling needs overlap on.
@@ -408,6 +415,8 @@ struct Sweep<'a> {
     ideal: Option<(Topology, f64)>,
     /// Search the bucket caps (`--search-buckets`)?
     search: bool,
+    /// Search the schedule and its partitions (`--search-schedule`)?
+    search_schedule: bool,
     comms: Vec<CommChoice>,
     hiers: Vec<HierarchyChoice>,
     overlaps: Vec<bool>,
@@ -428,20 +437,18 @@ impl Sweep<'_> {
                         overlap,
                         ..self.single_cfg
                     };
-                    let result = if self.search {
-                        search_buckets(sim, self.profile, &cfg).map(|(kb, r)| (Some(kb), r))
-                    } else {
-                        sim.step(self.profile, &cfg)
-                            .map(|r| (cfg.buckets.caps_kb().map(|(_, b)| b), r))
-                    };
                     rows += 1;
-                    match result.and_then(|(kb, r)| Ok((kb, self.ideal_eff(sim, &cfg, kb)?, r))) {
-                        Ok((kb, ideal, r)) => {
+                    let found = self.run_one(sim, &cfg).and_then(|(c, kb, r, note)| {
+                        Ok((self.ideal_eff(sim, &c, kb)?, c, kb, r, note))
+                    });
+                    match found {
+                        Ok((ideal, c, kb, r, note)) => {
                             let eff = Efficiency {
                                 single: self.single,
                                 ideal,
                             };
-                            crate::outln!("{}", row(&cfg, kb, &r, eff, self.profile.batch))
+                            let line = row(&c, kb, &r, eff, self.profile.batch);
+                            crate::outln!("{line}{note}")
                         }
                         Err(e) => {
                             refused += 1;
@@ -456,6 +463,46 @@ impl Sweep<'_> {
 }
 
 impl Sweep<'_> {
+    /// One configuration, with its buckets or schedule searched as asked: the configuration
+    /// that ran, its bucket cap (searched or given), its step, and what the row adds (the
+    /// schedule found).
+    fn run_one(
+        &self,
+        sim: &mut Simulator,
+        cfg: &StepConfig,
+    ) -> Result<(StepConfig, Option<usize>, StepResult, String), String> {
+        if self.search_schedule {
+            let found = search_schedule(sim, self.profile, cfg, self.search)?;
+            let kb = found
+                .bucket_kb
+                .or_else(|| found.cfg.buckets.caps_kb().map(|(_, b)| b));
+            let note = match found.cfg.schedule {
+                crate::parallel::Schedule::Priority => format!(
+                    "  priority, partitions of {}: {:.2}x overlap's {:.3} ms",
+                    found
+                        .cfg
+                        .partition_kb
+                        .map_or("the default".into(), |k| format!("{k} KiB")),
+                    found.overlap_ms / found.result.step_ms,
+                    found.overlap_ms
+                ),
+                crate::parallel::Schedule::Overlap => "  overlap".to_string(),
+            };
+            return Ok((found.cfg, kb, found.result, note));
+        }
+        if self.search {
+            let (kb, r) = search_buckets(sim, self.profile, cfg)?;
+            return Ok((*cfg, Some(kb), r, String::new()));
+        }
+        let r = sim.step(self.profile, cfg)?;
+        Ok((
+            *cfg,
+            cfg.buckets.caps_kb().map(|(_, b)| b),
+            r,
+            String::new(),
+        ))
+    }
+
     /// The ideal network's efficiency for `cfg` at the bucket cap `kb` that `cfg` ran with
     /// (searched or given), %; `None` with `--ideal`.
     fn ideal_eff(

@@ -45,7 +45,7 @@ pub fn compresses(rows: usize, cols: usize, rank: usize) -> bool {
 }
 
 /// One weight matrix inside a bucket's buffer, row-major.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Matrix {
     /// First element in the bucket's buffer.
     pub offset: usize,
@@ -63,6 +63,59 @@ impl Matrix {
         self.offset..self.offset + self.len()
     }
 }
+
+/// Values each round of a bucket of `len` values sends when `matrices` (disjoint, inside it)
+/// go at rank `rank`: round 1 the plain values and every `P` (`rows x rank`), round 2 every
+/// `Q` (`cols x rank`). The reducer's buffers and the simulator's messages are both this size.
+pub fn round_lens(len: usize, matrices: &[Matrix], rank: usize) -> (usize, usize) {
+    let in_matrices: usize = matrices.iter().map(Matrix::len).sum();
+    let p: usize = matrices.iter().map(|m| m.rows * rank).sum();
+    let q: usize = matrices.iter().map(|m| m.cols * rank).sum();
+    (len - in_matrices + p, q)
+}
+
+/// What PowerSGD's arithmetic costs the communication thread, per value of the matrices it
+/// compresses: `ns = fixed + per_rank x rank` in each of its three phases (before round 1:
+/// `M = G + E`, `P = M Q`; between the rounds: orthogonalisation, `Q = M^T P`, the error;
+/// after round 2: `G = P Q^T`). The simulator charges these to the communication thread.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PowerSgdRates {
+    /// Before round 1: (fixed, per rank) ns per value.
+    pub before: (f64, f64),
+    /// Between the rounds: as `before`.
+    pub between: (f64, f64),
+    /// After round 2: as `before`.
+    pub after: (f64, f64),
+}
+
+impl PowerSgdRates {
+    /// Measured with `dptrain bench compress` (its per-phase columns) on this project's
+    /// machine, a 2-core Intel Xeon with AVX-512, 2026-12-04, nothing else running: 1 MiB
+    /// square matrices, each run the median of 9 rounds, the median of 3 runs, and the line
+    /// through ranks 1 and 4. At 64 KiB the total is 0.5-1.0x these, at 16 MiB 1.5-1.9x
+    /// (the matrix no longer in cache; docs/bench/compress.md). One core's arithmetic, not a
+    /// model of other machines.
+    pub const MEASURED: PowerSgdRates = PowerSgdRates {
+        before: MEASURED_BEFORE,
+        between: MEASURED_BETWEEN,
+        after: MEASURED_AFTER,
+    };
+
+    /// Seconds of each phase (before, between, after) for `values` values in matrices at
+    /// `rank`.
+    pub fn seconds(&self, values: usize, rank: usize) -> [f64; 3] {
+        let v = values as f64 * 1e-9;
+        let at = |(fixed, per_rank): (f64, f64)| v * (fixed + per_rank * rank as f64);
+        [at(self.before), at(self.between), at(self.after)]
+    }
+}
+
+// `bench compress --sizes-kb 1024`, three runs, the median of each phase (ns per value):
+// rank 1 before 0.223, between 0.253, after 0.163; rank 4 0.364, 0.511, 0.271 (rank 2, not
+// used for the line: 0.262-0.285, 0.318-0.349, 0.179-0.203, on the line within 4%).
+const MEASURED_BEFORE: (f64, f64) = (0.176, 0.047);
+const MEASURED_BETWEEN: (f64, f64) = (0.167, 0.086);
+const MEASURED_AFTER: (f64, f64) = (0.127, 0.036);
 
 /// One bucket's PowerSGD state on one worker: its layout, the error feedback, the warm-started
 /// Q, and the two rounds' buffers.
@@ -105,15 +158,18 @@ impl PowerSgdBucket {
         }
         let plain_len = plain.iter().map(|r| r.len()).sum();
         let errors: usize = matrices.iter().map(Matrix::len).sum();
-        let p_len: usize = matrices.iter().map(|m| m.rows * rank).sum();
-        let q_len: usize = matrices.iter().map(|m| m.cols * rank).sum();
+        let (first, q_len) = round_lens(len, &matrices, rank);
+        debug_assert_eq!(
+            first,
+            plain_len + matrices.iter().map(|m| m.rows * rank).sum::<usize>()
+        );
         Self {
             rank,
             plain,
             plain_len,
             error: vec![0.0; errors],
             q: seeded_values(q_len, seed),
-            first: vec![0.0; plain_len + p_len],
+            first: vec![0.0; first],
             second: vec![0.0; q_len],
             matrices,
         }

@@ -9,6 +9,7 @@
 //! in topological order, so backward (which runs the blocks last first) produces them in reverse
 //! topological order.
 
+use crate::comm::powersgd::Matrix;
 use crate::model::Graph;
 use crate::output::OutputError;
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,12 @@ pub struct BlockProfile {
     pub param_sizes: Vec<usize>,
     /// Forward multiply-accumulates of one sample.
     pub macs_per_sample: u64,
+    /// The block's weight matrices as PowerSGD sees them ([`crate::plan::block_matrices`]'s
+    /// rule: a convolution's `kh kw c/groups` rows of `o`, a linear layer's `out` rows of
+    /// `in`), offsets within the block. Absent in files written before it existed: the
+    /// simulator then cannot price `--compress powersgd:R`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrices: Option<Vec<Matrix>>,
 }
 
 impl BlockProfile {
@@ -214,12 +221,40 @@ pub fn graph_blocks(graph: &Graph) -> Vec<BlockProfile> {
                 backward_ms: 0.0,
                 param_sizes: vec![n.params],
                 macs_per_sample: n.macs + std::mem::take(&mut pending),
+                matrices: Some(node_matrices(graph, n)),
             }),
             Some(b) => b.macs_per_sample += n.macs,
             None => pending += n.macs,
         }
     }
     blocks
+}
+
+/// The weight matrix of a node with parameters, as the training engine lays it out (its
+/// weight first in the block): what [`crate::plan::block_matrices`] reads from a net, here
+/// from the graph alone (tests/sim.rs checks the two agree on the model zoo).
+fn node_matrices(graph: &Graph, n: &crate::model::Node) -> Vec<Matrix> {
+    use crate::model::{NodeOp, Op, Units};
+    let fixed = |u: &Units| match u {
+        Units::Fixed(v) => *v,
+        Units::Expr(_) => unreachable!("a graph's counts are resolved"),
+    };
+    let Some(input) = n.inputs.first().map(|&i| graph.nodes[i].shape) else {
+        return Vec::new();
+    };
+    let (rows, cols) = match &n.op {
+        NodeOp::Layer(Op::Conv2d(c)) => (
+            c.kernel[0] * c.kernel[1] * input.c / fixed(&c.groups).max(1),
+            fixed(&c.out),
+        ),
+        NodeOp::Layer(Op::Linear(l)) => (fixed(&l.out), input.c * input.h * input.w),
+        _ => return Vec::new(),
+    };
+    vec![Matrix {
+        offset: 0,
+        rows,
+        cols,
+    }]
 }
 
 /// Longest block, update time a profile may state, ms (a day: far beyond any real step).

@@ -109,6 +109,7 @@ pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
             backward_ms: pool(&|t| t.backward_ms[k]),
             param_sizes: b.param_sizes.clone(),
             macs_per_sample: b.macs_per_sample,
+            matrices: b.matrices.clone(),
         })
         .collect();
     let totals: Vec<f64> = runs

@@ -4,8 +4,9 @@
 //! Each simulated rank works through the step's [`Segment`]s in order, one at a time (the
 //! trainer's communication thread runs one collective after another): it starts a segment
 //! once it has finished the previous one and the segment is ready for it (its bucket's
-//! gradients are out of backward), after any compute the segment asks for first (tree mode's
-//! root update), then runs its recorded program. A send starts when the sender and both ports
+//! gradients are out of backward), after any compute it waits for first (tree mode's root
+//! update), then runs its recorded program between the arithmetic it does itself before and
+//! after the messages (PowerSGD's products). A send starts when the sender and both ports
 //! are free, keeps them busy for `bytes / bandwidth`, returns to the sender when the last byte
 //! is out and can be received `latency + overhead` later. Ports are reserved in the order sends
 //! happen in virtual time (ranks are processed from a heap by time), and a rank yields after
@@ -30,8 +31,13 @@ pub struct Segment<'a> {
     pub bytes: f64,
     /// When each simulated rank may start it, s (one entry per simulated rank).
     pub ready: Vec<f64>,
-    /// Compute each simulated rank does before starting it, once ready, s (empty: none).
+    /// Compute each simulated rank waits for before starting it, once ready, on another
+    /// thread (tree mode's root update), s (empty: none).
     pub before: Vec<f64>,
+    /// Arithmetic each simulated rank's communication thread does itself: before the first
+    /// message and after the last (PowerSGD's products), s per rank (empty: none). Counted
+    /// in the thread's busy time.
+    pub arithmetic: [Vec<f64>; 2],
 }
 
 /// When each simulated rank finished, and how long its communication thread was busy.
@@ -119,6 +125,8 @@ struct Engine<'s, 'a> {
     /// clock, when it started its segment and its time inside segments.
     seg: Vec<usize>,
     started: Vec<bool>,
+    /// Whether the rank is in its segment's compute after the messages.
+    finishing: Vec<bool>,
     pc: Vec<usize>,
     clock: Vec<f64>,
     seg_start: Vec<f64>,
@@ -151,6 +159,7 @@ impl<'s, 'a> Engine<'s, 'a> {
             nic_rx: vec![0.0; hosts],
             seg: vec![0; ranks],
             started: vec![false; ranks],
+            finishing: vec![false; ranks],
             pc: vec![0; ranks],
             clock: vec![0.0; ranks],
             seg_start: vec![0.0; ranks],
@@ -175,6 +184,14 @@ impl<'s, 'a> Engine<'s, 'a> {
                 return;
             }
             if self.pc[r] == sg.job.start[r + 1] {
+                let after = sg.arithmetic[1].get(r).copied().unwrap_or(0.0);
+                if after > 0.0 && !self.finishing[r] {
+                    // Its messages are done; its compute after them ends the segment.
+                    self.finishing[r] = true;
+                    self.heap.push(key(t + after, r));
+                    return;
+                }
+                self.finishing[r] = false;
                 self.leave(r, t, si);
                 continue;
             }
@@ -208,8 +225,9 @@ impl<'s, 'a> Engine<'s, 'a> {
         self.started[r] = true;
         self.pc[r] = sg.job.start[r];
         let before = sg.before.get(r).copied().unwrap_or(0.0);
-        let begin = t.max(sg.ready[r]) + before;
-        self.seg_start[r] = begin;
+        let arithmetic = sg.arithmetic[0].get(r).copied().unwrap_or(0.0);
+        self.seg_start[r] = t.max(sg.ready[r]) + before;
+        let begin = self.seg_start[r] + arithmetic;
         self.mail[si].get_or_insert_with(|| Mail {
             ready: vec![f64::NAN; sg.job.slots],
             waiter: vec![NOBODY; sg.job.slots],

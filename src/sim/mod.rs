@@ -55,6 +55,7 @@ pub use defaults::{Overheads, MEASURED};
 pub use profile::{from_graph, DeviceSpec, DeviceSpeed};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};
 pub use step::{
-    plan, plan_inputs, search_buckets, simulate_step, Simulator, StepConfig, StepResult, Stragglers,
+    plan, plan_inputs, search_buckets, search_schedule, simulate_step, ScheduleChoice, Simulator,
+    StepConfig, StepResult, Stragglers, SEARCH_PARTITIONS_KB,
 };
 pub use topology::Topology;

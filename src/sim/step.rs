@@ -29,12 +29,23 @@
 //! communication thread, in virtual time, without the jitter of a real step); and the step
 //! is the steady state of the overlap with the next forward: from the end of backward, the
 //! next forward runs block by block, each block once its bucket is back and its share of the
-//! update is done, then backward again. The decision message each partition costs on the
-//! trainer's communication thread is not modelled.
+//! update is done, then backward again. Each partition is preceded, as in the trainer, by
+//! rank 0's decision: the bucket's index down rank 0's tree (one value; its latency is what a
+//! partition costs beyond its bytes).
+//!
+//! **PowerSGD** (`--compress powersgd:R`, [`crate::comm::powersgd`]). A bucket with a matrix
+//! that gains runs its operation twice, with the trainer's round sizes
+//! ([`crate::comm::powersgd::round_lens`]) for the matrices the trainer compresses (the
+//! profile's, by [`crate::plan::powersgd_matrices`]), and its communication thread does the
+//! arithmetic before, between and after the rounds at the measured
+//! [`crate::comm::powersgd::PowerSgdRates`]. That arithmetic is charged to the communication
+//! thread alone: on this machine it also takes a share of the workers' 2 cores, which the
+//! model leaves out (docs/bench/compress.md). Under `--schedule priority` it is refused.
 
 use super::engine::{run, Segment};
 use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
 use super::topology::Topology;
+use crate::comm::powersgd::{round_lens, PowerSgdRates};
 use crate::comm::LinkModel;
 use crate::measure::Profile;
 use crate::parallel::{BucketOp, BucketPlan};
@@ -159,11 +170,13 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
                 .into(),
         );
     }
-    if let Some(rank) = cfg.compress.powersgd_rank() {
+    if let (Some(rank), crate::parallel::Schedule::Priority) =
+        (cfg.compress.powersgd_rank(), cfg.schedule)
+    {
         return Err(format!(
-            "--compress powersgd:{rank}: the simulator does not model PowerSGD yet (its two \
-             rounds per bucket and their compute); simulate none, fp16 or bf16, and measure \
-             PowerSGD with train --link-bandwidth"
+            "--compress powersgd:{rank} with --schedule priority: the simulator models PowerSGD \
+             under the overlap schedule only; simulate --schedule overlap, and measure the pair \
+             with train --link-bandwidth"
         ));
     }
     if cfg.schedule == crate::parallel::Schedule::Priority {
@@ -253,11 +266,17 @@ impl Simulator {
             .zip(&wires)
             .map(|(&op, &w)| Job::Bucket(op, w))
             .collect();
-        if root_updates {
+        let priority = cfg.schedule == crate::parallel::Schedule::Priority;
+        // Tree mode's weights, or priority's decisions: both are rank 0's tree broadcast
+        // (priority refuses tree mode, so a step has one or the other).
+        if root_updates || priority {
             jobs.push(Job::WeightBroadcast);
         }
+        let powersgd = match cfg.compress.powersgd_rank() {
+            Some(rank) => powersgd_rounds(profile, &plan, rank)?,
+            None => vec![None; bytes.len()],
+        };
         let idx = self.compiled_jobs(&jobs, &topo, st, bytes.len())?;
-        let priority = cfg.schedule == crate::parallel::Schedule::Priority;
         let partition_bytes = plan_inputs(cfg).partition_bytes();
         let planned = PlannedStep {
             profile,
@@ -270,6 +289,7 @@ impl Simulator {
             total_bytes: bytes.iter().sum::<usize>() as f64,
             ready_after: plan.buckets.iter().map(|b| b.ready_after_block()).collect(),
             bytes,
+            powersgd,
             jobs,
             idx,
             root_updates,
@@ -363,6 +383,8 @@ struct PlannedStep<'p> {
     sim_ranks: usize,
     /// Each bucket's bytes, in the order they become ready.
     bytes: Vec<usize>,
+    /// Each bucket's PowerSGD rounds (`--compress powersgd:R`; `None`: sent whole).
+    powersgd: Vec<Option<PowerSgdRounds>>,
     /// Every bucket's bytes: what tree mode's weight broadcast sends.
     total_bytes: f64,
     /// The block after whose backward each bucket is ready.
@@ -424,12 +446,29 @@ impl PlannedStep<'_> {
         mut ready: Vec<Vec<f64>>,
         acc: &mut Acc,
     ) -> Result<Vec<f64>, String> {
-        let mut segments: Vec<Segment> = self
-            .idx
-            .iter()
-            .zip(&self.jobs)
-            .enumerate()
-            .map(|(b, (&i, job))| {
+        let mut segments: Vec<Segment> = Vec::with_capacity(self.jobs.len() + 1);
+        for (b, (&i, job)) in self.idx.iter().zip(&self.jobs).enumerate() {
+            if let Some(rounds) = self.powersgd.get(b).copied().flatten() {
+                // Two collectives on the bucket's operation, the arithmetic around them.
+                let per_rank = |s: f64| vec![s; self.sim_ranks];
+                let ready = std::mem::take(&mut ready[b]);
+                segments.push(Segment {
+                    job: &cache[i].1,
+                    bytes: rounds.bytes[0],
+                    ready: ready.clone(),
+                    before: Vec::new(),
+                    arithmetic: [per_rank(rounds.compute[0]), Vec::new()],
+                });
+                segments.push(Segment {
+                    job: &cache[i].1,
+                    bytes: rounds.bytes[1],
+                    ready,
+                    before: Vec::new(),
+                    arithmetic: [per_rank(rounds.compute[1]), per_rank(rounds.compute[2])],
+                });
+                continue;
+            }
+            segments.push({
                 let is_broadcast = *job == Job::WeightBroadcast;
                 Segment {
                     job: &cache[i].1,
@@ -452,9 +491,10 @@ impl PlannedStep<'_> {
                     } else {
                         Vec::new()
                     },
+                    arithmetic: [Vec::new(), Vec::new()],
                 }
-            })
-            .collect();
+            });
+        }
         // An empty bucket sends nothing (the algorithms return at once).
         segments.retain(|s| s.bytes > 0.0);
         let times = run(&segments, &self.topo)?;
@@ -483,25 +523,40 @@ impl PlannedStep<'_> {
             .filter(|&b| self.bytes[b] > 0)
             .flat_map(|b| (0..parts[b]).map(move |p| (b, p)))
             .collect();
-        let segment = |&(b, p): &(usize, usize)| Segment {
-            job: &cache[self.idx[b]].1,
-            bytes: 4.0 * partition_range(self.bytes[b] / 4, parts[b], p).len() as f64,
-            ready: ready[b].clone(),
-            before: Vec::new(),
+        // Each partition is rank 0's decision (the bucket's index, one value down rank 0's
+        // tree, as the trainer's `PriorityStep` announces it), then the partition's collective.
+        let decision = &cache[*self.idx.last().expect("the decisions' broadcast")].1;
+        let segments = |&(b, p): &(usize, usize)| {
+            [
+                Segment {
+                    job: decision,
+                    bytes: 4.0,
+                    ready: ready[b].clone(),
+                    before: Vec::new(),
+                    arithmetic: [Vec::new(), Vec::new()],
+                },
+                Segment {
+                    job: &cache[self.idx[b]].1,
+                    bytes: 4.0 * partition_range(self.bytes[b] / 4, parts[b], p).len() as f64,
+                    ready: ready[b].clone(),
+                    before: Vec::new(),
+                    arithmetic: [Vec::new(), Vec::new()],
+                },
+            ]
         };
         // Timed once in backward's order, then run in the priority order of those times.
-        let first: Vec<Segment> = units.iter().map(segment).collect();
+        let first: Vec<Segment> = units.iter().flat_map(segments).collect();
         let timed = run(&first, &self.topo)?;
         let mut free = 0.0f64;
         let (mut at, mut took) = (Vec::new(), Vec::new());
         for (u, &(b, _)) in units.iter().enumerate() {
             let start = free.max(ready[b][0]);
-            free = timed.segment_end[u][0];
+            free = timed.segment_end[2 * u + 1][0];
             at.push(ready[b][0]);
             took.push(free - start);
         }
         let order = crate::parallel::schedule::priority_order(&at, &took);
-        let ordered: Vec<Segment> = order.iter().map(|&u| segment(&units[u])).collect();
+        let ordered: Vec<Segment> = order.iter().flat_map(|&u| segments(&units[u])).collect();
         let times = run(&ordered, &self.topo)?;
         acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
         // A bucket is back when its last partition is; an empty one when it is ready.
@@ -513,7 +568,7 @@ impl PlannedStep<'_> {
             .collect();
         for (i, &u) in order.iter().enumerate() {
             let b = units[u].0;
-            for (r, &end) in times.segment_end[i].iter().enumerate() {
+            for (r, &end) in times.segment_end[2 * i + 1].iter().enumerate() {
                 back[b][r] = back[b][r].max(end);
             }
         }
@@ -629,6 +684,54 @@ impl PlannedStep<'_> {
     }
 }
 
+/// One bucket's PowerSGD rounds: what each sends and the communication thread's arithmetic
+/// before round 1, between the rounds and after round 2.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PowerSgdRounds {
+    /// Bytes of round 1 (the plain values and every P) and round 2 (every Q).
+    bytes: [f64; 2],
+    /// Seconds of the three phases ([`PowerSgdRates::MEASURED`]).
+    compute: [f64; 3],
+}
+
+/// Each bucket's rounds under `--compress powersgd:R`, from the trainer's rule of which
+/// matrices it compresses ([`crate::plan::powersgd_matrices`]) and the profile's matrices;
+/// `None` for a bucket without one that gains (sent whole, as the trainer does).
+fn powersgd_rounds(
+    profile: &Profile,
+    plan: &BucketPlan,
+    rank: usize,
+) -> Result<Vec<Option<PowerSgdRounds>>, String> {
+    let blocks: Vec<_> = profile
+        .blocks
+        .iter()
+        .map(|b| b.matrices.clone())
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            format!(
+                "--compress powersgd:{rank}: the profile of {} does not list its weight \
+                 matrices (written before they were recorded), and PowerSGD's bytes depend on \
+                 them: write it again with dptrain profile",
+                profile.model
+            )
+        })?;
+    let per_bucket = crate::plan::powersgd_matrices(plan, &blocks, rank);
+    Ok(per_bucket
+        .iter()
+        .zip(&plan.buckets)
+        .map(|(matrices, bucket)| {
+            (!matrices.is_empty()).then(|| {
+                let (first, second) = round_lens(bucket.len, matrices, rank);
+                let values = matrices.iter().map(|m| m.rows * m.cols).sum();
+                PowerSgdRounds {
+                    bytes: [4.0 * first as f64, 4.0 * second as f64],
+                    compute: PowerSgdRates::MEASURED.seconds(values, rank),
+                }
+            })
+        })
+        .collect())
+}
+
 /// Sums over the simulated steps.
 #[derive(Default)]
 struct Acc {
@@ -693,4 +796,73 @@ pub fn search_buckets(
         }
     }
     Ok(best.expect("at least one cap"))
+}
+
+/// The partition sizes (KiB) `--search-schedule` tries under priority scheduling, besides the
+/// trainer's default: from a few link latencies' bytes on slow links to P3's and
+/// ByteScheduler's sizes on fast ones (160 KB and 4-32 MB).
+pub const SEARCH_PARTITIONS_KB: [usize; 9] = [16, 32, 64, 128, 256, 512, 1024, 4096, 16384];
+
+/// The best schedule found by [`search_schedule`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleChoice {
+    /// The configuration that ran: its schedule and partitions (and buckets, if searched).
+    pub cfg: StepConfig,
+    /// The bucket cap searched (`None`: not searched).
+    pub bucket_kb: Option<usize>,
+    /// Its step.
+    pub result: StepResult,
+    /// Overlap's step (with its own buckets, searched too when `buckets` is set), ms: what the
+    /// choice is measured against.
+    pub overlap_ms: f64,
+}
+
+/// Tries `--schedule overlap` (whole buckets) and `--schedule priority` with the trainer's
+/// default partitions and each of [`SEARCH_PARTITIONS_KB`], each with the bucket caps searched
+/// as [`search_buckets`] does when `buckets` is set, and returns the fastest. Priority where
+/// the trainer refuses it (tree mode, overlap off, PowerSGD here) is left out, so the answer
+/// is then overlap.
+pub fn search_schedule(
+    sim: &mut Simulator,
+    profile: &Profile,
+    cfg: &StepConfig,
+    buckets: bool,
+) -> Result<ScheduleChoice, String> {
+    use crate::parallel::Schedule;
+    let mut run = |c: StepConfig| -> Result<(StepConfig, Option<usize>, StepResult), String> {
+        if buckets {
+            let (kb, r) = search_buckets(sim, profile, &c)?;
+            Ok((c, Some(kb), r))
+        } else {
+            Ok((c, None, sim.step(profile, &c)?))
+        }
+    };
+    let overlap = StepConfig {
+        schedule: Schedule::Overlap,
+        partition_kb: None,
+        ..*cfg
+    };
+    let (c, kb, r) = run(overlap)?;
+    let overlap_ms = r.step_ms;
+    let mut best = (c, kb, r);
+    let partitions = std::iter::once(None).chain(SEARCH_PARTITIONS_KB.iter().map(|&k| Some(k)));
+    for partition_kb in partitions {
+        let c = StepConfig {
+            schedule: Schedule::Priority,
+            partition_kb,
+            ..*cfg
+        };
+        // A refused priority (or one too large to simulate) leaves overlap's answer.
+        if let Ok(found) = run(c) {
+            if found.2.step_ms < best.2.step_ms {
+                best = found;
+            }
+        }
+    }
+    Ok(ScheduleChoice {
+        cfg: best.0,
+        bucket_kb: best.1,
+        result: best.2,
+        overlap_ms,
+    })
 }
