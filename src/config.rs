@@ -72,6 +72,9 @@ pub struct TrainConfig {
     /// input-first with each layer updated as the next forward needs it
     /// ([`crate::parallel::schedule`]).
     pub schedule: crate::parallel::Schedule,
+    /// `--credit-kb`: what one decision of priority scheduling commits every rank to
+    /// (`None`: one partition).
+    pub credit_kb: Option<usize>,
     /// Emulated link, if any (with `--transport mpi`: the link `--comm auto` plans for).
     pub link: Option<LinkModel>,
     /// The link an MPI run with `--comm auto` and no `--link-*` measured between its processes
@@ -301,6 +304,12 @@ pub struct TrainOptions {
     /// times what the link moves in one latency; with overlap, whole buckets].
     #[arg(long)]
     pub partition_kb: Option<usize>,
+    /// Under --schedule priority, the KiB of partitions one decision of rank 0 commits every
+    /// rank to, input-first among the buckets it holds (ByteScheduler's credit; at least one
+    /// partition): fewer decision messages, and an urgent partition waits for up to this
+    /// [default: one partition].
+    #[arg(long)]
+    pub credit_kb: Option<usize>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s [default: no emulation].
     #[arg(long)]
     pub link_bandwidth: Option<String>,
@@ -544,7 +553,7 @@ impl TrainConfig {
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
             "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "compress": self.compress.to_string(), "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
-            "schedule": self.schedule.to_string(), "partition_kb": self.partition_kb,
+            "schedule": self.schedule.to_string(), "partition_kb": self.partition_kb, "credit_kb": self.credit_kb,
             "link_bandwidth_bytes_per_s": self.link.map(|l| l.bandwidth_bytes_per_s),
             "measured_link_bandwidth_bytes_per_s": self.measured_link.map(|l| l.bandwidth_bytes_per_s),
             "link_latency_us": self.link.map(|l| l.latency.as_secs_f64() * 1e6),
@@ -605,6 +614,7 @@ impl TrainOptions {
             first_bucket_kb,
             schedule,
             partition_kb,
+            credit_kb,
             link_bandwidth,
             link_latency,
             emulate_device,
@@ -662,7 +672,7 @@ impl TrainOptions {
         let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
         let workers = self.resolve_workers()?;
         let comm = self.resolve_comm(workers.workers)?;
-        let (schedule, partition_kb) = self.resolve_schedule(&comm)?;
+        let (schedule, partition_kb, credit_kb) = self.resolve_schedule(&comm)?;
         let link = self.resolve_link()?;
         let device = self.resolve_device()?;
         let comm_timeout = self.resolve_comm_timeout(link.as_ref())?;
@@ -701,6 +711,7 @@ impl TrainOptions {
             },
             schedule,
             partition_kb,
+            credit_kb,
             link,
             measured_link: None,
             device,
@@ -889,11 +900,12 @@ impl TrainOptions {
         })
     }
 
-    /// `--schedule` and `--partition-kb`, and what priority scheduling cannot work with.
+    /// `--schedule`, `--partition-kb` and `--credit-kb`, and what priority scheduling cannot
+    /// work with.
     fn resolve_schedule(
         &self,
         comm: &ResolvedComm,
-    ) -> Result<(crate::parallel::Schedule, Option<usize>), String> {
+    ) -> Result<(crate::parallel::Schedule, Option<usize>, Option<usize>), String> {
         use crate::parallel::Schedule;
         let schedule = Schedule::parse(self.schedule.as_deref().unwrap_or("overlap"))?;
         if self.partition_kb == Some(0) {
@@ -903,10 +915,24 @@ impl TrainOptions {
                     .into(),
             );
         }
+        match (self.credit_kb, schedule) {
+            (Some(0), _) => {
+                return Err("--credit-kb 0: a decision commits to at least 1 KiB (the \
+                            default, one partition per decision, is --credit-kb unset)"
+                    .into())
+            }
+            (Some(kb), Schedule::Overlap) => {
+                return Err(format!(
+                    "--credit-kb {kb} applies to --schedule priority (under overlap, buckets go \
+                     in backward's order with no decisions): add --schedule priority or drop it"
+                ))
+            }
+            _ => {}
+        }
         if schedule == Schedule::Priority {
             check_priority(comm, self.on_nonfinite.as_deref() == Some("skip"))?;
         }
-        Ok((schedule, self.partition_kb))
+        Ok((schedule, self.partition_kb, self.credit_kb))
     }
 
     /// The emulated link, if `--link-bandwidth` gives one.

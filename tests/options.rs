@@ -181,6 +181,16 @@ const MEANING_REFUSALS: &[Case] = &[
         "--partition-kb 0: a partition must hold at least 1 KiB",
     ),
     (
+        &["train", "--schedule", "priority", "--credit-kb", "0"],
+        1,
+        "--credit-kb 0: a decision commits to at least 1 KiB",
+    ),
+    (
+        &["train", "--credit-kb", "64"],
+        1,
+        "--credit-kb 64 applies to --schedule priority",
+    ),
+    (
         &["train", "--schedule", "priority", "--overlap", "off"],
         1,
         "--schedule priority with --overlap off",

@@ -183,28 +183,32 @@ fn priority_scheduling_gives_overlaps_weights_bit_for_bit_in_every_mode() {
     // that follows the chunk an element falls in, so their runs share one partition size (8 KiB,
     // below lenet5's larger layers); redundant, shm and PowerSGD's buckets are compared with
     // each schedule's default partitions (whole buckets under overlap, 160 KB under priority).
-    // (--comm, --link-bandwidth, --compress, --partition-kb of both runs)
+    // A credit (several partitions per decision) changes the order alone, not the sums.
+    // (--comm, --link-bandwidth, --compress, --partition-kb of both runs, priority's --credit-kb)
     type Case = (
         &'static str,
         Option<&'static str>,
         Option<&'static str>,
         Option<usize>,
+        Option<usize>,
     );
-    let cases: [Case; 7] = [
-        ("ring", Some("100Mbit"), None, Some(8)),
-        ("hd", Some("100Mbit"), None, Some(8)),
-        ("auto", Some("100Mbit"), None, Some(8)),
-        ("redundant", Some("100Mbit"), None, None),
-        ("ring", Some("100Mbit"), Some("powersgd:2"), None),
-        ("shm", None, None, None),
-        ("auto", None, None, Some(8)),
+    let cases: [Case; 8] = [
+        ("ring", Some("100Mbit"), None, Some(8), None),
+        ("ring", Some("100Mbit"), None, Some(8), Some(40)),
+        ("hd", Some("100Mbit"), None, Some(8), None),
+        ("auto", Some("100Mbit"), None, Some(8), None),
+        ("redundant", Some("100Mbit"), None, None, None),
+        ("ring", Some("100Mbit"), Some("powersgd:2"), None, None),
+        ("shm", None, None, None, None),
+        ("auto", None, None, Some(8), None),
     ];
-    for (comm, link, compress, partition_kb) in cases {
+    for (comm, link, compress, partition_kb, credit_kb) in cases {
         let name = format!(
-            "{comm}-{}-{}-{}",
+            "{comm}-{}-{}-{}-{}",
             link.unwrap_or("mem"),
             compress.unwrap_or("f32"),
-            partition_kb.map_or("default".into(), |k| k.to_string())
+            partition_kb.map_or("default".into(), |k| k.to_string()),
+            credit_kb.map_or("one".into(), |k| k.to_string())
         );
         let base = |o: &mut TrainOptions| {
             o.workers = Some(3);
@@ -222,6 +226,7 @@ fn priority_scheduling_gives_overlaps_weights_bit_for_bit_in_every_mode() {
         let priority = run(&tmp.path().join(format!("{name}-priority")), |o| {
             base(o);
             o.schedule = Some("priority".into());
+            o.credit_kb = credit_kb;
         });
         assert!(
             priority

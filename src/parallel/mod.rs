@@ -25,7 +25,7 @@ pub mod schedule;
 
 pub use bucket::{Bucket, BucketPlan, Slot};
 pub use reducer::{BucketOp, BucketSpan, CommTimes, Reducer};
-pub use schedule::Schedule;
+pub use schedule::{ReduceOrder, Schedule};
 
 /// The text of a panic payload, for the error that reports the panic.
 ///

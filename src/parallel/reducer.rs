@@ -252,18 +252,18 @@ pub struct Reducer {
 impl Reducer {
     /// Starts the communication thread for `transport` (`world` > 1) or none (`world` == 1).
     /// `ops[i]` is bucket i's operation, `wires[i]` how its gradients travel; each bucket is
-    /// reduced in collectives of at most `partition` values (0: one per bucket), in the order
-    /// backward fills them or, with `schedule` priority, nearest the input first
-    /// ([`super::schedule`]).
+    /// reduced in collectives of at most `order.partition` values (0: one per bucket), in the
+    /// order backward fills them or, with `order.schedule` priority, nearest the input first,
+    /// `order.credit` values per decision ([`super::schedule`]).
     pub fn new(
         plan: BucketPlan,
         ops: Vec<BucketOp>,
         wires: Vec<WireFormat>,
         overlap: bool,
-        partition: usize,
-        schedule: super::Schedule,
+        order: super::ReduceOrder,
         transport: Option<Box<dyn Transport>>,
     ) -> Self {
+        let partition = order.partition;
         let world = transport.as_ref().map_or(1, |t| t.world());
         let buffers = plan
             .buckets
@@ -297,8 +297,9 @@ impl Reducer {
             std::thread::Builder::new()
                 .name(format!("comm-{}", t.rank()))
                 .spawn(move || {
-                    let priority = schedule == super::Schedule::Priority;
-                    comm_thread(t, job_rx, done_tx, largest, compressed, buckets, priority)
+                    let credit =
+                        (order.schedule == super::Schedule::Priority).then_some(order.credit);
+                    comm_thread(t, job_rx, done_tx, largest, compressed, buckets, credit)
                 })
                 .expect("spawning the communication thread")
         });
@@ -592,8 +593,8 @@ impl Drop for Reducer {
 }
 
 /// The communication thread: runs jobs one at a time on its transport, in arrival order (a
-/// bucket's partitions one after another), or, with `priority` (`--schedule priority`), each
-/// step's partitions nearest the input first (`PriorityStep`).
+/// bucket's partitions one after another), or, with a `credit` (`--schedule priority`), each
+/// step's partitions nearest the input first, `credit` values per decision (`PriorityStep`).
 ///
 /// A failure (an error, or a panic, caught here) is reported to the worker, and the thread
 /// ends: dropping the transport is what tells the peers, so nobody waits on a dead collective.
@@ -604,7 +605,7 @@ fn comm_thread(
     largest: usize,
     compressed: bool,
     buckets: usize,
-    priority: bool,
+    credit: Option<usize>,
 ) {
     let mut scratch = Vec::new();
     // First blocking waits allocate (see `Transport::warm_up`); so would the first encoding.
@@ -625,12 +626,15 @@ fn comm_thread(
             reduced.unwrap_or_else(|panic| Err(CommError::ThreadPanicked(panic_message(&panic))))
         };
         let outcome = match job {
-            Job::Bucket(b) if priority => {
+            Job::Bucket(b) if credit.is_some() => {
                 let mut step = PriorityStep {
                     t: t.as_ref(),
                     jobs: &jobs,
                     held: &mut held,
                     finished: &mut finished,
+                    credit: credit.unwrap_or(0),
+                    decided: [NO_DECISION; MAX_DECIDED],
+                    next: MAX_DECIDED,
                 };
                 step.run(b, &mut reduce, &send)
             }
@@ -671,9 +675,10 @@ fn comm_thread(
 /// when every bucket is back. The order changes from step to step; the sums do not: each
 /// partition is the same collective on the same values whenever it runs.
 ///
-/// A decision is one value broadcast from rank 0 (a tree), taken when rank 0's communication
-/// thread is free: a partition nearer the input waits for at most the one under way, and
-/// each partition costs one more message's latency. (Deciding one partition ahead, to send the
+/// A decision is broadcast from rank 0 (a tree), taken when rank 0's communication thread is
+/// free: the buckets whose next partitions every rank reduces, in order, up to the credit's
+/// values (`--credit-kb`; by default one partition, so a partition nearer the input waits for
+/// at most the one under way, and each partition costs one more message's latency). (Deciding one partition ahead, to send the
 /// decision while the current collective runs, hid that latency but let the buckets that
 /// arrive meanwhile wait one partition more: vgg-small at 200 Mbit/s, 50 us, ring, a step of
 /// 35.4 ms against 29.5 ms deciding when free, and 35.7 ms under overlap.)
@@ -683,7 +688,17 @@ struct PriorityStep<'a> {
     held: &'a mut [Option<BucketJob>],
     /// Which buckets are back this step (kept between steps, so no step allocates).
     finished: &'a mut [bool],
+    /// Values one decision commits to (at least one partition).
+    credit: usize,
+    /// The last decision: a bucket per partition, in order, [`NO_DECISION`] past its end
+    /// (the first [`PriorityStep::decision_len`] entries are used).
+    decided: [f32; MAX_DECIDED],
+    /// Its next partition to reduce (past the decision's end: a decision is due).
+    next: usize,
 }
+
+/// The most partitions one decision under a credit names (a message of 256 bytes).
+const MAX_DECIDED: usize = 64;
 
 /// One partition's collective: (bucket, partition index).
 type Reduce<'r> = dyn FnMut(&mut BucketJob, usize) -> Result<(), CommError> + 'r;
@@ -707,7 +722,16 @@ impl PriorityStep<'_> {
         self.finished.fill(false);
         let mut left = self.held.len();
         while left > 0 {
-            let current = self.decide(tag)?;
+            if self.next >= self.decision_len() || self.decided[self.next] == NO_DECISION {
+                self.decide(tag)?;
+                self.next = 0;
+            }
+            let current = self.decided[self.next] as usize;
+            self.next += 1;
+            if self.finished[current] {
+                // A decision naming more partitions than the bucket has (a corrupted one).
+                return Err(self.protocol_error(current as f32));
+            }
             while self.held[current].is_none() {
                 let job = self.jobs.recv().map_err(|_| CommError::ThreadStopped)?;
                 self.hold(job);
@@ -727,48 +751,77 @@ impl PriorityStep<'_> {
         Ok(())
     }
 
-    /// Rank 0: the bucket nearest the input among those here (after taking in what has
-    /// arrived); a bucket here always has a partition left.
-    fn choose(&mut self) -> Option<usize> {
+    /// Rank 0: the next partitions, input-first among the buckets here (after taking in what
+    /// has arrived), up to the credit's values and at least one, into `decided`; false if no
+    /// bucket is here (a bucket here always has a partition left).
+    fn choose(&mut self) -> bool {
         while let Ok(job) = self.jobs.try_recv() {
             self.hold(job);
         }
-        (0..self.held.len()).rev().find(|&i| self.held[i].is_some())
+        self.decided.fill(NO_DECISION);
+        let (mut n, mut values) = (0, 0);
+        for i in (0..self.held.len()).rev() {
+            let Some(job) = &self.held[i] else { continue };
+            // Its partitions left, nearest the input first (the reducer's order).
+            for done in job.parts_done..job.parts {
+                if n == self.decision_len() || (n > 0 && values >= self.credit) {
+                    return true;
+                }
+                let part = job.parts - 1 - done;
+                values += partition_range(job.buf.len(), job.parts, part).len();
+                // Bucket indices are exact in f32 (the transports allow at most 4094).
+                self.decided[n] = i as f32;
+                n += 1;
+            }
+        }
+        n > 0
     }
 
-    /// The bucket whose next partition every rank reduces now: rank 0 waits until one is
-    /// here and announces it; the others hear it.
-    fn decide(&mut self, tag: u64) -> Result<usize, CommError> {
+    /// The partitions every rank reduces next: rank 0 waits until a bucket is here and
+    /// announces them; the others hear them.
+    fn decide(&mut self, tag: u64) -> Result<(), CommError> {
         if self.t.rank() == 0 {
-            let bucket = loop {
-                if let Some(b) = self.choose() {
-                    break b;
-                }
+            while !self.choose() {
                 let job = self.jobs.recv().map_err(|_| CommError::ThreadStopped)?;
                 self.hold(job);
-            };
-            self.announce(tag, bucket)?;
-            return Ok(bucket);
+            }
+            let len = self.decision_len();
+            return tree_broadcast(self.t, &mut self.decided[..len], 0, tag);
         }
-        self.hear(tag)
+        self.decided.fill(NO_DECISION);
+        let len = self.decision_len();
+        tree_broadcast(self.t, &mut self.decided[..len], 0, tag)?;
+        self.check_decided()
     }
 
-    /// Rank 0 broadcasts a decision.
-    fn announce(&self, tag: u64, bucket: usize) -> Result<(), CommError> {
-        // Bucket indices are exact in f32 (the transports allow at most 4094 buckets).
-        let mut decision = [bucket as f32];
-        tree_broadcast(self.t, &mut decision, 0, tag)
+    /// Entries a decision message carries: one partition without a credit (a single value),
+    /// else up to [`MAX_DECIDED`]. Every rank knows the credit, so all agree on the length.
+    fn decision_len(&self) -> usize {
+        if self.credit == 0 {
+            1
+        } else {
+            MAX_DECIDED
+        }
     }
 
-    /// Another rank receives a decision and checks it names a bucket left this step.
-    fn hear(&self, tag: u64) -> Result<usize, CommError> {
-        let mut decision = [NO_DECISION];
-        tree_broadcast(self.t, &mut decision, 0, tag)?;
-        let bucket = decision[0] as usize;
-        if decision[0] < 0.0 || bucket >= self.finished.len() || self.finished[bucket] {
-            return Err(self.protocol_error(decision[0]));
+    /// Another rank checks a decision it heard: at least one partition, each of a bucket left
+    /// this step, then nothing.
+    fn check_decided(&self) -> Result<(), CommError> {
+        let named = self
+            .decided
+            .iter()
+            .take_while(|&&d| d != NO_DECISION)
+            .count();
+        let bad = self.decided.iter().enumerate().find(|&(k, &d)| {
+            let left = || (d as usize) < self.finished.len() && !self.finished[d as usize];
+            (k < named && !(d >= 0.0 && d.fract() == 0.0 && left()))
+                || (k >= named && d != NO_DECISION)
+        });
+        match (named, bad) {
+            (0, _) => Err(self.protocol_error(NO_DECISION)),
+            (_, Some((_, &d))) => Err(self.protocol_error(d)),
+            _ => Ok(()),
         }
-        Ok(bucket)
     }
 
     /// A decision that names no bucket left this step (a corrupted message).
@@ -880,6 +933,16 @@ mod tests {
     /// and 2 while its first partition is on the wire. Returns the order buckets came back on
     /// each rank and each rank's sums.
     fn three_buckets(schedule: Schedule) -> Vec<(Vec<usize>, Vec<f32>)> {
+        three_buckets_paced(schedule, 0, Duration::ZERO)
+    }
+
+    /// [`three_buckets`] with `credit` values per decision and `pause` between the blocks of
+    /// backward.
+    fn three_buckets_paced(
+        schedule: Schedule,
+        credit: usize,
+        pause: Duration,
+    ) -> Vec<(Vec<usize>, Vec<f32>)> {
         // Blocks of 64, 8 and 8 values, one bucket each; partitions of 32 values.
         let link = LinkModel {
             bandwidth_bytes_per_s: 20_000.0,
@@ -895,8 +958,12 @@ mod tests {
                         let plan = BucketPlan::new(&[8, 8, 64], 0, 0);
                         let ops = vec![BucketOp::AllReduce(CommMode::Redundant); 3];
                         let wires = vec![WireFormat::F32; 3];
-                        let mut r =
-                            Reducer::new(plan, ops, wires, true, 32, schedule, Some(Box::new(t)));
+                        let order = super::super::ReduceOrder {
+                            schedule,
+                            partition: 32,
+                            credit,
+                        };
+                        let mut r = Reducer::new(plan, ops, wires, true, order, Some(Box::new(t)));
                         r.begin_step();
                         // Backward: block 2 (bucket 0), then 1 (bucket 1), then 0 (bucket 2).
                         for b in [2, 1, 0] {
@@ -905,6 +972,7 @@ mod tests {
                                 *v = (rank * 100 + b * 10 + i) as f32;
                             }
                             r.block_written(b).unwrap();
+                            std::thread::sleep(pause);
                         }
                         r.finish().unwrap();
                         let order = r.bucket_spans().iter().map(|s| s.index).collect();
@@ -930,5 +998,19 @@ mod tests {
         assert_eq!(priority[0].1, priority[1].1, "the same on every rank");
         // Sums, not copies: block 2's first value is 0 + 100 + 20 + 0... per rank.
         assert_eq!(priority[0].1[16], (20 + 120) as f32);
+    }
+
+    #[test]
+    fn a_credit_commits_every_rank_to_the_partitions_rank_0_held_when_it_decided() {
+        // Bucket 0 (64 values, 2 partitions of 32 at 20 KB/s: 12.8 ms) is alone when rank 0
+        // first decides; buckets 1 and 2 follow 3 and 6 ms later. A credit of 64 values
+        // commits to both of bucket 0's partitions, so bucket 0 is back first, then the
+        // buckets nearer the input; the sums are those of one partition per decision.
+        let one = three_buckets(Schedule::Priority);
+        let credit = three_buckets_paced(Schedule::Priority, 64, Duration::from_millis(3));
+        for rank in 0..2 {
+            assert_eq!(credit[rank].0, vec![0, 2, 1], "rank {rank}");
+            assert_eq!(credit[rank].1, one[rank].1, "the same sums");
+        }
     }
 }

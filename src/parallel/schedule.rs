@@ -30,11 +30,27 @@
 //! addition follows the chunk an element falls in; not of redundant, tree or shm, which add
 //! in rank order.)
 //!
-//! The in-flight credit of ByteScheduler is one partition here: the communication thread runs
-//! one collective at a time (the transports order messages by pair), so a partition that
-//! became urgent waits at most for the one under way.
+//! The credit (ByteScheduler's, `--credit-kb`) is what one decision of rank 0 commits every
+//! rank to: the partitions, input-first among the buckets rank 0 holds, up to the credit's
+//! bytes (at least one). By default one partition: a partition that became urgent waits at most
+//! for the one under way, and each partition costs a decision message. A larger credit sends
+//! fewer decisions, and an urgent partition waits for up to the credit. The communication
+//! thread still runs one collective at a time (the transports order messages by pair).
 
 use std::fmt;
+
+/// How a reducer cuts and orders its collectives: the schedule, each bucket's partitions and,
+/// under priority, how many partitions' values one decision of rank 0 commits to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReduceOrder {
+    /// `--schedule`.
+    pub schedule: Schedule,
+    /// Values per partition (0: whole buckets).
+    pub partition: usize,
+    /// Values one decision commits to under priority (at least one partition, whatever this
+    /// says; 0: one partition).
+    pub credit: usize,
+}
 
 /// `--schedule`: when buckets are reduced and when the update happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

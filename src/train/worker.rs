@@ -438,16 +438,12 @@ impl Worker {
         let total = net.params().len();
         let ready_at = plan.ready_at_block.clone();
         let exec_names = net.exec_names().map(String::from).collect();
-        let partition = planning.partition_bytes() / 4;
-        let mut reducer = Reducer::new(
-            plan,
-            ops,
-            wires,
-            cfg.overlap,
-            partition,
-            cfg.schedule,
-            s.transport,
-        );
+        let order = crate::parallel::ReduceOrder {
+            schedule: cfg.schedule,
+            partition: planning.partition_bytes() / 4,
+            credit: cfg.credit_kb.map_or(0, |kb| kb.saturating_mul(1024) / 4),
+        };
+        let mut reducer = Reducer::new(plan, ops, wires, cfg.overlap, order, s.transport);
         reducer.set_powersgd(powersgd);
         if let Some(ck) = &s.resume {
             restore_powersgd(ck, &mut reducer, s.rank, cfg.world())?;
