@@ -128,29 +128,40 @@ fn reduction_leads(spans: &[Span], names: &HashMap<u64, String>) -> Vec<i64> {
         .collect()
 }
 
-/// A 2-worker traced run of steps 2..8 with overlap `on`/`off` in `dir`; checks the trace's
-/// structure and returns how many reductions started before their step's backward ended.
-fn traced_run(dir: &Path, overlap: &str) -> usize {
+/// A 2-worker ring run in `dir`, batch 64 (32 samples per worker: a backward of a few ms) for
+/// 10 steps, set as `f` says, with steps 2..8 traced: the trace's spans (checked to nest) and
+/// track names.
+fn traced_two_workers(
+    dir: &Path,
+    f: impl FnOnce(&mut TrainOptions),
+) -> (Vec<Span>, HashMap<u64, String>) {
     let trace = dir.join("trace.json");
     train(config(dir, |o| {
         o.workers = Some(2);
         o.comm = Some("ring".into());
+        o.trace = Some(trace.clone());
+        o.trace_steps = Some("2..8".into());
+        o.batch = Some(64);
+        o.train_limit = Some(640);
+        f(o);
+    }))
+    .unwrap();
+    let (spans, names) = read_trace(&trace);
+    check_nesting(&spans);
+    (spans, names)
+}
+
+/// A 2-worker traced run of steps 2..8 with overlap `on`/`off` in `dir`; checks the trace's
+/// structure and returns how many reductions started before their step's backward ended.
+fn traced_run(dir: &Path, overlap: &str) -> usize {
+    let (spans, names) = traced_two_workers(dir, |o| {
         o.overlap = Some(overlap.into());
         // One block per bucket, so the last blocks' gradients leave early in backward, and a
         // slow emulated link, so each reduction takes real time.
         o.bucket_kb = Some(0);
         o.first_bucket_kb = Some(0);
         o.link_bandwidth = Some("200Mbit".into());
-        o.trace = Some(trace.clone());
-        o.trace_steps = Some("2..8".into());
-        // 32 samples per worker: a backward of a few ms, long enough for the first buckets'
-        // reductions to start inside it even when cores are scarce.
-        o.batch = Some(64);
-        o.train_limit = Some(640);
-    }))
-    .unwrap();
-    let (spans, names) = read_trace(&trace);
-    check_nesting(&spans);
+    });
 
     let mut tracks: Vec<_> = names.values().cloned().collect();
     tracks.sort();
@@ -417,4 +428,53 @@ fn report_refuses_a_summary_of_the_wrong_types_naming_the_field() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a JSON object"));
+}
+
+/// Per reduction, whether it ended after the next step's forward began on its worker.
+fn reductions_under_the_next_forward(spans: &[Span], names: &HashMap<u64, String>) -> Vec<bool> {
+    let rank_of = |tid: u64, prefix: &str| -> usize {
+        names[&tid].strip_prefix(prefix).unwrap().parse().unwrap()
+    };
+    let mut forward_start = HashMap::new();
+    for s in spans.iter().filter(|s| s.name == "forward") {
+        let key = (
+            rank_of(s.tid, "worker "),
+            s.args["global_step"].as_u64().unwrap(),
+        );
+        forward_start.insert(key, s.ts);
+    }
+    spans
+        .iter()
+        .filter(|s| s.name.starts_with("reduce bucket"))
+        .filter_map(|s| {
+            let step = s.args["global_step"].as_u64().unwrap();
+            let next = forward_start.get(&(rank_of(s.tid, "comm "), step + 1))?;
+            Some(s.end > *next)
+        })
+        .collect()
+}
+
+#[test]
+fn under_priority_the_next_forward_runs_while_the_last_steps_reductions_do() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |schedule: &str| {
+        let (spans, names) = traced_two_workers(&tmp.path().join(schedule), |o| {
+            o.schedule = Some(schedule.into());
+            o.partition_kb = Some(8);
+            // A link slower than backward: a backlog is left when backward ends.
+            o.link_bandwidth = Some("50Mbit".into());
+        });
+        let under = reductions_under_the_next_forward(&spans, &names);
+        assert!(
+            !under.is_empty(),
+            "{schedule}: reductions with a next step traced"
+        );
+        under.iter().filter(|&&u| u).count()
+    };
+    // Overlap: the update waits for every bucket, so the next forward starts after them all.
+    assert_eq!(run("overlap"), 0);
+    // Priority: the next forward starts once the first layers' buckets are back, while the
+    // later layers' are still being reduced.
+    assert!(run("priority") > 0);
 }

@@ -154,11 +154,18 @@ struct BucketJob {
     inject_panic: bool,
     /// The collectives it is reduced in, one per partition ([`partition_range`]).
     parts: usize,
-    /// Partitions reduced so far, and their time.
+    /// Partitions reduced so far, and each one's time, in the order they ran (capacity for
+    /// every partition: the list travels with the bucket, cleared, from step to step).
     parts_done: usize,
+    runs: Vec<PartitionRun>,
+}
+
+/// One partition's collective on the communication thread.
+#[derive(Debug, Clone, Copy)]
+struct PartitionRun {
+    started: Instant,
     busy: Duration,
     cpu: Duration,
-    started: Option<Instant>,
 }
 
 // A bucket's job is large beside the others, but boxing it would allocate for every bucket of
@@ -183,9 +190,7 @@ enum Done {
         index: usize,
         buf: Vec<f32>,
         powersgd: Option<PowerSgdBucket>,
-        busy: Duration,
-        cpu: Duration,
-        started: Instant,
+        runs: Vec<PartitionRun>,
     },
     Broadcast {
         buf: Vec<f32>,
@@ -211,11 +216,15 @@ pub struct CommTimes {
     pub first_start: Option<Instant>,
 }
 
-/// One bucket's reduction on the communication thread, as timed there.
+/// One collective of a bucket's reduction (a partition; the whole bucket without partitions)
+/// on the communication thread, as timed there. Under priority scheduling a bucket's
+/// partitions interleave with other buckets', so each is a span of its own.
 #[derive(Debug, Clone, Copy)]
 pub struct BucketSpan {
     /// Bucket index.
     pub index: usize,
+    /// Which of the bucket's collectives, in the order they ran (0: its first).
+    pub partition: usize,
     /// When the communication thread started it (waiting for peers included).
     pub started: Instant,
     /// How long the collective took.
@@ -244,6 +253,8 @@ pub struct Reducer {
     times: CommTimes,
     // Each bucket's reduction this step, for the timeline; sized once, so steps don't allocate.
     spans: Vec<BucketSpan>,
+    /// Each bucket's partition times, home between steps (empty while its job is away).
+    runs: Vec<Vec<PartitionRun>>,
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
     thread: Option<JoinHandle<()>>,
@@ -288,11 +299,13 @@ impl Reducer {
             .unwrap_or(0)
             .max(plan.total_len());
         let compressed = wires.iter().any(|&w| w != WireFormat::F32);
-        let parts = plan
+        let parts: Vec<usize> = plan
             .buckets
             .iter()
             .map(|b| partition_count(b.len, partition))
             .collect();
+        let parts_total = parts.iter().sum();
+        let runs = parts.iter().map(|&n| Vec::with_capacity(n)).collect();
         let thread = transport.filter(|t| t.world() > 1).map(|t| {
             std::thread::Builder::new()
                 .name(format!("comm-{}", t.rank()))
@@ -317,7 +330,8 @@ impl Reducer {
             step_tag: 0,
             inject_panic: false,
             times: CommTimes::default(),
-            spans: Vec::with_capacity(buckets),
+            spans: Vec::with_capacity(parts_total),
+            runs,
             jobs: Some(job_tx),
             done: done_rx,
             thread,
@@ -416,9 +430,11 @@ impl Reducer {
             inject_panic: std::mem::take(&mut self.inject_panic),
             parts: self.parts[index],
             parts_done: 0,
-            busy: Duration::ZERO,
-            cpu: Duration::ZERO,
-            started: None,
+            runs: {
+                let mut runs = std::mem::take(&mut self.runs[index]);
+                runs.clear();
+                runs
+            },
         });
         self.jobs
             .as_ref()
@@ -478,22 +494,27 @@ impl Reducer {
                 index,
                 buf,
                 powersgd,
-                busy,
-                cpu,
-                started,
+                runs,
             } => {
                 self.buffers[index] = Some(buf);
                 self.powersgd[index] = powersgd;
-                self.times.total += busy;
-                self.times.cpu += cpu;
-                self.times.first_start =
-                    Some(self.times.first_start.map_or(started, |s| s.min(started)));
-                self.spans.push(BucketSpan {
-                    index,
-                    started,
-                    busy,
-                    cpu,
-                });
+                for (partition, run) in runs.iter().enumerate() {
+                    self.times.total += run.busy;
+                    self.times.cpu += run.cpu;
+                    let first = self
+                        .times
+                        .first_start
+                        .map_or(run.started, |s| s.min(run.started));
+                    self.times.first_start = Some(first);
+                    self.spans.push(BucketSpan {
+                        index,
+                        partition,
+                        started: run.started,
+                        busy: run.busy,
+                        cpu: run.cpu,
+                    });
+                }
+                self.runs[index] = runs;
                 self.in_flight -= 1;
                 Ok(())
             }
@@ -855,9 +876,7 @@ impl BucketJob {
             index: self.index,
             buf: self.buf,
             powersgd: self.powersgd,
-            busy: self.busy,
-            cpu: self.cpu,
-            started: self.started.unwrap_or_else(Instant::now),
+            runs: self.runs,
         }
     }
 }
@@ -890,9 +909,11 @@ fn reduce_partition(
         }
     }
     b.parts_done += 1;
-    b.busy += started.elapsed();
-    b.cpu += crate::trace::thread_cpu_time().saturating_sub(cpu_before);
-    b.started.get_or_insert(started);
+    b.runs.push(PartitionRun {
+        started,
+        busy: started.elapsed(),
+        cpu: crate::trace::thread_cpu_time().saturating_sub(cpu_before),
+    });
     Ok(())
 }
 
@@ -975,7 +996,12 @@ mod tests {
                             std::thread::sleep(pause);
                         }
                         r.finish().unwrap();
-                        let order = r.bucket_spans().iter().map(|s| s.index).collect();
+                        let order = r
+                            .bucket_spans()
+                            .iter()
+                            .filter(|s| s.partition == 0)
+                            .map(|s| s.index)
+                            .collect();
                         let sums = (0..3).flat_map(|b| r.grad(b).to_vec()).collect();
                         (order, sums)
                     })

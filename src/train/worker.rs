@@ -1002,6 +1002,7 @@ impl Worker {
             let b = span.index;
             let args = json!({
                 "bucket": b,
+                "partition": span.partition,
                 "mode": self.reducer.ops()[b].to_string(),
                 "bytes": self.reducer.plan().buckets[b].len * 4,
                 "cpu_us": span.cpu.as_secs_f64() * 1e6,
@@ -1009,6 +1010,10 @@ impl Worker {
             });
             let name = format!("reduce bucket {b}");
             tracer.span_for(comm_tid(rank), "comm", name, span.started, span.busy, args);
+            if span.partition > 0 {
+                // The bucket's hand-off arrows belong to its first collective.
+                continue;
+            }
             if !overlap {
                 // Without overlap every bucket is handed off when backward ends.
                 tracer.flow(wt, flow_id(rank, global, b), backward_end, true);
