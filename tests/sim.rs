@@ -860,8 +860,21 @@ fn dptrain(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
 fn profiles_with_unphysical_numbers_are_refused_on_load_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p.json");
-    let good = serde_json::to_value(uneven()).unwrap();
-    let cases: [(&str, serde_json::Value, &str); 6] = [
+    let mut good = serde_json::to_value(uneven()).unwrap();
+    good["blocks"][0]["matrices"] = serde_json::json!([{"offset": 0, "rows": 10, "cols": 100}]);
+    let cases: [(&str, serde_json::Value, &str); 8] = [
+        // Block 0 holds 1010 values.
+        (
+            "/blocks/0/matrices/0/rows",
+            11.into(),
+            "block 0 ('b0') matrix 0 (11 x 100 at 0) is empty, overlaps the one before or lies \
+             past the block's 1010 values",
+        ),
+        (
+            "/blocks/0/matrices/0/cols",
+            0.into(),
+            "block 0 ('b0') matrix 0 (10 x 0 at 0)",
+        ),
         (
             "/blocks/1/forward_ms",
             (-5.0).into(),

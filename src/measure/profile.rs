@@ -195,6 +195,28 @@ pub enum Unphysical {
         crate::limits::human_bytes(*.0)
     )]
     GradBytes(f64),
+    /// A weight matrix empty, overlapping the one before, or past its block's values.
+    #[error(
+        "block {block} ('{name}') matrix {index} ({rows} x {cols} at {offset}) is empty, \
+         overlaps the one before or lies past the block's {len} values; re-create the profile \
+         with `dptrain profile`"
+    )]
+    Matrix {
+        /// The block's index.
+        block: usize,
+        /// The block's name.
+        name: String,
+        /// The matrix's index in the block.
+        index: usize,
+        /// Its rows.
+        rows: usize,
+        /// Its columns.
+        cols: usize,
+        /// Its first value in the block.
+        offset: usize,
+        /// The block's values (its param_sizes added).
+        len: usize,
+    },
 }
 
 /// Huge and tiny values in exponent form: 1e300, not 301 digits.
@@ -297,6 +319,31 @@ pub fn validate(p: &Profile) -> Result<(), Unphysical> {
     time("update_ms".into(), p.update_ms)?;
     if grad_bytes > MAX_GRAD_BYTES {
         return Err(Unphysical::GradBytes(grad_bytes));
+    }
+    // Within 1 TiB of gradients the sums below cannot overflow.
+    for (i, b) in p.blocks.iter().enumerate() {
+        let len: usize = b.param_sizes.iter().sum();
+        let mut at = 0;
+        for (k, m) in b.matrices.iter().flatten().enumerate() {
+            let end = m
+                .rows
+                .checked_mul(m.cols)
+                .and_then(|n| n.checked_add(m.offset));
+            match end {
+                Some(end) if m.rows > 0 && m.cols > 0 && m.offset >= at && end <= len => at = end,
+                _ => {
+                    return Err(Unphysical::Matrix {
+                        block: i,
+                        name: b.name.clone(),
+                        index: k,
+                        rows: m.rows,
+                        cols: m.cols,
+                        offset: m.offset,
+                        len,
+                    })
+                }
+            }
+        }
     }
     Ok(())
 }
