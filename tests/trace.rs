@@ -465,6 +465,18 @@ fn under_priority_the_next_forward_runs_while_the_last_steps_reductions_do() {
             // A link slower than backward: a backlog is left when backward ends.
             o.link_bandwidth = Some("50Mbit".into());
         });
+        // One span per partition of at most 8 KiB, each with its own bytes.
+        let reductions: Vec<&Span> = spans
+            .iter()
+            .filter(|s| s.name.starts_with("reduce bucket"))
+            .collect();
+        assert!(reductions.iter().all(|s| {
+            let bytes = s.args["bytes"].as_u64().unwrap();
+            bytes > 0 && bytes <= 8 * 1024
+        }));
+        assert!(reductions
+            .iter()
+            .any(|s| s.args["partition"].as_u64() > Some(0)));
         let under = reductions_under_the_next_forward(&spans, &names);
         assert!(
             !under.is_empty(),

@@ -163,6 +163,8 @@ struct BucketJob {
 /// One partition's collective on the communication thread.
 #[derive(Debug, Clone, Copy)]
 struct PartitionRun {
+    /// The bucket's values it reduced (a PowerSGD bucket's: all of them).
+    values: usize,
     started: Instant,
     busy: Duration,
     cpu: Duration,
@@ -225,6 +227,8 @@ pub struct BucketSpan {
     pub index: usize,
     /// Which of the bucket's collectives, in the order they ran (0: its first).
     pub partition: usize,
+    /// The bucket's values it reduced (a PowerSGD bucket's: all of them, sent as products).
+    pub values: usize,
     /// When the communication thread started it (waiting for peers included).
     pub started: Instant,
     /// How long the collective took.
@@ -509,6 +513,7 @@ impl Reducer {
                     self.spans.push(BucketSpan {
                         index,
                         partition,
+                        values: run.values,
                         started: run.started,
                         busy: run.busy,
                         cpu: run.cpu,
@@ -896,20 +901,26 @@ fn reduce_partition(
         panic!("injected fault: Comm while reducing bucket {}", b.index);
     }
     let (op, wire, tag) = (b.op, b.wire, b.tag);
-    match b.powersgd.as_mut() {
+    let values = match b.powersgd.as_mut() {
         // Both rounds on the bucket's tag: each pair of ranks exchanges round 1's
         // messages before round 2's, and the transport keeps their order.
-        Some(state) => state.reduce(&mut b.buf, |round| {
-            op.run_on_wire(wire, t, round, tag, scratch, outgoing)
-        })?,
+        Some(state) => {
+            state.reduce(&mut b.buf, |round| {
+                op.run_on_wire(wire, t, round, tag, scratch, outgoing)
+            })?;
+            b.buf.len()
+        }
         // A bucket's partitions share its tag in the same way, one after another.
         None => {
             let range = partition_range(b.buf.len(), b.parts, part);
-            op.run_on_wire(wire, t, &mut b.buf[range], tag, scratch, outgoing)?
+            let values = range.len();
+            op.run_on_wire(wire, t, &mut b.buf[range], tag, scratch, outgoing)?;
+            values
         }
-    }
+    };
     b.parts_done += 1;
     b.runs.push(PartitionRun {
+        values,
         started,
         busy: started.elapsed(),
         cpu: crate::trace::thread_cpu_time().saturating_sub(cpu_before),

@@ -1004,7 +1004,7 @@ impl Worker {
                 "bucket": b,
                 "partition": span.partition,
                 "mode": self.reducer.ops()[b].to_string(),
-                "bytes": self.reducer.plan().buckets[b].len * 4,
+                "bytes": span.values * 4,
                 "cpu_us": span.cpu.as_secs_f64() * 1e6,
                 "global_step": reduced,
             });
