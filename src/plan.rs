@@ -411,6 +411,22 @@ pub fn powersgd_matrices(
     per_bucket
 }
 
+/// Why PowerSGD at `rank` cannot run on a model whose blocks hold `blocks` (from
+/// [`block_matrices`]): no weight is smaller as a rank-`rank` product than whole. The trainer
+/// and the simulator refuse with it.
+pub fn powersgd_refusal(blocks: &[Vec<Matrix>], rank: usize) -> Option<String> {
+    let all = || blocks.iter().flatten();
+    if all().any(|m| crate::comm::powersgd::compresses(m.rows, m.cols, rank)) {
+        return None;
+    }
+    let widest = all().map(|m| m.rows.min(m.cols)).max().unwrap_or(0);
+    Some(format!(
+        "--compress powersgd:{rank}: at rank {rank} no weight of this model is smaller as a \
+         product than whole (the largest matrix's smaller side is {widest}); choose a lower \
+         rank or --compress none"
+    ))
+}
+
 /// What the plan of a run depends on, and nothing else.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlanInputs {

@@ -291,6 +291,12 @@ fn impossible_powersgd_options_are_refused_with_the_cause() {
             "--compress powersgd:2 with --comm tree",
         ),
         ("powersgd:60", "ring", "at rank 60 no weight of this model"),
+        // A rank whose products would wrap around usize (this one sized a buffer past memory).
+        (
+            "powersgd:9223372036854775808",
+            "ring",
+            "at rank 9223372036854775808 no weight of this model",
+        ),
     ] {
         let o = run(&small(
             &dir,

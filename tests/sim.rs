@@ -1348,11 +1348,26 @@ fn powersgd_sends_two_rounds_and_pays_its_arithmetic_on_the_communication_thread
         assert!((r.step_ms - expected).abs() < 1e-6, "{}", r.step_ms);
         assert!(r.step_ms < none.step_ms / 10.0);
     }
-    // A matrix too small to gain at this rank travels whole, as the trainer sends it.
-    let small = one_matrix(8, 8, 0);
-    let whole = simulate_step(&small, &base).unwrap();
-    let r = simulate_step(&small, &powersgd(base, 4)).unwrap();
-    assert!((r.comm_ms - whole.comm_ms).abs() < 1e-9);
+    // A matrix too small to gain at this rank travels whole in round 1, as the trainer sends
+    // it: an 8 x 8 one after the large one costs its 64 values and no arithmetic.
+    let mut with_small = one_matrix(rows, cols, bias + 64);
+    with_small.blocks[0]
+        .matrices
+        .as_mut()
+        .unwrap()
+        .push(dptrain::comm::powersgd::Matrix {
+            offset: rows * cols,
+            rows: 8,
+            cols: 8,
+        });
+    let rank = 4;
+    let r = simulate_step(&with_small, &powersgd(base, rank)).unwrap();
+    let sent = (bias + 64 + rows * rank + cols * rank) as f64;
+    let arithmetic: f64 = PowerSgdRates::MEASURED
+        .seconds(rows * cols, rank)
+        .iter()
+        .sum();
+    assert!((r.comm_ms - (4.0 * sent / bw + arithmetic) * 1e3).abs() < 1e-6);
 }
 
 #[test]
@@ -1374,6 +1389,14 @@ fn powersgd_needs_the_profiles_matrices_and_the_overlap_schedule() {
     };
     let err = simulate_step(&one_matrix(64, 64, 0), &priority).unwrap_err();
     assert!(err.contains("--schedule priority"), "{err}");
+    // A rank at which nothing gains is refused in the trainer's words, huge ones included.
+    for rank in [64, 1 << 63] {
+        let err = simulate_step(&one_matrix(64, 64, 0), &powersgd(base, rank)).unwrap_err();
+        assert!(
+            err.contains(&format!("at rank {rank} no weight of this model")),
+            "{err}"
+        );
+    }
 }
 
 /// A built-in model's graph for 3x32x32 images and 10 classes, and its net at batch 1.

@@ -41,7 +41,10 @@ const EPSILON: f32 = 1e-8;
 /// Whether a `rows x cols` matrix is sent as a rank-`rank` product: PyTorch's rule, the
 /// product's `(rows + cols) rank` values fewer than `rows cols / MIN_COMPRESSION_RATE`.
 pub fn compresses(rows: usize, cols: usize, rank: usize) -> bool {
-    (rows + cols) * rank * MIN_COMPRESSION_RATE < rows * cols
+    // In u128: the rank comes from the command line and may be any usize; a product that
+    // wrapped would call a huge rank a gain (and size its buffers past memory).
+    let (rows, cols) = (rows as u128, cols as u128);
+    (rows + cols) * rank as u128 * (MIN_COMPRESSION_RATE as u128) < rows * cols
 }
 
 /// One weight matrix inside a bucket's buffer, row-major.
@@ -159,10 +162,6 @@ impl PowerSgdBucket {
         let plain_len = plain.iter().map(|r| r.len()).sum();
         let errors: usize = matrices.iter().map(Matrix::len).sum();
         let (first, q_len) = round_lens(len, &matrices, rank);
-        debug_assert_eq!(
-            first,
-            plain_len + matrices.iter().map(|m| m.rows * rank).sum::<usize>()
-        );
         Self {
             rank,
             plain,
@@ -409,6 +408,10 @@ mod tests {
         assert!(compresses(64, 576, 4)); // 2560 * 2 < 36864
         assert!(!compresses(10, 10, 4)); // 80 * 2 > 100
         assert!(!compresses(1, 1000, 1));
+        // Ranks whose products wrap in usize arithmetic gain nothing.
+        for rank in [1 << 62, 1 << 63, usize::MAX] {
+            assert!(!compresses(4096, 4096, rank), "{rank}");
+        }
     }
 
     #[test]

@@ -715,6 +715,9 @@ fn powersgd_rounds(
                 profile.model
             )
         })?;
+    if let Some(why) = crate::plan::powersgd_refusal(&blocks, rank) {
+        return Err(why);
+    }
     let per_bucket = crate::plan::powersgd_matrices(plan, &blocks, rank);
     Ok(per_bucket
         .iter()

@@ -117,20 +117,11 @@ fn powersgd_states(
     let Some(rank) = cfg.compress.powersgd_rank() else {
         return Ok(vec![None; plan.buckets.len()]);
     };
-    let per_bucket = crate::plan::powersgd_matrices(plan, &crate::plan::block_matrices(net), rank);
-    if per_bucket.iter().all(Vec::is_empty) {
-        let widest = crate::plan::block_matrices(net)
-            .iter()
-            .flatten()
-            .map(|m| m.rows.min(m.cols))
-            .max()
-            .unwrap_or(0);
-        return Err(WorkerError::Setup(format!(
-            "--compress powersgd:{rank}: at rank {rank} no weight of this model is smaller as a \
-             product than whole (the largest matrix's smaller side is {widest}); choose a lower \
-             rank or --compress none"
-        )));
+    let blocks = crate::plan::block_matrices(net);
+    if let Some(why) = crate::plan::powersgd_refusal(&blocks, rank) {
+        return Err(WorkerError::Setup(why));
     }
+    let per_bucket = crate::plan::powersgd_matrices(plan, &blocks, rank);
     Ok(per_bucket
         .into_iter()
         .zip(&plan.buckets)
