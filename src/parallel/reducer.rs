@@ -704,10 +704,11 @@ fn comm_thread(
 /// A decision is broadcast from rank 0 (a tree), taken when rank 0's communication thread is
 /// free: the buckets whose next partitions every rank reduces, in order, up to the credit's
 /// values (`--credit-kb`; by default one partition, so a partition nearer the input waits for
-/// at most the one under way, and each partition costs one more message's latency). (Deciding one partition ahead, to send the
-/// decision while the current collective runs, hid that latency but let the buckets that
-/// arrive meanwhile wait one partition more: vgg-small at 200 Mbit/s, 50 us, ring, a step of
-/// 35.4 ms against 29.5 ms deciding when free, and 35.7 ms under overlap.)
+/// at most the one under way, and each partition costs one more message's latency).
+/// (Deciding one partition ahead, to send the decision while the current collective runs, hid
+/// that latency but let the buckets that arrive meanwhile wait one partition more: vgg-small
+/// at 200 Mbit/s, 50 us, ring, a step of 35.4 ms against 29.5 ms deciding when free, and
+/// 35.7 ms under overlap.)
 struct PriorityStep<'a> {
     t: &'a dyn Transport,
     jobs: &'a Receiver<Job>,
