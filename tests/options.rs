@@ -525,6 +525,18 @@ const MEANING_REFUSALS: &[Case] = &[
         "--rounds must be at least 1",
     ),
     (
+        &[
+            "bench",
+            "sim-check",
+            "--against",
+            "cluster",
+            "--schedule",
+            "overlap,fifo",
+        ],
+        1,
+        "--schedule must be overlap or priority, not \"fifo\"",
+    ),
+    (
         &["bench", "overlap", "--steps", "0"],
         1,
         "--steps must be at least 1",

@@ -30,6 +30,7 @@ use super::median;
 use super::overlap::{run_case, GridSpec, OverlapCase};
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
+use crate::parallel::Schedule;
 use crate::plan::CommChoice;
 use crate::sim::{
     measure, MeasureSpec, Overheads, Profile, Simulator, StepConfig, Stragglers, Topology, MEASURED,
@@ -83,6 +84,14 @@ pub struct SimCheckArgs {
     /// Cluster: overlap on, off or both.
     #[arg(long, default_value = "both")]
     pub overlap: String,
+    /// Cluster: `train --schedule` settings, comma-separated (overlap, priority; priority runs
+    /// with overlap on only).
+    #[arg(long, default_value = "overlap")]
+    pub schedule: String,
+    /// Cluster: `train --partition-kb` for the priority runs (and the simulator's) [default:
+    /// the trainer's].
+    #[arg(long)]
+    pub partition_kb: Option<usize>,
     /// Cluster: `train --hierarchical` settings, comma-separated (auto, 2d, leader, off).
     #[arg(long, default_value = "auto")]
     pub hierarchical: String,
@@ -115,6 +124,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
     super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
     super::args::entries("--worker-batch", &a.worker_batch)?;
+    super::args::list("--schedule", &a.schedule, Schedule::parse)?;
     if a.rounds == 0 || a.device_headroom < 1.0 {
         return Err(format!(
             "--rounds must be at least 1 and --device-headroom at least 1 (a device no slower \
@@ -724,6 +734,7 @@ struct ClusterCheck<'a> {
     hosts: Vec<usize>,
     per_host: Vec<usize>,
     overlaps: Vec<bool>,
+    schedules: Vec<Schedule>,
     hierarchies: Vec<crate::plan::HierarchyChoice>,
     /// This program, which the cluster's ranks run.
     exe: std::path::PathBuf,
@@ -763,7 +774,8 @@ struct ClusterLinks {
     fits: Vec<(String, LinkModel)>,
 }
 
-/// One row's inputs: a cluster, its workers per host, a model and the overlap setting.
+/// One row's inputs: a cluster, its workers per host, a model, the overlap setting and the
+/// schedule.
 #[derive(Debug, Clone, Copy)]
 struct ClusterCase<'a> {
     /// `--cluster-bandwidth` entry (tc's spelling).
@@ -772,6 +784,7 @@ struct ClusterCase<'a> {
     per_host: usize,
     model: &'a str,
     overlap: bool,
+    schedule: Schedule,
     hierarchy: crate::plan::HierarchyChoice,
 }
 
@@ -809,6 +822,7 @@ impl<'a> ClusterCheck<'a> {
         let hosts = super::args::worker_list("--hosts", &a.hosts)?;
         let per_host = super::args::worker_list("--workers-per-host", &a.workers_per_host)?;
         let overlaps = super::args::on_off_list("overlap", &a.overlap)?;
+        let schedules = super::args::list("--schedule", &a.schedule, Schedule::parse)?;
         let hierarchies = super::args::list(
             "--hierarchical",
             &a.hierarchical,
@@ -844,6 +858,7 @@ impl<'a> ClusterCheck<'a> {
             hosts,
             per_host,
             overlaps,
+            schedules,
             hierarchies,
             exe,
             cores: crate::limits::cores(),
@@ -927,15 +942,22 @@ impl<'a> ClusterCheck<'a> {
         for &per_host in &self.per_host {
             for model in self.models() {
                 for &overlap in &self.overlaps {
-                    for &hierarchy in &self.hierarchies {
-                        cases.push(ClusterCase {
-                            bw,
-                            hosts,
-                            per_host,
-                            model,
-                            overlap,
-                            hierarchy,
-                        });
+                    for &schedule in &self.schedules {
+                        // Priority's updates wait for the next forward: it needs overlap.
+                        if schedule == Schedule::Priority && !overlap {
+                            continue;
+                        }
+                        for &hierarchy in &self.hierarchies {
+                            cases.push(ClusterCase {
+                                bw,
+                                hosts,
+                                per_host,
+                                model,
+                                overlap,
+                                schedule,
+                                hierarchy,
+                            });
+                        }
                     }
                 }
             }
@@ -944,8 +966,8 @@ impl<'a> ClusterCheck<'a> {
         for round in 0..a.rounds.max(1) {
             for (i, case) in cases.iter().enumerate() {
                 let dir = scratch.join(format!(
-                    "{}-{hosts}x{}-{}-{}-{round}",
-                    case.model, case.per_host, case.overlap, case.hierarchy
+                    "{}-{hosts}x{}-{}-{}-{}-{round}",
+                    case.model, case.per_host, case.overlap, case.schedule, case.hierarchy
                 ));
                 let args = self.train_args(case, &ours, links.rtt, &dir)?;
                 cluster.mpirun(hosts, &args)?;
@@ -1163,6 +1185,8 @@ impl<'a> ClusterCheck<'a> {
             (batch * (a.steps + 5)).to_string(),
             "--overlap".into(),
             if case.overlap { "on" } else { "off" }.into(),
+            "--schedule".into(),
+            case.schedule.to_string(),
             "--hierarchical".into(),
             case.hierarchy.to_string(),
             "--link-bandwidth".into(),
@@ -1172,6 +1196,9 @@ impl<'a> ClusterCheck<'a> {
             "--run-dir".into(),
             dir.display().to_string(),
         ]);
+        if let Some(kb) = self.partition_kb(case) {
+            args.extend(["--partition-kb".into(), kb.to_string()]);
+        }
         if let Some(device) = self.devices.iter().find(|dev| dev.model == model) {
             args.extend([
                 "--emulate-device".into(),
@@ -1181,6 +1208,13 @@ impl<'a> ClusterCheck<'a> {
             ]);
         }
         Ok(args)
+    }
+
+    /// `--partition-kb` for a priority case (overlap's buckets go whole, as by default).
+    fn partition_kb(&self, case: &ClusterCase) -> Option<usize> {
+        self.a
+            .partition_kb
+            .filter(|_| case.schedule == Schedule::Priority)
     }
 
     /// The profile a case is simulated from, made once per (model, workers): the device's
@@ -1266,8 +1300,8 @@ impl<'a> ClusterCheck<'a> {
         };
         let step = StepConfig {
             compress: crate::plan::CompressChoice::NONE,
-            schedule: crate::parallel::Schedule::Overlap,
-            partition_kb: None,
+            schedule: case.schedule,
+            partition_kb: self.partition_kb(case),
             topology,
             comm: self.comm,
             // As the measured run.
@@ -1300,7 +1334,7 @@ impl<'a> ClusterCheck<'a> {
             case.hosts,
             d,
             model,
-            if case.overlap { "on" } else { "off" },
+            overlap_column(case),
             case.hierarchy.to_string(),
             m.step,
             sim.step_ms,
@@ -1313,10 +1347,19 @@ impl<'a> ClusterCheck<'a> {
             sim.forward_ms + sim.backward_ms + sim.update_ms
         );
         crate::outln!(
-            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} hierarchical={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
-            case.bw, case.hosts, case.overlap, case.hierarchy, m.step, sim.step_ms, cal.step_ms
+            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} schedule={} hierarchical={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+            case.bw, case.hosts, case.overlap, case.schedule, case.hierarchy, m.step, sim.step_ms, cal.step_ms
         );
         Ok(())
+    }
+}
+
+/// The cluster table's overlap column: on, off, or prio (`--schedule priority`, overlap on).
+fn overlap_column(case: &ClusterCase) -> &'static str {
+    match (case.schedule, case.overlap) {
+        (Schedule::Priority, _) => "prio",
+        (Schedule::Overlap, true) => "on",
+        (Schedule::Overlap, false) => "off",
     }
 }
 

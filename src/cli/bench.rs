@@ -26,7 +26,7 @@ pub(super) enum BenchCmd {
     /// ablation, simulator check), written to one markdown page with plots.
     Suite(bench::suite::SuiteArgs),
     /// The step simulator against measured emulated runs, side by side.
-    SimCheck(bench::simcheck::SimCheckArgs),
+    SimCheck(Box<bench::simcheck::SimCheckArgs>),
     /// Grid of overlap on/off x communication mode x emulated bandwidth for a model.
     Overlap(bench::overlap::OverlapArgs),
     /// This machine's ceilings: the FMA peak of one core and of all (a register-only loop in
@@ -47,7 +47,7 @@ pub(super) fn run(cmd: BenchCmd) -> Result<(), String> {
         BenchCmd::Loader(a) => bench::loader::run_command(a),
         BenchCmd::Ablation(a) => bench::ablation::run_command(a),
         BenchCmd::Suite(a) => bench::suite::run_command(a),
-        BenchCmd::SimCheck(a) => bench::simcheck::run(a),
+        BenchCmd::SimCheck(a) => bench::simcheck::run(*a),
         BenchCmd::Overlap(a) => bench::overlap::run_command(a),
         BenchCmd::Roofline(a) => bench::roofline::run_command(a),
         BenchCmd::Compress(a) => bench::compress::run_command(a),

@@ -56,7 +56,7 @@ enum Command {
     Profile(profile::ProfileArgs),
     /// Simulate a training step on N workers from a profile: step time, exposed communication
     /// and scaling efficiency per mode, overlap setting and bucket size.
-    Simulate(simulate::SimulateArgs),
+    Simulate(Box<simulate::SimulateArgs>),
     /// Regenerate each run directory's report.md and plots from its summary.json and
     /// metrics.jsonl; with several runs, also compare them side by side.
     Report {
@@ -115,7 +115,7 @@ pub fn run() -> Result<(), String> {
     init_logging();
     match cli.command.unwrap_or_default() {
         Command::Profile(a) => profile::run(a),
-        Command::Simulate(a) => simulate::run(a),
+        Command::Simulate(a) => simulate::run(*a),
         Command::Model(ModelCmd::Show {
             model,
             input,

@@ -485,6 +485,13 @@ impl Reducer {
         Ok(())
     }
 
+    /// When the communication thread finished reducing bucket `index` (its last collective),
+    /// once it is home; `None` before.
+    pub fn reduced_at(&self, index: usize) -> Option<Instant> {
+        self.buffers[index].as_ref()?;
+        self.runs[index].iter().map(|r| r.started + r.busy).max()
+    }
+
     /// The communication times so far this step (exposed: the waits in
     /// [`Reducer::wait_bucket`] and [`Reducer::finish`]).
     pub fn times(&self) -> CommTimes {

@@ -46,6 +46,12 @@ pub struct EmulatedDevice {
     pub batch: usize,
     /// Forward and loss.
     pub forward: Duration,
+    /// Per parameter block (in forward order): the device's forward of that block (with the
+    /// layers the profile counts with it).
+    forward_of: Vec<Duration>,
+    /// Per parameter block: its share of the update, by gradient values (under `--schedule
+    /// priority` each block is updated just before its forward).
+    update_of: Vec<Duration>,
     /// Per parameter block (in forward order): backward time from the start of backward until
     /// that block's gradients are written (backward runs the last block first).
     backward_until: Vec<Duration>,
@@ -77,9 +83,12 @@ impl EmulatedDevice {
         if p.blocks.is_empty() {
             return Err(refused(ProfileProblem::NoBlocks));
         }
-        let forward = p.blocks.iter().try_fold(Duration::ZERO, |acc, b| {
-            Ok::<_, DeviceError>(acc + ms(b.forward_ms, "a block's forward")?)
-        })?;
+        let forward_of = p
+            .blocks
+            .iter()
+            .map(|b| ms(b.forward_ms, "a block's forward"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let forward: Duration = forward_of.iter().sum();
         let mut backward_until = vec![Duration::ZERO; p.blocks.len()];
         let mut acc = Duration::ZERO;
         for (k, b) in p.blocks.iter().enumerate().rev() {
@@ -87,6 +96,18 @@ impl EmulatedDevice {
             backward_until[k] = acc;
         }
         let update = ms(p.update_ms, "the update")?;
+        let values = |b: &crate::measure::BlockProfile| -> f64 {
+            b.param_sizes.iter().map(|&n| n as f64).sum()
+        };
+        let total: f64 = p.blocks.iter().map(values).sum();
+        let update_of = p
+            .blocks
+            .iter()
+            .map(|b| match total > 0.0 {
+                true => update.mul_f64(values(b) / total),
+                false => Duration::ZERO,
+            })
+            .collect();
         // The cap is per step, not per block: each block under an hour still let a profile of
         // many blocks hold every step for days.
         let step = forward + acc + update;
@@ -102,6 +123,8 @@ impl EmulatedDevice {
             model: p.model,
             batch: p.batch,
             forward,
+            forward_of,
+            update_of,
             backward_until,
             update,
         })
@@ -142,6 +165,19 @@ impl EmulatedDevice {
     /// Waits until `since + time` (returns at once if that has passed).
     pub fn hold(since: Instant, time: Duration) {
         crate::comm::transport::sleep_until(since + time);
+    }
+
+    /// The device's forward from `start`, paced block by block around the forward's gates
+    /// ([`PacedForward`]); `updates`: each block's share of the update runs at its gate
+    /// (`--schedule priority`).
+    pub fn paced_forward(&self, start: Instant, updates: bool) -> PacedForward<'_> {
+        PacedForward {
+            device: self,
+            clock: start,
+            next: 0,
+            updates,
+            updated: 0,
+        }
     }
 
     /// `sink` with each block's `block_written` held until the device's backward reaches it,
@@ -241,6 +277,63 @@ pub enum ProfileProblem {
     },
 }
 
+/// The device's forward, block by block: before block `b` runs ([`PacedForward::reach`]) the
+/// device has run every block before it; a gate that waits (priority scheduling's wait for the
+/// block's bucket) holds the device until the wait ended ([`PacedForward::gated`]), and under
+/// priority the device then updates that block. So a forward that waits for its first layer's
+/// weights ends that much later, as on a device, and not at `start` plus the forward's time
+/// whatever it waited (which would hide every wait that ends before the device's forward
+/// would have). The same timeline as the simulator's gated forward
+/// (`sim::step::PlannedStep::gated_step`).
+pub struct PacedForward<'a> {
+    device: &'a EmulatedDevice,
+    /// Where the device is: the forward of blocks before `next` (and their updates) done.
+    clock: Instant,
+    next: usize,
+    updates: bool,
+    /// Blocks before this one have had their update.
+    updated: usize,
+}
+
+impl PacedForward<'_> {
+    /// Before block `b`'s gate: waits until the device has run the forward of every block
+    /// before `b`.
+    pub fn reach(&mut self, b: usize) {
+        self.advance_to(b);
+        crate::comm::transport::sleep_until(self.clock);
+    }
+
+    /// After block `b`'s gate: under priority its weights were reduced at `arrived`, and the
+    /// device, if it got there first, waits until then; it then updates `b`. Only the weights
+    /// move the device: real compute that ran late (it shares the cores) does not, as with
+    /// the whole forward's hold.
+    pub fn gated(&mut self, b: usize, arrived: Option<Instant>) {
+        if let Some(t) = arrived {
+            self.clock = self.clock.max(t);
+        }
+        if self.updates && b >= self.updated && b < self.device.update_of.len() {
+            self.clock += self.device.update_of[b];
+            self.updated = b + 1;
+        }
+    }
+
+    /// The forward's end: waits until the device has run every block.
+    pub fn finish(mut self) {
+        self.advance_to(self.device.forward_of.len());
+        crate::comm::transport::sleep_until(self.clock);
+    }
+
+    /// Runs the device's forward of the blocks from `next` up to `b` (excluded). Blocks run
+    /// in order; a block gated twice (two layers sharing it) runs once.
+    fn advance_to(&mut self, b: usize) {
+        let end = b.min(self.device.forward_of.len());
+        for k in self.next..end {
+            self.clock += self.device.forward_of[k];
+        }
+        self.next = self.next.max(end);
+    }
+}
+
 /// A gradient sink whose blocks are handed on when the emulated device would have written them
 /// ([`EmulatedDevice::paced`]).
 pub struct PacedSink<'a> {
@@ -300,6 +393,49 @@ mod tests {
             .contains("vgg-small"));
         let e = d.check_fits("lenet5", 8, 3).unwrap_err().to_string();
         assert!(e.contains("2 blocks, the model 3"), "{e}");
+    }
+
+    #[test]
+    fn a_paced_forward_waits_for_late_weights_and_only_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            r#"{"model":"m","source":"x","batch":8,"input":[1,28,28],"update_ms":4.0,
+               "blocks":[{"name":"a","forward_ms":1.0,"backward_ms":1.0,"param_sizes":[4],"macs_per_sample":1},
+                         {"name":"b","forward_ms":3.0,"backward_ms":1.0,"param_sizes":[12],"macs_per_sample":1}]}"#,
+        );
+        let d = EmulatedDevice::load(&p, 10.0).unwrap();
+        let ms = Duration::from_millis;
+        // The update's 40 ms split by values: 4 of 16, 12 of 16.
+        assert_eq!(d.update_of, vec![ms(10), ms(30)]);
+        // A start a second ago: every deadline below has passed, so nothing sleeps, and the
+        // real time (later than all of them) is the "late real compute" that must not count.
+        let start = Instant::now() - Duration::from_secs(1);
+        let mut f = d.paced_forward(start, true);
+        f.reach(0);
+        assert_eq!(f.clock, start);
+        // Block a's weights came back 50 ms in: the device waits for them, then updates a.
+        f.gated(0, Some(start + ms(50)));
+        assert_eq!(f.clock, start + ms(60));
+        f.reach(1);
+        assert_eq!(f.clock, start + ms(70));
+        // Block b's came back before the device got there: no wait, only its update; a second
+        // gate of the same block (a shared layer) updates nothing more.
+        f.gated(1, Some(start + ms(5)));
+        f.gated(1, Some(start + ms(5)));
+        assert_eq!(f.clock, start + ms(100));
+        f.advance_to(2);
+        assert_eq!(f.clock, start + ms(130));
+        // Without priority no block is updated in the forward and nothing is waited for: the
+        // forward is the profile's, 40 ms, however late the real compute ran.
+        let mut f = d.paced_forward(start, false);
+        for b in 0..2 {
+            f.reach(b);
+            f.gated(b, None);
+        }
+        f.advance_to(2);
+        assert_eq!(f.clock, start + d.forward);
+        assert_eq!(d.forward, ms(40));
     }
 
     #[test]

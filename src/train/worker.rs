@@ -799,20 +799,35 @@ impl Worker {
             "forward",
             started,
         );
-        // Under priority scheduling each layer first gets the last step's update.
+        // Under priority scheduling each layer first gets the last step's update. An emulated
+        // device runs its forward block by block around those waits.
         let (priority, reducer, sgd) = (&mut self.priority, &mut self.reducer, &mut self.sgd);
+        let updates = priority.active();
+        let mut device = (self.cfg.device.as_ref()).map(|d| d.paced_forward(started, updates));
         let report = self.net.forward_gated(
             &batch.images,
             &batch.labels,
             n,
             Mode::Train(info),
-            &mut |b, params, blocks| priority.apply_for_block(b, reducer, sgd, params, blocks),
+            &mut |b, params, blocks| {
+                if let Some(d) = device.as_mut() {
+                    d.reach(b);
+                }
+                priority.apply_for_block(b, reducer, sgd, params, blocks)?;
+                if let Some(d) = device.as_mut() {
+                    let bucket = reducer.plan().slots[b].bucket;
+                    d.gated(b, updates.then(|| reducer.reduced_at(bucket)).flatten());
+                }
+                Ok(())
+            },
             &mut |exec| {
                 spans.exec_done(exec);
             },
         );
         let report = report.map_err(|e| self.failure(e))?;
-        self.hold_device(started, |d| d.forward);
+        if let Some(d) = device {
+            d.finish();
+        }
         let loss = (report.loss_sum / n as f64) as f32;
         if !loss.is_finite() && !self.cfg.skip_nonfinite {
             return Err(self.failure(StepError::NonFiniteLoss(loss)));
