@@ -64,8 +64,19 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// `Reducer::on_block`); this makes the scheduler favour the communication thread besides
 /// (lenet5, 1 Gbit/s, redundant: exposed comm 0.6-0.8 ms with the yield alone, 0.4 ms with
 /// both, 1.7-1.8 ms with neither). Niceness only matters under contention. Linux only.
-pub fn yield_cpu_to_communication() {
-    set_niceness(5);
+///
+/// Under `--schedule priority` (nice +12) the communication thread wakes during the forward
+/// too, for every partition (its decision, then each message of the collective), and each
+/// late wake-up holds up the next layer's weights. Measured 2026-12-04, 2 workers x 1 thread
+/// on 2 cores, 50 us, medians of steps over 2 interleaved rounds, nice 5 against 12: priority
+/// resnet20 at 100 Mbit/s redundant 104.9 -> 98.2 ms, ring 94.6 -> 93.7; vgg-small at
+/// 200 Mbit/s ring 31.4 -> 29.8, redundant 34.0 -> 32.6; overlap's rows and the rows without
+/// a link within 1% either way, so overlap keeps +5.
+pub fn yield_cpu_to_communication(schedule: Schedule) {
+    set_niceness(match schedule {
+        Schedule::Overlap => 5,
+        Schedule::Priority => 12,
+    });
 }
 
 /// Sets the calling thread's niceness (Linux; elsewhere a no-op). For

@@ -81,6 +81,7 @@ fn observe(rank: usize, global: usize, started: bool) {
 pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
     let (rank, events) = (setup.rank, setup.events.clone());
     let emulated_device = setup.cfg.device.is_some();
+    let schedule = setup.cfg.schedule;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
@@ -95,7 +96,7 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
                 if emulated_device {
                     rayon::broadcast(|_| crate::testbed::device::lower_compute_priority());
                 } else {
-                    rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication());
+                    rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication(schedule));
                 }
                 worker.run();
                 Ok(())
