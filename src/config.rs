@@ -908,26 +908,10 @@ impl TrainOptions {
     ) -> Result<(crate::parallel::Schedule, Option<usize>, Option<usize>), String> {
         use crate::parallel::Schedule;
         let schedule = Schedule::parse(self.schedule.as_deref().unwrap_or("overlap"))?;
-        if self.partition_kb == Some(0) {
-            return Err(
-                "--partition-kb 0: a partition must hold at least 1 KiB (to send \
-                 each layer in a bucket of its own, use --bucket-kb 0)"
-                    .into(),
-            );
-        }
-        match (self.credit_kb, schedule) {
-            (Some(0), _) => {
-                return Err("--credit-kb 0: a decision commits to at least 1 KiB (the \
-                            default, one partition per decision, is --credit-kb unset)"
-                    .into())
-            }
-            (Some(kb), Schedule::Overlap) => {
-                return Err(format!(
-                    "--credit-kb {kb} applies to --schedule priority (under overlap, buckets go \
-                     in backward's order with no decisions): add --schedule priority or drop it"
-                ))
-            }
-            _ => {}
+        let refusal =
+            crate::parallel::schedule::order_refusal(schedule, self.partition_kb, self.credit_kb);
+        if let Some(why) = refusal {
+            return Err(why);
         }
         if schedule == Schedule::Priority {
             check_priority(comm, self.on_nonfinite.as_deref() == Some("skip"))?;

@@ -205,6 +205,7 @@ fn cfg(topology: Topology, comm: CommChoice, overlap: bool, cap_kb: Option<usize
         compress: dptrain::plan::CompressChoice::NONE,
         schedule: dptrain::parallel::Schedule::Overlap,
         partition_kb: None,
+        credit_kb: None,
         topology,
         comm,
         hierarchy: HierarchyChoice::Auto,
@@ -661,6 +662,55 @@ fn priority_scheduling_hides_the_link_under_the_next_forward_within_the_bound() 
     let err = simulate_step(&p, &off).unwrap_err();
     assert!(
         err.contains("--schedule priority with --overlap off"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_credit_saves_decisions_and_is_refused_where_the_trainer_refuses_it() {
+    let p = uneven();
+    let compute = p.forward_ms() + p.backward_ms() + p.update_ms;
+    // 4 ranks (a decision crosses two hops of rank 0's tree), 16 KiB partitions and a 1 ms
+    // latency: each decision costs 2 ms of the communication thread's time.
+    let base = StepConfig {
+        schedule: dptrain::parallel::Schedule::Priority,
+        partition_kb: Some(16),
+        ..cfg(
+            Topology::flat(4, link(150e6, 1000)),
+            CommChoice::Fixed(CommMode::Ring),
+            true,
+            None,
+        )
+    };
+    let one = simulate_step(&p, &base).unwrap();
+    let credit = StepConfig {
+        credit_kb: Some(1024),
+        ..base
+    };
+    let many = simulate_step(&p, &credit).unwrap();
+    assert!(
+        many.comm_ms < one.comm_ms - 10.0,
+        "a credit of 1 MiB: {} ms of communication, one decision per partition: {} ms",
+        many.comm_ms,
+        one.comm_ms
+    );
+    for r in [&one, &many] {
+        assert!(r.step_ms >= compute.max(r.comm_ms) * (1.0 - 1e-9));
+    }
+    // The trainer's refusals, in its words.
+    let zero = StepConfig {
+        credit_kb: Some(0),
+        ..base
+    };
+    let err = simulate_step(&p, &zero).unwrap_err();
+    assert!(err.contains("--credit-kb 0"), "{err}");
+    let overlap = StepConfig {
+        schedule: dptrain::parallel::Schedule::Overlap,
+        ..credit
+    };
+    let err = simulate_step(&p, &overlap).unwrap_err();
+    assert!(
+        err.contains("--credit-kb 1024 applies to --schedule priority"),
         "{err}"
     );
 }
@@ -1167,6 +1217,7 @@ fn one_bucket_config(
         compress: dptrain::plan::CompressChoice::NONE,
         schedule: dptrain::parallel::Schedule::Overlap,
         partition_kb: None,
+        credit_kb: None,
         topology,
         comm,
         hierarchy,
@@ -1371,7 +1422,7 @@ fn powersgd_sends_two_rounds_and_pays_its_arithmetic_on_the_communication_thread
 }
 
 #[test]
-fn powersgd_needs_the_profiles_matrices_and_the_overlap_schedule() {
+fn powersgd_needs_the_profiles_matrices_and_runs_whole_under_priority() {
     let base = cfg(
         Topology::flat(2, link(12.5e6, 0)),
         CommChoice::Fixed(CommMode::Ring),
@@ -1383,12 +1434,22 @@ fn powersgd_needs_the_profiles_matrices_and_the_overlap_schedule() {
         err.contains("does not list its weight matrices") && err.contains("dptrain profile"),
         "{err}"
     );
+    // Under priority a PowerSGD bucket is one partition: rank 0's decision (4 bytes over
+    // the link) and then the same two rounds and arithmetic as under overlap.
     let priority = StepConfig {
         schedule: dptrain::parallel::Schedule::Priority,
         ..powersgd(base, 4)
     };
-    let err = simulate_step(&one_matrix(64, 64, 0), &priority).unwrap_err();
-    assert!(err.contains("--schedule priority"), "{err}");
+    let p = one_matrix(1152, 256, 256);
+    let over = simulate_step(&p, &powersgd(base, 4)).unwrap();
+    let prio = simulate_step(&p, &priority).unwrap();
+    let decision_ms = 4.0 / 12.5e6 * 1e3;
+    assert!(
+        (prio.comm_ms - over.comm_ms - decision_ms).abs() < 1e-6,
+        "priority {} ms, overlap {} ms",
+        prio.comm_ms,
+        over.comm_ms
+    );
     // A rank at which nothing gains is refused in the trainer's words, huge ones included.
     for rank in [64, 1 << 63] {
         let err = simulate_step(&one_matrix(64, 64, 0), &powersgd(base, rank)).unwrap_err();

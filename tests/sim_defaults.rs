@@ -39,6 +39,7 @@ fn cfg(
         compress: dptrain::plan::CompressChoice::NONE,
         schedule: dptrain::parallel::Schedule::Overlap,
         partition_kb: None,
+        credit_kb: None,
         topology,
         comm: CommChoice::Fixed(comm),
         hierarchy,

@@ -559,6 +559,7 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
                 compress: crate::plan::CompressChoice::NONE,
                 schedule: crate::parallel::Schedule::Overlap,
                 partition_kb: None,
+                credit_kb: None,
                 topology: Topology::flat(world, link),
                 comm,
                 hierarchy: crate::plan::HierarchyChoice::Auto,

@@ -402,6 +402,7 @@ fn emulated_group(
             compress: crate::plan::CompressChoice::NONE,
             schedule: crate::parallel::Schedule::Overlap,
             partition_kb: None,
+            credit_kb: None,
             topology: Topology::flat(a.workers, link),
             comm,
             hierarchy: crate::plan::HierarchyChoice::Auto,
@@ -1302,6 +1303,7 @@ impl<'a> ClusterCheck<'a> {
             compress: crate::plan::CompressChoice::NONE,
             schedule: case.schedule,
             partition_kb: self.partition_kb(case),
+            credit_kb: None,
             topology,
             comm: self.comm,
             // As the measured run.
@@ -1464,6 +1466,7 @@ pub fn goyal2017() -> Result<Published, String> {
         compress: crate::plan::CompressChoice::NONE,
         schedule: crate::parallel::Schedule::Overlap,
         partition_kb: None,
+        credit_kb: None,
         topology: measured.apply(inputs.topology),
         comm: CommChoice::Fixed(CommMode::HalvingDoubling),
         // Goyal et al.'s three phases: each server's sum in one buffer, then across.

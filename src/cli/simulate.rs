@@ -76,7 +76,7 @@ pub struct SimulateArgs {
     /// Gradients on the wire, read as `train --compress` is: none, fp16, bf16 (half the bytes
     /// of every message; the conversions' compute is not simulated), auto (the cost model's
     /// choice per bucket) or powersgd:R (two rounds per bucket of the trainer's sizes, and the
-    /// arithmetic around them at this machine's measured rates; overlap schedule only).
+    /// arithmetic around them at this machine's measured rates).
     #[arg(long, default_value = "none")]
     pub compress: String,
     /// When buckets are reduced, read as `train --schedule` is: overlap, or priority
@@ -87,6 +87,10 @@ pub struct SimulateArgs {
     /// schedule].
     #[arg(long)]
     pub partition_kb: Option<usize>,
+    /// Under --schedule priority, the KiB of partitions one decision of rank 0 commits every
+    /// rank to, read as `train --credit-kb` is [default: one partition].
+    #[arg(long)]
+    pub credit_kb: Option<usize>,
     /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
     /// with neither bucket flag given, the bytes the planning link moves in one latency; with
     /// only --first-bucket-kb given, 0].
@@ -179,13 +183,11 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     };
     let mut sim = Simulator::new();
     let schedule = crate::parallel::Schedule::parse(&a.schedule)?;
-    if a.partition_kb == Some(0) {
-        return Err("--partition-kb 0: a partition must hold at least 1 KiB".into());
-    }
     let single_cfg = StepConfig {
         compress: crate::plan::CompressChoice::parse(&a.compress)?,
         schedule,
         partition_kb: a.partition_kb,
+        credit_kb: a.credit_kb,
         topology: Topology::flat(1, base.nic),
         comm: CommChoice::Fixed(CommMode::Ring),
         hierarchy: HierarchyChoice::Auto,

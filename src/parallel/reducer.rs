@@ -666,8 +666,8 @@ fn comm_thread(
                     held: &mut held,
                     finished: &mut finished,
                     credit: credit.unwrap_or(0),
-                    decided: [NO_DECISION; MAX_DECIDED],
-                    next: MAX_DECIDED,
+                    decided: [NO_DECISION; super::schedule::MAX_DECIDED],
+                    next: super::schedule::MAX_DECIDED,
                 };
                 step.run(b, &mut reduce, &send)
             }
@@ -726,13 +726,10 @@ struct PriorityStep<'a> {
     credit: usize,
     /// The last decision: a bucket per partition, in order, [`NO_DECISION`] past its end
     /// (the first [`PriorityStep::decision_len`] entries are used).
-    decided: [f32; MAX_DECIDED],
+    decided: [f32; super::schedule::MAX_DECIDED],
     /// Its next partition to reduce (past the decision's end: a decision is due).
     next: usize,
 }
-
-/// The most partitions one decision under a credit names (a message of 256 bytes).
-const MAX_DECIDED: usize = 64;
 
 /// One partition's collective: (bucket, partition index).
 type Reduce<'r> = dyn FnMut(&mut BucketJob, usize) -> Result<(), CommError> + 'r;
@@ -828,14 +825,9 @@ impl PriorityStep<'_> {
         self.check_decided()
     }
 
-    /// Entries a decision message carries: one partition without a credit (a single value),
-    /// else up to [`MAX_DECIDED`]. Every rank knows the credit, so all agree on the length.
+    /// Entries a decision message carries ([`super::schedule::decision_len`]).
     fn decision_len(&self) -> usize {
-        if self.credit == 0 {
-            1
-        } else {
-            MAX_DECIDED
-        }
+        super::schedule::decision_len(self.credit)
     }
 
     /// Another rank checks a decision it heard: at least one partition, each of a bucket left
@@ -985,7 +977,7 @@ mod tests {
     ) -> Vec<(Vec<usize>, Vec<f32>)> {
         // Blocks of 64, 8 and 8 values, one bucket each; partitions of 32 values.
         let link = LinkModel {
-            bandwidth_bytes_per_s: 20_000.0,
+            bandwidth_bytes_per_s: 2_000.0,
             latency: Duration::ZERO,
         };
         let eps = InProcessFabric::new(2, Some(link), Duration::from_secs(30));
@@ -1047,12 +1039,13 @@ mod tests {
 
     #[test]
     fn a_credit_commits_every_rank_to_the_partitions_rank_0_held_when_it_decided() {
-        // Bucket 0 (64 values, 2 partitions of 32 at 20 KB/s: 12.8 ms) is alone when rank 0
-        // first decides; buckets 1 and 2 follow 3 and 6 ms later. A credit of 64 values
+        // Bucket 0 (64 values, 2 partitions of 32 at 2 KB/s: 128 ms) is alone when rank 0
+        // first decides; buckets 1 and 2 follow 30 and 60 ms later (margins a loaded machine's
+        // late wake-ups stay within: at 3 ms gaps bucket 1 was once held already). A credit of 64 values
         // commits to both of bucket 0's partitions, so bucket 0 is back first, then the
         // buckets nearer the input; the sums are those of one partition per decision.
         let one = three_buckets(Schedule::Priority);
-        let credit = three_buckets_paced(Schedule::Priority, 64, Duration::from_millis(3));
+        let credit = three_buckets_paced(Schedule::Priority, 64, Duration::from_millis(30));
         for rank in 0..2 {
             assert_eq!(credit[rank].0, vec![0, 2, 1], "rank {rank}");
             assert_eq!(credit[rank].1, one[rank].1, "the same sums");

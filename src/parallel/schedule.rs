@@ -131,57 +131,166 @@ pub fn priority_refusal(overlap: bool, root_updates: bool, skip_nonfinite: bool)
     None
 }
 
+/// The most partitions one decision under a credit names (a message of 256 bytes).
+pub const MAX_DECIDED: usize = 64;
+
+/// Values a decision message carries: one partition without a credit (a single value), else up
+/// to [`MAX_DECIDED`]. Every rank knows the credit, so all agree on the length.
+pub fn decision_len(credit: usize) -> usize {
+    if credit == 0 {
+        1
+    } else {
+        MAX_DECIDED
+    }
+}
+
+/// `--credit-kb` as values (`None`: 0, one partition per decision).
+pub fn credit_values(credit_kb: Option<usize>) -> usize {
+    credit_kb.map_or(0, |kb| kb.saturating_mul(1024) / 4)
+}
+
+/// Why `--partition-kb` or `--credit-kb` cannot be used with `schedule`, if they cannot (the
+/// trainer's options and the simulator's alike).
+pub fn order_refusal(
+    schedule: Schedule,
+    partition_kb: Option<usize>,
+    credit_kb: Option<usize>,
+) -> Option<String> {
+    if partition_kb == Some(0) {
+        return Some(
+            "--partition-kb 0: a partition must hold at least 1 KiB (to send each layer in a \
+             bucket of its own, use --bucket-kb 0)"
+                .into(),
+        );
+    }
+    match (credit_kb, schedule) {
+        (Some(0), _) => Some(
+            "--credit-kb 0: a decision commits to at least 1 KiB (the default, one partition \
+             per decision, is --credit-kb unset)"
+                .into(),
+        ),
+        (Some(kb), Schedule::Overlap) => Some(format!(
+            "--credit-kb {kb} applies to --schedule priority (under overlap, buckets go in \
+             backward's order with no decisions): add --schedule priority or drop it"
+        )),
+        _ => None,
+    }
+}
+
+/// The order of a step's partitions under priority scheduling ([`priority_order`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PriorityOrder {
+    /// Partition indices, in the order they are reduced.
+    pub order: Vec<usize>,
+    /// Per entry of `order`: whether rank 0 decides (and broadcasts the decision) before it.
+    pub decides: Vec<bool>,
+}
+
 /// The order in which to reduce partitions under priority scheduling, from when each is ready
-/// (`ready[i]`, seconds from the start of the step) and how long its reduction takes
-/// (`busy[i]`). Partitions are indexed in the order backward fills their buckets, each
-/// bucket's in buffer order, so a higher index is nearer the input and goes first among those
-/// ready. One collective at a time, none
-/// interrupted: whenever the communication thread is free it takes the ready bucket of highest
-/// index, or waits for the next one to become ready.
+/// (`ready[i]`, seconds from the start of the step), how long its reduction takes (`busy[i]`)
+/// and its values (`values[i]`). Partitions are indexed in the order backward fills their
+/// buckets, each bucket's in buffer order, so a higher index is nearer the input and goes
+/// first among those ready. One collective at a time, none interrupted: whenever the
+/// communication thread is free it decides, taking the ready partitions of highest index up to
+/// `credit` values (at least one, at most [`MAX_DECIDED`]; `credit` 0: one), or waits for the
+/// next one to become ready; the partitions decided then run one after the other.
 ///
 /// When the link keeps up, every bucket is done before the next is ready and this is the
 /// order backward fills them (`--schedule overlap`'s); when a backlog builds, the buckets left
 /// at the end of backward go input-first. This is the communication thread's rule (rank 0's
 /// choice in the reducer's `PriorityStep`) run in virtual time: the simulator orders its
 /// partitions with it.
-pub fn priority_order(ready: &[f64], busy: &[f64]) -> Vec<usize> {
-    assert_eq!(ready.len(), busy.len(), "one time of each per bucket");
+pub fn priority_order(
+    ready: &[f64],
+    busy: &[f64],
+    values: &[usize],
+    credit: usize,
+) -> PriorityOrder {
+    assert!(
+        ready.len() == busy.len() && ready.len() == values.len(),
+        "one time and size of each per partition"
+    );
     let n = ready.len();
     let mut done = vec![false; n];
-    let mut order = Vec::with_capacity(n);
+    let mut out = PriorityOrder {
+        order: Vec::with_capacity(n),
+        decides: Vec::with_capacity(n),
+    };
     let mut now = 0.0f64;
-    while order.len() < n {
-        let pick = (0..n).rev().find(|&i| !done[i] && ready[i] <= now);
-        let next = match pick {
-            Some(i) => i,
-            None => {
-                // Idle until the next bucket is ready (the earliest; on a tie, the nearer the
-                // input).
-                let i = (0..n)
-                    .filter(|&i| !done[i])
-                    .min_by(|&a, &b| ready[a].total_cmp(&ready[b]).then(b.cmp(&a)))
-                    .expect("a bucket is left");
-                now = ready[i];
-                i
+    while out.order.len() < n {
+        if !(0..n).any(|i| !done[i] && ready[i] <= now) {
+            // Idle until the next partition is ready (the earliest).
+            let i = (0..n)
+                .filter(|&i| !done[i])
+                .min_by(|&a, &b| ready[a].total_cmp(&ready[b]))
+                .expect("a partition is left");
+            now = ready[i];
+        }
+        // One decision: input-first among those ready now, up to the credit.
+        let (mut taken, mut taken_values) = (0, 0usize);
+        for i in (0..n).rev() {
+            if done[i] || ready[i] > now {
+                continue;
             }
-        };
-        done[next] = true;
-        order.push(next);
-        now += busy[next].max(0.0);
+            if taken == decision_len(credit) || (taken > 0 && taken_values >= credit) {
+                break;
+            }
+            done[i] = true;
+            out.order.push(i);
+            out.decides.push(taken == 0);
+            taken += 1;
+            taken_values = taken_values.saturating_add(values[i]);
+        }
+        let decided = out.order.len() - taken..out.order.len();
+        now += out.order[decided]
+            .iter()
+            .map(|&i| busy[i].max(0.0))
+            .sum::<f64>();
     }
-    order
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The order without a credit (one partition per decision, each decided).
+    fn order(ready: &[f64], busy: &[f64]) -> Vec<usize> {
+        let o = priority_order(ready, busy, &vec![1; ready.len()], 0);
+        assert!(
+            o.decides.iter().all(|&d| d),
+            "every partition is decided alone"
+        );
+        o.order
+    }
+
+    #[test]
+    fn a_credit_decides_several_partitions_input_first_and_the_late_wait_for_them() {
+        // All ready at once, 10 values each, a credit of 25: the first decision takes 3, 2
+        // and 1 (it stops once 30 >= 25), the second 0.
+        let o = priority_order(&[0.0; 4], &[1.0; 4], &[10; 4], 25);
+        assert_eq!(o.order, vec![3, 2, 1, 0]);
+        assert_eq!(o.decides, vec![true, false, false, true]);
+        // 2 becomes ready while 1 is reduced: alone it goes next, but a decision that named
+        // 1 and 0 runs both first.
+        let (ready, busy) = ([0.0, 0.0, 0.5], [1.0; 3]);
+        assert_eq!(order(&ready, &busy), vec![1, 2, 0]);
+        let o = priority_order(&ready, &busy, &[10; 3], 15);
+        assert_eq!(o.order, vec![1, 0, 2]);
+        assert_eq!(o.decides, vec![true, false, true]);
+        // At most MAX_DECIDED partitions a decision, however large the credit.
+        let n = MAX_DECIDED + 1;
+        let o = priority_order(&vec![0.0; n], &vec![1.0; n], &vec![1; n], usize::MAX);
+        assert_eq!(o.decides.iter().filter(|&&d| d).count(), 2);
+        assert!(o.decides[0] && o.decides[MAX_DECIDED]);
+    }
+
     #[test]
     fn a_link_that_keeps_up_keeps_backward_order() {
         // Each reduction ends before the next bucket is ready.
         let ready = [1.0, 2.0, 3.0, 4.0];
         let busy = [0.5; 4];
-        assert_eq!(priority_order(&ready, &busy), vec![0, 1, 2, 3]);
+        assert_eq!(order(&ready, &busy), vec![0, 1, 2, 3]);
     }
 
     #[test]
@@ -189,9 +298,9 @@ mod tests {
         // Bucket 0 takes the link for 10 s; 1, 2 and 3 are ready meanwhile and go input-first.
         let ready = [0.0, 1.0, 2.0, 3.0];
         let busy = [10.0, 1.0, 1.0, 1.0];
-        assert_eq!(priority_order(&ready, &busy), vec![0, 3, 2, 1]);
+        assert_eq!(order(&ready, &busy), vec![0, 3, 2, 1]);
         // Ready at once: input-first from the start.
-        assert_eq!(priority_order(&[0.0; 3], &[1.0; 3]), vec![2, 1, 0]);
+        assert_eq!(order(&[0.0; 3], &[1.0; 3]), vec![2, 1, 0]);
     }
 
     #[test]
@@ -199,7 +308,7 @@ mod tests {
         // 2 is ready while 0 is reduced, 1 only later: 2 goes before 1.
         let ready = [0.0, 5.0, 0.5];
         let busy = [1.0, 1.0, 1.0];
-        assert_eq!(priority_order(&ready, &busy), vec![0, 2, 1]);
+        assert_eq!(order(&ready, &busy), vec![0, 2, 1]);
     }
 
     #[test]

@@ -31,7 +31,8 @@
 //! next forward runs block by block, each block once its bucket is back and its share of the
 //! update is done, then backward again. Each partition is preceded, as in the trainer, by
 //! rank 0's decision: the bucket's index down rank 0's tree (one value; its latency is what a
-//! partition costs beyond its bytes).
+//! partition costs beyond its bytes); under a credit (`--credit-kb`) one decision, a list of
+//! 64 values, names the next partitions up to the credit, which then run back to back.
 //!
 //! **PowerSGD** (`--compress powersgd:R`, [`crate::comm::powersgd`]). A bucket with a matrix
 //! that gains runs its operation twice, with the trainer's round sizes
@@ -40,7 +41,8 @@
 //! arithmetic before, between and after the rounds at the measured
 //! [`crate::comm::powersgd::PowerSgdRates`]. That arithmetic is charged to the communication
 //! thread alone: on this machine it also takes a share of the workers' 2 cores, which the
-//! model leaves out (docs/bench/compress.md). Under `--schedule priority` it is refused.
+//! model leaves out (docs/bench/compress.md). Under `--schedule priority` a PowerSGD bucket is
+//! one partition, as in the trainer's reducer: rank 0's decision, then its two rounds.
 
 use super::engine::{run, Segment};
 use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
@@ -110,6 +112,8 @@ pub struct StepConfig {
     pub schedule: crate::parallel::Schedule,
     /// The trainer's `--partition-kb` (`None`: its default for the schedule).
     pub partition_kb: Option<usize>,
+    /// The trainer's `--credit-kb` (`None`: one partition per decision).
+    pub credit_kb: Option<usize>,
 }
 
 /// One simulated step (times in ms, means over the simulated steps).
@@ -170,14 +174,10 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
                 .into(),
         );
     }
-    if let (Some(rank), crate::parallel::Schedule::Priority) =
-        (cfg.compress.powersgd_rank(), cfg.schedule)
-    {
-        return Err(format!(
-            "--compress powersgd:{rank} with --schedule priority: the simulator models PowerSGD \
-             under the overlap schedule only; simulate --schedule overlap, and measure the pair \
-             with train --link-bandwidth"
-        ));
+    let order =
+        crate::parallel::schedule::order_refusal(cfg.schedule, cfg.partition_kb, cfg.credit_kb);
+    if let Some(why) = order {
+        return Err(why);
     }
     if cfg.schedule == crate::parallel::Schedule::Priority {
         let tree = cfg.comm == CommChoice::Fixed(crate::comm::CommMode::Tree);
@@ -284,6 +284,7 @@ impl Simulator {
             overlap: cfg.overlap,
             priority,
             partition: partition_bytes / 4,
+            credit: crate::parallel::schedule::credit_values(cfg.credit_kb),
             bucket_of_block: plan.slots.iter().map(|s| s.bucket).collect(),
             sim_ranks: idx.first().map_or(1, |&i| self.cache[i].1.ranks),
             total_bytes: bytes.iter().sum::<usize>() as f64,
@@ -377,6 +378,8 @@ struct PlannedStep<'p> {
     priority: bool,
     /// Values per partition (0: whole buckets).
     partition: usize,
+    /// Values one decision commits to under priority (0: one partition).
+    credit: usize,
     /// The bucket of each block.
     bucket_of_block: Vec<usize>,
     /// Ranks the engine simulates.
@@ -511,52 +514,44 @@ impl PlannedStep<'_> {
         ready: &[Vec<f64>],
         acc: &mut Acc,
     ) -> Result<Vec<Vec<f64>>, String> {
-        use crate::parallel::schedule::{partition_count, partition_range};
-        let parts: Vec<usize> = self
-            .bytes
-            .iter()
-            .map(|&b| partition_count(b / 4, self.partition))
+        use crate::parallel::schedule::{partition_count, partition_range, priority_order};
+        // A PowerSGD bucket is one partition (its two rounds reduce its matrices whole), as
+        // in the trainer's reducer.
+        let parts: Vec<usize> = (0..self.bytes.len())
+            .map(|b| match self.powersgd[b] {
+                Some(_) => 1,
+                None => partition_count(self.bytes[b] / 4, self.partition),
+            })
             .collect();
         // Every partition that sends anything, buckets in backward's order and each bucket's
         // partitions in buffer order (the later, the nearer the input).
-        let units: Vec<(usize, usize)> = (0..self.bytes.len())
+        let units: Vec<Unit> = (0..self.bytes.len())
             .filter(|&b| self.bytes[b] > 0)
-            .flat_map(|b| (0..parts[b]).map(move |p| (b, p)))
+            .flat_map(|b| {
+                let parts = parts[b];
+                (0..parts).map(move |p| Unit {
+                    bucket: b,
+                    values: partition_range(self.bytes[b] / 4, parts, p).len(),
+                })
+            })
             .collect();
-        // Each partition is rank 0's decision (the bucket's index, one value down rank 0's
-        // tree, as the trainer's `PriorityStep` announces it), then the partition's collective.
-        let decision = &cache[*self.idx.last().expect("the decisions' broadcast")].1;
-        let segments = |&(b, p): &(usize, usize)| {
-            [
-                Segment {
-                    job: decision,
-                    bytes: 4.0,
-                    ready: ready[b].clone(),
-                    before: Vec::new(),
-                    arithmetic: [Vec::new(), Vec::new()],
-                },
-                Segment {
-                    job: &cache[self.idx[b]].1,
-                    bytes: 4.0 * partition_range(self.bytes[b] / 4, parts[b], p).len() as f64,
-                    ready: ready[b].clone(),
-                    before: Vec::new(),
-                    arithmetic: [Vec::new(), Vec::new()],
-                },
-            ]
-        };
-        // Timed once in backward's order, then run in the priority order of those times.
-        let first: Vec<Segment> = units.iter().flat_map(segments).collect();
+        // Timed once in backward's order, each partition decided alone, then run in the
+        // priority order of those times.
+        let (first, last) = self.unit_segments(cache, ready, units.iter().map(|u| (u, true)));
         let timed = run(&first, &self.topo)?;
         let mut free = 0.0f64;
         let (mut at, mut took) = (Vec::new(), Vec::new());
-        for (u, &(b, _)) in units.iter().enumerate() {
-            let start = free.max(ready[b][0]);
-            free = timed.segment_end[2 * u + 1][0];
-            at.push(ready[b][0]);
+        for (u, unit) in units.iter().enumerate() {
+            let start = free.max(ready[unit.bucket][0]);
+            free = timed.segment_end[last[u]][0];
+            at.push(ready[unit.bucket][0]);
             took.push(free - start);
         }
-        let order = crate::parallel::schedule::priority_order(&at, &took);
-        let ordered: Vec<Segment> = order.iter().flat_map(|&u| segments(&units[u])).collect();
+        let sizes: Vec<usize> = units.iter().map(|u| u.values).collect();
+        let priority = priority_order(&at, &took, &sizes, self.credit);
+        let in_order =
+            (priority.order.iter().zip(&priority.decides)).map(|(&u, &d)| (&units[u], d));
+        let (ordered, last) = self.unit_segments(cache, ready, in_order);
         let times = run(&ordered, &self.topo)?;
         acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
         // A bucket is back when its last partition is; an empty one when it is ready.
@@ -566,13 +561,61 @@ impl PlannedStep<'_> {
                 _ => vec![f64::NEG_INFINITY; self.sim_ranks],
             })
             .collect();
-        for (i, &u) in order.iter().enumerate() {
-            let b = units[u].0;
-            for (r, &end) in times.segment_end[2 * i + 1].iter().enumerate() {
+        for (i, &u) in priority.order.iter().enumerate() {
+            let b = units[u].bucket;
+            for (r, &end) in times.segment_end[last[i]].iter().enumerate() {
                 back[b][r] = back[b][r].max(end);
             }
         }
         Ok(back)
+    }
+
+    /// The engine's segments for `units` in order, each after rank 0's decision where it
+    /// decides, and the index of each unit's last segment. A decision is rank 0's broadcast
+    /// down its tree (as the trainer's `PriorityStep` announces it) of one value, or, under a
+    /// credit, of a list of partitions; a PowerSGD bucket is its two rounds with the
+    /// arithmetic around them, as under overlap.
+    fn unit_segments<'c, 'u>(
+        &self,
+        cache: &'c [(Ranks, CompiledJob)],
+        ready: &[Vec<f64>],
+        units: impl Iterator<Item = (&'u Unit, bool)>,
+    ) -> (Vec<Segment<'c>>, Vec<usize>) {
+        let decision = &cache[*self.idx.last().expect("the decisions' broadcast")].1;
+        let decision_bytes = 4.0 * crate::parallel::schedule::decision_len(self.credit) as f64;
+        let per_rank = |s: f64| vec![s; self.sim_ranks];
+        let (mut segments, mut last) = (Vec::new(), Vec::new());
+        for (unit, decides) in units {
+            let (b, ready) = (unit.bucket, &ready[unit.bucket]);
+            let segment = |job, bytes, arithmetic| Segment {
+                job,
+                bytes,
+                ready: ready.clone(),
+                before: Vec::new(),
+                arithmetic,
+            };
+            if decides {
+                segments.push(segment(decision, decision_bytes, [Vec::new(), Vec::new()]));
+            }
+            let job = &cache[self.idx[b]].1;
+            match self.powersgd[b] {
+                Some(rounds) => {
+                    let c = rounds.compute;
+                    segments.push(segment(job, rounds.bytes[0], [per_rank(c[0]), Vec::new()]));
+                    segments.push(segment(
+                        job,
+                        rounds.bytes[1],
+                        [per_rank(c[1]), per_rank(c[2])],
+                    ));
+                }
+                None => {
+                    let bytes = 4.0 * unit.values as f64;
+                    segments.push(segment(job, bytes, [Vec::new(), Vec::new()]));
+                }
+            }
+            last.push(segments.len() - 1);
+        }
+        (segments, last)
     }
 
     /// Priority scheduling, rank `r` at compute factor `f`: the step in steady state, from the
@@ -692,6 +735,13 @@ struct PowerSgdRounds {
     bytes: [f64; 2],
     /// Seconds of the three phases ([`PowerSgdRates::MEASURED`]).
     compute: [f64; 3],
+}
+
+/// One collective of priority scheduling: a partition of `bucket` (a PowerSGD bucket whole).
+struct Unit {
+    bucket: usize,
+    /// The values it reduces.
+    values: usize,
 }
 
 /// Each bucket's rounds under `--compress powersgd:R`, from the trainer's rule of which
@@ -843,6 +893,7 @@ pub fn search_schedule(
     let overlap = StepConfig {
         schedule: Schedule::Overlap,
         partition_kb: None,
+        credit_kb: None,
         ..*cfg
     };
     let (c, kb, r) = run(overlap)?;

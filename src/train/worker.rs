@@ -433,7 +433,7 @@ impl Worker {
         let order = crate::parallel::ReduceOrder {
             schedule: cfg.schedule,
             partition: planning.partition_bytes() / 4,
-            credit: cfg.credit_kb.map_or(0, |kb| kb.saturating_mul(1024) / 4),
+            credit: crate::parallel::schedule::credit_values(cfg.credit_kb),
         };
         let mut reducer = Reducer::new(plan, ops, wires, cfg.overlap, order, s.transport);
         reducer.set_powersgd(powersgd);
