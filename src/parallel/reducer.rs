@@ -795,7 +795,7 @@ impl PriorityStep<'_> {
             let Some(job) = &self.held[i] else { continue };
             // Its partitions left, nearest the input first (the reducer's order).
             for done in job.parts_done..job.parts {
-                if n == self.decision_len() || (n > 0 && values >= self.credit) {
+                if super::schedule::decision_full(n, values, self.credit) {
                     return true;
                 }
                 let part = job.parts - 1 - done;
@@ -1040,10 +1040,11 @@ mod tests {
     #[test]
     fn a_credit_commits_every_rank_to_the_partitions_rank_0_held_when_it_decided() {
         // Bucket 0 (64 values, 2 partitions of 32 at 2 KB/s: 128 ms) is alone when rank 0
-        // first decides; buckets 1 and 2 follow 30 and 60 ms later (margins a loaded machine's
-        // late wake-ups stay within: at 3 ms gaps bucket 1 was once held already). A credit of 64 values
-        // commits to both of bucket 0's partitions, so bucket 0 is back first, then the
-        // buckets nearer the input; the sums are those of one partition per decision.
+        // first decides; buckets 1 and 2 follow 30 and 60 ms later (margins a loaded
+        // machine's late wake-ups stay within: at 3 ms gaps bucket 1 was once held already).
+        // A credit of 64 values commits to both of bucket 0's partitions, so bucket 0 is back
+        // first, then the buckets nearer the input; the sums are those of one partition per
+        // decision.
         let one = three_buckets(Schedule::Priority);
         let credit = three_buckets_paced(Schedule::Priority, 64, Duration::from_millis(30));
         for rank in 0..2 {

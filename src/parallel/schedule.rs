@@ -144,6 +144,13 @@ pub fn decision_len(credit: usize) -> usize {
     }
 }
 
+/// Whether a decision that names `taken` partitions of `values` values in all is complete
+/// under `credit`: at least one partition, then up to the credit, at most [`decision_len`].
+/// Rank 0's rule in the reducer and in [`priority_order`].
+pub fn decision_full(taken: usize, values: usize, credit: usize) -> bool {
+    taken == decision_len(credit) || (taken > 0 && values >= credit)
+}
+
 /// `--credit-kb` as values (`None`: 0, one partition per decision).
 pub fn credit_values(credit_kb: Option<usize>) -> usize {
     credit_kb.map_or(0, |kb| kb.saturating_mul(1024) / 4)
@@ -232,7 +239,7 @@ pub fn priority_order(
             if done[i] || ready[i] > now {
                 continue;
             }
-            if taken == decision_len(credit) || (taken > 0 && taken_values >= credit) {
+            if decision_full(taken, taken_values, credit) {
                 break;
             }
             done[i] = true;
