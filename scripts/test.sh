@@ -51,6 +51,16 @@ cargo clippy --release --all-targets -- -D warnings
 # Every public item documented, and every intra-doc link resolving.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --release
 cargo test --release
+# The kernels again on the AVX2 and the portable micro-kernels (this machine may have AVX-512,
+# which the run above took): against the reference backend, Winograd, and implicit im2col.
+kernel_tests() {
+  cargo test --release --lib backend::
+  cargo test --release --test models --test winograd
+}
+if grep -q avx512f /proc/cpuinfo; then
+  DPTRAIN_GEMM_AVX2=1 kernel_tests
+fi
+DPTRAIN_GEMM_PORTABLE=1 kernel_tests
 # Multi-process training over MPI: the library again with the feature, then the mpirun tests
 # one at a time (they time ranks out on purpose and share 2 cores).
 cargo clippy --release --all-targets --features mpi -- -D warnings

@@ -113,9 +113,10 @@ const STACK_BYTES: f64 = 2.0 * 1024.0 * 1024.0;
 /// up to 8 per core, one per thread that allocates while the others hold theirs.
 const ARENA_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
 
-/// Per compute thread: the convolution's column budget and GEMM's packed block of A
-/// (`backend::cpu`'s `COL_BUDGET` and `MC x KC`), in floats.
-const THREAD_SCRATCH_FLOATS: f64 = (3 << 16) as f64 + 168.0 * 384.0;
+/// Per compute thread: the convolution's column budget, GEMM's packed block of A and implicit
+/// im2col's row offsets (`backend::cpu`'s `COL_BUDGET`, `MC x KC` and `MAX_GATHERED_ROWS`
+/// 8-byte offsets), in floats.
+const THREAD_SCRATCH_FLOATS: f64 = (3 << 16) as f64 + 168.0 * 384.0 + 2.0 * 6144.0;
 
 /// Rows of a convolution's column matrix one thread holds at most (`backend::cpu::gemm::KC`).
 const COL_ROWS: f64 = 384.0;

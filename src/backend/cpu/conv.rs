@@ -24,15 +24,14 @@
 //! Depthwise (groups == channels): a direct loop over taps vectorised along channels.
 
 use super::batch_sum::TreeSum;
-use super::gemm::{copy_short, gemm, gemm_packed, zero_short, MatRef, PackedB, KC};
-use super::scratch::{with_scratch as with_col, Reservation};
+use super::gemm::{
+    copy_short, gathers_rows, gemm, gemm_packed, gemm_packed_gathered, row_panel, zero_short,
+    GatheredRows, MatRef, PackedB, KC, MIN_SEGMENT,
+};
+use super::scratch::{with_row_offsets, with_scratch as with_col, Reservation, COL_BUDGET};
 use super::winograd::{self, WinogradWorkspace};
 use crate::backend::{Act, ConvAlgo, ConvGeom};
 use rayon::prelude::*;
-
-/// Column-matrix floats a tile aims for (192 K floats, 768 KB: it stays in L2 between the
-/// im2col that writes it and the GEMM that reads it).
-const COL_BUDGET: usize = 3 << 16;
 
 /// Writes the column matrix of output rows `r0..r0 + rows` (row `r` is pixel `r % P` of sample
 /// `r / P`) for channel group `grp` into `col` (`rows x kkc`, row-major).
@@ -88,6 +87,152 @@ fn im2col(g: &ConvGeom, x: &[f32], grp: usize, r0: usize, rows: usize, col: &mut
     }
 }
 
+/// Implicit im2col: instead of the column matrix of output rows `r0..r0 + rows` (see
+/// [`im2col`]), the input rows those outputs read, zero-padded around, so that the GEMM reads
+/// each column-matrix row in place ([`GatheredRows`]). Kernel row `ki` of output row `i` is the
+/// `kw * c` floats at `row_base[i] + ki * seg_stride`: the padded input row it starts on holds
+/// its taps contiguously (channels innermost). Each sample's lines in the tile get their own
+/// block of padded rows, `(lines - 1) * sh + kh` of them, `seg_stride` floats each.
+///
+/// The sums are those of [`im2col`] + GEMM, in the same order: the same bits. It copies the
+/// input about once where im2col copies it `kh * kw` times over (resnet18's 3x3 layers: the
+/// column matrix was 12-14% of the forward). Groups of one and no dilation only (a tap row is
+/// then contiguous), and segments of at least `MIN_SEGMENT` floats.
+struct Gather {
+    /// Floats of padded input rows.
+    len: usize,
+    /// Floats per padded row (the next kernel row's taps).
+    seg_stride: usize,
+}
+
+impl Gather {
+    /// The padded rows of a tile, if the implicit path applies and is smaller than the column
+    /// matrix (`None`: build the column matrix).
+    fn plan(g: &ConvGeom, r0: usize, rows: usize) -> Option<Gather> {
+        let applies = g.groups == 1
+            && g.dw == 1
+            && g.dh == 1
+            && g.kw * g.c >= MIN_SEGMENT
+            && rows > 0
+            && gathers_rows();
+        if !applies {
+            return None;
+        }
+        let seg_stride = ((g.ow - 1) * g.sw + g.kw) * g.c;
+        let mut len = 0;
+        for_each_sample_lines(g, r0, rows, |_, oy_a, oy_b| {
+            len += ((oy_b - oy_a) * g.sh + g.kh) * seg_stride;
+        });
+        (len <= rows * g.kkc()).then_some(Gather { len, seg_stride })
+    }
+
+    /// Writes the padded rows into `buf` (`self.len` floats) and each output row's offset into
+    /// `row_base` (`rows` of them).
+    fn fill<'a>(
+        &self,
+        g: &ConvGeom,
+        x: &[f32],
+        r0: usize,
+        rows: usize,
+        buf: &'a mut [f32],
+        row_base: &'a mut [usize],
+    ) -> GatheredRows<'a> {
+        let (p, c, wp) = (g.pixels(), g.c, self.seg_stride);
+        let buf = &mut buf[..self.len];
+        let mut block = 0;
+        for_each_sample_lines(g, r0, rows, |s, oy_a, oy_b| {
+            let xs = &x[s * g.in_len()..(s + 1) * g.in_len()];
+            let padded_rows = (oy_b - oy_a) * g.sh + g.kh;
+            // The padded row's columns: left padding, input columns, right padding (a stride
+            // may leave the input's last columns unread).
+            let left = g.pw.min(wp / c);
+            let cols = g.w.min(wp / c - left);
+            for y in 0..padded_rows {
+                let dst = &mut buf[block + y * wp..block + (y + 1) * wp];
+                let iy = (oy_a * g.sh + y).checked_sub(g.ph).filter(|&iy| iy < g.h);
+                match iy {
+                    Some(iy) => {
+                        let (pad, rest) = dst.split_at_mut(left * c);
+                        let (mid, right) = rest.split_at_mut(cols * c);
+                        pad.fill(0.0);
+                        mid.copy_from_slice(&xs[iy * g.w * c..(iy * g.w + cols) * c]);
+                        right.fill(0.0);
+                    }
+                    None => dst.fill(0.0),
+                }
+            }
+            // This sample's output rows in the tile, in order.
+            let q_first = r0.saturating_sub(s * p);
+            let q_last = (r0 + rows - s * p).min(p);
+            for q in q_first..q_last {
+                let (oy, ox) = (q / g.ow, q % g.ow);
+                row_base[s * p + q - r0] = block + (oy - oy_a) * g.sh * wp + ox * g.sw * c;
+            }
+            block += padded_rows * wp;
+        });
+        GatheredRows {
+            data: buf,
+            row_base: &row_base[..rows],
+            seg_len: g.kw * c,
+            seg_stride: wp,
+        }
+    }
+}
+
+/// Calls `f(sample, first line, last line)` for each sample whose output rows meet
+/// `r0..r0 + rows`, in order.
+fn for_each_sample_lines(
+    g: &ConvGeom,
+    r0: usize,
+    rows: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let p = g.pixels();
+    let (first, last) = (r0, r0 + rows - 1);
+    for s in first / p..=last / p {
+        let q_a = first.max(s * p) - s * p;
+        let q_b = last.min(s * p + p - 1) - s * p;
+        f(s, q_a / g.ow, q_b / g.ow);
+    }
+}
+
+/// `out[rows x n] = column matrix of rows r0.. x B` for group 0 of a convolution with one
+/// group: implicit im2col where it applies ([`Gather`]), else [`im2col`] into scratch.
+#[allow(clippy::too_many_arguments)]
+fn conv_rows(
+    g: &ConvGeom,
+    x: &[f32],
+    r0: usize,
+    rows: usize,
+    b: &PackedB,
+    out: &mut [f32],
+    ldo: usize,
+    accumulate: bool,
+) {
+    let (kkc, n) = (g.kkc(), g.og());
+    match Gather::plan(g, r0, rows) {
+        Some(gather) => with_col(gather.len, |buf| {
+            with_row_offsets(rows, |row_base| {
+                let a = gather.fill(g, x, r0, rows, buf, row_base);
+                gemm_packed_gathered(rows, n, kkc, a, b, out, ldo, accumulate);
+            })
+        }),
+        None => with_col(rows * kkc, |col| {
+            im2col(g, x, 0, r0, rows, col);
+            gemm_packed(
+                rows,
+                n,
+                kkc,
+                MatRef::rows(col, kkc),
+                b,
+                out,
+                ldo,
+                accumulate,
+            );
+        }),
+    }
+}
+
 /// Adds the column matrix of one sample's rows `q0..q0 + rows` (pixels) for group `grp` back
 /// into that sample's input gradient `dx` (the transpose of [`im2col`]).
 fn col2im_add(g: &ConvGeom, col: &[f32], grp: usize, q0: usize, rows: usize, dx: &mut [f32]) {
@@ -123,11 +268,15 @@ pub struct ConvWorkspace {
 }
 
 /// Rows per forward tile: enough to reuse the packed weights, few enough for the column
-/// matrix to stay in cache, and at least one tile per thread.
+/// matrix to stay in cache, at least one tile per thread, and whole micro-kernel panels (a
+/// tile of 341 rows ran 25 panels of 14 for 24.4 panels' work; 85 rows, 7 for 6.1).
 fn tile_rows(rows: usize, kkc: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
+    let panel = row_panel();
     let by_cache = (COL_BUDGET / kkc.max(1)).max(16);
-    by_cache.min(rows.div_ceil(threads)).max(1)
+    let by_cache = (by_cache / panel * panel).max(panel);
+    let by_threads = rows.div_ceil(threads).next_multiple_of(panel);
+    by_cache.min(by_threads).max(1)
 }
 
 impl ConvWorkspace {
@@ -181,6 +330,8 @@ impl ConvWorkspace {
                     if g.pointwise() && g.groups == 1 {
                         let a = MatRef::rows(&x[r0 * g.c..], g.c);
                         gemm_packed(m, og, kkc, a, packed, yt, o, false);
+                    } else if g.groups == 1 {
+                        conv_rows(g, x, r0, m, packed, yt, o, false);
                     } else {
                         with_col(m * kkc, |col| {
                             im2col(g, x, grp, r0, m, col);
@@ -289,11 +440,15 @@ impl ConvWorkspace {
                 .for_each(|(t, dxt)| {
                     let r0 = t * tr;
                     let m = dxt.len() / g.c;
-                    with_col(m * fk, |col| {
-                        im2col(&f, dy, grp, r0, m, col);
-                        let dst = &mut dxt[grp * cg..];
-                        gemm_packed(m, cg, fk, MatRef::rows(col, fk), packed, dst, g.c, acc);
-                    });
+                    let dst = &mut dxt[grp * cg..];
+                    if g.groups == 1 {
+                        conv_rows(&f, dy, r0, m, packed, dst, g.c, acc);
+                    } else {
+                        with_col(m * fk, |col| {
+                            im2col(&f, dy, grp, r0, m, col);
+                            gemm_packed(m, cg, fk, MatRef::rows(col, fk), packed, dst, g.c, acc);
+                        });
+                    }
                 });
         }
     }
@@ -529,4 +684,191 @@ fn depthwise_input_grad(g: &ConvGeom, n: usize, dy: &[f32], w: &[f32], dx: &mut 
                 }
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::too_many_arguments)]
+    fn geom(c: usize, h: usize, w: usize, o: usize, k: usize, s: usize, p: usize) -> ConvGeom {
+        ConvGeom {
+            c,
+            h,
+            w,
+            o,
+            oh: (h + 2 * p - k) / s + 1,
+            ow: (w + 2 * p - k) / s + 1,
+            kh: k,
+            kw: k,
+            sh: s,
+            sw: s,
+            ph: p,
+            pw: p,
+            dh: 1,
+            dw: 1,
+            groups: 1,
+        }
+    }
+
+    /// Values that make every product and partial sum round differently (no exact ties).
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2654435761).max(1);
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The rows `r0..r0 + rows` of the output by the column matrix, as before implicit im2col.
+    fn explicit(g: &ConvGeom, x: &[f32], r0: usize, rows: usize, b: &PackedB) -> Vec<f32> {
+        let mut col = vec![0.0; rows * g.kkc()];
+        im2col(g, x, 0, r0, rows, &mut col);
+        let mut y = vec![f32::NAN; rows * g.o];
+        gemm_packed(
+            rows,
+            g.o,
+            g.kkc(),
+            MatRef::rows(&col, g.kkc()),
+            b,
+            &mut y,
+            g.o,
+            false,
+        );
+        y
+    }
+
+    #[test]
+    fn implicit_im2col_gives_the_column_matrixs_bits() {
+        if !gathers_rows() {
+            return; // The portable kernel: conv_rows builds the column matrix itself.
+        }
+        // (c, h, w, o, kernel, stride, padding, samples): odd sizes, sizes below the kernel's
+        // reach with padding, strides, kernels of 1 (a 1x1 strided layer), 3, 5 and 7,
+        // channel counts whose kernel rows cross KC blocks (kw * c: 96, 192, 384, 768, 1536).
+        let cases = [
+            (32, 8, 8, 16, 3, 1, 1, 2),
+            (64, 9, 7, 32, 3, 1, 1, 3),
+            (64, 16, 16, 64, 3, 2, 1, 2),
+            (128, 5, 5, 40, 3, 1, 1, 2),
+            (256, 4, 4, 64, 3, 1, 1, 3),
+            (512, 3, 3, 33, 3, 2, 1, 2),
+            (40, 11, 13, 24, 5, 1, 2, 1),
+            (48, 12, 12, 16, 7, 2, 3, 1),
+            (64, 6, 6, 16, 1, 2, 0, 2),
+            (32, 2, 2, 8, 3, 1, 1, 4),
+            (96, 7, 7, 16, 3, 3, 0, 2),
+        ];
+        for (i, &(c, h, w, o, k, s, p, n)) in cases.iter().enumerate() {
+            let g = geom(c, h, w, o, k, s, p);
+            let x = values(n * g.in_len(), i as u32 + 1);
+            let wt = values(g.kkc() * o, i as u32 + 100);
+            let mut b = PackedB::default();
+            b.pack(MatRef::rows(&wt, o), g.kkc(), o);
+            let total = n * g.pixels();
+            // Whole, and tiles that start and end mid-line and mid-sample.
+            for (r0, rows) in [
+                (0, total),
+                (1, total - 1),
+                (total / 3, total / 2),
+                (g.ow + 1, 5),
+            ] {
+                let rows = rows.min(total - r0);
+                if rows == 0 {
+                    continue;
+                }
+                let want = explicit(&g, &x, r0, rows, &b);
+                let mut got = vec![f32::NAN; rows * o];
+                conv_rows(&g, &x, r0, rows, &b, &mut got, o, false);
+                let planned = Gather::plan(&g, r0, rows).is_some();
+                let same = want
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "case {i} rows {r0}+{rows} (implicit: {planned}): bits differ"
+                );
+            }
+        }
+        // Non-square kernels, strides and paddings: 3 high x 1 wide (a 32-float row), and
+        // 1 high x 5 wide with the stride and padding of each axis different.
+        let tall = ConvGeom {
+            kw: 1,
+            pw: 0,
+            ow: 9,
+            ..geom(32, 9, 9, 8, 3, 1, 1)
+        };
+        let wide = ConvGeom {
+            kh: 1,
+            ph: 0,
+            sh: 1,
+            oh: 7,
+            kw: 5,
+            pw: 2,
+            sw: 2,
+            ow: 4,
+            ..geom(16, 7, 7, 8, 3, 1, 1)
+        };
+        for (i, g) in [tall, wide].into_iter().enumerate() {
+            let x = values(2 * g.in_len(), 50 + i as u32);
+            let wt = values(g.kkc() * g.o, 60 + i as u32);
+            let mut b = PackedB::default();
+            b.pack(MatRef::rows(&wt, g.o), g.kkc(), g.o);
+            let rows = 2 * g.pixels();
+            assert!(
+                Gather::plan(&g, 0, rows).is_some(),
+                "non-square {i}: implicit"
+            );
+            let want = explicit(&g, &x, 0, rows, &b);
+            let mut got = vec![f32::NAN; rows * g.o];
+            conv_rows(&g, &x, 0, rows, &b, &mut got, g.o, false);
+            let same = want
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "non-square {i}: bits differ");
+        }
+        // The cases above take the implicit path where it applies.
+        let g = geom(64, 16, 16, 64, 3, 1, 1);
+        assert!(Gather::plan(&g, 0, 256).is_some());
+        // A kernel row shorter than MIN_SEGMENT builds the column matrix.
+        assert!(Gather::plan(&geom(3, 16, 16, 8, 3, 1, 1), 0, 256).is_none());
+    }
+
+    #[test]
+    fn implicit_im2col_accumulates_as_the_column_matrix_does() {
+        if !gathers_rows() {
+            return;
+        }
+        let g = geom(64, 8, 8, 32, 3, 1, 1);
+        let x = values(2 * g.in_len(), 7);
+        let wt = values(g.kkc() * g.o, 8);
+        let mut b = PackedB::default();
+        b.pack(MatRef::rows(&wt, g.o), g.kkc(), g.o);
+        let start = values(128 * g.o, 9);
+        let mut col = vec![0.0; 128 * g.kkc()];
+        im2col(&g, &x, 0, 0, 128, &mut col);
+        let mut want = start.clone();
+        gemm_packed(
+            128,
+            g.o,
+            g.kkc(),
+            MatRef::rows(&col, g.kkc()),
+            &b,
+            &mut want,
+            g.o,
+            true,
+        );
+        let mut got = start;
+        conv_rows(&g, &x, 0, 128, &b, &mut got, g.o, true);
+        assert!(want
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
 }

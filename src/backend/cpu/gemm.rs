@@ -24,6 +24,11 @@ use std::cell::RefCell;
 pub const KC: usize = 384;
 /// Rows of A packed at a time (a multiple of every micro-kernel's `MR`).
 const MC: usize = 168;
+/// B micro-panels from which a column-major A is packed rather than read in place: each
+/// packed block then serves this many panels. A convolution's weight gradient (A the column
+/// matrix's transpose, its columns 2-18 KB apart) at 128-512 output channels ran 10-18%
+/// faster packed; at 64 (two panels), 13% slower.
+const PACK_COLS_FROM_PANELS: usize = 4;
 
 /// A read-only matrix operand: element (r, c) is `data[r * rs + c * cs]`.
 #[derive(Clone, Copy)]
@@ -61,6 +66,30 @@ impl<'a> MatRef<'a> {
     fn at(&self, r: usize, c: usize) -> f32 {
         self.data[r * self.rs + c * self.cs]
     }
+}
+
+/// A's rows gathered from strided segments, for a convolution read in place (implicit im2col):
+/// element (i, k) is `data[row_base[i] + (k / seg_len) * seg_stride + k % seg_len]`. A
+/// convolution's row is an output pixel and `k` runs over (kernel row, kernel column,
+/// channel): each kernel row's taps are `seg_len = kw * c` contiguous floats of a (padded)
+/// input row, and the next kernel row's lie `seg_stride` further on.
+#[derive(Clone, Copy)]
+pub struct GatheredRows<'a> {
+    pub data: &'a [f32],
+    pub row_base: &'a [usize],
+    pub seg_len: usize,
+    pub seg_stride: usize,
+}
+
+/// The shortest segment [`gemm_packed_gathered`] takes (a KC block spans at most
+/// `KC / MIN_SEGMENT + 2` of them; shorter ones gain little over copying the rows).
+pub const MIN_SEGMENT: usize = 32;
+const MAX_PIECES: usize = KC / MIN_SEGMENT + 2;
+
+/// Whether this machine's micro-kernels read gathered rows (the portable one reads packed A
+/// only; callers build the column matrix there instead).
+pub(super) fn gathers_rows() -> bool {
+    isa() != Isa::Portable
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -120,7 +149,9 @@ pub(super) fn isa() -> Isa {
             if std::env::var_os("DPTRAIN_GEMM_PORTABLE").is_some() {
                 return Isa::Portable;
             }
-            if is_x86_feature_detected!("avx512f") {
+            // To test the AVX2 kernels on an AVX-512 machine (`DPTRAIN_GEMM_AVX2=1 cargo test`).
+            let avx2_only = std::env::var_os("DPTRAIN_GEMM_AVX2").is_some();
+            if is_x86_feature_detected!("avx512f") && !avx2_only {
                 return Isa::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -321,7 +352,7 @@ pub fn gemm(
         let mut ws = ws.borrow_mut();
         let Workspace { a: abuf, b: bbuf } = &mut *ws;
         bbuf.pack(b, k, n);
-        run(m, n, k, a, bbuf, c, ldc, accumulate, abuf);
+        run(m, n, k, AOperand::Mat(a), bbuf, c, ldc, accumulate, abuf);
     })
 }
 
@@ -348,8 +379,73 @@ pub fn gemm_packed(
     }
     WORKSPACE.with(|ws| {
         let mut ws = ws.borrow_mut();
-        run(m, n, k, a, b, c, ldc, accumulate, &mut ws.a);
+        run(m, n, k, AOperand::Mat(a), b, c, ldc, accumulate, &mut ws.a);
     })
+}
+
+/// [`gemm_packed`] with A's rows gathered in place ([`GatheredRows`]): the same sums in the
+/// same order as on the matrix those rows would form, so the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_gathered(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: GatheredRows,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(
+        gathers_rows(),
+        "gemm_packed_gathered: no micro-kernel reads gathered rows here"
+    );
+    assert!(
+        b.k == k && b.n == n,
+        "gemm_packed_gathered: B is {}x{}, not {k}x{n}",
+        b.k,
+        b.n
+    );
+    assert!(
+        a.seg_len >= MIN_SEGMENT,
+        "gemm_packed_gathered: segments shorter than {MIN_SEGMENT}"
+    );
+    assert!(
+        a.row_base.len() >= m,
+        "gemm_packed_gathered: {} rows, not {m}",
+        a.row_base.len()
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Every row's last value is in bounds; the micro-kernel reads nothing past it.
+    let last = (k.max(1) - 1) / a.seg_len * a.seg_stride + (k.max(1) - 1) % a.seg_len;
+    let deepest = a.row_base[..m].iter().max().copied().unwrap_or(0);
+    assert!(
+        k == 0 || deepest + last < a.data.len(),
+        "gemm_packed_gathered: A's rows out of bounds"
+    );
+    WORKSPACE.with(|ws| {
+        let mut ws = ws.borrow_mut();
+        run(
+            m,
+            n,
+            k,
+            AOperand::Gathered(a),
+            b,
+            c,
+            ldc,
+            accumulate,
+            &mut ws.a,
+        );
+    });
+}
+
+/// A as the GEMM reads it: a strided matrix or gathered rows.
+#[derive(Clone, Copy)]
+enum AOperand<'a> {
+    Mat(MatRef<'a>),
+    Gathered(GatheredRows<'a>),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -357,14 +453,16 @@ fn run(
     m: usize,
     n: usize,
     k: usize,
-    a: MatRef,
+    a: AOperand,
     b: &PackedB,
     c: &mut [f32],
     ldc: usize,
     accumulate: bool,
     abuf: &mut Vec<f32>,
 ) {
-    assert!(a.fits(m, k), "gemm: A smaller than {m}x{k}");
+    if let AOperand::Mat(a) = a {
+        assert!(a.fits(m, k), "gemm: A smaller than {m}x{k}");
+    }
     assert!(
         ldc >= n && c.len() >= (m - 1) * ldc + n,
         "gemm: C smaller than {m}x{n}"
@@ -383,15 +481,17 @@ fn run(
         nr: b.nr,
     };
     // A row- or column-major A is read in place by the micro-kernel (packing it cost as much
-    // as the multiply when C is narrow); other strides are packed into mr-tall panels.
-    let layout = if isa == Isa::Portable {
-        ALayout::Packed
-    } else if a.cs == 1 {
-        ALayout::RowMajor
-    } else if a.rs == 1 {
-        ALayout::ColMajor
-    } else {
-        ALayout::Packed
+    // as the multiply when C is narrow), a column-major one packed when C is wide enough to
+    // reuse each packed block (`PACK_COLS_FROM_PANELS`); other strides are packed into
+    // mr-tall panels; gathered rows are read where they lie.
+    let layout = match a {
+        AOperand::Gathered(_) => ALayout::Gathered,
+        AOperand::Mat(_) if isa == Isa::Portable => ALayout::Packed,
+        AOperand::Mat(a) if a.cs == 1 => ALayout::RowMajor,
+        AOperand::Mat(a) if a.rs == 1 && b.n.div_ceil(b.nr) < PACK_COLS_FROM_PANELS => {
+            ALayout::ColMajor
+        }
+        AOperand::Mat(_) => ALayout::Packed,
     };
     let mc = MC / t.mr * t.mr;
     if layout == ALayout::Packed && abuf.len() < mc * KC {
@@ -406,7 +506,7 @@ fn run(
         let mut ic = 0;
         while ic < m {
             let mb = mc.min(m - ic);
-            if layout == ALayout::Packed {
+            if let (ALayout::Packed, AOperand::Mat(a)) = (layout, a) {
                 pack_a_block(a, ic, mb, pc, kb, t.mr, abuf);
             }
             for jp in 0..npanels {
@@ -416,18 +516,24 @@ fn run(
                 for ip in 0..mb.div_ceil(t.mr) {
                     let i0 = ic + ip * t.mr;
                     let h = t.mr.min(m - i0);
-                    let ap = match layout {
-                        ALayout::Packed => {
+                    let ap = match (layout, a) {
+                        (ALayout::Packed, _) => {
                             APanel::Packed(&abuf[ip * kb * t.mr..(ip + 1) * kb * t.mr])
                         }
-                        ALayout::RowMajor => APanel::Rows {
+                        (ALayout::RowMajor, AOperand::Mat(a)) => APanel::Rows {
                             data: &a.data[i0 * a.rs + pc..],
                             ld: a.rs,
                         },
-                        ALayout::ColMajor => APanel::Cols {
+                        (ALayout::ColMajor, AOperand::Mat(a)) => APanel::Cols {
                             data: &a.data[pc * a.cs + i0..],
                             ld: a.cs,
                         },
+                        (_, AOperand::Gathered(g)) => APanel::Gathered {
+                            rows: g,
+                            i0,
+                            k0: pc,
+                        },
+                        _ => unreachable!("the layout follows the operand"),
                     };
                     tile(isa, t, kb, ap, bp, &mut c[i0 * ldc + j0..], ldc, h, w, add);
                 }
@@ -443,6 +549,7 @@ enum ALayout {
     Packed,
     RowMajor,
     ColMajor,
+    Gathered,
 }
 
 /// Where a micro-kernel reads its mr rows of A from.
@@ -454,6 +561,12 @@ enum APanel<'a> {
     Rows { data: &'a [f32], ld: usize },
     /// For each k, the mr values contiguous at `data[k * ld..]`.
     Cols { data: &'a [f32], ld: usize },
+    /// Rows `i0..` of gathered rows, from `k0` on.
+    Gathered {
+        rows: GatheredRows<'a>,
+        i0: usize,
+        k0: usize,
+    },
 }
 
 /// One `h x w` part (at most mr x nr) of C from A's rows and a packed B panel.
@@ -482,59 +595,10 @@ fn tile(
     } else {
         (&mut local[..], t.nr, false)
     };
-    let (bp, cp) = (b.as_ptr(), dst.as_mut_ptr());
-    // (pointer, row stride, k stride) of A; every index read is checked here.
-    let (ap, ars, acs) = match a {
-        APanel::Packed(p) => {
-            assert!(p.len() >= kb * t.mr);
-            (p.as_ptr(), 1, t.mr)
-        }
-        APanel::Rows { data, ld } => {
-            assert!(kb > 0 && data.len() >= (h - 1) * ld + kb);
-            (data.as_ptr(), ld, 1)
-        }
-        APanel::Cols { data, ld } => {
-            assert!(kb > 0 && data.len() >= (kb - 1) * ld + h);
-            (data.as_ptr(), 1, ld)
-        }
-    };
-    let rows = h;
-    macro_rules! k512 {
-        ($mr:literal, $nv:literal) => {
-            // SAFETY: AVX-512 was detected; A's rows below `rows` and k below kb are in
-            // bounds (asserted above), B holds kb x nr, the destination an mr x nr tile.
-            unsafe {
-                if acs == 1 {
-                    x86::avx512::<$mr, $nv, true>(kb, ap, ars, rows, bp, cp, dld, dadd)
-                } else {
-                    x86::avx512::<$mr, $nv, false>(kb, ap, acs, rows, bp, cp, dld, dadd)
-                }
-            }
-        };
-    }
-    match (isa, t.mr, t.nr) {
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, 14, 32) => k512!(14, 2),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, 14, 16) => k512!(14, 1),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, 8, 32) => k512!(8, 2),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, 8, 16) => k512!(8, 1),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for AVX2 and FMA.
-        (Isa::Avx2, 6, 16) => unsafe {
-            if acs == 1 {
-                x86::avx2_6x16::<true>(kb, ap, ars, rows, bp, cp, dld, dadd)
-            } else {
-                x86::avx2_6x16::<false>(kb, ap, acs, rows, bp, cp, dld, dadd)
-            }
-        },
-        (Isa::Portable, 4, 8) => match a {
-            APanel::Packed(p) => portable_kernel(kb, p, b, dst, dld, dadd),
-            _ => unreachable!("the portable kernel reads packed A"),
-        },
-        other => unreachable!("no micro-kernel for {other:?}"),
+    if let APanel::Gathered { rows: g, i0, k0 } = a {
+        tile_gathered(isa, t, kb, g, i0, k0, h, b, dst, dld, dadd);
+    } else {
+        tile_strided(isa, t, kb, a, h, b, dst, dld, dadd);
     }
     if !full {
         for i in 0..h {
@@ -549,6 +613,160 @@ fn tile(
             }
         }
     }
+}
+
+/// The micro-kernel over gathered rows: A's k range `k0..k0 + kb` cut where segments end, one
+/// piece per segment, summed in one set of registers (the order of one contiguous row).
+#[allow(clippy::too_many_arguments)]
+fn tile_gathered(
+    isa: Isa,
+    t: Tile,
+    kb: usize,
+    g: GatheredRows,
+    i0: usize,
+    k0: usize,
+    h: usize,
+    b: &[f32],
+    dst: &mut [f32],
+    dld: usize,
+    dadd: bool,
+) {
+    let mut pieces = [(0usize, 0usize); MAX_PIECES];
+    let (mut n, mut k) = (0, k0);
+    while k < k0 + kb {
+        let (seg, off) = (k / g.seg_len, k % g.seg_len);
+        let len = (g.seg_len - off).min(k0 + kb - k);
+        pieces[n] = (len, seg * g.seg_stride + off);
+        n += 1;
+        k += len;
+    }
+    let pieces = &pieces[..n];
+    let mut row_off = [0usize; 14];
+    for (i, r) in row_off.iter_mut().enumerate().take(t.mr) {
+        *r = g.row_base[i0 + i.min(h - 1)];
+    }
+    // Bounds: the deepest row's last piece ends inside the data (the pieces ascend).
+    let deepest = row_off[..t.mr].iter().max().copied().unwrap_or(0);
+    let &(len, off) = pieces.last().expect("kb > 0");
+    assert!(
+        deepest + off + len <= g.data.len(),
+        "gathered rows out of bounds"
+    );
+    assert!(b.len() >= kb * t.nr && dst.len() >= (t.mr - 1) * dld + t.nr);
+    // SAFETY: every row's pieces are in bounds (asserted above), B holds kb x nr (asserted),
+    // the destination an mr x nr tile (asserted).
+    unsafe {
+        simd_kernel(
+            isa,
+            t,
+            pieces,
+            g.data.as_ptr(),
+            &row_off,
+            None,
+            b,
+            dst,
+            dld,
+            dadd,
+        )
+    }
+}
+
+/// The SIMD micro-kernel for `t` on this ISA over A's pieces (see [`x86::avx512`]): rows at
+/// `a + row_off[i]`, each row's k values contiguous, or `ld` apart with `Some(ld)`.
+///
+/// # Safety
+/// Every value the pieces name for rows `0..t.mr` is inside A's allocation, B holds `kb x nr`
+/// floats (kb the pieces' total), and `dst` an `mr x nr` tile with row stride `dld`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn simd_kernel(
+    isa: Isa,
+    t: Tile,
+    pieces: &[(usize, usize)],
+    a: *const f32,
+    row_off: &[usize; 14],
+    ld: Option<usize>,
+    b: &[f32],
+    dst: &mut [f32],
+    dld: usize,
+    dadd: bool,
+) {
+    let (bp, cp) = (b.as_ptr(), dst.as_mut_ptr());
+    macro_rules! k512 {
+        ($mr:literal, $nv:literal) => {{
+            let ro: &[usize; $mr] = row_off[..$mr].try_into().expect("mr offsets");
+            // SAFETY: AVX-512 was detected; the rest is the caller's promise.
+            match ld {
+                None => x86::avx512::<$mr, $nv, true>(pieces, a, ro, 1, bp, cp, dld, dadd),
+                Some(ld) => x86::avx512::<$mr, $nv, false>(pieces, a, ro, ld, bp, cp, dld, dadd),
+            }
+        }};
+    }
+    match (isa, t.mr, t.nr) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, 14, 32) => k512!(14, 2),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, 14, 16) => k512!(14, 1),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, 8, 32) => k512!(8, 2),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, 8, 16) => k512!(8, 1),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, 6, 16) => {
+            let ro: &[usize; 6] = row_off[..6].try_into().expect("mr offsets");
+            // SAFETY: AVX2 and FMA were detected; the rest is the caller's promise.
+            match ld {
+                None => x86::avx2_6x16::<true>(pieces, a, ro, 1, bp, cp, dld, dadd),
+                Some(ld) => x86::avx2_6x16::<false>(pieces, a, ro, ld, bp, cp, dld, dadd),
+            }
+        }
+        other => unreachable!("no SIMD micro-kernel for {other:?}"),
+    }
+}
+
+/// The micro-kernel over a strided or packed A.
+#[allow(clippy::too_many_arguments)]
+fn tile_strided(
+    isa: Isa,
+    t: Tile,
+    kb: usize,
+    a: APanel,
+    h: usize,
+    b: &[f32],
+    dst: &mut [f32],
+    dld: usize,
+    dadd: bool,
+) {
+    // (pointer, row stride, k stride) of A; every index read is checked here.
+    let (ap, ars, acs) = match a {
+        APanel::Packed(p) => {
+            assert!(p.len() >= kb * t.mr);
+            (p.as_ptr(), 1, t.mr)
+        }
+        APanel::Rows { data, ld } => {
+            assert!(kb > 0 && data.len() >= (h - 1) * ld + kb);
+            (data.as_ptr(), ld, 1)
+        }
+        APanel::Cols { data, ld } => {
+            assert!(kb > 0 && data.len() >= (kb - 1) * ld + h);
+            (data.as_ptr(), 1, ld)
+        }
+        APanel::Gathered { .. } => unreachable!("gathered rows go to tile_gathered"),
+    };
+    if isa == Isa::Portable {
+        match a {
+            APanel::Packed(p) => portable_kernel(kb, p, b, dst, dld, dadd),
+            _ => unreachable!("the portable kernel reads packed A"),
+        }
+        return;
+    }
+    // One piece, the whole block; rows at or past h repeat row h - 1 (their results land in
+    // the caller's scratch tile and are dropped).
+    let row_off: [usize; 14] = std::array::from_fn(|i| i.min(h - 1) * ars);
+    let ld = (acs != 1).then_some(acs);
+    assert!(b.len() >= kb * t.nr && dst.len() >= (t.mr - 1) * dld + t.nr);
+    // SAFETY: A's rows below h and k below kb are in bounds (asserted above), B and the
+    // destination too.
+    unsafe { simd_kernel(isa, t, &[(kb, 0)], ap, &row_off, ld, b, dst, dld, dadd) }
 }
 
 /// The portable micro-kernel (4 x 8), same summation order as the SIMD ones.
@@ -578,40 +796,39 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// An `MR x 16*NV` tile: `MR * NV` zmm accumulators, NV B vectors and one broadcast of A
-    /// per row and k. A's element (i, k) is at `a + i * ld + k` when `ROWS` (row-major, `ld`
-    /// its row stride), else at `a + i + k * ld`; rows at or past `rows` repeat row `rows - 1`
-    /// (their results land in the caller's scratch tile and are dropped).
+    /// per row and k. A comes in pieces `(len, off)`, summed in order in the same registers
+    /// (so a row cut into pieces sums as one contiguous row would): within a piece, A's
+    /// element (i, k) is at `a + off + row_off[i] + k` when `ROWS` (a row-major or gathered
+    /// A), else at `a + off + row_off[i] + k * ld` (column-major or packed). B advances one
+    /// `16 * NV`-float row per k across the pieces.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn avx512<const MR: usize, const NV: usize, const ROWS: bool>(
-        kb: usize,
+        pieces: &[(usize, usize)],
         a: *const f32,
+        row_off: &[usize; MR],
         ld: usize,
-        rows: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
         add: bool,
     ) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-        let row_off: [usize; MR] = std::array::from_fn(|i| {
-            if ROWS {
-                i.min(rows - 1) * ld
-            } else {
-                i.min(rows - 1)
-            }
-        });
+        let row_off = *row_off;
         let mut b = b;
-        for kk in 0..kb {
-            let bv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(b.add(16 * v)));
-            let base = if ROWS { a.add(kk) } else { a.add(kk * ld) };
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*base.add(row_off[i]));
-                for v in 0..NV {
-                    row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+        for &(len, off) in pieces {
+            let a = a.add(off);
+            for kk in 0..len {
+                let bv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(b.add(16 * v)));
+                let base = if ROWS { a.add(kk) } else { a.add(kk * ld) };
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*base.add(row_off[i]));
+                    for v in 0..NV {
+                        row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                    }
                 }
+                b = b.add(16 * NV);
             }
-            b = b.add(16 * NV);
         }
         for (i, row) in acc.iter().enumerate() {
             for (v, &r) in row.iter().enumerate() {
@@ -630,35 +847,31 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn avx2_6x16<const ROWS: bool>(
-        kb: usize,
+        pieces: &[(usize, usize)],
         a: *const f32,
+        row_off: &[usize; 6],
         ld: usize,
-        rows: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
         add: bool,
     ) {
-        const MR: usize = 6;
-        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-        let row_off: [usize; MR] = std::array::from_fn(|i| {
-            if ROWS {
-                i.min(rows - 1) * ld
-            } else {
-                i.min(rows - 1)
-            }
-        });
+        let mut acc = [[_mm256_setzero_ps(); 2]; 6];
+        let row_off = *row_off;
         let mut b = b;
-        for kk in 0..kb {
-            let b0 = _mm256_loadu_ps(b);
-            let b1 = _mm256_loadu_ps(b.add(8));
-            let base = if ROWS { a.add(kk) } else { a.add(kk * ld) };
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_set1_ps(*base.add(row_off[i]));
-                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+        for &(len, off) in pieces {
+            let a = a.add(off);
+            for kk in 0..len {
+                let b0 = _mm256_loadu_ps(b);
+                let b1 = _mm256_loadu_ps(b.add(8));
+                let base = if ROWS { a.add(kk) } else { a.add(kk * ld) };
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_ps(*base.add(row_off[i]));
+                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+                }
+                b = b.add(16);
             }
-            b = b.add(16);
         }
         for (i, row) in acc.iter().enumerate() {
             for (v, &r) in row.iter().enumerate() {

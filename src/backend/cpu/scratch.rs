@@ -1,10 +1,36 @@
-//! Per-thread scratch of the convolution kernels (column matrices of im2col, Winograd's
-//! transformed tiles): one buffer per compute thread that grows to the largest request once.
+//! Per-thread scratch of the convolution kernels (column matrices of im2col, padded input
+//! rows of implicit im2col and their row offsets, Winograd's transformed tiles): buffers per
+//! compute thread that grow to the largest request once.
 
 use std::cell::RefCell;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static ROW_OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Column-matrix floats a tile aims for (192 K floats, 768 KB: it stays in L2 between the
+/// im2col that writes it and the GEMM that reads it).
+pub(super) const COL_BUDGET: usize = 3 << 16;
+
+/// Rows a thread's row offsets hold (a gathered convolution tile's rows: its column matrix
+/// would be at most `COL_BUDGET` floats, each row at least `MIN_SEGMENT`).
+pub(super) const MAX_GATHERED_ROWS: usize = COL_BUDGET / super::gemm::MIN_SEGMENT;
+
+/// Runs `f` on the calling thread's row offsets (of implicit im2col), `len` of them at most
+/// [`MAX_GATHERED_ROWS`]; the buffer is that long from its first use, so it never grows again.
+pub(super) fn with_row_offsets<R>(len: usize, f: impl FnOnce(&mut [usize]) -> R) -> R {
+    assert!(
+        len <= MAX_GATHERED_ROWS,
+        "{len} gathered rows, more than {MAX_GATHERED_ROWS}"
+    );
+    ROW_OFFSETS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() < MAX_GATHERED_ROWS {
+            c.resize(MAX_GATHERED_ROWS, 0);
+        }
+        f(&mut c[..len])
+    })
 }
 
 /// Runs `f` on the calling thread's scratch, at least `len` floats (grown if shorter).
@@ -42,7 +68,10 @@ impl Reservation {
         if len <= reserved {
             return;
         }
-        rayon::broadcast(|_| with_scratch(len, |_| ()));
+        rayon::broadcast(|_| {
+            with_scratch(len, |_| ());
+            with_row_offsets(0, |_| ());
+        });
         if rayon::current_thread_index().is_none() {
             self.global = len;
         }
