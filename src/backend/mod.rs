@@ -45,6 +45,13 @@ pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
     cpu::fma_loop(iterations)
 }
 
+/// Each compute thread's kernel scratch in the default backend, in floats, and the rows of a
+/// convolution's column matrix beyond that a thread may hold at once: what `plan::memory`
+/// counts per thread (the scratch, plus that many rows of the model's widest column row).
+pub fn thread_scratch_floats() -> (usize, usize) {
+    (cpu::thread_scratch_floats(), cpu::COL_ROWS)
+}
+
 /// The Winograd buffers of a convolution of geometry `g` under `algo` in the default backend:
 /// what `plan::memory` counts for `--conv-algo`.
 pub fn conv_algo_floats(algo: ConvAlgo, g: &ConvGeom) -> WinogradMemory {

@@ -113,14 +113,6 @@ const STACK_BYTES: f64 = 2.0 * 1024.0 * 1024.0;
 /// up to 8 per core, one per thread that allocates while the others hold theirs.
 const ARENA_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
 
-/// Per compute thread: the convolution's column budget, GEMM's packed block of A and implicit
-/// im2col's row offsets (`backend::cpu`'s `COL_BUDGET`, `MC x KC` and `MAX_GATHERED_ROWS`
-/// 8-byte offsets), in floats.
-const THREAD_SCRATCH_FLOATS: f64 = (3 << 16) as f64 + 168.0 * 384.0 + 2.0 * 6144.0;
-
-/// Rows of a convolution's column matrix one thread holds at most (`backend::cpu::gemm::KC`).
-const COL_ROWS: f64 = 384.0;
-
 /// What `inputs` needs, by part.
 pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
     let w = inputs.workers.max(1) as f64;
@@ -155,8 +147,12 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
             4.0 * input * b * inputs.data_buffers as f64,
             "--prefetch or --batch".into(),
         );
+        // Per compute thread: the kernels' scratch, and the column matrix's rows of the widest
+        // layer beyond it (`backend::thread_scratch_floats`).
+        let (scratch, col_rows) = crate::backend::thread_scratch_floats();
+        let (scratch, col_rows) = (scratch as f64, col_rows as f64);
         let width = max_column_width(g);
-        let lower = if width > THREAD_SCRATCH_FLOATS / COL_ROWS {
+        let lower = if width > scratch / col_rows {
             format!(
                 "the model's convolutions (a column row of {width} values: kernel x kernel x \
                  input channels), --threads or --workers"
@@ -166,13 +162,13 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
         };
         part(
             "compute threads' scratch",
-            4.0 * (THREAD_SCRATCH_FLOATS + COL_ROWS * width) * (inputs.threads as f64) * w,
+            4.0 * (scratch + col_rows * width) * (inputs.threads as f64) * w,
             lower,
         );
         // The thread scratch is the buffer im2col's column matrix uses: only its growth past
         // that counts.
         let (net, thread) = conv_algo_floats(g, inputs.conv_algo);
-        let thread = (thread - COL_ROWS * width).max(0.0);
+        let thread = (thread - col_rows * width).max(0.0);
         part(
             "Winograd workspace",
             4.0 * (net + thread * inputs.threads as f64) * w,

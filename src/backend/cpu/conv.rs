@@ -28,7 +28,9 @@ use super::gemm::{
     copy_short, gathers_rows, gemm, gemm_packed, gemm_packed_gathered, row_panel, zero_short,
     GatheredRows, MatRef, PackedB, KC, MIN_SEGMENT,
 };
-use super::scratch::{with_row_offsets, with_scratch as with_col, Reservation, COL_BUDGET};
+use super::scratch::{
+    with_row_offsets, with_scratch as with_col, Reservation, COL_BUDGET, MAX_GATHERED_ROWS,
+};
 use super::winograd::{self, WinogradWorkspace};
 use crate::backend::{Act, ConvAlgo, ConvGeom};
 use rayon::prelude::*;
@@ -114,6 +116,7 @@ impl Gather {
             && g.dh == 1
             && g.kw * g.c >= MIN_SEGMENT
             && rows > 0
+            && rows <= MAX_GATHERED_ROWS
             && gathers_rows();
         if !applies {
             return None;

@@ -82,7 +82,7 @@ pub struct GatheredRows<'a> {
 }
 
 /// The shortest segment [`gemm_packed_gathered`] takes (a KC block spans at most
-/// `KC / MIN_SEGMENT + 2` of them; shorter ones gain little over copying the rows).
+/// `KC / MIN_SEGMENT + 1` of them; shorter ones gain little over copying the rows).
 pub const MIN_SEGMENT: usize = 32;
 const MAX_PIECES: usize = KC / MIN_SEGMENT + 2;
 
@@ -332,6 +332,22 @@ thread_local! {
     static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
 }
 
+/// Floats of a thread's packed-A buffer at its largest.
+pub(super) fn packed_a_floats() -> usize {
+    MC * KC
+}
+
+/// Grows the calling thread's packed-A buffer to its largest size (`MC x KC`), so no later
+/// GEMM on this thread allocates it (`scratch::Reservation` calls it on every thread).
+pub(super) fn reserve_workspace() {
+    WORKSPACE.with(|ws| {
+        let mut ws = ws.borrow_mut();
+        if ws.a.len() < packed_a_floats() {
+            ws.a.resize(packed_a_floats(), 0.0);
+        }
+    });
+}
+
 /// `C[m x n] (+)= A[m x k] x B[k x n]`; C is row-major with row stride `ldc`. With
 /// `accumulate` false, C's old values are ignored (it may hold anything, NaN included).
 #[allow(clippy::too_many_arguments)]
@@ -409,6 +425,14 @@ pub fn gemm_packed_gathered(
     assert!(
         a.seg_len >= MIN_SEGMENT,
         "gemm_packed_gathered: segments shorter than {MIN_SEGMENT}"
+    );
+    // Segments that do not overlap: the pieces then ascend, and the last one ends furthest
+    // (what the bounds checks here and in `tile_gathered` rest on).
+    assert!(
+        a.seg_stride >= a.seg_len,
+        "gemm_packed_gathered: segments {} apart, shorter than their {} floats",
+        a.seg_stride,
+        a.seg_len
     );
     assert!(
         a.row_base.len() >= m,

@@ -21,9 +21,11 @@ mod winograd;
 
 use super::{Act, ConvAlgo, ConvGeom, DropoutMask, Kernels, PoolGeom};
 use conv::ConvWorkspace;
+pub use gemm::KC as COL_ROWS;
 use linear::LinearWorkspace;
 use norm::{BnSaved, BnScratch};
 pub use peak::fma_loop;
+pub use scratch::thread_floats as thread_scratch_floats;
 pub use winograd::workspace_floats as winograd_workspace_floats;
 
 /// The CPU backend of one worker: its kernels' reusable memory (packed weights, tree-sum

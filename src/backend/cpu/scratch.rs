@@ -17,6 +17,13 @@ pub(super) const COL_BUDGET: usize = 3 << 16;
 /// would be at most `COL_BUDGET` floats, each row at least `MIN_SEGMENT`).
 pub(super) const MAX_GATHERED_ROWS: usize = COL_BUDGET / super::gemm::MIN_SEGMENT;
 
+/// What each compute thread holds for any layer, in floats: the column budget, GEMM's packed
+/// block of A and the row offsets (8 bytes each). The column matrix grows past the budget when
+/// a single row is wider than it allows ([`super::gemm::KC`] rows of the widest).
+pub fn thread_floats() -> usize {
+    COL_BUDGET + super::gemm::packed_a_floats() + 2 * MAX_GATHERED_ROWS
+}
+
 /// Runs `f` on the calling thread's row offsets (of implicit im2col), `len` of them at most
 /// [`MAX_GATHERED_ROWS`]; the buffer is that long from its first use, so it never grows again.
 pub(super) fn with_row_offsets<R>(len: usize, f: impl FnOnce(&mut [usize]) -> R) -> R {
@@ -71,6 +78,7 @@ impl Reservation {
         rayon::broadcast(|_| {
             with_scratch(len, |_| ());
             with_row_offsets(0, |_| ());
+            super::gemm::reserve_workspace();
         });
         if rayon::current_thread_index().is_none() {
             self.global = len;
