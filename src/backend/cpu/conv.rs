@@ -747,9 +747,8 @@ mod tests {
 
     #[test]
     fn implicit_im2col_gives_the_column_matrixs_bits() {
-        if !gathers_rows() {
-            return; // The portable kernel: conv_rows builds the column matrix itself.
-        }
+        // Where the micro-kernels cannot gather (the portable one), conv_rows builds the
+        // column matrix itself, and the comparisons check that fallback.
         // (c, h, w, o, kernel, stride, padding, samples): odd sizes, sizes below the kernel's
         // reach with padding, strides, kernels of 1 (a 1x1 strided layer), 3, 5 and 7,
         // channel counts whose kernel rows cross KC blocks (kw * c: 96, 192, 384, 768, 1536).
@@ -823,9 +822,11 @@ mod tests {
             let mut b = PackedB::default();
             b.pack(MatRef::rows(&wt, g.o), g.kkc(), g.o);
             let rows = 2 * g.pixels();
-            assert!(
-                Gather::plan(&g, 0, rows).is_some(),
-                "non-square {i}: implicit"
+            let planned = Gather::plan(&g, 0, rows).is_some();
+            assert_eq!(
+                planned,
+                gathers_rows(),
+                "non-square {i}: implicit where it can be"
             );
             let want = explicit(&g, &x, 0, rows, &b);
             let mut got = vec![f32::NAN; rows * g.o];
@@ -836,18 +837,15 @@ mod tests {
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "non-square {i}: bits differ");
         }
-        // The cases above take the implicit path where it applies.
+        // The cases above take the implicit path where the kernels can gather.
         let g = geom(64, 16, 16, 64, 3, 1, 1);
-        assert!(Gather::plan(&g, 0, 256).is_some());
+        assert_eq!(Gather::plan(&g, 0, 256).is_some(), gathers_rows());
         // A kernel row shorter than MIN_SEGMENT builds the column matrix.
         assert!(Gather::plan(&geom(3, 16, 16, 8, 3, 1, 1), 0, 256).is_none());
     }
 
     #[test]
     fn implicit_im2col_accumulates_as_the_column_matrix_does() {
-        if !gathers_rows() {
-            return;
-        }
         let g = geom(64, 8, 8, 32, 3, 1, 1);
         let x = values(2 * g.in_len(), 7);
         let wt = values(g.kkc() * g.o, 8);

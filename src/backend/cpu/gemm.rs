@@ -384,6 +384,22 @@ pub fn gemm_packed(
     ldc: usize,
     accumulate: bool,
 ) {
+    run_packed(m, n, k, AOperand::Mat(a), b, c, ldc, accumulate);
+}
+
+/// A GEMM whose B was packed beforehand, on the thread's workspace: the entry points' shared
+/// check of B and their early exit.
+#[allow(clippy::too_many_arguments)]
+fn run_packed(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: AOperand,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
     assert!(
         b.k == k && b.n == n,
         "gemm_packed: B is {}x{}, not {k}x{n}",
@@ -395,7 +411,7 @@ pub fn gemm_packed(
     }
     WORKSPACE.with(|ws| {
         let mut ws = ws.borrow_mut();
-        run(m, n, k, AOperand::Mat(a), b, c, ldc, accumulate, &mut ws.a);
+        run(m, n, k, a, b, c, ldc, accumulate, &mut ws.a);
     })
 }
 
@@ -417,12 +433,6 @@ pub fn gemm_packed_gathered(
         "gemm_packed_gathered: no micro-kernel reads gathered rows here"
     );
     assert!(
-        b.k == k && b.n == n,
-        "gemm_packed_gathered: B is {}x{}, not {k}x{n}",
-        b.k,
-        b.n
-    );
-    assert!(
         a.seg_len >= MIN_SEGMENT,
         "gemm_packed_gathered: segments shorter than {MIN_SEGMENT}"
     );
@@ -439,30 +449,14 @@ pub fn gemm_packed_gathered(
         "gemm_packed_gathered: {} rows, not {m}",
         a.row_base.len()
     );
-    if m == 0 || n == 0 {
-        return;
-    }
     // Every row's last value is in bounds; the micro-kernel reads nothing past it.
     let last = (k.max(1) - 1) / a.seg_len * a.seg_stride + (k.max(1) - 1) % a.seg_len;
     let deepest = a.row_base[..m].iter().max().copied().unwrap_or(0);
     assert!(
-        k == 0 || deepest + last < a.data.len(),
+        m == 0 || n == 0 || k == 0 || deepest + last < a.data.len(),
         "gemm_packed_gathered: A's rows out of bounds"
     );
-    WORKSPACE.with(|ws| {
-        let mut ws = ws.borrow_mut();
-        run(
-            m,
-            n,
-            k,
-            AOperand::Gathered(a),
-            b,
-            c,
-            ldc,
-            accumulate,
-            &mut ws.a,
-        );
-    });
+    run_packed(m, n, k, AOperand::Gathered(a), b, c, ldc, accumulate);
 }
 
 /// A as the GEMM reads it: a strided matrix or gathered rows.
