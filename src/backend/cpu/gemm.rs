@@ -603,32 +603,32 @@ fn tile(
     add: bool,
 ) {
     debug_assert!(b.len() >= kb * t.nr);
-    let full = h == t.mr && w == t.nr;
-    // Whole tiles are stored straight into C; edge tiles through a local tile (and the rows of
-    // A past the edge are not read: the kernel reads row min(i, h-1) instead).
-    let mut local = [0f32; 14 * 32];
-    let (dst, dld, dadd): (&mut [f32], usize, bool) = if full {
-        assert!(c.len() >= (t.mr - 1) * ldc + t.nr);
-        (c, ldc, add)
-    } else {
-        (&mut local[..], t.nr, false)
+    let kernel = |dst: &mut [f32], dld: usize, dadd: bool| {
+        if let APanel::Gathered { rows: g, i0, k0 } = a {
+            tile_gathered(isa, t, kb, g, i0, k0, h, b, dst, dld, dadd);
+        } else {
+            tile_strided(isa, t, kb, a, h, b, dst, dld, dadd);
+        }
     };
-    if let APanel::Gathered { rows: g, i0, k0 } = a {
-        tile_gathered(isa, t, kb, g, i0, k0, h, b, dst, dld, dadd);
-    } else {
-        tile_strided(isa, t, kb, a, h, b, dst, dld, dadd);
+    // Whole tiles are stored straight into C. Edge tiles go through a local tile (and the rows
+    // of A past the edge are not read: the kernel reads row min(i, h-1) instead), declared
+    // only here: zeroing its 1.8 KB for every whole tile was 6% of a 512-channel layer's step.
+    if h == t.mr && w == t.nr {
+        assert!(c.len() >= (t.mr - 1) * ldc + t.nr);
+        kernel(c, ldc, add);
+        return;
     }
-    if !full {
-        for i in 0..h {
-            let row = &mut c[i * ldc..i * ldc + w];
-            let src = &local[i * t.nr..i * t.nr + w];
-            if add {
-                for (d, s) in row.iter_mut().zip(src) {
-                    *d += *s;
-                }
-            } else {
-                row.copy_from_slice(src);
+    let mut local = [0f32; 14 * 32];
+    kernel(&mut local[..], t.nr, false);
+    for i in 0..h {
+        let row = &mut c[i * ldc..i * ldc + w];
+        let src = &local[i * t.nr..i * t.nr + w];
+        if add {
+            for (d, s) in row.iter_mut().zip(src) {
+                *d += *s;
             }
+        } else {
+            row.copy_from_slice(src);
         }
     }
 }
