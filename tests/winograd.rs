@@ -95,6 +95,10 @@ fn winograd_matches_direct_over_a_grid_of_shapes() {
         (8, 33, 4, 4, 1),
         (32, 32, 13, 3, 1),
         (64, 64, 4, 4, 1),
+        // More input channels than one packed block of the GEMM holds (KC = 384 rows):
+        // forward, then the input gradient's flipped kernel.
+        (400, 20, 4, 4, 1),
+        (20, 400, 3, 3, 1),
     ];
     for tile in [WinogradTile::F2, WinogradTile::F4] {
         let mut worst = [0f32; 3];

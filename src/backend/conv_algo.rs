@@ -103,15 +103,13 @@ impl ConvAlgo {
 
 /// What one convolution's Winograd buffers grow to in floats (all
 /// zero for a layer that runs direct). A net's buffers grow to the largest layer once: its
-/// transformed weights and thread scratch to the largest of its layers', and each of the
-/// `positions` packed copies to the largest of the layers that have that position.
+/// thread scratch to the largest of its layers', and each of the `positions` packed
+/// transformed weights to the largest of the layers that have that position.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WinogradMemory {
     /// Transformed positions of the layer's tile (16 for F(2x2,3x3), 36 for F(4x4,3x3)).
     pub positions: usize,
-    /// The transformed weights, all positions.
-    pub transformed: usize,
-    /// One position's packed weights.
+    /// One position's packed transformed weights.
     pub packed: usize,
     /// One compute thread's scratch (shared with im2col's column matrix).
     pub thread: usize,

@@ -185,7 +185,7 @@ impl PackedB {
         assert!(b.fits(k, n), "PackedB::pack: operand smaller than {k}x{n}");
         let nr = pick(isa().nrs(), n);
         let np = n.div_ceil(nr) * nr;
-        self.data.resize(k * np, 0.0);
+        self.grow(k * np);
         self.k = k;
         self.n = n;
         self.nr = nr;
@@ -196,9 +196,113 @@ impl PackedB {
             pc += kb;
         }
     }
+    /// Makes the buffer at least `len` floats. Never shrinks it: a layer that follows a
+    /// smaller one would otherwise zero-fill the difference again on every step, a pass over
+    /// memory that packing overwrites anyway.
+    fn grow(&mut self, len: usize) {
+        if self.data.len() < len {
+            self.data.resize(len, 0.0);
+        }
+    }
+
     fn block(&self, pc: usize, kb: usize) -> &[f32] {
         let np = self.n.div_ceil(self.nr) * self.nr;
         &self.data[pc * np..(pc + kb) * np]
+    }
+
+    /// Sizes this buffer for a `k x n` matrix that its producer writes in place through
+    /// [`PackedB::writer`] instead of packing it from a matrix (Winograd's transformed
+    /// weights: computed straight into the packed layout, with no `k x n` copy in between to
+    /// write and read again). Zeroes the columns past `n` of the last micro-panel; every other
+    /// element must then be written.
+    pub fn shape_for_writing(&mut self, k: usize, n: usize) {
+        let nr = pick(isa().nrs(), n);
+        let np = n.div_ceil(nr) * nr;
+        self.grow(k * np);
+        (self.k, self.n, self.nr) = (k, n, nr);
+        if np == n {
+            return;
+        }
+        let mut pc = 0;
+        while pc < k {
+            let kb = KC.min(k - pc);
+            let last = &mut self.data[pc * np + (np - nr) * kb..(pc + kb) * np];
+            for row in last.chunks_exact_mut(nr) {
+                row[n % nr..].fill(0.0);
+            }
+            pc += kb;
+        }
+    }
+
+    /// A writer of this buffer's elements, shaped by [`PackedB::shape_for_writing`].
+    pub fn writer(&mut self) -> PackedWriter<'_> {
+        assert!(
+            self.nr.is_power_of_two(),
+            "micro-panels of {} columns",
+            self.nr
+        );
+        PackedWriter {
+            data: self.data.as_mut_ptr(),
+            len: self.data.len(),
+            k: self.k,
+            n: self.n,
+            nr: self.nr,
+            np: self.n.div_ceil(self.nr) * self.nr,
+            _buffer: std::marker::PhantomData,
+        }
+    }
+}
+
+/// Writes runs of a row of a [`PackedB`] from several threads at once (each row of Winograd's
+/// transformed weights is one input channel's, computed by one task).
+pub struct PackedWriter<'a> {
+    data: *mut f32,
+    len: usize,
+    k: usize,
+    n: usize,
+    /// Columns per micro-panel, a power of two.
+    nr: usize,
+    /// Columns padded to whole micro-panels.
+    np: usize,
+    _buffer: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the writer is a `&mut` to the buffer shared between threads; `PackedWriter::write`'s
+// contract (no element written by two calls at once) is what makes the sharing sound.
+unsafe impl Send for PackedWriter<'_> {}
+unsafe impl Sync for PackedWriter<'_> {}
+
+impl PackedWriter<'_> {
+    /// Writes `vals` as elements `(row, col..col + vals.len())` of the matrix.
+    ///
+    /// # Safety
+    /// No other call may write any of these elements at the same time (callers give each row
+    /// to one thread). Bounds are checked.
+    #[inline]
+    pub unsafe fn write(&self, row: usize, col: usize, vals: &[f32]) {
+        assert!(
+            row < self.k && col + vals.len() <= self.n,
+            "PackedWriter: ({row}, {col}..+{}) outside {}x{}",
+            vals.len(),
+            self.k,
+            self.n
+        );
+        // Block `pc` holds rows pc..pc + kb: panel after panel of kb x nr, a row nr floats.
+        let pc = row - row % KC;
+        let kb = KC.min(self.k - pc);
+        let row_start = pc * self.np + (row - pc) * self.nr;
+        let mut j = 0;
+        while j < vals.len() {
+            let c = col + j;
+            let within = c & (self.nr - 1);
+            let run = (self.nr - within).min(vals.len() - j);
+            let at = row_start + (c - within) * kb + within;
+            assert!(at + run <= self.len);
+            // SAFETY: inside the buffer (checked above), and the caller guarantees no
+            // concurrent write of these elements.
+            unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr().add(j), self.data.add(at), run) };
+            j += run;
+        }
     }
 }
 

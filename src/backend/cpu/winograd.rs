@@ -13,8 +13,8 @@
 //! F(2x2), 4x for F(4x4). The transforms add work linear in the channels (not quadratic), so
 //! they pay when the channel counts are not tiny ([`crate::backend::ConvAlgo::winograd_pays`]).
 //!
-//! Order of work: the weights are transformed and packed once per call (the `a^2` packed `U`
-//! reused by every tile); tiles go in blocks (a block's `V` and `M` stay in cache between the
+//! Order of work: the weights are transformed once per call, straight into the GEMM's packed
+//! layout (the `a^2` packed `U` reused by every tile); tiles go in blocks (a block's `V` and `M` stay in cache between the
 //! input transform, the `a^2` GEMMs and the output transform), blocks in parallel. A block's
 //! `V`, `M` and `Z` are tile-major (`[tile][xi][channel]`): a transform writes or reads one
 //! tile's `a^2 x channels` values contiguously, and each GEMM reads its `xi` as a strided
@@ -42,7 +42,7 @@
 //! Error: the transforms are exact in real arithmetic; in f32 the larger tile's points (+-2,
 //! +-1/2) amplify rounding. Measured against direct convolution in tests/winograd.rs.
 
-use super::gemm::{gemm, gemm_packed, row_panel, MatRef, PackedB};
+use super::gemm::{gemm, gemm_packed, row_panel, MatRef, PackedB, PackedWriter};
 #[cfg(target_arch = "x86_64")]
 use super::gemm::{isa, Isa};
 use super::scratch::{with_scratch, Reservation};
@@ -138,6 +138,9 @@ macro_rules! on_tile {
 }
 
 /// Transformed positions (`A^2`) of a tile.
+/// The most transformed positions of any tile (F(4x4,3x3): 6 x 6).
+const MAX_POSITIONS: usize = 36;
+
 fn positions(tile: WinogradTile) -> usize {
     on_tile!(tile, t => a2(t))
 }
@@ -236,9 +239,7 @@ unsafe impl Sync for Out {}
 /// Sized by the largest layer on the first step.
 #[derive(Default)]
 pub struct WinogradWorkspace {
-    /// Transformed weights `U`, `[c][xi][o]`.
-    u: Vec<f32>,
-    /// `U[xi]` packed for the GEMM, one per transformed position.
+    /// The transformed weights `U[xi]`, packed for the GEMM, one per transformed position.
     packed: Vec<PackedB>,
     reserved: Reservation,
 }
@@ -326,10 +327,11 @@ impl WinogradWorkspace {
         self.reserved.reserve(weight_grad_scratch(tile, g));
     }
 
-    /// `U[xi] = (G w G^T)[xi]` for every input and output channel, packed for the GEMM; with
-    /// `flipped`, of the input gradient's kernel instead (taps reversed, input and output
-    /// channels swapped), read from `w` in place: the transform of each channel pair is the
-    /// same arithmetic on the same taps, and the swap is the packing's (a transposed view).
+    /// `U[xi] = (G w G^T)[xi]` for every input and output channel, written straight into the
+    /// GEMM's packed layout; with `flipped`, of the input gradient's kernel instead (taps
+    /// reversed, input and output channels swapped), read from `w` in place: the transform of
+    /// each channel pair is the same arithmetic on the same taps, and the swap is which index
+    /// becomes the packed matrix's row.
     fn prepare_weights<const A: usize, const M: usize>(
         &mut self,
         t: &Transform<A, M>,
@@ -343,74 +345,92 @@ impl WinogradWorkspace {
         let a2 = A * A;
         // The transformed convolution's input and output channels: swapped when flipped.
         let (ins, outs) = if flipped { (o, c) } else { (c, o) };
-        self.u.resize(c * a2 * o, 0.0);
-        self.u
-            .par_chunks_mut(a2 * outs)
-            .enumerate()
-            .for_each(|(i, ui)| weights_of_channel(t, w, c, o, i, flipped, ui));
         // Grown, never shrunk: a net with both tiles (16 and 36 positions) would otherwise free
         // and rebuild packed buffers on every step.
         if self.packed.len() < a2 {
             self.packed.resize_with(a2, PackedB::default);
         }
-        let u = &self.u;
-        self.packed[..a2]
-            .par_iter_mut()
-            .enumerate()
-            .for_each(|(xi, p)| p.pack(MatRef::strided(&u[xi * outs..], a2 * outs, 1), ins, outs));
+        let mut writers = self.packed[..a2].iter_mut().map(|p| {
+            p.shape_for_writing(ins, outs);
+            Some(p.writer())
+        });
+        let writers: [Option<PackedWriter>; MAX_POSITIONS] =
+            std::array::from_fn(|_| writers.next().flatten());
+        let writers = &writers[..a2];
+        // One task per block of rows (the transformed convolution's input channels): the
+        // blocks are disjoint. Within a block, each group of output channels for every row
+        // before the next group: a group's writes then fill a run of whole micro-panel rows in
+        // each position's buffer, instead of one row's scattering over every panel of all 36.
+        // (Fewer rows per task where there are few: every thread gets some.)
+        let per_task = (ins / (4 * rayon::current_num_threads())).clamp(1, WEIGHT_ROWS);
+        (0..ins.div_ceil(per_task)).into_par_iter().for_each(|blk| {
+            let rows = blk * per_task..((blk + 1) * per_task).min(ins);
+            weights_of_channels(t, w, c, o, rows, flipped, writers)
+        });
     }
 }
 
 lanes! {
-    /// `ui[xi][.] = (G w[.][.][ch][.] G^T)[xi]`: input channel `ch`'s transformed weights
-    /// for every output channel, of the `c -> o` convolution `w` or, when `flipped`, of its
-    /// input gradient's `o -> c` one (taps reversed, `w[.][.][.][ch]` read across its rows).
-    fn weights_of_channel => weights_of_channel_lanes(
+    /// `U[xi][ch][.] = (G w[.][.][ch][.] G^T)[xi]` for each input channel `ch` of `chs`: its
+    /// transformed weights for every output channel, of the `c -> o` convolution `w` or, when
+    /// `flipped`, of its input gradient's `o -> c` one (taps reversed, `w[.][.][.][ch]` read
+    /// across its rows), written as row `ch` of each position's packed matrix.
+    fn weights_of_channels => weights_of_channels_lanes(
         w: &[f32],
         c: usize,
         o: usize,
-        ch: usize,
+        chs: std::ops::Range<usize>,
         flipped: bool,
-        ui: &mut [f32],
+        packed: &[Option<PackedWriter>],
     )
 }
 
+/// Input channels per task of the weight transform, at most.
+const WEIGHT_ROWS: usize = 16;
+
 #[inline(always)]
-fn weights_of_channel_lanes<const A: usize, const M: usize, V: Vector>(
+fn weights_of_channels_lanes<const A: usize, const M: usize, V: Vector>(
     w: &[f32],
     c: usize,
     o: usize,
-    ch: usize,
+    chs: std::ops::Range<usize>,
     flipped: bool,
-    ui: &mut [f32],
+    packed: &[Option<PackedWriter>],
 ) where
     Lavin: Coefficients<A, M>,
 {
     let t = &<Lavin as Coefficients<A, M>>::T;
     let outs = if flipped { c } else { o };
+    let mut lanes = [0f32; 16];
     for o0 in (0..outs).step_by(V::LANES) {
         let wl = V::LANES.min(outs - o0);
-        // The 3x3 taps of input channel ch, output channels o0..o0 + wl: a row of `w`, or
-        // (flipped) a column read across rows, taps reversed.
-        let taps: [[V; 3]; 3] = std::array::from_fn(|ki| {
-            std::array::from_fn(|kj| {
-                if flipped {
-                    let at = &w[((2 - ki) * 3 + (2 - kj)) * c * o..][..c * o];
-                    gather(&at[o0 * o + ch..], o, wl)
-                } else {
-                    load(&w[((ki * 3 + kj) * c + ch) * o + o0..], wl)
+        for ch in chs.clone() {
+            // The 3x3 taps of input channel ch, output channels o0..o0 + wl: a row of `w`, or
+            // (flipped) a column read across rows, taps reversed.
+            let taps: [[V; 3]; 3] = std::array::from_fn(|ki| {
+                std::array::from_fn(|kj| {
+                    if flipped {
+                        let at = &w[((2 - ki) * 3 + (2 - kj)) * c * o..][..c * o];
+                        gather(&at[o0 * o + ch..], o, wl)
+                    } else {
+                        load(&w[((ki * 3 + kj) * c + ch) * o + o0..], wl)
+                    }
+                })
+            });
+            // Stage 1: rows[i][kj] = sum over ki of G[i][ki] taps[ki][kj].
+            let rows: [[V; 3]; A] = std::array::from_fn(|i| {
+                std::array::from_fn(|kj| combine(&t.g[i], &[taps[0][kj], taps[1][kj], taps[2][kj]]))
+            });
+            // Stage 2: U[i][j] = sum over kj of rows[i][kj] G[j][kj].
+            for i in 0..A {
+                for j in 0..A {
+                    let u = combine(&t.g[j], &rows[i]);
+                    store(&mut lanes, &u, wl, false);
+                    let writer = packed[i * A + j].as_ref().expect("a writer per position");
+                    // SAFETY: row `ch` is this call's alone (one task per block of rows, see
+                    // `prepare_weights`).
+                    unsafe { writer.write(ch, o0, &lanes[..wl]) };
                 }
-            })
-        });
-        // Stage 1: rows[i][kj] = sum over ki of G[i][ki] taps[ki][kj].
-        let rows: [[V; 3]; A] = std::array::from_fn(|i| {
-            std::array::from_fn(|kj| combine(&t.g[i], &[taps[0][kj], taps[1][kj], taps[2][kj]]))
-        });
-        // Stage 2: U[i][j] = sum over kj of rows[i][kj] G[j][kj].
-        for i in 0..A {
-            for j in 0..A {
-                let u = combine(&t.g[j], &rows[i]);
-                store(&mut ui[(i * A + j) * outs + o0..], &u, wl, false);
             }
         }
     }
@@ -516,8 +536,8 @@ pub fn weight_grad_scratch(tile: WinogradTile, g: &ConvGeom) -> usize {
 
 /// What a layer of geometry `g` makes Winograd's buffers grow to, with `forward` the tile of
 /// its forward and input gradient and `weight_grad` that of its weight gradient (`None`:
-/// direct): the transformed weights, each position's packed copy (padded to whole
-/// micro-panels, the flipped kernel's too), and one compute thread's scratch (the larger of a
+/// direct): each position's packed transformed weights (padded to whole micro-panels, the
+/// flipped kernel's too), and one compute thread's scratch (the larger of a
 /// forward block and [`weight_grad_chunk`]'s).
 pub fn workspace_floats(
     forward: Option<WinogradTile>,
@@ -532,7 +552,6 @@ pub fn workspace_floats(
             .min(MAX_BLOCK_TILES)
             .max(row_panel());
         m.positions = a2;
-        m.transformed = a2 * c * o;
         m.packed = c.max(o) * c.max(o).div_ceil(32) * 32;
         m.thread = a2 * tiles * (c + o);
     }
