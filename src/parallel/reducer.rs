@@ -975,9 +975,12 @@ mod tests {
         credit: usize,
         pause: Duration,
     ) -> Vec<(Vec<usize>, Vec<f32>)> {
-        // Blocks of 64, 8 and 8 values, one bucket each; partitions of 32 values.
+        // Blocks of 64, 8 and 8 values, one bucket each; partitions of 32 values, 256 ms each
+        // on this link: the window in which backward hands over buckets 1 and 2 while bucket
+        // 0's first partition is on the wire. At 64 ms (2 KB/s) a loaded CI machine once held
+        // the backward thread past it.
         let link = LinkModel {
-            bandwidth_bytes_per_s: 2_000.0,
+            bandwidth_bytes_per_s: 500.0,
             latency: Duration::ZERO,
         };
         let eps = InProcessFabric::new(2, Some(link), Duration::from_secs(30));
@@ -1039,7 +1042,7 @@ mod tests {
 
     #[test]
     fn a_credit_commits_every_rank_to_the_partitions_rank_0_held_when_it_decided() {
-        // Bucket 0 (64 values, 2 partitions of 32 at 2 KB/s: 128 ms) is alone when rank 0
+        // Bucket 0 (64 values, 2 partitions of 32 at 500 B/s: 512 ms) is alone when rank 0
         // first decides; buckets 1 and 2 follow 30 and 60 ms later (margins a loaded
         // machine's late wake-ups stay within: at 3 ms gaps bucket 1 was once held already).
         // A credit of 64 values commits to both of bucket 0's partitions, so bucket 0 is back

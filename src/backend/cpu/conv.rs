@@ -262,7 +262,6 @@ fn col2im_add(g: &ConvGeom, col: &[f32], grp: usize, q0: usize, rows: usize, dx:
 #[derive(Default)]
 pub struct ConvWorkspace {
     packed: PackedB,
-    flip: Vec<f32>,
     tree: TreeSum,
     reserved: Reservation,
     /// Which algorithm the 3x3 stride-1 layers use.
@@ -417,26 +416,13 @@ impl ConvWorkspace {
         acc: bool,
     ) {
         let f = g.flipped();
-        let (cg, og) = (g.cg(), g.og());
+        let cg = g.cg();
         let fk = f.kkc(); // kh * kw * og
         for grp in 0..g.groups {
-            // Wflip[(ki', kj', o), c] = W[(kh-1-ki', kw-1-kj', c), o], for this group.
-            self.flip.resize(fk * cg, 0.0);
-            for ki in 0..g.kh {
-                for kj in 0..g.kw {
-                    let src_tap = (g.kh - 1 - ki) * g.kw + (g.kw - 1 - kj);
-                    for oi in 0..og {
-                        let row = &mut self.flip[((ki * g.kw + kj) * og + oi) * cg..][..cg];
-                        for (ci, v) in row.iter_mut().enumerate() {
-                            *v = w[(src_tap * cg + ci) * g.o + grp * og + oi];
-                        }
-                    }
-                }
-            }
             let rows = n * f.pixels();
             let tr = tile_rows(rows, fk);
             self.reserve_col(tr * fk);
-            self.packed.pack(MatRef::rows(&self.flip, cg), fk, cg);
+            pack_flipped(g, w, grp, &mut self.packed);
             let packed = &self.packed;
             dx.par_chunks_mut(tr * g.c)
                 .enumerate()
@@ -496,6 +482,33 @@ impl ConvWorkspace {
         }
         let _ = n;
     }
+}
+
+/// Packs group `grp`'s flipped kernel, the B of the input gradient as a convolution:
+/// `Wflip[(ki', kj', o), c] = W[(kh-1-ki', kw-1-kj', c), o]`, written straight into the packed
+/// layout (a flipped copy packed afterwards was a second pass over the weights), rows in
+/// parallel.
+fn pack_flipped(g: &ConvGeom, w: &[f32], grp: usize, packed: &mut PackedB) {
+    /// Values of a row gathered before each write.
+    const RUN: usize = 64;
+    let (cg, og) = (g.cg(), g.og());
+    let rows = g.kh * g.kw * og;
+    packed.shape_for_writing(rows, cg);
+    let writer = packed.writer();
+    (0..rows).into_par_iter().for_each(|r| {
+        let (tap, oi) = (r / og, r % og);
+        let src_tap = (g.kh - 1 - tap / g.kw) * g.kw + (g.kw - 1 - tap % g.kw);
+        let column = &w[src_tap * cg * g.o + grp * og + oi..];
+        let mut run = [0f32; RUN];
+        for c0 in (0..cg).step_by(RUN) {
+            let len = RUN.min(cg - c0);
+            for (i, v) in run[..len].iter_mut().enumerate() {
+                *v = column[(c0 + i) * g.o];
+            }
+            // SAFETY: row `r` is this task's alone.
+            unsafe { writer.write(r, c0, &run[..len]) };
+        }
+    });
 }
 
 /// One chunk's weight (and bias) gradient: `part = [dW (kkc x o) | db (o)]`, overwritten.
