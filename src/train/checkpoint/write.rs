@@ -9,8 +9,9 @@
 //! put them (type, then name), each converted into one reused buffer as it is written and
 //! hashed on its way to the file; the checksum's placeholder in the header is then overwritten
 //! with the digest. The file is the one `safetensors::serialize` would have written, byte for
-//! byte in its data section (a test checks it), and it goes through [`AtomicFile`]: a
-//! temporary file, fsynced, renamed into place.
+//! byte in its data section (a test checks it), with the header's metadata in key order (so
+//! the same run writes the same bytes), and it goes through [`AtomicFile`]: a temporary file,
+//! fsynced, renamed into place.
 
 use crate::nn::TensorInfo;
 use crate::output::{AtomicFile, OutputError};
@@ -142,8 +143,22 @@ fn header(
         })
         .collect();
     let unserialisable = |e: &dyn std::fmt::Display| WriteError::Serialise(e.to_string());
-    let metadata = Metadata::new(Some(metadata), infos).map_err(|e| unserialisable(&e))?;
-    let mut json = serde_json::to_vec(&metadata).map_err(|e| unserialisable(&e))?;
+    // The crate checks the tensors (offsets, shapes) and writes them; the metadata goes in
+    // first, in key order: the crate writes its `HashMap` in the map's own random order, so
+    // two runs of the same seed wrote different bytes for the same checkpoint.
+    let tensors = Metadata::new(None, infos).map_err(|e| unserialisable(&e))?;
+    let tensors = serde_json::to_vec(&tensors).map_err(|e| unserialisable(&e))?;
+    let sorted: std::collections::BTreeMap<_, _> = metadata.into_iter().collect();
+    let mut json = b"{\"__metadata__\":".to_vec();
+    serde_json::to_writer(&mut json, &sorted).map_err(|e| unserialisable(&e))?;
+    match tensors.strip_prefix(b"{") {
+        Some(b"}") => json.push(b'}'),
+        Some(rest) => {
+            json.push(b',');
+            json.extend_from_slice(rest);
+        }
+        None => return Err(unserialisable(&"the tensors' header is not a JSON object")),
+    }
     json.resize(json.len().next_multiple_of(8), b' ');
     let mut bytes = Vec::with_capacity(8 + json.len());
     bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());
@@ -192,4 +207,56 @@ pub(super) fn write(
         .and_then(|_| f.write_all(digest.as_bytes()));
     patched.map_err(|e| file.error("write", e))?;
     Ok(file.commit()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata() -> HashMap<String, String> {
+        (0..24)
+            .map(|i| (format!("key{i}"), format!("value {i}")))
+            .collect()
+    }
+
+    #[test]
+    fn the_header_is_the_same_bytes_whatever_the_map_s_order() {
+        let values = [1.0f32, 2.0, 3.0];
+        let shape = [3];
+        let entries = || {
+            vec![
+                Entry {
+                    name: "b.weight".into(),
+                    shape: &shape,
+                    values: Values::Torch(&values),
+                },
+                Entry {
+                    name: "a.num_batches_tracked".into(),
+                    shape: &[],
+                    values: Values::Counter(7),
+                },
+            ]
+        };
+        // Each map has its own random order (24 keys: two alike by chance is out of reach).
+        let first = header(&entries(), metadata()).unwrap();
+        let second = header(&entries(), metadata()).unwrap();
+        assert_eq!(first, second);
+        // Still what the crate reads: the metadata and both tensors, placeholder included.
+        let n = u64::from_le_bytes(first[..8].try_into().unwrap()) as usize;
+        let (len, parsed) =
+            safetensors::SafeTensors::read_metadata(&[&first[..], &vec![0u8; 20][..]].concat())
+                .unwrap();
+        assert_eq!(len, n);
+        let meta = parsed.metadata().as_ref().unwrap();
+        assert_eq!(meta.len(), 25);
+        assert_eq!(meta["key3"], "value 3");
+        assert_eq!(meta[CHECKSUM_KEY], CHECKSUM_PLACEHOLDER);
+        assert_eq!(parsed.tensors().len(), 2);
+        assert!(checksum_placeholder_at(&first).is_some());
+        // With no tensors the header is still one JSON object.
+        let empty = header(&[], metadata()).unwrap();
+        let n = u64::from_le_bytes(empty[..8].try_into().unwrap()) as usize;
+        let json: serde_json::Value = serde_json::from_slice(&empty[8..8 + n]).unwrap();
+        assert_eq!(json.as_object().unwrap().len(), 1);
+    }
 }
