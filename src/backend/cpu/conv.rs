@@ -727,6 +727,56 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_flipped_kernel_is_packed_as_the_flipped_copy_was() {
+        // (c, o, kh, kw, groups): square and non-square kernels, two groups, a row count past
+        // one packed block (3 x 3 x 64 = 576 > KC), channels not a multiple of the gathered
+        // run (64) nor of a micro-panel.
+        for (c, o, kh, kw, groups) in [
+            (8, 8, 3, 3, 1),
+            (70, 64, 3, 3, 1),
+            (12, 10, 3, 5, 2),
+            (40, 6, 1, 7, 1),
+        ] {
+            let mut g = geom(c, 9, 9, o, kh, 1, kh / 2);
+            (g.kw, g.pw, g.groups) = (kw, kw / 2, groups);
+            let (cg, og) = (g.cg(), g.og());
+            let w = values(kh * kw * cg * o, 7);
+            let a = values(5 * kh * kw * og, 8);
+            for grp in 0..groups {
+                // The flipped copy, as the input gradient built it before.
+                let mut flip = vec![0.0; kh * kw * og * cg];
+                for ki in 0..kh {
+                    for kj in 0..kw {
+                        let src_tap = (kh - 1 - ki) * kw + (kw - 1 - kj);
+                        for oi in 0..og {
+                            for ci in 0..cg {
+                                flip[((ki * kw + kj) * og + oi) * cg + ci] =
+                                    w[(src_tap * cg + ci) * o + grp * og + oi];
+                            }
+                        }
+                    }
+                }
+                let (mut want, mut got) = (PackedB::default(), PackedB::default());
+                want.pack(MatRef::rows(&flip, cg), kh * kw * og, cg);
+                // Shaped for a larger matrix first: a buffer that is longer than its shape.
+                got.pack(MatRef::rows(&w, o), kh * kw * cg, o);
+                pack_flipped(&g, &w, grp, &mut got);
+                let product = |b: &PackedB| {
+                    let mut y = vec![f32::NAN; 5 * cg];
+                    let k = kh * kw * og;
+                    gemm_packed(5, cg, k, MatRef::rows(&a, k), b, &mut y, cg, false);
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                assert_eq!(
+                    product(&got),
+                    product(&want),
+                    "{c}->{o} {kh}x{kw} group {grp}"
+                );
+            }
+        }
+    }
+
     /// Values that make every product and partial sum round differently (no exact ties).
     fn values(len: usize, seed: u32) -> Vec<f32> {
         let mut state = seed.wrapping_mul(2654435761).max(1);

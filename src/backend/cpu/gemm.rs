@@ -183,12 +183,7 @@ impl PackedB {
     /// Packs the `k x n` matrix `b`, reusing this buffer's memory.
     pub fn pack(&mut self, b: MatRef, k: usize, n: usize) {
         assert!(b.fits(k, n), "PackedB::pack: operand smaller than {k}x{n}");
-        let nr = pick(isa().nrs(), n);
-        let np = n.div_ceil(nr) * nr;
-        self.grow(k * np);
-        self.k = k;
-        self.n = n;
-        self.nr = nr;
+        let (nr, np) = self.set_shape(k, n);
         let mut pc = 0;
         while pc < k {
             let kb = KC.min(k - pc);
@@ -196,13 +191,18 @@ impl PackedB {
             pc += kb;
         }
     }
-    /// Makes the buffer at least `len` floats. Never shrinks it: a layer that follows a
-    /// smaller one would otherwise zero-fill the difference again on every step, a pass over
-    /// memory that packing overwrites anyway.
-    fn grow(&mut self, len: usize) {
-        if self.data.len() < len {
-            self.data.resize(len, 0.0);
+    /// Takes the shape of a `k x n` B: the panel width for `n`, and the buffer at least `k`
+    /// rows of whole panels. Returns the panel width and the padded columns. The buffer never
+    /// shrinks: a layer that follows a smaller one would otherwise zero-fill the difference
+    /// again on every step, a pass over memory that packing overwrites anyway.
+    fn set_shape(&mut self, k: usize, n: usize) -> (usize, usize) {
+        let nr = pick(isa().nrs(), n);
+        let np = n.div_ceil(nr) * nr;
+        if self.data.len() < k * np {
+            self.data.resize(k * np, 0.0);
         }
+        (self.k, self.n, self.nr) = (k, n, nr);
+        (nr, np)
     }
 
     fn block(&self, pc: usize, kb: usize) -> &[f32] {
@@ -216,10 +216,7 @@ impl PackedB {
     /// write and read again). Zeroes the columns past `n` of the last micro-panel; every other
     /// element must then be written.
     pub fn shape_for_writing(&mut self, k: usize, n: usize) {
-        let nr = pick(isa().nrs(), n);
-        let np = n.div_ceil(nr) * nr;
-        self.grow(k * np);
-        (self.k, self.n, self.nr) = (k, n, nr);
+        let (nr, np) = self.set_shape(k, n);
         if np == n {
             return;
         }

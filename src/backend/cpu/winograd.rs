@@ -14,8 +14,9 @@
 //! they pay when the channel counts are not tiny ([`crate::backend::ConvAlgo::winograd_pays`]).
 //!
 //! Order of work: the weights are transformed once per call, straight into the GEMM's packed
-//! layout (the `a^2` packed `U` reused by every tile); tiles go in blocks (a block's `V` and `M` stay in cache between the
-//! input transform, the `a^2` GEMMs and the output transform), blocks in parallel. A block's
+//! layout (the `a^2` packed `U` reused by every tile); tiles go in blocks (a block's `V` and
+//! `M` stay in cache between the input transform, the `a^2` GEMMs and the output transform),
+//! blocks in parallel. A block's
 //! `V`, `M` and `Z` are tile-major (`[tile][xi][channel]`): a transform writes or reads one
 //! tile's `a^2 x channels` values contiguously, and each GEMM reads its `xi` as a strided
 //! matrix in place (rows `a^2 x channels` apart). Every output is computed from its own tile
@@ -137,10 +138,10 @@ macro_rules! on_tile {
     };
 }
 
-/// Transformed positions (`A^2`) of a tile.
 /// The most transformed positions of any tile (F(4x4,3x3): 6 x 6).
 const MAX_POSITIONS: usize = 36;
 
+/// Transformed positions (`A^2`) of a tile.
 fn positions(tile: WinogradTile) -> usize {
     on_tile!(tile, t => a2(t))
 }
