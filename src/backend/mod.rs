@@ -45,6 +45,13 @@ pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
     cpu::fma_loop(iterations)
 }
 
+/// The GEMM micro-kernel's ceiling: `calls` multiplications of one micro-kernel tile with its
+/// operands in L1, on the calling thread. Returns the floating-point operations done; time it
+/// (`bench roofline`).
+pub fn gemm_tile_loop(calls: u64) -> f64 {
+    cpu::gemm_tile_loop(calls)
+}
+
 /// Each compute thread's kernel scratch in the default backend, in floats, and the rows of a
 /// convolution's column matrix beyond that a thread may hold at once: what `plan::memory`
 /// counts per thread (the scratch, plus that many rows of the model's widest column row).

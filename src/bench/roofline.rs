@@ -1,7 +1,9 @@
 //! `dptrain bench roofline`: this machine's ceilings, measured. The arithmetic peak is a
 //! register-only FMA loop in the ISA the kernels use (`backend::fma_loop`), on one core and on
-//! every core at once; the memory rates are one core's copy and add on buffers far larger than
-//! the caches ([`super::memory_bound::memory_rates`]), alone and with every core busy.
+//! every core at once; the GEMM's own ceiling is its micro-kernel with every operand in L1
+//! (`backend::gemm_tile_loop`), on one core; the memory rates are one core's copy and add on
+//! buffers far larger than the caches ([`super::memory_bound::memory_rates`]), alone and with
+//! every core busy.
 //!
 //! `bench step` divides each model's achieved GFLOP/s by [`fma_peak`] at its thread count, so
 //! the fraction it prints is of a ceiling measured in the same run, on the same machine.
@@ -63,6 +65,24 @@ pub fn fma_peak(threads: usize) -> (f64, &'static str) {
     (per_round / secs / 1e9, isa)
 }
 
+/// GEMM micro-kernel calls per timed round: about 50 ms at 180 GFLOP/s (one call of the
+/// AVX-512 tile is 14 x 32 x 384 FMAs, 344 kFLOP).
+const GEMM_CALLS: u64 = 25_000;
+
+/// The GEMM micro-kernel's ceiling on one core ([`crate::backend::gemm_tile_loop`]): GFLOP/s
+/// of the fastest of `ROUNDS` rounds after a warm-up round (fastest for the reason
+/// [`fma_peak`] gives).
+pub fn gemm_tile_peak() -> f64 {
+    crate::backend::gemm_tile_loop(GEMM_CALLS);
+    (0..ROUNDS)
+        .map(|_| {
+            let t0 = Instant::now();
+            let flops = crate::backend::gemm_tile_loop(GEMM_CALLS);
+            flops / t0.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Floating-point operations of one thread's round.
 fn flops_per_round() -> f64 {
     // The loop's count is arithmetic on the iteration count; zero iterations run nothing.
@@ -81,6 +101,9 @@ pub struct Roofline {
     pub fma_one_core: f64,
     /// GFLOP/s of every core at once, in total.
     pub fma_all_cores: f64,
+    /// GFLOP/s of the GEMM's micro-kernel on one core, operands in L1: the most any layer
+    /// that runs on it can reach.
+    pub gemm_tile_one_core: f64,
     /// One core's copy and add rates alone, GB/s of the buffer.
     pub copy_one: f64,
     /// See `copy_one`.
@@ -95,6 +118,7 @@ pub struct Roofline {
 pub fn measure(cores: usize) -> Roofline {
     let (fma_one_core, isa) = fma_peak(1);
     let (fma_all_cores, _) = fma_peak(cores);
+    let gemm_tile_one_core = gemm_tile_peak();
     let (copy_one, add_one, _) = super::memory_bound::memory_rates(1, MEMORY_BYTES, ROUNDS);
     let (copy_all, add_all, _) = super::memory_bound::memory_rates(cores, MEMORY_BYTES, ROUNDS);
     Roofline {
@@ -102,6 +126,7 @@ pub fn measure(cores: usize) -> Roofline {
         cores,
         fma_one_core,
         fma_all_cores,
+        gemm_tile_one_core,
         copy_one: copy_one / 1e9,
         add_one: add_one / 1e9,
         copy_all: copy_all / 1e9,
@@ -114,11 +139,15 @@ impl Roofline {
     pub fn terminal(&self) -> String {
         format!(
             "FMA peak ({isa}): {one:.1} GFLOP/s on one core, {all:.1} GFLOP/s on {c} cores ({per:.1} each)\n\
+             GEMM micro-kernel, operands in L1: {gt:.1} GFLOP/s on one core ({gp:.0}% of the FMA peak)\n\
              memory, one core alone: copy {co:.2} GB/s, add {ao:.2} GB/s ({mb} MiB buffers)\n\
              memory, each of {c} cores at once: copy {ca:.2} GB/s, add {aa:.2} GB/s\n\
              RESULT roofline fma_gflops threads=1 value={one:.1}\n\
-             RESULT roofline fma_gflops threads={c} value={all:.1}",
+             RESULT roofline fma_gflops threads={c} value={all:.1}\n\
+             RESULT roofline gemm_tile_gflops threads=1 value={gt:.1}",
             isa = self.isa,
+            gt = self.gemm_tile_one_core,
+            gp = 100.0 * self.gemm_tile_one_core / self.fma_one_core,
             one = self.fma_one_core,
             all = self.fma_all_cores,
             c = self.cores,

@@ -24,7 +24,7 @@ use conv::ConvWorkspace;
 pub use gemm::KC as COL_ROWS;
 use linear::LinearWorkspace;
 use norm::{BnSaved, BnScratch};
-pub use peak::fma_loop;
+pub use peak::{fma_loop, gemm_tile_loop};
 pub use scratch::thread_floats as thread_scratch_floats;
 pub use winograd::workspace_floats as winograd_workspace_floats;
 

@@ -8,7 +8,6 @@
 //! is the FMA throughput alone: the ceiling no kernel in that ISA can pass.
 
 use super::gemm::isa;
-#[cfg(target_arch = "x86_64")]
 use super::gemm::Isa;
 use std::hint::black_box;
 
@@ -37,6 +36,41 @@ pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
             (flops(iterations, 8), "portable")
         }
     }
+}
+
+/// The GEMM's own ceiling: `calls` multiplications of one micro-kernel tile (the kernel's
+/// tallest `mr` rows by B's widest panel, one `KC`-deep block, A row-major) through the same
+/// entry point the layers use, every operand in L1 after the first call. Returns the
+/// floating-point operations done. What this reaches below the FMA loop is the micro-kernel's
+/// inner loop itself (its loads of B and broadcasts of A beside the FMAs), so no layer can do
+/// better than it; `bench roofline` prints both.
+pub fn gemm_tile_loop(calls: u64) -> f64 {
+    use super::gemm::{gemm_packed, row_panel, MatRef, PackedB, KC};
+    let (m, k) = (row_panel(), KC);
+    let n = match isa() {
+        Isa::Avx512 => 32,
+        Isa::Avx2 => 16,
+        Isa::Portable => 8,
+    };
+    let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.125).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.25).collect();
+    let mut c = vec![0f32; m * n];
+    let mut packed = PackedB::default();
+    packed.pack(MatRef::rows(&b, n), k, n);
+    for _ in 0..black_box(calls) {
+        gemm_packed(
+            m,
+            n,
+            k,
+            MatRef::rows(black_box(&a), k),
+            &packed,
+            &mut c,
+            n,
+            false,
+        );
+    }
+    black_box(&c);
+    (2 * m * n * k) as f64 * calls as f64
 }
 
 fn flops(iterations: u64, lanes: usize) -> f64 {
