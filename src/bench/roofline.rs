@@ -101,8 +101,8 @@ pub struct Roofline {
     pub fma_one_core: f64,
     /// GFLOP/s of every core at once, in total.
     pub fma_all_cores: f64,
-    /// GFLOP/s of the GEMM's micro-kernel on one core, operands in L1: the most any layer
-    /// that runs on it can reach.
+    /// GFLOP/s of the GEMM's micro-kernel on one core, operands in L1, A's rows read in place:
+    /// the most a layer that reads them so can reach.
     pub gemm_tile_one_core: f64,
     /// One core's copy and add rates alone, GB/s of the buffer.
     pub copy_one: f64,

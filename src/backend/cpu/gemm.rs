@@ -112,7 +112,7 @@ struct Tile {
 
 impl Isa {
     /// The widths of B's micro-panels this ISA has kernels for, widest first.
-    fn nrs(self) -> &'static [usize] {
+    pub(super) fn nrs(self) -> &'static [usize] {
         match self {
             Isa::Avx512 => &[32, 16],
             Isa::Avx2 => &[16],

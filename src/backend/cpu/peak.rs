@@ -8,6 +8,7 @@
 //! is the FMA throughput alone: the ceiling no kernel in that ISA can pass.
 
 use super::gemm::isa;
+#[cfg(target_arch = "x86_64")]
 use super::gemm::Isa;
 use std::hint::black_box;
 
@@ -42,16 +43,12 @@ pub fn fma_loop(iterations: u64) -> (f64, &'static str) {
 /// tallest `mr` rows by B's widest panel, one `KC`-deep block, A row-major) through the same
 /// entry point the layers use, every operand in L1 after the first call. Returns the
 /// floating-point operations done. What this reaches below the FMA loop is the micro-kernel's
-/// inner loop itself (its loads of B and broadcasts of A beside the FMAs), so no layer can do
-/// better than it; `bench roofline` prints both.
+/// inner loop itself (its loads of B and broadcasts of A beside the FMAs): no layer that reads
+/// A's rows in place (a convolution's forward and stride-1 input gradient) does better, and a
+/// packed A (the weight gradients) only a few points; `bench roofline` prints both.
 pub fn gemm_tile_loop(calls: u64) -> f64 {
     use super::gemm::{gemm_packed, row_panel, MatRef, PackedB, KC};
-    let (m, k) = (row_panel(), KC);
-    let n = match isa() {
-        Isa::Avx512 => 32,
-        Isa::Avx2 => 16,
-        Isa::Portable => 8,
-    };
+    let (m, n, k) = (row_panel(), isa().nrs()[0], KC);
     let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.125).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.25).collect();
     let mut c = vec![0f32; m * n];
