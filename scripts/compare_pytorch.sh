@@ -21,6 +21,7 @@ peers=../shared/peers
 bin=target/release/dptrain
 cargo build --release -q
 out=$(mktemp)
+trap 'rm -f "$out"' EXIT
 torch_name() { case $1 in lenet5) echo lenet ;; vgg-small) echo vgg ;; *) echo "$1" ;; esac; }
 steps_for() { case $1 in resnet18|mobilenetv2) echo 5 ;; resnet20) echo 10 ;; *) echo 20 ;; esac; }
 for r in $(seq "$rounds"); do

@@ -404,8 +404,9 @@ fn pack_a_block(a: MatRef, m0: usize, mb: usize, k0: usize, kb: usize, mr: usize
         // values of one k are contiguous, so each k's run is read once, front to back, and
         // dealt out to the panels. Panel by panel instead, every k's read landed in a new
         // line `a.cs` floats past the last (9 KB apart for 256 channels), a miss the
-        // prefetcher could not foresee: on a Zen 4, 9% of a 256-channel weight gradient's
-        // profile, which this order took from 59-61 to 55 ms (1 thread, batch 64).
+        // prefetcher could not foresee. On a Zen 4 the packing was 9% of the profile of a
+        // step of a 256-channel layer, most of it those loads; this order took the layer's
+        // weight gradient from 61-65 to 55 ms (1 thread, batch 64).
         let panels = mb.div_ceil(mr);
         for kk in 0..kb {
             let s = (k0 + kk) * a.cs + m0;
