@@ -117,6 +117,12 @@ fn convolutions_agree_forward_and_backward() {
             conv(4, [7, 7], 5, [3, 3], [2, 2], [1, 1], [1, 1], 1),
         ),
         (
+            // The weight gradient's A (the column matrix, 45 rows read transposed) packed,
+            // since 130 outputs make 5 or more B panels, with a short last panel of A.
+            "3x3 to 130 channels",
+            conv(5, [5, 5], 130, [3, 3], [1, 1], [1, 1], [1, 1], 1),
+        ),
+        (
             "3x3 dilation 2",
             conv(3, [8, 7], 4, [3, 3], [1, 1], [2, 2], [2, 2], 1),
         ),
