@@ -31,8 +31,8 @@ use crate::comm::memory_cost::{choose_in_memory, InMemory, MemoryRates};
 use crate::comm::powersgd::Matrix;
 use crate::comm::wire::WireRates;
 use crate::comm::{
-    choose_route, choose_wire, min_bucket_bytes, AcrossOp, Cluster, CommMode, Hierarchy, LinkModel,
-    Route, WireFormat,
+    choose_route, choose_wire, min_bucket_bytes, route_time, AcrossOp, Cluster, CommMode,
+    Hierarchy, LinkModel, Route, WireFormat,
 };
 use crate::parallel::{BucketOp, BucketPlan};
 use std::time::Duration;
@@ -654,6 +654,59 @@ impl PlanInputs {
     }
 }
 
+impl PlanInputs {
+    /// For each bucket, whether its PowerSGD round 2 waits to travel in the next bucket's
+    /// first collective (the pipeline of `parallel::reducer`'s `InOrder`, and the simulator's):
+    /// under overlap, where the next bucket has the same operation and the cost model, on this
+    /// run's cluster, prices the latency of the collective saved above the time the carried
+    /// values add to the next one. So latency-bound rounds (many ranks, long round trips)
+    /// travel together, and where bytes dominate a round 2 goes at once rather than adding
+    /// its bytes to a later collective (after the last bucket, to the step). `matrices` are
+    /// [`powersgd_matrices`] at `rank`; a bucket without any is not PowerSGD's. Operations the
+    /// cost model does not price (shared memory, MPI's own) keep the rounds together.
+    pub fn powersgd_carries(
+        &self,
+        plan: &BucketPlan,
+        ops: &[BucketOp],
+        matrices: &[Vec<Matrix>],
+        rank: usize,
+    ) -> Vec<bool> {
+        use crate::comm::powersgd::round_lens;
+        use crate::parallel::schedule::{partition_count, partition_range};
+        let cluster = self.cluster();
+        let partition = self.partition_bytes() / 4;
+        let buckets = &plan.buckets;
+        // Values of bucket b's first collective: its round 1, or its first partition.
+        let first_collective = |b: usize| match matrices[b].is_empty() {
+            false => round_lens(buckets[b].len, &matrices[b], rank).0,
+            true => {
+                let parts = partition_count(buckets[b].len, partition);
+                partition_range(buckets[b].len, parts, 0).len()
+            }
+        };
+        (0..buckets.len())
+            .map(|b| {
+                let route = route_of(ops[b]);
+                let (Some(route), true) = (route, b + 1 < buckets.len()) else {
+                    return false;
+                };
+                if self.schedule != crate::parallel::Schedule::Overlap
+                    || matrices[b].is_empty()
+                    || ops[b + 1] != ops[b]
+                {
+                    return false;
+                }
+                let carried = 4 * round_lens(buckets[b].len, &matrices[b], rank).1;
+                let next = 4 * first_collective(b + 1);
+                let time = |bytes| route_time(route, &cluster, bytes).as_secs_f64();
+                let added = time(next + carried) - time(next);
+                let saved = time(carried) - added;
+                saved > added
+            })
+            .collect()
+    }
+}
+
 /// The route the cost model prices for `op`, if it sends messages of ours and the model prices
 /// what its wire carries. Not tree mode's reduce to worker 0: its route is priced as reduce
 /// plus broadcast, and that broadcast (of weights) travels in f32, so halving the route's bytes
@@ -840,6 +893,68 @@ mod tests {
         assert!(CompressChoice::parse("gzip")
             .unwrap_err()
             .contains("or auto"));
+    }
+
+    #[test]
+    fn powersgds_round_2_is_carried_where_the_latency_saved_exceeds_its_bytes_time() {
+        // Three buckets of a 1152 x 256 matrix each at rank 4: Q is 256 x 4 values (4 KiB).
+        let m = Matrix {
+            offset: 0,
+            rows: 1152,
+            cols: 256,
+        };
+        let plan = BucketPlan::new(&[1152 * 256; 3], 0, 0);
+        let matrices = vec![vec![m]; 3];
+        let link = |bits_per_s: f64, latency_us| LinkModel {
+            bandwidth_bytes_per_s: bits_per_s / 8.0,
+            latency: Duration::from_micros(latency_us),
+        };
+        let carries = |inputs: PlanInputs| {
+            let ops = inputs.bucket_ops(&plan);
+            inputs.powersgd_carries(&plan, &ops, &matrices, 4)
+        };
+        let ring = |processes, link| PlanInputs {
+            comm: CommChoice::Fixed(CommMode::Ring),
+            ..PlanInputs::defaults(processes, 1, Some(link))
+        };
+        // 2 ms a message: a collective's latency (two messages on a ring of 2) is 4 ms, Q's
+        // bytes at 100 Mbit/s 0.33 ms. The last bucket has no next collective.
+        assert_eq!(carries(ring(2, link(1e8, 2000))), [true, true, false]);
+        // No latency, or 10 us: the bytes cost more than the latency saved.
+        assert_eq!(carries(ring(2, link(1e8, 0))), [false; 3]);
+        assert_eq!(carries(ring(2, link(1e8, 10))), [false; 3]);
+        // 64 ranks at 10 Gbit/s and 5 us: 126 messages' latency against 7 us of bytes.
+        assert_eq!(carries(ring(64, link(1e10, 5))), [true, true, false]);
+        // Priority keeps the rounds together.
+        let priority = PlanInputs {
+            schedule: crate::parallel::Schedule::Priority,
+            ..ring(2, link(1e8, 2000))
+        };
+        assert_eq!(carries(priority), [false; 3]);
+        let mut only_first = matrices.clone();
+        only_first[1].clear();
+        only_first[2].clear();
+        let inputs = ring(2, link(1e8, 2000));
+        let ops = inputs.bucket_ops(&plan);
+        assert_eq!(
+            inputs.powersgd_carries(&plan, &ops, &only_first, 4),
+            [true, false, false],
+            "into the next bucket's collective, whatever it is; none without PowerSGD"
+        );
+        // Another operation next (bucket 0's next): its own collective, so no carry.
+        let mut mixed = ops.clone();
+        mixed[1] = BucketOp::AllReduce(CommMode::HalvingDoubling);
+        mixed[2] = mixed[1];
+        assert_eq!(
+            inputs.powersgd_carries(&plan, &mixed, &matrices, 4),
+            [false, true, false]
+        );
+        // Shared memory sends no messages to price: kept together.
+        let shm = PlanInputs {
+            comm: CommChoice::SharedMemory,
+            ..PlanInputs::defaults(1, 2, None)
+        };
+        assert_eq!(carries(shm), [false; 3]);
     }
 
     #[test]

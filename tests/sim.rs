@@ -1422,6 +1422,95 @@ fn powersgd_sends_two_rounds_and_pays_its_arithmetic_on_the_communication_thread
 }
 
 #[test]
+fn powersgd_rounds_are_pipelined_across_buckets_under_overlap() {
+    use dptrain::comm::powersgd::PowerSgdRates;
+    // Three blocks of one matrix each, a bucket each, no compute, a link of latency alone:
+    // each collective costs one all-reduce's latency `c`. Under overlap each bucket's round
+    // 2 travels in the next one's round 1: 4 collectives, not 6, and the arithmetic of all
+    // three; under priority each bucket's two rounds stay together (6, and 3 decisions).
+    let (rows, cols, rank) = (1152, 256, 4);
+    let mut p = one_matrix(rows, cols, 0);
+    p.blocks = (0..3)
+        .map(|k| BlockProfile {
+            name: format!("b{k}"),
+            ..p.blocks[0].clone()
+        })
+        .collect();
+    let base = cfg(
+        Topology::flat(2, link(1e15, 100)),
+        CommChoice::Fixed(CommMode::Ring),
+        true,
+        Some(4 * rows * cols / 1024),
+    );
+    let one = simulate_step(
+        &comm_only(4),
+        &cfg(base.topology, base.comm, true, ONE_BUCKET),
+    );
+    let c = one.unwrap().comm_ms;
+    assert!(c > 0.1, "{c} ms");
+    let arithmetic: f64 = PowerSgdRates::MEASURED
+        .seconds(rows * cols, rank)
+        .iter()
+        .sum::<f64>()
+        * 3e3;
+    let over = simulate_step(&p, &powersgd(base, rank)).unwrap();
+    assert_eq!(over.bucket_bytes.len(), 3, "{:?}", over.bucket_bytes);
+    let expected = 4.0 * c + arithmetic;
+    assert!(
+        (over.comm_ms - expected).abs() < 1e-3,
+        "overlap {} ms against {expected} ms",
+        over.comm_ms
+    );
+    let priority = StepConfig {
+        schedule: dptrain::parallel::Schedule::Priority,
+        ..powersgd(base, rank)
+    };
+    let prio = simulate_step(&p, &priority).unwrap();
+    assert!(
+        prio.comm_ms > 6.0 * c + arithmetic - 1e-3,
+        "priority {} ms, 6 collectives {} ms",
+        prio.comm_ms,
+        6.0 * c + arithmetic
+    );
+    // Where the carried bytes cost more than the latency saved (100 Mbit/s, 10 us: Q's 4 KiB
+    // take 330 us, a collective's latency 20 us), the plan keeps each bucket's rounds
+    // together: 6 collectives, as under priority.
+    let bw = 12.5e6;
+    let bytes_bound = cfg(
+        Topology::flat(2, link(bw, 10)),
+        CommChoice::Fixed(CommMode::Ring),
+        true,
+        base.buckets.kb,
+    );
+    let one = cfg(bytes_bound.topology, bytes_bound.comm, true, ONE_BUCKET);
+    let c = simulate_step(&comm_only(4), &one).unwrap().comm_ms;
+    let sent = 3.0 * 4.0 * ((rows + cols) * rank) as f64 / bw * 1e3;
+    let over = simulate_step(&p, &powersgd(bytes_bound, rank)).unwrap();
+    let expected = 6.0 * c + sent + arithmetic;
+    assert!(
+        (over.comm_ms - expected).abs() < 2e-3,
+        "bytes-bound: {} ms against {expected} ms",
+        over.comm_ms
+    );
+    // The middle block sent whole (no matrix): bucket 0's round 2 travels in it, and bucket
+    // 2's two rounds follow: 4 collectives, not 5, and two buckets' arithmetic.
+    let c = simulate_step(
+        &comm_only(4),
+        &cfg(base.topology, base.comm, true, ONE_BUCKET),
+    )
+    .unwrap()
+    .comm_ms;
+    p.blocks[1].matrices = Some(Vec::new());
+    let over = simulate_step(&p, &powersgd(base, rank)).unwrap();
+    let expected = 4.0 * c + arithmetic * 2.0 / 3.0;
+    assert!(
+        (over.comm_ms - expected).abs() < 1e-3,
+        "a bucket sent whole in the middle: {} ms against {expected} ms",
+        over.comm_ms
+    );
+}
+
+#[test]
 fn powersgd_needs_the_profiles_matrices_and_runs_whole_under_priority() {
     let base = cfg(
         Topology::flat(2, link(12.5e6, 0)),

@@ -26,6 +26,11 @@
 //! The arithmetic runs on the communication thread in a fixed order (never split over
 //! threads), so the bits do not depend on the thread count. Q starts from a seeded draw, the
 //! same on every rank. All buffers are allocated once, at set-up.
+//!
+//! The two rounds also come in pieces ([`PowerSgdBucket::reduce_first`],
+//! [`PowerSgdBucket::carry_second`], [`PowerSgdBucket::finish_second`]), so that the reducer
+//! can send a bucket's round 2 inside the next bucket's first collective: one message's
+//! latency per bucket instead of two (`parallel::reducer`'s `InOrder` says when).
 
 use crate::comm::CommError;
 use std::ops::Range;
@@ -213,8 +218,86 @@ impl PowerSgdBucket {
         buf: &mut [f32],
         mut all_reduce: impl FnMut(&mut [f32]) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
+        self.reduce_first(buf, &mut all_reduce)?;
+        self.reduce_second(buf, all_reduce)
+    }
+
+    /// Round 1 and what follows it: `P_i` computed, summed by `all_reduce`, orthogonalised,
+    /// and `Q_i` and the error computed. Round 2 is then due: [`Self::reduce_second`] alone,
+    /// or inside the next bucket's round 1 ([`Self::reduce_first_carrying`]).
+    pub fn reduce_first(
+        &mut self,
+        buf: &mut [f32],
+        all_reduce: impl FnOnce(&mut [f32]) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        self.compress(buf);
+        all_reduce(&mut self.first)?;
+        self.orthogonalise(buf);
+        Ok(())
+    }
+
+    /// Round 2 alone: every `Q_i` summed by `all_reduce`, and `buf` the product `P Q^T`.
+    pub fn reduce_second(
+        &mut self,
+        buf: &mut [f32],
+        all_reduce: impl FnOnce(&mut [f32]) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        all_reduce(&mut self.second)?;
+        self.decompress(buf);
+        Ok(())
+    }
+
+    /// Round 1 carrying `earlier`'s round 2: the pipeline's step (`earlier` a bucket between
+    /// its rounds, this one fresh): one collective instead of two ([`Self::carry_second`]).
+    /// After it this bucket is between its rounds, as after [`Self::reduce_first`], and
+    /// `earlier`'s round 2 is summed: [`Self::finish_second`] gives its sum.
+    pub fn reduce_first_carrying(
+        &mut self,
+        buf: &mut [f32],
+        earlier: &mut PowerSgdBucket,
+        fused: &mut Vec<f32>,
+        all_reduce: impl FnOnce(&mut [f32]) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        self.compress(buf);
+        earlier.carry_second(&mut self.first, fused, all_reduce)?;
+        self.orthogonalise(buf);
+        Ok(())
+    }
+
+    /// This bucket's round 2 (its Q values) and `with` (the next collective's values: another
+    /// bucket's round 1, or a bucket sent whole) summed in one collective, on `fused` (grown
+    /// once, then reused); [`Self::finish_second`] then gives this bucket's sum.
+    ///
+    /// The sums are those of two collectives to the bit wherever `all_reduce` adds each value
+    /// in an order that does not depend on where it sits in the message (redundant, shared
+    /// memory, tree); ring and halving-doubling add in an order that follows the chunk a value
+    /// falls in, so there the bits differ (the same on every rank all the same).
+    pub fn carry_second(
+        &mut self,
+        with: &mut [f32],
+        fused: &mut Vec<f32>,
+        all_reduce: impl FnOnce(&mut [f32]) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        fused.clear();
+        fused.extend_from_slice(&self.second);
+        fused.extend_from_slice(with);
+        all_reduce(fused)?;
+        let (second, rest) = fused.split_at(self.second.len());
+        self.second.copy_from_slice(second);
+        with.copy_from_slice(rest);
+        Ok(())
+    }
+
+    /// After a round 2 that travelled in the next collective ([`Self::carry_second`]): `buf`
+    /// the product `P Q^T`, the plain values' sums.
+    pub fn finish_second(&mut self, buf: &mut [f32]) {
+        self.decompress(buf);
+    }
+
+    /// Before round 1: `M_i = G_i + E_i`, in place in the bucket; round 1's buffer the plain
+    /// values, then each `P_i = M_i Q`.
+    fn compress(&mut self, buf: &mut [f32]) {
         let r = self.rank;
-        // M_i = G_i + E_i, in place in the bucket; P_i = M_i Q.
         let mut at = 0;
         for range in &self.plain {
             self.first[at..at + range.len()].copy_from_slice(&buf[range.clone()]);
@@ -235,8 +318,12 @@ impl PowerSgdBucket {
             }
             (e, q, p) = (e + m.len(), q + r * m.cols, p + m.rows * r);
         }
-        all_reduce(&mut self.first)?;
-        // P orthonormal; Q_i^T = P^T M_i; E_i = M_i - P Q_i^T.
+    }
+
+    /// Between the rounds: P orthonormal; round 2's buffer each `Q_i^T = P^T M_i`; the error
+    /// `E_i = M_i - P Q_i^T`.
+    fn orthogonalise(&mut self, buf: &[f32]) {
+        let r = self.rank;
         let (mut e, mut q, mut p) = (0, 0, self.plain_len);
         for m in &self.matrices {
             let pm = &mut self.first[p..p + m.rows * r];
@@ -258,8 +345,12 @@ impl PowerSgdBucket {
             }
             (e, q, p) = (e + m.len(), q + r * m.cols, p + m.rows * r);
         }
-        all_reduce(&mut self.second)?;
-        // G = P Q^T; the summed Q is the next step's start.
+    }
+
+    /// After round 2: `G = P Q^T` into the bucket, the plain values' sums back in place; the
+    /// summed Q is the next step's start.
+    fn decompress(&mut self, buf: &mut [f32]) {
+        let r = self.rank;
         self.q.copy_from_slice(&self.second);
         let mut at = 0;
         for range in &self.plain {
@@ -281,7 +372,6 @@ impl PowerSgdBucket {
             }
             (q, p) = (q + r * m.cols, p + m.rows * r);
         }
-        Ok(())
     }
 }
 
@@ -355,29 +445,48 @@ fn add_assign(y: &mut [f32], x: &[f32]) {
 mod tests {
     use super::*;
 
-    /// Each worker's bucket reduced on a thread of its own; the all-reduce sums the workers'
-    /// round buffers in rank order and hands every worker the sum.
+    /// The workers' all-reduce in the tests: each hands in its buffer and gets the sum in
+    /// rank order (an order that does not depend on where a value sits in the buffer).
+    struct RankOrderSum {
+        barrier: std::sync::Barrier,
+        shared: std::sync::Mutex<Vec<Vec<f32>>>,
+        /// Collectives run (counted by worker 0).
+        collectives: std::sync::atomic::AtomicUsize,
+    }
+
+    impl RankOrderSum {
+        fn new(n: usize) -> Self {
+            Self {
+                barrier: std::sync::Barrier::new(n),
+                shared: std::sync::Mutex::new(vec![Vec::new(); n]),
+                collectives: std::sync::atomic::AtomicUsize::new(0),
+            }
+        }
+
+        fn all_reduce(&self, w: usize, buf: &mut [f32]) -> Result<(), CommError> {
+            if w == 0 {
+                self.collectives
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.shared.lock().unwrap()[w] = buf.to_vec();
+            self.barrier.wait();
+            let all = self.shared.lock().unwrap().clone();
+            self.barrier.wait();
+            buf.fill(0.0);
+            for contribution in &all {
+                add_assign(buf, contribution);
+            }
+            Ok(())
+        }
+    }
+
+    /// Each worker's bucket reduced on a thread of its own.
     fn reduce_all(states: &mut [PowerSgdBucket], grads: &mut [Vec<f32>]) {
-        let n = states.len();
-        let barrier = std::sync::Barrier::new(n);
-        let shared = std::sync::Mutex::new(vec![Vec::<f32>::new(); n]);
+        let sum = RankOrderSum::new(states.len());
         std::thread::scope(|s| {
             for (w, (st, g)) in states.iter_mut().zip(grads.iter_mut()).enumerate() {
-                let (barrier, shared) = (&barrier, &shared);
-                s.spawn(move || {
-                    st.reduce(g, |buf| {
-                        shared.lock().unwrap()[w] = buf.to_vec();
-                        barrier.wait();
-                        let all = shared.lock().unwrap().clone();
-                        barrier.wait();
-                        buf.fill(0.0);
-                        for contribution in &all {
-                            add_assign(buf, contribution);
-                        }
-                        Ok(())
-                    })
-                    .unwrap();
-                });
+                let sum = &sum;
+                s.spawn(move || st.reduce(g, |buf| sum.all_reduce(w, buf)).unwrap());
             }
         });
     }
@@ -494,6 +603,78 @@ mod tests {
         reduce_all(&mut states, &mut g);
         for i in 0..160 {
             assert!((g[0][i] - 3.0 * outer[i]).abs() < 1e-4, "{i}");
+        }
+    }
+
+    #[test]
+    fn pipelined_rounds_keep_the_serial_bits_in_one_collective_fewer_per_bucket() {
+        // Three buckets on three workers, two steps (the second starts from the first's Q
+        // and error): serially, and pipelined (each round 2 inside the next round 1).
+        let (len, mats) = layout();
+        let (workers, buckets) = (3, 3);
+        let fresh = || -> Vec<Vec<PowerSgdBucket>> {
+            (0..workers)
+                .map(|_| {
+                    (0..buckets)
+                        .map(|b| PowerSgdBucket::new(len, mats.clone(), 2, 20 + b as u64))
+                        .collect()
+                })
+                .collect()
+        };
+        let (mut serial, mut piped) = (fresh(), fresh());
+        for step in 0..2u64 {
+            let grads = |w: usize| -> Vec<Vec<f32>> {
+                (0..buckets)
+                    .map(|b| seeded_values(len, 1000 * step + 10 * w as u64 + b as u64))
+                    .collect()
+            };
+            let mut g_serial: Vec<_> = (0..workers).map(grads).collect();
+            let mut g_piped = g_serial.clone();
+            let sum = RankOrderSum::new(workers);
+            std::thread::scope(|s| {
+                for (w, (st, g)) in serial.iter_mut().zip(&mut g_serial).enumerate() {
+                    let sum = &sum;
+                    s.spawn(move || {
+                        for (st, g) in st.iter_mut().zip(g.iter_mut()) {
+                            st.reduce(g, |buf| sum.all_reduce(w, buf)).unwrap();
+                        }
+                    });
+                }
+            });
+            assert_eq!(sum.collectives.into_inner(), 2 * buckets);
+            let sum = RankOrderSum::new(workers);
+            std::thread::scope(|s| {
+                for (w, (st, g)) in piped.iter_mut().zip(&mut g_piped).enumerate() {
+                    let sum = &sum;
+                    s.spawn(move || {
+                        let mut fused = Vec::new();
+                        let reduce = |buf: &mut [f32]| sum.all_reduce(w, buf);
+                        st[0].reduce_first(&mut g[0], reduce).unwrap();
+                        for b in 1..buckets {
+                            let (done, rest) = st.split_at_mut(b);
+                            let (g_done, g_rest) = g.split_at_mut(b);
+                            rest[0]
+                                .reduce_first_carrying(
+                                    &mut g_rest[0],
+                                    &mut done[b - 1],
+                                    &mut fused,
+                                    reduce,
+                                )
+                                .unwrap();
+                            done[b - 1].finish_second(&mut g_done[b - 1]);
+                        }
+                        st[buckets - 1]
+                            .reduce_second(&mut g[buckets - 1], reduce)
+                            .unwrap();
+                    });
+                }
+            });
+            assert_eq!(sum.collectives.into_inner(), buckets + 1);
+            assert_eq!(g_piped, g_serial, "step {step}: the sums");
+            for (a, b) in piped.iter().flatten().zip(serial.iter().flatten()) {
+                assert_eq!(a.q(), b.q(), "step {step}: Q");
+                assert_eq!(a.error(), b.error(), "step {step}: the error feedback");
+            }
         }
     }
 

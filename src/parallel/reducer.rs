@@ -150,6 +150,8 @@ struct BucketJob {
     wire: WireFormat,
     /// The bucket's PowerSGD state, travelling with its buffer (`--compress powersgd:R`).
     powersgd: Option<PowerSgdBucket>,
+    /// Whether its round 2 waits to travel in the next bucket's first collective.
+    carry: bool,
     tag: u64,
     inject_panic: bool,
     /// The collectives it is reduced in, one per partition ([`partition_range`]).
@@ -163,7 +165,7 @@ struct BucketJob {
 /// One partition's collective on the communication thread.
 #[derive(Debug, Clone, Copy)]
 struct PartitionRun {
-    /// The bucket's values it reduced (a PowerSGD bucket's: all of them).
+    /// The bucket's values it reduced (a PowerSGD bucket's: all of them in its first run).
     values: usize,
     started: Instant,
     busy: Duration,
@@ -227,7 +229,8 @@ pub struct BucketSpan {
     pub index: usize,
     /// Which of the bucket's collectives, in the order they ran (0: its first).
     pub partition: usize,
-    /// The bucket's values it reduced (a PowerSGD bucket's: all of them, sent as products).
+    /// The bucket's values it reduced (a PowerSGD bucket's: all of them, sent as products, in
+    /// its first; its second, round 2 under overlap, 0).
     pub values: usize,
     /// When the communication thread started it (waiting for peers included).
     pub started: Instant,
@@ -247,6 +250,8 @@ pub struct Reducer {
     buffers: Vec<Option<Vec<f32>>>,
     /// Each bucket's PowerSGD state (`None`: sent whole); home with its buffer.
     powersgd: Vec<Option<PowerSgdBucket>>,
+    /// Each PowerSGD bucket's round 2 travels in the next bucket's first collective.
+    carries: Vec<bool>,
     /// Values per partition (0: each bucket in one collective), and each bucket's count of
     /// partitions (a PowerSGD bucket's two rounds are one).
     partition: usize,
@@ -327,6 +332,7 @@ impl Reducer {
             overlap,
             world,
             powersgd: vec![None; buckets],
+            carries: vec![false; buckets],
             partition,
             parts,
             buffers,
@@ -342,15 +348,25 @@ impl Reducer {
         }
     }
 
-    /// Sends bucket i by PowerSGD with `states[i]` from now on (`None`: whole).
-    pub fn set_powersgd(&mut self, states: Vec<Option<PowerSgdBucket>>) {
+    /// Sends bucket i by PowerSGD with `states[i]` from now on (`None`: whole), its round 2
+    /// in the next bucket's first collective where `carries[i]` (under overlap; `InOrder`).
+    pub fn set_powersgd(&mut self, states: Vec<Option<PowerSgdBucket>>, carries: Vec<bool>) {
         assert_eq!(states.len(), self.buffers.len(), "one state per bucket");
+        assert_eq!(carries.len(), self.buffers.len(), "one choice per bucket");
+        self.carries = carries;
         for (i, s) in states.iter().enumerate() {
             // PowerSGD's rounds reduce the bucket's matrices whole.
             self.parts[i] = match s {
                 Some(_) => 1,
                 None => partition_count(self.plan.buckets[i].len, self.partition),
             };
+        }
+        // Under overlap a PowerSGD bucket's rounds are two runs (its round 2 may travel
+        // with the next bucket's round 1): room for both, so no step allocates.
+        let runs: usize = self.parts.iter().sum::<usize>() + states.iter().flatten().count();
+        self.spans.reserve(runs);
+        for (r, s) in self.runs.iter_mut().zip(&states) {
+            r.reserve(if s.is_some() { 2 } else { 0 });
         }
         self.powersgd = states;
     }
@@ -430,6 +446,7 @@ impl Reducer {
             op: self.ops[index],
             wire: self.wires[index],
             powersgd: self.powersgd[index].take(),
+            carry: self.carries[index],
             tag,
             inject_panic: std::mem::take(&mut self.inject_panic),
             parts: self.parts[index],
@@ -640,24 +657,27 @@ fn comm_thread(
     buckets: usize,
     credit: Option<usize>,
 ) {
-    let mut scratch = Vec::new();
     // First blocking waits allocate (see `Transport::warm_up`); so would the first encoding.
     t.warm_up(largest);
-    let outgoing = Mutex::new(Vec::with_capacity(if compressed {
-        WireFormat::Bf16.carriers(largest)
-    } else {
-        0
-    }));
+    let mut collectives = Collectives {
+        t: t.as_ref(),
+        scratch: Vec::new(),
+        outgoing: Mutex::new(Vec::with_capacity(if compressed {
+            WireFormat::Bf16.carriers(largest)
+        } else {
+            0
+        })),
+    };
     let mut held: Vec<Option<BucketJob>> = (0..buckets).map(|_| None).collect();
     let mut finished = vec![false; buckets];
+    let mut in_order = InOrder {
+        pending: None,
+        fused: Vec::new(),
+        arrived: 0,
+        buckets,
+    };
     let send = |d: Done| done.send(d).map_err(|_| CommError::ThreadStopped);
     for job in jobs.iter() {
-        let mut reduce = |b: &mut BucketJob, part: usize| {
-            let reduced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                reduce_partition(t.as_ref(), b, part, &mut scratch, &outgoing)
-            }));
-            reduced.unwrap_or_else(|panic| Err(CommError::ThreadPanicked(panic_message(&panic))))
-        };
         let outcome = match job {
             Job::Bucket(b) if credit.is_some() => {
                 let mut step = PriorityStep {
@@ -669,20 +689,13 @@ fn comm_thread(
                     decided: [NO_DECISION; super::schedule::MAX_DECIDED],
                     next: super::schedule::MAX_DECIDED,
                 };
+                let mut reduce = |b: &mut BucketJob, part: usize| {
+                    caught(|| reduce_partition(&mut collectives, b, part))
+                };
                 step.run(b, &mut reduce, &send)
             }
-            Job::Bucket(mut b) => {
-                let reduced = (0..b.parts).try_for_each(|part| reduce(&mut b, part));
-                reduced.and_then(|()| send(b.finished()))
-            }
-            job => {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(t.as_ref(), job)
-                }));
-                let ran = ran
-                    .unwrap_or_else(|panic| Err(CommError::ThreadPanicked(panic_message(&panic))));
-                ran.and_then(send)
-            }
+            Job::Bucket(b) => caught(|| in_order.take(b, &mut collectives, &send)),
+            job => caught(|| run_job(t.as_ref(), job)).and_then(send),
         };
         if let Err(e) = outcome {
             if send(Done::Failed(e)).is_err() {
@@ -696,6 +709,159 @@ fn comm_thread(
             return;
         }
     }
+}
+
+/// What the communication thread runs every collective with: its transport, the scratch
+/// the algorithms reuse, and the buffer messages are encoded through (`--compress fp16|bf16`).
+struct Collectives<'t> {
+    t: &'t dyn Transport,
+    scratch: Vec<f32>,
+    outgoing: Mutex<Vec<f32>>,
+}
+
+impl Collectives<'_> {
+    /// One collective of a bucket's operation on `buf`, in its wire format, on `tag`.
+    fn run(
+        &mut self,
+        op: BucketOp,
+        wire: WireFormat,
+        buf: &mut [f32],
+        tag: u64,
+    ) -> Result<(), CommError> {
+        op.run_on_wire(wire, self.t, buf, tag, &mut self.scratch, &self.outgoing)
+    }
+}
+
+/// `work`, with a panic in it turned into the error the worker reports.
+fn caught<T>(work: impl FnOnce() -> Result<T, CommError>) -> Result<T, CommError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        .unwrap_or_else(|panic| Err(CommError::ThreadPanicked(panic_message(&panic))))
+}
+
+/// The step's buckets in the order backward hands them over (`--schedule overlap`, and with
+/// overlap off), each reduced as it comes, with PowerSGD's rounds pipelined across buckets.
+///
+/// A PowerSGD bucket needs two collectives, the second only after the first's sum is back
+/// and orthogonalised; serially, every bucket pays two messages' latency, the bound
+/// PyTorch's hook hits (Vogels et al. 2019 and PyTorch's `powerSGD_hook` run a bucket's
+/// rounds back to back). Here a bucket's round 2 may wait, and travel in the next bucket's
+/// first collective (the next PowerSGD bucket's round 1, or the first partition of a bucket
+/// sent whole): `n` PowerSGD buckets in a row in `n + 1` collectives instead of `2n`.
+///
+/// The cost: the carried values add their bytes to the next collective, after the next
+/// bucket's gradients (after the last one's, to the step). So a bucket's round 2 waits only
+/// where the plan says the latency saved exceeds that (`plan::PlanInputs::powersgd_carries`,
+/// the bucket's `carry`, read by the simulator too); which collectives travel together is
+/// then fixed by the plan and the order buckets arrive in, the same on every rank
+/// (backward's order). The step's last bucket sends its round 2 alone, so every bucket is
+/// home when the step's buckets are; a bucket of another operation or wire format first
+/// sends the waiting round 2 alone. (Priority scheduling, which hands each bucket to the next
+/// forward as soon as it is reduced, keeps the two rounds together.)
+struct InOrder {
+    /// A PowerSGD bucket between its rounds, its round 2 waiting for the next bucket.
+    pending: Option<BucketJob>,
+    /// The collective of a round 2 and the next round 1 (grown in the first step, reused).
+    fused: Vec<f32>,
+    /// Buckets arrived this step, and how many a step has (every one is sent each step).
+    arrived: usize,
+    buckets: usize,
+}
+
+impl InOrder {
+    /// Reduces the step's next bucket `b` and sends home every bucket that is done.
+    fn take(
+        &mut self,
+        mut b: BucketJob,
+        c: &mut Collectives<'_>,
+        send: &dyn Fn(Done) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        self.arrived += 1;
+        let last = self.arrived == self.buckets;
+        if last {
+            self.arrived = 0;
+        }
+        let waiting = self.pending.take();
+        if b.powersgd.is_none() {
+            match waiting {
+                Some(mut earlier) if (earlier.op, earlier.wire) == (b.op, b.wire) => {
+                    // The waiting round 2 travels in this bucket's first partition.
+                    let range = partition_range(b.buf.len(), b.parts, 0);
+                    let fused = &mut self.fused;
+                    timed(&mut b, range.len(), |b| {
+                        let (op, wire, tag) = (b.op, b.wire, b.tag);
+                        let state = earlier.powersgd.as_mut().expect("a PowerSGD bucket");
+                        state.carry_second(&mut b.buf[range], fused, |m| c.run(op, wire, m, tag))
+                    })?;
+                    b.parts_done += 1;
+                    finish_second(earlier, send)?;
+                }
+                Some(earlier) => second_alone(earlier, c, send)?,
+                None => {}
+            }
+            (b.parts_done..b.parts).try_for_each(|part| reduce_partition(c, &mut b, part))?;
+            return send(b.finished());
+        }
+        let values = b.buf.len();
+        match waiting {
+            Some(mut earlier) if (earlier.op, earlier.wire) == (b.op, b.wire) => {
+                let fused = &mut self.fused;
+                timed(&mut b, values, |b| {
+                    let (op, wire, tag) = (b.op, b.wire, b.tag);
+                    let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
+                    let earlier_state = earlier.powersgd.as_mut().expect("a PowerSGD bucket");
+                    state.reduce_first_carrying(&mut b.buf, earlier_state, fused, |m| {
+                        c.run(op, wire, m, tag)
+                    })
+                })?;
+                finish_second(earlier, send)?;
+            }
+            waiting => {
+                if let Some(earlier) = waiting {
+                    second_alone(earlier, c, send)?;
+                }
+                timed(&mut b, values, |b| {
+                    let (op, wire, tag) = (b.op, b.wire, b.tag);
+                    let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
+                    state.reduce_first(&mut b.buf, |m| c.run(op, wire, m, tag))
+                })?;
+            }
+        }
+        if last || !b.carry {
+            return second_alone(b, c, send);
+        }
+        self.pending = Some(b);
+        Ok(())
+    }
+}
+
+/// A PowerSGD bucket whose round 2 travelled in the next collective: its product, and the
+/// bucket home.
+fn finish_second(
+    mut b: BucketJob,
+    send: &dyn Fn(Done) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    timed(&mut b, 0, |b| {
+        let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
+        state.finish_second(&mut b.buf);
+        Ok(())
+    })?;
+    b.parts_done += 1;
+    send(b.finished())
+}
+
+/// A PowerSGD bucket's round 2 in a collective of its own, and the bucket home.
+fn second_alone(
+    mut b: BucketJob,
+    c: &mut Collectives<'_>,
+    send: &dyn Fn(Done) -> Result<(), CommError>,
+) -> Result<(), CommError> {
+    timed(&mut b, 0, |b| {
+        let (op, wire, tag) = (b.op, b.wire, b.tag);
+        let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
+        state.reduce_second(&mut b.buf, |m| c.run(op, wire, m, tag))
+    })?;
+    b.parts_done += 1;
+    send(b.finished())
 }
 
 /// One step's partitions under priority scheduling, on the communication thread.
@@ -887,38 +1053,43 @@ impl BucketJob {
 }
 
 /// Reduces partition `part` of bucket `b` on the communication thread (a PowerSGD bucket is
-/// one partition: its two rounds).
+/// one partition: its two rounds, back to back).
 fn reduce_partition(
-    t: &dyn Transport,
+    c: &mut Collectives<'_>,
     b: &mut BucketJob,
     part: usize,
-    scratch: &mut Vec<f32>,
-    outgoing: &Mutex<Vec<f32>>,
+) -> Result<(), CommError> {
+    let range = match b.powersgd {
+        Some(_) => 0..b.buf.len(),
+        None => partition_range(b.buf.len(), b.parts, part),
+    };
+    timed(b, range.len(), |b| {
+        let (op, wire, tag) = (b.op, b.wire, b.tag);
+        match b.powersgd.as_mut() {
+            // Both rounds on the bucket's tag: each pair of ranks exchanges round 1's
+            // messages before round 2's, and the transport keeps their order.
+            Some(state) => state.reduce(&mut b.buf, |m| c.run(op, wire, m, tag)),
+            // A bucket's partitions share its tag in the same way, one after another.
+            None => c.run(op, wire, &mut b.buf[range], tag),
+        }
+    })?;
+    b.parts_done += 1;
+    Ok(())
+}
+
+/// Runs `work` on bucket `b` as one of its runs on the communication thread, timed (wall and
+/// CPU) into its list of runs, `values` of its buffer the run's.
+fn timed(
+    b: &mut BucketJob,
+    values: usize,
+    work: impl FnOnce(&mut BucketJob) -> Result<(), CommError>,
 ) -> Result<(), CommError> {
     let started = Instant::now();
     let cpu_before = crate::trace::thread_cpu_time();
     if b.inject_panic {
         panic!("injected fault: Comm while reducing bucket {}", b.index);
     }
-    let (op, wire, tag) = (b.op, b.wire, b.tag);
-    let values = match b.powersgd.as_mut() {
-        // Both rounds on the bucket's tag: each pair of ranks exchanges round 1's
-        // messages before round 2's, and the transport keeps their order.
-        Some(state) => {
-            state.reduce(&mut b.buf, |round| {
-                op.run_on_wire(wire, t, round, tag, scratch, outgoing)
-            })?;
-            b.buf.len()
-        }
-        // A bucket's partitions share its tag in the same way, one after another.
-        None => {
-            let range = partition_range(b.buf.len(), b.parts, part);
-            let values = range.len();
-            op.run_on_wire(wire, t, &mut b.buf[range], tag, scratch, outgoing)?;
-            values
-        }
-    };
-    b.parts_done += 1;
+    work(b)?;
     b.runs.push(PartitionRun {
         values,
         started,
@@ -961,6 +1132,20 @@ mod tests {
     use crate::nn::GradSink;
     use crate::parallel::Schedule;
 
+    /// `work` on each of two workers' threads, each given its endpoint of an in-process fabric
+    /// (emulating `link`, if any); the results by rank.
+    fn on_two_workers<T: Send>(
+        link: Option<LinkModel>,
+        work: impl Fn(crate::comm::InProcessTransport) -> T + Sync,
+    ) -> Vec<T> {
+        let eps = InProcessFabric::new(2, link, Duration::from_secs(30));
+        std::thread::scope(|s| {
+            let work = &work;
+            let handles: Vec<_> = eps.into_iter().map(|t| s.spawn(move || work(t))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// Two workers' reducers over a slow link: bucket 0 (two partitions) leaves first, then 1
     /// and 2 while its first partition is on the wire. Returns the order buckets came back on
     /// each rank and each rank's sums.
@@ -983,46 +1168,146 @@ mod tests {
             bandwidth_bytes_per_s: 500.0,
             latency: Duration::ZERO,
         };
-        let eps = InProcessFabric::new(2, Some(link), Duration::from_secs(30));
-        std::thread::scope(|s| {
-            let handles: Vec<_> = eps
-                .into_iter()
-                .map(|t| {
-                    s.spawn(move || {
-                        let rank = t.rank();
-                        let plan = BucketPlan::new(&[8, 8, 64], 0, 0);
-                        let ops = vec![BucketOp::AllReduce(CommMode::Redundant); 3];
-                        let wires = vec![WireFormat::F32; 3];
-                        let order = super::super::ReduceOrder {
-                            schedule,
-                            partition: 32,
-                            credit,
-                        };
-                        let mut r = Reducer::new(plan, ops, wires, true, order, Some(Box::new(t)));
-                        r.begin_step();
-                        // Backward: block 2 (bucket 0), then 1 (bucket 1), then 0 (bucket 2).
-                        for b in [2, 1, 0] {
-                            let g = r.block_grads(b);
-                            for (i, v) in g.iter_mut().enumerate() {
-                                *v = (rank * 100 + b * 10 + i) as f32;
-                            }
-                            r.block_written(b).unwrap();
-                            std::thread::sleep(pause);
-                        }
-                        r.finish().unwrap();
-                        let order = r
-                            .bucket_spans()
-                            .iter()
-                            .filter(|s| s.partition == 0)
-                            .map(|s| s.index)
-                            .collect();
-                        let sums = (0..3).flat_map(|b| r.grad(b).to_vec()).collect();
-                        (order, sums)
-                    })
-                })
+        on_two_workers(Some(link), |t| {
+            let rank = t.rank();
+            let plan = BucketPlan::new(&[8, 8, 64], 0, 0);
+            let ops = vec![BucketOp::AllReduce(CommMode::Redundant); 3];
+            let wires = vec![WireFormat::F32; 3];
+            let order = super::super::ReduceOrder {
+                schedule,
+                partition: 32,
+                credit,
+            };
+            let mut r = Reducer::new(plan, ops, wires, true, order, Some(Box::new(t)));
+            r.begin_step();
+            // Backward: block 2 (bucket 0), then 1 (bucket 1), then 0 (bucket 2).
+            for b in [2, 1, 0] {
+                let g = r.block_grads(b);
+                for (i, v) in g.iter_mut().enumerate() {
+                    *v = (rank * 100 + b * 10 + i) as f32;
+                }
+                r.block_written(b).unwrap();
+                std::thread::sleep(pause);
+            }
+            r.finish().unwrap();
+            let order = r
+                .bucket_spans()
+                .iter()
+                .filter(|s| s.partition == 0)
+                .map(|s| s.index)
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            let sums = (0..3).flat_map(|b| r.grad(b).to_vec()).collect();
+            (order, sums)
         })
+    }
+
+    /// A transport that counts the messages its rank sends.
+    struct Counting<T: Transport> {
+        inner: T,
+        sends: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl<T: Transport> Transport for Counting<T> {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world(&self) -> usize {
+            self.inner.world()
+        }
+        fn send(&self, to: usize, tag: u64, data: &[f32]) -> Result<(), CommError> {
+            self.sends
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.send(to, tag, data)
+        }
+        fn recv(&self, from: usize, tag: u64, out: &mut [f32]) -> Result<(), CommError> {
+            self.inner.recv(from, tag, out)
+        }
+    }
+
+    /// Two workers' reducers, three buckets of a 12 x 10 matrix each, by PowerSGD at rank 1
+    /// where `powersgd[b]` (else whole), its round 2 carried where `carry[b]`, two steps under
+    /// `schedule`, redundant mode (one message per collective per rank). Returns each rank's
+    /// messages sent and its sums.
+    fn three_powersgd_buckets(
+        schedule: Schedule,
+        powersgd: [bool; 3],
+        carry: [bool; 3],
+    ) -> Vec<(usize, Vec<f32>)> {
+        use crate::comm::powersgd::{Matrix, PowerSgdBucket};
+        on_two_workers(None, |t| {
+            let rank = t.rank();
+            let sends = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let t = Counting {
+                inner: t,
+                sends: sends.clone(),
+            };
+            let plan = BucketPlan::new(&[120, 120, 120], 0, 0);
+            let ops = vec![BucketOp::AllReduce(CommMode::Redundant); 3];
+            let wires = vec![WireFormat::F32; 3];
+            let order = super::super::ReduceOrder {
+                schedule,
+                partition: 0,
+                credit: 0,
+            };
+            let mut r = Reducer::new(plan, ops, wires, true, order, Some(Box::new(t)));
+            let m = Matrix {
+                offset: 0,
+                rows: 12,
+                cols: 10,
+            };
+            r.set_powersgd(
+                (0..3)
+                    .map(|b| {
+                        let state = PowerSgdBucket::new(120, vec![m], 1, 5 + b as u64);
+                        powersgd[b].then_some(state)
+                    })
+                    .collect(),
+                carry.to_vec(),
+            );
+            let mut sums = Vec::new();
+            for step in 0..2 {
+                r.begin_step();
+                for b in [2, 1, 0] {
+                    for (i, v) in r.block_grads(b).iter_mut().enumerate() {
+                        *v = ((rank * 7 + b * 3 + i * step) % 11) as f32 - 5.0;
+                    }
+                    r.block_written(b).unwrap();
+                }
+                r.finish().unwrap();
+                sums.extend((0..3).flat_map(|b| r.grad(b).to_vec()));
+            }
+            (sends.load(std::sync::atomic::Ordering::Relaxed), sums)
+        })
+    }
+
+    #[test]
+    fn powersgd_rounds_travel_in_the_next_buckets_collective_under_overlap() {
+        // (which buckets are PowerSGD, which carry their round 2 (the plan's choice), the
+        // collectives of a step under overlap and under priority)
+        let cases = [
+            // Each round 2 inside the next bucket's round 1: 4 collectives, not 6.
+            ([true; 3], [true, true, false], 4, 6),
+            // Bucket 0's round 2 inside bucket 1, sent whole; bucket 2's rounds: 4, not 5.
+            ([true, false, true], [true, false, false], 4, 5),
+            // Only bucket 1 carries: 5.
+            ([true; 3], [false, true, false], 5, 6),
+            // The step's last bucket sends its round 2 alone, whatever the plan said.
+            ([true; 3], [false, false, true], 6, 6),
+        ];
+        for (powersgd, carry, collectives, serial) in cases {
+            let overlap = three_powersgd_buckets(Schedule::Overlap, powersgd, carry);
+            let priority = three_powersgd_buckets(Schedule::Priority, powersgd, carry);
+            for rank in 0..2 {
+                let case = format!("{powersgd:?}, rank {rank}");
+                assert_eq!(overlap[rank].0, 2 * collectives, "{case}: under overlap");
+                // Priority keeps each bucket's rounds together, after rank 0's decision.
+                let decisions = if rank == 0 { 2 * 3 } else { 0 };
+                assert_eq!(priority[rank].0, 2 * serial + decisions, "{case}: priority");
+                // Redundant mode adds each value alike wherever it sits in a message.
+                assert_eq!(overlap[rank].1, priority[rank].1, "{case}: the same sums");
+            }
+            assert_eq!(overlap[0].1, overlap[1].1, "the same on every rank");
+        }
     }
 
     #[test]

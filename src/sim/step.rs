@@ -41,8 +41,12 @@
 //! arithmetic before, between and after the rounds at the measured
 //! [`crate::comm::powersgd::PowerSgdRates`]. That arithmetic is charged to the communication
 //! thread alone: on this machine it also takes a share of the workers' 2 cores, which the
-//! model leaves out (docs/bench/compress.md). Under `--schedule priority` a PowerSGD bucket is
-//! one partition, as in the trainer's reducer: rank 0's decision, then its two rounds.
+//! model leaves out (docs/bench/compress.md). Under overlap a bucket's round 2 travels in the
+//! next bucket's collective (its round 1, or the bucket whole; one collective of both, on the
+//! same operation) where the plan says it pays (`plan::PlanInputs::powersgd_carries`), the
+//! last bucket's alone, as the trainer pipelines them. Under `--schedule priority` a PowerSGD
+//! bucket is one partition, as in the trainer's reducer: rank 0's decision, then its two
+//! rounds.
 
 use super::engine::{run, Segment};
 use super::schedule::{compile, CompiledJob, Job, Ranks, MAX_EVENTS};
@@ -273,7 +277,7 @@ impl Simulator {
             jobs.push(Job::WeightBroadcast);
         }
         let powersgd = match cfg.compress.powersgd_rank() {
-            Some(rank) => powersgd_rounds(profile, &plan, rank)?,
+            Some(rank) => powersgd_rounds(profile, (&plan, &ops), &plan_inputs(cfg), rank)?,
             None => vec![None; bytes.len()],
         };
         let idx = self.compiled_jobs(&jobs, &topo, st, bytes.len())?;
@@ -449,28 +453,39 @@ impl PlannedStep<'_> {
         mut ready: Vec<Vec<f64>>,
         acc: &mut Acc,
     ) -> Result<Vec<f64>, String> {
-        let mut segments: Vec<Segment> = Vec::with_capacity(self.jobs.len() + 1);
+        let mut segments: Vec<Segment> = Vec::with_capacity(self.jobs.len() + 2);
+        // PowerSGD's round 2 waiting to travel in the next bucket's round 1, as the trainer's
+        // communication thread pipelines them (`parallel::reducer`'s `InOrder`).
+        let mut pending: Option<PendingRound> = None;
         for (b, (&i, job)) in self.idx.iter().zip(&self.jobs).enumerate() {
             if let Some(rounds) = self.powersgd.get(b).copied().flatten() {
-                // Two collectives on the bucket's operation, the arithmetic around them.
-                let per_rank = |s: f64| vec![s; self.sim_ranks];
                 let ready = std::mem::take(&mut ready[b]);
-                segments.push(Segment {
-                    job: &cache[i].1,
-                    bytes: rounds.bytes[0],
-                    ready: ready.clone(),
-                    before: Vec::new(),
-                    arithmetic: [per_rank(rounds.compute[0]), Vec::new()],
-                });
-                segments.push(Segment {
-                    job: &cache[i].1,
-                    bytes: rounds.bytes[1],
+                segments.extend(self.powersgd_round_one(cache, i, rounds, ready.clone(), pending));
+                let round = PendingRound {
+                    job: i,
+                    rounds,
                     ready,
-                    before: Vec::new(),
-                    arithmetic: [per_rank(rounds.compute[1]), per_rank(rounds.compute[2])],
-                });
+                };
+                pending = match rounds.carry {
+                    true => Some(round),
+                    false => {
+                        segments.push(self.round_two_alone(cache, round));
+                        None
+                    }
+                };
                 continue;
             }
+            // A waiting round 2 travels in this bucket's collective if it is of the same
+            // operation (with its product after), else alone before it.
+            let carried = match pending.take() {
+                Some(p) if p.job == i => Some(p.rounds),
+                Some(p) => {
+                    segments.push(self.round_two_alone(cache, p));
+                    None
+                }
+                None => None,
+            };
+            let (carried_bytes, carried_after) = carried_round_two(carried);
             segments.push({
                 let is_broadcast = *job == Job::WeightBroadcast;
                 Segment {
@@ -478,7 +493,7 @@ impl PlannedStep<'_> {
                     bytes: if is_broadcast {
                         self.total_bytes
                     } else {
-                        self.bytes[b] as f64
+                        self.bytes[b] as f64 + carried_bytes
                     },
                     ready: if is_broadcast {
                         bwd_end.to_vec()
@@ -494,15 +509,63 @@ impl PlannedStep<'_> {
                     } else {
                         Vec::new()
                     },
-                    arithmetic: [Vec::new(), Vec::new()],
+                    arithmetic: match carried {
+                        Some(_) => [Vec::new(), vec![carried_after; self.sim_ranks]],
+                        None => [Vec::new(), Vec::new()],
+                    },
                 }
             });
         }
+        segments.extend(pending.map(|p| self.round_two_alone(cache, p)));
         // An empty bucket sends nothing (the algorithms return at once).
         segments.retain(|s| s.bytes > 0.0);
         let times = run(&segments, &self.topo)?;
         acc.comm += times.busy.iter().cloned().fold(0.0, f64::max);
         Ok(times.end)
+    }
+
+    /// A PowerSGD bucket's round 1 on job `job`, carrying `pending`'s round 2 where that is
+    /// on the same job (one collective; else `pending`'s round 2 first, alone), with the
+    /// arithmetic the trainer's communication thread does around each collective.
+    fn powersgd_round_one<'c>(
+        &self,
+        cache: &'c [(Ranks, CompiledJob)],
+        job: usize,
+        rounds: PowerSgdRounds,
+        ready: Vec<f64>,
+        pending: Option<PendingRound>,
+    ) -> Vec<Segment<'c>> {
+        let per_rank = |s: f64| vec![s; self.sim_ranks];
+        let c = rounds.compute;
+        let (mut segments, carried) = match pending {
+            Some(p) if p.job == job => (Vec::new(), Some(p.rounds)),
+            Some(p) => (vec![self.round_two_alone(cache, p)], None),
+            None => (Vec::new(), None),
+        };
+        let (carried_bytes, carried_after) = carried_round_two(carried);
+        segments.push(Segment {
+            job: &cache[job].1,
+            bytes: rounds.bytes[0] + carried_bytes,
+            ready,
+            before: Vec::new(),
+            arithmetic: [per_rank(c[0]), per_rank(c[1] + carried_after)],
+        });
+        segments
+    }
+
+    /// A PowerSGD bucket's round 2 in a collective of its own, then its product.
+    fn round_two_alone<'c>(
+        &self,
+        cache: &'c [(Ranks, CompiledJob)],
+        p: PendingRound,
+    ) -> Segment<'c> {
+        Segment {
+            job: &cache[p.job].1,
+            bytes: p.rounds.bytes[1],
+            ready: p.ready,
+            before: Vec::new(),
+            arithmetic: [Vec::new(), vec![p.rounds.compute[2]; self.sim_ranks]],
+        }
     }
 
     /// Priority scheduling: when each bucket is back on each simulated rank (`[bucket][rank]`),
@@ -735,6 +798,21 @@ struct PowerSgdRounds {
     bytes: [f64; 2],
     /// Seconds of the three phases ([`PowerSgdRates::MEASURED`]).
     compute: [f64; 3],
+    /// Under overlap, round 2 travels in the next bucket's collective (the plan's
+    /// [`crate::plan::PlanInputs::powersgd_carries`], as the trainer's).
+    carry: bool,
+}
+
+/// The bytes and the product's arithmetic (s) a round 2 adds to the collective it travels in.
+fn carried_round_two(carried: Option<PowerSgdRounds>) -> (f64, f64) {
+    carried.map_or((0.0, 0.0), |p| (p.bytes[1], p.compute[2]))
+}
+
+/// A PowerSGD bucket between its rounds, under overlap: its job, rounds and ready times.
+struct PendingRound {
+    job: usize,
+    rounds: PowerSgdRounds,
+    ready: Vec<f64>,
 }
 
 /// One collective of priority scheduling: a partition of `bucket` (a PowerSGD bucket whole).
@@ -749,7 +827,8 @@ struct Unit {
 /// `None` for a bucket without one that gains (sent whole, as the trainer does).
 fn powersgd_rounds(
     profile: &Profile,
-    plan: &BucketPlan,
+    (plan, ops): (&BucketPlan, &[BucketOp]),
+    planning: &crate::plan::PlanInputs,
     rank: usize,
 ) -> Result<Vec<Option<PowerSgdRounds>>, String> {
     let blocks: Vec<_> = profile
@@ -769,16 +848,19 @@ fn powersgd_rounds(
         return Err(why);
     }
     let per_bucket = crate::plan::powersgd_matrices(plan, &blocks, rank);
+    let carries = planning.powersgd_carries(plan, ops, &per_bucket, rank);
     Ok(per_bucket
         .iter()
         .zip(&plan.buckets)
-        .map(|(matrices, bucket)| {
+        .zip(carries)
+        .map(|((matrices, bucket), carry)| {
             (!matrices.is_empty()).then(|| {
                 let (first, second) = round_lens(bucket.len, matrices, rank);
                 let values = matrices.iter().map(|m| m.rows * m.cols).sum();
                 PowerSgdRounds {
                     bytes: [4.0 * first as f64, 4.0 * second as f64],
                     compute: PowerSgdRates::MEASURED.seconds(values, rank),
+                    carry,
                 }
             })
         })

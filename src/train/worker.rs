@@ -109,21 +109,27 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
 
 /// Each bucket's PowerSGD state for `--compress powersgd:R` (all `None` otherwise, and for a
 /// bucket with no matrix that gains); Q drawn from the run's seed and the bucket, alike on
-/// every worker. A rank at which no layer's weight gains is refused.
+/// every worker. A rank at which no layer's weight gains is refused. With them, whether each
+/// bucket's round 2 travels in the next bucket's collective (the plan's
+/// [`crate::plan::PlanInputs::powersgd_carries`]).
 fn powersgd_states(
     cfg: &TrainConfig,
     net: &Net,
     plan: &crate::parallel::BucketPlan,
-) -> Result<Vec<Option<crate::comm::powersgd::PowerSgdBucket>>, WorkerError> {
+    planning: &crate::plan::PlanInputs,
+    ops: &[crate::parallel::BucketOp],
+) -> Result<PowerSgdPlan, WorkerError> {
     let Some(rank) = cfg.compress.powersgd_rank() else {
-        return Ok(vec![None; plan.buckets.len()]);
+        let none = plan.buckets.len();
+        return Ok((vec![None; none], vec![false; none]));
     };
     let blocks = crate::plan::block_matrices(net);
     if let Some(why) = crate::plan::powersgd_refusal(&blocks, rank) {
         return Err(WorkerError::Setup(why));
     }
     let per_bucket = crate::plan::powersgd_matrices(plan, &blocks, rank);
-    Ok(per_bucket
+    let carries = planning.powersgd_carries(plan, ops, &per_bucket, rank);
+    let states = per_bucket
         .into_iter()
         .zip(&plan.buckets)
         .enumerate()
@@ -133,8 +139,15 @@ fn powersgd_states(
                 crate::comm::powersgd::PowerSgdBucket::new(bucket.len, matrices, rank, seed)
             })
         })
-        .collect())
+        .collect();
+    Ok((states, carries))
 }
+
+/// Each bucket's PowerSGD state and whether its round 2 is carried ([`powersgd_states`]).
+type PowerSgdPlan = (
+    Vec<Option<crate::comm::powersgd::PowerSgdBucket>>,
+    Vec<bool>,
+);
 
 /// PowerSGD's state on its way into checkpoints: this worker's error feedback flattened, and
 /// on worker 0 every worker's, with the warm-start Q. Buffers allocated once.
@@ -409,7 +422,7 @@ impl Worker {
         let plan = planning.bucket_plan(&crate::plan::block_lens(&net));
         let ops = planning.bucket_ops(&plan);
         let wires = planning.bucket_wires(&plan, &ops);
-        let powersgd = powersgd_states(&cfg, &net, &plan)?;
+        let (powersgd, carries) = powersgd_states(&cfg, &net, &plan, &planning, &ops)?;
         if s.rank == 0 {
             // A compressed bucket shows how: `ring+fp16`, `ring+powersgd:4`.
             let ops = ops
@@ -436,7 +449,7 @@ impl Worker {
             credit: crate::parallel::schedule::credit_values(cfg.credit_kb),
         };
         let mut reducer = Reducer::new(plan, ops, wires, cfg.overlap, order, s.transport);
-        reducer.set_powersgd(powersgd);
+        reducer.set_powersgd(powersgd, carries);
         if let Some(ck) = &s.resume {
             restore_powersgd(ck, &mut reducer, s.rank, cfg.world())?;
         }
