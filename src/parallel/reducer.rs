@@ -165,7 +165,8 @@ struct BucketJob {
 /// One partition's collective on the communication thread.
 #[derive(Debug, Clone, Copy)]
 struct PartitionRun {
-    /// The bucket's values it reduced (a PowerSGD bucket's: all of them in its first run).
+    /// The bucket's values it reduced (a PowerSGD bucket's: all of them in its first run, 0
+    /// in its second; [`BucketSpan::values`]).
     values: usize,
     started: Instant,
     busy: Duration,
@@ -230,7 +231,9 @@ pub struct BucketSpan {
     /// Which of the bucket's collectives, in the order they ran (0: its first).
     pub partition: usize,
     /// The bucket's values it reduced (a PowerSGD bucket's: all of them, sent as products, in
-    /// its first; its second, round 2 under overlap, 0).
+    /// its first span; reduced in arrival order it has a second, with 0: its round 2 alone,
+    /// or, where that travelled in the next bucket's collective (booked to that bucket), its
+    /// product only).
     pub values: usize,
     /// When the communication thread started it (waiting for peers included).
     pub started: Instant,
@@ -1224,15 +1227,23 @@ mod tests {
         }
     }
 
-    /// Two workers' reducers, three buckets of a 12 x 10 matrix each, by PowerSGD at rank 1
-    /// where `powersgd[b]` (else whole), its round 2 carried where `carry[b]`, two steps under
-    /// `schedule`, redundant mode (one message per collective per rank). Returns each rank's
-    /// messages sent and its sums.
-    fn three_powersgd_buckets(
-        schedule: Schedule,
+    /// How [`three_powersgd_buckets`] sets its three buckets of a 12 x 10 matrix each up.
+    #[derive(Clone, Copy, Debug)]
+    struct Three {
+        /// Which buckets PowerSGD sends at rank 1 (the others whole).
         powersgd: [bool; 3],
+        /// Which carry their round 2 (the plan's choice).
         carry: [bool; 3],
-    ) -> Vec<(usize, Vec<f32>)> {
+        /// Values per partition (0: a bucket sent whole in one collective).
+        partition: usize,
+        /// The middle bucket's mode (the others redundant).
+        middle: CommMode,
+    }
+
+    /// Two workers' reducers on [`Three`]'s buckets, two steps under `schedule`. Redundant
+    /// mode sends one message per collective per rank, ring two. Returns each rank's
+    /// messages sent and its sums.
+    fn three_powersgd_buckets(schedule: Schedule, setup: Three) -> Vec<(usize, Vec<f32>)> {
         use crate::comm::powersgd::{Matrix, PowerSgdBucket};
         on_two_workers(None, |t| {
             let rank = t.rank();
@@ -1242,11 +1253,12 @@ mod tests {
                 sends: sends.clone(),
             };
             let plan = BucketPlan::new(&[120, 120, 120], 0, 0);
-            let ops = vec![BucketOp::AllReduce(CommMode::Redundant); 3];
+            let mut ops = vec![BucketOp::AllReduce(CommMode::Redundant); 3];
+            ops[1] = BucketOp::AllReduce(setup.middle);
             let wires = vec![WireFormat::F32; 3];
             let order = super::super::ReduceOrder {
                 schedule,
-                partition: 0,
+                partition: setup.partition,
                 credit: 0,
             };
             let mut r = Reducer::new(plan, ops, wires, true, order, Some(Box::new(t)));
@@ -1259,10 +1271,10 @@ mod tests {
                 (0..3)
                     .map(|b| {
                         let state = PowerSgdBucket::new(120, vec![m], 1, 5 + b as u64);
-                        powersgd[b].then_some(state)
+                        setup.powersgd[b].then_some(state)
                     })
                     .collect(),
-                carry.to_vec(),
+                setup.carry.to_vec(),
             );
             let mut sums = Vec::new();
             for step in 0..2 {
@@ -1282,28 +1294,56 @@ mod tests {
 
     #[test]
     fn powersgd_rounds_travel_in_the_next_buckets_collective_under_overlap() {
-        // (which buckets are PowerSGD, which carry their round 2 (the plan's choice), the
-        // collectives of a step under overlap and under priority)
+        let three = |powersgd, carry| Three {
+            powersgd,
+            carry,
+            partition: 0,
+            middle: CommMode::Redundant,
+        };
+        let whole_between = [true, false, true];
+        // (setup, rank 1's messages a step under overlap and under priority, rank 0's
+        // decisions under priority: one per partition)
         let cases = [
             // Each round 2 inside the next bucket's round 1: 4 collectives, not 6.
-            ([true; 3], [true, true, false], 4, 6),
+            (three([true; 3], [true, true, false]), 4, 6, 3),
             // Bucket 0's round 2 inside bucket 1, sent whole; bucket 2's rounds: 4, not 5.
-            ([true, false, true], [true, false, false], 4, 5),
+            (three(whole_between, [true, false, false]), 4, 5, 3),
             // Only bucket 1 carries: 5.
-            ([true; 3], [false, true, false], 5, 6),
+            (three([true; 3], [false, true, false]), 5, 6, 3),
             // The step's last bucket sends its round 2 alone, whatever the plan said.
-            ([true; 3], [false, false, true], 6, 6),
+            (three([true; 3], [false, false, true]), 6, 6, 3),
+            // Into the first of the whole bucket's two partitions: 5, not 6.
+            (
+                Three {
+                    partition: 60,
+                    ..three(whole_between, [true, false, false])
+                },
+                5,
+                6,
+                4,
+            ),
+            // The whole bucket reduced by another mode (ring: two messages): bucket 0's round
+            // 2 goes alone before it.
+            (
+                Three {
+                    middle: CommMode::Ring,
+                    ..three(whole_between, [true, false, false])
+                },
+                6,
+                6,
+                3,
+            ),
         ];
-        for (powersgd, carry, collectives, serial) in cases {
-            let overlap = three_powersgd_buckets(Schedule::Overlap, powersgd, carry);
-            let priority = three_powersgd_buckets(Schedule::Priority, powersgd, carry);
+        for (setup, collectives, serial, decisions) in cases {
+            let overlap = three_powersgd_buckets(Schedule::Overlap, setup);
+            let priority = three_powersgd_buckets(Schedule::Priority, setup);
             for rank in 0..2 {
-                let case = format!("{powersgd:?}, rank {rank}");
+                let case = format!("{setup:?}, rank {rank}");
                 assert_eq!(overlap[rank].0, 2 * collectives, "{case}: under overlap");
                 // Priority keeps each bucket's rounds together, after rank 0's decision.
-                let decisions = if rank == 0 { 2 * 3 } else { 0 };
+                let decisions = if rank == 0 { 2 * decisions } else { 0 };
                 assert_eq!(priority[rank].0, 2 * serial + decisions, "{case}: priority");
-                // Redundant mode adds each value alike wherever it sits in a message.
+                // Two ranks' sums (and redundant mode's) do not depend on the message.
                 assert_eq!(overlap[rank].1, priority[rank].1, "{case}: the same sums");
             }
             assert_eq!(overlap[0].1, overlap[1].1, "the same on every rank");

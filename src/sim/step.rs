@@ -480,7 +480,8 @@ impl PlannedStep<'_> {
             let carried = match pending.take() {
                 Some(p) if p.job == i => Some(p.rounds),
                 Some(p) => {
-                    segments.push(self.round_two_alone(cache, p));
+                    let next = ready.get(b).map_or(&[][..], Vec::as_slice);
+                    segments.push(self.round_two_alone(cache, p.until(next)));
                     None
                 }
                 None => None,
@@ -539,7 +540,8 @@ impl PlannedStep<'_> {
         let c = rounds.compute;
         let (mut segments, carried) = match pending {
             Some(p) if p.job == job => (Vec::new(), Some(p.rounds)),
-            Some(p) => (vec![self.round_two_alone(cache, p)], None),
+            // Sent alone when this bucket arrives, as the trainer's thread does.
+            Some(p) => (vec![self.round_two_alone(cache, p.until(&ready))], None),
             None => (Vec::new(), None),
         };
         let (carried_bytes, carried_after) = carried_round_two(carried);
@@ -813,6 +815,17 @@ struct PendingRound {
     job: usize,
     rounds: PowerSgdRounds,
     ready: Vec<f64>,
+}
+
+impl PendingRound {
+    /// The round, not to start before `next` (the bucket whose arrival sends it: the
+    /// trainer's communication thread takes a waiting round 2 up when the next bucket comes).
+    fn until(mut self, next: &[f64]) -> Self {
+        for (r, &n) in self.ready.iter_mut().zip(next) {
+            *r = r.max(n);
+        }
+        self
+    }
 }
 
 /// One collective of priority scheduling: a partition of `bucket` (a PowerSGD bucket whole).
