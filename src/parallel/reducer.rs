@@ -783,33 +783,21 @@ impl InOrder {
         if last {
             self.arrived = 0;
         }
-        let waiting = self.pending.take();
-        if b.powersgd.is_none() {
-            match waiting {
-                Some(mut earlier) if (earlier.op, earlier.wire) == (b.op, b.wire) => {
-                    // The waiting round 2 travels in this bucket's first partition.
-                    let range = partition_range(b.buf.len(), b.parts, 0);
-                    let fused = &mut self.fused;
-                    timed(&mut b, range.len(), |b| {
-                        let (op, wire, tag) = (b.op, b.wire, b.tag);
-                        let state = earlier.powersgd.as_mut().expect("a PowerSGD bucket");
-                        state.carry_second(&mut b.buf[range], fused, |m| c.run(op, wire, m, tag))
-                    })?;
-                    b.parts_done += 1;
-                    finish_second(earlier, send)?;
-                }
-                Some(earlier) => second_alone(earlier, c, send)?,
-                None => {}
+        // A waiting round 2 travels in this bucket's first collective if that runs the same
+        // operation on the same wire; otherwise it goes alone, first.
+        let carried = match self.pending.take() {
+            Some(earlier) if (earlier.op, earlier.wire) == (b.op, b.wire) => Some(earlier),
+            Some(earlier) => {
+                second_alone(earlier, c, send)?;
+                None
             }
-            (b.parts_done..b.parts).try_for_each(|part| reduce_partition(c, &mut b, part))?;
-            return send(b.finished());
-        }
-        let values = b.buf.len();
-        match waiting {
-            Some(mut earlier) if (earlier.op, earlier.wire) == (b.op, b.wire) => {
-                let fused = &mut self.fused;
-                timed(&mut b, values, |b| {
-                    let (op, wire, tag) = (b.op, b.wire, b.tag);
+            None => None,
+        };
+        let fused = &mut self.fused;
+        let (op, wire, tag, len) = (b.op, b.wire, b.tag, b.buf.len());
+        match (b.powersgd.is_some(), carried) {
+            (true, Some(mut earlier)) => {
+                timed(&mut b, len, |b| {
                     let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
                     let earlier_state = earlier.powersgd.as_mut().expect("a PowerSGD bucket");
                     state.reduce_first_carrying(&mut b.buf, earlier_state, fused, |m| {
@@ -818,16 +806,24 @@ impl InOrder {
                 })?;
                 finish_second(earlier, send)?;
             }
-            waiting => {
-                if let Some(earlier) = waiting {
-                    second_alone(earlier, c, send)?;
-                }
-                timed(&mut b, values, |b| {
-                    let (op, wire, tag) = (b.op, b.wire, b.tag);
-                    let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
-                    state.reduce_first(&mut b.buf, |m| c.run(op, wire, m, tag))
+            (true, None) => timed(&mut b, len, |b| {
+                let state = b.powersgd.as_mut().expect("a PowerSGD bucket");
+                state.reduce_first(&mut b.buf, |m| c.run(op, wire, m, tag))
+            })?,
+            (false, Some(mut earlier)) => {
+                let range = partition_range(len, b.parts, 0);
+                timed(&mut b, range.len(), |b| {
+                    let state = earlier.powersgd.as_mut().expect("a PowerSGD bucket");
+                    state.carry_second(&mut b.buf[range], fused, |m| c.run(op, wire, m, tag))
                 })?;
+                b.parts_done += 1;
+                finish_second(earlier, send)?;
             }
+            (false, None) => {}
+        }
+        if b.powersgd.is_none() {
+            (b.parts_done..b.parts).try_for_each(|part| reduce_partition(c, &mut b, part))?;
+            return send(b.finished());
         }
         if last || !b.carry {
             return second_alone(b, c, send);
