@@ -283,9 +283,10 @@ pub struct TrainOptions {
     #[arg(long)]
     pub compress: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
-    /// bucket) [default: with neither bucket
-    /// flag given, the bytes the link moves in one latency, so that no bucket is
-    /// latency-bound; with only --first-bucket-kb given, 0].
+    /// bucket) [default: with neither bucket flag given, the bytes the link moves in one
+    /// latency, so that no bucket is latency-bound, and under overlap at least the cap that
+    /// pipelines the gradient best on the run's collectives (`plan::PlanInputs::pipelined_cap`);
+    /// with only --first-bucket-kb given, 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
     /// First bucket's cap in KiB [default: with neither bucket flag given, as --bucket-kb's;
@@ -1367,7 +1368,8 @@ mod tests {
                 ..Default::default()
             };
             f(&mut o);
-            o.resolve().unwrap().plan_inputs().bucket_caps()
+            // A gradient smaller than the link's latency-bytes: the caps are the link's.
+            o.resolve().unwrap().plan_inputs().bucket_caps(1_000_000)
         };
         // 10 Gbit/s x 2 ms = 2.5 MB: a smaller bucket would wait on latency more than it sends.
         assert_eq!(with(&|_| {}), (2_500_000, 2_500_000));

@@ -735,6 +735,48 @@ fn one_worker_is_compute_only_and_search_is_no_worse() {
     }
 }
 
+#[test]
+fn default_buckets_pipeline_a_large_ring_and_stay_near_the_best_cap_where_compute_hides_them() {
+    // ResNet-50 at batch 32 on a 9.3 TFLOPS device (40% of peak), ring and auto, 10 Gbit/s
+    // and 5 us: the default caps against one bucket per block (the link's latency-bytes is
+    // 6 KB, less than most blocks) and against the best of the search's caps.
+    let p = from_graph(
+        &reference_graph("resnet50").unwrap(),
+        32,
+        flops(9.3, 0.4, 900.0),
+    )
+    .unwrap();
+    let l = link(1.25e9, 5);
+    let mut sim = Simulator::new();
+    for (world, comm, most) in [
+        (256, CommChoice::Fixed(CommMode::Ring), 1.10),
+        (256, CommChoice::Auto, 1.05),
+        (8, CommChoice::Auto, 1.02),
+    ] {
+        let at = |kb| cfg(Topology::flat(world, l), comm, true, kb);
+        let default = sim.step(&p, &at(None)).unwrap().step_ms;
+        let per_block = sim.step(&p, &at(Some(0))).unwrap().step_ms;
+        let (_, best) = search_buckets(&mut sim, &p, &at(Some(0))).unwrap();
+        assert!(
+            default <= most * best.step_ms,
+            "{world} {comm:?}: default caps {default} ms, best {} ms",
+            best.step_ms
+        );
+        assert!(default <= per_block * 1.001, "{world} {comm:?}");
+        if world == 256 && comm == CommChoice::Fixed(CommMode::Ring) {
+            // One bucket per block pays the ring's 510 latencies per block: nearly twice the step.
+            assert!(per_block > 1.8 * default, "{per_block} against {default}");
+        }
+    }
+    // Where compute hides the communication (100 Gbit/s, 8 workers), the larger caps cost
+    // less than 1% of the step against one bucket per block.
+    let fast = link(12.5e9, 5);
+    let at = |kb| cfg(Topology::flat(8, fast), CommChoice::Auto, true, kb);
+    let default = sim.step(&p, &at(None)).unwrap().step_ms;
+    let per_block = sim.step(&p, &at(Some(0))).unwrap().step_ms;
+    assert!(default <= 1.01 * per_block, "{default} against {per_block}");
+}
+
 /// Equal up to the last bit of the times (serde_json's default float parser may round the
 /// 17th significant digit differently).
 fn assert_same(a: &Profile, b: &Profile) {

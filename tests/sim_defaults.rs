@@ -194,14 +194,14 @@ fn the_published_runs_land_where_the_doc_says() {
         assert!((p.predicted() - p.published).abs() < (p.ideal - p.published).abs());
         assert!(p.assumptions.iter().all(|a| !a.source.is_empty()));
     }
-    // Goyal et al. 2017 (ResNet-50, 8 -> 256 P100s, ~90%): 97.8% with the defaults, 99.9% on
-    // the ideal network (docs/bench/sim-check.md). The target is within 5 points; the
-    // defaults, taken from their measurements and not moved, leave it at +7.8: held here to
-    // what they give, so that a change to the model or the defaults shows.
+    // Goyal et al. 2017 (ResNet-50, 8 -> 256 P100s, ~90%): 93.1% with the defaults and a
+    // bucket per layer as they aggregated, 99.9% on the ideal network
+    // (docs/bench/sim-check.md). Held here to what the defaults give, so that a change to the
+    // model or the defaults shows.
     let g = &runs[0];
     assert!(g.title.starts_with("Goyal"));
     assert_eq!(g.published, 90.0);
-    assert!((g.predicted() - 97.8).abs() < 0.5, "{}", g.predicted());
+    assert!((g.predicted() - 93.1).abs() < 0.5, "{}", g.predicted());
     assert!((g.ideal - 99.9).abs() < 0.5, "{}", g.ideal);
 }
 

@@ -1472,7 +1472,11 @@ pub fn goyal2017() -> Result<Published, String> {
         // Goyal et al.'s three phases: each server's sum in one buffer, then across.
         hierarchy: crate::plan::HierarchyChoice::Fixed(crate::comm::Hierarchy::Leader),
         overlap: true,
-        buckets: crate::plan::BucketFlags::default(),
+        // As they aggregated: each layer's gradient as soon as it is computed (--bucket-kb 0).
+        buckets: crate::plan::BucketFlags {
+            first_kb: Some(0),
+            kb: Some(0),
+        },
         planning_link: None,
         stragglers: default_stragglers(&measured),
     };
@@ -1663,7 +1667,7 @@ fn goyal_assumptions(graph: &crate::model::Graph, inputs: &GoyalInputs) -> Vec<A
         },
         Assumption {
             what: "overlap and buckets",
-            value: "overlap on; one bucket per layer with parameters (the trainer's default)".into(),
+            value: "overlap on; one bucket per layer with parameters (--bucket-kb 0)".into(),
             source: "Goyal et al. 2017 §4: a layer's gradient is aggregated as soon as it is \
                      computed, while backprop continues",
         },

@@ -92,8 +92,9 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub credit_kb: Option<usize>,
     /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
-    /// with neither bucket flag given, the bytes the planning link moves in one latency; with
-    /// only --first-bucket-kb given, 0].
+    /// with neither bucket flag given, the bytes the planning link moves in one latency, and
+    /// under overlap at least the cap that pipelines the gradient best on the simulated
+    /// cluster's collectives, as the trainer's; with only --first-bucket-kb given, 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
     /// First bucket's cap in KiB, read as `train --first-bucket-kb` is [default: with neither

@@ -102,8 +102,8 @@ pub struct StepConfig {
     /// Buckets start as soon as they are ready (on), or all after backward (off).
     pub overlap: bool,
     /// `--first-bucket-kb` and `--bucket-kb`, read by the trainer's rule
-    /// ([`BucketFlags::caps_kb`]: neither given, both caps are what the planning link moves in
-    /// one latency).
+    /// ([`PlanInputs::bucket_caps`]: neither given, both caps follow the planning link and
+    /// the cluster's collectives).
     pub buckets: BucketFlags,
     /// The link `--comm auto` plans for (`--link-bandwidth`/`--link-latency` of the run);
     /// `None`: the NIC's figures, or the intra-host link's on one host.
