@@ -63,7 +63,8 @@ pub struct TrainConfig {
     /// ([`crate::comm::wire`]), or the cost model's choice per bucket.
     pub compress: crate::plan::CompressChoice,
     /// `--first-bucket-kb` and `--bucket-kb` (KiB; 0: one layer per bucket); with neither
-    /// given the caps follow the link (see [`crate::plan::bucket_caps`]).
+    /// given the caps follow the link and the run's collectives (see
+    /// [`crate::plan::PlanInputs::bucket_caps`]).
     pub buckets: crate::plan::BucketFlags,
     /// `--partition-kb`: each bucket reduced in collectives of at most this (see
     /// [`crate::plan::partition_bytes`] for the default).
@@ -284,7 +285,7 @@ pub struct TrainOptions {
     pub compress: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
     /// bucket) [default: with neither bucket flag given, the bytes the link moves in one
-    /// latency, so that no bucket is latency-bound, and under overlap at least the cap that
+    /// latency, so that no bucket is latency-bound, and under --schedule overlap at least the cap that
     /// pipelines the gradient best on the run's collectives (`plan::PlanInputs::pipelined_cap`);
     /// with only --first-bucket-kb given, 0].
     #[arg(long)]

@@ -11,8 +11,8 @@
 //!    several processes, [`IN_PROCESS_LINK`] between threads.
 //! 2. **Bucket caps** ([`PlanInputs::bucket_caps`]): the caps given (`--first-bucket-kb`,
 //!    `--bucket-kb`; one given leaves the other at 0), else what that link moves in one
-//!    latency ([`bucket_caps`]), raised under overlap to the cap that pipelines the whole
-//!    gradient best on the run's collectives ([`PlanInputs::pipelined_cap`]).
+//!    latency ([`bucket_caps`]), raised under `--schedule overlap` to the cap that pipelines
+//!    the whole gradient best on the run's collectives ([`PlanInputs::pipelined_cap`]).
 //! 3. **The buckets** ([`PlanInputs::bucket_plan`]): [`BucketPlan::new`] over the parameter
 //!    blocks at those caps.
 //! 4. **Each bucket's operation** ([`PlanInputs::bucket_ops`]): tree mode reduces to worker 0;
@@ -567,9 +567,9 @@ impl PlanInputs {
 
     /// The bucket caps (first, others) in bytes of this run, for `gradient_bytes` of
     /// gradient in all: the caps given; else [`bucket_caps`] for the link `--comm auto` plans
-    /// for, raised under overlap to the cap that pipelines the gradient best on the run's
-    /// routes ([`PlanInputs::pipelined_cap`]), and under priority scheduling to at least
-    /// [`PRIORITY_MIN_BUCKET_BYTES`].
+    /// for, raised under `--schedule overlap` to the cap that pipelines the gradient best on
+    /// the run's routes ([`PlanInputs::pipelined_cap`]), and under priority scheduling to at
+    /// least [`PRIORITY_MIN_BUCKET_BYTES`].
     pub fn bucket_caps(&self, gradient_bytes: usize) -> (usize, usize) {
         let (first, rest) = bucket_caps(self.buckets.caps_kb(), &self.auto_link());
         let floor = match (self.schedule, self.buckets.caps_kb()) {
@@ -580,9 +580,11 @@ impl PlanInputs {
         (first.max(floor), rest.max(floor))
     }
 
-    /// The bucket cap that pipelines `gradient_bytes` best under overlap, on the cheapest of
-    /// the routes the run's buckets can take (0 where the cost model does not price them:
-    /// one worker, threads with no link, shared memory, `mpi-native`).
+    /// The bucket cap that pipelines `gradient_bytes` best under `--schedule overlap` (with
+    /// `--overlap on` or off), on the cheapest of the routes the run's buckets can take (0
+    /// where the cost model does not price them: one worker, threads with no link, shared
+    /// memory, `mpi-native`). Priced in f32 bytes whatever `--compress` (16-bit or PowerSGD
+    /// messages would want larger caps).
     ///
     /// Why: buckets are reduced one after another behind backward. Take a gradient of `S`
     /// bytes in buckets of `c` bytes (`S / c` of them) on a route whose collective costs `L`

@@ -215,6 +215,7 @@ fn cfg(topology: Topology, comm: CommChoice, overlap: bool, cap_kb: Option<usize
             kb: cap_kb,
         },
         planning_link: None,
+        planning_intra: None,
         stragglers: Stragglers::NONE,
     }
 }
@@ -493,6 +494,7 @@ fn the_trainers_rules_choose_buckets_and_operations() {
     let slow = link(1.25e9, 2000);
     let c = StepConfig {
         planning_link: Some(slow),
+        planning_intra: None,
         ..cfg(Topology::flat(4, slow), CommChoice::Auto, true, None)
     };
     let (plan, _) = dptrain::sim::plan(&p, &c).unwrap();
@@ -1270,6 +1272,7 @@ fn one_bucket_config(
             kb: Some(1 << 30),
         },
         planning_link: None,
+        planning_intra: None,
         stragglers: Stragglers::NONE,
     }
 }

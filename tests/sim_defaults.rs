@@ -46,6 +46,7 @@ fn cfg(
         overlap,
         buckets: BucketFlags::default(),
         planning_link: None,
+        planning_intra: None,
         stragglers: Stragglers::NONE,
     }
 }

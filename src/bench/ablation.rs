@@ -564,10 +564,11 @@ fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<Simu
                 comm,
                 hierarchy: crate::plan::HierarchyChoice::Auto,
                 overlap,
-                // The trainer's default buckets (`plan::bucket_caps`), as the
+                // The trainer's default buckets (`plan::PlanInputs::bucket_caps`), as the
                 // measured rows ran.
                 buckets: crate::plan::BucketFlags::default(),
                 planning_link: None,
+                planning_intra: None,
                 stragglers: Stragglers::NONE,
             },
         )

@@ -410,6 +410,7 @@ fn emulated_group(
             // The trainer's default caps, planned for the link the run was given.
             buckets: crate::plan::BucketFlags::default(),
             planning_link: Some(given),
+            planning_intra: None,
             stragglers: Stragglers::NONE,
         };
         let sim = simulator.step(profile, &step)?;
@@ -768,8 +769,7 @@ struct ClusterLinks {
     rtt: f64,
     /// The link within a host per workers per host.
     intra_of: Vec<(usize, LinkModel)>,
-    /// What `--comm auto` plans for in the runs and in the simulator alike, and the link whose
-    /// bandwidth x latency caps the runs' buckets.
+    /// What `--comm auto` and the bucket caps plan for in the runs and in the simulator alike.
     planning: LinkModel,
     /// Between hosts, per model (fitted to its own buckets).
     fits: Vec<(String, LinkModel)>,
@@ -1080,14 +1080,18 @@ impl<'a> ClusterCheck<'a> {
         rtt: f64,
     ) -> Result<LinkModel, String> {
         let name = self.fit_mode.to_string();
-        // The runs' buckets (the trainer's plan and caps), each a whole number of f32
-        // per rank as the all-reduce bench takes it, timed one by one: the link is
-        // fitted to their total.
+        // The buckets of the runs of one worker per host (the trainer's plan and caps for
+        // the checked mode), each a whole number of f32 per rank as the all-reduce bench
+        // takes it, timed one by one: the link is fitted to their total.
         let lens: Vec<usize> = crate::measure::blocks_of(model)?
             .iter()
             .map(|b| b.iter().sum())
             .collect();
-        let buckets: Vec<usize> = crate::plan::PlanInputs::defaults(hosts, 1, Some(*planning))
+        let runs = crate::plan::PlanInputs {
+            comm: self.comm,
+            ..crate::plan::PlanInputs::defaults(hosts, 1, Some(*planning))
+        };
+        let buckets: Vec<usize> = runs
             .bucket_plan(&lens)
             .buckets
             .iter()
@@ -1311,6 +1315,8 @@ impl<'a> ClusterCheck<'a> {
             overlap: case.overlap,
             buckets: crate::plan::BucketFlags::default(),
             planning_link: Some(links.planning),
+            // The trainer's: it plans within a host on its assumed in-process link.
+            planning_intra: Some(crate::plan::IN_PROCESS_LINK),
             // The workers' compute varies as much as the profile says (emulated devices:
             // not at all).
             stragglers: Stragglers {
@@ -1478,6 +1484,7 @@ pub fn goyal2017() -> Result<Published, String> {
             kb: Some(0),
         },
         planning_link: None,
+        planning_intra: None,
         stragglers: default_stragglers(&measured),
     };
     let ideal = StepConfig {

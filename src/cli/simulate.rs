@@ -93,7 +93,7 @@ pub struct SimulateArgs {
     pub credit_kb: Option<usize>,
     /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
     /// with neither bucket flag given, the bytes the planning link moves in one latency, and
-    /// under overlap at least the cap that pipelines the gradient best on the simulated
+    /// under --schedule overlap at least the cap that pipelines the gradient best on the simulated
     /// cluster's collectives, as the trainer's; with only --first-bucket-kb given, 0].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
@@ -195,6 +195,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         overlap: true,
         buckets: a.bucket_flags(),
         planning_link: None,
+        planning_intra: None,
         stragglers,
     };
     let single = sim.step(&p, &single_cfg)?.step_ms;

@@ -108,6 +108,10 @@ pub struct StepConfig {
     /// The link `--comm auto` plans for (`--link-bandwidth`/`--link-latency` of the run);
     /// `None`: the NIC's figures, or the intra-host link's on one host.
     pub planning_link: Option<LinkModel>,
+    /// The link within a host the plan prices (routes and bucket caps); `None`: the
+    /// topology's. A check against the trainer gives the trainer's, which plans on its
+    /// assumed in-process link ([`crate::plan::IN_PROCESS_LINK`]) whatever the host measures.
+    pub planning_intra: Option<LinkModel>,
     /// Per-worker compute variation.
     pub stragglers: Stragglers,
     /// How gradients travel (the trainer's `--compress`).
@@ -159,7 +163,7 @@ pub fn plan_inputs(cfg: &StepConfig) -> PlanInputs {
             cfg.planning_link
                 .unwrap_or(if topo.hosts > 1 { topo.nic } else { topo.intra }),
         ),
-        intra_link: Some(topo.intra),
+        intra_link: Some(cfg.planning_intra.unwrap_or(topo.intra)),
         buckets: cfg.buckets,
         schedule: cfg.schedule,
         partition_kb: cfg.partition_kb,
