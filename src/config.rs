@@ -78,6 +78,9 @@ pub struct TrainConfig {
     pub credit_kb: Option<usize>,
     /// Emulated link, if any (with `--transport mpi`: the link `--comm auto` plans for).
     pub link: Option<LinkModel>,
+    /// With `--transport mpi`: each worker's emulated port within its process
+    /// (`--intra-bandwidth`), if any; it is also the within-host link the plan prices.
+    pub intra_link: Option<LinkModel>,
     /// The link an MPI run with `--comm auto` and no `--link-*` measured between its processes
     /// before training, as the standard rate it plans for ([`crate::plan::planned_link`]);
     /// `None` until then, and in every other run.
@@ -318,6 +321,15 @@ pub struct TrainOptions {
     /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth].
     #[arg(long)]
     pub link_latency: Option<String>,
+    /// With --transport mpi and several workers per process: emulated bandwidth of each
+    /// worker's port within its process (the devices of one host, e.g. 12GB/s for PCIe 3 x16),
+    /// which the hierarchies' within-host phases cross and `--comm auto` plans for [default:
+    /// no emulation: the workers are threads that share memory].
+    #[arg(long)]
+    pub intra_bandwidth: Option<String>,
+    /// Emulated latency of that port, e.g. 5us [default: 0 with --intra-bandwidth].
+    #[arg(long)]
+    pub intra_latency: Option<String>,
     /// Emulated device for testbeds where workers share a few cores: hold each worker's
     /// forward, each block's backward and the update to the times in this profile (written by
     /// `dptrain profile` at the per-worker batch) [default: no emulation].
@@ -462,11 +474,16 @@ pub const MAX_COMM_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
 /// alone, or one f32 (the smallest message a collective sends) at the bandwidth, takes longer.
 /// Messages the link cannot deliver in time for other reasons (bigger ones) fail at once in the
 /// transport ([`crate::comm::CommError::LinkTooSlow`]), so no run sleeps past its timeout.
-pub fn check_link_against_timeout(link: &LinkModel, timeout_s: f64) -> Result<(), String> {
+/// `flags` names the link's flags in messages: `link` (`--link-*`) or `intra` (`--intra-*`).
+pub fn check_link_against_timeout(
+    link: &LinkModel,
+    timeout_s: f64,
+    flags: &str,
+) -> Result<(), String> {
     let latency = link.latency.as_secs_f64();
     if latency >= timeout_s {
         return Err(format!(
-            "--link-latency {latency} s is not below --comm-timeout {timeout_s} s: every message \
+            "--{flags}-latency {latency} s is not below --comm-timeout {timeout_s} s: every message \
              waits the latency, so every collective would time out; lower the latency or raise \
              --comm-timeout"
         ));
@@ -474,7 +491,7 @@ pub fn check_link_against_timeout(link: &LinkModel, timeout_s: f64) -> Result<()
     let one_float = latency + 4.0 / link.bandwidth_bytes_per_s;
     if one_float >= timeout_s {
         return Err(format!(
-            "--link-bandwidth {} bytes/s moves one float (4 bytes) in {:.0} s, not within \
+            "--{flags}-bandwidth {} bytes/s moves one float (4 bytes) in {:.0} s, not within \
              --comm-timeout {timeout_s} s, and a step moves the whole gradient: raise the \
              bandwidth (e.g. 1Gbit) or --comm-timeout",
             link.bandwidth_bytes_per_s, one_float
@@ -537,7 +554,7 @@ impl TrainConfig {
             processes: self.processes,
             workers_per_process: self.workers,
             link: self.link.or(self.measured_link),
-            intra_link: None,
+            intra_link: self.intra_link,
             compress: self.compress,
             buckets: self.buckets,
             schedule: self.schedule,
@@ -548,7 +565,7 @@ impl TrainConfig {
 
     /// The configuration as JSON, for the run's summary and checkpoints.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "model": self.model, "dataset": self.dataset, "epochs": self.epochs, "batch": self.batch,
             "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
             "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
@@ -569,7 +586,13 @@ impl TrainConfig {
             "image_size": self.image_size.map(|s| s.to_string()),
             "eval_transform": self.eval_transform.as_ref().map(|t| t.to_string()),
             "normalize": self.normalize.to_string(),
-        })
+        });
+        // Apart: one more key would pass json!'s recursion limit.
+        json["intra_link"] = serde_json::json!(self.intra_link.map(|l| serde_json::json!({
+            "bandwidth_bytes_per_s": l.bandwidth_bytes_per_s,
+            "latency_us": l.latency.as_secs_f64() * 1e6,
+        })));
+        json
     }
 }
 
@@ -619,6 +642,8 @@ impl TrainOptions {
             credit_kb,
             link_bandwidth,
             link_latency,
+            intra_bandwidth,
+            intra_latency,
             emulate_device,
             emulate_device_scale,
             comm_timeout,
@@ -676,8 +701,12 @@ impl TrainOptions {
         let comm = self.resolve_comm(workers.workers)?;
         let (schedule, partition_kb, credit_kb) = self.resolve_schedule(&comm)?;
         let link = self.resolve_link()?;
+        let intra_link = self.resolve_intra_link(&comm, workers.workers)?;
         let device = self.resolve_device()?;
         let comm_timeout = self.resolve_comm_timeout(link.as_ref())?;
+        if let Some(l) = &intra_link {
+            check_link_against_timeout(l, comm_timeout.as_secs_f64(), "intra")?;
+        }
         let solver = self.resolve_solver()?;
         let epochs = self.epochs.unwrap_or(4);
         if epochs == 0 {
@@ -715,6 +744,7 @@ impl TrainOptions {
             partition_kb,
             credit_kb,
             link,
+            intra_link,
             measured_link: None,
             device,
             comm_timeout,
@@ -937,6 +967,36 @@ impl TrainOptions {
         }
     }
 
+    /// The emulated port within a process, if `--intra-bandwidth` gives one: only where a
+    /// process has several workers and other processes to reach through MPI (in one process,
+    /// `--link-bandwidth` already gives every worker its own emulated port).
+    fn resolve_intra_link(
+        &self,
+        comm: &ResolvedComm,
+        workers: usize,
+    ) -> Result<Option<LinkModel>, String> {
+        let bandwidth = match (&self.intra_bandwidth, &self.intra_latency) {
+            (None, None) => return Ok(None),
+            (None, Some(_)) => return Err("--intra-latency needs --intra-bandwidth too".into()),
+            (Some(b), _) => b,
+        };
+        if comm.transport != TransportKind::Mpi || workers < 2 {
+            return Err(format!(
+                "--intra-bandwidth emulates the port between the workers of one process in a \
+                 run of several processes (--transport mpi with --workers 2 or more), not \
+                 --transport {} with --workers {workers}; in one process, --link-bandwidth \
+                 gives every worker its own emulated port",
+                comm.transport
+            ));
+        }
+        Ok(Some(LinkModel {
+            bandwidth_bytes_per_s: parse_bandwidth(bandwidth)
+                .map_err(|e| format!("--intra-bandwidth: {e}"))?,
+            latency: parse_duration(self.intra_latency.as_deref().unwrap_or("0"))
+                .map_err(|e| format!("--intra-latency: {e}"))?,
+        }))
+    }
+
     /// The emulated device, if `--emulate-device` gives a profile.
     fn resolve_device(&self) -> Result<Option<crate::testbed::device::EmulatedDevice>, String> {
         match (&self.emulate_device, self.emulate_device_scale) {
@@ -959,7 +1019,7 @@ impl TrainOptions {
             ));
         }
         if let Some(l) = link {
-            check_link_against_timeout(l, comm_timeout)?;
+            check_link_against_timeout(l, comm_timeout, "link")?;
         }
         Ok(Duration::from_secs_f64(comm_timeout))
     }
@@ -1213,6 +1273,40 @@ mod tests {
         assert!(err.contains("--hierarchical leader or auto"), "{err}");
     }
 
+    #[cfg(feature = "mpi")]
+    #[test]
+    fn an_emulated_port_within_a_process_needs_several_workers_and_plans_on_it() {
+        let mpi = |workers: usize, bandwidth: &str| {
+            opts(|o| {
+                o.transport = Some("mpi".into());
+                o.workers = Some(workers);
+                o.intra_bandwidth = Some(bandwidth.into());
+                o.intra_latency = Some("5us".into());
+            })
+        };
+        let err = mpi(1, "12GB/s").unwrap_err();
+        assert!(
+            err.contains("not --transport mpi with --workers 1"),
+            "{err}"
+        );
+        let err = mpi(2, "12GB/z").unwrap_err();
+        assert!(err.starts_with("--intra-bandwidth: "), "{err}");
+        // One float must cross the port within --comm-timeout, as on --link-bandwidth.
+        let err = mpi(2, "0.01bit").unwrap_err();
+        assert!(
+            err.starts_with("--intra-bandwidth 0.00125 bytes/s"),
+            "{err}"
+        );
+        let cfg = mpi(2, "12GB/s").unwrap();
+        let port = LinkModel {
+            bandwidth_bytes_per_s: 12e9,
+            latency: Duration::from_micros(5),
+        };
+        assert_eq!(cfg.intra_link, Some(port));
+        assert_eq!(cfg.plan_inputs().intra_link, Some(port));
+        assert_eq!(cfg.to_json()["intra_link"]["bandwidth_bytes_per_s"], 12e9);
+    }
+
     #[test]
     fn bad_options_are_refused_with_a_reason() {
         type Case = (Box<dyn FnOnce(&mut TrainOptions)>, &'static str);
@@ -1235,6 +1329,19 @@ mod tests {
             (
                 Box::new(|o| o.link_bandwidth = Some("10Gbt".into())),
                 "--link-bandwidth",
+            ),
+            (
+                Box::new(|o| {
+                    o.workers = Some(2);
+                    o.intra_bandwidth = Some("12GB/s".into())
+                }),
+                "--intra-bandwidth emulates the port between the workers of one process in a \
+                 run of several processes (--transport mpi with --workers 2 or more), not \
+                 --transport inproc",
+            ),
+            (
+                Box::new(|o| o.intra_latency = Some("5us".into())),
+                "--intra-latency needs --intra-bandwidth too",
             ),
             (Box::new(|o| o.comm = Some("star".into())), "--comm"),
             (

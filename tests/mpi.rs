@@ -223,6 +223,46 @@ fn two_ranks_of_two_workers_hierarchical_stay_in_sync_and_close_to_four_threads(
 }
 
 #[test]
+fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_their_sums() {
+    // `--intra-bandwidth` turns the within-process phases from reads of shared memory into
+    // messages through emulated ports: the same adds in the same order, so the same bits.
+    let tmp = tempfile::tempdir().unwrap();
+    for hierarchy in ["2d", "leader"] {
+        let run = |name: &str, port: &[&str]| {
+            let dir = tmp.path().join(format!("{hierarchy}-{name}"));
+            let mut args = small(
+                &dir,
+                &[
+                    "--comm",
+                    "ring",
+                    "--workers",
+                    "2",
+                    "--hierarchical",
+                    hierarchy,
+                ],
+            );
+            args.extend(["--bucket-kb", "32", "--first-bucket-kb", "32"].map(String::from));
+            args.extend(port.iter().map(|s| s.to_string()));
+            run_mpi(2, &args);
+            dir
+        };
+        let shared = run("shared", &[]);
+        let port = run(
+            "port",
+            &["--intra-bandwidth", "400MB/s", "--intra-latency", "20us"],
+        );
+        assert!(!weights(&port).is_empty());
+        assert!(
+            weights(&shared) == weights(&port),
+            "{hierarchy}: the emulated port changed the weights"
+        );
+        let link = &common::summary(&port)["config"]["intra_link"];
+        assert_eq!(link["bandwidth_bytes_per_s"], 4e8, "{hierarchy}: {link}");
+        assert!(common::summary(&shared)["config"]["intra_link"].is_null());
+    }
+}
+
+#[test]
 fn bench_allreduce_over_mpi_prints_one_table_with_every_mode() {
     for workers in ["1", "2"] {
         let o = mpirun()
@@ -274,7 +314,11 @@ fn a_config_mismatch_stops_every_rank_with_what_differs() {
 /// the output and how long after the signal mpirun was done.
 fn lose_rank_1(signal: &str, extra_mpirun: &[&str], extra: &[&str]) -> (String, Duration) {
     let tmp = tempfile::tempdir().unwrap();
-    let mark = format!("{signal}-{}", std::process::id());
+    // One mark per run: the tests of this binary run at once, and two that send the same
+    // signal must not find each other's rank 1.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mark = format!("{signal}-{}-{run}", std::process::id());
     let args = small(
         tmp.path(),
         &[

@@ -95,6 +95,13 @@ pub struct SimCheckArgs {
     /// Cluster: `train --hierarchical` settings, comma-separated (auto, 2d, leader, off).
     #[arg(long, default_value = "auto")]
     pub hierarchical: String,
+    /// Cluster, several workers per host: emulate each worker's port within its host
+    /// (`train --intra-bandwidth`, and the simulator's within-host link) at this fraction of
+    /// the host's link rate, as devices on a port about as fast as the NIC (0.96: a P100's
+    /// 12 GB/s PCIe 3 x16 beside a 100 Gbit/s NIC, the example of issue 22) [default: no
+    /// emulation: the workers are threads that share memory].
+    #[arg(long)]
+    pub intra_ratio: Option<f64>,
     /// Cluster: each worker's compute: emulated (a device of its own, held to a profile
     /// measured alone, see `testbed::device`) or shared (real compute on this machine's shared
     /// cores, profiled with as many replicas at once).
@@ -130,6 +137,12 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
             "--rounds must be at least 1 and --device-headroom at least 1 (a device no slower \
              than the real compute it holds), not {} and {}",
             a.rounds, a.device_headroom
+        ));
+    }
+    if let Some(r) = a.intra_ratio.filter(|r| !(*r > 0.0 && *r <= 1e4)) {
+        return Err(format!(
+            "--intra-ratio {r}: give the within-host port's rate as a positive fraction of the \
+             host's link rate (at most 10000)"
         ));
     }
     match a.against.as_str() {
@@ -847,6 +860,12 @@ impl<'a> ClusterCheck<'a> {
             intra.bandwidth_bytes_per_s / 1e9,
             intra.latency.as_secs_f64() * 1e6
         );
+        if let Some(ratio) = a.intra_ratio {
+            crate::outln!(
+                "within a host of several workers, each worker's port emulated at {ratio} x the \
+                 host's link (train --intra-bandwidth), the threads' hand-over on top"
+            );
+        }
         let emulated = match a.devices.as_str() {
             "emulated" => true,
             "shared" => false,
@@ -931,8 +950,7 @@ impl<'a> ClusterCheck<'a> {
         state: &mut ClusterState,
     ) -> Result<(), String> {
         let a = self.a;
-        // tc's rate ("100mbit") in our spelling ("100Mbit"), for the trainer's flags.
-        let ours = bw.replace("mbit", "Mbit").replace("gbit", "Gbit");
+        let ours = trainer_rate(bw);
         parse_bandwidth(&ours).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
         let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
         let links = self.measure_links(&cluster, hosts, bw, &ours)?;
@@ -1201,6 +1219,12 @@ impl<'a> ClusterCheck<'a> {
             "--run-dir".into(),
             dir.display().to_string(),
         ]);
+        if let Some(port) = self.intra_port(ours, d)? {
+            args.extend([
+                "--intra-bandwidth".into(),
+                format!("{}B/s", port.bandwidth_bytes_per_s),
+            ]);
+        }
         if let Some(kb) = self.partition_kb(case) {
             args.extend(["--partition-kb".into(), kb.to_string()]);
         }
@@ -1213,6 +1237,19 @@ impl<'a> ClusterCheck<'a> {
             ]);
         }
         Ok(args)
+    }
+
+    /// The emulated port within a host (`--intra-ratio` of the host's link `ours`), where a
+    /// host has `per_host` > 1 workers: what the runs give `train --intra-bandwidth`, with no
+    /// latency of its own (the threads' hand-over adds the measured one).
+    fn intra_port(&self, ours: &str, per_host: usize) -> Result<Option<LinkModel>, String> {
+        match self.a.intra_ratio {
+            Some(ratio) if per_host > 1 => Ok(Some(LinkModel {
+                bandwidth_bytes_per_s: ratio * parse_bandwidth(ours)?,
+                latency: std::time::Duration::ZERO,
+            })),
+            _ => Ok(None),
+        }
     }
 
     /// `--partition-kb` for a priority case (overlap's buckets go whole, as by default).
@@ -1290,11 +1327,17 @@ impl<'a> ClusterCheck<'a> {
             .find(|(fitted, _)| fitted == model)
             .expect("fitted above")
             .1;
-        let intra = links
+        let measured_intra = links
             .intra_of
             .iter()
             .find(|(dd, _)| *dd == d)
             .map_or(self.intra, |(_, l)| *l);
+        let port = self.intra_port(&trainer_rate(case.bw), d)?;
+        // An emulated port: its rate, and the threads' measured hand-over on top.
+        let intra = port.map_or(measured_intra, |p| LinkModel {
+            latency: measured_intra.latency,
+            ..p
+        });
         let topology = Topology {
             hosts: case.hosts,
             devices_per_host: d,
@@ -1315,8 +1358,9 @@ impl<'a> ClusterCheck<'a> {
             overlap: case.overlap,
             buckets: crate::plan::BucketFlags::default(),
             planning_link: Some(links.planning),
-            // The trainer's: it plans within a host on its assumed in-process link.
-            planning_intra: Some(crate::plan::IN_PROCESS_LINK),
+            // The trainer's: it plans within a host on the port it emulates, else on its
+            // assumed in-process link.
+            planning_intra: Some(port.unwrap_or(crate::plan::IN_PROCESS_LINK)),
             // The workers' compute varies as much as the profile says (emulated devices:
             // not at all).
             stragglers: Stragglers {
@@ -1360,6 +1404,11 @@ impl<'a> ClusterCheck<'a> {
         );
         Ok(())
     }
+}
+
+/// tc's rate ("100mbit") in our spelling ("100Mbit"), for the trainer's flags.
+fn trainer_rate(tc_rate: &str) -> String {
+    tc_rate.replace("mbit", "Mbit").replace("gbit", "Gbit")
 }
 
 /// The cluster table's overlap column: on, off, or prio (`--schedule priority`, overlap on).

@@ -618,7 +618,7 @@ fn worker_transports(
 ) -> Result<Vec<Option<Box<dyn crate::comm::Transport>>>, String> {
     if cfg.processes > 1 {
         let transports = group
-            .transports(cfg.workers)?
+            .transports(cfg.workers, cfg.intra_link)?
             .ok_or("MPI is not running in this process")?;
         return Ok(transports.into_iter().map(Some).collect());
     }

@@ -116,9 +116,14 @@ impl ProcessGroup {
     /// The gradient transports of this process's `workers` worker threads (element `w` for
     /// local worker `w`), each over every worker of the run: global rank
     /// `rank() * workers + w` of `size() * workers`, the threads of this process reached
-    /// through an in-process fabric, the others through MPI. `None` in a single-process run.
-    /// Collective: every process calls it once, with the same `workers`, in the same order.
-    pub fn transports(&self, workers: usize) -> Result<Option<Vec<Box<dyn Transport>>>, String> {
+    /// through an in-process fabric (over `intra`'s emulated ports, if given), the others
+    /// through MPI. `None` in a single-process run. Collective: every process calls it once,
+    /// with the same `workers`, in the same order.
+    pub fn transports(
+        &self,
+        workers: usize,
+        intra: Option<crate::comm::LinkModel>,
+    ) -> Result<Option<Vec<Box<dyn Transport>>>, String> {
         #[cfg(feature = "mpi")]
         if let Some(rt) = &self.mpi {
             let ports = rt.ports(workers, self.timeout)?;
@@ -126,7 +131,7 @@ impl ProcessGroup {
             // late because it waits on another process (a hierarchical leader, say), and that
             // wait, which names the process that was lost, must time out and report first; the
             // local waits then end at once, their peer's endpoint gone.
-            let local = crate::comm::InProcessFabric::new(workers, None, 2 * self.timeout);
+            let local = crate::comm::InProcessFabric::new(workers, intra, 2 * self.timeout);
             return Ok(Some(
                 local
                     .into_iter()
@@ -138,7 +143,7 @@ impl ProcessGroup {
                     .collect(),
             ));
         }
-        let _ = workers;
+        let _ = (workers, intra);
         Ok(None)
     }
 
