@@ -323,8 +323,8 @@ pub struct TrainOptions {
     pub link_latency: Option<String>,
     /// With --transport mpi and several workers per process: emulated bandwidth of each
     /// worker's port within its process (the devices of one host, e.g. 12GB/s for PCIe 3 x16),
-    /// which the hierarchies' within-host phases cross and `--comm auto` plans for [default:
-    /// no emulation: the workers are threads that share memory].
+    /// which every message between a process's workers crosses and `--comm auto` plans for
+    /// [default: no emulation: the workers are threads that share memory].
     #[arg(long)]
     pub intra_bandwidth: Option<String>,
     /// Emulated latency of that port, e.g. 5us [default: 0 with --intra-bandwidth].
@@ -701,12 +701,9 @@ impl TrainOptions {
         let comm = self.resolve_comm(workers.workers)?;
         let (schedule, partition_kb, credit_kb) = self.resolve_schedule(&comm)?;
         let link = self.resolve_link()?;
-        let intra_link = self.resolve_intra_link(&comm, workers.workers)?;
         let device = self.resolve_device()?;
         let comm_timeout = self.resolve_comm_timeout(link.as_ref())?;
-        if let Some(l) = &intra_link {
-            check_link_against_timeout(l, comm_timeout.as_secs_f64(), "intra")?;
-        }
+        let intra_link = self.resolve_intra_link(&comm, workers.workers, comm_timeout)?;
         let solver = self.resolve_solver()?;
         let epochs = self.epochs.unwrap_or(4);
         if epochs == 0 {
@@ -860,8 +857,9 @@ impl TrainOptions {
             return Err(
                 "--comm shm reads the other workers' buffers in place, so every worker must be \
                  a thread of one process: use --transport inproc (over MPI, the workers of \
-                 each process already share memory within a hierarchy: --comm auto or a mode \
-                 with --hierarchical 2d or leader)"
+                 each process already share memory within a hierarchy, unless \
+                 --intra-bandwidth emulates a port: --comm auto or a mode with \
+                 --hierarchical 2d or leader)"
                     .into(),
             );
         }
@@ -974,6 +972,7 @@ impl TrainOptions {
         &self,
         comm: &ResolvedComm,
         workers: usize,
+        comm_timeout: Duration,
     ) -> Result<Option<LinkModel>, String> {
         let bandwidth = match (&self.intra_bandwidth, &self.intra_latency) {
             (None, None) => return Ok(None),
@@ -984,17 +983,31 @@ impl TrainOptions {
             return Err(format!(
                 "--intra-bandwidth emulates the port between the workers of one process in a \
                  run of several processes (--transport mpi with --workers 2 or more), not \
-                 --transport {} with --workers {workers}; in one process, --link-bandwidth \
-                 gives every worker its own emulated port",
+                 --transport {} with --workers {workers}; with --transport inproc, \
+                 --link-bandwidth gives every worker its own emulated port",
                 comm.transport
             ));
         }
-        Ok(Some(LinkModel {
+        // The wire formats would round a process's partial sums on the port, where the cost
+        // model prices the within-host phases in f32 (`wire_route_time`).
+        if comm.compress != crate::plan::CompressChoice::NONE
+            && comm.compress.powersgd_rank().is_none()
+        {
+            return Err(format!(
+                "--intra-bandwidth with --compress {}: 16-bit values on the port within a \
+                 process are not supported (the within-host phases stay f32); use --compress \
+                 none or powersgd:R, or leave out --intra-bandwidth",
+                comm.compress
+            ));
+        }
+        let port = LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(bandwidth)
                 .map_err(|e| format!("--intra-bandwidth: {e}"))?,
             latency: parse_duration(self.intra_latency.as_deref().unwrap_or("0"))
                 .map_err(|e| format!("--intra-latency: {e}"))?,
-        }))
+        };
+        check_link_against_timeout(&port, comm_timeout.as_secs_f64(), "intra")?;
+        Ok(Some(port))
     }
 
     /// The emulated device, if `--emulate-device` gives a profile.
@@ -1287,6 +1300,17 @@ mod tests {
         let err = mpi(1, "12GB/s").unwrap_err();
         assert!(
             err.contains("not --transport mpi with --workers 1"),
+            "{err}"
+        );
+        let err = opts(|o| {
+            o.transport = Some("mpi".into());
+            o.workers = Some(2);
+            o.intra_bandwidth = Some("12GB/s".into());
+            o.compress = Some("bf16".into());
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("--intra-bandwidth with --compress bf16"),
             "{err}"
         );
         let err = mpi(2, "12GB/z").unwrap_err();

@@ -443,8 +443,8 @@ pub struct PlanInputs {
     /// The link given (`--link-*`), if any: between processes, or each worker's in one
     /// process.
     pub link: Option<LinkModel>,
-    /// The link between the workers of a process, if known (the simulator's host ports);
-    /// else [`IN_PROCESS_LINK`].
+    /// The link between the workers of a process, if known (the simulator's host ports, the
+    /// trainer's `--intra-bandwidth`); else [`IN_PROCESS_LINK`].
     pub intra_link: Option<LinkModel>,
     /// The bucket caps given.
     pub buckets: BucketFlags,

@@ -225,7 +225,9 @@ fn two_ranks_of_two_workers_hierarchical_stay_in_sync_and_close_to_four_threads(
 #[test]
 fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_their_sums() {
     // `--intra-bandwidth` turns the within-process phases from reads of shared memory into
-    // messages through emulated ports: the same adds in the same order, so the same bits.
+    // messages through emulated ports: the same adds in the same order, so the same bits,
+    // and the ports' time: every worker receives a whole gradient's bytes through its own
+    // (the leader's sums; or 2-D's shard in reduce-scatter and the rest in all-gather).
     let tmp = tempfile::tempdir().unwrap();
     for hierarchy in ["2d", "leader"] {
         let run = |name: &str, port: &[&str]| {
@@ -249,15 +251,30 @@ fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_the
         let shared = run("shared", &[]);
         let port = run(
             "port",
-            &["--intra-bandwidth", "400MB/s", "--intra-latency", "20us"],
+            &["--intra-bandwidth", "40MB/s", "--intra-latency", "20us"],
         );
         assert!(!weights(&port).is_empty());
         assert!(
             weights(&shared) == weights(&port),
             "{hierarchy}: the emulated port changed the weights"
         );
-        let link = &common::summary(&port)["config"]["intra_link"];
-        assert_eq!(link["bandwidth_bytes_per_s"], 4e8, "{hierarchy}: {link}");
+        let summary = common::summary(&port);
+        let link = &summary["config"]["intra_link"];
+        assert_eq!(link["bandwidth_bytes_per_s"], 4e7, "{hierarchy}: {link}");
+        let gradient_bytes: usize = weights(&port)
+            .iter()
+            .filter(|(name, _)| !name.starts_with("optimizer."))
+            .map(|(_, values)| 4 * values.len())
+            .sum();
+        let port_ms = 1e3 * gradient_bytes as f64 / 4e7;
+        let comm_ms = summary["breakdown"]["mean"]["comm_total_ms"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            comm_ms >= 0.9 * port_ms,
+            "{hierarchy}: {comm_ms} ms of communication a step, where the port alone takes \
+             {port_ms:.2} ms"
+        );
         assert!(common::summary(&shared)["config"]["intra_link"].is_null());
     }
 }

@@ -145,6 +145,13 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
              host's link rate (at most 10000)"
         ));
     }
+    if a.intra_ratio.is_some() && !matches!(a.against.as_str(), "cluster" | "all") {
+        return Err(format!(
+            "--intra-ratio sets the port within a host of the namespace cluster: it needs \
+             --against cluster (or all), not {}",
+            a.against
+        ));
+    }
     match a.against.as_str() {
         "emulated" => run_emulated(&a),
         "cluster" => run_cluster(&a),
@@ -1399,8 +1406,10 @@ impl<'a> ClusterCheck<'a> {
             sim.forward_ms + sim.backward_ms + sim.update_ms
         );
         crate::outln!(
-            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} schedule={} hierarchical={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
-            case.bw, case.hosts, case.overlap, case.schedule, case.hierarchy, m.step, sim.step_ms, cal.step_ms
+            "RESULT dptrain simcheck-cluster bw={} hosts={} workers_per_host={d} model={model} overlap={} schedule={} hierarchical={} intra_bytes_per_s={} measured_ms={:.2} simulated_ms={:.2} calibrated_ms={:.2}",
+            case.bw, case.hosts, case.overlap, case.schedule, case.hierarchy,
+            port.map_or("-".into(), |p| p.bandwidth_bytes_per_s.to_string()),
+            m.step, sim.step_ms, cal.step_ms
         );
         Ok(())
     }

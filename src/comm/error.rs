@@ -33,9 +33,10 @@ pub enum CommError {
     /// cannot hang a run.
     #[error(
         "rank {rank}: the emulated link needs {needed:.3?} to move {bytes} bytes \
-         to rank {peer} (tag {tag}), longer than --comm-timeout ({timeout:?}): a step would \
-         never finish in time; raise --link-bandwidth, lower --link-latency or raise \
-         --comm-timeout"
+         to rank {peer} (tag {tag}), longer than its timeout ({timeout:?}, from \
+         --comm-timeout): a step would never finish in time; raise the link's bandwidth \
+         (--link-bandwidth, or --intra-bandwidth for the port within a process), lower its \
+         latency or raise --comm-timeout"
     )]
     LinkTooSlow {
         /// Rank that saw it.

@@ -114,6 +114,20 @@ impl HybridTransport {
                 rank: self.rank,
                 detail,
             },
+            CommError::LinkTooSlow {
+                tag,
+                bytes,
+                needed,
+                timeout,
+                ..
+            } => CommError::LinkTooSlow {
+                rank: self.rank,
+                peer,
+                tag,
+                bytes,
+                needed,
+                timeout,
+            },
             other => other,
         }
     }

@@ -302,6 +302,18 @@ pub fn train_in(
     }
     crate::plan::per_worker_batch(cfg.batch, cfg.workers, cfg.processes)
         .map_err(|e| TrainError::from(PrepareError::Config(e.to_string())))?;
+    if cfg.intra_link.is_some() && cfg.processes == 1 {
+        // One process has no hierarchy: its workers would plan and run as flat threads, and
+        // the port would be recorded but not emulated.
+        return Err(PrepareError::Config(
+            "--intra-bandwidth emulates the port within a process of a run of several \
+             processes, and this run has one (mpirun -np 1, or a launch down to one host): \
+             leave it out, or emulate every worker's port with --link-bandwidth and \
+             --transport inproc"
+                .into(),
+        )
+        .into());
+    }
     // Every rank meets the same warnings; rank 0 alone shows them.
     let warn_on_lead = |message: &str| {
         if lead {

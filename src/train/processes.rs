@@ -543,6 +543,10 @@ pub fn run_description(
         ("hierarchical".into(), s(&cfg.hierarchy)),
         ("compress".into(), s(&cfg.compress)),
         (
+            "port within a process (--intra-bandwidth)".into(),
+            cfg.intra_link.map_or("-".into(), |l| format!("{l:?}")),
+        ),
+        (
             "bucket plan".into(),
             format!("{} [{}]", plan.describe(), sizes.join(",")),
         ),
