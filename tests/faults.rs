@@ -677,7 +677,8 @@ fn an_emulated_link_too_slow_for_the_timeout_fails_fast() {
     );
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains("the emulated link needs") && err.contains("longer than --comm-timeout"),
+        err.contains("the emulated link needs")
+            && err.contains("longer than its timeout (100s, from --comm-timeout)"),
         "{err}"
     );
     assert!(
