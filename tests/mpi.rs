@@ -277,6 +277,25 @@ fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_the
         );
         assert!(common::summary(&shared)["config"]["intra_link"].is_null());
     }
+    // One process has no port between processes' workers to emulate: refused, not recorded
+    // and ignored.
+    let dir = tmp.path().join("one-process");
+    let o = mpirun()
+        .args(["-np", "1", BIN])
+        .args(small(
+            &dir,
+            &["--workers", "2", "--intra-bandwidth", "40MB/s"],
+        ))
+        .args(["--transport", "mpi"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("error: --intra-bandwidth emulates the port within a process of a run of several processes, and this run has one"),
+        "{t}"
+    );
+    assert!(!t.contains("done:"), "{t}");
 }
 
 #[test]
