@@ -595,6 +595,32 @@ fn a_changed_checkpoint_is_reported_corrupt() {
 }
 
 #[test]
+fn worker_0s_evaluation_and_checkpoint_are_not_booked_to_the_next_epochs_steps() {
+    // Worker 0 evaluates and checkpoints between epochs (here a checkpoint that pauses for
+    // about 2 s). The other workers wait for it between epochs, not in the next epoch's
+    // collectives, where their step would book the wait as exposed communication.
+    let tmp = tempfile::tempdir().unwrap();
+    for schedule in ["overlap", "priority"] {
+        let s = run(&tmp.path().join(schedule), |o| {
+            o.workers = Some(2);
+            o.epochs = Some(2);
+            o.checkpoint_every = Some(1);
+            o.inject_fault = Some("slow-checkpoint".into());
+            o.schedule = Some(schedule.into());
+        });
+        // 20 steps an epoch: 2 s spread over the second epoch's 40 would be 50 ms a step.
+        let second = &s.epochs[1].breakdown;
+        assert_eq!(second.steps, 2 * 20, "{schedule}");
+        assert!(second.mean.step_ms < 20.0, "{schedule}: {:?}", second.mean);
+        assert!(
+            second.mean.exposed_comm_ms < 20.0,
+            "{schedule}: {:?}",
+            second.mean
+        );
+    }
+}
+
+#[test]
 fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
     let tmp = tempfile::tempdir().unwrap();
     // 3 steps: all of them untimed warm-up.

@@ -230,9 +230,10 @@ impl RunProgress {
         loss: f32,
         times: &StepTimes,
     ) {
-        super::heartbeat::record_steps_done(epoch * self.steps_per_epoch + step + 1);
+        let global = epoch * self.steps_per_epoch + step;
+        super::heartbeat::record_steps_done(global + 1);
         // Warm-up: this run's first steps, wherever in an epoch it started.
-        if epoch * self.steps_per_epoch + step >= self.first_step + metrics::WARMUP_STEPS {
+        if global >= self.first_step + metrics::WARMUP_STEPS {
             self.summary.breakdown.add(times);
             self.epoch_breakdown.add(times);
         }
