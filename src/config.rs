@@ -470,16 +470,36 @@ pub struct TrainOptions {
 /// overflow the clock arithmetic of the deadlines.
 pub const MAX_COMM_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
 
+/// Which flags set an emulated link: the network's or a host's port within its process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkFlags {
+    /// `--link-bandwidth` and `--link-latency`.
+    Link,
+    /// `--intra-bandwidth` and `--intra-latency`.
+    Intra,
+}
+
+impl LinkFlags {
+    /// The flags' common prefix (`--{prefix}-latency`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Self::Link => "link",
+            Self::Intra => "intra",
+        }
+    }
+}
+
 /// Refuses an emulated link on which no message could arrive within the timeout: the latency
 /// alone, or one f32 (the smallest message a collective sends) at the bandwidth, takes longer.
 /// Messages the link cannot deliver in time for other reasons (bigger ones) fail at once in the
 /// transport ([`crate::comm::CommError::LinkTooSlow`]), so no run sleeps past its timeout.
-/// `flags` names the link's flags in messages: `link` (`--link-*`) or `intra` (`--intra-*`).
+/// `flags` says which flags set the link, for the messages.
 pub fn check_link_against_timeout(
     link: &LinkModel,
     timeout_s: f64,
-    flags: &str,
+    flags: LinkFlags,
 ) -> Result<(), String> {
+    let flags = flags.prefix();
     let latency = link.latency.as_secs_f64();
     if latency >= timeout_s {
         return Err(format!(
@@ -1006,7 +1026,7 @@ impl TrainOptions {
             latency: parse_duration(self.intra_latency.as_deref().unwrap_or("0"))
                 .map_err(|e| format!("--intra-latency: {e}"))?,
         };
-        check_link_against_timeout(&port, comm_timeout.as_secs_f64(), "intra")?;
+        check_link_against_timeout(&port, comm_timeout.as_secs_f64(), LinkFlags::Intra)?;
         Ok(Some(port))
     }
 
@@ -1032,7 +1052,7 @@ impl TrainOptions {
             ));
         }
         if let Some(l) = link {
-            check_link_against_timeout(l, comm_timeout, "link")?;
+            check_link_against_timeout(l, comm_timeout, LinkFlags::Link)?;
         }
         Ok(Duration::from_secs_f64(comm_timeout))
     }

@@ -528,7 +528,11 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     let link = parse_link(&a.link_bandwidth, &a.link_latency)?;
     let (ops, with_auto) = comm_ops(&a.comm, link.is_none())?;
     if let Some(l) = &link {
-        crate::config::check_link_against_timeout(l, TIMEOUT_S as f64, "link")?;
+        crate::config::check_link_against_timeout(
+            l,
+            TIMEOUT_S as f64,
+            crate::config::LinkFlags::Link,
+        )?;
     }
     crate::comm::transport::check_in_process_workers(workers)?;
     // Each worker holds the buffer and a scratch copy; the fabric its channels and the

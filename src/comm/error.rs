@@ -13,8 +13,8 @@ pub enum CommError {
     /// transport's timeout.
     #[error(
         "rank {rank} waited {waited:?} for a message from rank {from} (tag {tag}): \
-         the peer may have died or stalled; raise --comm-timeout if steps are \
-         legitimately this slow"
+         the peer may have died or stalled; raise --comm-timeout if steps (or worker 0's \
+         evaluation and checkpoint between epochs) are legitimately this slow"
     )]
     Timeout {
         /// Rank that was waiting.

@@ -27,7 +27,8 @@ pub enum Phase {
     Communication,
     /// The solver step.
     Update,
-    /// Worker 0's test-set evaluation and checkpoint.
+    /// Worker 0's test-set evaluation and checkpoint, and the other workers' wait for it
+    /// between epochs.
     Evaluation,
     /// Global worker 0's copy of a restart point (`--commit-every`).
     Commit,
