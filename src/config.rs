@@ -607,11 +607,10 @@ impl TrainConfig {
             "eval_transform": self.eval_transform.as_ref().map(|t| t.to_string()),
             "normalize": self.normalize.to_string(),
         });
-        // Apart: one more key would pass json!'s recursion limit.
-        json["intra_link"] = serde_json::json!(self.intra_link.map(|l| serde_json::json!({
-            "bandwidth_bytes_per_s": l.bandwidth_bytes_per_s,
-            "latency_us": l.latency.as_secs_f64() * 1e6,
-        })));
+        // Apart, in the link's flat form: more keys in one json! pass its recursion limit.
+        let port = self.intra_link;
+        json["intra_bandwidth_bytes_per_s"] = port.map(|l| l.bandwidth_bytes_per_s).into();
+        json["intra_latency_us"] = port.map(|l| l.latency.as_secs_f64() * 1e6).into();
         json
     }
 }
@@ -1348,7 +1347,7 @@ mod tests {
         };
         assert_eq!(cfg.intra_link, Some(port));
         assert_eq!(cfg.plan_inputs().intra_link, Some(port));
-        assert_eq!(cfg.to_json()["intra_link"]["bandwidth_bytes_per_s"], 12e9);
+        assert_eq!(cfg.to_json()["intra_bandwidth_bytes_per_s"], 12e9);
     }
 
     #[test]

@@ -259,8 +259,9 @@ fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_the
             "{hierarchy}: the emulated port changed the weights"
         );
         let summary = common::summary(&port);
-        let link = &summary["config"]["intra_link"];
-        assert_eq!(link["bandwidth_bytes_per_s"], 4e7, "{hierarchy}: {link}");
+        let recorded = &summary["config"]["intra_bandwidth_bytes_per_s"];
+        assert_eq!(*recorded, 4e7, "{hierarchy}: {recorded}");
+        assert_eq!(summary["config"]["intra_latency_us"], 20.0, "{hierarchy}");
         let gradient_bytes: usize = weights(&port)
             .iter()
             .filter(|(name, _)| !name.starts_with("optimizer."))
@@ -275,7 +276,7 @@ fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_the
             "{hierarchy}: {comm_ms} ms of communication a step, where the port alone takes \
              {port_ms:.2} ms"
         );
-        assert!(common::summary(&shared)["config"]["intra_link"].is_null());
+        assert!(common::summary(&shared)["config"]["intra_bandwidth_bytes_per_s"].is_null());
     }
     // One process has no port between processes' workers to emulate: refused, not recorded
     // and ignored.

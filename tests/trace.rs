@@ -300,6 +300,10 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
     let table = dptrain::report::write_comparison(&runs, &out).unwrap();
     assert!(table.contains("| one | two |"), "{table}");
     assert!(table.contains("| workers | 1 | 2 |"), "{table}");
+    assert!(
+        table.contains("| port within a host | none | none |"),
+        "{table}"
+    );
     let md = std::fs::read_to_string(out.join("comparison.md")).unwrap();
     assert!(md.contains("](breakdown.png)"));
     assert_eq!(

@@ -139,6 +139,14 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(figures)
 }
 
+/// An emulated link's rate from a run's config key (`none` where the run had none).
+fn emulated_rate(r: &RunData, key: &str) -> String {
+    match r.config.get(key) {
+        Some(Value::Number(n)) => format!("{:.0} Mbit/s", n.as_f64().unwrap_or(0.0) * 8e-6),
+        _ => "none".into(),
+    }
+}
+
 /// Compares runs side by side: writes `out/comparison.md` (one column per run) and
 /// `out/breakdown.png` (one stacked bar per run); returns the table.
 pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, String> {
@@ -163,13 +171,10 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
     for key in ["model", "dataset", "workers", "batch", "comm", "overlap"] {
         row(key, &|r| r.config_str(key));
     }
-    row(
-        "link",
-        &|r| match r.config.get("link_bandwidth_bytes_per_s") {
-            Some(Value::Number(n)) => format!("{:.0} Mbit/s", n.as_f64().unwrap_or(0.0) * 8e-6),
-            _ => "none".into(),
-        },
-    );
+    row("link", &|r| emulated_rate(r, "link_bandwidth_bytes_per_s"));
+    row("port within a host", &|r| {
+        emulated_rate(r, "intra_bandwidth_bytes_per_s")
+    });
     row("test accuracy", &|r| {
         r.final_accuracy()
             .map_or("-".into(), |a| format!("{:.2}%", 100.0 * a))
