@@ -301,15 +301,24 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
     assert!(table.contains("| one | two |"), "{table}");
     assert!(table.contains("| workers | 1 | 2 |"), "{table}");
     assert!(
+        table.contains("| schedule | overlap | overlap |"),
+        "{table}"
+    );
+    assert!(
         table.contains("| port within a host | none | none |"),
         "{table}"
     );
     let md = std::fs::read_to_string(out.join("comparison.md")).unwrap();
-    assert!(md.contains("](breakdown.png)"));
+    assert!(md.contains("](comparison.png)"));
     assert_eq!(
-        png_size(&out.join("breakdown.png")),
+        png_size(&out.join("comparison.png")),
         dptrain::report::plot::SIZE
     );
+    // Written into one of the runs, the comparison keeps that run's own breakdown figure.
+    let own = std::fs::read(runs[0].join("breakdown.png")).unwrap();
+    dptrain::report::write_comparison(&runs, &runs[0]).unwrap();
+    assert!(std::fs::read(runs[0].join("breakdown.png")).unwrap() == own);
+    assert!(runs[0].join("comparison.png").exists());
     assert!(dptrain::report::write_run_report(&tmp.path().join("none")).is_err());
 }
 
@@ -382,6 +391,33 @@ fn a_trace_window_that_misses_the_run_is_refused_before_training() {
     run("8..20", "partly").unwrap();
     let (spans, _) = read_trace(&tmp.path().join("partly.json"));
     assert!(spans.iter().any(|s| s.args["global_step"] == 9));
+}
+
+#[test]
+fn a_run_resumed_from_an_earlier_checkpoint_reports_each_epoch_once() {
+    // metrics.jsonl keeps the abandoned epochs 3 and 4 and appends the redone ones.
+    let tmp = tempfile::tempdir().unwrap();
+    let epoch = |e: u32, accuracy: f64| {
+        serde_json::json!({"kind": "epoch", "epoch": e, "train_loss": 1.0, "test_loss": 1.0,
+            "test_accuracy": accuracy, "images_per_s": 100.0})
+        .to_string()
+    };
+    let lines = [
+        epoch(1, 0.1),
+        epoch(2, 0.2),
+        epoch(3, 0.3),
+        epoch(4, 0.4),
+        epoch(3, 0.33),
+        epoch(4, 0.44),
+    ];
+    std::fs::write(tmp.path().join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+    let run = dptrain::report::RunData::load(tmp.path()).unwrap();
+    let got: Vec<(usize, f64)> = run
+        .epochs
+        .iter()
+        .map(|e| (e.epoch, e.test_accuracy))
+        .collect();
+    assert_eq!(got, [(1, 0.1), (2, 0.2), (3, 0.33), (4, 0.44)]);
 }
 
 #[test]

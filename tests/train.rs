@@ -621,6 +621,30 @@ fn worker_0s_evaluation_and_checkpoint_are_not_booked_to_the_next_epochs_steps()
 }
 
 #[test]
+fn under_priority_an_epochs_steps_hold_its_time_when_restart_points_drain_every_step() {
+    // Under priority a step's update waits for the next forward; before a restart point (and
+    // the epoch's end) it is drained instead, and that wait and update are the step's own.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = run(&tmp.path().join("r"), |o| {
+        o.workers = Some(2);
+        o.epochs = Some(2);
+        o.schedule = Some("priority".into());
+        o.link_bandwidth = Some("20Mbit".into());
+        o.commit_every = Some(1);
+    });
+    let second = &s.epochs[1];
+    // Worker 0's 20 steps of the second epoch (no warm-up there) against the epoch's time.
+    let steps_s = 20.0 * second.breakdown.mean.step_ms / 1e3;
+    assert!(
+        steps_s > 0.8 * second.seconds && steps_s < 1.1 * second.seconds,
+        "steps {steps_s:.3} s, epoch {:.3} s: {:?}",
+        second.seconds,
+        second.breakdown.mean
+    );
+    assert!(second.breakdown.mean.exposed_comm_ms > 0.0);
+}
+
+#[test]
 fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
     let tmp = tempfile::tempdir().unwrap();
     // 3 steps: all of them untimed warm-up.

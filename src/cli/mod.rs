@@ -63,7 +63,7 @@ enum Command {
         /// Run directories.
         #[arg(required = true)]
         run_dirs: Vec<PathBuf>,
-        /// Where the comparison (comparison.md, breakdown.png) goes, with several runs (the
+        /// Where the comparison (comparison.md, comparison.png) goes, with several runs (the
         /// directory is created; its parent must exist) [default: runs/comparison].
         #[arg(long)]
         out: Option<PathBuf>,

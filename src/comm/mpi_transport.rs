@@ -19,7 +19,7 @@
 //!   passes; once matched, `MPI_Mrecv` takes it. Probing first also gives the message's length,
 //!   so a wrong-sized message is a [`CommError::SizeMismatch`] instead of MPI's fatal
 //!   truncation error.
-//! * **Every MPI call in the process holds one process-wide lock** ([`MPI_CALLS`]). MPI may
+//! * **Every MPI call in the process holds one process-wide lock** (`MPI_CALLS`). MPI may
 //!   grant only `MPI_THREAD_SERIALIZED` (we ask for `MULTIPLE` and accept less), which forbids
 //!   two threads inside MPI at once *anywhere in the process*, not just per communicator; the
 //!   callers are several communication threads, the progress threads and the main thread's

@@ -139,16 +139,22 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(figures)
 }
 
-/// An emulated link's rate from a run's config key (`none` where the run had none).
-fn emulated_rate(r: &RunData, key: &str) -> String {
-    match r.config.get(key) {
-        Some(Value::Number(n)) => format!("{:.0} Mbit/s", n.as_f64().unwrap_or(0.0) * 8e-6),
-        _ => "none".into(),
+/// An emulated link from a run's config keys `{prefix}_bandwidth_bytes_per_s` and
+/// `{prefix}_latency_us`: rate and latency (`none` where the run had none).
+fn emulated_link(r: &RunData, prefix: &str) -> String {
+    let value = |key: String| r.config.get(&key).and_then(Value::as_f64);
+    match value(format!("{prefix}_bandwidth_bytes_per_s")) {
+        Some(bytes_per_s) => {
+            let latency = value(format!("{prefix}_latency_us")).unwrap_or(0.0);
+            format!("{:.0} Mbit/s, {latency:.0} us", bytes_per_s * 8e-6)
+        }
+        None => "none".into(),
     }
 }
 
 /// Compares runs side by side: writes `out/comparison.md` (one column per run) and
-/// `out/breakdown.png` (one stacked bar per run); returns the table.
+/// `out/comparison.png` (one stacked bar per run; not `breakdown.png`, so that an `--out`
+/// that is one of the runs keeps that run's own figure); returns the table.
 pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, String> {
     let runs = run_dirs
         .iter()
@@ -168,13 +174,15 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
         }
         t.push('\n');
     };
-    for key in ["model", "dataset", "workers", "batch", "comm", "overlap"] {
+    let keys = [
+        "model", "dataset", "workers", "threads", "batch", "comm", "overlap", "schedule",
+        "compress",
+    ];
+    for key in keys {
         row(key, &|r| r.config_str(key));
     }
-    row("link", &|r| emulated_rate(r, "link_bandwidth_bytes_per_s"));
-    row("port within a host", &|r| {
-        emulated_rate(r, "intra_bandwidth_bytes_per_s")
-    });
+    row("link", &|r| emulated_link(r, "link"));
+    row("port within a host", &|r| emulated_link(r, "intra"));
     row("test accuracy", &|r| {
         r.final_accuracy()
             .map_or("-".into(), |a| format!("{:.2}%", 100.0 * a))
@@ -190,9 +198,9 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
     }
     row("comm hidden", &|r| format!("{:.0}%", r.phases.hidden_pct()));
     crate::output::create_dir(out)?;
-    plot::breakdown_per_run(&runs, &out.join("breakdown.png"))?;
+    plot::breakdown_per_run(&runs, &out.join("comparison.png"))?;
     let md =
-        format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](breakdown.png)\n");
+        format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](comparison.png)\n");
     crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes())?;
     Ok(t)
 }

@@ -425,6 +425,15 @@ fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
                     i + 1
                 )
             })?;
+            // A run resumed from an earlier checkpoint trains its epochs again and appends
+            // them: the later lines supersede the abandoned ones (which stay in the file).
+            let epoch = v["epoch"].as_u64();
+            while lines
+                .last()
+                .is_some_and(|l: &Value| l["epoch"].as_u64() >= epoch)
+            {
+                lines.pop();
+            }
             lines.push(v);
         }
     }
