@@ -312,7 +312,7 @@ pub struct AllReduceArgs {
     #[arg(long)]
     pub workers: Option<usize>,
     /// inproc (worker threads of this process) or mpi (run under mpirun; only rank 0
-    /// prints) [default: inproc].
+    /// prints).
     #[arg(long, default_value = "inproc")]
     pub transport: String,
     /// Sizes in bytes, comma-separated; K, M suffixes allowed.

@@ -15,7 +15,7 @@ pub(super) struct EvalArgs {
     /// Its directory [default: the checkpoint's, with its dataset].
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Which split: test or train [default: test].
+    /// Which split: test or train.
     #[arg(long, default_value = "test", value_parser = ["test", "train"])]
     split: String,
     /// Only the first N samples of the split (chosen as --test-limit chooses them).

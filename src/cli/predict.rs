@@ -69,8 +69,10 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
     }
     if failed > 0 {
         return Err(format!(
-            "{failed} of {} files could not be predicted (each named above); the others were",
-            files.len()
+            "{failed} of {} files could not be predicted (each named above); the other {} \
+             were predicted",
+            files.len(),
+            files.len() - failed
         ));
     }
     Ok(())

@@ -106,19 +106,11 @@ impl Source {
             }
             Source::Folder(f) => {
                 let n = estimate_normalization(f, eval, NORM_PROBE);
-                let how = format!(
-                    "estimated from {} training images through {eval}",
-                    f.len().min(NORM_PROBE)
-                );
-                (n, how)
+                (n, estimated_through(f.len().min(NORM_PROBE), eval))
             }
             Source::Packed(p) => {
                 let n = super::packed::estimate_normalization(p, eval, NORM_PROBE);
-                let how = format!(
-                    "estimated from {} training images through {eval}",
-                    p.len().min(NORM_PROBE)
-                );
-                (n, how)
+                (n, estimated_through(p.len().min(NORM_PROBE), eval))
             }
         }
     }
@@ -192,6 +184,16 @@ impl Source {
                 out,
             ),
         }
+    }
+}
+
+/// How a normalisation was estimated from `images` training images, seen through the
+/// evaluation transforms `eval` (said only when there are some).
+fn estimated_through(images: usize, eval: &Transforms) -> String {
+    if eval.is_off() {
+        format!("estimated from {images} training images")
+    } else {
+        format!("estimated from {images} training images through {eval}")
     }
 }
 

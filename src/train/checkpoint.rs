@@ -49,8 +49,8 @@ pub enum CheckpointError {
     /// The tensor data does not hash to the checksum written with it.
     #[error(
         "checkpoint {} is corrupt (checksum mismatch: its tensor data hashes to {got}, it was \
-         written as {want}): the file changed after it was written; resume from another \
-         checkpoint",
+         written as {want}): the file changed after it was written; use another checkpoint \
+         (an earlier epoch's, or a restart point)",
         path.display()
     )]
     Corrupt {
