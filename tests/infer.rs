@@ -321,6 +321,12 @@ fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
     );
     let e = refused(&["--resume", c]);
     assert!(e.contains("give one of them"), "{e}");
+    // Another model's checkpoint: both models are named.
+    let e = refused(&["--model", "vgg-small", "--dataset", "synthetic:3x32x32"]);
+    assert!(
+        e.contains("(model 'lenet5') has no tensor") && e.contains("this run's model 'vgg-small'"),
+        "{e}"
+    );
     // An explicit --reinit on the same dataset starts that layer over (and says so).
     let (ok, _, stderr) = dptrain(&[
         "train",

@@ -457,6 +457,10 @@ fn report_refuses_a_summary_of_the_wrong_types_naming_the_field() {
         let err = dptrain::report::write_run_report(&dir).unwrap_err();
         assert!(err.contains(want) && err.contains("summary.json"), "{err}");
     }
+    // An object with none of a summary's fields (it would report nothing, silently).
+    std::fs::write(&path, r#"{"x": 1}"#).unwrap();
+    let err = dptrain::report::write_run_report(&dir).unwrap_err();
+    assert!(err.contains("has no field 'config'"), "{err}");
     std::fs::write(&path, "[1, 2]").unwrap();
     let err = dptrain::report::write_run_report(&dir).unwrap_err();
     assert!(err.contains("is an array, not a JSON object"), "{err}");

@@ -330,7 +330,13 @@ fn read_summary(path: &Path) -> Result<Option<Value>, String> {
     };
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| format!("{}: {}", path.display(), json_error(&e)))?;
-    check_types(&v, SUMMARY_FIELDS).map_err(|e| {
+    // Every summary dptrain writes has its configuration: without one, the report would be
+    // empty and say nothing of why.
+    let typed = check_types(&v, SUMMARY_FIELDS).and_then(|()| match v.get("config") {
+        Some(_) => Ok(()),
+        None => Err("has no field 'config'".to_string()),
+    });
+    typed.map_err(|e| {
         format!(
             "{}: {e}; it is not a summary dptrain wrote (or it was edited): \
              re-run the training, or remove the file to report from metrics.jsonl",

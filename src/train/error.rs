@@ -196,9 +196,10 @@ pub enum PrepareError {
     /// The checkpoint to resume from cannot continue this run.
     #[error(transparent)]
     Resume(#[from] ResumeError),
-    /// The checkpoint of `--weights` does not fit this run's model.
+    /// The checkpoint of `--weights` does not fit this run's model (boxed: its variants
+    /// carry the names of both models and a layer's shapes).
     #[error(transparent)]
-    Weights(#[from] super::weights::WeightsError),
+    Weights(Box<super::weights::WeightsError>),
     /// An output cannot be written (checked, and the run directory prepared, up front).
     #[error(transparent)]
     Outputs(#[from] OutputsError),
@@ -211,6 +212,12 @@ pub enum PrepareError {
     /// The emulated device's profile is not of this run.
     #[error(transparent)]
     Device(#[from] crate::testbed::device::DeviceError),
+}
+
+impl From<super::weights::WeightsError> for PrepareError {
+    fn from(e: super::weights::WeightsError) -> Self {
+        Self::Weights(Box::new(e))
+    }
 }
 
 impl From<ModelError> for PrepareError {

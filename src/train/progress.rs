@@ -58,8 +58,16 @@ impl ProgressDisplay {
         if self.quiet || self.json_log {
             return;
         }
+        // The schedule and compression when not the defaults, which the rest of the line shows.
+        let mut beyond = String::new();
+        if cfg.schedule != crate::parallel::Schedule::Overlap {
+            beyond.push_str(&format!(", schedule {}", cfg.schedule));
+        }
+        if cfg.compress != crate::plan::CompressChoice::Fixed(crate::comm::WireFormat::F32) {
+            beyond.push_str(&format!(", compress {}", cfg.compress));
+        }
         self.say(format!(
-            "{} on {}: {} workers x {} threads, comm {}, overlap {}\n  {}; per bucket: {}",
+            "{} on {}: {} workers x {} threads, comm {}, overlap {}{beyond}\n  {}; per bucket: {}",
             cfg.model,
             cfg.dataset,
             cfg.world(),

@@ -61,7 +61,8 @@ pub enum WeightsError {
     /// The checkpoint has no tensor for a layer of the model.
     #[error(
         "--weights {}: the checkpoint (model '{from}') has no tensor '{tensor}' for layer \
-         '{layer}'; start that layer from scratch with --reinit {layer}",
+         '{layer}' of this run's model '{model}'; start that layer from scratch with --reinit \
+         {layer}, or give a checkpoint of a model that has it",
         path.display()
     )]
     Missing {
@@ -69,6 +70,8 @@ pub enum WeightsError {
         path: PathBuf,
         /// The checkpoint's model.
         from: String,
+        /// This run's model.
+        model: String,
         /// The layer.
         layer: String,
         /// The tensor's full name.
@@ -131,6 +134,7 @@ impl StartWeights {
                         return Err(WeightsError::Missing {
                             path: path.to_path_buf(),
                             from: ck.state.model.clone(),
+                            model: g.name.clone(),
                             layer: b.name.clone(),
                             tensor: name,
                         })
