@@ -433,12 +433,11 @@ fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
             })?;
             // A run resumed from an earlier checkpoint trains its epochs again and appends
             // them: the later lines supersede the abandoned ones (which stay in the file).
-            let epoch = v["epoch"].as_u64();
-            while lines
-                .last()
-                .is_some_and(|l: &Value| l["epoch"].as_u64() >= epoch)
-            {
-                lines.pop();
+            if let Some(epoch) = v["epoch"].as_u64() {
+                let redone = |l: &Value| l["epoch"].as_u64().is_some_and(|e| e >= epoch);
+                while lines.last().is_some_and(redone) {
+                    lines.pop();
+                }
             }
             lines.push(v);
         }

@@ -704,6 +704,7 @@ impl Worker {
         let started = Instant::now();
         let before = self.reducer.times();
         self.drain_updates()?;
+        self.hold_device(started, |d| d.update);
         let after = self.reducer.times();
         let waited = after.exposed.saturating_sub(before.exposed);
         // Taken so that it is not booked again to the next step's forward.
@@ -861,10 +862,11 @@ impl Worker {
             "forward",
             started,
         );
-        // Under priority scheduling each layer first gets the last step's update. An emulated
-        // device runs its forward block by block around those waits.
+        // Under priority scheduling each layer first gets the last step's update, unless it
+        // was drained after that step (`drain_into`). An emulated device runs its forward
+        // block by block around those waits and updates.
         let (priority, reducer, sgd) = (&mut self.priority, &mut self.reducer, &mut self.sgd);
-        let updates = priority.active();
+        let updates = priority.deferred();
         let mut device = (self.cfg.device.as_ref()).map(|d| d.paced_forward(started, updates));
         let report = self.net.forward_gated(
             &batch.images,
