@@ -63,7 +63,7 @@ impl ProgressDisplay {
         if cfg.schedule != crate::parallel::Schedule::Overlap {
             beyond.push_str(&format!(", schedule {}", cfg.schedule));
         }
-        if cfg.compress != crate::plan::CompressChoice::Fixed(crate::comm::WireFormat::F32) {
+        if cfg.compress != crate::plan::CompressChoice::NONE {
             beyond.push_str(&format!(", compress {}", cfg.compress));
         }
         self.say(format!(
