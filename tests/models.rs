@@ -2,7 +2,7 @@
 //! passes the check and then fails in forward.
 
 use dptrain::model::{file, Graph, ModelErrorKind};
-use dptrain::nn::{FlatGrads, Mode, Net, NetConfig, StepInfo};
+use dptrain::nn::{FlatGrads, GradSink, Mode, Net, NetConfig, StepInfo};
 use std::sync::Arc;
 
 fn parse_err(text: &str) -> dptrain::model::ModelError {
@@ -216,4 +216,96 @@ fn model_show_prints_every_layer_and_the_totals() {
         err.contains("layer 'c2' (conv2d)") && err.contains("6x4x4"),
         "{err}"
     );
+}
+
+/// A gradient sink that records the order blocks are written in.
+struct Recording {
+    grads: FlatGrads,
+    written: Vec<usize>,
+}
+
+impl GradSink for Recording {
+    fn block_grads(&mut self, block: usize) -> &mut [f32] {
+        assert!(
+            !self.written.contains(&block),
+            "block {block}'s gradient asked for after it was written"
+        );
+        self.grads.block_grads(block)
+    }
+    fn block_written(&mut self, block: usize) -> Result<(), String> {
+        self.written.push(block);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_convolution_hands_its_block_over_before_its_input_gradient() {
+    for (model, input) in [
+        ("vgg-small", [3, 32, 32]),
+        ("lenet5", [1, 28, 28]),
+        ("resnet20", [3, 32, 32]),
+    ] {
+        let spec = dptrain::model::load(model).unwrap();
+        let g = Arc::new(Graph::build(&spec, input, 10).unwrap());
+        let mut net = Net::new(
+            g.clone(),
+            NetConfig {
+                max_batch: 2,
+                seed: 1,
+            },
+        )
+        .unwrap();
+        let x = vec![0.25f32; 2 * g.input().numel()];
+        let info = StepInfo {
+            seed: 1,
+            step: 0,
+            first_sample: 0,
+            global_batch: 2,
+        };
+        net.forward(&x, &[0, 1], 2, Mode::Train(info));
+        let mut sink = Recording {
+            grads: FlatGrads::for_net(&net),
+            written: Vec::new(),
+        };
+        let mut reports = Vec::new();
+        net.backward(&mut sink, &mut |d| {
+            reports.push((d.exec, d.block));
+            Ok(())
+        })
+        .unwrap();
+        // Every block once, the last first.
+        let blocks = net.blocks().len();
+        assert_eq!(
+            sink.written,
+            (0..blocks).rev().collect::<Vec<_>>(),
+            "{model}"
+        );
+        // Each convolution but the first (whose input needs no gradient) reports twice: with
+        // its block, then without it, after its input gradient.
+        let names: Vec<&str> = net.exec_names().collect();
+        let nodes: Vec<usize> = net.exec_nodes().collect();
+        let mut split = 0;
+        for (k, w) in reports.windows(2).enumerate() {
+            if w[0].0 == w[1].0 {
+                assert!(w[0].1.is_some() && w[1].1.is_none(), "{model}: {w:?}");
+                let op = g.nodes[nodes[w[0].0]].layer();
+                assert!(
+                    matches!(op, Some(dptrain::model::Op::Conv2d(_))),
+                    "{model}: {} split at report {k}",
+                    names[w[0].0]
+                );
+                split += 1;
+            }
+        }
+        let convs = g
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.layer(), Some(dptrain::model::Op::Conv2d(_))))
+            .count();
+        assert_eq!(
+            split,
+            convs - 1,
+            "{model}: every convolution but the first splits"
+        );
+    }
 }

@@ -193,6 +193,7 @@ fn comm_only(bytes: usize) -> Profile {
             backward_ms: 0.0,
             param_sizes: vec![bytes / 4],
             matrices: None,
+            input_grad_ms: None,
             macs_per_sample: 0,
         }],
         update_ms: 0.0,
@@ -301,6 +302,7 @@ fn uneven() -> Profile {
                 backward_ms: *b,
                 param_sizes: p.to_vec(),
                 matrices: None,
+                input_grad_ms: None,
                 macs_per_sample: 0,
             })
             .collect(),
@@ -956,7 +958,18 @@ fn profiles_with_unphysical_numbers_are_refused_on_load_naming_the_field() {
     let path = dir.path().join("p.json");
     let mut good = serde_json::to_value(uneven()).unwrap();
     good["blocks"][0]["matrices"] = serde_json::json!([{"offset": 0, "rows": 10, "cols": 100}]);
-    let cases: [(&str, serde_json::Value, &str); 8] = [
+    good["blocks"][1]["input_grad_ms"] = 0.0.into();
+    let cases: [(&str, serde_json::Value, &str); 10] = [
+        (
+            "/blocks/1/input_grad_ms",
+            1e6.into(),
+            "block 'b1' has input_grad_ms 1000000 above its backward_ms",
+        ),
+        (
+            "/blocks/1/input_grad_ms",
+            (-1.0).into(),
+            "block 1 ('b1') input_grad_ms is -1",
+        ),
         // Block 0 holds 1010 values.
         (
             "/blocks/0/matrices/0/rows",
@@ -1170,6 +1183,7 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
                 backward_ms: 2.0,
                 param_sizes: vec![n],
                 matrices: None,
+                input_grad_ms: None,
                 macs_per_sample: 1,
             })
             .collect(),
@@ -1727,4 +1741,42 @@ fn simulate_searches_the_schedule_and_prices_powersgd_from_a_models_graph() {
         rank1 < none / 10.0,
         "powersgd:1 {rank1} ms against none {none} ms"
     );
+}
+
+#[test]
+fn a_block_written_before_its_input_gradient_leaves_that_much_earlier() {
+    // Two blocks of 1.25 MB, a bucket each, on a 125 MB/s link (10 ms each, latency 0).
+    // Backward runs b1 (10 ms) then b0 (1 ms): b1's bucket is done at 20 ms, b0's, which
+    // waits for it, at 30. With b1 written 6 ms before its backward ends (its input
+    // gradient after), b1's bucket is done at 14, b0's at 24: the step 6 ms shorter.
+    let block = |name: &str, backward_ms: f64| BlockProfile {
+        name: name.into(),
+        forward_ms: 0.0,
+        backward_ms,
+        param_sizes: vec![312_500],
+        matrices: None,
+        input_grad_ms: None,
+        macs_per_sample: 0,
+    };
+    let mut p = Profile {
+        model: "two".into(),
+        source: "test".into(),
+        batch: 1,
+        input: [1, 1, 1],
+        blocks: vec![block("b0", 1.0), block("b1", 10.0)],
+        update_ms: 0.0,
+        compute_spread: None,
+    };
+    let c = cfg(
+        Topology::flat(2, link(125e6, 0)),
+        CommChoice::Fixed(CommMode::Redundant),
+        true,
+        Some(1),
+    );
+    let mut sim = Simulator::new();
+    let whole = sim.step(&p, &c).unwrap().step_ms;
+    p.blocks[1].input_grad_ms = Some(6.0);
+    let split = sim.step(&p, &c).unwrap().step_ms;
+    assert!((whole - 30.0).abs() < 0.01, "{whole}");
+    assert!((split - 24.0).abs() < 0.01, "{split}");
 }

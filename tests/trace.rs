@@ -207,17 +207,23 @@ fn traced_run(dir: &Path, overlap: &str) -> usize {
         }
         // Every layer (a fused activation with its layer) is timed forward and backward,
         // under its name: lenet5 runs 9 (c1+relu, pool, c2+relu, pool, flatten, f1+relu,
-        // f2+relu, f3, the loss), all of them in backward too.
-        for pass in ["forward ", "backward "] {
+        // f2+relu, f3, the loss), all of them in backward too, where c2 has a second span
+        // for its input gradient, computed after its block is handed over.
+        for (pass, per_step) in [("forward ", 9), ("backward ", 10)] {
             let layers = spans
                 .iter()
                 .filter(|s| s.tid == tid && s.name.starts_with(pass))
                 .count();
-            assert_eq!(layers, 6 * 9, "worker {rank}: {pass}layers");
+            assert_eq!(layers, 6 * per_step, "worker {rank}: {pass}layers");
             assert!(spans
                 .iter()
                 .any(|s| s.tid == tid && s.name == format!("{pass}c1")));
         }
+        let c2_input = spans
+            .iter()
+            .filter(|s| s.tid == tid && s.name == "backward c2 input gradient")
+            .count();
+        assert_eq!(c2_input, 6, "worker {rank}");
     }
     let leads = reduction_leads(&spans, &names);
     assert_eq!(

@@ -38,6 +38,18 @@ pub trait Kernels: Send {
         has_bias: bool,
         dx: Option<(&mut [f32], bool)>,
     );
+    /// The input gradient alone of [`Kernels::conv2d_backward`], the same bits as its `dx`:
+    /// a backward that hands the weight gradient on before it computes the input gradient
+    /// calls `conv2d_backward` with `dx: None`, then this.
+    fn conv2d_input_grad(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        w: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        acc: bool,
+    );
     /// Fully connected forward: `y[n, o] = act(x[n, i] W^T + b)`, `W` is `[o, i]`.
     fn linear_forward(
         &mut self,

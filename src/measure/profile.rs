@@ -38,6 +38,13 @@ pub struct BlockProfile {
     /// simulator then cannot price `--compress powersgd:R`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrices: Option<Vec<Matrix>>,
+    /// Of `backward_ms`, the time after the block's gradients are written: its layer's input
+    /// gradient, which the net computes after handing the block over ([`crate::nn::Net`]'s
+    /// backward), ms. Absent for a layer that does not split its backward, in profiles from
+    /// a graph, and in files written before it existed: the block is then written at the end
+    /// of its backward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_grad_ms: Option<f64>,
 }
 
 impl BlockProfile {
@@ -79,6 +86,19 @@ impl Profile {
     /// Sum of the backward times, ms.
     pub fn backward_ms(&self) -> f64 {
         self.blocks.iter().map(|b| b.backward_ms).sum()
+    }
+
+    /// Per block, ms from the start of backward until its gradients are written (backward
+    /// runs the last block first; a block with an [`BlockProfile::input_grad_ms`] is written
+    /// that long before its backward ends).
+    pub fn backward_written_ms(&self) -> Vec<f64> {
+        let mut written = vec![0.0; self.blocks.len()];
+        let mut t = 0.0;
+        for (k, b) in self.blocks.iter().enumerate().rev() {
+            t += b.backward_ms;
+            written[k] = t - b.input_grad_ms.unwrap_or(0.0);
+        }
+        written
     }
 
     /// All gradient bytes.
@@ -188,6 +208,19 @@ pub enum Unphysical {
         /// Its value, ms.
         value: f64,
     },
+    /// A block's input-gradient part of backward longer than its whole backward.
+    #[error(
+        "block '{name}' has input_grad_ms {part} above its backward_ms {whole}: it is a part \
+         of the block's backward; re-create the profile with `dptrain profile`"
+    )]
+    InputGradPart {
+        /// The block.
+        name: String,
+        /// Its `input_grad_ms`.
+        part: f64,
+        /// Its `backward_ms`.
+        whole: f64,
+    },
     /// Gradients above 1 TiB.
     #[error(
         "the blocks' param_sizes add up to {} of gradients, more than the 1 TiB a profile may \
@@ -238,6 +271,7 @@ pub fn graph_blocks(graph: &Graph) -> Vec<BlockProfile> {
     for n in &graph.nodes {
         match blocks.last_mut() {
             _ if n.params > 0 => blocks.push(BlockProfile {
+                input_grad_ms: None,
                 name: n.name.clone(),
                 forward_ms: 0.0,
                 backward_ms: 0.0,
@@ -314,6 +348,16 @@ pub fn validate(p: &Profile) -> Result<(), Unphysical> {
             format!("block {i} ('{}') backward_ms", b.name),
             b.backward_ms,
         )?;
+        if let Some(ms) = b.input_grad_ms {
+            time(format!("block {i} ('{}') input_grad_ms", b.name), ms)?;
+            if ms > b.backward_ms {
+                return Err(Unphysical::InputGradPart {
+                    name: b.name.clone(),
+                    part: ms,
+                    whole: b.backward_ms,
+                });
+            }
+        }
         grad_bytes += 4.0 * b.param_sizes.iter().map(|&n| n as f64).sum::<f64>();
     }
     time("update_ms".into(), p.update_ms)?;

@@ -3,7 +3,7 @@
 //! buffers, in-place SGD) without data loading or communication.
 
 use crate::model;
-use crate::nn::{FlatGrads, Mode, Net, NetConfig, StepInfo};
+use crate::nn::{ExecDone, FlatGrads, Mode, Net, NetConfig, StepInfo};
 use crate::optim::{Sgd, SgdConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -80,7 +80,7 @@ impl SyntheticReplica {
     pub fn step(
         &mut self,
         mut on_forward: impl FnMut(usize),
-        mut on_backward: impl FnMut(usize),
+        mut on_backward: impl FnMut(ExecDone),
     ) -> StepMarks {
         let start = Instant::now();
         let info = StepInfo {
@@ -100,7 +100,7 @@ impl SyntheticReplica {
         let forward = Instant::now();
         self.net
             .backward(&mut self.grads, &mut |d| {
-                on_backward(d.exec);
+                on_backward(d);
                 Ok(())
             })
             .expect("a backward without a reducer cannot fail");

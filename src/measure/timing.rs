@@ -99,6 +99,15 @@ pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
                 .collect::<Vec<_>>(),
         )
     };
+    // The input gradient's median, for a block written before it in every step.
+    let input_grad = |k: usize| {
+        let mut parts: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.steps.iter())
+            .map(|t| t.input_grad_ms[k])
+            .collect::<Option<Vec<f64>>>()?;
+        Some(median(&mut parts))
+    };
     let blocks = first
         .blocks
         .iter()
@@ -110,6 +119,7 @@ pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
             param_sizes: b.param_sizes.clone(),
             macs_per_sample: b.macs_per_sample,
             matrices: b.matrices.clone(),
+            input_grad_ms: input_grad(k),
         })
         .collect();
     let totals: Vec<f64> = runs
@@ -166,6 +176,8 @@ struct ReplicaTimings {
 struct StepTimes {
     forward_ms: Vec<f64>,
     backward_ms: Vec<f64>,
+    /// Per block, its layer's input gradient after the block was written, if it split.
+    input_grad_ms: Vec<Option<f64>>,
     update_ms: f64,
 }
 
@@ -199,14 +211,17 @@ fn time_replica(spec: &MeasureSpec) -> Result<ReplicaTimings, String> {
         let exec_block: Vec<usize> = replica.net.exec_nodes().map(|n| node_block[n]).collect();
         let (nb, ne) = (blocks.len(), exec_block.len());
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-        let (mut f_end, mut b_end) = (vec![None; ne], vec![None; ne]);
+        let mut f_end = vec![None; ne];
+        // Backward's reports in the order they came: (exec, when); an exec that splits its
+        // backward reports twice, the second time after its input gradient.
+        let mut b_end: Vec<(usize, Instant)> = Vec::with_capacity(ne + 1);
         let mut timed = Vec::with_capacity(steps);
         for i in 0..steps + 3 {
             f_end.fill(None);
-            b_end.fill(None);
+            b_end.clear();
             let m = replica.step(
                 |e| f_end[e] = Some(Instant::now()),
-                |e| b_end[e] = Some(Instant::now()),
+                |d| b_end.push((d.exec, Instant::now())),
             );
             if i < 3 {
                 continue;
@@ -221,14 +236,18 @@ fn time_replica(spec: &MeasureSpec) -> Result<ReplicaTimings, String> {
             // The loss belongs to the last block's forward, as in the trainer's forward phase.
             forward_ms[nb - 1] += ms(mark, m.forward);
             let mut mark = m.forward;
-            for e in (0..ne).rev() {
-                let Some(end) = b_end[e] else { continue };
+            let mut input_grad_ms = vec![None; nb];
+            for (k, &(e, end)) in b_end.iter().enumerate() {
                 backward_ms[exec_block[e]] += ms(mark, end);
+                if k > 0 && b_end[k - 1].0 == e {
+                    input_grad_ms[exec_block[e]] = Some(ms(mark, end));
+                }
                 mark = end;
             }
             timed.push(StepTimes {
                 forward_ms,
                 backward_ms,
+                input_grad_ms,
                 update_ms: ms(m.backward, m.update),
             });
         }

@@ -168,6 +168,24 @@ pub struct Backward<'a> {
     pub step: StepInfo,
     /// The batch's labels.
     pub labels: &'a [u32],
+    /// Which gradients this call computes ([`BackwardPart::Whole`] unless the layer
+    /// [`Layer::splits_backward`]).
+    pub part: BackwardPart,
+}
+
+/// Which of a layer's gradients a backward call computes. The net calls a layer that
+/// [`Layer::splits_backward`] twice: `ParamsOnly`, then `InputsOnly` with the same tensors, so
+/// that the parameter gradient can be handed to the reducer before the input gradient is
+/// computed. The two calls write the same bits as one `Whole` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackwardPart {
+    /// Input and parameter gradients.
+    Whole,
+    /// The parameter gradients alone (`dinputs` all `None`); `dout` may be changed as in a
+    /// whole call, and the `InputsOnly` call gets it so.
+    ParamsOnly,
+    /// The input gradients alone (`dparams` empty), after a `ParamsOnly` call.
+    InputsOnly,
 }
 
 /// A layer of an executable network. Implementations keep only what they own per layer
@@ -188,4 +206,9 @@ pub trait Layer: Send {
     fn forward(&mut self, cx: Forward<'_>);
     /// Backward.
     fn backward(&mut self, cx: Backward<'_>);
+    /// Whether [`Layer::backward`] can compute its input and parameter gradients in two calls
+    /// ([`BackwardPart`]); only such a layer is called with a part other than `Whole`.
+    fn splits_backward(&self) -> bool {
+        false
+    }
 }

@@ -10,7 +10,7 @@ pub mod layer;
 pub mod layers;
 mod net;
 
-pub use layer::{LossReport, Mode, StepInfo, TensorInfo, TensorLayout};
+pub use layer::{BackwardPart, LossReport, Mode, StepInfo, TensorInfo, TensorLayout};
 pub use net::{
     conv_geometries, ExecDone, FlatGrads, GradSink, Net, NetConfig, NetError, ParamBlock,
 };

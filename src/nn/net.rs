@@ -1,7 +1,8 @@
 //! The executable network (Caffe's Net): a [`Graph`]'s layers with every buffer allocated once,
 //! an explicit forward, and a backward in reverse topological order that writes each layer's
 //! parameter gradients straight into the caller's memory (the reducer's bucket buffers) and
-//! reports each layer as soon as it is done.
+//! reports each layer as soon as it is done (a convolution hands its parameter gradient over
+//! before it computes its input gradient, so its bucket can leave meanwhile).
 //!
 //! Set-up (once, for batches of up to `max_batch` samples), one pass each:
 //! - fusion (`Fusion::plan`): a `relu`/`relu6` whose input is a `conv2d`, `batch_norm`,
@@ -29,7 +30,9 @@
 //! Parameters live in one flat vector, a contiguous block per layer ([`ParamBlock`]);
 //! gradients have the same block layout wherever they are ([`GradSink`]).
 
-use super::layer::{Backward, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS};
+use super::layer::{
+    Backward, BackwardPart, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS,
+};
 use super::layers;
 use crate::backend::sum_order::{BATCH_CHUNK, BN_BATCH_CHUNK};
 use crate::backend::{default_kernels, Act, ConvAlgo, ConvGeom, Kernels, PoolGeom};
@@ -430,6 +433,12 @@ impl Net {
     /// Backward of the last training forward: parameter gradients into `grads` (each block
     /// overwritten), calling `on_done` after each exec that ran, in the order they ran
     /// (reverse topological); an error from `on_done` stops the backward and is returned.
+    ///
+    /// A layer that [`Layer::splits_backward`] computes its parameter gradient first, and its
+    /// block is written (`grads.block_written`, `on_done` with the block) before its input
+    /// gradient is computed (`on_done` again, without the block): the bucket holding the block
+    /// can leave while the input gradient, which only this worker needs, is computed. Same
+    /// arithmetic, same bits; only when the block is handed over changes.
     pub fn backward(
         &mut self,
         grads: &mut dyn GradSink,
@@ -438,92 +447,111 @@ impl Net {
         if self.inference {
             return Err("backward on a net set up for inference only (Net::for_inference)".into());
         }
-        let n = self.last_n;
-        assert!(n > 0, "backward before a training forward");
-        let step = self.last_step;
-        let k = &mut *self.kernels;
+        assert!(self.last_n > 0, "backward before a training forward");
         for e in (0..self.execs.len()).rev() {
-            let ex = &mut self.execs[e];
+            let ex = &self.execs[e];
             if !ex.backward {
                 continue;
             }
-            let mut dout = match (ex.loss, self.grad_slot[ex.out]) {
-                (false, Some(b)) => std::mem::take(&mut self.grads[b]),
-                _ => Vec::new(),
+            let block = ex.block;
+            let split = block.is_some()
+                && ex.layer.splits_backward()
+                && ex.needs_dx.iter().any(|&needed| needed);
+            let first = match split {
+                true => BackwardPart::ParamsOnly,
+                false => BackwardPart::Whole,
             };
-            let mut taken: [Vec<f32>; MAX_INPUTS] = Default::default();
-            for (kk, &j) in ex.inputs.iter().enumerate() {
-                if ex.needs_dx[kk] {
-                    let b =
-                        self.grad_slot[j].expect("a gradient slot for every input that needs one");
-                    taken[kk] = std::mem::take(&mut self.grads[b]);
-                }
-            }
-            {
-                let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
-                for (slot, &j) in ins.iter_mut().zip(&ex.inputs) {
-                    *slot = &self.acts[self.act_slot[j]][..n * self.graph.nodes[j].shape.numel()];
-                }
-                let mut dins: [Option<(&mut [f32], bool)>; MAX_INPUTS] = Default::default();
-                for (kk, (slot, t)) in dins
-                    .iter_mut()
-                    .zip(taken.iter_mut())
-                    .enumerate()
-                    .take(ex.inputs.len())
-                {
-                    if ex.needs_dx[kk] {
-                        let len = n * self.graph.nodes[ex.inputs[kk]].shape.numel();
-                        *slot = Some((&mut t[..len], ex.acc[kk]));
-                    }
-                }
-                let (prange, srange) = match ex.block {
-                    Some(b) => (
-                        self.blocks[b].range.clone(),
-                        self.blocks[b].state_range.clone(),
-                    ),
-                    None => (0..0, 0..0),
-                };
-                let olen = if ex.loss {
-                    0
-                } else {
-                    n * self.graph.nodes[ex.out].shape.numel()
-                };
-                let dparams: &mut [f32] = match ex.block {
-                    Some(b) => grads.block_grads(b),
-                    None => &mut [],
-                };
-                ex.layer.backward(Backward {
-                    k,
-                    n,
-                    inputs: &ins[..ex.inputs.len()],
-                    out: &self.acts[self.act_slot[ex.out]][..olen],
-                    dout: if ex.loss { &mut [] } else { &mut dout[..olen] },
-                    dinputs: &mut dins[..ex.inputs.len()],
-                    params: &self.params[prange],
-                    dparams,
-                    state: &self.state[srange],
-                    step,
-                    labels: &self.labels[..n],
-                });
-            }
-            if let (false, Some(b)) = (ex.loss, self.grad_slot[ex.out]) {
-                self.grads[b] = dout;
-            }
-            for (kk, &j) in ex.inputs.iter().enumerate() {
-                if ex.needs_dx[kk] {
-                    let b = self.grad_slot[j].expect("checked above");
-                    self.grads[b] = std::mem::take(&mut taken[kk]);
-                }
-            }
-            if let Some(b) = ex.block {
+            self.backward_exec(e, first, grads);
+            if let Some(b) = block {
                 grads.block_written(b)?;
             }
-            on_done(ExecDone {
-                exec: e,
-                block: ex.block,
-            })?;
+            on_done(ExecDone { exec: e, block })?;
+            if split {
+                self.backward_exec(e, BackwardPart::InputsOnly, grads);
+                on_done(ExecDone {
+                    exec: e,
+                    block: None,
+                })?;
+            }
         }
         Ok(())
+    }
+
+    /// Exec `e`'s backward (the gradients `part` says) on the last training forward.
+    fn backward_exec(&mut self, e: usize, part: BackwardPart, grads: &mut dyn GradSink) {
+        let (n, step) = (self.last_n, self.last_step);
+        let k = &mut *self.kernels;
+        let ex = &mut self.execs[e];
+        let mut dout = match (ex.loss, self.grad_slot[ex.out]) {
+            (false, Some(b)) => std::mem::take(&mut self.grads[b]),
+            _ => Vec::new(),
+        };
+        // A parameters-only call writes no input gradient.
+        let needs_dx = |kk: usize| ex.needs_dx[kk] && part != BackwardPart::ParamsOnly;
+        let mut taken: [Vec<f32>; MAX_INPUTS] = Default::default();
+        for (kk, &j) in ex.inputs.iter().enumerate() {
+            if needs_dx(kk) {
+                let b = self.grad_slot[j].expect("a gradient slot for every input that needs one");
+                taken[kk] = std::mem::take(&mut self.grads[b]);
+            }
+        }
+        {
+            let mut ins: [&[f32]; MAX_INPUTS] = [&[]; MAX_INPUTS];
+            for (slot, &j) in ins.iter_mut().zip(&ex.inputs) {
+                *slot = &self.acts[self.act_slot[j]][..n * self.graph.nodes[j].shape.numel()];
+            }
+            let mut dins: [Option<(&mut [f32], bool)>; MAX_INPUTS] = Default::default();
+            for (kk, (slot, t)) in dins
+                .iter_mut()
+                .zip(taken.iter_mut())
+                .enumerate()
+                .take(ex.inputs.len())
+            {
+                if needs_dx(kk) {
+                    let len = n * self.graph.nodes[ex.inputs[kk]].shape.numel();
+                    *slot = Some((&mut t[..len], ex.acc[kk]));
+                }
+            }
+            let (prange, srange) = match ex.block {
+                Some(b) => (
+                    self.blocks[b].range.clone(),
+                    self.blocks[b].state_range.clone(),
+                ),
+                None => (0..0, 0..0),
+            };
+            let olen = if ex.loss {
+                0
+            } else {
+                n * self.graph.nodes[ex.out].shape.numel()
+            };
+            let dparams: &mut [f32] = match (ex.block, part) {
+                (_, BackwardPart::InputsOnly) | (None, _) => &mut [],
+                (Some(b), _) => grads.block_grads(b),
+            };
+            ex.layer.backward(Backward {
+                k,
+                n,
+                inputs: &ins[..ex.inputs.len()],
+                out: &self.acts[self.act_slot[ex.out]][..olen],
+                dout: if ex.loss { &mut [] } else { &mut dout[..olen] },
+                dinputs: &mut dins[..ex.inputs.len()],
+                params: &self.params[prange],
+                dparams,
+                state: &self.state[srange],
+                step,
+                labels: &self.labels[..n],
+                part,
+            });
+        }
+        if let (false, Some(b)) = (ex.loss, self.grad_slot[ex.out]) {
+            self.grads[b] = dout;
+        }
+        for (kk, &j) in ex.inputs.iter().enumerate() {
+            if needs_dx(kk) {
+                let b = self.grad_slot[j].expect("checked above");
+                self.grads[b] = std::mem::take(&mut taken[kk]);
+            }
+        }
     }
 }
 

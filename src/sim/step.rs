@@ -296,7 +296,12 @@ impl Simulator {
             bucket_of_block: plan.slots.iter().map(|s| s.bucket).collect(),
             sim_ranks: idx.first().map_or(1, |&i| self.cache[i].1.ranks),
             total_bytes: bytes.iter().sum::<usize>() as f64,
-            ready_after: plan.buckets.iter().map(|b| b.ready_after_block()).collect(),
+            bucket_blocks: plan.buckets.iter().map(|b| b.blocks.clone()).collect(),
+            written_s: profile
+                .backward_written_ms()
+                .iter()
+                .map(|ms| ms / 1e3)
+                .collect(),
             bytes,
             powersgd,
             jobs,
@@ -398,8 +403,11 @@ struct PlannedStep<'p> {
     powersgd: Vec<Option<PowerSgdRounds>>,
     /// Every bucket's bytes: what tree mode's weight broadcast sends.
     total_bytes: f64,
-    /// The block after whose backward each bucket is ready.
-    ready_after: Vec<usize>,
+    /// The blocks of each bucket (ready once backward has written them all).
+    bucket_blocks: Vec<Vec<usize>>,
+    /// Per block, s from the start of backward until it is written
+    /// ([`crate::measure::Profile::backward_written_ms`]).
+    written_s: Vec<f64>,
     /// One job per bucket, then the weight broadcast with root updates.
     jobs: Vec<Job>,
     /// Each job's compiled schedule in the simulator's cache (empty on one worker).
@@ -425,23 +433,26 @@ impl PlannedStep<'_> {
         }
     }
 
-    /// Each rank's end of backward, and per bucket when it is ready on each rank (the end of
-    /// its lowest block's backward with overlap, of the whole backward without), s.
+    /// Each rank's end of backward, and per bucket when it is ready on each rank (when its
+    /// last block is written with overlap, the end of the whole backward without), s.
     fn backward(&self, factors: &[f64]) -> (Vec<f64>, Vec<Vec<f64>>) {
-        let blocks = &self.profile.blocks;
-        let nb = blocks.len();
         let mut bwd_end = Vec::with_capacity(self.sim_ranks);
         let mut ready: Vec<Vec<f64>> = vec![Vec::with_capacity(self.sim_ranks); self.bytes.len()];
+        let whole = self.profile.backward_ms() / 1e3;
         for &f in factors {
-            let mut t = self.forward_s * f;
-            let mut done = vec![0.0; nb];
-            for k in (0..nb).rev() {
-                t += blocks[k].backward_ms / 1e3 * f;
-                done[k] = t;
-            }
-            bwd_end.push(t);
-            for (b, &k) in self.ready_after.iter().enumerate() {
-                ready[b].push(if self.overlap { done[k] } else { t });
+            let start = self.forward_s * f;
+            let end = start + whole * f;
+            bwd_end.push(end);
+            for (b, blocks) in self.bucket_blocks.iter().enumerate() {
+                let written = blocks
+                    .iter()
+                    .map(|&k| self.written_s[k])
+                    .fold(0.0, f64::max);
+                ready[b].push(if self.overlap {
+                    start + written * f
+                } else {
+                    end
+                });
             }
         }
         (bwd_end, ready)

@@ -53,8 +53,11 @@ pub struct EmulatedDevice {
     /// priority` each block is updated just before its forward).
     update_of: Vec<Duration>,
     /// Per parameter block (in forward order): backward time from the start of backward until
-    /// that block's gradients are written (backward runs the last block first).
+    /// that block's gradients are written (backward runs the last block first;
+    /// [`crate::measure::Profile::backward_written_ms`]).
     backward_until: Vec<Duration>,
+    /// The whole backward.
+    backward: Duration,
     /// The optimizer update.
     pub update: Duration,
 }
@@ -89,12 +92,24 @@ impl EmulatedDevice {
             .map(|b| ms(b.forward_ms, "a block's forward"))
             .collect::<Result<Vec<_>, _>>()?;
         let forward: Duration = forward_of.iter().sum();
-        let mut backward_until = vec![Duration::ZERO; p.blocks.len()];
-        let mut acc = Duration::ZERO;
-        for (k, b) in p.blocks.iter().enumerate().rev() {
-            acc += ms(b.backward_ms, "a block's backward")?;
-            backward_until[k] = acc;
+        let mut backward = Duration::ZERO;
+        for b in &p.blocks {
+            backward += ms(b.backward_ms, "a block's backward")?;
+            if let Some(part) = b.input_grad_ms {
+                ms(part, "a block's input gradient")?;
+                if part > b.backward_ms {
+                    return Err(refused(ProfileProblem::InputGradPart {
+                        block: b.name.clone(),
+                    }));
+                }
+            }
         }
+        // Sums of checked times (the whole step is capped below).
+        let backward_until = p
+            .backward_written_ms()
+            .into_iter()
+            .map(|t| Duration::from_secs_f64((t * scale / 1e3).max(0.0)))
+            .collect();
         let update = ms(p.update_ms, "the update")?;
         let values = |b: &crate::measure::BlockProfile| -> f64 {
             b.param_sizes.iter().map(|&n| n as f64).sum()
@@ -110,7 +125,7 @@ impl EmulatedDevice {
             .collect();
         // The cap is per step, not per block: each block under an hour still let a profile of
         // many blocks hold every step for days.
-        let step = forward + acc + update;
+        let step = forward + backward + update;
         if step.as_secs_f64() >= MAX_STEP_S {
             return Err(refused(ProfileProblem::StepTime {
                 seconds: step.as_secs_f64(),
@@ -126,6 +141,7 @@ impl EmulatedDevice {
             forward_of,
             update_of,
             backward_until,
+            backward,
             update,
         })
     }
@@ -157,9 +173,9 @@ impl EmulatedDevice {
         Ok(())
     }
 
-    /// The whole backward (the time until the first block, which backward writes last).
+    /// The whole backward.
     pub fn backward(&self) -> Duration {
-        self.backward_until[0]
+        self.backward
     }
 
     /// Waits until `since + time` (returns at once if that has passed).
@@ -248,6 +264,15 @@ pub enum ProfileProblem {
     /// It has no blocks.
     #[error("the profile has no blocks")]
     NoBlocks,
+    /// A block's input-gradient part of backward is longer than its whole backward.
+    #[error(
+        "block '{block}' has input_grad_ms above its backward_ms (it is a part of it): \
+         re-create the profile with `dptrain profile`"
+    )]
+    InputGradPart {
+        /// The block.
+        block: String,
+    },
     /// It is of another model than the run's.
     #[error("the profile is of {profile}, this run trains {run}: profile {run}")]
     OtherModel {
@@ -393,6 +418,27 @@ mod tests {
             .contains("vgg-small"));
         let e = d.check_fits("lenet5", 8, 3).unwrap_err().to_string();
         assert!(e.contains("2 blocks, the model 3"), "{e}");
+    }
+
+    #[test]
+    fn a_block_is_written_before_its_input_gradient_and_no_part_exceeds_the_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = |input_grad: f64| {
+            format!(
+                r#"{{"model":"m","source":"x","batch":8,"input":[1,28,28],"update_ms":1.0,
+                   "blocks":[{{"name":"a","forward_ms":1.0,"backward_ms":2.0,"param_sizes":[4],"macs_per_sample":1}},
+                             {{"name":"b","forward_ms":1.0,"backward_ms":5.0,"input_grad_ms":{input_grad},"param_sizes":[4],"macs_per_sample":1}}]}}"#
+            )
+        };
+        let p = write(dir.path(), &profile(3.0));
+        let d = EmulatedDevice::load(&p, 1.0).unwrap();
+        // b's block is written after its 2 ms of parameter gradient; a's at the end.
+        let ms = Duration::from_millis;
+        assert_eq!(d.backward_until, vec![ms(7), ms(2)]);
+        assert_eq!(d.backward(), ms(7));
+        let p = write(dir.path(), &profile(6.0));
+        let e = EmulatedDevice::load(&p, 1.0).unwrap_err().to_string();
+        assert!(e.contains("'b'") && e.contains("input_grad_ms"), "{e}");
     }
 
     #[test]

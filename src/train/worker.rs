@@ -344,6 +344,9 @@ struct LayerSpans<'a> {
     track: u32,
     pass: &'static str,
     mark: Instant,
+    /// The exec of the last span: a layer that splits its backward reports twice, and its
+    /// second span is its input gradient.
+    last: Option<usize>,
 }
 
 impl<'a> LayerSpans<'a> {
@@ -360,6 +363,7 @@ impl<'a> LayerSpans<'a> {
             track: worker_tid(rank),
             pass,
             mark: started,
+            last: None,
         }
     }
 
@@ -369,7 +373,10 @@ impl<'a> LayerSpans<'a> {
             return None;
         }
         let now = Instant::now();
-        let name = format!("{} {}", self.pass, self.names[exec]);
+        let name = match self.last.replace(exec) == Some(exec) {
+            true => format!("{} {} input gradient", self.pass, self.names[exec]),
+            false => format!("{} {}", self.pass, self.names[exec]),
+        };
         let args = json!({ "exec": exec });
         self.tracer
             .span(self.track, self.pass, name, self.mark, now, args);

@@ -182,7 +182,13 @@ fn convolutions_agree_forward_and_backward() {
                 k.conv2d_backward(&g, n, &x, w, &dy, &mut dwb, bias, Some((&mut dx_acc, true)));
                 let mut dwb_alone = vec![0.0; dwb.len()];
                 k.conv2d_backward(&g, n, &x, w, &dy, &mut dwb_alone, bias, None);
-                vec![y, dy, dwb, dx, dx_acc, dwb_alone]
+                // The input gradient alone is the same bits as the whole backward's.
+                let mut dx_alone = dx0.clone();
+                k.conv2d_input_grad(&g, n, w, &dy, &mut dx_alone, true);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dx_alone), bits(&dx_acc), "conv {name}: dx alone");
+                assert_eq!(bits(&dwb_alone), bits(&dwb), "conv {name}: dw alone");
+                vec![y, dy, dwb, dx, dx_acc, dwb_alone, dx_alone]
             });
         }
     }

@@ -202,6 +202,23 @@ impl Kernels for Reference {
         }
     }
 
+    fn conv2d_input_grad(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        w: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        acc: bool,
+    ) {
+        let mut dxs = vec![0f64; n * g.h * g.w * g.c];
+        each_conv_term(g, n, |_, yi, xi, wi| {
+            dxs[xi] += w[wi] as f64 * dy[yi] as f64
+        });
+        let vals: Vec<f32> = dxs.iter().map(|&v| v as f32).collect();
+        put_all(dx, &vals, acc);
+    }
+
     fn linear_forward(
         &mut self,
         n: usize,

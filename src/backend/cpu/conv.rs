@@ -368,12 +368,7 @@ impl ConvWorkspace {
             self.tree.sum_chunks(n, dwb, &|r, part| {
                 depthwise_weight_grad(g, x, dy, r, part, has_bias)
             });
-            if let Some((dx, acc)) = dx {
-                depthwise_input_grad(g, n, dy, w, &mut dx[..n * g.in_len()], acc);
-            }
-            return;
-        }
-        if let Some(tile) = self.algo.weight_grad_tile(g) {
+        } else if let Some(tile) = self.algo.weight_grad_tile(g) {
             self.winograd.reserve_weight_grad(tile, g);
             let (p, o) = (g.pixels(), g.o);
             self.tree.sum_chunks(n, dwb, &|r, part| {
@@ -392,15 +387,33 @@ impl ConvWorkspace {
             });
         }
         if let Some((dx, acc)) = dx {
-            let dx = &mut dx[..n * g.in_len()];
-            let winograd = self.algo.tile_for(g).filter(|_| g.dx_as_conv());
-            if let Some(tile) = winograd {
-                self.winograd.input_grad(tile, g, n, dy, w, dx, acc);
-            } else if g.dx_as_conv() {
-                self.input_grad_as_conv(g, n, dy, w, dx, acc);
-            } else {
-                self.input_grad_col2im(g, n, dy, w, dx, acc);
-            }
+            self.input_grad(g, n, w, dy, dx, acc);
+        }
+    }
+
+    /// The input gradient of a convolution alone (the same bits as [`Self::backward`]'s `dx`):
+    /// into `dx`, added to it when `accumulate`.
+    pub fn input_grad(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        w: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        accumulate: bool,
+    ) {
+        let (dy, dx) = (&dy[..n * g.out_len()], &mut dx[..n * g.in_len()]);
+        if g.depthwise() {
+            depthwise_input_grad(g, n, dy, w, dx, accumulate);
+            return;
+        }
+        let winograd = self.algo.tile_for(g).filter(|_| g.dx_as_conv());
+        if let Some(tile) = winograd {
+            self.winograd.input_grad(tile, g, n, dy, w, dx, accumulate);
+        } else if g.dx_as_conv() {
+            self.input_grad_as_conv(g, n, dy, w, dx, accumulate);
+        } else {
+            self.input_grad_col2im(g, n, dy, w, dx, accumulate);
         }
     }
 

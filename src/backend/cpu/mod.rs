@@ -70,6 +70,17 @@ impl Kernels for Cpu {
     ) {
         self.conv.backward(g, n, x, w, dy, dwb, has_bias, dx)
     }
+    fn conv2d_input_grad(
+        &mut self,
+        g: &ConvGeom,
+        n: usize,
+        w: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        acc: bool,
+    ) {
+        self.conv.input_grad(g, n, w, dy, dx, acc)
+    }
     fn linear_forward(
         &mut self,
         n: usize,

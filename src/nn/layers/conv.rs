@@ -2,7 +2,7 @@
 
 use super::init_uniform;
 use crate::backend::{Act, ConvGeom};
-use crate::nn::layer::{Backward, Forward, Layer, TensorInfo, TensorLayout};
+use crate::nn::layer::{Backward, BackwardPart, Forward, Layer, TensorInfo, TensorLayout};
 use rand_chacha::ChaCha8Rng;
 
 /// A convolution layer.
@@ -49,9 +49,19 @@ impl Layer for Conv {
     }
 
     fn backward(&mut self, cx: Backward<'_>) {
-        cx.k.act_mask(self.act, cx.out, cx.dout);
         let w = &cx.params[..self.geom.weight_len()];
+        if cx.part != BackwardPart::InputsOnly {
+            // Masked once: an InputsOnly call gets the gradient the ParamsOnly call masked.
+            cx.k.act_mask(self.act, cx.out, cx.dout);
+        }
+        // A ParamsOnly call gets no input gradient to write (the net passes none).
         let dx = cx.dinputs[0].as_mut().map(|(d, acc)| (&mut **d, *acc));
+        if cx.part == BackwardPart::InputsOnly {
+            if let Some((dx, acc)) = dx {
+                cx.k.conv2d_input_grad(&self.geom, cx.n, w, cx.dout, dx, acc);
+            }
+            return;
+        }
         cx.k.conv2d_backward(
             &self.geom,
             cx.n,
@@ -62,5 +72,9 @@ impl Layer for Conv {
             self.bias,
             dx,
         );
+    }
+
+    fn splits_backward(&self) -> bool {
+        true
     }
 }
