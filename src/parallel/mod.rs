@@ -72,11 +72,41 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// resnet20 at 100 Mbit/s redundant 104.9 -> 98.2 ms, ring 94.6 -> 93.7; vgg-small at
 /// 200 Mbit/s ring 31.4 -> 29.8, redundant 34.0 -> 32.6; overlap's rows and the rows without
 /// a link within 1% either way, so overlap keeps +5.
+///
+/// Nice 12 was not enough either: a woken communication thread still waited, at times, for
+/// the compute thread's scheduler tick (4 ms here). Traced 2026-12-05 (vgg-small, 2 workers x
+/// 1 thread on 2 cores, 150 Mbit/s, ring): the held-back partition of 148 KB that crosses
+/// during the next forward took 11-12 ms on both ranks instead of 8 in about half the runs,
+/// and those runs' steps were 39.4-42.5 ms against 37.6-37.9. So under priority the compute
+/// threads take the idle scheduling policy (`SCHED_IDLE`), which any thread may set for
+/// itself: the kernel preempts an idle-policy thread whenever a normal one wakes on its core
+/// (`check_preempt_wakeup_fair`, kernel/sched/fair.c), and then the communication thread never
+/// waits for compute. Where the policy is refused the threads take nice 12 as before. The cost:
+/// any other normal thread on the machine (another program, the data loaders) also runs
+/// before priority's compute.
 pub fn yield_cpu_to_communication(schedule: Schedule) {
-    set_niceness(match schedule {
-        Schedule::Overlap => 5,
-        Schedule::Priority => 12,
-    });
+    match schedule {
+        Schedule::Overlap => set_niceness(5),
+        Schedule::Priority => {
+            if !set_idle_policy() {
+                set_niceness(12);
+            }
+        }
+    }
+}
+
+/// Puts the calling thread under the idle scheduling policy (Linux); false where it was
+/// refused or elsewhere.
+fn set_idle_policy() -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sched_setscheduler on this thread (pid 0 means the caller) reads the parameter
+    // struct, which lives on this stack for the call.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
 }
 
 /// Sets the calling thread's niceness (Linux; elsewhere a no-op). For
