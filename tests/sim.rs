@@ -1780,3 +1780,24 @@ fn a_block_written_before_its_input_gradient_leaves_that_much_earlier() {
     assert!((whole - 30.0).abs() < 0.01, "{whole}");
     assert!((split - 24.0).abs() < 0.01, "{split}");
 }
+
+#[test]
+fn a_rescaled_profile_scales_the_input_gradient_with_its_backward() {
+    let mut p = uneven();
+    p.blocks[2].input_grad_ms = Some(1.0);
+    let before = p.backward_written_ms();
+    let half = p.rescaled(p.forward_ms(), p.backward_ms() / 2.0, p.update_ms);
+    assert_eq!(half.blocks[2].input_grad_ms, Some(0.5));
+    for (k, (a, b)) in before.iter().zip(half.backward_written_ms()).enumerate() {
+        assert!(
+            (a / 2.0 - b).abs() < 1e-12,
+            "block {k}: {a} / 2 against {b}"
+        );
+    }
+    // Written before its backward ends by the input gradient, after the later blocks'.
+    let later: f64 = p.blocks[3..].iter().map(|b| b.backward_ms).sum();
+    assert!(
+        (before[2] - (later + 3.0 - 1.0)).abs() < 1e-12,
+        "{before:?}"
+    );
+}

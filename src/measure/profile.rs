@@ -117,9 +117,14 @@ impl Profile {
     pub fn rescaled(&self, forward_ms: f64, backward_ms: f64, update_ms: f64) -> Profile {
         let (f, b) = (self.forward_ms(), self.backward_ms());
         let mut p = self.clone();
+        let backward_factor = if b > 0.0 { backward_ms / b } else { 0.0 };
         for blk in &mut p.blocks {
             blk.forward_ms *= if f > 0.0 { forward_ms / f } else { 0.0 };
-            blk.backward_ms *= if b > 0.0 { backward_ms / b } else { 0.0 };
+            blk.backward_ms *= backward_factor;
+            // A part of the block's backward scales with it.
+            if let Some(part) = &mut blk.input_grad_ms {
+                *part *= backward_factor;
+            }
         }
         p.update_ms = update_ms;
         p.source = format!("{} (rescaled to the run's compute)", self.source);

@@ -138,7 +138,8 @@ struct Exec {
 pub struct ExecDone {
     /// The exec.
     pub exec: usize,
-    /// Its parameter block, if it has one (now written).
+    /// Its parameter block, now written (`None` for an exec without one, and for the second
+    /// report of a layer that splits its backward, whose block the first report carried).
     pub block: Option<usize>,
 }
 

@@ -23,7 +23,8 @@
 //! 3. **A step** ([`step`]) replays every worker's timeline: forward, then backward last block
 //!    first; the trainer's own rules cut the gradients into buckets and choose each bucket's
 //!    operation (flat or hierarchical, `auto`'s mode), and a bucket is ready when backward
-//!    finishes its lowest block (overlap on) or when backward ends (overlap off). Each worker's
+//!    has written its lowest block (overlap on: before that layer's input gradient where the
+//!    profile has one, `Profile::backward_written_ms`) or when backward ends (overlap off). Each worker's
 //!    communication thread runs bucket collectives one at a time, in order. Weak scaling: every
 //!    worker runs the same profile (scaled per worker by the straggler draws), so the 1-worker
 //!    step is the reference for efficiency.

@@ -9,8 +9,9 @@
 //! of its own the way `--link-bandwidth` gives it a link: by sleeping. The compute still runs
 //! for real (the run trains), and each phase then waits until the time the profile gives it,
 //! times K: forward until `K x` the profile's forward, each parameter block's backward until
-//! `K x` the profile's backward up to that block (so its bucket goes out when the device would
-//! have produced it), the update until `K x` its update. With K a few times the workers per
+//! `K x` the profile's backward up to where that block is written (before its layer's input
+//! gradient where the profile has one; so its bucket goes out when the device would have
+//! produced it), the update until `K x` its update. With K a few times the workers per
 //! core (3x kept the namespace cluster's compute within 3.2% of the device's time; 1.5x let
 //! lenet5 overrun it by 13%), the real compute fits inside the device's
 //! time and every worker's step takes what the profile says, whoever else shares the cores.

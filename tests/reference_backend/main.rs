@@ -187,6 +187,13 @@ fn convolutions_agree_forward_and_backward() {
                 k.conv2d_input_grad(&g, n, w, &dy, &mut dx_alone, true);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&dx_alone), bits(&dx_acc), "conv {name}: dx alone");
+                let mut dx_fresh = vec![0.0; dx0.len()];
+                k.conv2d_input_grad(&g, n, w, &dy, &mut dx_fresh, false);
+                assert_eq!(
+                    bits(&dx_fresh),
+                    bits(&dx),
+                    "conv {name}: dx alone, not added"
+                );
                 assert_eq!(bits(&dwb_alone), bits(&dwb), "conv {name}: dw alone");
                 vec![y, dy, dwb, dx, dx_acc, dwb_alone, dx_alone]
             });
