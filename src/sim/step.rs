@@ -296,7 +296,7 @@ impl Simulator {
             bucket_of_block: plan.slots.iter().map(|s| s.bucket).collect(),
             sim_ranks: idx.first().map_or(1, |&i| self.cache[i].1.ranks),
             total_bytes: bytes.iter().sum::<usize>() as f64,
-            bucket_blocks: plan.buckets.iter().map(|b| b.blocks.clone()).collect(),
+            ready_after: plan.buckets.iter().map(|b| b.ready_after_block()).collect(),
             written_s: profile
                 .backward_written_ms()
                 .iter()
@@ -403,8 +403,9 @@ struct PlannedStep<'p> {
     powersgd: Vec<Option<PowerSgdRounds>>,
     /// Every bucket's bytes: what tree mode's weight broadcast sends.
     total_bytes: f64,
-    /// The blocks of each bucket (ready once backward has written them all).
-    bucket_blocks: Vec<Vec<usize>>,
+    /// The block whose writing completes each bucket (its lowest: `written_s` rises as the
+    /// block index falls, since a block's input gradient is part of its own backward).
+    ready_after: Vec<usize>,
     /// Per block, s from the start of backward until it is written
     /// ([`crate::measure::Profile::backward_written_ms`]).
     written_s: Vec<f64>,
@@ -443,13 +444,9 @@ impl PlannedStep<'_> {
             let start = self.forward_s * f;
             let end = start + whole * f;
             bwd_end.push(end);
-            for (b, blocks) in self.bucket_blocks.iter().enumerate() {
-                let written = blocks
-                    .iter()
-                    .map(|&k| self.written_s[k])
-                    .fold(0.0, f64::max);
+            for (b, &k) in self.ready_after.iter().enumerate() {
                 ready[b].push(if self.overlap {
-                    start + written * f
+                    start + self.written_s[k] * f
                 } else {
                     end
                 });
