@@ -22,14 +22,14 @@
 //! worker; [`crate::comm::shared_memory`] says why that is safe.)
 
 use super::bucket::BucketPlan;
-use super::schedule::{partition_count, partition_range};
+use super::schedule::{partition_count, partition_range, ForwardNeeds, StepHistory};
 use crate::comm::powersgd::PowerSgdBucket;
 use crate::comm::{
     all_reduce_sum, hierarchical_all_reduce_sum, shared_memory_all_reduce_sum, tree_broadcast,
     tree_reduce, AcrossOp, CommError, CommMode, Hierarchy, Transport, WireFormat, WireTransport,
 };
 use crate::nn::GradSink;
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -154,6 +154,10 @@ struct BucketJob {
     carry: bool,
     tag: u64,
     inject_panic: bool,
+    /// When backward handed it over, and the seconds of forward before this step's forward
+    /// needed it (NaN: it did not wait for it), which priority scheduling plans the next with.
+    handed: Instant,
+    needed: f64,
     /// The collectives it is reduced in, one per partition ([`partition_range`]).
     parts: usize,
     /// Partitions reduced so far, and each one's time, in the order they ran (capacity for
@@ -263,6 +267,8 @@ pub struct Reducer {
     step_tag: u64,
     inject_panic: bool,
     times: CommTimes,
+    /// When this step's forward needed each bucket (priority scheduling's gates).
+    forward: ForwardNeeds,
     // Each bucket's reduction this step, for the timeline; sized once, so steps don't allocate.
     spans: Vec<BucketSpan>,
     /// Each bucket's partition times, home between steps (empty while its job is away).
@@ -343,6 +349,7 @@ impl Reducer {
             step_tag: 0,
             inject_panic: false,
             times: CommTimes::default(),
+            forward: ForwardNeeds::new(buckets),
             spans: Vec::with_capacity(parts_total),
             runs,
             jobs: Some(job_tx),
@@ -398,6 +405,7 @@ impl Reducer {
     /// Marks the start of a step (before its forward: under `--schedule priority` the forward
     /// waits for the last step's buckets, and that wait is this step's exposed communication).
     pub fn begin_step(&mut self) {
+        self.forward.begin_step();
         self.times = CommTimes::default();
         self.spans.clear();
         self.step_tag = self.step_tag.wrapping_add(1);
@@ -452,6 +460,8 @@ impl Reducer {
             carry: self.carries[index],
             tag,
             inject_panic: std::mem::take(&mut self.inject_panic),
+            handed: Instant::now(),
+            needed: self.forward.needed[index],
             parts: self.parts[index],
             parts_done: 0,
             runs: {
@@ -494,14 +504,17 @@ impl Reducer {
 
     /// Waits until bucket `index` is home, reduced; the wait counts as exposed communication.
     pub fn wait_bucket(&mut self, index: usize) -> Result<(), CommError> {
+        let waiting = Instant::now();
+        self.forward.needs(index, waiting);
         if self.buffers[index].is_some() {
             return Ok(());
         }
-        let waiting = Instant::now();
         while self.buffers[index].is_none() {
             self.receive_one()?;
         }
-        self.times.exposed += waiting.elapsed();
+        let waited = waiting.elapsed();
+        self.forward.waited(waited);
+        self.times.exposed += waited;
         Ok(())
     }
 
@@ -672,6 +685,7 @@ fn comm_thread(
         })),
     };
     let mut held: Vec<Option<BucketJob>> = (0..buckets).map(|_| None).collect();
+    let mut history = StepHistory::new(buckets);
     let mut finished = vec![false; buckets];
     let mut in_order = InOrder {
         pending: None,
@@ -688,6 +702,7 @@ fn comm_thread(
                     jobs: &jobs,
                     held: &mut held,
                     finished: &mut finished,
+                    history: &mut history,
                     credit: credit.unwrap_or(0),
                     decided: [NO_DECISION; super::schedule::MAX_DECIDED],
                     next: super::schedule::MAX_DECIDED,
@@ -887,6 +902,8 @@ struct PriorityStep<'a> {
     held: &'a mut [Option<BucketJob>],
     /// Which buckets are back this step (kept between steps, so no step allocates).
     finished: &'a mut [bool],
+    /// The last step's hand-overs and partition times, for rank 0's wait for the first bucket.
+    history: &'a mut StepHistory,
     /// Values one decision commits to (at least one partition).
     credit: usize,
     /// The last decision: a bucket per partition, in order, [`NO_DECISION`] past its end
@@ -914,6 +931,7 @@ impl PriorityStep<'_> {
         // The step's broadcast tag: within a step no weight broadcast or gather runs, and
         // every rank receives all of this step's decisions before anything else on it.
         let tag = first.tag | 0xffff;
+        self.history.begin_step();
         self.hold(Job::Bucket(first));
         self.finished.fill(false);
         let mut left = self.held.len();
@@ -937,6 +955,9 @@ impl PriorityStep<'_> {
                 .expect("the decided bucket is here");
             let part = job.parts - 1 - job.parts_done;
             reduce(job, part)?;
+            if let Some(run) = job.runs.last() {
+                self.history.reduced(current, run.busy);
+            }
             if job.parts_done == job.parts {
                 self.finished[current] = true;
                 left -= 1;
@@ -944,6 +965,7 @@ impl PriorityStep<'_> {
                 send(job.finished())?;
             }
         }
+        self.history.end_step();
         Ok(())
     }
 
@@ -977,9 +999,21 @@ impl PriorityStep<'_> {
     /// announces them; the others hear them.
     fn decide(&mut self, tag: u64) -> Result<(), CommError> {
         if self.t.rank() == 0 {
-            while !self.choose() {
-                let job = self.jobs.recv().map_err(|_| CommError::ThreadStopped)?;
-                self.hold(job);
+            loop {
+                while !self.choose() {
+                    let job = self.jobs.recv().map_err(|_| CommError::ThreadStopped)?;
+                    self.hold(job);
+                }
+                let Some(deadline) = self.first_bucket_deadline() else {
+                    break;
+                };
+                // Leave the link idle for the bucket the next forward needs first, then
+                // decide again.
+                match self.jobs.recv_deadline(deadline) {
+                    Ok(job) => self.hold(job),
+                    Err(RecvTimeoutError::Timeout) => self.history.timed_out(),
+                    Err(RecvTimeoutError::Disconnected) => return Err(CommError::ThreadStopped),
+                }
             }
             let len = self.decision_len();
             return tree_broadcast(self.t, &mut self.decided[..len], 0, tag);
@@ -988,6 +1022,27 @@ impl PriorityStep<'_> {
         let len = self.decision_len();
         tree_broadcast(self.t, &mut self.decided[..len], 0, tag)?;
         self.check_decided()
+    }
+
+    /// Rank 0, with `decided` chosen: until when to wait for the first bucket instead, if it
+    /// should ([`StepHistory::first_bucket_deadline`]).
+    fn first_bucket_deadline(&self) -> Option<Instant> {
+        let named = self
+            .decided
+            .iter()
+            .take_while(|&&d| d != NO_DECISION)
+            .count();
+        let mut decided = [0usize; super::schedule::MAX_DECIDED];
+        for (b, &d) in decided.iter_mut().zip(&self.decided[..named]) {
+            *b = d as usize;
+        }
+        let left = |b: usize| match (&self.held[b], self.finished[b]) {
+            (_, true) => Some(0),
+            (Some(job), false) => Some(job.parts - job.parts_done),
+            (None, false) => None,
+        };
+        self.history
+            .first_bucket_deadline(Instant::now(), &decided[..named], left)
     }
 
     /// Entries a decision message carries ([`super::schedule::decision_len`]).
@@ -1032,6 +1087,7 @@ impl PriorityStep<'_> {
         match job {
             Job::Bucket(b) => {
                 let index = b.index;
+                self.history.handed(index, b.handed, b.parts, b.needed);
                 self.held[index] = Some(b);
             }
             _ => unreachable!("a worker sends nothing but buckets while a step's are away"),

@@ -30,6 +30,14 @@
 //! addition follows the chunk an element falls in; not of redundant, tree or shm, which add
 //! in rank order.)
 //!
+//! 4. **The first bucket is not held up by a late one**: a partition is never interrupted, so
+//!    one started just before backward hands over the first layers' bucket delays the whole
+//!    next forward by the rest of its reduction. Rank 0 leaves the link idle for that bucket
+//!    instead when the next forward would end sooner ([`FirstBucketWait`]: both orders played
+//!    out against when the forward needs each bucket, [`ForwardNeeds`], with the hand-over
+//!    predicted from the last step, [`StepHistory`]). Only rank 0's choice changes, so the
+//!    collectives and the bits stay the same.
+//!
 //! The credit (ByteScheduler's, `--credit-kb`) is what one decision of rank 0 commits every
 //! rank to: the partitions, input-first among the buckets rank 0 holds, up to the credit's
 //! bytes (at least one). By default one partition: a partition that became urgent waits at most
@@ -38,6 +46,7 @@
 //! thread still runs one collective at a time (the transports order messages by pair).
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 /// How a reducer cuts and orders its collectives: the schedule, each bucket's partitions and,
 /// under priority, how many partitions' values one decision of rank 0 commits to.
@@ -193,31 +202,41 @@ pub struct PriorityOrder {
     pub decides: Vec<bool>,
 }
 
-/// The order in which to reduce partitions under priority scheduling, from when each is ready
-/// (`ready[i]`, seconds from the start of the step), how long its reduction takes (`busy[i]`)
-/// and its values (`values[i]`). Partitions are indexed in the order backward fills their
-/// buckets, each bucket's in buffer order, so a higher index is nearer the input and goes
-/// first among those ready. One collective at a time, none interrupted: whenever the
-/// communication thread is free it decides, taking the ready partitions of highest index up to
-/// `credit` values (at least one, at most [`MAX_DECIDED`]; `credit` 0: one), or waits for the
-/// next one to become ready; the partitions decided then run one after the other.
+/// A step's partitions as [`priority_order`] sees them, indexed in the order backward fills
+/// their buckets, each bucket's in buffer order, so a higher index is nearer the input.
+#[derive(Debug, Clone, Copy)]
+pub struct StepPartitions<'a> {
+    /// When each is ready, seconds from the start of the step.
+    pub ready: &'a [f64],
+    /// How long its reduction takes, s.
+    pub busy: &'a [f64],
+    /// Its values.
+    pub values: &'a [usize],
+    /// Its bucket (non-decreasing: the last is the bucket the next forward needs first).
+    pub bucket: &'a [usize],
+    /// Per bucket: seconds of the next forward, its waits left out, before it needs it.
+    pub needed: &'a [f64],
+}
+
+/// The order in which to reduce a step's partitions under priority scheduling. One collective
+/// at a time, none interrupted: whenever the communication thread is free it decides, taking
+/// the ready partitions of highest index up to `credit` values (at least one, at most
+/// [`MAX_DECIDED`]; `credit` 0: one), or waits for the next one to become ready, or, where
+/// [`FirstBucketWait::worth_it`] says so, for the bucket the next forward needs first; the
+/// partitions decided then run one after the other.
 ///
 /// When the link keeps up, every bucket is done before the next is ready and this is the
 /// order backward fills them (`--schedule overlap`'s); when a backlog builds, the buckets left
 /// at the end of backward go input-first. This is the communication thread's rule (rank 0's
-/// choice in the reducer's `PriorityStep`) run in virtual time: the simulator orders its
+/// choice in the reducer's `PriorityStep`) run in virtual time, where the first bucket's
+/// arrival is known rather than predicted from the last step: the simulator orders its
 /// partitions with it.
-pub fn priority_order(
-    ready: &[f64],
-    busy: &[f64],
-    values: &[usize],
-    credit: usize,
-) -> PriorityOrder {
+pub fn priority_order(p: &StepPartitions<'_>, credit: usize) -> PriorityOrder {
+    let n = p.ready.len();
     assert!(
-        ready.len() == busy.len() && ready.len() == values.len(),
-        "one time and size of each per partition"
+        p.busy.len() == n && p.values.len() == n && p.bucket.len() == n,
+        "one time, size and bucket per partition"
     );
-    let n = ready.len();
     let mut done = vec![false; n];
     let mut out = PriorityOrder {
         order: Vec::with_capacity(n),
@@ -225,18 +244,18 @@ pub fn priority_order(
     };
     let mut now = 0.0f64;
     while out.order.len() < n {
-        if !(0..n).any(|i| !done[i] && ready[i] <= now) {
+        if !(0..n).any(|i| !done[i] && p.ready[i] <= now) {
             // Idle until the next partition is ready (the earliest).
             let i = (0..n)
                 .filter(|&i| !done[i])
-                .min_by(|&a, &b| ready[a].total_cmp(&ready[b]))
+                .min_by(|&a, &b| p.ready[a].total_cmp(&p.ready[b]))
                 .expect("a partition is left");
-            now = ready[i];
+            now = p.ready[i];
         }
         // One decision: input-first among those ready now, up to the credit.
         let (mut taken, mut taken_values) = (0, 0usize);
         for i in (0..n).rev() {
-            if done[i] || ready[i] > now {
+            if done[i] || p.ready[i] > now {
                 continue;
             }
             if decision_full(taken, taken_values, credit) {
@@ -246,24 +265,480 @@ pub fn priority_order(
             out.order.push(i);
             out.decides.push(taken == 0);
             taken += 1;
-            taken_values = taken_values.saturating_add(values[i]);
+            taken_values = taken_values.saturating_add(p.values[i]);
         }
         let decided = out.order.len() - taken..out.order.len();
+        if let Some(first_ready) = first_bucket_wait(p, &out.order[decided.clone()], &done, now) {
+            // Leave the link idle for the first bucket instead: undo the decision.
+            for &i in &out.order[decided.clone()] {
+                done[i] = false;
+            }
+            out.order.truncate(decided.start);
+            out.decides.truncate(decided.start);
+            now = first_ready;
+            continue;
+        }
         now += out.order[decided]
             .iter()
-            .map(|&i| busy[i].max(0.0))
+            .map(|&i| p.busy[i].max(0.0))
             .sum::<f64>();
     }
     out
+}
+
+/// In virtual time: when the bucket the next forward needs first is ready, if the link should
+/// wait for it rather than run the partitions `decided` ([`FirstBucketWait`]).
+fn first_bucket_wait(
+    p: &StepPartitions<'_>,
+    decided: &[usize],
+    done: &[bool],
+    now: f64,
+) -> Option<f64> {
+    let first = *p.bucket.last()?;
+    let of_bucket = |b: usize| (0..p.ready.len()).filter(move |&i| p.bucket[i] == b);
+    let first_ready = of_bucket(first)
+        .filter(|&i| !done[i])
+        .map(|i| p.ready[i])
+        .min_by(f64::total_cmp)?;
+    let wait = FirstBucketWait {
+        due_in: first_ready - now,
+        first: of_bucket(first).map(|i| p.busy[i]).sum(),
+        decided: decided.iter().map(|&i| p.busy[i]).sum(),
+    };
+    let left: Vec<BucketLeft> = (0..first)
+        .rev()
+        .map(|b| BucketLeft {
+            link: of_bucket(b)
+                .filter(|&i| !done[i] || decided.contains(&i))
+                .map(|i| p.busy[i])
+                .sum(),
+            decided: of_bucket(b)
+                .filter(|i| decided.contains(i))
+                .map(|i| p.busy[i])
+                .sum(),
+            needed: p.needed[b],
+        })
+        .filter(|l| l.link > 0.0)
+        .collect();
+    wait.pays(left.iter().copied()).then_some(first_ready)
+}
+
+/// Whether rank 0, with the link free and the bucket the next forward needs first (backward's
+/// last) not yet handed over, should leave the link idle until it is rather than start the
+/// partitions it would otherwise decide (TicTac's point, for the one bucket that gates the
+/// whole next step).
+///
+/// A partition is never interrupted, so one started just before backward ends holds the first
+/// bucket back for the rest of its reduction, and the next forward cannot begin meanwhile:
+/// vgg-small, 2 workers, 170 Mbit/s, ring: a 148 KB partition of the last convolution started
+/// 0.8 ms before the first convolution's 3.6 KB bucket was handed over, and the next forward
+/// waited 6.3 ms for it (steps of 42.5 ms, against 37.5 at 160 Mbit/s). Held, the candidate
+/// goes after the first bucket and the buckets nearer the input, and is late if the forward
+/// reaches its layers before that. When the link is the bottleneck, its idle time is lost for
+/// good, and the buckets the forward needs next are late by it: at 150 Mbit/s holding a
+/// middle layer's partition made the next forward wait for it and the last convolution's
+/// (steps of 39.8 ms against 38.2). So both orders are played out against when the next forward
+/// needs each bucket, and the wait is taken when the forward ends sooner.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirstBucketWait {
+    /// Seconds until the first bucket is handed over.
+    pub due_in: f64,
+    /// Seconds its partitions take.
+    pub first: f64,
+    /// Seconds the partitions rank 0 would decide now take.
+    pub decided: f64,
+}
+
+/// A bucket other than the first with partitions left in the step, as [`FirstBucketWait`]
+/// weighs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketLeft {
+    /// Seconds of its partitions left, those decided now included.
+    pub link: f64,
+    /// Seconds of those decided now.
+    pub decided: f64,
+    /// Seconds of the next forward, its waits left out, before it needs this bucket.
+    pub needed: f64,
+}
+
+impl FirstBucketWait {
+    /// Whether the next forward ends sooner if the link waits: `left` are the other buckets
+    /// with partitions left, input-first (the order they go in once the first is here).
+    pub fn pays(&self, left: impl Iterator<Item = BucketLeft> + Clone) -> bool {
+        if !(self.due_in > 0.0 && self.due_in < self.decided) {
+            return false;
+        }
+        // The forward starts when the first bucket is back and is held up by each bucket
+        // back later than it needs it.
+        let forward_end = |start: f64, sent_before: bool| {
+            let (mut t, mut stall) = (start, 0.0f64);
+            for b in left.clone() {
+                let link = if sent_before {
+                    b.link - b.decided
+                } else {
+                    b.link
+                };
+                if link > 0.0 {
+                    t += link;
+                    stall = stall.max(t - start - b.needed);
+                }
+            }
+            start + stall
+        };
+        let sent = forward_end(self.decided.max(self.due_in) + self.first, true);
+        let held = forward_end(self.due_in + self.first, false);
+        held < sent
+    }
+}
+
+/// When a worker's forward needs each bucket under priority scheduling, measured at its gates
+/// in seconds of forward from the first gate, the waits at the gates left out (what the
+/// forward would take with every bucket back in time). Each bucket carries its value to the
+/// communication thread with the next backward's hand-over ([`StepHistory::handed`]).
+#[derive(Debug, Clone)]
+pub struct ForwardNeeds {
+    /// This step's first gate.
+    origin: Option<Instant>,
+    /// Time waited at the gates since.
+    waited: Duration,
+    /// Per bucket (NaN: not gated yet).
+    pub needed: Vec<f64>,
+}
+
+impl ForwardNeeds {
+    /// For `buckets` buckets, none measured.
+    pub fn new(buckets: usize) -> Self {
+        Self {
+            origin: None,
+            waited: Duration::ZERO,
+            needed: vec![f64::NAN; buckets],
+        }
+    }
+
+    /// A step begins (the last step's values stay until remeasured).
+    pub fn begin_step(&mut self) {
+        self.origin = None;
+        self.waited = Duration::ZERO;
+    }
+
+    /// The forward reached the gate of bucket `b` at `at`.
+    pub fn needs(&mut self, b: usize, at: Instant) {
+        let origin = *self.origin.get_or_insert(at);
+        let forward = at
+            .saturating_duration_since(origin)
+            .saturating_sub(self.waited);
+        self.needed[b] = forward.as_secs_f64();
+    }
+
+    /// The forward waited `d` at a gate.
+    pub fn waited(&mut self, d: Duration) {
+        self.waited += d;
+    }
+}
+
+/// What rank 0 remembers between steps to predict, under priority scheduling, when the
+/// bucket the next forward needs first will be handed over, and what waiting for it costs
+/// ([`FirstBucketWait`]): when backward handed each bucket over in the last step, how long
+/// each bucket's partitions took, and when the forward needs each. Sized once; no step
+/// allocates.
+#[derive(Debug, Clone)]
+pub struct StepHistory {
+    /// This step: when each bucket was handed over.
+    handed: Vec<Option<Instant>>,
+    /// The last step: seconds from bucket i's hand-over to the first bucket's (NaN: unknown).
+    gap: Vec<f64>,
+    /// Seconds one partition of bucket i took when last reduced (NaN: unknown).
+    partition: Vec<f64>,
+    /// Partitions of bucket i.
+    parts: Vec<usize>,
+    /// Seconds of forward, waits left out, before the forward needs bucket i (NaN: unknown).
+    needed: Vec<f64>,
+    /// Whether this step already waited for the first bucket past its deadline.
+    timed_out: bool,
+}
+
+impl StepHistory {
+    /// Nothing known yet of `buckets` buckets.
+    pub fn new(buckets: usize) -> Self {
+        Self {
+            handed: vec![None; buckets],
+            gap: vec![f64::NAN; buckets],
+            partition: vec![f64::NAN; buckets],
+            parts: vec![0; buckets],
+            needed: vec![f64::NAN; buckets],
+            timed_out: false,
+        }
+    }
+
+    /// A step begins: no bucket handed over yet.
+    pub fn begin_step(&mut self) {
+        self.handed.fill(None);
+        self.timed_out = false;
+    }
+
+    /// Backward handed bucket `b`, of `parts` partitions, over `at`; the forward before it
+    /// needed it after `needed` seconds of its own (NaN: it did not wait for it).
+    pub fn handed(&mut self, b: usize, at: Instant, parts: usize, needed: f64) {
+        self.handed[b] = Some(at);
+        self.parts[b] = parts;
+        if needed.is_finite() {
+            self.needed[b] = needed;
+        }
+    }
+
+    /// A partition of bucket `b` took `took`.
+    pub fn reduced(&mut self, b: usize, took: Duration) {
+        self.partition[b] = took.as_secs_f64();
+    }
+
+    /// The waiting for the first bucket ran past its deadline: not again this step.
+    pub fn timed_out(&mut self) {
+        self.timed_out = true;
+    }
+
+    /// The step ends: its hand-overs become the last step's.
+    pub fn end_step(&mut self) {
+        let Some(Some(first)) = self.handed.last().copied() else {
+            return;
+        };
+        for (gap, handed) in self.gap.iter_mut().zip(&self.handed) {
+            *gap = handed.map_or(f64::NAN, |h| {
+                first.saturating_duration_since(h).as_secs_f64()
+            });
+        }
+    }
+
+    /// Until when rank 0, free `now` and about to decide the partitions of buckets `decided`,
+    /// should wait for the first bucket instead ([`FirstBucketWait`]), if it should; `left(b)`
+    /// is how many partitions of bucket `b` are left this step (`None`: not handed over yet,
+    /// so all of them, as many as in the last step). The first bucket's hand-over is predicted
+    /// from the latest one of this step and the last step's gap between them; with no last
+    /// step, or once a wait timed out this step, never.
+    pub fn first_bucket_deadline(
+        &self,
+        now: Instant,
+        decided: &[usize],
+        left: impl Fn(usize) -> Option<usize>,
+    ) -> Option<Instant> {
+        let first = self.handed.len().checked_sub(1)?;
+        if self.timed_out || self.handed[first].is_some() || decided.is_empty() {
+            return None;
+        }
+        let (latest, at) = (0..first)
+            .filter_map(|b| self.handed[b].map(|at| (b, at)))
+            .max_by_key(|&(_, at)| at)?;
+        let due = at + Duration::try_from_secs_f64(self.gap[latest]).ok()?;
+        let in_decision = |b: usize| decided.iter().filter(|&&d| d == b).count() as f64;
+        let wait = FirstBucketWait {
+            due_in: due.saturating_duration_since(now).as_secs_f64(),
+            first: self.parts[first] as f64 * self.partition[first],
+            decided: decided.iter().map(|&b| self.partition[b]).sum(),
+        };
+        let buckets_left = (0..first).rev().filter_map(|b| {
+            let parts = left(b).unwrap_or(self.parts[b]);
+            (parts > 0).then(|| BucketLeft {
+                link: parts as f64 * self.partition[b],
+                decided: in_decision(b) * self.partition[b],
+                needed: self.needed[b],
+            })
+        });
+        let known = |v: f64| v.is_finite();
+        let all_known = known(wait.first)
+            && known(wait.decided)
+            && buckets_left
+                .clone()
+                .all(|l| known(l.link) && known(l.needed));
+        if !all_known || !wait.pays(buckets_left) {
+            return None;
+        }
+        // Past twice the expected wait, or the decided partitions' own time, waiting is the
+        // worse bet.
+        let longest = (2.0 * wait.due_in).min(wait.decided);
+        Some(now + Duration::from_secs_f64(longest))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Bucket indices 0, 1, 2, ...
+    const IDS: [usize; 128] = {
+        let mut ids = [0; 128];
+        let mut i = 0;
+        while i < ids.len() {
+            ids[i] = i;
+            i += 1;
+        }
+        ids
+    };
+
+    /// Partitions each a bucket of its own, every bucket needed at the forward's start.
+    fn own_buckets<'a>(
+        ready: &'a [f64],
+        busy: &'a [f64],
+        values: &'a [usize],
+    ) -> StepPartitions<'a> {
+        StepPartitions {
+            ready,
+            busy,
+            values,
+            bucket: &IDS[..ready.len()],
+            needed: &[0.0; IDS.len()],
+        }
+    }
+
+    /// vgg-small's end of step at 170 Mbit/s, in ms: bucket 0 (the last convolution, two
+    /// partitions of 7 ms, which the next forward needs after 9.4 ms) handed over at 0,
+    /// bucket 1 (the middle layers, 12.3 ms) at 5, the first bucket (0.3 ms) at 20.1, 0.8 ms
+    /// after the link is free for bucket 0's second partition.
+    #[test]
+    fn the_link_waits_for_the_first_bucket_rather_than_start_a_long_late_partition() {
+        let (ready, busy) = ([0.0, 0.0, 5.0, 20.1], [7.0, 7.0, 12.3, 0.3]);
+        let p = StepPartitions {
+            ready: &ready,
+            busy: &busy,
+            values: &[1; 4],
+            bucket: &[0, 0, 1, 2],
+            needed: &[9.4, 6.5, 0.0],
+        };
+        let o = priority_order(&p, 0);
+        assert_eq!(o.order, vec![1, 2, 3, 0]);
+        assert!(o.decides.iter().all(|&d| d));
+        // Needed by the forward 0.5 ms in instead, it goes first.
+        let soon = StepPartitions {
+            needed: &[0.5, 2.0, 0.0],
+            ..p
+        };
+        assert_eq!(priority_order(&soon, 0).order, vec![1, 2, 0, 3]);
+        // Due later than the partition would take, or already here: no wait.
+        let wait = FirstBucketWait {
+            due_in: 0.8,
+            first: 0.3,
+            decided: 7.0,
+        };
+        let left = [BucketLeft {
+            link: 7.0,
+            decided: 7.0,
+            needed: 9.4,
+        }];
+        assert!(wait.pays(left.iter().copied()));
+        for due_in in [7.5, 0.0] {
+            assert!(!FirstBucketWait { due_in, ..wait }.pays(left.iter().copied()));
+        }
+    }
+
+    /// vgg-small at 150 Mbit/s: the first layer but one's bucket (2.15 ms) is free to go 1.3 ms
+    /// before the first bucket; the next forward needs it 0.9 ms in, so it goes now.
+    #[test]
+    fn a_partition_the_next_forward_needs_early_goes_at_once() {
+        let (ready, busy) = ([0.0, 0.5, 4.85], [3.55, 2.15, 0.35]);
+        let p = StepPartitions {
+            ready: &ready,
+            busy: &busy,
+            values: &[1; 3],
+            bucket: &[0, 1, 2],
+            needed: &[6.5, 0.9, 0.0],
+        };
+        assert_eq!(priority_order(&p, 0).order, vec![0, 1, 2]);
+    }
+
+    /// vgg-small at 150 Mbit/s, where the link is the bottleneck: a middle layer's partition
+    /// (8.06 ms, needed 6.5 ms into the forward) could wait 2.7 ms for the first bucket, but
+    /// then it and the last convolution's partition behind it (8.07 ms, needed at 9.4) are
+    /// late by more than the forward would gain.
+    #[test]
+    fn a_busy_link_is_not_left_idle_when_the_buckets_behind_would_be_late() {
+        let wait = FirstBucketWait {
+            due_in: 2.7,
+            first: 0.35,
+            decided: 8.06,
+        };
+        let left = [
+            BucketLeft {
+                link: 8.06,
+                decided: 8.06,
+                needed: 6.5,
+            },
+            BucketLeft {
+                link: 8.07,
+                decided: 0.0,
+                needed: 9.4,
+            },
+        ];
+        assert!(!wait.pays(left.iter().copied()));
+        // With nothing behind it, waiting pays.
+        assert!(wait.pays(left[..1].iter().copied()));
+    }
+
+    #[test]
+    fn the_forward_needs_each_bucket_after_its_own_time_not_its_waits() {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        let base = Instant::now();
+        let mut f = ForwardNeeds::new(3);
+        f.begin_step();
+        f.needs(2, base + ms(10.0));
+        f.waited(ms(4.0));
+        f.needs(1, base + ms(16.0));
+        f.needs(0, base + ms(20.0));
+        let needed: Vec<f64> = f.needed.iter().map(|s| s * 1e3).collect();
+        for (got, want) in needed.iter().zip([6.0, 2.0, 0.0]) {
+            assert!((got - want).abs() < 1e-6, "{needed:?}");
+        }
+        // A new step measures from its own first gate; a bucket not reached keeps its value.
+        f.begin_step();
+        f.needs(2, base + ms(50.0));
+        f.needs(1, base + ms(53.0));
+        assert!((f.needed[1] * 1e3 - 3.0).abs() < 1e-6);
+        assert!((f.needed[0] * 1e3 - 6.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rank_0_predicts_the_first_bucket_from_the_last_step_and_waits_at_most_twice_that() {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        let base = Instant::now();
+        let mut h = StepHistory::new(3);
+        let none_here = |_: usize| None;
+        // No last step: never.
+        h.begin_step();
+        h.handed(0, base, 2, f64::NAN);
+        assert_eq!(
+            h.first_bucket_deadline(base + ms(19.3), &[0], none_here),
+            None
+        );
+        h.handed(1, base + ms(5.0), 1, f64::NAN);
+        h.handed(2, base + ms(20.1), 1, f64::NAN);
+        h.reduced(0, ms(7.0));
+        h.reduced(1, ms(12.3));
+        h.reduced(2, ms(0.3));
+        h.end_step();
+        // The next step, 40 ms on: bucket 1 handed over at 45 ms, so the first is due at
+        // 60.1; at 59.3 the link is free and bucket 0's second partition is next.
+        h.begin_step();
+        h.handed(0, base + ms(40.0), 2, 9.4e-3);
+        h.handed(1, base + ms(45.0), 1, 6.5e-3);
+        // Bucket 0 has one partition left, bucket 1 is reduced, the first is not here.
+        let left = |b: usize| [Some(1), Some(0), None][b];
+        let now = base + ms(59.3);
+        let deadline = h.first_bucket_deadline(now, &[0], left).expect("waits");
+        let waits = deadline.duration_since(now).as_secs_f64() * 1e3;
+        assert!((waits - 1.6).abs() < 1e-3, "{waits}");
+        // Not for a partition that would end before the first bucket is due.
+        assert_eq!(h.first_bucket_deadline(base + ms(52.0), &[0], left), None);
+        // Not once it is here, nor again once a wait timed out.
+        h.timed_out();
+        assert_eq!(h.first_bucket_deadline(now, &[0], left), None);
+        h.begin_step();
+        h.handed(2, base + ms(80.0), 1, f64::NAN);
+        assert_eq!(
+            h.first_bucket_deadline(base + ms(79.0), &[0], none_here),
+            None
+        );
+    }
+
     /// The order without a credit (one partition per decision, each decided).
     fn order(ready: &[f64], busy: &[f64]) -> Vec<usize> {
-        let o = priority_order(ready, busy, &vec![1; ready.len()], 0);
+        let o = priority_order(&own_buckets(ready, busy, &vec![1; ready.len()]), 0);
         assert!(
             o.decides.iter().all(|&d| d),
             "every partition is decided alone"
@@ -275,19 +750,20 @@ mod tests {
     fn a_credit_decides_several_partitions_input_first_and_the_late_wait_for_them() {
         // All ready at once, 10 values each, a credit of 25: the first decision takes 3, 2
         // and 1 (it stops once 30 >= 25), the second 0.
-        let o = priority_order(&[0.0; 4], &[1.0; 4], &[10; 4], 25);
+        let o = priority_order(&own_buckets(&[0.0; 4], &[1.0; 4], &[10; 4]), 25);
         assert_eq!(o.order, vec![3, 2, 1, 0]);
         assert_eq!(o.decides, vec![true, false, false, true]);
         // 2 becomes ready while 1 is reduced: alone it goes next, but a decision that named
         // 1 and 0 runs both first.
         let (ready, busy) = ([0.0, 0.0, 0.5], [1.0; 3]);
         assert_eq!(order(&ready, &busy), vec![1, 2, 0]);
-        let o = priority_order(&ready, &busy, &[10; 3], 15);
+        let o = priority_order(&own_buckets(&ready, &busy, &[10; 3]), 15);
         assert_eq!(o.order, vec![1, 0, 2]);
         assert_eq!(o.decides, vec![true, false, true]);
         // At most MAX_DECIDED partitions a decision, however large the credit.
         let n = MAX_DECIDED + 1;
-        let o = priority_order(&vec![0.0; n], &vec![1.0; n], &vec![1; n], usize::MAX);
+        let (ready, busy) = (vec![0.0; n], vec![1.0; n]);
+        let o = priority_order(&own_buckets(&ready, &busy, &vec![1; n]), usize::MAX);
         assert_eq!(o.decides.iter().filter(|&&d| d).count(), 2);
         assert!(o.decides[0] && o.decides[MAX_DECIDED]);
     }

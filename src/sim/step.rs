@@ -591,7 +591,9 @@ impl PlannedStep<'_> {
         ready: &[Vec<f64>],
         acc: &mut Acc,
     ) -> Result<Vec<Vec<f64>>, String> {
-        use crate::parallel::schedule::{partition_count, partition_range, priority_order};
+        use crate::parallel::schedule::{
+            partition_count, partition_range, priority_order, StepPartitions,
+        };
         // A PowerSGD bucket is one partition (its two rounds reduce its matrices whole), as
         // in the trainer's reducer.
         let parts: Vec<usize> = (0..self.bytes.len())
@@ -625,7 +627,16 @@ impl PlannedStep<'_> {
             took.push(free - start);
         }
         let sizes: Vec<usize> = units.iter().map(|u| u.values).collect();
-        let priority = priority_order(&at, &took, &sizes, self.credit);
+        let buckets: Vec<usize> = units.iter().map(|u| u.bucket).collect();
+        let needed = self.forward_needs();
+        let partitions = StepPartitions {
+            ready: &at,
+            busy: &took,
+            values: &sizes,
+            bucket: &buckets,
+            needed: &needed,
+        };
+        let priority = priority_order(&partitions, self.credit);
         let in_order =
             (priority.order.iter().zip(&priority.decides)).map(|(&u, &d)| (&units[u], d));
         let (ordered, last) = self.unit_segments(cache, ready, in_order);
@@ -693,6 +704,25 @@ impl PlannedStep<'_> {
             last.push(segments.len() - 1);
         }
         (segments, last)
+    }
+
+    /// When the gated forward needs each bucket, s from its first gate, with every bucket back
+    /// in time (the trainer's `ForwardNeeds`; at compute factor 1).
+    fn forward_needs(&self) -> Vec<f64> {
+        let total: usize = self.bytes.iter().sum::<usize>().max(1);
+        let mut needed = vec![f64::INFINITY; self.bytes.len()];
+        let (mut t, mut first_gate) = (0.0f64, None);
+        for (k, block) in self.profile.blocks.iter().enumerate() {
+            let bytes = block.grad_bytes();
+            if bytes > 0 {
+                let origin = *first_gate.get_or_insert(t);
+                let b = self.bucket_of_block[k];
+                needed[b] = needed[b].min(t - origin);
+                t += self.update_s * bytes as f64 / total as f64;
+            }
+            t += block.forward_ms / 1e3;
+        }
+        needed
     }
 
     /// Priority scheduling, rank `r` at compute factor `f`: the step in steady state, from the
