@@ -155,7 +155,8 @@ struct BucketJob {
     tag: u64,
     inject_panic: bool,
     /// When backward handed it over, and the seconds of forward before this step's forward
-    /// needed it (NaN: it did not wait for it), which priority scheduling plans the next with.
+    /// needed it (NaN: it had no gate for it, as in a step after a drain), which priority
+    /// scheduling plans the next with.
     handed: Instant,
     needed: f64,
     /// The collectives it is reduced in, one per partition ([`partition_range`]).
@@ -444,6 +445,7 @@ impl Reducer {
     }
 
     fn send_bucket(&mut self, index: usize) -> Result<(), CommError> {
+        self.forward.close();
         if self.world == 1 {
             return Ok(());
         }
@@ -883,7 +885,9 @@ fn second_alone(
 /// Every rank must run the same collectives in the same order, yet which buckets backward has
 /// filled differs from rank to rank and moment to moment. So rank 0 decides, and tells the
 /// others: the bucket nearest the input (the highest index) among those it holds with
-/// partitions left, whose next partition (nearest the input first) every rank reduces. The
+/// partitions left, whose next partition (nearest the input first) every rank reduces, or,
+/// when a partition of a later layer would hold up the bucket the next forward needs first,
+/// nothing until that bucket is here ([`super::schedule::FirstBucketWait`]). The
 /// others wait for that bucket from their own backward if it is not there yet. The step ends
 /// when every bucket is back. The order changes from step to step; the sums do not: each
 /// partition is the same collective on the same values whenever it runs.
@@ -1027,11 +1031,7 @@ impl PriorityStep<'_> {
     /// Rank 0, with `decided` chosen: until when to wait for the first bucket instead, if it
     /// should ([`StepHistory::first_bucket_deadline`]).
     fn first_bucket_deadline(&self) -> Option<Instant> {
-        let named = self
-            .decided
-            .iter()
-            .take_while(|&&d| d != NO_DECISION)
-            .count();
+        let named = self.named();
         let mut decided = [0usize; super::schedule::MAX_DECIDED];
         for (b, &d) in decided.iter_mut().zip(&self.decided[..named]) {
             *b = d as usize;
@@ -1045,6 +1045,14 @@ impl PriorityStep<'_> {
             .first_bucket_deadline(Instant::now(), &decided[..named], left)
     }
 
+    /// Partitions the current decision names.
+    fn named(&self) -> usize {
+        self.decided
+            .iter()
+            .take_while(|&&d| d != NO_DECISION)
+            .count()
+    }
+
     /// Entries a decision message carries ([`super::schedule::decision_len`]).
     fn decision_len(&self) -> usize {
         super::schedule::decision_len(self.credit)
@@ -1053,11 +1061,7 @@ impl PriorityStep<'_> {
     /// Another rank checks a decision it heard: at least one partition, each of a bucket left
     /// this step, then nothing.
     fn check_decided(&self) -> Result<(), CommError> {
-        let named = self
-            .decided
-            .iter()
-            .take_while(|&&d| d != NO_DECISION)
-            .count();
+        let named = self.named();
         let bad = self.decided.iter().enumerate().find(|&(k, &d)| {
             let left = || (d as usize) < self.finished.len() && !self.finished[d as usize];
             (k < named && !(d >= 0.0 && d.fract() == 0.0 && left()))

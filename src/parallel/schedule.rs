@@ -222,7 +222,7 @@ pub struct StepPartitions<'a> {
 /// at a time, none interrupted: whenever the communication thread is free it decides, taking
 /// the ready partitions of highest index up to `credit` values (at least one, at most
 /// [`MAX_DECIDED`]; `credit` 0: one), or waits for the next one to become ready, or, where
-/// [`FirstBucketWait::worth_it`] says so, for the bucket the next forward needs first; the
+/// [`FirstBucketWait::pays`] says so, for the bucket the next forward needs first; the
 /// partitions decided then run one after the other.
 ///
 /// When the link keeps up, every bucket is done before the next is ready and this is the
@@ -301,24 +301,24 @@ fn first_bucket_wait(
         .map(|i| p.ready[i])
         .min_by(f64::total_cmp)?;
     let wait = FirstBucketWait {
-        due_in: first_ready - now,
-        first: of_bucket(first).map(|i| p.busy[i]).sum(),
-        decided: decided.iter().map(|&i| p.busy[i]).sum(),
+        due_in_s: first_ready - now,
+        first_s: of_bucket(first).map(|i| p.busy[i]).sum(),
+        decided_s: decided.iter().map(|&i| p.busy[i]).sum(),
     };
     let left: Vec<BucketLeft> = (0..first)
         .rev()
         .map(|b| BucketLeft {
-            link: of_bucket(b)
+            link_s: of_bucket(b)
                 .filter(|&i| !done[i] || decided.contains(&i))
                 .map(|i| p.busy[i])
                 .sum(),
-            decided: of_bucket(b)
+            decided_s: of_bucket(b)
                 .filter(|i| decided.contains(i))
                 .map(|i| p.busy[i])
                 .sum(),
-            needed: p.needed[b],
+            needed_s: p.needed[b],
         })
-        .filter(|l| l.link > 0.0)
+        .filter(|l| l.link_s > 0.0)
         .collect();
     wait.pays(left.iter().copied()).then_some(first_ready)
 }
@@ -342,11 +342,11 @@ fn first_bucket_wait(
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FirstBucketWait {
     /// Seconds until the first bucket is handed over.
-    pub due_in: f64,
+    pub due_in_s: f64,
     /// Seconds its partitions take.
-    pub first: f64,
+    pub first_s: f64,
     /// Seconds the partitions rank 0 would decide now take.
-    pub decided: f64,
+    pub decided_s: f64,
 }
 
 /// A bucket other than the first with partitions left in the step, as [`FirstBucketWait`]
@@ -354,44 +354,44 @@ pub struct FirstBucketWait {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BucketLeft {
     /// Seconds of its partitions left, those decided now included.
-    pub link: f64,
+    pub link_s: f64,
     /// Seconds of those decided now.
-    pub decided: f64,
+    pub decided_s: f64,
     /// Seconds of the next forward, its waits left out, before it needs this bucket.
-    pub needed: f64,
+    pub needed_s: f64,
 }
 
 impl FirstBucketWait {
     /// Whether the next forward ends sooner if the link waits: `left` are the other buckets
     /// with partitions left, input-first (the order they go in once the first is here).
     pub fn pays(&self, left: impl Iterator<Item = BucketLeft> + Clone) -> bool {
-        if !(self.due_in > 0.0 && self.due_in < self.decided) {
+        if !(self.due_in_s > 0.0 && self.due_in_s < self.decided_s) {
             return false;
         }
-        // The forward starts when the first bucket is back and is held up by each bucket
-        // back later than it needs it.
-        let forward_end = |start: f64, sent_before: bool| {
+        // The forward starts when the first bucket is back and is held up by the bucket back
+        // latest against its need: its start plus that delay (its end, less its own time).
+        let forward_late_end = |start: f64, sent_before: bool| {
             let (mut t, mut stall) = (start, 0.0f64);
             for b in left.clone() {
                 let link = if sent_before {
-                    b.link - b.decided
+                    b.link_s - b.decided_s
                 } else {
-                    b.link
+                    b.link_s
                 };
                 if link > 0.0 {
                     t += link;
-                    stall = stall.max(t - start - b.needed);
+                    stall = stall.max(t - start - b.needed_s);
                 }
             }
             start + stall
         };
-        let sent = forward_end(self.decided.max(self.due_in) + self.first, true);
-        let held = forward_end(self.due_in + self.first, false);
+        let sent = forward_late_end(self.decided_s.max(self.due_in_s) + self.first_s, true);
+        let held = forward_late_end(self.due_in_s + self.first_s, false);
         // The link's idle time is lost for the next step's buckets too where the link is the
         // bottleneck, and the hand-over may come later than predicted: the forward must gain
         // more than the wait. (Without this margin, vgg-small at 150 Mbit/s waited for gains
         // of about 1 ms, the hand-over came 1-2 ms late, and the step lost 2 ms.)
-        sent - held > self.due_in
+        sent - held > self.due_in_s
     }
 }
 
@@ -405,8 +405,10 @@ pub struct ForwardNeeds {
     origin: Option<Instant>,
     /// Time waited at the gates since.
     waited: Duration,
-    /// Per bucket (NaN: not gated yet).
+    /// Per bucket (NaN: not gated this step).
     pub needed: Vec<f64>,
+    /// Whether this step's forward is still running (no bucket handed over yet).
+    open: bool,
 }
 
 impl ForwardNeeds {
@@ -416,17 +418,29 @@ impl ForwardNeeds {
             origin: None,
             waited: Duration::ZERO,
             needed: vec![f64::NAN; buckets],
+            open: false,
         }
     }
 
-    /// A step begins (the last step's values stay until remeasured).
+    /// A step begins: its forward is measured afresh.
     pub fn begin_step(&mut self) {
         self.origin = None;
         self.waited = Duration::ZERO;
+        self.needed.fill(f64::NAN);
+        self.open = true;
+    }
+
+    /// Backward has handed a bucket over: the forward is over, and what gates later (the
+    /// drains before an evaluation, a checkpoint, a commit or the end of an epoch) is not it.
+    pub fn close(&mut self) {
+        self.open = false;
     }
 
     /// The forward reached the gate of bucket `b` at `at`.
     pub fn needs(&mut self, b: usize, at: Instant) {
+        if !self.open {
+            return;
+        }
         let origin = *self.origin.get_or_insert(at);
         let forward = at
             .saturating_duration_since(origin)
@@ -481,7 +495,8 @@ impl StepHistory {
     }
 
     /// Backward handed bucket `b`, of `parts` partitions, over `at`; the forward before it
-    /// needed it after `needed` seconds of its own (NaN: it did not wait for it).
+    /// needed it after `needed` seconds of its own (NaN: it had no gate for it this step, and
+    /// the last value known stays).
     pub fn handed(&mut self, b: usize, at: Instant, parts: usize, needed: f64) {
         self.handed[b] = Some(at);
         self.parts[b] = parts;
@@ -534,30 +549,30 @@ impl StepHistory {
         let due = at + Duration::try_from_secs_f64(self.gap[latest]).ok()?;
         let in_decision = |b: usize| decided.iter().filter(|&&d| d == b).count() as f64;
         let wait = FirstBucketWait {
-            due_in: due.saturating_duration_since(now).as_secs_f64(),
-            first: self.parts[first] as f64 * self.partition[first],
-            decided: decided.iter().map(|&b| self.partition[b]).sum(),
+            due_in_s: due.saturating_duration_since(now).as_secs_f64(),
+            first_s: self.parts[first] as f64 * self.partition[first],
+            decided_s: decided.iter().map(|&b| self.partition[b]).sum(),
         };
         let buckets_left = (0..first).rev().filter_map(|b| {
             let parts = left(b).unwrap_or(self.parts[b]);
             (parts > 0).then(|| BucketLeft {
-                link: parts as f64 * self.partition[b],
-                decided: in_decision(b) * self.partition[b],
-                needed: self.needed[b],
+                link_s: parts as f64 * self.partition[b],
+                decided_s: in_decision(b) * self.partition[b],
+                needed_s: self.needed[b],
             })
         });
         let known = |v: f64| v.is_finite();
-        let all_known = known(wait.first)
-            && known(wait.decided)
+        let all_known = known(wait.first_s)
+            && known(wait.decided_s)
             && buckets_left
                 .clone()
-                .all(|l| known(l.link) && known(l.needed));
+                .all(|l| known(l.link_s) && known(l.needed_s));
         if !all_known || !wait.pays(buckets_left) {
             return None;
         }
         // Past twice the expected wait, or the decided partitions' own time, waiting is the
         // worse bet.
-        let longest = (2.0 * wait.due_in).min(wait.decided);
+        let longest = (2.0 * wait.due_in_s).min(wait.decided_s);
         Some(now + Duration::from_secs_f64(longest))
     }
 }
@@ -617,18 +632,22 @@ mod tests {
         assert_eq!(priority_order(&soon, 0).order, vec![1, 2, 0, 3]);
         // Due later than the partition would take, or already here: no wait.
         let wait = FirstBucketWait {
-            due_in: 0.8,
-            first: 0.3,
-            decided: 7.0,
+            due_in_s: 0.8,
+            first_s: 0.3,
+            decided_s: 7.0,
         };
         let left = [BucketLeft {
-            link: 7.0,
-            decided: 7.0,
-            needed: 9.4,
+            link_s: 7.0,
+            decided_s: 7.0,
+            needed_s: 9.4,
         }];
         assert!(wait.pays(left.iter().copied()));
         for due_in in [7.5, 0.0] {
-            assert!(!FirstBucketWait { due_in, ..wait }.pays(left.iter().copied()));
+            assert!(!FirstBucketWait {
+                due_in_s: due_in,
+                ..wait
+            }
+            .pays(left.iter().copied()));
         }
     }
 
@@ -654,20 +673,20 @@ mod tests {
     #[test]
     fn a_busy_link_is_not_left_idle_when_the_buckets_behind_would_be_late() {
         let wait = FirstBucketWait {
-            due_in: 2.7,
-            first: 0.35,
-            decided: 8.06,
+            due_in_s: 2.7,
+            first_s: 0.35,
+            decided_s: 8.06,
         };
         let left = [
             BucketLeft {
-                link: 8.06,
-                decided: 8.06,
-                needed: 6.5,
+                link_s: 8.06,
+                decided_s: 8.06,
+                needed_s: 6.5,
             },
             BucketLeft {
-                link: 8.07,
-                decided: 0.0,
-                needed: 9.4,
+                link_s: 8.07,
+                decided_s: 0.0,
+                needed_s: 9.4,
             },
         ];
         assert!(!wait.pays(left.iter().copied()));
@@ -689,12 +708,15 @@ mod tests {
         for (got, want) in needed.iter().zip([6.0, 2.0, 0.0]) {
             assert!((got - want).abs() < 1e-6, "{needed:?}");
         }
-        // A new step measures from its own first gate; a bucket not reached keeps its value.
+        // A new step measures from its own first gate; a bucket not reached is unknown, and
+        // once backward hands a bucket over, gates (a drain's) are not the forward's.
         f.begin_step();
         f.needs(2, base + ms(50.0));
         f.needs(1, base + ms(53.0));
+        f.close();
+        f.needs(0, base + ms(90.0));
         assert!((f.needed[1] * 1e3 - 3.0).abs() < 1e-6);
-        assert!((f.needed[0] * 1e3 - 6.0).abs() < 1e-6);
+        assert!(f.needed[0].is_nan());
     }
 
     #[test]
