@@ -84,15 +84,37 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// waits for compute. Where the policy is refused the threads take nice 12 as before. The cost:
 /// any other normal thread on the machine (another program, the data loaders) also runs
 /// before priority's compute.
-pub fn yield_cpu_to_communication(schedule: Schedule) {
-    match schedule {
-        Schedule::Overlap => set_niceness(5),
-        Schedule::Priority => {
+///
+/// Only where the collectives wait on a link ([`CollectivesWait::OnALink`]): in process
+/// without an emulated link, the communication thread's work is summing and copying at memory
+/// speed, no wake-up is worth a core, and under the idle policy the compute thread gives its
+/// core up whenever that thread runs. Measured 2026-12-05 (`train --dataset
+/// synthetic:3x32x32:10 --workers 2 --threads 1 --batch 64`, no link, 11,520-image epochs
+/// for vgg-small and 5,760 for resnet20, images/s against overlap's in the same interleaved
+/// rounds, medians of 3-5 rounds; sets of 3-5 rounds spread 3-4%, resnet20 ring under the
+/// idle policy read 0.959x, 0.959x and 1.032x): averaged over the sets, the idle policy was
+/// 0.987x (12 sets), nice 12 0.999x (9), overlap's nice 5 1.009x (7). So priority without a
+/// link takes overlap's nice 5 (docs/bench/schedule.md, "Without a link, priority's compute
+/// shares the cores as overlap's does").
+pub fn yield_cpu_to_communication(schedule: Schedule, collectives: CollectivesWait) {
+    match (schedule, collectives) {
+        (Schedule::Overlap, _) | (Schedule::Priority, CollectivesWait::OnMemory) => set_niceness(5),
+        (Schedule::Priority, CollectivesWait::OnALink) => {
             if !set_idle_policy() {
                 set_niceness(12);
             }
         }
     }
+}
+
+/// What a run's collectives mostly wait on, for [`yield_cpu_to_communication`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollectivesWait {
+    /// A link: an emulated one (`--link-bandwidth`, `--intra-link-*`) or the network between
+    /// processes.
+    OnALink,
+    /// Nothing but memory: the workers are threads of one process and no link is emulated.
+    OnMemory,
 }
 
 /// Puts the calling thread under the idle scheduling policy (Linux); false where it was
@@ -125,6 +147,55 @@ pub fn set_niceness(nice: i32) {
 #[cfg(test)]
 mod tests {
     use super::panic_message;
+
+    /// The calling thread's (scheduling policy, niceness).
+    #[cfg(target_os = "linux")]
+    fn policy_and_niceness() -> (i32, i32) {
+        // SAFETY: both calls concern the calling thread (0) and take no pointers.
+        unsafe {
+            let policy = libc::sched_getscheduler(0);
+            let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+            (policy, nice)
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn priority_gives_the_core_away_only_where_the_collectives_wait_on_a_link() {
+        use super::Schedule;
+        use super::{yield_cpu_to_communication, CollectivesWait};
+        // Each on a fresh thread: a thread keeps what it set, and threads start from their
+        // creator's settings (this test thread's normal policy, nice 0).
+        let set = |schedule, collectives| {
+            std::thread::spawn(move || {
+                yield_cpu_to_communication(schedule, collectives);
+                policy_and_niceness()
+            })
+            .join()
+            .expect("the thread sets its priority")
+        };
+        let (normal, idle) = (libc::SCHED_OTHER, libc::SCHED_IDLE);
+        assert_eq!(
+            set(Schedule::Priority, CollectivesWait::OnMemory),
+            (normal, 5)
+        );
+        assert_eq!(
+            set(Schedule::Overlap, CollectivesWait::OnMemory),
+            (normal, 5)
+        );
+        assert_eq!(
+            set(Schedule::Overlap, CollectivesWait::OnALink),
+            (normal, 5)
+        );
+        let on_a_link = set(Schedule::Priority, CollectivesWait::OnALink);
+        // The idle policy, or nice 12 where the kernel refuses it.
+        assert!(
+            on_a_link.0 == idle || on_a_link == (normal, 12),
+            "priority over a link: policy {} nice {}",
+            on_a_link.0,
+            on_a_link.1
+        );
+    }
 
     #[test]
     fn panic_payloads_keep_their_message_however_they_are_passed() {

@@ -82,6 +82,12 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
     let (rank, events) = (setup.rank, setup.events.clone());
     let emulated_device = setup.cfg.device.is_some();
     let schedule = setup.cfg.schedule;
+    let collectives =
+        if setup.cfg.link.is_some() || setup.cfg.intra_link.is_some() || setup.cfg.processes > 1 {
+            crate::parallel::CollectivesWait::OnALink
+        } else {
+            crate::parallel::CollectivesWait::OnMemory
+        };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
@@ -96,7 +102,9 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
                 if emulated_device {
                     rayon::broadcast(|_| crate::testbed::device::lower_compute_priority());
                 } else {
-                    rayon::broadcast(|_| crate::parallel::yield_cpu_to_communication(schedule));
+                    rayon::broadcast(|_| {
+                        crate::parallel::yield_cpu_to_communication(schedule, collectives)
+                    });
                 }
                 worker.run();
                 Ok(())
