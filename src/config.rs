@@ -566,6 +566,18 @@ impl TrainConfig {
         self.workers * self.processes
     }
 
+    /// What this run's collectives mostly wait on, for how its compute threads share the cores
+    /// ([`crate::parallel::yield_cpu_to_communication`]): the network between processes, or
+    /// the emulated link of a run in one process, or else memory.
+    pub fn collectives_wait(&self) -> crate::parallel::CollectivesWait {
+        use crate::parallel::CollectivesWait;
+        if self.processes > 1 || self.link.is_some() {
+            CollectivesWait::OnALink
+        } else {
+            CollectivesWait::OnMemory
+        }
+    }
+
     /// What this run's bucket plan depends on ([`crate::plan`]).
     pub fn plan_inputs(&self) -> crate::plan::PlanInputs {
         crate::plan::PlanInputs {
@@ -1290,6 +1302,24 @@ mod tests {
         let mut o = TrainOptions::default();
         f(&mut o);
         o.resolve()
+    }
+
+    #[test]
+    fn collectives_wait_on_a_link_when_one_is_emulated_or_the_workers_are_processes() {
+        use crate::parallel::CollectivesWait;
+        let in_memory = opts(|o| o.workers = Some(2)).unwrap();
+        assert_eq!(in_memory.collectives_wait(), CollectivesWait::OnMemory);
+        let emulated = opts(|o| {
+            o.workers = Some(2);
+            o.link_bandwidth = Some("100Mbit".into());
+        })
+        .unwrap();
+        assert_eq!(emulated.collectives_wait(), CollectivesWait::OnALink);
+        let processes = TrainConfig {
+            processes: 2,
+            ..in_memory
+        };
+        assert_eq!(processes.collectives_wait(), CollectivesWait::OnALink);
     }
 
     #[cfg(feature = "mpi")]

@@ -82,12 +82,7 @@ pub fn run_worker_thread(setup: WorkerSetup, threads: usize) {
     let (rank, events) = (setup.rank, setup.events.clone());
     let emulated_device = setup.cfg.device.is_some();
     let schedule = setup.cfg.schedule;
-    let collectives =
-        if setup.cfg.link.is_some() || setup.cfg.intra_link.is_some() || setup.cfg.processes > 1 {
-            crate::parallel::CollectivesWait::OnALink
-        } else {
-            crate::parallel::CollectivesWait::OnMemory
-        };
+    let collectives = setup.cfg.collectives_wait();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("worker-{rank}-compute-{i}"))
