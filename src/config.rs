@@ -315,7 +315,8 @@ pub struct TrainOptions {
     /// [default: one partition].
     #[arg(long)]
     pub credit_kb: Option<usize>,
-    /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s [default: no emulation].
+    /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s, or none (no emulation,
+    /// as `bench` takes it) [default: none].
     #[arg(long)]
     pub link_bandwidth: Option<String>,
     /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth].
@@ -894,7 +895,7 @@ impl TrainOptions {
                     .into(),
             );
         }
-        if comm == CommChoice::SharedMemory && self.link_bandwidth.is_some() {
+        if comm == CommChoice::SharedMemory && self.emulated_bandwidth().is_some() {
             return Err(
                 "--comm shm and --link-bandwidth: an emulated link says the workers are devices \
                  apart, which share no memory; leave out --link-* or choose a mode that sends \
@@ -980,11 +981,18 @@ impl TrainOptions {
         Ok((schedule, self.partition_kb, self.credit_kb))
     }
 
+    /// `--link-bandwidth` unless it is absent or `none` (no emulated link).
+    fn emulated_bandwidth(&self) -> Option<&str> {
+        self.link_bandwidth
+            .as_deref()
+            .filter(|b| b.trim() != "none")
+    }
+
     /// The emulated link, if `--link-bandwidth` gives one.
     fn resolve_link(&self) -> Result<Option<LinkModel>, String> {
-        match &self.link_bandwidth {
+        match self.emulated_bandwidth() {
             None if self.link_latency.is_some() => {
-                Err("--link-latency needs --link-bandwidth too".into())
+                Err("--link-latency needs --link-bandwidth, and one other than none".into())
             }
             None => Ok(None),
             Some(b) => Ok(Some(LinkModel {
@@ -1302,6 +1310,29 @@ mod tests {
         let mut o = TrainOptions::default();
         f(&mut o);
         o.resolve()
+    }
+
+    #[test]
+    fn link_bandwidth_none_emulates_no_link_and_takes_no_latency() {
+        let none = opts(|o| {
+            o.workers = Some(2);
+            o.link_bandwidth = Some("none".into());
+        })
+        .unwrap();
+        assert!(none.link.is_none());
+        let shm = opts(|o| {
+            o.workers = Some(2);
+            o.comm = Some("shm".into());
+            o.link_bandwidth = Some("none".into());
+        });
+        assert!(shm.is_ok(), "{shm:?}");
+        let err = opts(|o| {
+            o.workers = Some(2);
+            o.link_bandwidth = Some("none".into());
+            o.link_latency = Some("50us".into());
+        })
+        .unwrap_err();
+        assert!(err.contains("one other than none"), "{err}");
     }
 
     #[test]
