@@ -87,14 +87,15 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 ///
 /// Only where the collectives wait on a link ([`CollectivesWait::OnALink`]), where the traces
 /// above were taken: in process without an emulated link the communication thread's work is
-/// summing and copying at memory speed, and there the idle policy measured slower. Measured 2026-12-05 (`train --dataset
-/// synthetic:3x32x32:10 --workers 2 --threads 1 --batch 64`, no link, 11,520-image epochs
-/// for vgg-small and 5,760 for resnet20, images/s against overlap's in the same interleaved
-/// rounds, medians of 3-5 rounds; one row's sets can differ by 7%: resnet20 ring under the
-/// idle policy read 0.959x, 0.959x and 1.032x): on the 7 row sets measured both ways the idle
-/// policy averaged 0.987x and nice 5 1.009x; nice 12 and nice 5, on the 4 measured both
-/// ways, 1.003x and 1.004x. So priority without a link takes overlap's own nice 5 (docs/bench/schedule.md, "Without a link, priority's compute
-/// shares the cores as overlap's does").
+/// summing and copying at memory speed, and there the idle policy measured slower. Measured
+/// 2026-12-05 (`train --dataset synthetic:3x32x32:10 --workers 2 --threads 1 --batch 64`, no
+/// link, 11,520-image epochs for vgg-small and 5,760 for resnet20, images/s against overlap's
+/// in the same interleaved rounds, medians of 3-5 rounds; one row's sets can differ by 7%:
+/// resnet20 ring under the idle policy read 0.959x, 0.959x and 1.032x): on the 7 row sets
+/// measured both ways the idle policy averaged 0.987x and nice 5 1.009x; nice 12 and nice 5,
+/// on the 4 measured both ways, 1.003x and 1.004x. So priority without a link takes
+/// overlap's own nice 5 (docs/bench/schedule.md, "Without a link, priority's compute shares
+/// the cores as overlap's does").
 pub fn yield_cpu_to_communication(schedule: Schedule, collectives: CollectivesWait) {
     match (schedule, collectives) {
         (Schedule::Overlap, _) | (Schedule::Priority, CollectivesWait::OnMemory) => set_niceness(5),
