@@ -324,8 +324,8 @@ pub struct TrainOptions {
     pub link_latency: Option<String>,
     /// With --transport mpi and several workers per process: emulated bandwidth of each
     /// worker's port within its process (the devices of one host, e.g. 12GB/s for PCIe 3 x16),
-    /// which every message between a process's workers crosses and `--comm auto` plans for
-    /// [default: no emulation: the workers are threads that share memory].
+    /// which every message between a process's workers crosses and `--comm auto` plans for;
+    /// none: no emulation [default: none: the workers are threads that share memory].
     #[arg(long)]
     pub intra_bandwidth: Option<String>,
     /// Emulated latency of that port, e.g. 5us [default: 0 with --intra-bandwidth].
@@ -983,9 +983,7 @@ impl TrainOptions {
 
     /// `--link-bandwidth` unless it is absent or `none` (no emulated link).
     fn emulated_bandwidth(&self) -> Option<&str> {
-        self.link_bandwidth
-            .as_deref()
-            .filter(|b| b.trim() != "none")
+        emulated(&self.link_bandwidth)
     }
 
     /// The emulated link, if `--link-bandwidth` gives one.
@@ -1013,9 +1011,13 @@ impl TrainOptions {
         workers: usize,
         comm_timeout: Duration,
     ) -> Result<Option<LinkModel>, String> {
-        let bandwidth = match (&self.intra_bandwidth, &self.intra_latency) {
+        let bandwidth = match (emulated(&self.intra_bandwidth), &self.intra_latency) {
             (None, None) => return Ok(None),
-            (None, Some(_)) => return Err("--intra-latency needs --intra-bandwidth too".into()),
+            (None, Some(_)) => {
+                return Err(
+                    "--intra-latency needs --intra-bandwidth, and one other than none".into(),
+                )
+            }
             (Some(b), _) => b,
         };
         if comm.transport != TransportKind::Mpi || workers < 2 {
@@ -1243,6 +1245,12 @@ impl TrainOptions {
     }
 }
 
+/// An emulated bandwidth flag's value, unless it is absent or `none` (no emulation): the
+/// one reading of `none` for `--link-bandwidth` and `--intra-bandwidth`, as `bench` takes it.
+fn emulated(flag: &Option<String>) -> Option<&str> {
+    flag.as_deref().filter(|b| b.trim() != "none")
+}
+
 /// `--flag on|off` (or `true|false`) as a switch.
 fn on_off(flag: &str, value: &str) -> Result<bool, String> {
     match value {
@@ -1313,7 +1321,7 @@ mod tests {
     }
 
     #[test]
-    fn link_bandwidth_none_emulates_no_link_and_takes_no_latency() {
+    fn bandwidth_none_emulates_no_link_or_port_and_takes_no_latency() {
         let none = opts(|o| {
             o.workers = Some(2);
             o.link_bandwidth = Some("none".into());
@@ -1333,6 +1341,23 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.contains("one other than none"), "{err}");
+        // The same reading for the port within a process: none is no port, with any transport.
+        let no_port = opts(|o| {
+            o.workers = Some(2);
+            o.intra_bandwidth = Some("none".into());
+        })
+        .unwrap();
+        assert!(no_port.intra_link.is_none());
+        let err = opts(|o| {
+            o.workers = Some(2);
+            o.intra_bandwidth = Some("none".into());
+            o.intra_latency = Some("5us".into());
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("--intra-latency needs --intra-bandwidth"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1445,7 +1470,7 @@ mod tests {
             ),
             (
                 Box::new(|o| o.intra_latency = Some("5us".into())),
-                "--intra-latency needs --intra-bandwidth too",
+                "--intra-latency needs --intra-bandwidth",
             ),
             (Box::new(|o| o.comm = Some("star".into())), "--comm"),
             (
