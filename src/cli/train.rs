@@ -69,12 +69,17 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
         crate::outln!("{line}");
         return Ok(());
     }
+    // With no timed step the breakdown is only the warning below, said once there.
+    let breakdown = if s.breakdown.steps > 0 {
+        format!("; {}", s.breakdown.describe())
+    } else {
+        String::new()
+    };
     crate::outln!(
-        "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s; {}\nrun directory: {}",
+        "done: test accuracy {:.2}%, {:.0} images/s, {:.1} s{breakdown}\nrun directory: {}",
         100.0 * s.final_test_accuracy,
         s.images_per_s,
         s.wall_seconds,
-        s.breakdown.describe(),
         s.run_dir.display()
     );
     for w in &warnings {

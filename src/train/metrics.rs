@@ -80,23 +80,31 @@ impl Breakdown {
         }
         let m = &self.mean;
         let pct = |v: f64| 100.0 * v / m.step_ms.max(1e-9);
-        format!(
-            "step {:.2} ms = data {:.2} ({:.1}%) + forward {:.2} ({:.1}%) + backward {:.2} ({:.1}%) + exposed comm {:.2} ({:.1}%) + update {:.2} ({:.1}%); comm total {:.2} ms, {:.0}% hidden, comm thread CPU {:.2} ms",
-            m.step_ms,
-            m.data_ms,
-            pct(m.data_ms),
-            m.forward_ms,
-            pct(m.forward_ms),
-            m.backward_ms,
-            pct(m.backward_ms),
-            m.exposed_comm_ms,
-            pct(m.exposed_comm_ms),
-            m.update_ms,
-            pct(m.update_ms),
-            m.comm_total_ms,
-            if m.comm_total_ms > 0.0 { 100.0 * m.hidden_comm_ms() / m.comm_total_ms } else { 0.0 },
-            m.comm_cpu_ms,
-        )
+        // No collective ran (one worker): there is no communication phase to account for.
+        let communicated = m.comm_total_ms > 0.0 || m.exposed_comm_ms > 0.0;
+        let mut phases = vec![
+            ("data", m.data_ms),
+            ("forward", m.forward_ms),
+            ("backward", m.backward_ms),
+        ];
+        if communicated {
+            phases.push(("exposed comm", m.exposed_comm_ms));
+        }
+        phases.push(("update", m.update_ms));
+        let phases: Vec<String> = phases
+            .iter()
+            .map(|&(name, ms)| format!("{name} {ms:.2} ({:.1}%)", pct(ms)))
+            .collect();
+        let comm = if communicated {
+            let hidden = 100.0 * m.hidden_comm_ms() / m.comm_total_ms.max(1e-9);
+            format!(
+                "comm total {:.2} ms, {hidden:.0}% hidden, comm thread CPU {:.2} ms",
+                m.comm_total_ms, m.comm_cpu_ms
+            )
+        } else {
+            "no gradient exchange".to_string()
+        };
+        format!("step {:.2} ms = {}; {comm}", m.step_ms, phases.join(" + "))
     }
 }
 
@@ -143,4 +151,48 @@ pub fn append_jsonl(path: &Path, value: &impl Serialize) -> Result<(), crate::ou
         cause: std::io::Error::other(e),
     })?;
     crate::output::append_line(path, &line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breakdown(exposed_comm_ms: f64, comm_total_ms: f64) -> Breakdown {
+        let mut b = Breakdown::default();
+        b.add(&StepTimes {
+            data_ms: 1.0,
+            forward_ms: 3.0,
+            backward_ms: 4.0,
+            exposed_comm_ms,
+            comm_total_ms,
+            comm_cpu_ms: 0.5,
+            update_ms: 1.0,
+            step_ms: 9.0 + exposed_comm_ms,
+        });
+        b
+    }
+
+    #[test]
+    fn a_step_breakdown_names_communication_only_where_a_collective_ran() {
+        let two = breakdown(1.0, 4.0).describe();
+        assert!(
+            two.contains("+ exposed comm 1.00 (10.0%) + update"),
+            "{two}"
+        );
+        assert!(
+            two.ends_with("comm total 4.00 ms, 75% hidden, comm thread CPU 0.50 ms"),
+            "{two}"
+        );
+        let one = breakdown(0.0, 0.0).describe();
+        assert!(
+            one.starts_with("step 9.00 ms = data 1.00 (11.1%) + forward 3.00 (33.3%)"),
+            "{one}"
+        );
+        assert!(
+            !one.contains("exposed comm") && one.ends_with("; no gradient exchange"),
+            "{one}"
+        );
+        let none = Breakdown::default().describe();
+        assert!(none.starts_with("no timed steps"), "{none}");
+    }
 }

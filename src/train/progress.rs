@@ -66,12 +66,20 @@ impl ProgressDisplay {
         if cfg.compress != crate::plan::CompressChoice::NONE {
             beyond.push_str(&format!(", compress {}", cfg.compress));
         }
-        self.say(format!(
-            "{} on {}: {} workers x {} threads, comm {}, overlap {}{beyond}\n  {}; per bucket: {}",
+        let who = format!(
+            "{} on {}: {} x {}",
             cfg.model,
             cfg.dataset,
-            cfg.world(),
-            cfg.threads,
+            counted(cfg.world(), "worker"),
+            counted(cfg.threads, "thread")
+        );
+        if cfg.world() == 1 {
+            // One replica: its gradients are its own, so no bucket is ever sent.
+            self.say(format!("{who}{beyond}; one worker: no gradient exchange"));
+            return;
+        }
+        self.say(format!(
+            "{who}, comm {}, overlap {}{beyond}\n  {}; per bucket: {}",
             cfg.comm,
             if cfg.overlap { "on" } else { "off" },
             description,
@@ -106,16 +114,21 @@ impl ProgressDisplay {
             line["epochs"] = epochs.into();
             crate::outln!("{line}");
         } else if !self.quiet {
+            // An epoch with no timed step has no breakdown; the run's warnings say why, once.
+            let breakdown = if record.breakdown.steps > 0 {
+                format!("\n  {}", record.breakdown.describe())
+            } else {
+                String::new()
+            };
             self.say(format!(
                 "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {:.2}%, {:.0} \
-                 images/s\n  {}",
+                 images/s{breakdown}",
                 record.epoch,
                 epochs,
                 record.train_loss,
                 record.test_loss,
                 100.0 * record.test_accuracy,
                 record.images_per_s,
-                record.breakdown.describe()
             ));
         }
     }
@@ -303,5 +316,14 @@ impl RunProgress {
             self.metrics_error = Some((e, self.failures.len()));
             self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+}
+
+/// `n` things, singular for one: `1 worker`, `2 threads`.
+fn counted(n: usize, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
     }
 }
