@@ -369,8 +369,9 @@ pub struct TrainOptions {
     #[arg(long)]
     pub heartbeat: Option<String>,
     /// The pid of the `dptrain launch` that started this job and holds the run directory's
-    /// lock across its jobs (it passes this itself).
+    /// lock across its jobs (it passes this itself; never from a config file).
     #[arg(long, hide = true)]
+    #[serde(skip)]
     pub launched_by: Option<u32>,
     /// Resume from this checkpoint file.
     #[arg(long)]
@@ -399,8 +400,9 @@ pub struct TrainOptions {
     #[serde(default)]
     pub no_checkpoints: bool,
     /// Fault injection for reliability tests: `forward|backward|comm|data@STEP[:WORKER]` or
-    /// slow-checkpoint.
+    /// slow-checkpoint (a flag for the tests, never from a config file).
     #[arg(long, hide = true)]
+    #[serde(skip)]
     pub inject_fault: Option<String>,
     /// What a NaN/infinite loss or gradient does: stop (with the step) or skip the update and
     /// count it [default: stop].
@@ -1593,6 +1595,11 @@ mod tests {
             toml::from_str::<TrainOptions>("epoks = 3").is_err(),
             "unknown keys are refused"
         );
+        // The hidden flags a launcher or a test passes are not a file's to set.
+        for internal in ["launched-by = 1", "inject-fault = \"comm@1\""] {
+            let err = toml::from_str::<TrainOptions>(internal).unwrap_err();
+            assert!(err.to_string().contains("unknown field"), "{internal}: {err}");
+        }
     }
 
     #[test]
