@@ -1598,7 +1598,10 @@ mod tests {
         // The hidden flags a launcher or a test passes are not a file's to set.
         for internal in ["launched-by = 1", "inject-fault = \"comm@1\""] {
             let err = toml::from_str::<TrainOptions>(internal).unwrap_err();
-            assert!(err.to_string().contains("unknown field"), "{internal}: {err}");
+            assert!(
+                err.to_string().contains("unknown field"),
+                "{internal}: {err}"
+            );
         }
     }
 

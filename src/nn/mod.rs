@@ -6,6 +6,7 @@
 //! [`GradSink`] (the reducer's bucket buffers in training) and reporting each layer as soon as
 //! its gradients exist, which is when the reducer may start communicating them.
 
+pub(crate) mod flow;
 pub mod layer;
 pub mod layers;
 mod net;

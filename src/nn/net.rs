@@ -5,19 +5,20 @@
 //! before it computes its input gradient, so its bucket can leave meanwhile).
 //!
 //! Set-up (once, for batches of up to `max_batch` samples), one pass each:
-//! - fusion (`Fusion::plan`): a `relu`/`relu6` whose input is a `conv2d`, `batch_norm`,
-//!   `linear` or `add` read by nothing else runs inside that layer (the activation is applied
-//!   to the output in cache, and backward masks the gradient in place), one "exec" instead of
-//!   two; then the execs with their layers and parameter blocks (`ExecLayout::build`);
-//! - which layers need a backward at all (those with parameters or upstream of one) and
-//!   which inputs need a gradient (no gradient for the data, nor for a branch without
-//!   parameters upstream) (`mark_backward`);
+//! - fusion (`flow::Fusion::plan`): a `relu`/`relu6` whose input is a `conv2d`,
+//!   `batch_norm`, `linear` or `add` read by nothing else runs inside that layer (the
+//!   activation is applied to the output in cache, and backward masks the gradient in
+//!   place), one "exec" instead of two; each exec's reads and write, and which layers need a
+//!   backward at all (those with parameters or upstream of one) and which inputs need a
+//!   gradient (no gradient for the data, nor for a branch without parameters upstream)
+//!   (`flow::flows`, the data flow `plan::memory` sizes too); then the execs with their layers
+//!   and parameter blocks (`ExecLayout::build`);
 //! - for each tensor read by several layers, which reader's gradient is written first (the
 //!   last reader in forward order) and which ones add to it: a fixed order of additions
 //!   (`mark_accumulating`);
 //! - gradient buffers for activations, shared by liveness: a gradient lives from the backward
 //!   of its tensor's last reader to the backward of its producer, and buffers whose lives do
-//!   not overlap are the same memory (`gradient_buffers`);
+//!   not overlap are the same memory (`flow::gradient_slots`);
 //! - one activation buffer per exec output (all are read by backward) (`activation_buffers`).
 //!
 //! A net set up for inference only ([`Net::for_inference`], what evaluation and prediction
@@ -30,6 +31,7 @@
 //! Parameters live in one flat vector, a contiguous block per layer ([`ParamBlock`]);
 //! gradients have the same block layout wherever they are ([`GradSink`]).
 
+use super::flow::{self, Flow, Fusion};
 use super::layer::{
     Backward, BackwardPart, Forward, Layer, LossReport, Mode, StepInfo, TensorInfo, MAX_INPUTS,
 };
@@ -213,7 +215,8 @@ impl Net {
         let (mb, nn) = (cfg.max_batch.max(1), g.nodes.len());
         let readers = readers_of(g)?;
         let fusion = Fusion::plan(g, &readers);
-        let mut layout = ExecLayout::build(g, &fusion, mb)?;
+        let flows = flow::flows(g, &fusion);
+        let mut layout = ExecLayout::build(g, &fusion, &flows, mb)?;
         // Each node's shape is within model::bounds (at most 2^40 elements), but the batch is
         // the user's: every buffer length, and their sum, checked before the closure below
         // multiplies unchecked.
@@ -233,11 +236,15 @@ impl Net {
             let acts = shared_activation_buffers(&layout.execs, nn, numel, keep);
             ((Vec::new(), vec![None; nn]), acts)
         } else {
-            mark_backward(&mut layout.execs, nn);
+            for (ex, f) in layout.execs.iter_mut().zip(&flows) {
+                ex.backward = f.backward;
+                ex.needs_dx.clone_from(&f.needs_dx);
+            }
             mark_accumulating(&mut layout.execs, nn);
-            let grads = gradient_buffers(&layout.execs, nn, numel);
+            let (sizes, grad_slot) = flow::gradient_slots(&flows, nn, numel);
+            let grads = sizes.iter().map(|&len| vec![0.0; len]).collect();
             let acts = activation_buffers(&layout.execs, nn, numel);
-            (grads, (acts, (0..nn).collect()))
+            ((grads, grad_slot), (acts, (0..nn).collect()))
         };
         let (params, state) = layout.initial_params(cfg.seed);
         let ExecLayout { execs, blocks, .. } = layout;
@@ -574,67 +581,14 @@ fn batch_chunk(g: &Graph) -> usize {
 /// The readers of each node, in node order; fails for a layer reading more than
 /// [`MAX_INPUTS`] inputs.
 fn readers_of(g: &Graph) -> Result<Vec<Vec<usize>>, NetError> {
-    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); g.nodes.len()];
-    for (i, n) in g.nodes.iter().enumerate() {
-        for &j in &n.inputs {
-            readers[j].push(i);
-        }
-        if n.inputs.len() > MAX_INPUTS {
-            return Err(NetError(format!(
-                "layer '{}' reads {} inputs; at most {MAX_INPUTS} are supported",
-                n.name,
-                n.inputs.len()
-            )));
-        }
+    if let Some(n) = g.nodes.iter().find(|n| n.inputs.len() > MAX_INPUTS) {
+        return Err(NetError(format!(
+            "layer '{}' reads {} inputs; at most {MAX_INPUTS} are supported",
+            n.name,
+            n.inputs.len()
+        )));
     }
-    Ok(readers)
-}
-
-/// Which activations run inside the layer before them: a `relu`/`relu6` whose input is a
-/// `conv2d`, `batch_norm`, `linear` or `add` read by nothing else.
-struct Fusion {
-    /// Per node: for a fused activation, the producer it runs in.
-    fused_into: Vec<Option<usize>>,
-    /// Per node: for a producer, the activation fused into it.
-    act: Vec<Act>,
-    /// Per node: the node whose buffer holds its value (a fused producer's is its
-    /// activation's).
-    value_of: Vec<usize>,
-}
-
-impl Fusion {
-    fn plan(g: &Graph, readers: &[Vec<usize>]) -> Self {
-        let nn = g.nodes.len();
-        let mut fused_into = vec![None; nn];
-        let mut act = vec![Act::None; nn];
-        for (j, n) in g.nodes.iter().enumerate() {
-            let a = match n.layer() {
-                Some(Op::Relu) => Act::Relu,
-                Some(Op::Relu6) => Act::Relu6,
-                _ => continue,
-            };
-            let i = n.inputs[0];
-            let fusable = matches!(
-                g.nodes[i].layer(),
-                Some(Op::Conv2d(_) | Op::BatchNorm(_) | Op::Linear(_) | Op::Add)
-            );
-            if fusable && readers[i].len() == 1 && act[i] == Act::None {
-                fused_into[j] = Some(i);
-                act[i] = a;
-            }
-        }
-        let mut value_of: Vec<usize> = (0..nn).collect();
-        for (j, into) in fused_into.iter().enumerate() {
-            if let Some(i) = *into {
-                value_of[i] = j;
-            }
-        }
-        Self {
-            fused_into,
-            act,
-            value_of,
-        }
-    }
+    Ok(flow::readers(g))
 }
 
 /// The forward list and the parameter blocks it owns, before any buffer exists.
@@ -648,9 +602,9 @@ struct ExecLayout {
 }
 
 impl ExecLayout {
-    /// One exec per node that is not a fused activation, in node (topological) order, each
+    /// One exec per flow (each node that is not a fused activation, in node order), each
     /// with its layer and, if it has parameters, its block.
-    fn build(g: &Graph, fusion: &Fusion, mb: usize) -> Result<Self, NetError> {
+    fn build(g: &Graph, fusion: &Fusion, flows: &[Flow], mb: usize) -> Result<Self, NetError> {
         let mut layout = Self {
             execs: Vec::new(),
             blocks: Vec::new(),
@@ -658,23 +612,30 @@ impl ExecLayout {
             state_len: 0,
         };
         let main_loss = g.losses[0];
-        for (i, n) in g.nodes.iter().enumerate().skip(1) {
-            if fusion.fused_into[i].is_some() {
-                continue;
-            }
-            let inputs: Vec<usize> = n.inputs.iter().map(|&j| fusion.value_of[j]).collect();
+        for f in flows {
+            let (i, n) = (f.node, &g.nodes[f.node]);
             let layer = make_layer(g, i, fusion.act[i], i == main_loss, mb)?;
             let block = layout.add_block(&n.name, i, layer.as_ref());
+            if block.is_some() != f.params {
+                // The graph's parameter count and the layer's tensors disagree: a bug, which
+                // would make the backward marks and the memory plan wrong.
+                return Err(NetError(format!(
+                    "layer '{}': the graph counts {} parameters, its layer has {}",
+                    n.name,
+                    n.params,
+                    if block.is_some() { "some" } else { "none" }
+                )));
+            }
             layout.execs.push(Exec {
-                out: fusion.value_of[i],
+                out: f.out,
                 name: n.name.clone(),
                 node: i,
-                needs_dx: vec![false; inputs.len()],
-                acc: vec![false; inputs.len()],
-                inputs,
+                needs_dx: vec![false; f.inputs.len()],
+                acc: vec![false; f.inputs.len()],
+                inputs: f.inputs.clone(),
                 block,
                 backward: false,
-                loss: matches!(n.layer(), Some(Op::SoftmaxCrossEntropy(_))),
+                loss: f.loss,
                 layer,
             });
         }
@@ -720,19 +681,6 @@ impl ExecLayout {
     }
 }
 
-/// Which execs need a backward (parameters here or upstream) and which of their inputs a
-/// gradient, in forward order over graph nodes `0..nn`.
-fn mark_backward(execs: &mut [Exec], nn: usize) {
-    let mut needs_grad = vec![false; nn];
-    for ex in execs {
-        for (k, &j) in ex.inputs.iter().enumerate() {
-            ex.needs_dx[k] = needs_grad[j];
-        }
-        ex.backward = ex.block.is_some() || ex.needs_dx.iter().any(|&b| b);
-        needs_grad[ex.out] = ex.backward && !ex.loss;
-    }
-}
-
 /// The fixed order of additions into a gradient read by several layers: walking backward,
 /// the first reader to run writes it and the others add to it.
 fn mark_accumulating(execs: &mut [Exec], nn: usize) {
@@ -743,54 +691,6 @@ fn mark_accumulating(execs: &mut [Exec], nn: usize) {
                 ex.acc[k] = written[ex.inputs[k]];
                 written[ex.inputs[k]] = true;
             }
-        }
-    }
-}
-
-/// Gradient buffers shared by liveness, and the buffer of each graph node's gradient: a
-/// gradient lives from the backward of its tensor's last reader to the backward of its
-/// producer, and buffers whose lives do not overlap are the same memory. `numel(j)` is the
-/// size of node `j`'s gradient.
-fn gradient_buffers(
-    execs: &[Exec],
-    nn: usize,
-    numel: impl Fn(usize) -> usize,
-) -> (Vec<Vec<f32>>, Vec<Option<usize>>) {
-    let mut grad_slot: Vec<Option<usize>> = vec![None; nn];
-    let mut grads: Vec<Vec<f32>> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
-    for ex in execs.iter().rev().filter(|ex| ex.backward) {
-        for (&j, _) in ex.inputs.iter().zip(&ex.needs_dx).filter(|(_, &n)| n) {
-            if grad_slot[j].is_none() {
-                let b = take_free_buffer(&mut free, &mut grads);
-                if grads[b].len() < numel(j) {
-                    grads[b].resize(numel(j), 0.0);
-                }
-                grad_slot[j] = Some(b);
-            }
-        }
-        // This exec's output gradient dies here.
-        if let Some(b) = grad_slot[ex.out] {
-            if !ex.loss {
-                free.push(b);
-            }
-        }
-    }
-    (grads, grad_slot)
-}
-
-/// A free gradient buffer (the largest, to be grown if needed), else a new one.
-fn take_free_buffer(free: &mut Vec<usize>, grads: &mut Vec<Vec<f32>>) -> usize {
-    let largest = free
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, &b)| grads[b].len())
-        .map(|(fi, _)| fi);
-    match largest {
-        Some(fi) => free.swap_remove(fi),
-        None => {
-            grads.push(Vec::new());
-            grads.len() - 1
         }
     }
 }
@@ -823,14 +723,12 @@ fn shared_activation_buffers(
         }
     }
     let mut slot = vec![usize::MAX; nn];
-    let (mut bufs, mut free): (Vec<Vec<f32>>, Vec<usize>) = (vec![vec![0.0; numel(0)]], vec![]);
+    let (mut sizes, mut free): (Vec<usize>, Vec<usize>) = (vec![numel(0)], vec![]);
     slot[0] = 0;
     for (e, ex) in execs.iter().enumerate() {
         if !ex.loss {
-            let b = take_free_buffer(&mut free, &mut bufs);
-            if bufs[b].len() < numel(ex.out) {
-                bufs[b].resize(numel(ex.out), 0.0);
-            }
+            let b = flow::take_free(&mut free, &mut sizes);
+            sizes[b] = sizes[b].max(numel(ex.out));
             slot[ex.out] = b;
         }
         for (k, &j) in ex.inputs.iter().enumerate() {
@@ -840,7 +738,7 @@ fn shared_activation_buffers(
             }
         }
     }
-    (bufs, slot)
+    (sizes.iter().map(|&len| vec![0.0; len]).collect(), slot)
 }
 
 /// The layer implementing node `i` (with `act` fused in): one arm per layer type.

@@ -6,7 +6,7 @@
 //! gradients (the reducer's bucket buffers, which backward writes into), the momentum, the
 //! activations (one buffer per layer output for the per-worker batch, as `nn::Net` plans
 //! them: fused activations share their layer's) and the activations' gradients (shared by
-//! liveness, the same walk `nn::Net` makes); per compute thread, the kernels' scratch (the
+//! liveness: the walk `nn::Net` allocates from, `nn::flow`); per compute thread, the kernels' scratch (the
 //! convolution's column matrix, GEMM's packed blocks); for the run, the input pipeline's batch
 //! buffers and the in-process fabric between workers ([`crate::comm::transport::fabric_bytes`]:
 //! its channels grow as workers^2). Thread stacks and the allocator's per-thread arenas are
@@ -257,102 +257,21 @@ impl MemoryEstimate {
 }
 
 /// Floats per sample of a training net's activation buffers and of its activation-gradient
-/// buffers, planned as `nn::Net` plans them: an activation fused into the layer before it
-/// (`relu`/`relu6` after a `conv2d`, `batch_norm`, `linear` or `add` read by nothing else)
-/// shares that layer's buffer, losses have none, and gradients are shared by liveness (a
-/// gradient lives from the backward of its tensor's last reader to its producer's).
+/// buffers, from the data flow `nn::Net` allocates them from (`nn::flow`): an activation
+/// fused into the layer before it shares that layer's buffer, losses have none, and
+/// gradients are shared by liveness.
 pub fn activation_floats(g: &Graph) -> (f64, f64) {
-    let nn = g.nodes.len();
-    let mut readers = vec![0usize; nn];
-    for n in &g.nodes {
-        for &j in &n.inputs {
-            readers[j] += 1;
-        }
-    }
-    // value_of[i]: the node whose buffer holds node i's value; fused[j]: j runs inside another.
-    let mut value_of: Vec<usize> = (0..nn).collect();
-    let mut fused = vec![false; nn];
-    let mut has_act = vec![false; nn];
-    for (j, n) in g.nodes.iter().enumerate() {
-        if !matches!(n.layer(), Some(Op::Relu | Op::Relu6)) {
-            continue;
-        }
-        let i = n.inputs[0];
-        let fusable = matches!(
-            g.nodes[i].layer(),
-            Some(Op::Conv2d(_) | Op::BatchNorm(_) | Op::Linear(_) | Op::Add)
-        );
-        if fusable && readers[i] == 1 && !has_act[i] {
-            fused[j] = true;
-            has_act[i] = true;
-            value_of[i] = j;
-        }
-    }
-    let is_loss = |i: usize| g.losses.contains(&i);
-    let numel = |i: usize| g.nodes[i].shape.numel() as f64;
-    // The execs: (out, inputs, has parameters, loss), in forward order.
-    let execs: Vec<(usize, Vec<usize>, bool, bool)> = (1..nn)
-        .filter(|&i| !fused[i])
-        .map(|i| {
-            let ins = g.nodes[i].inputs.iter().map(|&j| value_of[j]).collect();
-            (value_of[i], ins, g.nodes[i].params > 0, is_loss(i))
-        })
-        .collect();
+    use crate::nn::flow;
+    let flows = flow::flows(g, &flow::Fusion::plan(g, &flow::readers(g)));
+    let numel = |i: usize| g.nodes[i].shape.numel();
     let acts = numel(0)
-        + execs
+        + flows
             .iter()
-            .filter(|e| !e.3)
-            .map(|e| numel(e.0))
-            .sum::<f64>();
-    (acts, gradient_floats(&execs, nn, numel))
-}
-
-/// The liveness walk of `nn::Net`'s gradient buffers over `execs`, in floats per sample.
-fn gradient_floats(
-    execs: &[(usize, Vec<usize>, bool, bool)],
-    nn: usize,
-    numel: impl Fn(usize) -> f64,
-) -> f64 {
-    let mut needs_grad = vec![false; nn];
-    let mut backward = Vec::with_capacity(execs.len());
-    let mut needs_dx: Vec<Vec<bool>> = Vec::with_capacity(execs.len());
-    for (out, ins, params, loss) in execs {
-        let dx: Vec<bool> = ins.iter().map(|&j| needs_grad[j]).collect();
-        let bw = *params || dx.iter().any(|&b| b);
-        needs_grad[*out] = bw && !loss;
-        backward.push(bw);
-        needs_dx.push(dx);
-    }
-    let mut slot: Vec<Option<usize>> = vec![None; nn];
-    let mut sizes: Vec<f64> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
-    for (e, (out, ins, _, loss)) in execs.iter().enumerate().rev() {
-        if !backward[e] {
-            continue;
-        }
-        for (&j, _) in ins.iter().zip(&needs_dx[e]).filter(|(_, &n)| n) {
-            if slot[j].is_none() {
-                let b = match free
-                    .iter()
-                    .enumerate()
-                    .max_by(|a, b| sizes[*a.1].total_cmp(&sizes[*b.1]))
-                    .map(|(fi, _)| fi)
-                {
-                    Some(fi) => free.swap_remove(fi),
-                    None => {
-                        sizes.push(0.0);
-                        sizes.len() - 1
-                    }
-                };
-                sizes[b] = sizes[b].max(numel(j));
-                slot[j] = Some(b);
-            }
-        }
-        if let (Some(b), false) = (slot[*out], *loss) {
-            free.push(b);
-        }
-    }
-    sizes.iter().sum()
+            .filter(|f| !f.loss)
+            .map(|f| numel(f.out))
+            .sum::<usize>();
+    let (grads, _) = flow::gradient_slots(&flows, g.nodes.len(), numel);
+    (acts as f64, grads.iter().sum::<usize>() as f64)
 }
 
 /// Floats of the convolution algorithm's own buffers beyond direct convolution's: per net
