@@ -77,6 +77,10 @@ impl EmulatedDevice {
         let text = crate::input::read_text(path, crate::input::FileKind::Profile)?;
         let p: Profile =
             serde_json::from_str(&text).map_err(|e| refused(ProfileProblem::NotAProfile(e)))?;
+        // The profile's own numbers first, by the rules every profile reader applies (blocks,
+        // times, parts of backward); then the device's: scaled, each time within an hour.
+        crate::measure::profile::validate(&p)
+            .map_err(|e| refused(ProfileProblem::Unphysical(e)))?;
         let ms = |ms: f64, what: &'static str| {
             let s = ms * scale / 1e3;
             if !(0.0..MAX_STEP_S).contains(&s) {
@@ -84,9 +88,6 @@ impl EmulatedDevice {
             }
             Ok(Duration::from_secs_f64(s))
         };
-        if p.blocks.is_empty() {
-            return Err(refused(ProfileProblem::NoBlocks));
-        }
         let forward_of = p
             .blocks
             .iter()
@@ -95,15 +96,8 @@ impl EmulatedDevice {
         let forward: Duration = forward_of.iter().sum();
         let mut backward = Duration::ZERO;
         for b in &p.blocks {
+            // A block's input-gradient part is within its backward (`validate`).
             backward += ms(b.backward_ms, "a block's backward")?;
-            if let Some(part) = b.input_grad_ms {
-                ms(part, "a block's input gradient")?;
-                if part > b.backward_ms {
-                    return Err(refused(ProfileProblem::InputGradPart {
-                        block: b.name.clone(),
-                    }));
-                }
-            }
         }
         // Sums of checked times (the whole step is capped below).
         let backward_until = p
@@ -262,18 +256,9 @@ pub enum ProfileProblem {
         /// The scale applied.
         scale: f64,
     },
-    /// It has no blocks.
-    #[error("the profile has no blocks")]
-    NoBlocks,
-    /// A block's input-gradient part of backward is longer than its whole backward.
-    #[error(
-        "block '{block}' has input_grad_ms above its backward_ms (it is a part of it): \
-         re-create the profile with `dptrain profile`"
-    )]
-    InputGradPart {
-        /// The block.
-        block: String,
-    },
+    /// A number no profile may hold (`crate::measure::profile::validate`).
+    #[error("{0}")]
+    Unphysical(crate::measure::profile::Unphysical),
     /// It is of another model than the run's.
     #[error("the profile is of {profile}, this run trains {run}: profile {run}")]
     OtherModel {
@@ -505,6 +490,19 @@ mod tests {
         );
         assert!(matches!(
             EmulatedDevice::load(&ok, 1.0),
+            Err(DeviceError::Profile {
+                problem: ProfileProblem::Unphysical(_),
+                ..
+            })
+        ));
+        // A physical time that the scale takes past the hour.
+        let slow = write(
+            dir.path(),
+            r#"{"model":"m","source":"x","batch":1,"input":[1,2,2],"update_ms":10.0,
+               "blocks":[{"name":"a","forward_ms":1.0,"backward_ms":1.0,"param_sizes":[1],"macs_per_sample":1}]}"#,
+        );
+        assert!(matches!(
+            EmulatedDevice::load(&slow, 1e6),
             Err(DeviceError::Profile {
                 problem: ProfileProblem::Time {
                     what: "the update",
