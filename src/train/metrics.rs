@@ -47,16 +47,21 @@ pub const WARMUP_STEPS: usize = 5;
 /// Mean step breakdown over many steps and workers.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Breakdown {
-    /// Steps averaged.
+    /// Timed training steps (each step once, whatever the workers: the count of this process's
+    /// first worker).
     pub steps: usize,
-    /// Mean times.
+    /// Mean times, over every worker's timed steps.
     pub mean: StepTimes,
+    /// The workers' steps averaged into `mean`.
+    #[serde(skip)]
+    samples: usize,
 }
 
 impl Breakdown {
-    /// Adds one step.
-    pub fn add(&mut self, t: &StepTimes) {
-        let n = self.steps as f64;
+    /// Adds one step's times of this process's worker `local` (a step counts once, at the
+    /// process's first worker, `local` 0).
+    pub fn add(&mut self, t: &StepTimes, local: usize) {
+        let n = self.samples as f64;
         let upd = |m: &mut f64, v: f64| *m = (*m * n + v) / (n + 1.0);
         upd(&mut self.mean.data_ms, t.data_ms);
         upd(&mut self.mean.forward_ms, t.forward_ms);
@@ -66,7 +71,10 @@ impl Breakdown {
         upd(&mut self.mean.comm_cpu_ms, t.comm_cpu_ms);
         upd(&mut self.mean.update_ms, t.update_ms);
         upd(&mut self.mean.step_ms, t.step_ms);
-        self.steps += 1;
+        self.samples += 1;
+        if local == 0 {
+            self.steps += 1;
+        }
     }
 
     /// One-line table row: each phase in ms and % of the step; says so when no step was timed
@@ -159,16 +167,19 @@ mod tests {
 
     fn breakdown(exposed_comm_ms: f64, comm_total_ms: f64) -> Breakdown {
         let mut b = Breakdown::default();
-        b.add(&StepTimes {
-            data_ms: 1.0,
-            forward_ms: 3.0,
-            backward_ms: 4.0,
-            exposed_comm_ms,
-            comm_total_ms,
-            comm_cpu_ms: 0.5,
-            update_ms: 1.0,
-            step_ms: 9.0 + exposed_comm_ms,
-        });
+        b.add(
+            &StepTimes {
+                data_ms: 1.0,
+                forward_ms: 3.0,
+                backward_ms: 4.0,
+                exposed_comm_ms,
+                comm_total_ms,
+                comm_cpu_ms: 0.5,
+                update_ms: 1.0,
+                step_ms: 9.0 + exposed_comm_ms,
+            },
+            0,
+        );
         b
     }
 
@@ -194,5 +205,19 @@ mod tests {
         );
         let none = Breakdown::default().describe();
         assert!(none.starts_with("no timed steps"), "{none}");
+    }
+
+    #[test]
+    fn a_step_counts_once_and_every_worker_s_times_are_averaged() {
+        let times = |step_ms: f64| StepTimes {
+            step_ms,
+            ..Default::default()
+        };
+        let mut b = Breakdown::default();
+        for (ms, local) in [(10.0, 0), (20.0, 1), (30.0, 0), (40.0, 1)] {
+            b.add(&times(ms), local);
+        }
+        assert_eq!(b.steps, 2);
+        assert_eq!(b.mean.step_ms, 25.0);
     }
 }

@@ -255,8 +255,10 @@ impl RunProgress {
         super::heartbeat::record_steps_done(global + 1);
         // Warm-up: this run's first steps, wherever in an epoch it started.
         if global >= self.first_step + metrics::WARMUP_STEPS {
-            self.summary.breakdown.add(times);
-            self.epoch_breakdown.add(times);
+            // Ranks are global; this process's workers are `workers` of them from its first.
+            let local = rank - cfg.process_rank * cfg.workers;
+            self.summary.breakdown.add(times, local);
+            self.epoch_breakdown.add(times, local);
         }
         if rank != 0 {
             return;
