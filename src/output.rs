@@ -647,9 +647,70 @@ pub fn trim_partial_line(path: &Path) -> Result<u64, OutputError> {
     Ok(len - keep)
 }
 
+/// Cuts `path` at its first line for which `cut` holds, keeping every line before it; returns
+/// how many lines went (0 when none holds, or the file is absent). Reads forward line by line,
+/// so a long file is never held whole; the lines are whole (see [`trim_partial_line`]).
+pub fn cut_lines_from(
+    path: &Path,
+    mut cut: impl FnMut(&str) -> bool,
+) -> Result<usize, OutputError> {
+    use std::io::{BufRead, BufReader, Seek, SeekFrom};
+    if !path.exists() {
+        return Ok(0);
+    }
+    let f = open_appendable(path, false)?;
+    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        action,
+        cause,
+    };
+    let mut reader = BufReader::new(&f);
+    let (mut line, mut offset, mut at, mut cut_lines) = (String::new(), 0u64, None, 0);
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).map_err(|e| io("read", e))?;
+        if n == 0 {
+            break;
+        }
+        if at.is_none() && cut(line.trim_end()) {
+            at = Some(offset);
+        }
+        if at.is_some() {
+            cut_lines += 1;
+        }
+        offset += n as u64;
+    }
+    if let Some(at) = at {
+        let mut f = &f;
+        f.seek(SeekFrom::Start(at)).map_err(|e| io("seek in", e))?;
+        f.set_len(at)
+            .map_err(|e| io("cut the superseded lines of", e))?;
+    }
+    Ok(cut_lines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_cut_from_the_first_that_matches_and_none_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.jsonl");
+        std::fs::write(&path, "a 1\nb 2\na 3\nb 4\n").unwrap();
+        assert_eq!(cut_lines_from(&path, |l| l.ends_with('9')).unwrap(), 0);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "a 1\nb 2\na 3\nb 4\n"
+        );
+        // Everything from the first match goes, matching or not.
+        assert_eq!(cut_lines_from(&path, |l| l == "b 2").unwrap(), 3);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 1\n");
+        assert_eq!(
+            cut_lines_from(&dir.path().join("absent"), |_| true).unwrap(),
+            0
+        );
+    }
 
     #[test]
     fn temp_names_are_recognised() {

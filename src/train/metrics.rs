@@ -116,6 +116,23 @@ impl Breakdown {
     }
 }
 
+/// Whether a `metrics.jsonl` line records training past step `first_step` (counted from the
+/// run's start, `steps_per_epoch` a epoch): a step line at or past it, or the line of an epoch
+/// that ends past it. What a run resumed at `first_step` replaces. Other lines are kept.
+pub fn line_past(line: &str, first_step: usize, steps_per_epoch: usize) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        return false;
+    };
+    let number = |key: &str| v[key].as_u64().map(|n| n as usize);
+    match (v["kind"].as_str(), number("epoch")) {
+        (Some("step"), Some(epoch)) => number("step").is_some_and(|step| {
+            (epoch.saturating_sub(1) * steps_per_epoch).saturating_add(step) >= first_step
+        }),
+        (Some("epoch"), Some(epoch)) => epoch.saturating_mul(steps_per_epoch) > first_step,
+        _ => false,
+    }
+}
+
 /// Results of one epoch.
 #[derive(Debug, Clone, Serialize)]
 pub struct EpochRecord {
@@ -205,6 +222,20 @@ mod tests {
         );
         let none = Breakdown::default().describe();
         assert!(none.starts_with("no timed steps"), "{none}");
+    }
+
+    #[test]
+    fn the_lines_past_a_resumed_step_are_its_steps_and_the_epochs_ending_after_it() {
+        // 10 steps an epoch, resumed at step 4 of epoch 2 (the 14th step, from 0).
+        let past = |line: &str| line_past(line, 14, 10);
+        assert!(!past(r#"{"kind":"step","epoch":2,"step":3}"#));
+        assert!(past(r#"{"kind":"step","epoch":2,"step":4}"#));
+        assert!(past(r#"{"kind":"step","epoch":3,"step":0}"#));
+        assert!(!past(r#"{"kind":"epoch","epoch":1}"#));
+        assert!(past(r#"{"kind":"epoch","epoch":2}"#));
+        assert!(!past("not json") && !past(r#"{"kind":"note"}"#));
+        // Resumed at an epoch's end: that epoch's line stays.
+        assert!(!line_past(r#"{"kind":"epoch","epoch":2}"#, 20, 10));
     }
 
     #[test]

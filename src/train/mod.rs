@@ -411,6 +411,17 @@ fn prepare(
                 gone.display()
             ));
         }
+        // Epoch checkpoints are replaced only when this run writes its own (atomically).
+        let later = (start_epoch + 1..=cfg.epochs)
+            .map(|e| checkpoint::checkpoint_path(&cfg.run_dir, e))
+            .filter(|p| p.exists());
+        for path in later {
+            warn(&format!(
+                "{} is past the resumed epoch {start_epoch}: this run replaces it when it ends \
+                 that epoch (resume from it, or into another --run-dir, to keep it)",
+                path.display()
+            ));
+        }
     }
     if group.size() > 1 {
         plan_for_the_measured_link(&mut cfg, group).map_err(PrepareError::Processes)?;
@@ -545,7 +556,7 @@ fn prepare_outputs(
     for w in &cfg.warnings {
         warn(w);
     }
-    for note in prepared.clear(&cfg.run_dir, warn)? {
+    for note in prepared.clear(&cfg.run_dir, (first_step, steps_per_epoch), warn)? {
         if !cfg.quiet {
             crate::terminal::print_note(&note);
         }

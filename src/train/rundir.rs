@@ -128,10 +128,16 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Deletes the earlier run's files (`--overwrite`) and cuts a torn last line off the
-    /// resumed run's `metrics.jsonl` (said to `warn`); returns the notes, with what was
-    /// deleted. The lock stays.
-    pub fn clear(&mut self, dir: &Path, warn: &dyn Fn(&str)) -> Result<Vec<String>, OutputsError> {
+    /// Deletes the earlier run's files (`--overwrite`) and cuts a torn last line, then the
+    /// lines past `first_step` (`steps_per_epoch` a epoch), off the resumed run's
+    /// `metrics.jsonl` (said to `warn`); returns the notes, with what was deleted. The lock
+    /// stays.
+    pub fn clear(
+        &mut self,
+        dir: &Path,
+        (first_step, steps_per_epoch): (usize, usize),
+        warn: &dyn Fn(&str),
+    ) -> Result<Vec<String>, OutputsError> {
         let to_delete = std::mem::take(&mut self.to_delete);
         for path in &to_delete {
             std::fs::remove_file(path).map_err(|cause| {
@@ -160,6 +166,16 @@ impl Prepared {
                 warn(&format!(
                     "{} ended in a partial line ({cut} bytes, left by a run that stopped while \
                      writing it): cut off before continuing",
+                    metrics.display()
+                ));
+            }
+            let past = |line: &str| super::metrics::line_past(line, first_step, steps_per_epoch);
+            let superseded =
+                output::cut_lines_from(&metrics, past).map_err(OutputsError::RunDir)?;
+            if superseded > 0 {
+                warn(&format!(
+                    "{}: removed {superseded} lines past the resumed step (training from an \
+                     earlier run past that point), which this run replaces",
                     metrics.display()
                 ));
             }
