@@ -545,3 +545,51 @@ fn random_resized_crop_on_in_memory_data_is_the_same_for_any_loader_thread_count
     assert_eq!(run(1, 0, list), base, "prefetch 0 changed the run");
     assert_ne!(run(1, 2, "off"), base, "the transforms had no effect");
 }
+
+#[test]
+fn an_empty_class_directory_is_refused_in_training_and_allowed_in_test() {
+    use dptrain::data::image_folder::ImageFolder;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 8, 4);
+    let train = ImageFolder::open(&dir.join("train"), None).unwrap();
+    assert_eq!(train.classes.len(), 2);
+    // A class with no image in the test split: evaluated as it is.
+    std::fs::create_dir(dir.join("test").join("fish")).unwrap();
+    let classes = ["0".to_string(), "1".to_string(), "fish".to_string()];
+    assert!(ImageFolder::open(&dir.join("test"), Some(&classes)).is_ok());
+    // In the training split it could never be learned: refused, naming it.
+    std::fs::create_dir(dir.join("train").join("fish")).unwrap();
+    let e = ImageFolder::open(&dir.join("train"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("fish") && e.contains("holds no .png, .jpg or .jpeg files"),
+        "{e}"
+    );
+}
+
+#[test]
+fn one_grey_image_first_does_not_turn_a_colour_folder_grey() {
+    use dptrain::data::image_folder::ImageFolder;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 8, 4);
+    let grey = ImageBuffer::from_fn(24, 24, |x, _| Luma([(x * 10) as u8]));
+    // Sorted first in the first class.
+    std::fs::write(dir.join("train").join("0").join("-.png"), png(&grey)).unwrap();
+    let train = ImageFolder::open(&dir.join("train"), None).unwrap();
+    assert_eq!(
+        (train.channels, train.width),
+        (3, 24),
+        "{:?}",
+        train.files[0]
+    );
+    // A folder of grey images only stays grey.
+    let only = tmp.path().join("grey");
+    for class in ["a", "b"] {
+        std::fs::create_dir_all(only.join(class)).unwrap();
+        std::fs::write(only.join(class).join("1.png"), png(&grey)).unwrap();
+    }
+    assert_eq!(ImageFolder::open(&only, None).unwrap().channels, 1);
+}

@@ -8,7 +8,8 @@
 //!
 //! Classes are the training split's subdirectory names in sorted order (label = position).
 //! Unlike the other readers this one is *lazy*: [`ImageFolder::open`] only lists the files and
-//! decodes one to learn the shape; each sample is read and decoded when a loader thread asks for
+//! decodes one to learn the shape (and the headers of a spread of them, for grey or colour);
+//! each sample is read and decoded when a loader thread asks for
 //! it, so decoding is real per-step work that the input pipeline has to hide. Images may have
 //! any size: the input pipeline's transforms (`pipeline::Transforms`) take each to the image
 //! size, which is the first image's unless `--image-size` sets it ([`ImageFolder::set_size`]);
@@ -27,6 +28,9 @@ pub use super::decode::{MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
 
 /// Extensions (lower-case) taken as images; other files in a class directory are ignored.
 const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
+
+/// Images spread over a split whose headers decide grey or colour.
+const COLOUR_PROBE: usize = 64;
 
 /// Images probed at open to learn the split's shape before giving up.
 const PROBE: usize = 16;
@@ -79,6 +83,9 @@ impl ImageFolder {
             }
         }
         found.sort();
+        // A class of the training split with no image could never be learned, only predicted
+        // (torchvision's ImageFolder refuses it too); the test split may lack some classes.
+        let training = classes.is_none();
         let classes = match classes {
             None => found,
             Some(known) => {
@@ -103,6 +110,13 @@ impl ImageFolder {
         let (mut files, mut labels) = (Vec::new(), Vec::new());
         for (label, class) in classes.iter().enumerate() {
             let these = class_files(&split_dir.join(class), hint)?;
+            if training && these.is_empty() && classes.len() > 1 {
+                return Err(DataError::invalid(
+                    split_dir.join(class),
+                    "holds no .png, .jpg or .jpeg files: a class of the training split needs \
+                     images to be learned; add some, or remove the directory",
+                ));
+            }
             labels.extend(std::iter::repeat_n(label as u8, these.len()));
             files.extend(these);
         }
@@ -128,7 +142,7 @@ impl ImageFolder {
             match probe(path) {
                 Ok(info) => {
                     (folder.width, folder.height) = (info.width as usize, info.height as usize);
-                    folder.channels = info.channels;
+                    folder.channels = info.channels.max(folder.colour_in_a_spread());
                     return Ok(folder);
                 }
                 Err(e) => {
@@ -137,6 +151,24 @@ impl ImageFolder {
             }
         }
         Err(first_err.expect("at least one file was probed"))
+    }
+
+    /// 3 if any of up to [`COLOUR_PROBE`] images spread evenly over the split is colour (by
+    /// its header), else 1: one grey image first must not turn a colour dataset grey (PIL's
+    /// `convert("RGB")`, torchvision's default, reads every image as RGB). Files that do not
+    /// decode are left out; training reports them.
+    fn colour_in_a_spread(&self) -> usize {
+        let stride = self.files.len().div_ceil(COLOUR_PROBE).max(1);
+        let colour = self
+            .files
+            .iter()
+            .step_by(stride)
+            .any(|path| probe(path).is_ok_and(|info| info.channels == 3));
+        if colour {
+            3
+        } else {
+            1
+        }
     }
 
     /// Number of samples.

@@ -128,7 +128,8 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
     let test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
     // Checked (and the temporary file created) before any image is encoded.
     let mut file = AtomicFile::create(out)?;
-    // The ImageFolder's rule (its first image's), so both read the same pixels.
+    // The ImageFolder's rule (grey or colour from a spread of headers), so both read the same
+    // pixels.
     let channels = train.channels as u8;
     let bar = progress_bar(opts.progress, train.len() + test.len());
     let mut index = Index {
