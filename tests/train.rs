@@ -547,6 +547,23 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
         o.resume = Some(ck.clone());
     }))
     .unwrap();
+    // Data of another input shape is refused before any setting (even with
+    // --resume-changed), naming both shapes and the flag that sets an ImageFolder's.
+    let err = train(config(&tmp.path().join("other-input"), |o| {
+        o.train_limit = Some(64);
+        o.epochs = Some(2);
+        o.dataset = Some("synthetic:1x32x32".into());
+        o.resume = Some(ck.clone());
+        o.resume_changed = true;
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("trained on 1x28x28 inputs")
+            && err.contains("gives 1x32x32")
+            && err.contains("--image-size 28x28"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -252,6 +252,29 @@ pub enum ResumeError {
         /// path), as the checkpoint or its run's `summary.json` records it.
         model_flag: Option<String>,
     },
+    /// The checkpoint's model takes another input shape than this run's data gives it.
+    #[error(
+        "--resume {}: the checkpoint's run trained on {}x{}x{} inputs, this run's data gives \
+         {}x{}x{}; give the input options of the checkpoint's run (--image-size {}x{} for an \
+         ImageFolder, whose default is its first image's size, and the same data)",
+        path.display(),
+        checkpoint[0],
+        checkpoint[1],
+        checkpoint[2],
+        now[0],
+        now[1],
+        now[2],
+        checkpoint[1],
+        checkpoint[2]
+    )]
+    OtherInput {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The checkpoint's input, `[C, H, W]`.
+        checkpoint: [usize; 3],
+        /// This run's.
+        now: [usize; 3],
+    },
     /// The checkpoint's run trained on other data, in another order, or another batch.
     #[error(
         "--resume {}: this run differs from the checkpoint's ({}); resuming would continue \

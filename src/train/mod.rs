@@ -48,18 +48,27 @@ pub use summary::Summary;
 /// checkpoint is too old to tell.
 pub fn check_resume(
     cfg: &TrainConfig,
-    model: &str,
+    (model, input): (&str, [usize; 3]),
     ck: &checkpoint::Checkpoint,
     path: &Path,
 ) -> Result<Option<String>, ResumeError> {
     let state = &ck.state;
-    // The model first: its tensors could not be loaded into another one anyway.
+    // The model and its input first: its tensors could not be loaded into another one anyway.
     if state.model != model {
         return Err(ResumeError::OtherModel {
             checkpoint: state.model.clone(),
             now: model.to_string(),
             model_flag: recorded_model_flag(ck, path),
         });
+    }
+    if let Some(then) = ck.description.as_ref().map(|d| d.input) {
+        if then != input {
+            return Err(ResumeError::OtherInput {
+                path: path.to_path_buf(),
+                checkpoint: then,
+                now: input,
+            });
+        }
     }
     let Some(then) = &state.run else {
         return Ok(Some(format!(
@@ -386,7 +395,8 @@ fn prepare(
     // Before anything large is allocated and before the run directory exists.
     memory::check_device(&cfg, &graph)?;
     memory::check_run_memory(&cfg, &graph, memory::loaded_bytes(&train_source, &test_set))?;
-    let resume = load_resume(&cfg, &graph.name, warn)?;
+    let input = graph.input();
+    let resume = load_resume(&cfg, (&graph.name, [input.c, input.h, input.w]), warn)?;
     if let Some(ck) = resume.as_deref() {
         continue_computing_as(&mut cfg, ck);
     }
@@ -490,7 +500,7 @@ fn continue_computing_as(cfg: &mut TrainConfig, ck: &checkpoint::Checkpoint) {
 /// with epochs left to train.
 fn load_resume(
     cfg: &TrainConfig,
-    model: &str,
+    model: (&str, [usize; 3]),
     warn: &dyn Fn(&str),
 ) -> Result<Option<Arc<checkpoint::Checkpoint>>, ResumeError> {
     let Some(path) = &cfg.resume else {
