@@ -463,6 +463,17 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
         !ok && lines.is_empty() && stderr.contains("no such file"),
         "{stderr}"
     );
+    // The data directory the checkpoint records, moved away: eval says whose path it is.
+    std::fs::rename(&folder, dir.path().join("moved")).unwrap();
+    let e = eval::run(&ck, &EvalOptions::default())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the checkpoint's run read imagefolder from --data-dir")
+            && e.ends_with("give --data-dir"),
+        "{e}"
+    );
 }
 
 /// A folder of JPEGs of mixed sizes and aspect ratios, 3 classes told apart by brightness and

@@ -121,6 +121,22 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
             "--limit 0 leaves nothing to evaluate: give at least 1, or leave it out".into(),
         ));
     }
+    // A data directory the checkpoint recorded is the path its run was given, which may be
+    // relative to where that run started: say so, rather than only that it is not found.
+    if let (None, Some(d)) = (&opts.data_dir, &data_dir) {
+        if !d.exists() {
+            return Err(InferError::Options(format!(
+                "the checkpoint's run read {dataset} from --data-dir {}, which is not found \
+                 from here{}: give --data-dir",
+                d.display(),
+                if d.is_relative() {
+                    " (a relative path, as that run was given it)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     let split = if opts.train_split {
         Split::Train
     } else {
