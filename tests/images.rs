@@ -130,6 +130,10 @@ fn bad_images_get_typed_errors_naming_the_file() {
     // Not an image.
     let e = run(b"GIF89a not ours");
     assert!(matches!(e, DecodeError::NotAnImage { .. }), "{e}");
+    // An empty file says so.
+    let e = run(b"");
+    assert!(matches!(e, DecodeError::Empty { .. }), "{e}");
+    assert!(e.to_string().contains("is empty (0 bytes)"), "{e}");
     // 1 x 1.
     let e = run(&png(&ImageBuffer::from_pixel(1, 1, Luma([9u8]))));
     assert!(

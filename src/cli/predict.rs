@@ -62,20 +62,24 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    if failed > 0 && failed == files.len() {
-        return Err(format!(
+    let predicted = files.len() - failed;
+    match (failed, predicted) {
+        (0, _) => Ok(()),
+        (1, 0) => Err("the file could not be predicted (named above)".into()),
+        (_, 0) => Err(format!(
             "none of the {failed} files could be predicted (each named above)"
-        ));
+        )),
+        (_, 1) => Err(format!(
+            "{failed} of {} files could not be predicted (each named above); the other one \
+             was predicted",
+            files.len()
+        )),
+        _ => Err(format!(
+            "{failed} of {} files could not be predicted (each named above); the other \
+             {predicted} were predicted",
+            files.len()
+        )),
     }
-    if failed > 0 {
-        return Err(format!(
-            "{failed} of {} files could not be predicted (each named above); the other {} \
-             were predicted",
-            files.len(),
-            files.len() - failed
-        ));
-    }
-    Ok(())
 }
 
 /// One image's result: `FILE: class 97.12%, class 1.03%, ...`, or its JSON.

@@ -43,6 +43,12 @@ pub const MIN_IMAGE_SIDE: u32 = 4;
 /// Why one image could not be decoded. Every variant names the file and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
+    /// An empty file (0 bytes): a copy or download that never finished, most often.
+    #[error("{}: is empty (0 bytes), not an image; copy it again, or remove it", path.display())]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
     /// Neither the PNG nor the JPEG signature.
     #[error("{}: is neither PNG nor JPEG data (its first bytes match neither signature); convert it to PNG or JPEG, or remove it", path.display())]
     NotAnImage {
@@ -97,7 +103,8 @@ impl DecodeError {
     /// The file the error is about.
     pub fn path(&self) -> &Path {
         match self {
-            Self::NotAnImage { path }
+            Self::Empty { path }
+            | Self::NotAnImage { path }
             | Self::Cmyk { path }
             | Self::TooSmall { path, .. }
             | Self::TooLarge { path, .. }
@@ -220,6 +227,11 @@ pub struct Decoder {
 /// The header of `bytes` (named `path` in errors), checked: a known format, not CMYK, within
 /// [`MIN_IMAGE_SIDE`] and [`MAX_IMAGE_PIXELS`].
 pub fn read_info(bytes: &[u8], path: &Path) -> Result<ImageInfo, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
     let format = ImageFormat::sniff(bytes).ok_or_else(|| DecodeError::NotAnImage {
         path: path.to_path_buf(),
     })?;
