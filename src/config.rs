@@ -602,8 +602,8 @@ impl TrainConfig {
     pub fn to_json(&self) -> serde_json::Value {
         let mut json = serde_json::json!({
             "model": self.model, "dataset": self.dataset, "epochs": self.epochs, "batch": self.batch,
-            "lr": self.lr, "lr_schedule": format!("{:?}", self.lr_schedule), "warmup_steps": self.warmup_steps,
-            "momentum": self.sgd.momentum, "weight_decay": self.sgd.weight_decay, "nesterov": self.sgd.nesterov,
+            "lr": decimal(self.lr), "lr_schedule": self.lr_schedule.to_string(), "warmup_steps": self.warmup_steps,
+            "momentum": decimal(self.sgd.momentum), "weight_decay": decimal(self.sgd.weight_decay), "nesterov": self.sgd.nesterov,
             "seed": self.seed, "workers": self.workers, "threads": self.threads, "overlap": self.overlap,
             "comm": self.comm.to_string(), "hierarchical": self.hierarchy.to_string(), "compress": self.compress.to_string(), "transport": self.transport.to_string(),
             "processes": self.processes, "bucket_kb": self.buckets.kb, "first_bucket_kb": self.buckets.first_kb,
@@ -1247,6 +1247,12 @@ impl TrainOptions {
     }
 }
 
+/// An `f32` setting as the decimal it was given as (0.05, not the 0.05000000074505806 its
+/// binary value widens to): the shortest decimal that reads back as the same `f32`.
+fn decimal(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
 /// An emulated bandwidth flag's value, unless it is absent or `none` (no emulation): the
 /// one reading of `none` for `--link-bandwidth` and `--intra-bandwidth`, as `bench` takes it.
 fn emulated(flag: &Option<String>) -> Option<&str> {
@@ -1580,6 +1586,20 @@ mod tests {
             "{:?}",
             cfg.warnings
         );
+    }
+
+    #[test]
+    fn the_run_s_json_gives_settings_as_they_were_written() {
+        let cfg = opts(|o| {
+            o.lr = Some(0.05);
+            o.momentum = Some(0.9);
+            o.lr_schedule = Some("step:3,5:0.2".into());
+        })
+        .unwrap();
+        let json = cfg.to_json();
+        assert_eq!(json["lr"], 0.05);
+        assert_eq!(json["momentum"], 0.9);
+        assert_eq!(json["lr_schedule"], "step:3,5:0.2");
     }
 
     #[test]

@@ -143,6 +143,20 @@ pub enum LrSchedule {
     Cosine,
 }
 
+/// The schedule as `--lr-schedule` takes it (`constant`, `cosine`, `step:5,8:0.1`).
+impl std::fmt::Display for LrSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Constant => f.write_str("constant"),
+            Self::Cosine => f.write_str("cosine"),
+            Self::Step { milestones, gamma } => {
+                let epochs: Vec<String> = milestones.iter().map(usize::to_string).collect();
+                write!(f, "step:{}:{gamma}", epochs.join(","))
+            }
+        }
+    }
+}
+
 impl LrSchedule {
     /// Parses `constant`, `cosine` or `step:E1,E2[:gamma]` (gamma defaults to 0.1). The
     /// milestones are epochs from 1, strictly increasing (a repeated one would apply gamma
@@ -282,5 +296,10 @@ mod tests {
         assert!((LrSchedule::Constant.lr(1.0, 0, 100, 10, 4) - 0.25).abs() < 1e-6);
         assert!(LrSchedule::parse("step:x").is_err());
         assert!(LrSchedule::parse("linear").is_err());
+        // Written as the flag takes it, and read back the same.
+        for text in ["constant", "cosine", "step:2,4:0.5"] {
+            let s = LrSchedule::parse(text).unwrap();
+            assert_eq!(s.to_string(), text);
+        }
     }
 }
