@@ -418,7 +418,8 @@ pub struct TrainOptions {
     /// Evaluate on the first N test samples only, at least 1 (more than it has: all of it).
     #[arg(long)]
     pub test_limit: Option<usize>,
-    /// No progress bar or per-epoch lines.
+    /// No progress bar, notes or per-epoch lines: only the closing `done:` line, the run
+    /// directory and warnings.
     #[arg(long)]
     #[serde(default)]
     pub quiet: bool,
