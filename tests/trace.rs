@@ -478,6 +478,19 @@ fn report_refuses_a_summary_of_the_wrong_types_naming_the_field() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a JSON object"));
+    // A run given twice is refused before anything is written, the comparison's directory too.
+    let cmp = dir.join("cmp");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+        .arg("report")
+        .args([&dir, &dir])
+        .arg("--out")
+        .arg(&cmp)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("are the same run"), "{err}");
+    assert!(!cmp.exists());
 }
 
 /// Per reduction, whether it ended after the next step's forward began on its worker.

@@ -5,6 +5,34 @@ use std::path::{Path, PathBuf};
 /// Writes each run directory's report, and with several runs their comparison into `out`
 /// (default `runs/comparison`).
 pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), String> {
+    // The comparison's directory is made (and checked) before any report is rewritten, and a
+    // run given twice would be a column beside itself.
+    let out = match (run_dirs.len() > 1, out) {
+        (false, _) => None,
+        (true, Some(out)) => Some(out),
+        (true, None) => {
+            // The default is ours, not the user's: its parent `runs/` may be made.
+            crate::output::create_dir(Path::new("runs"))?;
+            Some(PathBuf::from("runs/comparison"))
+        }
+    };
+    if let Some(out) = &out {
+        let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => a == b,
+        };
+        for (i, a) in run_dirs.iter().enumerate() {
+            if let Some(b) = run_dirs[..i].iter().find(|b| same(a, b)) {
+                return Err(format!(
+                    "{} and {} are the same run: give each run once to compare them",
+                    b.display(),
+                    a.display()
+                ));
+            }
+        }
+        crate::output::create_dir(out)?;
+        crate::output::check_writable(&out.join("comparison.md"))?;
+    }
     for dir in run_dirs {
         if let Some(holder) = crate::train::lock::holder_of(dir) {
             crate::terminal::print_warning(&format!(
@@ -15,15 +43,7 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
         let figures = crate::report::write_run_report(dir)?;
         crate::outln!("{}: report.md and {} figures", dir.display(), figures.len());
     }
-    if run_dirs.len() > 1 {
-        let out = match out {
-            Some(out) => out,
-            None => {
-                // The default is ours, not the user's: its parent `runs/` may be made.
-                crate::output::create_dir(Path::new("runs"))?;
-                PathBuf::from("runs/comparison")
-            }
-        };
+    if let Some(out) = out {
         let table = crate::report::write_comparison(run_dirs, &out)?;
         crate::outln!("{table}\ncomparison written to {}", out.display());
     }
