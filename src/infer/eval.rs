@@ -284,10 +284,10 @@ pub fn evaluate(
     opts: &EvalOptions,
 ) -> Result<EvalReport, InferError> {
     let batch = opts.batch.unwrap_or_else(|| default_batch(model));
-    if batch == 0 || opts.workers == 0 {
-        return Err(InferError::Options(
-            "--batch and --workers must be at least 1".into(),
-        ));
+    for (flag, value) in [("--batch", batch), ("--workers", opts.workers)] {
+        if value == 0 {
+            return Err(InferError::Options(format!("{flag} must be at least 1")));
+        }
     }
     let classes = model.class_names().len();
     let chunks = data.set.len().div_ceil(batch);
