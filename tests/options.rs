@@ -731,3 +731,35 @@ fn every_model_option_names_the_builtins_and_model_files_alike() {
         );
     }
 }
+
+#[test]
+fn simulate_checks_every_worker_count_before_printing_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dptrain(
+        &[
+            "simulate",
+            "--model",
+            "resnet20",
+            "--device-tflops",
+            "10",
+            "--workers",
+            "8,12",
+            "--devices-per-host",
+            "8",
+            "--intra-bandwidth",
+            "10GB/s",
+        ],
+        dir.path(),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("12 workers are not whole hosts of 8 devices"),
+        "{err}"
+    );
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

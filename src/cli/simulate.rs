@@ -177,6 +177,11 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let line_rate = topology(&a)?;
     let o = overheads(&a, &p)?;
     let base = o.apply(line_rate);
+    // Every worker count checked before anything is printed.
+    let clusters = workers
+        .iter()
+        .map(|&n| base.with_workers(n))
+        .collect::<Result<Vec<_>, _>>()?;
     let stragglers = Stragglers {
         spread: o.compute_spread,
         seed: a.seed,
@@ -236,8 +241,8 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         overlaps,
     };
     let (mut rows, mut refused) = (0usize, 0usize);
-    for &n in &workers {
-        let (r, f) = sweep.print_rows(&mut sim, base.with_workers(n)?);
+    for cluster in clusters {
+        let (r, f) = sweep.print_rows(&mut sim, cluster);
         rows += r;
         refused += f;
     }
