@@ -104,10 +104,7 @@ impl Source {
                 };
                 (Normalization { mean, std }, how)
             }
-            Source::Folder(f) => {
-                let n = estimate_normalization(f, eval, NORM_PROBE);
-                (n, estimated_through(f.len().min(NORM_PROBE), eval))
-            }
+            Source::Folder(f) => estimate_normalization(f, eval, NORM_PROBE),
             Source::Packed(p) => {
                 let n = super::packed::estimate_normalization(p, eval, NORM_PROBE);
                 (n, estimated_through(p.len().min(NORM_PROBE), eval))
@@ -243,12 +240,13 @@ pub fn decode_split(
 
 /// Per-channel mean and deviation of pixel/255 over up to `max` images spread evenly over
 /// `folder`, each through `eval` at the folder's size (decoding all would cost an epoch at
-/// start). Files that fail to decode are left out; training reports them.
+/// start). Files that fail to decode are left out; returns the estimate and how it was made,
+/// naming the first such file (training stops at it, unless it skips bad samples).
 pub fn estimate_normalization(
     folder: &ImageFolder,
     eval: &Transforms,
     max: usize,
-) -> Normalization {
+) -> (Normalization, String) {
     let take = folder.len().min(max.max(1));
     let mut probe = Dataset {
         name: "estimate".into(),
@@ -265,9 +263,10 @@ pub fn estimate_normalization(
     };
     let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
     let mut buf = vec![0u8; folder.sample_len()];
+    let mut unreadable: (usize, Option<String>) = (0, None);
     for k in 0..take {
         let i = k * folder.len() / take;
-        let ok = folder.read_file(i, &mut file).is_ok_and(|path| {
+        let read = folder.read_file(i, &mut file).and_then(|path| {
             eval.apply_bytes_u8(
                 &file,
                 path,
@@ -277,13 +276,26 @@ pub fn estimate_normalization(
                 &mut scratch,
                 &mut buf,
             )
-            .is_ok()
+            .map_err(DataError::from)
         });
-        if ok {
-            probe.pixels.extend_from_slice(&buf);
-            probe.labels.push(folder.labels[i]);
+        match read {
+            Ok(()) => {
+                probe.pixels.extend_from_slice(&buf);
+                probe.labels.push(folder.labels[i]);
+            }
+            Err(e) => {
+                unreadable.0 += 1;
+                unreadable.1.get_or_insert(e.to_string());
+            }
         }
     }
     let (mean, std) = probe.computed_mean_std();
-    Normalization { mean, std }
+    let mut how = estimated_through(probe.labels.len(), eval);
+    if let (n, Some(first)) = unreadable {
+        how.push_str(&format!(
+            "; {n} unreadable left out, which training stops at unless --skip-bad-samples: \
+             {first}"
+        ));
+    }
+    (Normalization { mean, std }, how)
 }
