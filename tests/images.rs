@@ -597,3 +597,22 @@ fn one_grey_image_first_does_not_turn_a_colour_folder_grey() {
     }
     assert_eq!(ImageFolder::open(&only, None).unwrap().channels, 1);
 }
+
+#[test]
+fn the_normalisation_counts_the_images_it_read_and_names_an_unreadable_one() {
+    use dptrain::data::image_folder::ImageFolder;
+    use dptrain::pipeline::estimate_normalization;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 8, 4);
+    let bad = dir.join("train").join("1").join("zz.png");
+    std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    let folder = ImageFolder::open(&dir.join("train"), None).unwrap();
+    assert_eq!(folder.len(), 9);
+    let (_, how) = estimate_normalization(&folder, &Transforms::OFF, 1000);
+    assert!(
+        how.starts_with("estimated from 8 training images; 1 unreadable left out")
+            && how.contains("zz.png"),
+        "{how}"
+    );
+}
