@@ -55,14 +55,15 @@ where
 {
     let t = s.trim();
     if t.starts_with('-') && t.len() > 1 {
+        // No minimum here: each option says its own (most refuse 0 too).
         return Err(format!(
-            "a negative number; give a whole number from 0 to {}",
+            "a negative number; give a whole number (at most {})",
             T::MAX
         ));
     }
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
-            "not a whole number; give digits only (no sign, point or exponent), from 0 to {}",
+            "not a whole number; give digits only (no sign, point or exponent), at most {}",
             T::MAX
         ));
     }
