@@ -564,6 +564,20 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
             && err.contains("--image-size 28x28"),
         "{err}"
     );
+    // Channels alone: the size is not the remedy.
+    let err = train(config(&tmp.path().join("other-channels"), |o| {
+        o.train_limit = Some(64);
+        o.epochs = Some(2);
+        o.dataset = Some("synthetic:3x28x28".into());
+        o.resume = Some(ck.clone());
+        o.resume_changed = true;
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("gives 3x28x28") && err.contains("the channel count is the data's"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -625,9 +639,10 @@ fn worker_0s_evaluation_and_checkpoint_are_not_booked_to_the_next_epochs_steps()
             o.inject_fault = Some("slow-checkpoint".into());
             o.schedule = Some(schedule.into());
         });
-        // 20 steps an epoch: 2 s spread over the second epoch's 40 would be 50 ms a step.
+        // 20 steps an epoch (each counted once, whatever the workers): 2 s spread over them
+        // would be 100 ms a step.
         let second = &s.epochs[1].breakdown;
-        assert_eq!(second.steps, 2 * 20, "{schedule}");
+        assert_eq!(second.steps, 20, "{schedule}");
         assert!(second.mean.step_ms < 20.0, "{schedule}: {:?}", second.mean);
         assert!(
             second.mean.exposed_comm_ms < 20.0,
@@ -916,4 +931,37 @@ fn an_emulated_device_holds_every_phase_to_its_profile_and_refuses_a_profile_of_
         e.contains("per-worker batch of 8") && e.contains("16"),
         "{e}"
     );
+}
+
+#[test]
+fn resuming_an_earlier_checkpoint_writes_each_step_and_epoch_line_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let opts = |o: &mut TrainOptions| {
+        o.train_limit = Some(64); // 4 steps an epoch
+        o.epochs = Some(3);
+        o.log_every = Some(2);
+        o.keep_checkpoints = Some(3);
+    };
+    run(&dir, opts);
+    let lines = || -> Vec<(String, u64, Option<u64>)> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let kind = v["kind"].as_str().unwrap().to_string();
+                (kind, v["epoch"].as_u64().unwrap(), v["step"].as_u64())
+            })
+            .collect()
+    };
+    let first = lines();
+    assert_eq!(first.iter().filter(|l| l.0 == "epoch").count(), 3);
+    // Resumed from epoch 1 in its own directory: epochs 2 and 3 are trained again, and their
+    // earlier lines give way to this run's, so every line is there once, in order.
+    run(&dir, |o| {
+        opts(o);
+        o.resume = Some(dir.join("checkpoint-epoch0001.safetensors"));
+    });
+    assert_eq!(lines(), first);
 }

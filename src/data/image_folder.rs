@@ -46,8 +46,8 @@ pub struct ImageFolder {
     pub files: Vec<PathBuf>,
     /// Label of each file.
     pub labels: Vec<u8>,
-    /// 1 when the first image is greyscale, else 3 (RGB; alpha is dropped). Every image is
-    /// decoded with this many channels.
+    /// 3 (RGB; alpha is dropped) when any of up to [`COLOUR_PROBE`] images spread over the
+    /// split is colour, else 1 (greyscale). Every image is decoded with this many channels.
     pub channels: usize,
     /// Height samples are delivered at (the image size): the first image's unless set.
     pub height: usize,
@@ -67,7 +67,8 @@ pub struct DecodeScratch {
 }
 
 impl ImageFolder {
-    /// Lists `split_dir` (one subdirectory per class) and probes its first image for the shape.
+    /// Lists `split_dir` (one subdirectory per class), probes its first image for the size and
+    /// a spread of images' headers for grey or colour.
     /// `classes` fixes the class list (the test split uses the training split's); `None` takes
     /// this directory's subdirectories.
     pub fn open(split_dir: &Path, classes: Option<&[String]>) -> Result<Self, DataError> {
@@ -135,7 +136,7 @@ impl ImageFolder {
             height: 0,
             width: 0,
         };
-        // The first image that decodes sets the shape; a bad first file is reported (or skipped)
+        // The first image that decodes sets the size; a bad first file is reported (or skipped)
         // later, when training reaches it, like any other bad file.
         let mut first_err = None;
         for path in folder.files.iter().take(PROBE) {

@@ -620,10 +620,14 @@ impl ExecLayout {
                 // The graph's parameter count and the layer's tensors disagree: a bug, which
                 // would make the backward marks and the memory plan wrong.
                 return Err(NetError(format!(
-                    "layer '{}': the graph counts {} parameters, its layer has {}",
+                    "layer '{}': the graph counts {} parameters, its layer {}",
                     n.name,
                     n.params,
-                    if block.is_some() { "some" } else { "none" }
+                    if block.is_some() {
+                        "has some"
+                    } else {
+                        "has none"
+                    }
                 )));
             }
             layout.execs.push(Exec {

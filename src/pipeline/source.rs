@@ -187,10 +187,11 @@ impl Source {
 /// How a normalisation was estimated from `images` training images, seen through the
 /// evaluation transforms `eval` (said only when there are some).
 fn estimated_through(images: usize, eval: &Transforms) -> String {
+    let s = if images == 1 { "" } else { "s" };
     if eval.is_off() {
-        format!("estimated from {images} training images")
+        format!("estimated from {images} training image{s}")
     } else {
-        format!("estimated from {images} training images through {eval}")
+        format!("estimated from {images} training image{s} through {eval}")
     }
 }
 

@@ -255,8 +255,7 @@ pub enum ResumeError {
     /// The checkpoint's model takes another input shape than this run's data gives it.
     #[error(
         "--resume {}: the checkpoint's run trained on {}x{}x{} inputs, this run's data gives \
-         {}x{}x{}; give the input options of the checkpoint's run (--image-size {}x{} for an \
-         ImageFolder, whose default is its first image's size, and the same data)",
+         {}x{}x{}; {}",
         path.display(),
         checkpoint[0],
         checkpoint[1],
@@ -264,8 +263,7 @@ pub enum ResumeError {
         now[0],
         now[1],
         now[2],
-        checkpoint[1],
-        checkpoint[2]
+        input_remedy(checkpoint, now)
     )]
     OtherInput {
         /// The checkpoint.
@@ -432,5 +430,22 @@ impl TrainError {
 impl From<TrainError> for String {
     fn from(e: TrainError) -> Self {
         e.to_string()
+    }
+}
+
+/// What gives the checkpoint's input again: its image size, or (channels alone differing)
+/// the same images, since an ImageFolder is read as RGB if any of the images spread over it
+/// is colour.
+fn input_remedy(checkpoint: &[usize; 3], now: &[usize; 3]) -> String {
+    if checkpoint[1..] != now[1..] {
+        format!(
+            "give the checkpoint's input size (--image-size {}x{} for an ImageFolder, whose \
+             default is its first image's size) and the same data",
+            checkpoint[1], checkpoint[2]
+        )
+    } else {
+        "give the same data: the channel count is the data's (an ImageFolder is RGB if any of \
+         up to 64 images spread over it is colour, else grey)"
+            .to_string()
     }
 }

@@ -50,7 +50,7 @@ pub struct Breakdown {
     /// Timed training steps (each step once, whatever the workers: the count of this process's
     /// first worker).
     pub steps: usize,
-    /// Mean times, over every worker's timed steps.
+    /// Mean times, over the timed steps of every worker of this process.
     pub mean: StepTimes,
     /// The workers' steps averaged into `mean`.
     #[serde(skip)]
@@ -116,19 +116,19 @@ impl Breakdown {
     }
 }
 
-/// Whether a `metrics.jsonl` line records training past step `first_step` (counted from the
-/// run's start, `steps_per_epoch` a epoch): a step line at or past it, or the line of an epoch
-/// that ends past it. What a run resumed at `first_step` replaces. Other lines are kept.
-pub fn line_past(line: &str, first_step: usize, steps_per_epoch: usize) -> bool {
+/// Whether a `metrics.jsonl` line records training at or past `resumed`, (epochs done, steps
+/// of the next done) where a resumed run starts: a step line from there on, or the line of an
+/// epoch after the last one done. What a resumed run writes again. Other lines are kept.
+/// Positions, not step counts: `--resume-changed` may change the steps an epoch has.
+pub fn line_past(line: &str, (epochs_done, steps_done): (usize, usize)) -> bool {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
         return false;
     };
     let number = |key: &str| v[key].as_u64().map(|n| n as usize);
     match (v["kind"].as_str(), number("epoch")) {
-        (Some("step"), Some(epoch)) => number("step").is_some_and(|step| {
-            (epoch.saturating_sub(1) * steps_per_epoch).saturating_add(step) >= first_step
-        }),
-        (Some("epoch"), Some(epoch)) => epoch.saturating_mul(steps_per_epoch) > first_step,
+        (Some("step"), Some(epoch)) => number("step")
+            .is_some_and(|step| (epoch.saturating_sub(1), step) >= (epochs_done, steps_done)),
+        (Some("epoch"), Some(epoch)) => epoch > epochs_done,
         _ => false,
     }
 }
@@ -225,17 +225,20 @@ mod tests {
     }
 
     #[test]
-    fn the_lines_past_a_resumed_step_are_its_steps_and_the_epochs_ending_after_it() {
-        // 10 steps an epoch, resumed at step 4 of epoch 2 (the 14th step, from 0).
-        let past = |line: &str| line_past(line, 14, 10);
+    fn the_lines_past_a_resumed_step_are_its_steps_and_the_epochs_after_the_last_done() {
+        // Resumed at step 4 of epoch 2 (1 epoch done, 4 steps of the next).
+        let past = |line: &str| line_past(line, (1, 4));
         assert!(!past(r#"{"kind":"step","epoch":2,"step":3}"#));
         assert!(past(r#"{"kind":"step","epoch":2,"step":4}"#));
         assert!(past(r#"{"kind":"step","epoch":3,"step":0}"#));
         assert!(!past(r#"{"kind":"epoch","epoch":1}"#));
         assert!(past(r#"{"kind":"epoch","epoch":2}"#));
         assert!(!past("not json") && !past(r#"{"kind":"note"}"#));
-        // Resumed at an epoch's end: that epoch's line stays.
-        assert!(!line_past(r#"{"kind":"epoch","epoch":2}"#, 20, 10));
+        // Resumed at an epoch's end: that epoch's lines stay, whatever its length was (the
+        // earlier run's epochs may have had more steps, under --resume-changed).
+        assert!(!line_past(r#"{"kind":"epoch","epoch":2}"#, (2, 0)));
+        assert!(!line_past(r#"{"kind":"step","epoch":2,"step":90}"#, (2, 0)));
+        assert!(line_past(r#"{"kind":"step","epoch":3,"step":0}"#, (2, 0)));
     }
 
     #[test]

@@ -41,8 +41,9 @@ use worker::WorkerSetup;
 pub use event::Event;
 pub use summary::Summary;
 
-/// Checks that the checkpoint's run trained on the same data in the same order as this one
-/// would (dataset, global batch, seed, training limit): otherwise the resumed run would continue
+/// Checks that the checkpoint's model takes this run's input shape (refused otherwise, even
+/// with `--resume-changed`), and that its run trained on the same data in the same order as
+/// this one would (dataset, global batch, seed, training limit): otherwise the resumed run would continue
 /// at a global step computed for another run. Refused naming each field and both values, unless
 /// `--resume-changed`; returns the warning to show when it was accepted that way, or when the
 /// checkpoint is too old to tell.
@@ -331,6 +332,9 @@ pub fn train_in(
     };
     let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
     let mut progress = RunProgress::new(&run.cfg, run.first_step(), run.steps_per_epoch);
+    if run.resumes_its_own_directory() {
+        progress.supersede_from((run.start_epoch, run.start_step_in_epoch));
+    }
     let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
         .map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
@@ -371,6 +375,16 @@ impl PreparedRun {
     /// The global step of the run's first batch in the data order.
     fn first_step(&self) -> usize {
         self.start_epoch * self.steps_per_epoch + self.start_step_in_epoch
+    }
+
+    /// Whether this run resumes a checkpoint of its own run directory: then its
+    /// `metrics.jsonl` is that run's, whose lines past the resumed step this run writes again.
+    fn resumes_its_own_directory(&self) -> bool {
+        let (Some(_), Some(path)) = (&self.resume, &self.cfg.resume) else {
+            return false;
+        };
+        let dir = |p: &Path| p.canonicalize().ok();
+        dir(crate::output::parent_dir(path)).is_some_and(|d| dir(&self.cfg.run_dir) == Some(d))
     }
 }
 
@@ -421,16 +435,16 @@ fn prepare(
                 gone.display()
             ));
         }
-        // Epoch checkpoints are replaced only when this run writes its own (atomically).
-        let later = (start_epoch + 1..=cfg.epochs)
-            .map(|e| checkpoint::checkpoint_path(&cfg.run_dir, e))
-            .filter(|p| p.exists());
-        for path in later {
-            warn(&format!(
-                "{} is past the resumed epoch {start_epoch}: this run replaces it when it ends \
-                 that epoch (resume from it, or into another --run-dir, to keep it)",
-                path.display()
-            ));
+        // Epoch checkpoints are replaced only where this run writes its own (atomically).
+        for (epoch, path) in rundir::epoch_checkpoints(&cfg.run_dir) {
+            if epoch > start_epoch {
+                warn(&format!(
+                    "{} is past the resumed epoch {start_epoch}: it is from training this run \
+                     redoes, and is replaced only if this run checkpoints epoch {epoch} (resume \
+                     from it, or into another --run-dir, to keep it)",
+                    path.display()
+                ));
+            }
         }
     }
     if group.size() > 1 {
@@ -566,7 +580,7 @@ fn prepare_outputs(
     for w in &cfg.warnings {
         warn(w);
     }
-    for note in prepared.clear(&cfg.run_dir, (first_step, steps_per_epoch), warn)? {
+    for note in prepared.clear(&cfg.run_dir, warn)? {
         if !cfg.quiet {
             crate::terminal::print_note(&note);
         }

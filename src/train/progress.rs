@@ -165,6 +165,10 @@ pub struct RunProgress {
     /// The global rank of this process's first worker.
     first_rank: usize,
     steps_per_epoch: usize,
+    /// Resuming its own run directory: where (epochs done, steps of the next done) the lines
+    /// of `metrics.jsonl` this run writes again begin; cut before its first line is written,
+    /// so a run that fails before training leaves the file as it was.
+    superseded_from: Option<(usize, usize)>,
 }
 
 impl RunProgress {
@@ -182,7 +186,14 @@ impl RunProgress {
             first_step,
             first_rank: cfg.process_rank * cfg.workers,
             steps_per_epoch,
+            superseded_from: None,
         }
+    }
+
+    /// The run resumes its own directory at `resumed` (epochs done, steps of the next done):
+    /// `metrics.jsonl`'s lines from there on are cut before this run writes its first.
+    pub fn supersede_from(&mut self, resumed: (usize, usize)) {
+        self.superseded_from = Some(resumed);
     }
 
     /// Takes in every event until the last worker has gone (the channel closes).
@@ -256,7 +267,7 @@ impl RunProgress {
         // Warm-up: this run's first steps, wherever in an epoch it started.
         if global >= self.first_step + metrics::WARMUP_STEPS {
             // Ranks are global; this process's workers are `workers` of them from its first.
-            let local = rank - cfg.process_rank * cfg.workers;
+            let local = rank - self.first_rank;
             self.summary.breakdown.add(times, local);
             self.epoch_breakdown.add(times, local);
         }
@@ -313,6 +324,22 @@ impl RunProgress {
     fn write_metrics_line(&mut self, line: &serde_json::Value) {
         if self.metrics_error.is_some() {
             return;
+        }
+        if let Some(resumed) = self.superseded_from.take() {
+            let past = |l: &str| metrics::line_past(l, resumed);
+            match crate::output::cut_lines_from(&self.metrics_path, past) {
+                Ok(0) => {}
+                Ok(n) => crate::terminal::print_warning(&format!(
+                    "{}: removed {} past the resumed step (training this run supersedes)",
+                    self.metrics_path.display(),
+                    counted(n, "line")
+                )),
+                Err(e) => {
+                    self.metrics_error = Some((e, self.failures.len()));
+                    self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+            }
         }
         if let Err(e) = append_jsonl(Path::new(&self.metrics_path), line) {
             self.metrics_error = Some((e, self.failures.len()));

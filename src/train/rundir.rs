@@ -97,6 +97,23 @@ pub fn is_checkpoint_name(name: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The epoch checkpoints in `dir` (`checkpoint-epochNNNN.safetensors`), each with its epoch,
+/// in epoch order; none if it does not exist.
+pub fn epoch_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
+    let mut found: Vec<(usize, PathBuf)> = run_files_in(dir)
+        .into_iter()
+        .filter(|n| is_checkpoint_name(n))
+        .filter_map(|n| {
+            let digits = n
+                .strip_prefix("checkpoint-epoch")?
+                .strip_suffix(".safetensors")?;
+            Some((digits.parse().ok()?, dir.join(&n)))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 /// The files of a run found in `dir` (sorted names); empty if it does not exist.
 pub fn run_files_in(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -128,16 +145,10 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Deletes the earlier run's files (`--overwrite`) and cuts a torn last line, then the
-    /// lines past `first_step` (`steps_per_epoch` a epoch), off the resumed run's
-    /// `metrics.jsonl` (said to `warn`); returns the notes, with what was deleted. The lock
-    /// stays.
-    pub fn clear(
-        &mut self,
-        dir: &Path,
-        (first_step, steps_per_epoch): (usize, usize),
-        warn: &dyn Fn(&str),
-    ) -> Result<Vec<String>, OutputsError> {
+    /// Deletes the earlier run's files (`--overwrite`) and cuts a torn last line off the
+    /// resumed run's `metrics.jsonl` (said to `warn`); returns the notes, with what was
+    /// deleted. The lock stays.
+    pub fn clear(&mut self, dir: &Path, warn: &dyn Fn(&str)) -> Result<Vec<String>, OutputsError> {
         let to_delete = std::mem::take(&mut self.to_delete);
         for path in &to_delete {
             std::fs::remove_file(path).map_err(|cause| {
@@ -166,16 +177,6 @@ impl Prepared {
                 warn(&format!(
                     "{} ended in a partial line ({cut} bytes, left by a run that stopped while \
                      writing it): cut off before continuing",
-                    metrics.display()
-                ));
-            }
-            let past = |line: &str| super::metrics::line_past(line, first_step, steps_per_epoch);
-            let superseded =
-                output::cut_lines_from(&metrics, past).map_err(OutputsError::RunDir)?;
-            if superseded > 0 {
-                warn(&format!(
-                    "{}: removed {superseded} lines past the resumed step (training from an \
-                     earlier run past that point), which this run replaces",
                     metrics.display()
                 ));
             }

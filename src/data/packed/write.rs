@@ -2,7 +2,7 @@
 //! the layout).
 //!
 //! Each image is decoded as an ImageFolder decodes it ([`crate::data::decode`]: any size, EXIF
-//! orientation applied, greyscale when the folder's first image is, else RGB), shrunk so its longer side is at most `--max-side`
+//! orientation applied, greyscale or RGB by the ImageFolder's rule), shrunk so its longer side is at most `--max-side`
 //! (aspect kept; `fast_image_resize`, Lanczos-3), and stored raw or as JPEG by the rule of
 //! [`StoreAs`]: a JPEG file that needs no change is stored as it is, others are encoded at the
 //! quality asked for with 4:2:0 chroma subsampling (`jpeg-encoder`; PIL's default too). Images are encoded on the rayon pool a chunk at a time and written in order,
