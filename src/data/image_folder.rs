@@ -46,7 +46,7 @@ pub struct ImageFolder {
     pub files: Vec<PathBuf>,
     /// Label of each file.
     pub labels: Vec<u8>,
-    /// 3 (RGB; alpha is dropped) when any of up to [`COLOUR_PROBE`] images spread over the
+    /// 3 (RGB; alpha is dropped) when any of up to 64 images spread over the
     /// split is colour, else 1 (greyscale). Every image is decoded with this many channels.
     pub channels: usize,
     /// Height samples are delivered at (the image size): the first image's unless set.
