@@ -87,9 +87,13 @@ impl Source {
 
     /// The normalisation `--normalize` asks for: the dataset's published constants (else
     /// computed from the split) in memory, or an estimate from up to 1000 images through
-    /// `eval` for a folder or with `estimate`. Returns it and where it came from, for the run's
-    /// start line.
-    pub fn normalization(&self, eval: &Transforms, estimate: bool) -> (Normalization, String) {
+    /// `eval` for a folder or with `estimate`. Returns it, where it came from (for the run's
+    /// start line) and a warning of unreadable images it left out, if any.
+    pub fn normalization(
+        &self,
+        eval: &Transforms,
+        estimate: bool,
+    ) -> (Normalization, String, Option<String>) {
         match self {
             Source::Memory(d) => {
                 let (mean, std) = if estimate {
@@ -102,12 +106,12 @@ impl Source {
                 } else {
                     format!("{}'s published constants", d.name)
                 };
-                (Normalization { mean, std }, how)
+                (Normalization { mean, std }, how, None)
             }
             Source::Folder(f) => estimate_normalization(f, eval, NORM_PROBE),
             Source::Packed(p) => {
                 let n = super::packed::estimate_normalization(p, eval, NORM_PROBE);
-                (n, estimated_through(p.len().min(NORM_PROBE), eval))
+                (n, estimated_through(p.len().min(NORM_PROBE), eval), None)
             }
         }
     }
@@ -241,13 +245,14 @@ pub fn decode_split(
 
 /// Per-channel mean and deviation of pixel/255 over up to `max` images spread evenly over
 /// `folder`, each through `eval` at the folder's size (decoding all would cost an epoch at
-/// start). Files that fail to decode are left out; returns the estimate and how it was made,
-/// naming the first such file (training stops at it, unless it skips bad samples).
+/// start). Files that fail to decode are left out; returns the estimate, how it was made, and
+/// a warning naming the first such file, if any (training stops at it unless it skips bad
+/// samples).
 pub fn estimate_normalization(
     folder: &ImageFolder,
     eval: &Transforms,
     max: usize,
-) -> (Normalization, String) {
+) -> (Normalization, String, Option<String>) {
     let take = folder.len().min(max.max(1));
     let mut probe = Dataset {
         name: "estimate".into(),
@@ -291,12 +296,14 @@ pub fn estimate_normalization(
         }
     }
     let (mean, std) = probe.computed_mean_std();
-    let mut how = estimated_through(probe.labels.len(), eval);
-    if let (n, Some(first)) = unreadable {
-        how.push_str(&format!(
-            "; {n} unreadable left out, which training stops at unless --skip-bad-samples: \
-             {first}"
-        ));
-    }
-    (Normalization { mean, std }, how)
+    let how = estimated_through(probe.labels.len(), eval);
+    let warning = unreadable.1.map(|first| {
+        let n = unreadable.0;
+        let images = if n == 1 { "image" } else { "images" };
+        format!(
+            "{n} unreadable {images} left out of the normalisation estimate; training stops at \
+             the first it reaches unless --skip-bad-samples: {first}"
+        )
+    });
+    (Normalization { mean, std }, how, warning)
 }

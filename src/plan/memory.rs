@@ -317,6 +317,18 @@ mod tests {
     }
 
     #[test]
+    fn lenet5_s_buffers_are_those_worked_out_by_hand() {
+        // Activations per sample: the input (784) and each exec's output, the relus fused:
+        // c1 3456, pool 864, c2 1024, pool 256, flatten 256, f1 120, f2 84, f3 10.
+        // Gradients, walking backward: the loss takes buffer A for f3's (10); f3 needs f2's
+        // (84) while A is live: B; then A is free and grows to f1's (120), B to flatten's
+        // (256), A to pool's (256), B to c2's (1024), A to pool's (864), B to c1's (3456); c1
+        // needs none for the data. Two buffers: 864 + 3456.
+        let g = crate::model::reference_graph("lenet5").unwrap();
+        assert_eq!(activation_floats(&g), (6854.0, 4320.0));
+    }
+
+    #[test]
     fn a_training_net_is_planned_as_the_net_allocates_it() {
         for model in ["lenet5", "resnet20", "vgg-small"] {
             let g = std::sync::Arc::new(crate::model::reference_graph(model).unwrap());

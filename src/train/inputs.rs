@@ -65,16 +65,17 @@ pub fn check_memory_size(cfg: &TrainConfig, train: &Dataset) -> Result<(), Prepa
 }
 
 /// Resolves the run's image size, evaluation transform (defaults filled in) and
-/// normalisation into `cfg`, from the data; returns the line that says them.
-pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> String {
+/// normalisation into `cfg`, from the data; returns the line that says them, and a warning of
+/// unreadable images the normalisation estimate met, if any.
+pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> (String, Option<String>) {
     let [c, h, w] = source.shape();
     let size = ImageSize {
         height: h,
         width: w,
     };
     let eval = eval_transform(cfg, source).resolved(size);
-    let (norm, how) = match &cfg.normalize {
-        NormalizeChoice::Given(n) => (n.clone(), "given".to_string()),
+    let (norm, how, unreadable) = match &cfg.normalize {
+        NormalizeChoice::Given(n) => (n.clone(), "given".to_string(), None),
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
     let line = format!(
@@ -85,5 +86,5 @@ pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> String {
     cfg.image_size = Some(size);
     cfg.eval_transform = Some(eval);
     cfg.normalize = NormalizeChoice::Given(norm);
-    line
+    (line, unreadable)
 }

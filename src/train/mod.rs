@@ -398,9 +398,12 @@ fn prepare(
     warn: &dyn Fn(&str),
 ) -> Result<(PreparedRun, Source), PrepareError> {
     let (train_source, test_set) = load_sources(&cfg)?;
-    let input_line = inputs::resolve(&mut cfg, &train_source);
+    let (input_line, unreadable) = inputs::resolve(&mut cfg, &train_source);
     if cfg.process_rank == 0 && !cfg.quiet {
         eprintln!("note: {input_line}");
+    }
+    if let Some(w) = unreadable {
+        warn(&w);
     }
     let graph = Arc::new(match &cfg.model_spec {
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
