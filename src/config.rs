@@ -645,6 +645,22 @@ impl TrainOptions {
         toml::from_str(text).map_err(|e| format!("config file {origin}: {e}"))
     }
 
+    /// The run the config file at `path` (its options `self`) and the command line's `flags`
+    /// (which win) describe. A value of the file's that is refused (the flags alone resolve)
+    /// is named as the file's: the messages name options by their flags, and the file's keys
+    /// are those names without `--`.
+    pub fn resolve_under(self, path: &Path, flags: &TrainOptions) -> Result<TrainConfig, String> {
+        self.overlaid_with(flags)
+            .resolve()
+            .map_err(|e| match flags.resolve() {
+                Ok(_) => format!(
+                    "config file {}: {e} (its keys are the flags' names without --)",
+                    path.display()
+                ),
+                Err(_) => e,
+            })
+    }
+
     /// `self` with every option that `over` gives replaced by `over`'s value.
     pub fn overlaid_with(mut self, over: &TrainOptions) -> Self {
         overlay!(
@@ -1610,8 +1626,29 @@ mod tests {
             epochs: Some(2),
             ..Default::default()
         };
-        let cfg = file.overlaid_with(&cli).resolve().unwrap();
+        let cfg = file.clone().overlaid_with(&cli).resolve().unwrap();
         assert_eq!((cfg.epochs, cfg.batch, cfg.buckets.kb), (2, 32, Some(128)));
+        // A refused value is named as the file's when it is the file's, else as the flag's.
+        let path = Path::new("run.toml");
+        let zero: TrainOptions = toml::from_str("epochs = 0").unwrap();
+        let err = zero.clone().resolve_under(path, &cli).err();
+        assert!(err.is_none(), "the flag's --epochs 2 wins: {err:?}");
+        let err = zero
+            .resolve_under(path, &TrainOptions::default())
+            .unwrap_err();
+        assert!(
+            err.starts_with("config file run.toml: --epochs") && err.contains("without --"),
+            "{err}"
+        );
+        let bad_flag = TrainOptions {
+            batch: Some(0),
+            ..Default::default()
+        };
+        let err = file.resolve_under(path, &bad_flag).unwrap_err();
+        assert!(
+            err.contains("--batch") && !err.contains("config file"),
+            "{err}"
+        );
         assert!(
             toml::from_str::<TrainOptions>("epoks = 3").is_err(),
             "unknown keys are refused"

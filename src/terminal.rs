@@ -1,6 +1,6 @@
 //! Messages to the terminal beside the results: `error:` and `warning:` lines on stderr. Below
 //! every command module (the trainer, benchmarks and the CLI all warn), so none of them has to
-//! import the CLI for it.
+//! import the CLI for it. And the one rule for a count in a message ([`counted`]).
 
 /// Prints `error: MESSAGE` to stderr in one write, so lines from several MPI ranks sharing one
 /// terminal or pipe do not interleave mid-line (`eprintln!` writes its pieces separately).
@@ -92,4 +92,13 @@ macro_rules! out {
     ($($arg:tt)*) => {
         $crate::terminal::print_out(format_args!($($arg)*))
     };
+}
+
+/// `n` things in a message: "1 image", "2 images" (`thing` singular, plural with an `s`).
+pub fn counted(n: usize, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
 }

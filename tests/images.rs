@@ -491,6 +491,85 @@ fn a_folder_of_mixed_sizes_trains_the_same_for_any_loader_thread_count() {
     assert!(norm.mean.iter().all(|&m| (0.2..0.8).contains(&m)), "{norm}");
 }
 
+fn summary_json(run: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
+    // The folder's first image is not 24x24: without the checkpoint's size the resumed run
+    // would default to it and be refused as other input.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("mixed");
+    mixed_folder(&dir, 64, 16);
+    let options = |run: &str, epochs: usize| TrainOptions {
+        dataset: Some("imagefolder".into()),
+        data_dir: Some(dir.clone()),
+        model: Some("lenet5".into()),
+        epochs: Some(epochs),
+        batch: Some(16),
+        workers: Some(2),
+        threads: Some(1),
+        run_dir: Some(tmp.path().join(run)),
+        quiet: true,
+        ..Default::default()
+    };
+    let whole = dptrain::train::train(
+        TrainOptions {
+            image_size: Some("24".into()),
+            eval_transform: Some("resize".into()),
+            ..options("whole", 2)
+        }
+        .resolve()
+        .unwrap(),
+    )
+    .unwrap();
+    let first = tmp.path().join("whole/checkpoint-epoch0001.safetensors");
+    assert!(first.exists());
+    let resumed = dptrain::train::train(
+        TrainOptions {
+            resume: Some(first.clone()),
+            ..options("resumed", 2)
+        }
+        .resolve()
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(resumed.config["image_size"], "24");
+    // Its summary says it resumed, and from where (its figures are its own steps').
+    assert!(whole.resumed_from.is_none());
+    let from = resumed.resumed_from.as_ref().unwrap();
+    assert_eq!((from.epochs_done, from.steps_into_epoch), (1, 0));
+    assert_eq!(from.describe(), "resumed after epoch 1");
+    assert_eq!(resumed.epochs.len(), 1);
+    let json = summary_json(&tmp.path().join("resumed"));
+    assert_eq!(json["resumed_from"]["epochs_done"], 1);
+    assert_eq!(
+        resumed.config["eval_transform"],
+        whole.config["eval_transform"]
+    );
+    assert_eq!(
+        resumed.replica_hashes, whole.replica_hashes,
+        "the resumed run is not the uninterrupted one"
+    );
+    // A size given on resume is still the user's, and refused as other input.
+    let e = dptrain::train::train(
+        TrainOptions {
+            resume: Some(first),
+            image_size: Some("32".into()),
+            ..options("other", 2)
+        }
+        .resolve()
+        .unwrap(),
+    )
+    .unwrap_err();
+    let e = String::from(e);
+    assert!(
+        e.contains("trained on 3x24x24") && e.contains("gives 3x32x32"),
+        "{e}"
+    );
+}
+
 #[test]
 fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
     let tmp = tempfile::tempdir().unwrap();

@@ -15,11 +15,10 @@ pub(super) struct TrainCmd {
 
 /// Trains as the flags (and the `--config` file) say; over MPI this process is one rank.
 pub(super) fn run(t: TrainCmd) -> Result<(), String> {
-    let options = match &t.config {
-        Some(path) => TrainOptions::from_toml_file(path)?.overlaid_with(&t.options),
-        None => t.options,
+    let cfg = match &t.config {
+        Some(path) => TrainOptions::from_toml_file(path)?.resolve_under(path, &t.options)?,
+        None => t.options.resolve()?,
     };
-    let cfg = options.resolve()?;
     let json_log = cfg.log_format == crate::config::LogFormat::Json;
     let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
     let (rank, processes) = (group.rank(), group.size());
@@ -63,6 +62,7 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
             "breakdown": s.breakdown,
             "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
             "steps": s.steps,
+            "resumed_from": s.resumed_from,
             "warnings": warnings,
             "run_dir": s.run_dir,
         });
@@ -82,6 +82,14 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
         s.wall_seconds,
         s.run_dir.display()
     );
+    // A resumed run's figures are its own steps', which would otherwise read as the run's.
+    if let Some(r) = &s.resumed_from {
+        crate::outln!(
+            "{} ({}): the figures above cover this run's steps",
+            r.describe(),
+            r.checkpoint.display()
+        );
+    }
     for w in &warnings {
         crate::outln!("warning: {w}");
     }

@@ -91,6 +91,19 @@ impl DatasetSpec {
         self
     }
 
+    /// The directory or file the data is read from; none for generated data.
+    pub fn location(&self) -> Option<&Path> {
+        match self {
+            DatasetSpec::Mnist { dir, .. }
+            | DatasetSpec::FashionMnist { dir }
+            | DatasetSpec::Idx { dir }
+            | DatasetSpec::Cifar10 { dir }
+            | DatasetSpec::ImageFolder { dir } => Some(dir),
+            DatasetSpec::Packed { file } => Some(file),
+            DatasetSpec::Synthetic { .. } => None,
+        }
+    }
+
     /// Turns a command-line dataset name (and optional directory) into a
     /// spec.
     ///

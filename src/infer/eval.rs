@@ -98,6 +98,47 @@ pub fn default_batch(model: &TrainedModel) -> usize {
         .map_or(64, |r| (r.batch / r.world.max(1)).max(1))
 }
 
+/// Refuses the data the checkpoint's run read (`dataset`, `data_dir` as recorded) where it is
+/// not found from here, saying whose path it is and how to give another: the recorded path is
+/// the one that run was given, which may be relative to where it started.
+fn recorded_data_is_here(dataset: &str, data_dir: Option<&Path>) -> Result<(), InferError> {
+    let spec = crate::data::DatasetSpec::parse(dataset, data_dir, Path::new("data/mnist"));
+    let Some(path) = spec.as_ref().ok().and_then(|s| s.location()) else {
+        return Ok(());
+    };
+    if path.exists() {
+        return Ok(());
+    }
+    let given = if path.is_relative() {
+        " (a relative path, as that run was given it)"
+    } else {
+        ""
+    };
+    let (from, relative, remedy) = match (data_dir, dataset.split_once(':')) {
+        (Some(_), _) => ("--data-dir ", given, "give --data-dir".to_string()),
+        (None, Some((head, _))) => (
+            "",
+            given,
+            format!("give --dataset {head}:PATH (or --dataset {head} --data-dir DIR)"),
+        ),
+        // A default location (the bundled MNIST, the Debian package's Fashion-MNIST).
+        (None, None) => (
+            "",
+            if path.is_relative() {
+                " (its default, relative to where that run started)"
+            } else {
+                " (its default)"
+            },
+            "give --data-dir".to_string(),
+        ),
+    };
+    Err(InferError::Options(format!(
+        "the checkpoint's run read {dataset} from {from}{}, which is not found from \
+         here{relative}: {remedy}",
+        path.display()
+    )))
+}
+
 /// Reads the split to evaluate on and checks that it fits the model (input shape, classes).
 pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, InferError> {
     let run = model.checkpoint.state.run.as_ref();
@@ -121,21 +162,8 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
             "--limit 0 leaves nothing to evaluate: give at least 1, or leave it out".into(),
         ));
     }
-    // A data directory the checkpoint recorded is the path its run was given, which may be
-    // relative to where that run started: say so, rather than only that it is not found.
-    if let (None, Some(d)) = (&opts.data_dir, &data_dir) {
-        if !d.exists() {
-            return Err(InferError::Options(format!(
-                "the checkpoint's run read {dataset} from --data-dir {}, which is not found \
-                 from here{}: give --data-dir",
-                d.display(),
-                if d.is_relative() {
-                    " (a relative path, as that run was given it)"
-                } else {
-                    ""
-                }
-            )));
-        }
+    if opts.dataset.is_none() && opts.data_dir.is_none() {
+        recorded_data_is_here(&dataset, data_dir.as_deref())?;
     }
     let split = if opts.train_split {
         Split::Train
@@ -493,4 +521,41 @@ impl EvalReport {
 /// A class name as a markdown table cell (pipes escaped).
 fn cell(name: &str) -> String {
     name.replace('|', "\\|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_data_not_found_from_here_names_whose_path_and_the_remedy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let here = tmp.path().join("photos");
+        std::fs::create_dir(&here).unwrap();
+        let err = |dataset: &str, dir: Option<&Path>| match recorded_data_is_here(dataset, dir) {
+            Ok(()) => String::new(),
+            Err(e) => e.to_string(),
+        };
+        // Found: nothing to say, wherever the path was given; generated data has no path.
+        assert_eq!(err("imagefolder", Some(&here)), "");
+        assert_eq!(err(&format!("imagefolder:{}", here.display()), None), "");
+        assert_eq!(err("synthetic:1x8x8", None), "");
+        // A directory in the dataset's name: --data-dir would be a second one.
+        let e = err("imagefolder:runs/photos", None);
+        assert!(
+            e.contains("read imagefolder:runs/photos from runs/photos")
+                && e.contains("a relative path, as that run was given it")
+                && e.ends_with(
+                    "give --dataset imagefolder:PATH (or --dataset imagefolder --data-dir DIR)"
+                ),
+            "{e}"
+        );
+        let e = err("packed", Some(Path::new("/gone/set.dpk")));
+        assert!(
+            e.contains("from --data-dir /gone/set.dpk")
+                && !e.contains("relative")
+                && e.ends_with("give --data-dir"),
+            "{e}"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 use crate::data::image_folder::ImageFolder;
 use crate::data::packed::PackedSplit;
 use crate::data::{DataError, Dataset};
+use crate::terminal::counted;
 use std::sync::Arc;
 
 use super::{Draw, ImageSize, Normalization, Normalize, TransformScratch, Transforms};
@@ -191,11 +192,11 @@ impl Source {
 /// How a normalisation was estimated from `images` training images, seen through the
 /// evaluation transforms `eval` (said only when there are some).
 fn estimated_through(images: usize, eval: &Transforms) -> String {
-    let s = if images == 1 { "" } else { "s" };
+    let images = counted(images, "training image");
     if eval.is_off() {
-        format!("estimated from {images} training image{s}")
+        format!("estimated from {images}")
     } else {
-        format!("estimated from {images} training image{s} through {eval}")
+        format!("estimated from {images} through {eval}")
     }
 }
 
@@ -298,10 +299,9 @@ pub fn estimate_normalization(
     let (mean, std) = probe.computed_mean_std();
     let how = estimated_through(probe.labels.len(), eval);
     let warning = unreadable.1.map(|first| {
-        let n = unreadable.0;
-        let images = if n == 1 { "image" } else { "images" };
+        let images = counted(unreadable.0, "unreadable image");
         format!(
-            "{n} unreadable {images} left out of the normalisation estimate; training stops at \
+            "{images} left out of the normalisation estimate; training stops at \
              the first it reaches unless --skip-bad-samples: {first}"
         )
     });

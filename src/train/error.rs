@@ -439,8 +439,8 @@ impl From<TrainError> for String {
 fn input_remedy(checkpoint: &[usize; 3], now: &[usize; 3]) -> String {
     if checkpoint[1..] != now[1..] {
         format!(
-            "give the checkpoint's input size (--image-size {}x{} for an ImageFolder, whose \
-             default is its first image's size) and the same data",
+            "give the same data at the checkpoint's size (an ImageFolder or packed file resumes \
+             at {}x{} when --image-size is left out)",
             checkpoint[1], checkpoint[2]
         )
     } else {

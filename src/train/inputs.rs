@@ -10,14 +10,19 @@
 //!   it is not at it already: a folder of one size stays bit-identical to before).
 //! - training on an ImageFolder with a list that does not resize (no `random-resized-crop`,
 //!   `resize-shorter` or `resize`): the evaluation transform first, then the list.
+//! - resuming (`--resume`) an ImageFolder or packed file: the checkpoint's input size and
+//!   evaluation transform where `--image-size` / `--eval-transform` are left out, so the same
+//!   command resumes at the size the run trained at, whatever the folder's first image is.
 //! - `--normalize dataset`: published constants (mnist 0.1307/0.3081, fashion-mnist
 //!   0.286/0.353, cifar10 0.4914,0.4822,0.4465/0.247,0.2435,0.2616), else estimated.
 
-use super::PrepareError;
+use super::checkpoint::Checkpoint;
+use super::{PrepareError, ResumeError};
 use crate::config::TrainConfig;
 use crate::data::image_folder::ImageFolder;
-use crate::data::Dataset;
+use crate::data::{Dataset, DatasetSpec};
 use crate::pipeline::{ImageSize, NormalizeChoice, Source, Transforms};
+use std::path::Path;
 
 /// The evaluation transform of a run on `source` (unresolved defaults kept).
 pub fn eval_transform(cfg: &TrainConfig, source: &Source) -> Transforms {
@@ -47,6 +52,43 @@ pub fn size_folders(cfg: &TrainConfig, train: &mut ImageFolder, test: &mut Image
         train.set_size(s.height, s.width);
     }
     test.set_size(train.height, train.width);
+}
+
+/// Fills in a resumed run's image size and evaluation transform from its checkpoint where the
+/// options leave them out, for an ImageFolder or packed file (an in-memory dataset has one
+/// size); returns the note that says so, if anything was taken. Without it, a folder resumed
+/// without the `--image-size` its run was given would default to its first image's size and be
+/// refused as other input, or decode that first image whole before being refused.
+pub fn follow_checkpoint(
+    cfg: &mut TrainConfig,
+    ck: &Checkpoint,
+    path: &Path,
+) -> Result<Option<String>, ResumeError> {
+    let Some(d) = &ck.description else {
+        return Ok(None);
+    };
+    let on_disk = matches!(
+        DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), Path::new("")),
+        Ok(DatasetSpec::ImageFolder { .. } | DatasetSpec::Packed { .. })
+    );
+    if !on_disk || (cfg.image_size.is_some() && cfg.eval_transform.is_some()) {
+        return Ok(None);
+    }
+    let mut taken = Vec::new();
+    if cfg.image_size.is_none() {
+        cfg.image_size = Some(d.image_size());
+        taken.push(format!("image size {}", d.image_size()));
+    }
+    if cfg.eval_transform.is_none() {
+        let eval = d.eval_transforms(path)?;
+        taken.push(format!("evaluation transform {eval}"));
+        cfg.eval_transform = Some(eval);
+    }
+    Ok(Some(format!(
+        "resuming at the checkpoint's {} ({})",
+        taken.join(" and "),
+        path.display()
+    )))
 }
 
 /// Refuses an `--image-size` other than an in-memory dataset's own.

@@ -39,7 +39,7 @@ use std::time::Instant;
 use worker::WorkerSetup;
 
 pub use event::Event;
-pub use summary::Summary;
+pub use summary::{ResumedFrom, Summary};
 
 /// Checks that the checkpoint's model takes this run's input shape (refused otherwise, even
 /// with `--resume-changed`), and that its run trained on the same data in the same order as
@@ -397,10 +397,18 @@ fn prepare(
     group: &ProcessGroup,
     warn: &dyn Fn(&str),
 ) -> Result<(PreparedRun, Source), PrepareError> {
+    let resume = open_resume(&cfg)?;
+    let mut notes = Vec::new();
+    if let (Some(ck), Some(path)) = (resume.as_deref(), cfg.resume.clone()) {
+        notes.extend(inputs::follow_checkpoint(&mut cfg, ck, &path)?);
+    }
     let (train_source, test_set) = load_sources(&cfg)?;
     let (input_line, unreadable) = inputs::resolve(&mut cfg, &train_source);
+    notes.push(input_line);
     if cfg.process_rank == 0 && !cfg.quiet {
-        eprintln!("note: {input_line}");
+        for note in notes {
+            eprintln!("note: {note}");
+        }
     }
     if let Some(w) = unreadable {
         warn(&w);
@@ -413,8 +421,8 @@ fn prepare(
     memory::check_device(&cfg, &graph)?;
     memory::check_run_memory(&cfg, &graph, memory::loaded_bytes(&train_source, &test_set))?;
     let input = graph.input();
-    let resume = load_resume(&cfg, (&graph.name, [input.c, input.h, input.w]), warn)?;
     if let Some(ck) = resume.as_deref() {
+        check_resume_fits(&cfg, (&graph.name, [input.c, input.h, input.w]), ck, warn)?;
         continue_computing_as(&mut cfg, ck);
     }
     let weights = load_weights(&cfg, &graph, warn)?;
@@ -513,24 +521,32 @@ fn continue_computing_as(cfg: &mut TrainConfig, ck: &checkpoint::Checkpoint) {
     }
 }
 
-/// The checkpoint of `--resume`, checked against this run (its note, if any, goes to `warn`),
-/// with epochs left to train.
-fn load_resume(
-    cfg: &TrainConfig,
-    model: (&str, [usize; 3]),
-    warn: &dyn Fn(&str),
-) -> Result<Option<Arc<checkpoint::Checkpoint>>, ResumeError> {
+/// The checkpoint of `--resume`, read before the data (its input size and evaluation
+/// transform are the defaults of a resumed ImageFolder's: [`inputs::follow_checkpoint`]).
+fn open_resume(cfg: &TrainConfig) -> Result<Option<Arc<checkpoint::Checkpoint>>, ResumeError> {
     let Some(path) = &cfg.resume else {
         return Ok(None);
     };
     let ck = checkpoint::Checkpoint::load(path).map_err(ResumeError::Load)?;
-    if let Some(note) = check_resume(cfg, model, &ck, path)? {
+    Ok(Some(Arc::new(ck)))
+}
+
+/// Checks the checkpoint of `--resume` against this run's model and data ([`check_resume`];
+/// its note, if any, goes to `warn`), with epochs left to train.
+fn check_resume_fits(
+    cfg: &TrainConfig,
+    model: (&str, [usize; 3]),
+    ck: &checkpoint::Checkpoint,
+    warn: &dyn Fn(&str),
+) -> Result<(), ResumeError> {
+    let path = cfg.resume.as_deref().unwrap_or(Path::new(""));
+    if let Some(note) = check_resume(cfg, model, ck, path)? {
         warn(&note);
     }
     if ck.state.epoch >= cfg.epochs {
         return Err(ResumeError::AlreadyDone(ck.state.epoch));
     }
-    Ok(Some(Arc::new(ck)))
+    Ok(())
 }
 
 /// The weights of `--weights`, checked against this run's model (a net of batch 1 made for
@@ -757,6 +773,15 @@ fn finish(
     summary.skipped_samples = workers.load_stats.skipped();
     summary.skipped_examples = workers.load_stats.examples();
     summary.steps = total_steps;
+    summary.resumed_from = cfg
+        .resume
+        .clone()
+        .filter(|_| run.resume.is_some())
+        .map(|path| summary::ResumedFrom {
+            checkpoint: path,
+            epochs_done: run.start_epoch,
+            steps_into_epoch: run.start_step_in_epoch,
+        });
     summary.steps_per_epoch = run.steps_per_epoch;
     summary.run_dir_lock = run.run_dir_lock.clone();
     if cfg.process_rank == 0 {

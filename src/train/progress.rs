@@ -70,8 +70,8 @@ impl ProgressDisplay {
             "{} on {}: {} x {}",
             cfg.model,
             cfg.dataset,
-            counted(cfg.world(), "worker"),
-            counted(cfg.threads, "thread")
+            crate::terminal::counted(cfg.world(), "worker"),
+            crate::terminal::counted(cfg.threads, "thread")
         );
         if cfg.world() == 1 {
             // One replica: its gradients are its own, so no bucket is ever sent.
@@ -332,7 +332,7 @@ impl RunProgress {
                 Ok(n) => crate::terminal::print_warning(&format!(
                     "{}: removed {} past the resumed step (training this run supersedes)",
                     self.metrics_path.display(),
-                    counted(n, "line")
+                    crate::terminal::counted(n, "line")
                 )),
                 Err(e) => {
                     self.metrics_error = Some((e, self.failures.len()));
@@ -345,14 +345,5 @@ impl RunProgress {
             self.metrics_error = Some((e, self.failures.len()));
             self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         }
-    }
-}
-
-/// `n` things, singular for one: `1 worker`, `2 threads`.
-fn counted(n: usize, thing: &str) -> String {
-    if n == 1 {
-        format!("1 {thing}")
-    } else {
-        format!("{n} {thing}s")
     }
 }

@@ -45,6 +45,10 @@ pub struct Summary {
     pub slow_ranks: Vec<processes::SlowRank>,
     /// Optimizer steps of this run (after the resumed ones, if any).
     pub steps: usize,
+    /// The checkpoint this run resumed, if any: then `epochs`, `steps`, `images_per_s`,
+    /// `breakdown` and `wall_seconds` cover this run's steps only (`metrics.jsonl` in the
+    /// checkpoint's own run directory, and `report.md` drawn from it, cover the whole run).
+    pub resumed_from: Option<ResumedFrom>,
     /// Global steps per epoch (global batches of the training set).
     pub steps_per_epoch: usize,
     /// The run directory the run wrote to (without `--run-dir`, the next free numbered one
@@ -54,6 +58,28 @@ pub struct Summary {
     /// draws the report before another run can take the directory; not part of the file.
     #[serde(skip)]
     pub run_dir_lock: Option<std::sync::Arc<super::lock::RunDirLock>>,
+}
+
+/// Where a resumed run started: the checkpoint and its position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResumedFrom {
+    /// The checkpoint (`--resume`).
+    pub checkpoint: PathBuf,
+    /// Epochs it had finished.
+    pub epochs_done: usize,
+    /// Steps it had done of the next epoch (a commit's; 0 for an epoch checkpoint).
+    pub steps_into_epoch: usize,
+}
+
+impl ResumedFrom {
+    /// What the done line says of it: `resumed after epoch 2` or `resumed at step 40 of epoch
+    /// 3`.
+    pub fn describe(&self) -> String {
+        match self.steps_into_epoch {
+            0 => format!("resumed after epoch {}", self.epochs_done),
+            n => format!("resumed at step {n} of epoch {}", self.epochs_done + 1),
+        }
+    }
 }
 
 impl Summary {
@@ -77,6 +103,7 @@ impl Summary {
             ranks: Vec::new(),
             slow_ranks: Vec::new(),
             steps: 0,
+            resumed_from: None,
             steps_per_epoch: 0,
             run_dir: cfg.run_dir.clone(),
             run_dir_lock: None,
