@@ -171,6 +171,23 @@ const PARSE_REFUSALS: &[Case] = &[
 /// schedules out of order.
 const MEANING_REFUSALS: &[Case] = &[
     (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--workers",
+            "8",
+            "--devices-per-host",
+            "4",
+            "--intra-bandwidth",
+            "none",
+        ],
+        1,
+        "--intra-bandwidth none: with --devices-per-host 4 the simulator prices the link",
+    ),
+    (
         &["train", "--schedule", "fifo"],
         1,
         "--schedule must be overlap or priority, not \"fifo\"",

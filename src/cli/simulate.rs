@@ -311,7 +311,19 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
     if d == 0 {
         return Err("--devices-per-host 0: a host holds at least 1 device".into());
     }
-    let intra = match &a.intra_bandwidth {
+    // `none` is train's "no emulated port"; one device a host has no port to price.
+    let intra_given = a
+        .intra_bandwidth
+        .as_deref()
+        .filter(|b| d > 1 || b.trim() != "none");
+    let intra = match intra_given {
+        Some(b) if b.trim() == "none" => {
+            return Err(format!(
+                "--intra-bandwidth none: with --devices-per-host {d} the simulator prices the \
+                 link between the devices of a host, so it needs its rate, e.g. 20GB/s for one \
+                 NVLink, 12GB/s for PCIe 3 x16 (none, no emulated port, is train's)"
+            ))
+        }
         Some(b) => LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(b)
                 .map_err(|e| format!("--intra-bandwidth: {e}"))?,
