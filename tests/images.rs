@@ -518,6 +518,7 @@ fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
         TrainOptions {
             image_size: Some("24".into()),
             eval_transform: Some("resize".into()),
+            commit_every: Some(3),
             ..options("whole", 2)
         }
         .resolve()
@@ -526,9 +527,13 @@ fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
     .unwrap();
     let first = tmp.path().join("whole/checkpoint-epoch0001.safetensors");
     assert!(first.exists());
+    // The folder named by another path (a link) is the same data.
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
     let resumed = dptrain::train::train(
         TrainOptions {
             resume: Some(first.clone()),
+            data_dir: Some(link),
             ..options("resumed", 2)
         }
         .resolve()
@@ -544,6 +549,16 @@ fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
     assert_eq!(resumed.epochs.len(), 1);
     let json = summary_json(&tmp.path().join("resumed"));
     assert_eq!(json["resumed_from"]["epochs_done"], 1);
+    dptrain::report::write_run_report(&tmp.path().join("resumed")).unwrap();
+    let report = std::fs::read_to_string(tmp.path().join("resumed/report.md")).unwrap();
+    assert!(
+        report.contains("| resumed | after epoch 1 from `")
+            && report.contains("checkpoint-epoch0001.safetensors`"),
+        "{report}"
+    );
+    dptrain::report::write_run_report(&tmp.path().join("whole")).unwrap();
+    let report = std::fs::read_to_string(tmp.path().join("whole/report.md")).unwrap();
+    assert!(!report.contains("| resumed |"), "{report}");
     assert_eq!(
         resumed.config["eval_transform"],
         whole.config["eval_transform"]
@@ -551,6 +566,53 @@ fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
     assert_eq!(
         resumed.replica_hashes, whole.replica_hashes,
         "the resumed run is not the uninterrupted one"
+    );
+    // Under other settings (fewer images, whose estimate would differ) the normalisation
+    // stays the one the checkpoint's run trained with.
+    let changed = dptrain::train::train(
+        TrainOptions {
+            resume: Some(first.clone()),
+            resume_changed: true,
+            train_limit: Some(32),
+            ..options("changed", 2)
+        }
+        .resolve()
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(changed.config["normalize"], whole.config["normalize"]);
+    // A commit inside an epoch under another batch: --resume-changed is not its remedy.
+    let commit = std::fs::read_dir(tmp.path().join("whole"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("commit-")
+                && dptrain::train::checkpoint::Checkpoint::load(p)
+                    .unwrap()
+                    .state
+                    .step_in_epoch
+                    > 0
+        })
+        .expect("a commit inside an epoch");
+    let e = dptrain::train::train(
+        TrainOptions {
+            resume: Some(commit),
+            batch: Some(32),
+            ..options("commit", 2)
+        }
+        .resolve()
+        .unwrap(),
+    )
+    .unwrap_err();
+    let e = String::from(e);
+    assert!(
+        e.contains("(--batch 16 in the checkpoint, 32 now)")
+            && e.contains("or resume from an epoch checkpoint with --resume-changed"),
+        "{e}"
     );
     // A size given on resume is still the user's, and refused as other input.
     let e = dptrain::train::train(
@@ -565,7 +627,9 @@ fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
     .unwrap_err();
     let e = String::from(e);
     assert!(
-        e.contains("trained on 3x24x24") && e.contains("gives 3x32x32"),
+        e.contains("trained on 3x24x24")
+            && e.contains("gives 3x32x32")
+            && e.contains("leave --image-size out to resume at the checkpoint's 24x24"),
         "{e}"
     );
 }
@@ -690,9 +754,21 @@ fn the_normalisation_counts_the_images_it_read_and_names_an_unreadable_one() {
     assert_eq!(folder.len(), 9);
     let (_, how, warning) = estimate_normalization(&folder, &Transforms::OFF, 1000);
     assert_eq!(how, "estimated from 8 training images");
-    let warning = warning.expect("the unreadable image is warned of");
-    assert!(
-        warning.starts_with("1 unreadable image left out") && warning.contains("zz.png"),
-        "{warning}"
-    );
+    let unreadable = warning.expect("the unreadable image is counted");
+    assert_eq!(unreadable.count, 1);
+    for (skipped, then) in [
+        (
+            false,
+            "training stops at the first it reaches unless --skip-bad-samples",
+        ),
+        (true, "training skips them (--skip-bad-samples)"),
+    ] {
+        let warning = unreadable.warning(skipped);
+        assert!(
+            warning.starts_with("1 unreadable image left out")
+                && warning.contains(then)
+                && warning.contains("zz.png"),
+            "{warning}"
+        );
+    }
 }

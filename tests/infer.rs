@@ -464,6 +464,7 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
         "{stderr}"
     );
     // The data directory the checkpoint records, moved away: eval says whose path it is.
+    let test_split = eval_with(&ck, |_| {});
     std::fs::rename(&folder, dir.path().join("moved")).unwrap();
     let e = eval::run(&ck, &EvalOptions::default())
         .map(|_| ())
@@ -471,8 +472,14 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
         .to_string();
     assert!(
         e.contains("the checkpoint's run read imagefolder from --data-dir")
-            && e.ends_with("give --data-dir"),
+            && e.ends_with("give --data-dir with the data's directory here"),
         "{e}"
+    );
+    // Following it: the checkpoint's dataset read from the new place.
+    let moved = eval_with(&ck, |o| o.data_dir = Some(dir.path().join("moved")));
+    assert_eq!(
+        (moved.samples, moved.top1),
+        (test_split.samples, test_split.top1)
     );
 }
 

@@ -548,7 +548,7 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
     }))
     .unwrap();
     // Data of another input shape is refused before any setting (even with
-    // --resume-changed), naming both shapes and the size an ImageFolder would resume at.
+    // --resume-changed), naming both shapes and (in-memory data) the size it trained at.
     let err = train(config(&tmp.path().join("other-input"), |o| {
         o.train_limit = Some(64);
         o.epochs = Some(2);
@@ -561,7 +561,7 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
     assert!(
         err.contains("trained on 1x28x28 inputs")
             && err.contains("gives 1x32x32")
-            && err.contains("resumes at 28x28 when --image-size is left out"),
+            && err.contains("give the data the checkpoint's run trained on (28x28 images)"),
         "{err}"
     );
     // Channels alone: the size is not the remedy.

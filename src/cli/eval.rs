@@ -12,7 +12,8 @@ pub(super) struct EvalArgs {
     /// Dataset (any name `train --dataset` takes) [default: the checkpoint's].
     #[arg(long)]
     dataset: Option<String>,
-    /// Its directory [default: the checkpoint's, with its dataset].
+    /// Its directory (a packed dataset's file) [default: the checkpoint's, with its dataset;
+    /// given alone, the checkpoint's dataset read from here].
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Which split: test or train.

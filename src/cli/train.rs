@@ -2,7 +2,7 @@
 
 use crate::config::TrainOptions;
 use crate::terminal::{print_error, print_warning};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, clap::Args, Default)]
 pub(super) struct TrainCmd {
@@ -42,13 +42,16 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
     if let (Err(e), true) = (&result, processes > 1) {
         // Reported before the ranks part: once one rank exits with an error, mpirun
         // may stop the others before they have said why.
-        print_error(&format!("rank {rank} of {processes}: {e}"));
+        print_error(&format!(
+            "rank {rank} of {processes}: {}",
+            explained(e, t.config.as_deref())
+        ));
         group.end(false);
         std::process::exit(1);
     }
     group.end(result.is_ok());
     drop(heartbeat);
-    let s = result?;
+    let s = result.map_err(|e| explained(&e, t.config.as_deref()))?;
     if rank != 0 {
         return Ok(());
     }
@@ -94,4 +97,38 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
         crate::outln!("warning: {w}");
     }
     Ok(())
+}
+
+/// A run's error, saying where its options came from when a config file gave some: a value
+/// refused while the run is prepared may be the file's, and the messages name flags.
+fn explained(e: &crate::train::TrainError, config: Option<&Path>) -> String {
+    match (e, config) {
+        (crate::train::TrainError::Prepare(_), Some(path)) => format!(
+            "{e} (options also came from config file {}, whose keys are the flags' names \
+             without --)",
+            path.display()
+        ),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::{PrepareError, TrainError};
+
+    #[test]
+    fn an_error_preparing_a_run_names_the_config_file_it_may_come_from() {
+        let e = TrainError::Prepare(PrepareError::Config("--run-dir: x".into()));
+        let file = Path::new("run.toml");
+        assert_eq!(explained(&e, None), "--run-dir: x");
+        assert!(
+            explained(&e, Some(file)).ends_with("(options also came from config file run.toml, whose keys are the flags' names without --)"),
+            "{}",
+            explained(&e, Some(file))
+        );
+        // A failure of training itself is not the file's.
+        let late = TrainError::Start("no thread".into());
+        assert_eq!(explained(&late, Some(file)), "no thread");
+    }
 }

@@ -98,6 +98,40 @@ pub fn default_batch(model: &TrainedModel) -> usize {
         .map_or(64, |r| (r.batch / r.world.max(1)).max(1))
 }
 
+/// A dataset name without the path it may hold (`imagefolder:DIR` -> `imagefolder`); other
+/// names (`mnist`, `synthetic:1x8x8`) as they are.
+fn name_without_path(dataset: &str) -> String {
+    match dataset.split_once(':') {
+        Some((head, _)) if has_location(dataset) => head.to_string(),
+        _ => dataset.to_string(),
+    }
+}
+
+/// Whether the data `dataset` names is read from a directory or file.
+fn has_location(dataset: &str) -> bool {
+    crate::data::DatasetSpec::parse(dataset, None, Path::new("data/mnist"))
+        .is_ok_and(|s| s.location().is_some())
+}
+
+/// The dataset and data directory the checkpoint's run read: as that run was given them,
+/// unless that path is not found from here and the absolute path the checkpoint also
+/// records is (a relative path given in another working directory).
+fn recorded_data(r: &crate::train::checkpoint::RunIdentity) -> (String, Option<PathBuf>) {
+    let given = r.data_dir.as_ref().map(PathBuf::from);
+    let spec =
+        crate::data::DatasetSpec::parse(&r.dataset, given.as_deref(), Path::new("data/mnist"));
+    let found = spec
+        .ok()
+        .and_then(|s| s.location().map(Path::exists))
+        .unwrap_or(true);
+    match &r.data_path {
+        Some(absolute) if !found && Path::new(absolute).exists() => {
+            (name_without_path(&r.dataset), Some(PathBuf::from(absolute)))
+        }
+        _ => (r.dataset.clone(), given),
+    }
+}
+
 /// Refuses the data the checkpoint's run read (`dataset`, `data_dir` as recorded) where it is
 /// not found from here, saying whose path it is and how to give another: the recorded path is
 /// the one that run was given, which may be relative to where it started.
@@ -114,23 +148,19 @@ fn recorded_data_is_here(dataset: &str, data_dir: Option<&Path>) -> Result<(), I
     } else {
         ""
     };
-    let (from, relative, remedy) = match (data_dir, dataset.split_once(':')) {
-        (Some(_), _) => ("--data-dir ", given, "give --data-dir".to_string()),
-        (None, Some((head, _))) => (
-            "",
-            given,
-            format!("give --dataset {head}:PATH (or --dataset {head} --data-dir DIR)"),
-        ),
+    let (from, relative) = match (data_dir, has_location(dataset) && dataset.contains(':')) {
+        (Some(_), _) => ("--data-dir ", given),
+        (None, true) => ("", given),
         // A default location (the bundled MNIST, the Debian package's Fashion-MNIST).
-        (None, None) => (
-            "",
-            if path.is_relative() {
-                " (its default, relative to where that run started)"
-            } else {
-                " (its default)"
-            },
-            "give --data-dir".to_string(),
-        ),
+        (None, false) if path.is_relative() => {
+            ("", " (its default, relative to where that run started)")
+        }
+        (None, false) => ("", " (its default)"),
+    };
+    let remedy = if dataset.starts_with("packed") {
+        "give --data-dir with the packed file's path here"
+    } else {
+        "give --data-dir with the data's directory here"
     };
     Err(InferError::Options(format!(
         "the checkpoint's run read {dataset} from {from}{}, which is not found from \
@@ -144,12 +174,12 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     let run = model.checkpoint.state.run.as_ref();
     let (dataset, data_dir) = match (&opts.dataset, run) {
         (Some(d), _) => (d.clone(), opts.data_dir.clone()),
-        (None, Some(r)) => (
-            r.dataset.clone(),
-            opts.data_dir
-                .clone()
-                .or_else(|| r.data_dir.as_ref().map(PathBuf::from)),
-        ),
+        // The checkpoint's dataset read from another place: its name without the path it
+        // may hold (`imagefolder:DIR`), which would be a second one.
+        (None, Some(r)) if opts.data_dir.is_some() => {
+            (name_without_path(&r.dataset), opts.data_dir.clone())
+        }
+        (None, Some(r)) => recorded_data(r),
         (None, None) => {
             return Err(InferError::Options(
                 "the checkpoint does not record its dataset: give --dataset (and --data-dir)"
@@ -540,22 +570,59 @@ mod tests {
         assert_eq!(err("imagefolder", Some(&here)), "");
         assert_eq!(err(&format!("imagefolder:{}", here.display()), None), "");
         assert_eq!(err("synthetic:1x8x8", None), "");
-        // A directory in the dataset's name: --data-dir would be a second one.
+        // A directory in the dataset's name.
         let e = err("imagefolder:runs/photos", None);
         assert!(
             e.contains("read imagefolder:runs/photos from runs/photos")
                 && e.contains("a relative path, as that run was given it")
-                && e.ends_with(
-                    "give --dataset imagefolder:PATH (or --dataset imagefolder --data-dir DIR)"
-                ),
+                && e.ends_with("give --data-dir with the data's directory here"),
             "{e}"
         );
         let e = err("packed", Some(Path::new("/gone/set.dpk")));
         assert!(
             e.contains("from --data-dir /gone/set.dpk")
                 && !e.contains("relative")
-                && e.ends_with("give --data-dir"),
+                && e.ends_with("give --data-dir with the packed file's path here"),
             "{e}"
         );
+        // A relative path given in another working directory: the absolute path recorded
+        // beside it is read instead, where it is found.
+        let identity = |dataset: &str, data_dir: Option<&str>, data_path: &Path| {
+            crate::train::checkpoint::RunIdentity {
+                dataset: dataset.into(),
+                data_dir: data_dir.map(str::to_string),
+                data_path: Some(data_path.display().to_string()),
+                batch: 64,
+                seed: 1,
+                train_limit: None,
+                world: 1,
+            }
+        };
+        let elsewhere = Some(here.clone());
+        for (dataset, data_dir) in [
+            ("imagefolder", Some("gone/photos")),
+            ("imagefolder:gone/photos", None),
+        ] {
+            let (name, dir) = recorded_data(&identity(dataset, data_dir, &here));
+            assert_eq!(
+                (name.as_str(), &dir),
+                ("imagefolder", &elsewhere),
+                "{dataset}"
+            );
+        }
+        // Found as given: as given; neither found: as given (refused by name above).
+        let (name, dir) =
+            recorded_data(&identity("imagefolder", here.to_str(), Path::new("/gone")));
+        assert_eq!((name.as_str(), dir), ("imagefolder", elsewhere));
+        let (name, dir) = recorded_data(&identity("imagefolder", Some("gone"), Path::new("/gone")));
+        assert_eq!(
+            (name.as_str(), dir),
+            ("imagefolder", Some(PathBuf::from("gone")))
+        );
+        // The name without its path, for --data-dir given alone.
+        assert_eq!(name_without_path("imagefolder:runs/photos"), "imagefolder");
+        assert_eq!(name_without_path("packed:a/b.dpk"), "packed");
+        assert_eq!(name_without_path("synthetic:1x8x8"), "synthetic:1x8x8");
+        assert_eq!(name_without_path("mnist"), "mnist");
     }
 }

@@ -127,7 +127,11 @@ impl BucketPlan {
             .iter()
             .map(|b| format!("{:.3}", b.len as f64 * 4.0 / 1e6))
             .collect();
-        format!("{} buckets: {} MB", self.buckets.len(), sizes.join(", "))
+        format!(
+            "{}: {} MB",
+            crate::terminal::counted(self.buckets.len(), "bucket"),
+            sizes.join(", ")
+        )
     }
 }
 

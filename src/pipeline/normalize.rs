@@ -147,6 +147,9 @@ pub enum NormalizeChoice {
     Estimate,
     /// Given values.
     Given(Normalization),
+    /// A resumed run's `dataset`: the checkpoint's values, which its run trained with
+    /// (`train::inputs::follow_checkpoint`).
+    Resumed(Normalization),
 }
 
 impl NormalizeChoice {
@@ -165,7 +168,7 @@ impl std::fmt::Display for NormalizeChoice {
         match self {
             Self::Dataset => f.write_str("dataset"),
             Self::Estimate => f.write_str("estimate"),
-            Self::Given(n) => write!(f, "{n}"),
+            Self::Given(n) | Self::Resumed(n) => write!(f, "{n}"),
         }
     }
 }

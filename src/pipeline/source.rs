@@ -89,12 +89,12 @@ impl Source {
     /// The normalisation `--normalize` asks for: the dataset's published constants (else
     /// computed from the split) in memory, or an estimate from up to 1000 images through
     /// `eval` for a folder or with `estimate`. Returns it, where it came from (for the run's
-    /// start line) and a warning of unreadable images it left out, if any.
+    /// start line) and the unreadable images it left out, if any.
     pub fn normalization(
         &self,
         eval: &Transforms,
         estimate: bool,
-    ) -> (Normalization, String, Option<String>) {
+    ) -> (Normalization, String, Option<Unreadable>) {
         match self {
             Source::Memory(d) => {
                 let (mean, std) = if estimate {
@@ -103,7 +103,7 @@ impl Source {
                     d.mean_std()
                 };
                 let how = if estimate || d.mean_std() == d.computed_mean_std() {
-                    format!("estimated from the {} training images", d.len())
+                    format!("estimated from the {}", counted(d.len(), "training image"))
                 } else {
                     format!("{}'s published constants", d.name)
                 };
@@ -189,6 +189,32 @@ impl Source {
     }
 }
 
+/// Images a normalisation estimate could not read, and left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// How many.
+    pub count: usize,
+    /// The first one's error, naming its file.
+    pub first: String,
+}
+
+impl Unreadable {
+    /// The warning a run gives of them; `skipped`: whether the run skips unreadable samples
+    /// (`--skip-bad-samples`), else it stops at the first it reaches.
+    pub fn warning(&self, skipped: bool) -> String {
+        let then = if skipped {
+            "training skips them (--skip-bad-samples)"
+        } else {
+            "training stops at the first it reaches unless --skip-bad-samples"
+        };
+        format!(
+            "{} left out of the normalisation estimate; {then}: {}",
+            counted(self.count, "unreadable image"),
+            self.first
+        )
+    }
+}
+
 /// How a normalisation was estimated from `images` training images, seen through the
 /// evaluation transforms `eval` (said only when there are some).
 fn estimated_through(images: usize, eval: &Transforms) -> String {
@@ -253,7 +279,7 @@ pub fn estimate_normalization(
     folder: &ImageFolder,
     eval: &Transforms,
     max: usize,
-) -> (Normalization, String, Option<String>) {
+) -> (Normalization, String, Option<Unreadable>) {
     let take = folder.len().min(max.max(1));
     let mut probe = Dataset {
         name: "estimate".into(),
@@ -298,12 +324,9 @@ pub fn estimate_normalization(
     }
     let (mean, std) = probe.computed_mean_std();
     let how = estimated_through(probe.labels.len(), eval);
-    let warning = unreadable.1.map(|first| {
-        let images = counted(unreadable.0, "unreadable image");
-        format!(
-            "{images} left out of the normalisation estimate; training stops at \
-             the first it reaches unless --skip-bad-samples: {first}"
-        )
+    let unreadable = unreadable.1.map(|first| Unreadable {
+        count: unreadable.0,
+        first,
     });
-    (Normalization { mean, std }, how, warning)
+    (Normalization { mean, std }, how, unreadable)
 }

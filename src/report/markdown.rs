@@ -61,6 +61,17 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
         let _ = writeln!(md, "| peak resident memory | {m:.0} MiB |");
     }
     if let Some(s) = &run.summary {
+        let resumed =
+            serde_json::from_value::<crate::train::ResumedFrom>(s["resumed_from"].clone());
+        if let Ok(r) = resumed {
+            let _ = writeln!(
+                md,
+                "| resumed | {} from `{}` (throughput, wall time and the step breakdown are of \
+                 the steps trained after it) |",
+                r.position(),
+                r.checkpoint.display()
+            );
+        }
         if let Some(b) = s["buckets"].as_str() {
             let _ = writeln!(md, "| gradient buckets | {b} |");
         }

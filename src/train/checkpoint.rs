@@ -151,6 +151,10 @@ pub struct RunIdentity {
     pub dataset: String,
     /// `--data-dir`, if given.
     pub data_dir: Option<String>,
+    /// The data's directory or file as an absolute path with links resolved, where it could be
+    /// (key `data_path`; absent in older checkpoints): the same data given by another path
+    /// (absolute for relative, or from another working directory) is the same dataset.
+    pub data_path: Option<String>,
     /// Global batch (`--batch`).
     pub batch: usize,
     /// Seed (`--seed`).
@@ -168,6 +172,14 @@ impl RunIdentity {
         Self {
             dataset: cfg.dataset.clone(),
             data_dir: cfg.data_dir.as_ref().map(|d| d.display().to_string()),
+            data_path: crate::data::DatasetSpec::parse(
+                &cfg.dataset,
+                cfg.data_dir.as_deref(),
+                Path::new("data/mnist"),
+            )
+            .ok()
+            .and_then(|spec| spec.location()?.canonicalize().ok())
+            .map(|p| p.display().to_string()),
             batch: cfg.batch,
             seed: cfg.seed,
             train_limit: cfg.train_limit,
@@ -208,6 +220,20 @@ impl RunIdentity {
 /// `synthetic:1x28x28:10` are one dataset, and `mnist` is the bundled copy wherever the run
 /// starts), or, for names that no longer parse, equal as written.
 fn same_dataset(a: &RunIdentity, b: &RunIdentity) -> bool {
+    let kind = |r: &RunIdentity| {
+        let spec = crate::data::DatasetSpec::parse(
+            &r.dataset,
+            r.data_dir.as_deref().map(Path::new),
+            Path::new("(bundled)"),
+        );
+        spec.ok().map(|s| std::mem::discriminant(&s))
+    };
+    // One kind of data at one place, however each run named the place.
+    if let (Some(x), Some(y)) = (&a.data_path, &b.data_path) {
+        if x == y && kind(a).is_some() && kind(a) == kind(b) {
+            return true;
+        }
+    }
     let parse = |r: &RunIdentity| {
         crate::data::DatasetSpec::parse(
             &r.dataset,
@@ -283,6 +309,9 @@ impl TrainState {
             if let Some(d) = &r.data_dir {
                 m.insert("data_dir".into(), d.clone());
             }
+            if let Some(d) = &r.data_path {
+                m.insert("data_path".into(), d.clone());
+            }
             m.insert("batch".into(), r.batch.to_string());
             m.insert("seed".into(), r.seed.to_string());
             m.insert(
@@ -309,6 +338,7 @@ impl TrainState {
             Some(dataset) => Some(RunIdentity {
                 dataset: dataset.clone(),
                 data_dir: meta.get("data_dir").cloned(),
+                data_path: meta.get("data_path").cloned(),
                 batch: num("batch")?,
                 seed: meta
                     .get("seed")

@@ -263,7 +263,7 @@ pub enum ResumeError {
         now[0],
         now[1],
         now[2],
-        input_remedy(checkpoint, now)
+        input_remedy(checkpoint, now, *resizable)
     )]
     OtherInput {
         /// The checkpoint.
@@ -272,20 +272,31 @@ pub enum ResumeError {
         checkpoint: [usize; 3],
         /// This run's.
         now: [usize; 3],
+        /// Whether this run's data is read at a size the run chooses (an ImageFolder or a
+        /// packed file), which resumes at the checkpoint's unless `--image-size` says other.
+        resizable: bool,
     },
     /// The checkpoint's run trained on other data, in another order, or another batch.
     #[error(
         "--resume {}: this run differs from the checkpoint's ({}); resuming would continue \
-         at a step computed for another run: give the checkpoint's values, or pass \
-         --resume-changed to resume anyway",
+         at a step computed for another run: give the checkpoint's values, {}",
         path.display(),
-        describe_changes(changes)
+        describe_changes(changes),
+        if *inside_epoch {
+            "or resume from an epoch checkpoint with --resume-changed (a commit inside an \
+             epoch continues only the run that wrote it)"
+        } else {
+            "or pass --resume-changed to resume anyway"
+        }
     )]
     OtherRun {
         /// The checkpoint.
         path: PathBuf,
         /// Each setting that differs: (flag, the checkpoint's value, this run's).
         changes: Vec<(&'static str, String, String)>,
+        /// Whether the checkpoint is a commit inside an epoch, which `--resume-changed` does
+        /// not resume.
+        inside_epoch: bool,
     },
     /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to
     /// the old settings' data order.
@@ -433,16 +444,16 @@ impl From<TrainError> for String {
     }
 }
 
-/// What gives the checkpoint's input again: its image size, or (channels alone differing)
-/// the same images, since an ImageFolder is read as RGB if any of the images spread over it
-/// is colour.
-fn input_remedy(checkpoint: &[usize; 3], now: &[usize; 3]) -> String {
-    if checkpoint[1..] != now[1..] {
-        format!(
-            "give the same data at the checkpoint's size (an ImageFolder or packed file resumes \
-             at {}x{} when --image-size is left out)",
-            checkpoint[1], checkpoint[2]
-        )
+/// What gives the checkpoint's input again: its image size (for data read at a size the run
+/// chooses, by leaving `--image-size` out), the same data, or (channels alone differing) the
+/// same images, since an ImageFolder is read as RGB if any of the images spread over it is
+/// colour.
+fn input_remedy(checkpoint: &[usize; 3], now: &[usize; 3], resizable: bool) -> String {
+    let [_, h, w] = checkpoint;
+    if checkpoint[1..] != now[1..] && resizable {
+        format!("leave --image-size out to resume at the checkpoint's {h}x{w}")
+    } else if checkpoint[1..] != now[1..] {
+        format!("give the data the checkpoint's run trained on ({h}x{w} images)")
     } else {
         "give the same data: the channel count is the data's (an ImageFolder is RGB if any of \
          up to 64 images spread over it is colour, else grey)"

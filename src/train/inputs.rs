@@ -12,7 +12,9 @@
 //!   `resize-shorter` or `resize`): the evaluation transform first, then the list.
 //! - resuming (`--resume`) an ImageFolder or packed file: the checkpoint's input size and
 //!   evaluation transform where `--image-size` / `--eval-transform` are left out, so the same
-//!   command resumes at the size the run trained at, whatever the folder's first image is.
+//!   command resumes at the size the run trained at, whatever the folder's first image is;
+//!   resuming any data with `--normalize dataset` (the default): the checkpoint's
+//!   normalisation, the one its run trained with.
 //! - `--normalize dataset`: published constants (mnist 0.1307/0.3081, fashion-mnist
 //!   0.286/0.353, cifar10 0.4914,0.4822,0.4465/0.247,0.2435,0.2616), else estimated.
 
@@ -21,7 +23,7 @@ use super::{PrepareError, ResumeError};
 use crate::config::TrainConfig;
 use crate::data::image_folder::ImageFolder;
 use crate::data::{Dataset, DatasetSpec};
-use crate::pipeline::{ImageSize, NormalizeChoice, Source, Transforms};
+use crate::pipeline::{ImageSize, Normalization, NormalizeChoice, Source, Transforms};
 use std::path::Path;
 
 /// The evaluation transform of a run on `source` (unresolved defaults kept).
@@ -54,9 +56,20 @@ pub fn size_folders(cfg: &TrainConfig, train: &mut ImageFolder, test: &mut Image
     test.set_size(train.height, train.width);
 }
 
-/// Fills in a resumed run's image size and evaluation transform from its checkpoint where the
-/// options leave them out, for an ImageFolder or packed file (an in-memory dataset has one
-/// size); returns the note that says so, if anything was taken. Without it, a folder resumed
+/// Whether the run's data is read at a size the run chooses (an ImageFolder or a packed
+/// file): in-memory datasets train at their own.
+pub fn resizable(cfg: &TrainConfig) -> bool {
+    matches!(
+        DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), Path::new("")),
+        Ok(DatasetSpec::ImageFolder { .. } | DatasetSpec::Packed { .. })
+    )
+}
+
+/// Fills in a resumed run's normalisation from its checkpoint unless `--normalize` asks for
+/// an estimate or values, and its image size and evaluation transform where the options leave
+/// them out, for an ImageFolder or packed file (an in-memory dataset has one size); returns
+/// the note that says which of the last two were taken, if any (the input line says the
+/// normalisation's origin). Without it, a folder resumed
 /// without the `--image-size` its run was given would default to its first image's size and be
 /// refused as other input, or decode that first image whole before being refused.
 pub fn follow_checkpoint(
@@ -67,11 +80,15 @@ pub fn follow_checkpoint(
     let Some(d) = &ck.description else {
         return Ok(None);
     };
-    let on_disk = matches!(
-        DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), Path::new("")),
-        Ok(DatasetSpec::ImageFolder { .. } | DatasetSpec::Packed { .. })
-    );
-    if !on_disk || (cfg.image_size.is_some() && cfg.eval_transform.is_some()) {
+    // The run's own normalisation (the input line says whose); checkpoints written before
+    // it was resolved at the start record none.
+    if cfg.normalize == NormalizeChoice::Dataset && !d.mean.is_empty() {
+        cfg.normalize = NormalizeChoice::Resumed(Normalization {
+            mean: d.mean.clone(),
+            std: d.std.clone(),
+        });
+    }
+    if !resizable(cfg) || (cfg.image_size.is_some() && cfg.eval_transform.is_some()) {
         return Ok(None);
     }
     let mut taken = Vec::new();
@@ -118,8 +135,10 @@ pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> (String, Option<String
     let eval = eval_transform(cfg, source).resolved(size);
     let (norm, how, unreadable) = match &cfg.normalize {
         NormalizeChoice::Given(n) => (n.clone(), "given".to_string(), None),
+        NormalizeChoice::Resumed(n) => (n.clone(), "the checkpoint's".to_string(), None),
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
+    let unreadable = unreadable.map(|u| u.warning(cfg.skip_bad_samples));
     let line = format!(
         "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \
          {norm} ({how})",

@@ -68,6 +68,7 @@ pub fn check_resume(
                 path: path.to_path_buf(),
                 checkpoint: then,
                 now: input,
+                resizable: inputs::resizable(cfg),
             });
         }
     }
@@ -92,7 +93,8 @@ pub fn check_resume(
     if cfg.resume_changed {
         return Ok(Some(format!(
             "--resume-changed: resuming {} under other settings ({}); the data order and \
-             step count follow the new settings",
+             step count follow the new settings (the normalisation stays the checkpoint's \
+             unless --normalize is given)",
             path.display(),
             error::describe_changes(&changes)
         )));
@@ -100,6 +102,7 @@ pub fn check_resume(
     Err(ResumeError::OtherRun {
         path: path.to_path_buf(),
         changes,
+        inside_epoch: state.step_in_epoch > 0,
     })
 }
 
@@ -240,7 +243,8 @@ pub fn start_pipeline(
     stats: Arc<LoadStats>,
 ) -> Result<(Option<Pipeline>, Vec<BatchFeed>), String> {
     let norm = match &cfg.normalize {
-        crate::pipeline::NormalizeChoice::Given(n) => n.to_normalize(),
+        crate::pipeline::NormalizeChoice::Given(n)
+        | crate::pipeline::NormalizeChoice::Resumed(n) => n.to_normalize(),
         _ => source.normalize(),
     };
     let collator = Collator {

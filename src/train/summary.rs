@@ -61,7 +61,7 @@ pub struct Summary {
 }
 
 /// Where a resumed run started: the checkpoint and its position.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ResumedFrom {
     /// The checkpoint (`--resume`).
     pub checkpoint: PathBuf,
@@ -75,9 +75,14 @@ impl ResumedFrom {
     /// What the done line says of it: `resumed after epoch 2` or `resumed at step 40 of epoch
     /// 3`.
     pub fn describe(&self) -> String {
+        format!("resumed {}", self.position())
+    }
+
+    /// Where in training it resumed: `after epoch 2`, `at step 40 of epoch 3`.
+    pub fn position(&self) -> String {
         match self.steps_into_epoch {
-            0 => format!("resumed after epoch {}", self.epochs_done),
-            n => format!("resumed at step {n} of epoch {}", self.epochs_done + 1),
+            0 => format!("after epoch {}", self.epochs_done),
+            n => format!("at step {n} of epoch {}", self.epochs_done + 1),
         }
     }
 }
@@ -131,9 +136,12 @@ impl Summary {
             }
         }
         if self.skipped_samples > 0 {
+            let (reads, were) = match self.skipped_samples {
+                1 => ("1 sample read".to_string(), "was"),
+                n => (format!("{n} sample reads"), "were"),
+            };
             w.push(format!(
-                "{} sample reads were skipped as unreadable (--skip-bad-samples), e.g. {}",
-                self.skipped_samples,
+                "{reads} {were} skipped as unreadable (--skip-bad-samples), e.g. {}",
                 self.skipped_examples.first().map_or("-", String::as_str)
             ));
         }

@@ -157,7 +157,8 @@ pub fn describe_run(
     let (model_source, model_text) = model_text(cfg);
     let s = graph.input();
     let norm = match &cfg.normalize {
-        crate::pipeline::NormalizeChoice::Given(n) => Some(n),
+        crate::pipeline::NormalizeChoice::Given(n)
+        | crate::pipeline::NormalizeChoice::Resumed(n) => Some(n),
         _ => None,
     };
     ModelDescription {
