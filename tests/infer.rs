@@ -557,4 +557,12 @@ fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform
         confusion[t][l["top"][0]["label"].as_u64().unwrap() as usize] += 1;
     }
     assert_eq!(confusion, report.confusion);
+    // The test images alone, as DIR/test or as DIR of class directories, evaluate the same.
+    let lone = dir.path().join("lone");
+    std::fs::create_dir(&lone).unwrap();
+    std::fs::rename(&test_dir, lone.join("test")).unwrap();
+    let alone = eval_with(&ck, |o| o.data_dir = Some(lone.clone()));
+    assert_eq!(alone.confusion, report.confusion);
+    let alone = eval_with(&ck, |o| o.data_dir = Some(lone.join("test")));
+    assert_eq!(alone.confusion, report.confusion);
 }

@@ -200,10 +200,26 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     } else {
         Split::Test
     };
+    let spec =
+        crate::data::DatasetSpec::parse(&dataset, data_dir.as_deref(), Path::new("data/mnist"));
+    let shown = match &data_dir {
+        Some(d) => format!("{dataset} (--data-dir {})", d.display()),
+        None => dataset.clone(),
+    };
+    if let (Split::Test, Ok(crate::data::DatasetSpec::ImageFolder { dir })) = (split, &spec) {
+        if !dir.join("train").exists() {
+            let set = lone_test_split(model, dir, opts.limit)?;
+            return Ok(EvalData {
+                dataset: shown,
+                split,
+                set,
+            });
+        }
+    }
     // An ImageFolder or a packed file is read at the model's input size through its evaluation
     // transform; other datasets are in memory at their own size (checked below).
     let folder = matches!(
-        crate::data::DatasetSpec::parse(&dataset, data_dir.as_deref(), Path::new("data/mnist")),
+        spec,
         Ok(crate::data::DatasetSpec::ImageFolder { .. } | crate::data::DatasetSpec::Packed { .. })
     );
     let d = &model.description;
@@ -234,16 +250,41 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
             crate::pipeline::decode_packed_split(p, &eval, "packed")?
         }
     };
-    let shown = match &data_dir {
-        Some(d) => format!("{dataset} (--data-dir {})", d.display()),
-        None => dataset,
-    };
     check_fits(model, &shown, &set, &names)?;
     Ok(EvalData {
         dataset: shown,
         split,
         set,
     })
+}
+
+/// The test images of a folder without a training split: `DIR/test`, or `DIR` itself when it
+/// holds only class directories (torchvision's ImageFolder root), each class directory one of
+/// the model's classes (labelled as the model numbers them; some may be missing), read at the
+/// model's input through the checkpoint's evaluation transform, the first `limit` only.
+fn lone_test_split(
+    model: &TrainedModel,
+    dir: &Path,
+    limit: Option<usize>,
+) -> Result<Dataset, InferError> {
+    let d = &model.description;
+    let split_dir = match dir.join("test") {
+        test if test.is_dir() => test,
+        _ => dir.to_path_buf(),
+    };
+    let mut folder =
+        crate::data::image_folder::ImageFolder::open(&split_dir, Some(&d.class_names))?;
+    folder.channels = d.input[0];
+    folder.set_size(d.input[1], d.input[2]);
+    if let Some(n) = limit {
+        folder.truncate(n);
+    }
+    let eval = d.eval_transforms(&model.path)?;
+    Ok(crate::pipeline::decode_split(
+        &folder,
+        &eval,
+        "imagefolder",
+    )?)
 }
 
 /// A failure to load the dataset, typed where it is the data's.
