@@ -440,17 +440,18 @@ pub struct TrainOptions {
     #[arg(long)]
     pub augment: Option<String>,
     /// The model's input size, H or HxW (each side 1..=4096) [default: the dataset's; an
-    /// ImageFolder's first image's].
+    /// ImageFolder's first image's; resumed, the checkpoint's].
     #[arg(long)]
     pub image_size: Option<String>,
     /// Evaluation transforms (no random ones): e.g. resize-shorter,center-crop (torchvision's
     /// Resize(size*256/224) + CenterCrop) or resize [default: off when the data is at the image
-    /// size, else resize-shorter,center-crop].
+    /// size, else resize-shorter,center-crop; resumed, the checkpoint's].
     #[arg(long)]
     pub eval_transform: Option<String>,
     /// Input normalisation: dataset (published constants, else estimated), estimate (from a
     /// sample of the training split after the evaluation transform) or MEAN,.../STD,... per
-    /// channel, e.g. 0.485,0.456,0.406/0.229,0.224,0.225 [default: dataset].
+    /// channel, e.g. 0.485,0.456,0.406/0.229,0.224,0.225 [default: dataset; resumed, dataset is
+    /// the checkpoint's].
     #[arg(long)]
     pub normalize: Option<String>,
     /// Leave unreadable samples out of their batch and count them, instead of stopping.

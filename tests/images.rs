@@ -658,6 +658,39 @@ fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
 }
 
 #[test]
+fn a_normalisation_of_other_channels_than_the_datas_is_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (dataset, normalize, want) in [
+        (
+            "synthetic:3x8x8",
+            "0.5/0.25",
+            "0.5/0.25: 1 channel for images of 3 channels",
+        ),
+        (
+            "synthetic:1x8x8",
+            "0.5,0.5,0.5/0.2,0.2,0.2",
+            ": 3 channels for images of 1 channel",
+        ),
+    ] {
+        let o = TrainOptions {
+            dataset: Some(dataset.into()),
+            normalize: Some(normalize.into()),
+            train_limit: Some(64),
+            test_limit: Some(16),
+            batch: Some(16),
+            epochs: Some(1),
+            run_dir: Some(tmp.path().join("r")),
+            no_checkpoints: true,
+            quiet: true,
+            ..Default::default()
+        };
+        let e = String::from(dptrain::train::train(o.resolve().unwrap()).unwrap_err());
+        assert!(e.contains(want) && e.contains("--normalize"), "{e}");
+        assert!(!tmp.path().join("r").exists(), "nothing is written");
+    }
+}
+
+#[test]
 fn random_resized_crop_on_in_memory_data_is_the_same_for_any_loader_thread_count() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |loaders: usize, prefetch: usize, augment: &str| {

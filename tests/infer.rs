@@ -390,9 +390,9 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
         folder.to_str().unwrap(),
     ]);
     assert!(ok, "{stderr}");
+    // The folder in the dataset's name, so that eval's --data-dir alone has to drop it.
     let s = run(&dir.path().join("run"), |o| {
-        o.dataset = Some("imagefolder".into());
-        o.data_dir = Some(folder.clone());
+        o.dataset = Some(format!("imagefolder:{}", folder.display()));
         o.train_limit = None;
         o.test_limit = None;
         o.batch = Some(32);
@@ -471,8 +471,10 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("the checkpoint's run read imagefolder from --data-dir")
-            && e.ends_with("give --data-dir with the data's directory here"),
+        e.contains(&format!(
+            "the checkpoint's run read imagefolder:{0} from {0}",
+            folder.display()
+        )) && e.ends_with("give --data-dir with the data's directory here"),
         "{e}"
     );
     // Following it: the checkpoint's dataset read from the new place.

@@ -28,7 +28,13 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
         .map(|to| crate::train::heartbeat::Heartbeat::start(to, rank))
         .transpose()
         .map_err(|e| format!("--heartbeat: cannot send heartbeats: {e}"))?;
-    let result = crate::train::train_in(cfg, &group, &print_warning);
+    // Warnings are shown as they come and kept for the JSON done line, which lists every one.
+    let said = std::cell::RefCell::new(Vec::new());
+    let warn = |w: &str| {
+        print_warning(w);
+        said.borrow_mut().push(w.to_string());
+    };
+    let result = crate::train::train_in(cfg, &group, &warn);
     // The report is a view of the files the run wrote (also before a late write error);
     // failing to draw it loses no result.
     let written = result.as_ref().map_or_else(|e| e.summary(), Some);
@@ -88,7 +94,7 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
     // A resumed run's figures are its own steps', which would otherwise read as the run's.
     if let Some(r) = &s.resumed_from {
         crate::outln!(
-            "{} ({}): the figures above cover this run's steps",
+            "{} ({}): the images/s, time and step breakdown above are of this run's steps",
             r.describe(),
             r.checkpoint.display()
         );
@@ -100,10 +106,15 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
 }
 
 /// A run's error, saying where its options came from when a config file gave some: a value
-/// refused while the run is prepared may be the file's, and the messages name flags.
+/// refused while the run is prepared may be the file's, and the messages name flags. (Not
+/// for the test images' decoding or the processes' handshake, which no option decides.)
 fn explained(e: &crate::train::TrainError, config: Option<&Path>) -> String {
+    use crate::train::{PrepareError, TrainError};
     match (e, config) {
-        (crate::train::TrainError::Prepare(_), Some(path)) => format!(
+        (TrainError::Prepare(PrepareError::TestSplit(_) | PrepareError::Processes(_)), _) => {
+            e.to_string()
+        }
+        (TrainError::Prepare(_), Some(path)) => format!(
             "{e} (options also came from config file {}, whose keys are the flags' names \
              without --)",
             path.display()
@@ -127,8 +138,10 @@ mod tests {
             "{}",
             explained(&e, Some(file))
         );
-        // A failure of training itself is not the file's.
+        // A failure of training itself, or of the processes' handshake, is not the file's.
         let late = TrainError::Start("no thread".into());
         assert_eq!(explained(&late, Some(file)), "no thread");
+        let handshake = TrainError::Prepare(PrepareError::Processes("rank 1 differs".into()));
+        assert_eq!(explained(&handshake, Some(file)), "rank 1 differs");
     }
 }

@@ -157,7 +157,8 @@ fn recorded_data_is_here(dataset: &str, data_dir: Option<&Path>) -> Result<(), I
         }
         (None, false) => ("", " (its default)"),
     };
-    let remedy = if dataset.starts_with("packed") {
+    let packed = matches!(spec, Ok(crate::data::DatasetSpec::Packed { .. }));
+    let remedy = if packed {
         "give --data-dir with the packed file's path here"
     } else {
         "give --data-dir with the data's directory here"
@@ -612,9 +613,9 @@ mod tests {
         assert_eq!(err(&format!("imagefolder:{}", here.display()), None), "");
         assert_eq!(err("synthetic:1x8x8", None), "");
         // A directory in the dataset's name.
-        let e = err("imagefolder:runs/photos", None);
+        let e = err("imagefolder:no-such-dir-of-the-eval-test/photos", None);
         assert!(
-            e.contains("read imagefolder:runs/photos from runs/photos")
+            e.contains("read imagefolder:no-such-dir-of-the-eval-test/photos from no-such-dir-of-the-eval-test/photos")
                 && e.contains("a relative path, as that run was given it")
                 && e.ends_with("give --data-dir with the data's directory here"),
             "{e}"
@@ -661,7 +662,10 @@ mod tests {
             ("imagefolder", Some(PathBuf::from("gone")))
         );
         // The name without its path, for --data-dir given alone.
-        assert_eq!(name_without_path("imagefolder:runs/photos"), "imagefolder");
+        assert_eq!(
+            name_without_path("imagefolder:no-such-dir-of-the-eval-test/photos"),
+            "imagefolder"
+        );
         assert_eq!(name_without_path("packed:a/b.dpk"), "packed");
         assert_eq!(name_without_path("synthetic:1x8x8"), "synthetic:1x8x8");
         assert_eq!(name_without_path("mnist"), "mnist");

@@ -80,9 +80,8 @@ pub fn follow_checkpoint(
     let Some(d) = &ck.description else {
         return Ok(None);
     };
-    // The run's own normalisation (the input line says whose); checkpoints written before
-    // it was resolved at the start record none.
-    if cfg.normalize == NormalizeChoice::Dataset && !d.mean.is_empty() {
+    // The run's own normalisation (the input line says whose).
+    if cfg.normalize == NormalizeChoice::Dataset {
         cfg.normalize = NormalizeChoice::Resumed(Normalization {
             mean: d.mean.clone(),
             std: d.std.clone(),
@@ -125,19 +124,34 @@ pub fn check_memory_size(cfg: &TrainConfig, train: &Dataset) -> Result<(), Prepa
 
 /// Resolves the run's image size, evaluation transform (defaults filled in) and
 /// normalisation into `cfg`, from the data; returns the line that says them, and a warning of
-/// unreadable images the normalisation estimate met, if any.
-pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> (String, Option<String>) {
+/// unreadable images the normalisation estimate met, if any. A normalisation given for another
+/// channel count than the data's is refused.
+pub fn resolve(
+    cfg: &mut TrainConfig,
+    source: &Source,
+) -> Result<(String, Option<String>), PrepareError> {
     let [c, h, w] = source.shape();
     let size = ImageSize {
         height: h,
         width: w,
     };
     let eval = eval_transform(cfg, source).resolved(size);
+    // A resumed checkpoint's normalisation of other channels is other input, which the
+    // checkpoint's check refuses naming both shapes.
+    let given = matches!(cfg.normalize, NormalizeChoice::Given(_));
     let (norm, how, unreadable) = match &cfg.normalize {
         NormalizeChoice::Given(n) => (n.clone(), "given".to_string(), None),
         NormalizeChoice::Resumed(n) => (n.clone(), "the checkpoint's".to_string(), None),
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
+    if given && norm.channels() != c {
+        return Err(PrepareError::Config(format!(
+            "--normalize {norm}: {} for images of {}; give one mean and one standard \
+             deviation per channel",
+            crate::terminal::counted(norm.channels(), "channel"),
+            crate::terminal::counted(c, "channel")
+        )));
+    }
     let unreadable = unreadable.map(|u| u.warning(cfg.skip_bad_samples));
     let line = format!(
         "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \
@@ -147,5 +161,5 @@ pub fn resolve(cfg: &mut TrainConfig, source: &Source) -> (String, Option<String
     cfg.image_size = Some(size);
     cfg.eval_transform = Some(eval);
     cfg.normalize = NormalizeChoice::Given(norm);
-    (line, unreadable)
+    Ok((line, unreadable))
 }

@@ -79,7 +79,13 @@ pub fn check_resume(
             path.display()
         )));
     };
-    let changes = then.changes(&checkpoint::RunIdentity::of(cfg));
+    let mut now = checkpoint::RunIdentity::of(cfg);
+    if cfg.processes > 1 {
+        // Each process would resolve the data's path on its own file system, and the ranks
+        // must agree: over several processes the data is compared as it is named.
+        now.data_path = None;
+    }
+    let changes = then.changes(&now);
     if changes.is_empty() {
         return Ok(None);
     }
@@ -94,7 +100,7 @@ pub fn check_resume(
         return Ok(Some(format!(
             "--resume-changed: resuming {} under other settings ({}); the data order and \
              step count follow the new settings (the normalisation stays the checkpoint's \
-             unless --normalize is given)",
+             unless --normalize gives values or estimate)",
             path.display(),
             error::describe_changes(&changes)
         )));
@@ -407,7 +413,7 @@ fn prepare(
         notes.extend(inputs::follow_checkpoint(&mut cfg, ck, &path)?);
     }
     let (train_source, test_set) = load_sources(&cfg)?;
-    let (input_line, unreadable) = inputs::resolve(&mut cfg, &train_source);
+    let (input_line, unreadable) = inputs::resolve(&mut cfg, &train_source)?;
     notes.push(input_line);
     if cfg.process_rank == 0 && !cfg.quiet {
         for note in notes {
