@@ -634,12 +634,12 @@ fn a_folder_resumed_without_its_image_size_resumes_at_the_checkpoints() {
     );
 }
 
-#[test]
-fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
+/// The error of a small run on `dataset` with `change` made to its options, which must be
+/// refused before it writes anything.
+fn refused_before_training(dataset: &str, change: impl FnOnce(&mut TrainOptions)) -> String {
     let tmp = tempfile::tempdir().unwrap();
-    let o = TrainOptions {
-        dataset: Some("synthetic:1x8x8".into()),
-        image_size: Some("16".into()),
+    let mut o = TrainOptions {
+        dataset: Some(dataset.into()),
         train_limit: Some(64),
         test_limit: Some(16),
         batch: Some(16),
@@ -649,8 +649,15 @@ fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
         quiet: true,
         ..Default::default()
     };
-    let e = dptrain::train::train(o.resolve().unwrap()).unwrap_err();
-    let e = String::from(e);
+    change(&mut o);
+    let e = String::from(dptrain::train::train(o.resolve().unwrap()).unwrap_err());
+    assert!(!tmp.path().join("r").exists(), "{e}: something was written");
+    e
+}
+
+#[test]
+fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
+    let e = refused_before_training("synthetic:1x8x8", |o| o.image_size = Some("16".into()));
     assert!(
         e.contains("--image-size 16") && e.contains("export-images"),
         "{e}"
@@ -659,7 +666,6 @@ fn an_in_memory_dataset_at_another_image_size_is_refused_before_training() {
 
 #[test]
 fn a_normalisation_of_other_channels_than_the_datas_is_refused_before_training() {
-    let tmp = tempfile::tempdir().unwrap();
     for (dataset, normalize, want) in [
         (
             "synthetic:3x8x8",
@@ -672,21 +678,8 @@ fn a_normalisation_of_other_channels_than_the_datas_is_refused_before_training()
             ": 3 channels for images of 1 channel",
         ),
     ] {
-        let o = TrainOptions {
-            dataset: Some(dataset.into()),
-            normalize: Some(normalize.into()),
-            train_limit: Some(64),
-            test_limit: Some(16),
-            batch: Some(16),
-            epochs: Some(1),
-            run_dir: Some(tmp.path().join("r")),
-            no_checkpoints: true,
-            quiet: true,
-            ..Default::default()
-        };
-        let e = String::from(dptrain::train::train(o.resolve().unwrap()).unwrap_err());
+        let e = refused_before_training(dataset, |o| o.normalize = Some(normalize.into()));
         assert!(e.contains(want) && e.contains("--normalize"), "{e}");
-        assert!(!tmp.path().join("r").exists(), "nothing is written");
     }
 }
 

@@ -346,7 +346,7 @@ fn json_log_format_prints_one_json_object_per_epoch_and_no_bar() {
             "--batch",
             "16",
             "--threads",
-            "1",
+            "100000",
             "--no-checkpoints",
             "--log-format",
             "json",
@@ -369,6 +369,21 @@ fn json_log_format_prints_one_json_object_per_epoch_and_no_bar() {
         })
         .collect();
     assert_eq!(kinds, ["epoch", "epoch", "done"]);
+    // The done line lists every warning of the run: those shown as it started (threads past
+    // the cores) as well as the summary's.
+    let done: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let warnings: Vec<&str> = done["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("--threads 100000 is more than")),
+        "{warnings:?}"
+    );
 }
 
 #[test]

@@ -63,6 +63,8 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
     }
     let warnings = s.warnings();
     if json_log {
+        let mut all = said.take();
+        all.extend(warnings);
         let line = serde_json::json!({
             "kind": "done",
             "final_test_accuracy": s.final_test_accuracy,
@@ -72,7 +74,7 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
             "skipped_nonfinite_updates": s.skipped_nonfinite_updates,
             "steps": s.steps,
             "resumed_from": s.resumed_from,
-            "warnings": warnings,
+            "warnings": all,
             "run_dir": s.run_dir,
         });
         crate::outln!("{line}");
