@@ -263,11 +263,23 @@ fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "output".into());
     let dir = parent_dir(path);
+    remove_stale_temps_of(dir, &name);
+    // The file it replaces keeps its permissions (a private 0600 file stays private).
+    let mode = std::fs::metadata(path).ok().map(|m| m.permissions());
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{TEMP_PREFIX}{name}.{}.{n}", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => return Ok((tmp, f)),
+            Ok(f) => {
+                if let Some(mode) = mode {
+                    f.set_permissions(mode).map_err(|e| OutputError::Io {
+                        path: path.to_path_buf(),
+                        action: "give the new file the old one's permissions, beside",
+                        cause: e,
+                    })?;
+                }
+                return Ok((tmp, f));
+            }
             // A leftover of an earlier process with our pid; take the next number.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
@@ -485,18 +497,31 @@ pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
 /// another run's included), anything that is not a regular file, and every other name (a
 /// user's `thesis.99999.0.tmp`) are left alone.
 pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
+    remove_dead_temps(dir, |_| true)
+}
+
+/// [`remove_stale_temps`] for the temporary files of one target `name` in `dir`: a write
+/// killed before it could remove its temporary file (a signal, a crash) leaves it, and the
+/// next write to the same file clears it.
+fn remove_stale_temps_of(dir: &Path, name: &str) {
+    remove_dead_temps(dir, |target| target == name);
+}
+
+/// Removes the regular temporary files in `dir` of processes no longer running whose target
+/// `of` accepts; returns them.
+fn remove_dead_temps(dir: &Path, of: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return removed;
     };
     for e in entries.filter_map(Result::ok) {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some((_, pid)) = temp_owner(&name) else {
+        let Some((target, pid)) = temp_owner(&name) else {
             continue;
         };
         let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
         let regular = e.file_type().is_ok_and(|t| t.is_file());
-        if !alive && regular && std::fs::remove_file(e.path()).is_ok() {
+        if of(target) && !alive && regular && std::fs::remove_file(e.path()).is_ok() {
             removed.push(e.path());
         }
     }
@@ -752,6 +777,29 @@ mod tests {
         assert!(remove_stale_temps(&dir).is_empty());
         assert!(tmp.exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_replaced_file_keeps_its_permissions_and_a_killed_writes_temp_is_cleared() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data.pack");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // A write of this file killed mid-way (a pid above Linux's pid_max: no such process),
+        // and one of another file, which is not this write's to clear.
+        let dead = |target: &str| dir.path().join(format!("{TEMP_PREFIX}{target}.4194305.0"));
+        std::fs::write(dead("data.pack"), b"partial").unwrap();
+        std::fs::write(dead("other.pack"), b"partial").unwrap();
+        write_atomically(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(
+            !dead("data.pack").exists(),
+            "the killed write's temporary file is cleared"
+        );
+        assert!(dead("other.pack").exists());
     }
 
     /// A file in memory that takes `room` bytes, then fails as a full disk does.

@@ -173,6 +173,29 @@ fn write_onnx_writes_a_file_tract_reads_and_refuses_a_directory() {
         1,
         "only the model file, no temporary file left"
     );
+    // An earlier export is replaced; any other file is not (a checkpoint given as the output
+    // would be lost), and stays as it was.
+    export::write_onnx(&net, &[], &path).unwrap();
+    for (name, bytes) in [
+        (
+            "run.safetensors",
+            b"\x10\0\0\0\0\0\0\0{\"a\":1}      ".to_vec(),
+        ),
+        ("summary.json", b"{\"epochs\": []}".to_vec()),
+        ("empty", Vec::new()),
+    ] {
+        let other = dir.path().join(name);
+        std::fs::write(&other, &bytes).unwrap();
+        let err = export::write_onnx(&net, &[], &other).unwrap_err();
+        assert!(
+            matches!(err, ExportError::NotAnExport { .. })
+                && err
+                    .to_string()
+                    .contains("is not an ONNX model dptrain exported"),
+            "{name}: {err}"
+        );
+        assert_eq!(std::fs::read(&other).unwrap(), bytes, "{name}");
+    }
 }
 
 /// The binary under test.

@@ -339,6 +339,27 @@ fn random_resized_crop_crops_within_scale_and_draws_per_sample() {
 }
 
 #[test]
+fn a_centre_crop_starts_where_torchvisions_does() {
+    use dptrain::pipeline::centre_crop_offset;
+    // torchvision's center_crop: int(round((side - crop) / 2)), Python's round taking halves
+    // to even; a side shorter than the crop is padded by (crop - side) // 2 before it.
+    for (side, crop, start) in [
+        (24.0, 24.0, 0.0),
+        (25.0, 24.0, 0.0),
+        (26.0, 24.0, 1.0),
+        (27.0, 24.0, 2.0),
+        (29.0, 24.0, 2.0),
+        (31.0, 24.0, 4.0),
+        (23.0, 24.0, 0.0),
+        (22.0, 24.0, -1.0),
+        (21.0, 24.0, -1.0),
+        (19.0, 24.0, -2.0),
+    ] {
+        assert_eq!(centre_crop_offset(side, crop), start, "{side} -> {crop}");
+    }
+}
+
+#[test]
 fn eval_transform_of_a_non_square_image_centres_and_keeps_aspect() {
     let mut img = DecodedImage::default();
     // 96 wide x 48 tall, red = 255 in the middle third of the width, else 0.

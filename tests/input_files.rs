@@ -287,7 +287,8 @@ fn a_run_summary_that_is_a_device_or_a_fifo_is_refused() {
 }
 
 /// A run directory with the trained run's metrics (no summary, so the report comes from the
-/// metrics alone), written as `lines` where `TORN` stands for a line cut off mid-write.
+/// metrics alone), written as `lines` where `EPOCH` stands for an epoch line, `TORN` for a
+/// line cut off mid-write, and anything else for itself.
 fn run_dir_with(tmp: &Path, name: &str, lines: &[&str]) -> PathBuf {
     let epoch = std::fs::read_to_string(trained_run().join("metrics.jsonl")).unwrap();
     let epoch = epoch
@@ -300,7 +301,8 @@ fn run_dir_with(tmp: &Path, name: &str, lines: &[&str]) -> PathBuf {
         .iter()
         .map(|l| match *l {
             "EPOCH" => epoch.as_str(),
-            _ => torn,
+            "TORN" => torn,
+            other => other,
         })
         .collect();
     let dir = tmp.join(name);
@@ -327,6 +329,24 @@ fn report_skips_a_torn_last_metrics_line_with_a_warning_naming_it() {
     );
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(!report.is_empty());
+}
+
+#[test]
+fn report_skips_lines_dptrain_does_not_write_with_one_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lines = [r#"{"epoch":"x"}"#, "EPOCH", r#"{"kind":"note"}"#, "EPOCH"];
+    let dir = run_dir_with(tmp.path(), "foreign", &lines);
+    let r = run_ok(&["report", dir.to_str().unwrap()], tmp.path());
+    assert!(
+        r.text
+            .contains("skipped 2 lines that dptrain does not write")
+            && r.text.contains("the first is line 1"),
+        "{}",
+        r.text
+    );
+    assert!(std::fs::read_to_string(dir.join("report.md"))
+        .unwrap()
+        .contains("| epochs |"));
 }
 
 #[test]

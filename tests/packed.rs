@@ -210,6 +210,18 @@ fn a_flipped_byte_in_a_sample_names_the_sample() {
     for k in (0..9).filter(|&k| k != 4) {
         file.sample_bytes(Split::Train, k).unwrap();
     }
+    // The normalisation estimate leaves it out, counts what it read and names it.
+    let (train, _) = dptrain::data::packed::open_pair(&out).unwrap();
+    let source = dptrain::pipeline::Source::Packed(std::sync::Arc::new(train));
+    let (_, how, unreadable) = source.normalization(&dptrain::pipeline::Transforms::OFF, true);
+    assert_eq!(how, "estimated from 8 training images");
+    let unreadable = unreadable.expect("the damaged sample is counted");
+    assert_eq!(unreadable.count, 1);
+    assert!(
+        unreadable.first.contains("sample 4 (train, class 'b')"),
+        "{}",
+        unreadable.first
+    );
 }
 
 /// Rewrites the index of a packed file with `edit` and recomputes both checksums, as a writer
@@ -371,7 +383,15 @@ fn a_failed_pack_leaves_nothing_and_links_and_directories_are_refused() {
         .is_symlink());
     // Impossible options.
     for (o, want) in [
-        (opts(0, StoreAs::Raw), "--max-side 0"),
+        (
+            opts(0, StoreAs::Raw),
+            "data pack: --max-side 0 must be 4..=4096",
+        ),
+        // Smaller than the ImageFolder reader takes.
+        (
+            opts(3, StoreAs::Raw),
+            "data pack: --max-side 3 must be 4..=4096",
+        ),
         (opts(5000, StoreAs::Raw), "--max-side 5000"),
         (opts(256, StoreAs::Smaller { quality: 0 }), "--quality 0"),
     ] {

@@ -959,7 +959,9 @@ fn profiles_with_unphysical_numbers_are_refused_on_load_naming_the_field() {
     let mut good = serde_json::to_value(uneven()).unwrap();
     good["blocks"][0]["matrices"] = serde_json::json!([{"offset": 0, "rows": 10, "cols": 100}]);
     good["blocks"][1]["input_grad_ms"] = 0.0.into();
-    let cases: [(&str, serde_json::Value, &str); 10] = [
+    good["compute_spread"] = 0.015.into();
+    let cases: [(&str, serde_json::Value, &str); 11] = [
+        ("/compute_spread", (-1.0).into(), "compute_spread is -1"),
         (
             "/blocks/1/input_grad_ms",
             1e6.into(),
@@ -1098,22 +1100,38 @@ fn absurd_worker_counts_on_the_command_line_end_in_seconds() {
         dir.path(),
     );
     assert_eq!(code, 0, "{err}");
-    // Every row of an impossible count is refused with the limit, in seconds (the helper
-    // asserts the time), and with nothing simulated the command fails.
+    // A count past what any run or simulation holds is refused before anything runs (one
+    // past 2^63 overflowed the tree walk's rank arithmetic).
+    for absurd in ["4000000000", "18446744073709551615"] {
+        let (code, out, err) = dptrain(
+            &["simulate", "--profile", "l.json", "--workers", absurd],
+            dir.path(),
+        );
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            err.contains(&format!("{absurd} workers is more than the 16777216")),
+            "{err}"
+        );
+        assert!(out.is_empty(), "{out}");
+    }
+    // Every row of a count too large for a mode's records is refused with the limit, in
+    // seconds (the helper asserts the time), and with nothing simulated the command fails.
     let (code, out, err) = dptrain(
-        &["simulate", "--profile", "l.json", "--workers", "4000000000"],
+        &[
+            "simulate",
+            "--profile",
+            "l.json",
+            "--workers",
+            "16777216",
+            "--comm",
+            "ring",
+        ],
         dir.path(),
     );
     assert_eq!(code, 1, "{out}");
-    assert!(
-        err.contains("every configuration (10) was refused"),
-        "{err}"
-    );
-    let rows: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("4000000000 "))
-        .collect();
-    assert_eq!(rows.len(), 10, "{out}");
+    assert!(err.contains("every configuration (2) was refused"), "{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("16777216 ")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
     for r in rows {
         assert!(
             r.contains("refused:") && r.contains("simulate fewer workers"),

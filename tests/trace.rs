@@ -506,6 +506,34 @@ fn report_refuses_a_summary_of_the_wrong_types_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("are the same run"), "{err}");
     assert!(!cmp.exists());
+    // A good run beside the bad one: every run is read before any report is written, so the
+    // good one's report is not rewritten either.
+    let good_dir = tmp.path().join("good");
+    std::fs::create_dir(&good_dir).unwrap();
+    std::fs::copy(dir.join("metrics.jsonl"), good_dir.join("metrics.jsonl")).unwrap();
+    std::fs::write(good_dir.join("summary.json"), good.to_string()).unwrap();
+    let report = |args: &[&std::path::Path]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+            .arg("report")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = report(&[&good_dir, &dir, "--out".as_ref(), &cmp]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        !good_dir.join("report.md").exists(),
+        "the good run's report was written"
+    );
+    // --out with one run (the comparison's directory) is refused, not ignored.
+    let out = report(&[&good_dir, "--out".as_ref(), &cmp]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("names the comparison of two or more runs"),
+        "{err}"
+    );
+    assert!(!good_dir.join("report.md").exists());
 }
 
 /// Per reduction, whether it ended after the next step's forward began on its worker.

@@ -130,10 +130,18 @@ pub fn on_off_list(flag: &str, s: &str) -> Result<Vec<bool>, String> {
     }
 }
 
-/// Parses `--flag`'s comma-separated list of worker counts: each a positive integer, none
-/// empty or repeated (see [`list`]).
+/// The most workers a worker list takes: the simulator's per-chunk records refuse more
+/// (16 Mi elements), and larger counts overflow its tree walk's rank arithmetic.
+pub const MAX_WORKER_COUNT: usize = 1 << 24;
+
+/// Parses `--flag`'s comma-separated list of worker counts: each a positive integer up to
+/// [`MAX_WORKER_COUNT`], none empty or repeated (see [`list`]).
 pub fn worker_list(flag: &str, s: &str) -> Result<Vec<usize>, String> {
     list(flag, s, |w| match w.parse::<usize>() {
+        Ok(n) if n > MAX_WORKER_COUNT => Err(format!(
+            "{flag}: {n} workers is more than the {MAX_WORKER_COUNT} (2^24) a run or a \
+             simulation can hold"
+        )),
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!(
             "{flag}: bad worker count '{w}': give positive integers, e.g. 8,64,512"

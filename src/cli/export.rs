@@ -13,7 +13,7 @@ pub(super) struct ExportArgs {
     /// The checkpoint (`dptrain train` records the model it needs in it).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// The ONNX file to write (a new file, or a regular file it replaces atomically).
+    /// The ONNX file to write (a new file, or an earlier export it replaces atomically).
     #[arg(long)]
     out: PathBuf,
 }
@@ -22,6 +22,7 @@ pub(super) struct ExportArgs {
 pub(super) fn run(a: ExportArgs) -> Result<(), String> {
     // The output path is checked before the checkpoint is read, so a bad path fails at once.
     crate::output::check_file_target(&a.out)?;
+    export::onnx::check_replaceable(&a.out).map_err(|e| e.to_string())?;
     let model = TrainedModel::load(&a.checkpoint).map_err(|e| e.to_string())?;
     let net = model.net(1).map_err(|e| e.to_string())?;
     let d = &model.description;

@@ -55,7 +55,7 @@ pub struct ProfileArgs {
     /// Compute threads (measured profiles).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Timed steps (measured profiles; 3 more run untimed first).
+    /// Timed steps (measured profiles; 3 more run untimed first), at most 10000.
     #[arg(long, default_value_t = 10)]
     pub steps: usize,
     /// Replicas measured at once, to include the contention of that many emulated workers
@@ -89,13 +89,25 @@ pub(super) fn make_profile(
             "--batch {batch}: give a per-worker batch from 1 to {MAX_PROFILE_BATCH}"
         ));
     }
-    let p = match device.speed() {
-        Some(speed) => from_graph(&graph, batch, speed)?,
-        None => measured()?,
+    let Some(speed) = device.speed() else {
+        let p = measured()?;
+        crate::measure::profile::validate(&p).map_err(|e| e.to_string())?;
+        return Ok(p);
     };
-    crate::measure::profile::validate(&p).map_err(|e| e.to_string())?;
+    let p = from_graph(&graph, batch, speed)?;
+    // Figures of a device given on the command line, not a profile file to re-create.
+    crate::measure::profile::validate(&p).map_err(|e| {
+        format!(
+            "the device given ({}) makes an impossible profile of {model} at batch {batch}: \
+             {e}; check the device's figures",
+            p.source
+        )
+    })?;
     Ok(p)
 }
+
+/// The most timed steps a measured profile takes: each step's times are kept.
+const MAX_PROFILE_STEPS: usize = 10_000;
 
 /// Runs `dptrain profile`.
 pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
@@ -104,6 +116,13 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
     let p = make_profile(&a.model, a.batch, &a.device, || {
         if a.threads == 0 {
             return Err("--threads 0: a step needs at least 1 compute thread".into());
+        }
+        if a.steps > MAX_PROFILE_STEPS {
+            return Err(format!(
+                "--steps {}: at most {MAX_PROFILE_STEPS} timed steps (the times of each are \
+                 kept)",
+                a.steps
+            ));
         }
         if a.threads > crate::limits::cores() {
             super::print_warning(&format!(

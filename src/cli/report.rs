@@ -8,7 +8,14 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
     // The comparison's directory is made (and checked) before any report is rewritten, and a
     // run given twice would be a column beside itself.
     let out = match (run_dirs.len() > 1, out) {
-        (false, _) => None,
+        (false, Some(out)) => {
+            return Err(format!(
+                "--out {}: names the comparison of two or more runs; one run's report is \
+                 written into its own directory (leave --out out)",
+                out.display()
+            ))
+        }
+        (false, None) => None,
         (true, Some(out)) => Some(out),
         (true, None) => {
             // The default is ours, not the user's: its parent `runs/` may be made.
@@ -32,6 +39,11 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
         }
         crate::output::create_dir(out)?;
         crate::output::check_writable(&out.join("comparison.md"))?;
+    }
+    // Every run is read before any report is rewritten: one that cannot be read stops the
+    // command with the others' reports as they were.
+    for dir in run_dirs {
+        crate::report::RunData::load(dir)?;
     }
     for dir in run_dirs {
         if let Some(holder) = crate::train::lock::holder_of(dir) {

@@ -348,7 +348,11 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
     })
 }
 
-/// `--compute-spread`: a number >= 0, or the spread measured with the profile.
+/// The largest `--compute-spread` simulated: a coefficient of variation of 1.
+const MAX_SPREAD: f64 = 1.0;
+
+/// `--compute-spread`: a number from 0 to [`MAX_SPREAD`], or the spread measured with the
+/// profile.
 fn compute_spread(v: &str, p: &Profile) -> Result<f64, String> {
     match v.trim() {
         "profile" => p.compute_spread.ok_or_else(|| {
@@ -359,9 +363,15 @@ fn compute_spread(v: &str, p: &Profile) -> Result<f64, String> {
             )
         }),
         v => match v.parse::<f64>() {
-            Ok(x) if x >= 0.0 && x.is_finite() => Ok(x),
+            Ok(x) if (0.0..=MAX_SPREAD).contains(&x) => Ok(x),
+            Ok(x) if x > MAX_SPREAD => Err(format!(
+                "--compute-spread {v}: at most {MAX_SPREAD} (a coefficient of variation of \
+                 100%; measured spreads are about 0.015): past it the log-normal's draws lie \
+                 mostly far below their mean, and the steps averaged no longer estimate it"
+            )),
             _ => Err(format!(
-                "--compute-spread {v:?}: give a number >= 0 (e.g. 0.02) or `profile`"
+                "--compute-spread {v:?}: give a number from 0 to {MAX_SPREAD} (e.g. 0.02) or \
+                 `profile`"
             )),
         },
     }

@@ -104,6 +104,9 @@ pub enum DataError {
         name: String,
     },
 
+    /// An option of `data pack` out of its range.
+    #[error("data pack: {0}")]
+    PackOption(String),
     /// The dataset name is known but its arguments are unusable
     /// (missing directory, bad shape, conflicting path, ...).
     #[error("dataset {spec:?}: {reason}")]

@@ -83,6 +83,19 @@ pub enum ExportError {
     /// The output file could not be written.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// The output path holds a file that is not an ONNX model dptrain exported, which export
+    /// does not replace (a checkpoint given as `--out` would be lost).
+    #[error(
+        "{} exists and is not an ONNX model dptrain exported ({why}); export replaces only its \
+         own files: give another --out, or move that file away",
+        path.display()
+    )]
+    NotAnExport {
+        /// The output path.
+        path: std::path::PathBuf,
+        /// What it is instead.
+        why: String,
+    },
 }
 
 /// The ONNX model of `net` (see the module comment), with `metadata` (key, value) pairs in
@@ -100,12 +113,43 @@ pub fn write_onnx(
     path: &Path,
 ) -> Result<(), ExportError> {
     output::check_file_target(path)?;
+    check_replaceable(path)?;
     let model = to_onnx(net, metadata)?;
     let bytes = model
         .write_to_bytes()
         .map_err(|e| ExportError::Encode(e.to_string()))?;
     output::write_atomically(path, &bytes)?;
     Ok(())
+}
+
+/// Refuses a file at `path` (a regular file or none, [`output::check_file_target`] says)
+/// unless it is an ONNX model dptrain wrote: its producer is `dptrain`. A file larger than an
+/// export can be is refused unread.
+pub fn check_replaceable(path: &Path) -> Result<(), ExportError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let not = |why: String| ExportError::NotAnExport {
+        path: path.to_path_buf(),
+        why,
+    };
+    if meta.len() > MAX_MODEL_BYTES + (64 << 20) {
+        return Err(not(format!(
+            "{} bytes, more than an export holds",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| OutputError::Io {
+        path: path.to_path_buf(),
+        action: "read",
+        cause: e,
+    })?;
+    match ModelProto::parse_from_bytes(&bytes) {
+        Ok(m) if m.producer_name == "dptrain" => Ok(()),
+        Ok(m) if m.producer_name.is_empty() => Err(not("no ONNX producer".into())),
+        Ok(m) => Err(not(format!("an ONNX model by {}", m.producer_name))),
+        Err(_) => Err(not("not an ONNX model".into())),
+    }
 }
 
 /// [`to_onnx`] for files of at most `limit` bytes of weights.

@@ -179,7 +179,7 @@ pub enum ProfileError {
         path: PathBuf,
     },
     /// One of its numbers is not physical.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}: {source}; re-create the profile with `dptrain profile`", .path.display())]
     Unphysical {
         /// The file.
         path: PathBuf,
@@ -201,10 +201,16 @@ pub enum Unphysical {
     /// No blocks, or more than 100000.
     #[error("has {0} blocks: a profile has 1 to 100000")]
     BlockCount(usize),
+    /// A measured compute spread that is negative or not finite.
+    #[error(
+        "compute_spread is {}: a coefficient of variation, finite and >= 0",
+        shown(*.0)
+    )]
+    Spread(f64),
     /// A time that is not finite, negative, or above a day.
     #[error(
-        "{what} is {}: times must be finite, >= 0 and at most {MAX_MS} ms (a day); re-create \
-         the profile with `dptrain profile`",
+        "{what} is {}: times must be finite, >= 0 and at most {MAX_MS} ms (a \
+         day)",
         shown(*.value)
     )]
     Time {
@@ -216,7 +222,7 @@ pub enum Unphysical {
     /// A block's input-gradient part of backward longer than its whole backward.
     #[error(
         "block '{name}' has input_grad_ms {part} above its backward_ms {whole}: it is a part \
-         of the block's backward; re-create the profile with `dptrain profile`"
+         of the block's backward"
     )]
     InputGradPart {
         /// The block.
@@ -236,8 +242,7 @@ pub enum Unphysical {
     /// A weight matrix empty, overlapping the one before, or past its block's values.
     #[error(
         "block {block} ('{name}') matrix {index} ({rows} x {cols} at {offset}) is empty, \
-         overlaps the one before or lies past the block's {len} values; re-create the profile \
-         with `dptrain profile`"
+         overlaps the one before or lies past the block's {len} values"
     )]
     Matrix {
         /// The block's index.
@@ -258,7 +263,7 @@ pub enum Unphysical {
 }
 
 /// Huge and tiny values in exponent form: 1e300, not 301 digits.
-fn shown(v: f64) -> String {
+pub(crate) fn shown(v: f64) -> String {
     if v.is_finite() && v != 0.0 && !(1e-3..1e9).contains(&v.abs()) {
         format!("{v:e}")
     } else {
@@ -366,6 +371,9 @@ pub fn validate(p: &Profile) -> Result<(), Unphysical> {
         grad_bytes += 4.0 * b.param_sizes.iter().map(|&n| n as f64).sum::<f64>();
     }
     time("update_ms".into(), p.update_ms)?;
+    if let Some(spread) = p.compute_spread.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+        return Err(Unphysical::Spread(spread));
+    }
     if grad_bytes > MAX_GRAD_BYTES {
         return Err(Unphysical::GradBytes(grad_bytes));
     }

@@ -62,6 +62,6 @@ pub use sampler::DistributedSampler;
 pub use source::{decode_split, estimate_normalization, SampleScratch, Source, Unreadable};
 pub use staging::{Staged, Staging};
 pub use transform::{
-    default_shorter, Augment, Draw, Geometry, ImageSize, RenderScratch, TransformError,
-    TransformOp, TransformScratch, Transforms, MAX_CROP_PAD, MAX_IMAGE_SIDE,
+    centre_crop_offset, default_shorter, Augment, Draw, Geometry, ImageSize, RenderScratch,
+    TransformError, TransformOp, TransformScratch, Transforms, MAX_CROP_PAD, MAX_IMAGE_SIDE,
 };

@@ -96,8 +96,13 @@ pub fn decode_split(
 }
 
 /// Per-channel mean and deviation of pixel/255 over up to `max` samples spread evenly over
-/// `split`, each through `eval` (as an ImageFolder's estimate); damaged samples are left out.
-pub fn estimate_normalization(split: &PackedSplit, eval: &Transforms, max: usize) -> Normalization {
+/// `split`, each through `eval` (as an ImageFolder's estimate); damaged samples are left out
+/// and counted. Returns it, the samples it read and the ones it could not.
+pub fn estimate_normalization(
+    split: &PackedSplit,
+    eval: &Transforms,
+    max: usize,
+) -> (Normalization, usize, Option<super::Unreadable>) {
     let take = split.len().min(max.max(1));
     let n = split.sample_len();
     let mut probe = Dataset {
@@ -111,13 +116,25 @@ pub fn estimate_normalization(split: &PackedSplit, eval: &Transforms, max: usize
     };
     let mut scratch = TransformScratch::default();
     let (mut wide, mut buf) = (vec![0f32; n], vec![0u8; n]);
+    let mut unreadable: Option<super::Unreadable> = None;
     for k in 0..take {
         let i = k * split.len() / take;
-        if write_u8(split, i, eval, &mut scratch, &mut wide, &mut buf).is_ok() {
-            probe.pixels.extend_from_slice(&buf);
-            probe.labels.push(split.label(i));
+        match write_u8(split, i, eval, &mut scratch, &mut wide, &mut buf) {
+            Ok(()) => {
+                probe.pixels.extend_from_slice(&buf);
+                probe.labels.push(split.label(i));
+            }
+            Err(e) => match &mut unreadable {
+                Some(u) => u.count += 1,
+                None => {
+                    unreadable = Some(super::Unreadable {
+                        count: 1,
+                        first: e.to_string(),
+                    })
+                }
+            },
         }
     }
     let (mean, std) = probe.computed_mean_std();
-    Normalization { mean, std }
+    (Normalization { mean, std }, probe.labels.len(), unreadable)
 }

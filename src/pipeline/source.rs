@@ -111,8 +111,9 @@ impl Source {
             }
             Source::Folder(f) => estimate_normalization(f, eval, NORM_PROBE),
             Source::Packed(p) => {
-                let n = super::packed::estimate_normalization(p, eval, NORM_PROBE);
-                (n, estimated_through(p.len().min(NORM_PROBE), eval), None)
+                let (n, read, unreadable) =
+                    super::packed::estimate_normalization(p, eval, NORM_PROBE);
+                (n, estimated_through(read, eval), unreadable)
             }
         }
     }

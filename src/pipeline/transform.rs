@@ -278,6 +278,19 @@ impl fmt::Display for TransformOp {
     }
 }
 
+/// Where a centre crop of `crop` pixels starts on a side of `side` pixels, torchvision's
+/// `center_crop` to the pixel: `int(round((side - crop) / 2))` with Python's `round` (halves
+/// to even) when the side is at least the crop; else the side is zero-padded by
+/// `(crop - side) // 2` before it (the odd pixel after it), so the crop starts that far
+/// before the side's first pixel.
+pub fn centre_crop_offset(side: f64, crop: f64) -> f64 {
+    if side >= crop {
+        ((side - crop) / 2.0).round_ties_even()
+    } else {
+        -((crop - side) / 2.0).floor()
+    }
+}
+
 /// The shorter side `resize-shorter` goes to by default for an image size: torchvision's
 /// evaluation rule round(side * 256 / 224) (the 0.875 centre crop), from the shorter side of
 /// the size; for sizes under 64 px the side itself (no border cut), because datasets of
@@ -743,9 +756,8 @@ impl Geometry {
                 self.window((0.0, 0.0, cw, ch), (nw.max(1), nh.max(1)));
             }
             TransformOp::CenterCrop => {
-                // torchvision: int(round((current - crop) / 2)), negative = zero padding.
-                let x0 = ((cw - sw as f64) / 2.0).round();
-                let y0 = ((ch - sh as f64) / 2.0).round();
+                let x0 = centre_crop_offset(cw, sw as f64);
+                let y0 = centre_crop_offset(ch, sh as f64);
                 self.window((x0, y0, sw as f64, sh as f64), (sw, sh));
             }
             TransformOp::Crop { pad } => {

@@ -389,7 +389,8 @@ fn read_lost_hosts(path: &Path) -> Result<Vec<LostHost>, String> {
 /// The epoch lines of `metrics.jsonl` (its text given), type-checked. Lines are numbered from
 /// 1 as in the file, blank lines included. The last line is torn when the writer stopped in
 /// the middle of it (a crash, a full disk): it has no newline or ends before the JSON does. It
-/// is skipped with a warning; a bad line before it is an error.
+/// is skipped with a warning; a bad line before it is an error. Lines that are neither epoch
+/// nor step lines (no `kind` dptrain writes) are skipped with one warning naming the first.
 fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
     let last = text
         .lines()
@@ -398,6 +399,7 @@ fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
         .last()
         .map(|(i, _)| i);
     let mut lines = Vec::new();
+    let mut foreign: Option<(usize, usize)> = None;
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -423,24 +425,39 @@ fn epoch_lines(path: &Path, text: &str) -> Result<Vec<Value>, String> {
                 ))
             }
         };
-        if v.get("kind").and_then(Value::as_str) == Some("epoch") {
-            check_types(&v, EPOCH_FIELDS).map_err(|e| {
-                format!(
-                    "{} line {}: {e}; it is not a line dptrain wrote (or it was edited)",
-                    path.display(),
-                    i + 1
-                )
-            })?;
-            // A run resumed from an earlier checkpoint trains its epochs again and appends
-            // them: the later lines supersede the abandoned ones (which stay in the file).
-            if let Some(epoch) = v["epoch"].as_u64() {
-                let redone = |l: &Value| l["epoch"].as_u64().is_some_and(|e| e >= epoch);
-                while lines.last().is_some_and(redone) {
-                    lines.pop();
-                }
+        match v.get("kind").and_then(Value::as_str) {
+            Some("epoch") => {}
+            Some("step") => continue,
+            _ => {
+                let (count, _) = foreign.get_or_insert((0, i + 1));
+                *count += 1;
+                continue;
             }
-            lines.push(v);
         }
+        check_types(&v, EPOCH_FIELDS).map_err(|e| {
+            format!(
+                "{} line {}: {e}; it is not a line dptrain wrote (or it was edited)",
+                path.display(),
+                i + 1
+            )
+        })?;
+        // A run resumed from an earlier checkpoint trains its epochs again and appends
+        // them: the later lines supersede the abandoned ones (which stay in the file).
+        if let Some(epoch) = v["epoch"].as_u64() {
+            let redone = |l: &Value| l["epoch"].as_u64().is_some_and(|e| e >= epoch);
+            while lines.last().is_some_and(redone) {
+                lines.pop();
+            }
+        }
+        lines.push(v);
+    }
+    if let Some((count, first)) = foreign {
+        print_warning(&format!(
+            "{}: skipped {} that dptrain does not write (neither an epoch nor a step line; \
+             the first is line {first})",
+            path.display(),
+            crate::terminal::counted(count, "line")
+        ));
     }
     Ok(lines)
 }

@@ -98,17 +98,22 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
         b.forward_ms = forward_total_ms * share;
         b.backward_ms = 2.0 * b.forward_ms;
     }
+    let shown = crate::measure::profile::shown;
     let source = match speed {
         DeviceSpeed::Flops(d) => format!(
             "flops: {} TFLOPS x {} efficiency, {} GB/s memory",
-            d.tflops, d.efficiency, d.mem_gbs
+            shown(d.tflops),
+            shown(d.efficiency),
+            shown(d.mem_gbs)
         ),
         DeviceSpeed::ImagesPerSecond {
             images_per_s,
             mem_gbs,
         } => format!(
-            "device throughput: {images_per_s} images/s at batch {batch} (forward:backward 1:2 \
-             by MACs), {mem_gbs} GB/s memory"
+            "device throughput: {} images/s at batch {batch} (forward:backward 1:2 by MACs), \
+             {} GB/s memory",
+            shown(images_per_s),
+            shown(mem_gbs)
         ),
     };
     let i = graph.input();

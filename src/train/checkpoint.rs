@@ -675,7 +675,18 @@ impl Checkpoint {
             Some("dptrain-checkpoint-1") => {
                 return Err(what("written by an earlier dptrain (before model files): retrain, or resume with that version".into()))
             }
-            _ => return Err(what("not a dptrain checkpoint (no format tag)".into())),
+            Some(other) if other.starts_with("dptrain-checkpoint-") => {
+                return Err(what(format!(
+                    "its format is {other}, which this dptrain does not read (it reads \
+                     {FORMAT}): written by a newer dptrain, or edited"
+                )))
+            }
+            Some(other) => {
+                return Err(what(format!(
+                    "not a dptrain checkpoint (its format tag is '{other}')"
+                )))
+            }
+            None => return Err(what("not a dptrain checkpoint (no format tag)".into())),
         }
         match meta.get(CHECKSUM_KEY) {
             Some(want) => {
@@ -870,5 +881,43 @@ pub fn prune(dir: &Path, keep: usize, epoch: usize) {
         if number.is_some_and(|e| e + keep <= epoch) {
             let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of one tensor with `metadata`.
+    fn file_with(metadata: &[(&str, &str)]) -> Vec<u8> {
+        let meta: HashMap<String, String> = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let zero = [0u8; 4];
+        let one =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &zero).unwrap();
+        safetensors::serialize([("w", one)], Some(meta)).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_format_says_which() {
+        let path = Path::new("c.safetensors");
+        let message = |metadata: &[(&str, &str)]| {
+            Checkpoint::from_bytes(&file_with(metadata), path)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        let e = message(&[("format", "dptrain-checkpoint-9")]);
+        assert!(
+            e.contains("its format is dptrain-checkpoint-9, which this dptrain does not read")
+                && e.contains(FORMAT),
+            "{e}"
+        );
+        let e = message(&[("format", "pt")]);
+        assert!(e.contains("its format tag is 'pt'"), "{e}");
+        let e = message(&[]);
+        assert!(e.contains("no format tag"), "{e}");
     }
 }

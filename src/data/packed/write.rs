@@ -109,13 +109,14 @@ struct Encoded {
 
 /// Packs the ImageFolder `dir` (`dir/train/<class>/...`, `dir/test/<class>/...`) into `out`.
 pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, DataError> {
-    let bad = |reason: String| DataError::BadSpec {
-        spec: "data pack".into(),
-        reason,
-    };
-    if !(1..=MAX_SIDE_CAP).contains(&opts.max_side) {
+    let bad = DataError::PackOption;
+    // As small as the ImageFolder reader takes: a smaller sample could be packed and trained
+    // on, but never read from the folder it came from.
+    let min_side = crate::data::decode::MIN_IMAGE_SIDE as usize;
+    if !(min_side..=MAX_SIDE_CAP).contains(&opts.max_side) {
         return Err(bad(format!(
-            "--max-side {} must be 1..={MAX_SIDE_CAP}",
+            "--max-side {} must be {min_side}..={MAX_SIDE_CAP} (an image is at least \
+             {min_side} px a side)",
             opts.max_side
         )));
     }

@@ -291,6 +291,15 @@ mod tests {
         m.insert("normalize_std".into(), "[1, 2]".into());
         let e = ModelDescription::from_metadata(&m).unwrap_err();
         assert!(e.contains("2 deviations"), "{e}");
+        // A deviation of 0 or below would divide every input by it.
+        for std in ["[0]", "[-1]"] {
+            m.insert("normalize_std".into(), std.into());
+            let e = ModelDescription::from_metadata(&m).unwrap_err();
+            assert!(
+                e.contains("'normalize_std' holds") && e.contains("above 0"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

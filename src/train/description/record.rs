@@ -111,6 +111,12 @@ impl ModelDescription {
                 input[0]
             )));
         }
+        if let Some(bad) = std.iter().find(|&&s| s <= 0.0) {
+            return Err(what(format!(
+                "metadata 'normalize_std' holds {bad}: a standard deviation divides, so each \
+                 is above 0"
+            )));
+        }
         let conv_algo = match meta.get("conv_algo") {
             None => crate::backend::ConvAlgo::Direct,
             Some(a) => a
