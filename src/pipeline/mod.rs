@@ -52,14 +52,14 @@ pub use error::{BatchFailure, LoadError, StopReason};
 pub use loader::{
     default_loader_threads, BatchFeed, EpochOrders, Pipeline, MAX_LOADER_THREADS, MAX_PREFETCH,
 };
-pub use normalize::{Normalization, NormalizationError, Normalize, NormalizeChoice};
+pub use normalize::{Normalization, NormalizationError, Normalize, NormalizeChoice, Unreadable};
 pub use packed::{
     decode_split as decode_packed_split, estimate_normalization as estimate_packed_normalization,
 };
 pub use pool::BufferPool;
 pub use queue::{PrefetchQueue, Reserved};
 pub use sampler::DistributedSampler;
-pub use source::{decode_split, estimate_normalization, SampleScratch, Source, Unreadable};
+pub use source::{decode_split, estimate_normalization, SampleScratch, Source};
 pub use staging::{Staged, Staging};
 pub use transform::{
     centre_crop_offset, default_shorter, Augment, Draw, Geometry, ImageSize, RenderScratch,

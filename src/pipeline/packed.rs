@@ -102,7 +102,7 @@ pub fn estimate_normalization(
     split: &PackedSplit,
     eval: &Transforms,
     max: usize,
-) -> (Normalization, usize, Option<super::Unreadable>) {
+) -> (Normalization, usize, Option<super::normalize::Unreadable>) {
     let take = split.len().min(max.max(1));
     let n = split.sample_len();
     let mut probe = Dataset {
@@ -116,7 +116,7 @@ pub fn estimate_normalization(
     };
     let mut scratch = TransformScratch::default();
     let (mut wide, mut buf) = (vec![0f32; n], vec![0u8; n]);
-    let mut unreadable: Option<super::Unreadable> = None;
+    let mut unreadable: Option<super::normalize::Unreadable> = None;
     for k in 0..take {
         let i = k * split.len() / take;
         match write_u8(split, i, eval, &mut scratch, &mut wide, &mut buf) {
@@ -127,7 +127,7 @@ pub fn estimate_normalization(
             Err(e) => match &mut unreadable {
                 Some(u) => u.count += 1,
                 None => {
-                    unreadable = Some(super::Unreadable {
+                    unreadable = Some(super::normalize::Unreadable {
                         count: 1,
                         first: e.to_string(),
                     })

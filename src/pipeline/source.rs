@@ -9,7 +9,7 @@ use crate::data::{DataError, Dataset};
 use crate::terminal::counted;
 use std::sync::Arc;
 
-use super::{Draw, ImageSize, Normalization, Normalize, TransformScratch, Transforms};
+use super::{Draw, ImageSize, Normalization, Normalize, TransformScratch, Transforms, Unreadable};
 
 /// Images estimated from to normalise an ImageFolder (see [`estimate_normalization`]).
 const NORM_PROBE: usize = 1000;
@@ -187,32 +187,6 @@ impl Source {
                 out,
             ),
         }
-    }
-}
-
-/// Images a normalisation estimate could not read, and left out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unreadable {
-    /// How many.
-    pub count: usize,
-    /// The first one's error, naming its file.
-    pub first: String,
-}
-
-impl Unreadable {
-    /// The warning a run gives of them; `skipped`: whether the run skips unreadable samples
-    /// (`--skip-bad-samples`), else it stops at the first it reaches.
-    pub fn warning(&self, skipped: bool) -> String {
-        let then = if skipped {
-            "training skips them (--skip-bad-samples)"
-        } else {
-            "training stops at the first it reaches unless --skip-bad-samples"
-        };
-        format!(
-            "{} left out of the normalisation estimate; {then}: {}",
-            counted(self.count, "unreadable image"),
-            self.first
-        )
     }
 }
 
