@@ -40,11 +40,6 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
         crate::output::create_dir(out)?;
         crate::output::check_writable(&out.join("comparison.md"))?;
     }
-    // Every run is read before any report is rewritten: one that cannot be read stops the
-    // command with the others' reports as they were.
-    for dir in run_dirs {
-        crate::report::RunData::load(dir)?;
-    }
     for dir in run_dirs {
         if let Some(holder) = crate::train::lock::holder_of(dir) {
             crate::terminal::print_warning(&format!(
@@ -52,6 +47,13 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
                 dir.display()
             ));
         }
+    }
+    // Every run is read before any report is rewritten: one that cannot be read stops the
+    // command with the others' reports as they were.
+    for dir in run_dirs {
+        crate::report::RunData::load(dir)?;
+    }
+    for dir in run_dirs {
         let figures = crate::report::write_run_report(dir)?;
         crate::outln!("{}: report.md and {} figures", dir.display(), figures.len());
     }
