@@ -647,19 +647,29 @@ impl TrainOptions {
     }
 
     /// The run the config file at `path` (its options `self`) and the command line's `flags`
-    /// (which win) describe. A value of the file's that is refused (the flags alone resolve)
-    /// is named as the file's: the messages name options by their flags, and the file's keys
-    /// are those names without `--`.
+    /// (which win) describe. A refused value is blamed where it comes from, judged by which
+    /// side alone meets the same refusal: the flags' is the command line's as it is; the
+    /// file's (or one met only with both, the flags alone being fine) is named as the file's
+    /// (the messages name options by their flags, and the file's keys are those names without
+    /// `--`); one that neither side alone meets names both.
     pub fn resolve_under(self, path: &Path, flags: &TrainOptions) -> Result<TrainConfig, String> {
-        self.overlaid_with(flags)
-            .resolve()
-            .map_err(|e| match flags.resolve() {
-                Ok(_) => format!(
+        let file = self.clone();
+        self.overlaid_with(flags).resolve().map_err(|e| {
+            let flags_alone = flags.resolve().err();
+            if flags_alone.as_deref() == Some(e.as_str()) {
+                e
+            } else if flags_alone.is_none() || file.resolve().err().as_deref() == Some(e.as_str()) {
+                format!(
                     "config file {}: {e} (its keys are the flags' names without --)",
                     path.display()
-                ),
-                Err(_) => e,
-            })
+                )
+            } else {
+                format!(
+                    "{e} (from the command line and config file {} together)",
+                    path.display()
+                )
+            }
+        })
     }
 
     /// `self` with every option that `over` gives replaced by `over`'s value.
@@ -1645,11 +1655,22 @@ mod tests {
             batch: Some(0),
             ..Default::default()
         };
-        let err = file.resolve_under(path, &bad_flag).unwrap_err();
+        let err = file.clone().resolve_under(path, &bad_flag).unwrap_err();
         assert!(
             err.contains("--batch") && !err.contains("config file"),
             "{err}"
         );
+        // The flags alone fail (--reinit needs the file's weights) and the file's value is the
+        // one refused: still the file's.
+        let reinit = TrainOptions {
+            reinit: Some("fc3".into()),
+            ..Default::default()
+        };
+        assert!(reinit.resolve().is_err());
+        let weighted_zero: TrainOptions =
+            toml::from_str("weights = \"w.safetensors\"\nepochs = 0").unwrap();
+        let err = weighted_zero.resolve_under(path, &reinit).unwrap_err();
+        assert!(err.starts_with("config file run.toml: --epochs"), "{err}");
         assert!(
             toml::from_str::<TrainOptions>("epoks = 3").is_err(),
             "unknown keys are refused"

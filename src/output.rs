@@ -2,6 +2,12 @@
 //! for all of them (trace, run directory, checkpoints, summary, report and plots, `report
 //! --out`, `profile --out`, `bench --out`, `data export-images --out`):
 //!
+//! - **A file is replaced only by one of its kind.** Each writer names the [`Kind`] of file it
+//!   writes (a profile, a packed dataset, a run report...), and an existing non-empty file at
+//!   the path is replaced only if it is of that kind, i.e. an earlier output of the same
+//!   command; anything else is refused and kept ([`OutputError::NotOurs`]). Before this rule,
+//!   `profile --out model.safetensors` or `data pack --out notes.txt` replaced the user's file.
+//!   An empty file is replaced (nothing is lost, and `--out "$(mktemp)"` works).
 //! - **Only regular files are written or replaced.** An existing device node, fifo, socket or
 //!   directory at an output path is refused, never replaced: before this rule `--trace
 //!   /dev/full`, run as root, renamed a JSON file over the device node.
@@ -103,6 +109,18 @@ pub enum OutputError {
         /// What the user can do.
         todo: String,
     },
+    /// A file is at the output path that this write did not make: not of the kind it writes.
+    #[error(
+        "{} exists and is not {what}; dptrain replaces only its own earlier output of the same \
+         kind: give another path, or move that file away",
+        path.display()
+    )]
+    NotOurs {
+        /// The output path.
+        path: PathBuf,
+        /// The kind the write replaces, in words.
+        what: &'static str,
+    },
     /// The operating system refused a write.
     #[error("cannot {action} {}: {cause}", path.display())]
     Io {
@@ -119,6 +137,56 @@ impl From<OutputError> for String {
     fn from(e: OutputError) -> Self {
         e.to_string()
     }
+}
+
+/// A kind of file dptrain writes, named by its writer beside its format, so that a write
+/// replaces only a file of that kind (see the module comment).
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    /// The kind, in words, as the refusal names it ("a profile dptrain wrote").
+    pub what: &'static str,
+    /// How many bytes from the start of an existing file [`Kind::is_one`] is given (all of a
+    /// shorter file); a file is read no further.
+    pub head: usize,
+    /// Whether a file starting with these bytes is of this kind.
+    pub is_one: fn(&[u8]) -> bool,
+}
+
+/// Whether `bytes` are a JSON object holding every one of `keys`: the test of the JSON files
+/// dptrain writes (whole files: their [`Kind::head`] is larger than they grow).
+pub fn is_json_object_with(bytes: &[u8], keys: &[&str]) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes)
+        .is_ok_and(|m| keys.iter().all(|k| m.contains_key(*k)))
+}
+
+/// Whether `bytes` contain `needle`: the test of the formats whose head holds a marker.
+pub fn holds(bytes: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || bytes.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Refuses an existing non-empty file at `path` that is not of `kind` (the first
+/// [`Kind::head`] bytes decide). An absent path is fine; what else may be there is
+/// [`check_file_target`]'s.
+fn check_owned(path: &Path, kind: &Kind) -> Result<(), OutputError> {
+    use std::io::Read;
+    let Ok(file) = File::open(path) else {
+        return Ok(());
+    };
+    let mut head = Vec::new();
+    file.take(kind.head as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| OutputError::Io {
+            path: path.to_path_buf(),
+            action: "read",
+            cause: e,
+        })?;
+    if head.is_empty() || (kind.is_one)(&head) {
+        return Ok(());
+    }
+    Err(OutputError::NotOurs {
+        path: path.to_path_buf(),
+        what: kind.what,
+    })
 }
 
 /// The first few names of a list, then how many more.
@@ -214,11 +282,18 @@ pub fn check_file_target(path: &Path) -> Result<(), OutputError> {
     }
 }
 
-/// [`check_file_target`], and proves the directory takes new files by creating and removing a
+/// [`check_file_target`], and a file already at `path` is of `kind` (or empty): the checks of
+/// every write, for a command to make before its work. Reads at most [`Kind::head`] bytes.
+pub fn check_replaceable(path: &Path, kind: &Kind) -> Result<(), OutputError> {
+    check_file_target(path)?;
+    check_owned(path, kind)
+}
+
+/// [`check_replaceable`], and proves the directory takes new files by creating and removing a
 /// temporary one: a read-only directory or file system, or a full disk's inode table, shows
 /// here, before the work whose result would be lost.
-pub fn check_writable(path: &Path) -> Result<(), OutputError> {
-    check_file_target(path)?;
+pub fn check_writable(path: &Path, kind: &Kind) -> Result<(), OutputError> {
+    check_replaceable(path, kind)?;
     let (tmp, file) = create_temp(path)?;
     drop(file);
     let _ = std::fs::remove_file(&tmp);
@@ -293,16 +368,10 @@ fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
     }
 }
 
-/// Writes `bytes` to `path` atomically (see the module comment); the path must pass
-/// [`check_file_target`].
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    write_atomically_paced(path, bytes, false)
-}
-
-/// [`write_atomically`]; with `slow`, the write pauses between chunks for about two seconds in
-/// all, so a test can kill the process in the middle of it.
-pub fn write_atomically_paced(path: &Path, bytes: &[u8], slow: bool) -> Result<(), OutputError> {
-    check_file_target(path)?;
+/// Writes `bytes`, a file of `kind`, to `path` atomically (see the module comment); the path
+/// must pass [`check_replaceable`].
+pub fn write_atomically(path: &Path, bytes: &[u8], kind: &Kind) -> Result<(), OutputError> {
+    check_replaceable(path, kind)?;
     let (tmp, mut f) = create_temp(path)?;
     let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
         path: path.to_path_buf(),
@@ -310,16 +379,7 @@ pub fn write_atomically_paced(path: &Path, bytes: &[u8], slow: bool) -> Result<(
         cause,
     };
     let written = (|| {
-        if slow {
-            let chunk = bytes.len().div_ceil(20).max(1);
-            for part in bytes.chunks(chunk) {
-                f.write_all(part).map_err(|e| io("write", e))?;
-                f.flush().map_err(|e| io("write", e))?;
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        } else {
-            f.write_all(bytes).map_err(|e| io("write", e))?;
-        }
+        f.write_all(bytes).map_err(|e| io("write", e))?;
         f.sync_all().map_err(|e| io("write (fsync)", e))?;
         drop(f);
         // Checked again right before the rename: something may have appeared meanwhile.
@@ -350,9 +410,10 @@ pub struct AtomicFile {
 }
 
 impl AtomicFile {
-    /// Checks `path` ([`check_file_target`]) and creates the temporary file beside it.
-    pub fn create(path: &Path) -> Result<Self, OutputError> {
-        check_file_target(path)?;
+    /// Checks `path` for a file of `kind` ([`check_replaceable`]) and creates the temporary
+    /// file beside it.
+    pub fn create(path: &Path, kind: &Kind) -> Result<Self, OutputError> {
+        check_replaceable(path, kind)?;
         let (tmp, file) = create_temp(path)?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -765,6 +826,61 @@ mod tests {
         assert!(!is_temp_of(".dptrain-tmp-c.safetensors.9.3", "c"));
     }
 
+    /// A kind for these tests: files starting `TEST`.
+    const TEST_KIND: Kind = Kind {
+        what: "a test file",
+        head: 4,
+        is_one: |head| head == b"TEST",
+    };
+
+    #[test]
+    fn a_file_is_replaced_only_by_one_of_its_kind_or_when_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        // Absent, then its own earlier output, then an empty file: written.
+        write_atomically(&path, b"TEST 1", &TEST_KIND).unwrap();
+        write_atomically(&path, b"TEST 2", &TEST_KIND).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"TEST 2");
+        std::fs::write(&path, b"").unwrap();
+        let mut f = AtomicFile::create(&path, &TEST_KIND).unwrap();
+        f.file().write_all(b"TEST 3").unwrap();
+        f.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"TEST 3");
+        // Anything else is refused by every way of writing, and kept; no temporary file.
+        std::fs::write(&path, b"TES").unwrap();
+        let refused = |e: OutputError| {
+            assert!(
+                matches!(
+                    &e,
+                    OutputError::NotOurs {
+                        what: "a test file",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(
+                e.to_string().contains("exists and is not a test file"),
+                "{e}"
+            );
+        };
+        refused(write_atomically(&path, b"TEST 4", &TEST_KIND).unwrap_err());
+        refused(AtomicFile::create(&path, &TEST_KIND).unwrap_err());
+        refused(check_writable(&path, &TEST_KIND).unwrap_err());
+        assert_eq!(std::fs::read(&path).unwrap(), b"TES");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn json_and_marker_tests_read_what_they_say() {
+        assert!(is_json_object_with(br#"{"a": 1, "b": []}"#, &["a", "b"]));
+        assert!(!is_json_object_with(br#"{"a": 1}"#, &["a", "b"]));
+        assert!(!is_json_object_with(br#"[{"a": 1, "b": 2}]"#, &["a"]));
+        assert!(!is_json_object_with(br#"{"a": 1, "b""#, &["a"]));
+        assert!(holds(b"xx\"format\":\"y", b"\"format\""));
+        assert!(!holds(b"short", b"longer than it"));
+    }
+
     #[test]
     fn temp_files_carry_the_prefix_and_are_recognised() {
         let dir = std::env::temp_dir().join(format!("dptrain-out-{}", std::process::id()));
@@ -784,15 +900,15 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data.pack");
-        std::fs::write(&path, b"old").unwrap();
+        std::fs::write(&path, b"TEST old").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         // A write of this file killed mid-way (a pid above Linux's pid_max: no such process),
         // and one of another file, which is not this write's to clear.
         let dead = |target: &str| dir.path().join(format!("{TEMP_PREFIX}{target}.4194305.0"));
         std::fs::write(dead("data.pack"), b"partial").unwrap();
         std::fs::write(dead("other.pack"), b"partial").unwrap();
-        write_atomically(&path, b"new").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        write_atomically(&path, b"TEST new", &TEST_KIND).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"TEST new");
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert!(

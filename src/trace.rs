@@ -137,12 +137,25 @@ impl TraceSink {
     }
 
     /// Writes the trace to `path` atomically (see [`crate::output`]: a regular file only, in a
-    /// directory that exists).
+    /// directory that exists, replacing only an earlier trace).
     pub fn write(&self, path: &Path) -> Result<(), String> {
-        crate::output::write_atomically(path, self.to_json().as_bytes())
+        crate::output::write_atomically(path, self.to_json().as_bytes(), &TRACE_FILE)
             .map_err(|e| format!("--trace: {e}"))
     }
 }
+
+/// A trace file: its first event names the process `dptrain` (with either key order, whatever
+/// serde_json's features).
+pub const TRACE_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a trace dptrain wrote",
+    head: 512,
+    is_one: |head| {
+        use crate::output::holds;
+        holds(head, b"\"traceEvents\"")
+            && holds(head, b"\"process_name\"")
+            && holds(head, b"\"dptrain\"")
+    },
+};
 
 /// A poisoned lock only means another thread panicked while pushing events; its events are
 /// still whole, so the trace goes on.

@@ -797,6 +797,30 @@ fn export_images_refuses_a_directory_that_holds_something() {
         "{err}"
     );
     assert_eq!(fs::read(t.join("png/notes.txt")).unwrap(), b"mine");
+    fs::remove_file(t.join("png/notes.txt")).unwrap();
+    // Nor are a user's files among the images, which --overwrite would delete with them.
+    let class = fs::read_dir(t.join("png/train"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    fs::write(class.join("labels.csv"), b"mine").unwrap();
+    fs::create_dir(t.join("png/test/extra")).unwrap();
+    let (code, err) = export(&["--out", "png", "--overwrite"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("labels.csv")
+            && err.contains("test/extra")
+            && err.contains("files an export does not write"),
+        "{err}"
+    );
+    assert_eq!(fs::read(class.join("labels.csv")).unwrap(), b"mine");
+    assert_eq!(count("png"), 5, "nothing deleted");
+    fs::remove_file(class.join("labels.csv")).unwrap();
+    fs::remove_dir(t.join("png/test/extra")).unwrap();
+    let (code, err) = export(&["--out", "png", "--overwrite"]);
+    assert_eq!(code, 0, "{err}");
     // A write that fails says so ("cannot create"), not "cannot read".
     let ro = t.join("ro");
     fs::create_dir(&ro).unwrap();

@@ -174,7 +174,7 @@ fn write_onnx_writes_a_file_tract_reads_and_refuses_a_directory() {
         "only the model file, no temporary file left"
     );
     // An earlier export is replaced; any other file is not (a checkpoint given as the output
-    // would be lost), and stays as it was.
+    // would be lost), and stays as it was. An empty file holds nothing to lose (mktemp's).
     export::write_onnx(&net, &[], &path).unwrap();
     for (name, bytes) in [
         (
@@ -182,20 +182,26 @@ fn write_onnx_writes_a_file_tract_reads_and_refuses_a_directory() {
             b"\x10\0\0\0\0\0\0\0{\"a\":1}      ".to_vec(),
         ),
         ("summary.json", b"{\"epochs\": []}".to_vec()),
-        ("empty", Vec::new()),
+        ("other.onnx", b"\x08\x07\x12\x07pytorch".to_vec()),
     ] {
         let other = dir.path().join(name);
         std::fs::write(&other, &bytes).unwrap();
         let err = export::write_onnx(&net, &[], &other).unwrap_err();
         assert!(
-            matches!(err, ExportError::NotAnExport { .. })
-                && err
-                    .to_string()
-                    .contains("is not an ONNX model dptrain exported"),
+            matches!(
+                err,
+                ExportError::Output(dptrain::output::OutputError::NotOurs { .. })
+            ) && err
+                .to_string()
+                .contains("is not an ONNX model dptrain exported"),
             "{name}: {err}"
         );
         assert_eq!(std::fs::read(&other).unwrap(), bytes, "{name}");
     }
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    export::write_onnx(&net, &[], &empty).unwrap();
+    assert!(std::fs::metadata(&empty).unwrap().len() > 0);
 }
 
 /// The binary under test.

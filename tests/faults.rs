@@ -433,6 +433,126 @@ fn outputs_that_are_not_regular_files_are_refused_and_left_untouched() {
     assert!(any_temp_files(t).is_empty(), "{:?}", any_temp_files(t));
 }
 
+/// Every output path is replaced only by a file of the kind its command writes (an earlier
+/// output of it), never a user's other file, which stays as it was; an empty file and the
+/// command's own earlier output are replaced.
+#[test]
+fn a_file_at_an_output_path_is_replaced_only_by_one_of_its_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let (code, _, err) = run_short(&["--run-dir", "ra"], t);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run_short(&["--run-dir", "rb"], t);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = dptrain(
+        &[
+            "data",
+            "export-images",
+            "--dataset",
+            "synthetic",
+            "--limit",
+            "200",
+            "--out",
+            "folder",
+        ],
+        t,
+    );
+    assert_eq!(code, 0, "{err}");
+    let checkpoint = "ra/checkpoint-epoch0001.safetensors";
+    // The file a user keeps, under each command's output name.
+    let keep = b"a user's notes: keep me\n";
+    for d in ["cmp", "evals"] {
+        std::fs::create_dir(t.join(d)).unwrap();
+    }
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "--trace",
+            short(&["--run-dir", "rc", "--trace", "notes.txt"]),
+            "notes.txt",
+        ),
+        (
+            "profile --out",
+            owned(&[
+                "profile",
+                "--model",
+                "lenet5",
+                "--device-tflops",
+                "1",
+                "--out",
+                "notes.txt",
+            ]),
+            "notes.txt",
+        ),
+        (
+            "data pack --out",
+            owned(&["data", "pack", "folder", "--out", "notes.txt"]),
+            "notes.txt",
+        ),
+        (
+            "export --out",
+            owned(&["export", "--checkpoint", checkpoint, "--out", "notes.txt"]),
+            "notes.txt",
+        ),
+        // A checkpoint given as another command's output.
+        (
+            "profile --out CHECKPOINT",
+            owned(&[
+                "profile",
+                "--model",
+                "lenet5",
+                "--device-tflops",
+                "1",
+                "--out",
+                checkpoint,
+            ]),
+            checkpoint,
+        ),
+        (
+            "report --out",
+            owned(&["report", "ra", "rb", "--out", "cmp"]),
+            "cmp/comparison.md",
+        ),
+        (
+            "eval --out",
+            owned(&["eval", "--checkpoint", checkpoint, "--out", "evals"]),
+            "evals/eval.md",
+        ),
+    ];
+    for (what, args, victim) in &cases {
+        let path = t.join(victim);
+        let before = if *victim == checkpoint {
+            std::fs::read(&path).unwrap()
+        } else {
+            std::fs::write(&path, keep).unwrap();
+            keep.to_vec()
+        };
+        let (code, out, err) = run_args(args, t);
+        assert_eq!(code, 1, "{what}: exit {code}\n{out}\n{err}");
+        assert!(
+            err.contains(victim) && err.contains("exists and is not") && !err.contains("panicked"),
+            "{what}: {err}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "{what} replaced {victim}"
+        );
+        if *victim == checkpoint {
+            continue;
+        }
+        // Empty (as from mktemp), it is written; run again, the command replaces its own file.
+        std::fs::write(&path, b"").unwrap();
+        let _ = std::fs::remove_dir_all(t.join("rc"));
+        for round in ["empty", "its own"] {
+            let (code, out, err) = run_args(args, t);
+            assert_eq!(code, 0, "{what} over {round} {victim}: {out}\n{err}");
+            assert!(std::fs::metadata(&path).unwrap().len() > 0, "{what}");
+            let _ = std::fs::remove_dir_all(t.join("rc"));
+        }
+    }
+    assert!(any_temp_files(t).is_empty(), "{:?}", any_temp_files(t));
+}
+
 #[test]
 fn no_directory_beyond_the_one_named_is_created() {
     let tmp = tempfile::tempdir().unwrap();

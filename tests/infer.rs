@@ -153,6 +153,25 @@ fn eval_on_the_command_line_prints_json_and_writes_its_files() {
     }
     let md = std::fs::read_to_string(out.join("eval.md")).unwrap();
     assert!(md.contains("## Confusion matrix") && md.contains("| true \\ predicted |"));
+    // The checkpoint given alone, as users write it, is the same evaluation (into the same
+    // --out: its own earlier files are replaced); given both ways, refused.
+    let (ok, again, stderr) = dptrain(&[
+        "eval",
+        &ck,
+        "--limit",
+        "300",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let k: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(k["top1"], j["top1"]);
+    assert_eq!(k["confusion"], j["confusion"]);
+    let (ok, _, stderr) = dptrain(&["eval", &ck, "--checkpoint", &ck]);
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+    let (ok, _, stderr) = dptrain(&["eval"]);
+    assert!(!ok && stderr.contains("--checkpoint"), "{stderr}");
     // Another dataset shape is refused naming both.
     let (ok, _, stderr) = dptrain(&[
         "eval",

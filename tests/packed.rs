@@ -358,14 +358,28 @@ fn a_failed_pack_leaves_nothing_and_links_and_directories_are_refused() {
         "no file, no temporary: {:?}",
         names(&outdir)
     );
-    // An existing file is replaced only by a complete pack: a failed one leaves it as it was.
+    // A file that is not a pack is never replaced, by a complete pack either.
     std::fs::write(&out, b"keep me").unwrap();
-    packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap_err();
+    let m = packed::pack(&root, &out, &opts(256, StoreAs::Raw))
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("is not a packed dataset dptrain wrote"), "{m}");
     assert_eq!(std::fs::read(&out).unwrap(), b"keep me");
-    assert_eq!(names(&outdir), ["p.pack"]);
+    std::fs::remove_file(&out).unwrap();
     std::fs::remove_file(root.join("train/b/zz-broken.png")).unwrap();
     packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap();
     PackedFile::open(&out).unwrap();
+    // An earlier pack is replaced only by a complete one: a failed one leaves it as it was.
+    let earlier = std::fs::read(&out).unwrap();
+    std::fs::write(
+        root.join("train/b/zz-broken.png"),
+        b"\x89PNG\r\n\x1a\nnot really",
+    )
+    .unwrap();
+    packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap_err();
+    assert_eq!(std::fs::read(&out).unwrap(), earlier);
+    assert_eq!(names(&outdir), ["p.pack"]);
+    std::fs::remove_file(root.join("train/b/zz-broken.png")).unwrap();
     // A directory or a link at the output path is refused, and left alone.
     let m = packed::pack(&root, &outdir, &opts(256, StoreAs::Raw))
         .unwrap_err()

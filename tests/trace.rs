@@ -306,6 +306,7 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
     let table = dptrain::report::write_comparison(&runs, &out).unwrap();
     assert!(table.contains("| one | two |"), "{table}");
     assert!(table.contains("| workers | 1 | 2 |"), "{table}");
+    assert!(table.contains("| finished | yes | yes |"), "{table}");
     assert!(
         table.contains("| schedule | overlap | overlap |"),
         "{table}"
@@ -325,6 +326,13 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
     dptrain::report::write_comparison(&runs, &runs[0]).unwrap();
     assert!(std::fs::read(runs[0].join("breakdown.png")).unwrap() == own);
     assert!(runs[0].join("comparison.png").exists());
+    // A run that has not finished (no summary.json yet) is marked, with how far it got.
+    std::fs::remove_file(runs[1].join("summary.json")).unwrap();
+    let table = dptrain::report::write_comparison(&runs, &out).unwrap();
+    assert!(
+        table.contains("| finished | yes | **no** (2 epochs done) |"),
+        "{table}"
+    );
     assert!(dptrain::report::write_run_report(&tmp.path().join("none")).is_err());
 }
 
@@ -384,6 +392,41 @@ fn json_log_format_prints_one_json_object_per_epoch_and_no_bar() {
             .any(|w| w.starts_with("--threads 100000 is more than")),
         "{warnings:?}"
     );
+}
+
+/// A warning met while the run goes (here: metrics lines past a resumed checkpoint, cut
+/// when the run writes its first) is in the JSON done line's list too, not only on stderr.
+#[test]
+fn warnings_met_during_the_run_are_in_the_json_done_line() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let train = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+            .args(["train", "--dataset", "synthetic", "--epochs", "2"])
+            .args(["--train-limit", "64", "--test-limit", "32", "--batch", "16"])
+            .args(["--threads", "1", "--log-format", "json", "--run-dir"])
+            .arg(tmp.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let done: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        (done, stderr)
+    };
+    train(&[]);
+    let first = tmp.path().join("checkpoint-epoch0001.safetensors");
+    let (done, stderr) = train(&["--resume", first.to_str().unwrap()]);
+    let listed: Vec<&str> = done["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let cut = |w: &&str| w.contains("past the resumed step");
+    assert!(listed.iter().any(cut), "{listed:?}");
+    assert!(stderr.contains("past the resumed step"), "{stderr}");
 }
 
 #[test]
@@ -493,6 +536,12 @@ fn report_refuses_a_summary_of_the_wrong_types_naming_the_field() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a JSON object"));
+    // Broken JSON in the pretty-printed file: its line and column.
+    let array = std::fs::read(&path).unwrap();
+    std::fs::write(&path, "{\n  \"config\": {},\n  \"epochs\": [,]\n}").unwrap();
+    let err = dptrain::report::write_run_report(&dir).unwrap_err();
+    assert!(err.contains("summary.json: line 3, column 14"), "{err}");
+    std::fs::write(&path, array).unwrap();
     // A run given twice is refused before anything is written, the comparison's directory too.
     let cmp = dir.join("cmp");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))

@@ -40,6 +40,20 @@ pub const WARMUP_STEPS: usize = 5;
 /// Test samples each run evaluates (the evaluation is not timed; it only has to exist).
 const TEST_SAMPLES: usize = 100;
 
+/// `ablation.md`, known by its first line.
+const ABLATION_MD: crate::output::Kind = crate::output::Kind {
+    what: "an ablation table dptrain wrote",
+    head: 64,
+    is_one: |head| head.starts_with(b"# Ablation\n"),
+};
+
+/// `ablation.json`: an object with an [`AblationReport`]'s first keys.
+const ABLATION_JSON: crate::output::Kind = crate::output::Kind {
+    what: "an ablation table dptrain wrote",
+    head: 64 << 20,
+    is_one: |bytes| crate::output::is_json_object_with(bytes, &["model", "workers", "link"]),
+};
+
 /// Arguments of `dptrain bench ablation`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AblationArgs {
@@ -786,8 +800,11 @@ impl AblationReport {
         crate::output::create_dir(dir)?;
         let md = format!("# Ablation\n\n{}", self.markdown());
         let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        for (name, text) in [("ablation.md", md), ("ablation.json", json)] {
-            crate::output::write_atomically(&dir.join(name), text.as_bytes())?;
+        for (name, text, kind) in [
+            ("ablation.md", md, &ABLATION_MD),
+            ("ablation.json", json, &ABLATION_JSON),
+        ] {
+            crate::output::write_atomically(&dir.join(name), text.as_bytes(), kind)?;
         }
         Ok(())
     }
@@ -799,8 +816,13 @@ pub fn run_command(a: AblationArgs) -> Result<(), String> {
     if let Some(dir) = &a.out {
         // Checked before the minutes of runs whose tables it would hold.
         crate::output::create_dir(dir).map_err(|e| format!("--out: {e}"))?;
-        crate::output::check_writable(&dir.join("ablation.md"))
-            .map_err(|e| format!("--out: {e}"))?;
+        for (name, kind) in [
+            ("ablation.md", &ABLATION_MD),
+            ("ablation.json", &ABLATION_JSON),
+        ] {
+            crate::output::check_writable(&dir.join(name), kind)
+                .map_err(|e| format!("--out: {e}"))?;
+        }
     }
     crate::outln!(
         "ablation of {} on {} workers: {} round(s) of 6 short runs (1-worker reference + 5 rows), then a profile and the simulator",

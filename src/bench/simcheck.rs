@@ -927,7 +927,7 @@ impl<'a> ClusterCheck<'a> {
             let p = measure(&MeasureSpec::new(model, batch, a.threads, a.steps.min(20)))?;
             let path = scratch.join(format!("{model}-device.json"));
             let json = serde_json::to_string(&p).map_err(|e| e.to_string())?;
-            crate::output::write_atomically(&path, json.as_bytes())?;
+            crate::output::write_atomically(&path, json.as_bytes(), &crate::measure::PROFILE_FILE)?;
             crate::outln!(
                 "{model} device (profile measured alone): forward {:.2} ms, backward {:.2} ms, \
                  update {:.2} ms at batch {}; held to that x {} max(W, {cores}) / {cores} for W \

@@ -31,6 +31,13 @@ use std::time::Instant;
 /// shows it when the directory is opened).
 pub const REPORT_FILE: &str = "README.md";
 
+/// The suite's page, known by its first line.
+const SUITE_PAGE: crate::output::Kind = crate::output::Kind {
+    what: "a benchmark suite page dptrain wrote",
+    head: 64,
+    is_one: |head| head.starts_with(b"# Benchmark suite\n"),
+};
+
 /// Section headings, in page order.
 pub const SECTIONS: [&str; 6] = [
     "Step time per model",
@@ -169,7 +176,8 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     let load_before = load_average();
     // Checked before the minutes of benchmarks whose page it would hold.
     crate::output::create_dir(out).map_err(|e| format!("--out: {e}"))?;
-    crate::output::check_writable(&out.join(REPORT_FILE)).map_err(|e| format!("--out: {e}"))?;
+    crate::output::check_writable(&out.join(REPORT_FILE), &SUITE_PAGE)
+        .map_err(|e| format!("--out: {e}"))?;
     let plan = Plan::new(quick);
     let done = run_sections(&plan, out);
     let wall_seconds = started.elapsed().as_secs_f64();
@@ -179,7 +187,8 @@ pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
         load_before,
         load_average()
     );
-    crate::output::write_atomically(&report, page(&done, quick, wall_seconds, &load).as_bytes())?;
+    let text = page(&done, quick, wall_seconds, &load);
+    crate::output::write_atomically(&report, text.as_bytes(), &SUITE_PAGE)?;
     let failures = done
         .iter()
         .filter_map(|s| {

@@ -21,7 +21,8 @@ pub(super) enum DataCmd {
         /// Export only the first N samples of each split.
         #[arg(long)]
         limit: Option<usize>,
-        /// Replace an earlier export in --out (its train/ and test/ are deleted first).
+        /// Replace an earlier export in --out (its train/ and test/ are deleted first; refused
+        /// when they hold anything an export does not write, such as a user's file).
         #[arg(long)]
         overwrite: bool,
     },

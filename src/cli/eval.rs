@@ -6,9 +6,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub(super) struct EvalArgs {
-    /// The checkpoint (a run's checkpoint-epochNNNN.safetensors).
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[command(flatten)]
+    checkpoint: super::checkpoint_arg::CheckpointArg,
     /// Dataset (any name `train --dataset` takes) [default: the checkpoint's].
     #[arg(long)]
     dataset: Option<String>,
@@ -58,7 +57,11 @@ pub(super) fn run(a: EvalArgs) -> Result<(), String> {
         batch: a.batch,
         threads: a.threads,
     };
-    let report = eval::run(&a.checkpoint, &opts)?;
+    // Checked before the evaluation whose results the files would hold.
+    if let Some(dir) = &a.out {
+        eval::EvalReport::check_out(dir)?;
+    }
+    let report = eval::run(a.checkpoint.path(), &opts)?;
     let written = match &a.out {
         Some(dir) => report.write(dir)?,
         None => Vec::new(),

@@ -10,9 +10,8 @@ use std::path::PathBuf;
 /// Arguments of `dptrain export`.
 #[derive(Debug, clap::Args)]
 pub(super) struct ExportArgs {
-    /// The checkpoint (`dptrain train` records the model it needs in it).
-    #[arg(long)]
-    checkpoint: PathBuf,
+    #[command(flatten)]
+    checkpoint: super::checkpoint_arg::CheckpointArg,
     /// The ONNX file to write (a new file, or an earlier export it replaces atomically).
     #[arg(long)]
     out: PathBuf,
@@ -21,9 +20,8 @@ pub(super) struct ExportArgs {
 /// Runs `dptrain export`.
 pub(super) fn run(a: ExportArgs) -> Result<(), String> {
     // The output path is checked before the checkpoint is read, so a bad path fails at once.
-    crate::output::check_file_target(&a.out)?;
-    export::onnx::check_replaceable(&a.out).map_err(|e| e.to_string())?;
-    let model = TrainedModel::load(&a.checkpoint).map_err(|e| e.to_string())?;
+    crate::output::check_replaceable(&a.out, &export::onnx::ONNX_FILE)?;
+    let model = TrainedModel::load(a.checkpoint.path()).map_err(|e| e.to_string())?;
     let net = model.net(1).map_err(|e| e.to_string())?;
     let d = &model.description;
     let [c, h, w] = d.input;
@@ -33,7 +31,10 @@ pub(super) fn run(a: ExportArgs) -> Result<(), String> {
         ("normalize_mean".to_string(), json(&d.mean)),
         ("normalize_std".to_string(), json(&d.std)),
         ("eval_transform".to_string(), d.eval_transform.clone()),
-        ("checkpoint".to_string(), a.checkpoint.display().to_string()),
+        (
+            "checkpoint".to_string(),
+            a.checkpoint.path().display().to_string(),
+        ),
     ];
     export::write_onnx(&net, &metadata, &a.out).map_err(|e| e.to_string())?;
     crate::outln!(

@@ -3,6 +3,7 @@
 //! commands in their `bench/` files.
 
 mod bench;
+mod checkpoint_arg;
 mod data;
 mod eval;
 mod export;

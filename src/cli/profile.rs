@@ -112,7 +112,8 @@ const MAX_PROFILE_STEPS: usize = 10_000;
 /// Runs `dptrain profile`.
 pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
     // The output is checked before the minutes of measuring it would hold.
-    crate::output::check_writable(&a.out).map_err(|e| format!("--out: {e}"))?;
+    crate::output::check_writable(&a.out, &crate::measure::PROFILE_FILE)
+        .map_err(|e| format!("--out: {e}"))?;
     let p = make_profile(&a.model, a.batch, &a.device, || {
         if a.threads == 0 {
             return Err("--threads 0: a step needs at least 1 compute thread".into());

@@ -38,7 +38,14 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
             }
         }
         crate::output::create_dir(out)?;
-        crate::output::check_writable(&out.join("comparison.md"))?;
+        crate::output::check_writable(
+            &out.join("comparison.md"),
+            &crate::report::markdown::COMPARISON_FILE,
+        )?;
+        crate::output::check_replaceable(
+            &out.join("comparison.png"),
+            &crate::report::plot::PLOT_FILE,
+        )?;
     }
     for dir in run_dirs {
         if let Some(holder) = crate::train::lock::holder_of(dir) {

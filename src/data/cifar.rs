@@ -148,6 +148,19 @@ pub fn parse_cifar10_batch(path: &Path, bytes: &[u8]) -> Result<(Vec<u8>, Vec<u8
     Ok((pixels, labels))
 }
 
+/// A CIFAR-10 binary batch (as [`write_cifar10_batch`] writes them): whole records, each
+/// starting with a label 0..=9, as far as the head shows.
+const CIFAR_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a CIFAR-10 batch",
+    head: 64 * RECORD_LEN,
+    is_one: |head| {
+        (head.len() % RECORD_LEN == 0 || head.len() == 64 * RECORD_LEN)
+            && head
+                .chunks(RECORD_LEN)
+                .all(|r| usize::from(r[0]) < TEN_CLASSES)
+    },
+};
+
 /// Writes a CIFAR-10 binary batch: `images` is `labels.len()` records of
 /// 3072 C×H×W bytes. Validates before writing so it never produces a file
 /// that [`read_cifar10_batch`] would reject. Used to build test fixtures.
@@ -177,7 +190,7 @@ pub fn write_cifar10_batch(path: &Path, images: &[u8], labels: &[u8]) -> Result<
         out.push(*l);
         out.extend_from_slice(img);
     }
-    Ok(crate::output::write_atomically(path, &out)?)
+    Ok(crate::output::write_atomically(path, &out, &CIFAR_FILE)?)
 }
 
 #[cfg(test)]

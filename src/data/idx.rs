@@ -26,6 +26,17 @@ pub const IMAGES_MAGIC: u32 = 0x0000_0803;
 /// Magic number of an IDX file of unsigned bytes with one dimension (labels).
 pub const LABELS_MAGIC: u32 = 0x0000_0801;
 
+/// An IDX file (as the writer below makes them): images' or labels' magic, or gzip.
+const IDX_FILE: crate::output::Kind = crate::output::Kind {
+    what: "an IDX file",
+    head: 4,
+    is_one: |head| {
+        head.starts_with(&GZIP_MAGIC)
+            || head == IMAGES_MAGIC.to_be_bytes()
+            || head == LABELS_MAGIC.to_be_bytes()
+    },
+};
+
 /// First two bytes of every gzip stream; compression is detected from the
 /// content, not the file name, because renamed files are common.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
@@ -265,7 +276,7 @@ pub fn write_idx_u8(path: &Path, dims: &[u32], data: &[u8], gzip: bool) -> Resul
     } else {
         buf
     };
-    Ok(crate::output::write_atomically(path, &out)?)
+    Ok(crate::output::write_atomically(path, &out, &IDX_FILE)?)
 }
 
 /// Human description of a header's declared contents, e.g.

@@ -416,6 +416,20 @@ pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> 
         }
         .into());
     }
+    // What --overwrite deletes must be an export's own: a user's file put among the images
+    // would otherwise be lost with them.
+    let not_ours = not_exported(out, &found);
+    if !not_ours.is_empty() {
+        return Err(OutputError::NotEmpty {
+            path: out.to_path_buf(),
+            what: "holds files an export does not write".into(),
+            entries: not_ours,
+            todo: "--overwrite deletes only an earlier export's class directories of NNN.png \
+                   files: move those files away, or choose a new or empty directory"
+                .into(),
+        }
+        .into());
+    }
     for split in &found {
         let path = out.join(split);
         // Only directories are ours to delete; remove_dir_all does not follow links inside.
@@ -432,6 +446,48 @@ pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> 
         })?;
     }
     Ok(())
+}
+
+/// The entries under `out`'s `splits` (each `train` or `test`) that [`export`] does not
+/// write, as paths relative to `out`: anything but a directory of digits (a class) holding
+/// regular files named `<digits>.png`. Links are not followed.
+fn not_exported(out: &Path, splits: &[String]) -> Vec<String> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let kind = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.file_type()).ok();
+    let names = |dir: &Path| -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        n.sort();
+        n
+    };
+    let mut foreign = Vec::new();
+    for split in splits {
+        let split_dir = out.join(split);
+        if !kind(&split_dir).is_some_and(|k| k.is_dir()) {
+            foreign.push(split.clone());
+            continue;
+        }
+        for class in names(&split_dir) {
+            let class_dir = split_dir.join(&class);
+            if !digits(&class) || !kind(&class_dir).is_some_and(|k| k.is_dir()) {
+                foreign.push(format!("{split}/{class}"));
+                continue;
+            }
+            for file in names(&class_dir) {
+                let exported = file.strip_suffix(".png").is_some_and(digits)
+                    && kind(&class_dir.join(&file)).is_some_and(|k| k.is_file());
+                if !exported {
+                    foreign.push(format!("{split}/{class}/{file}"));
+                }
+            }
+        }
+    }
+    foreign
 }
 
 /// Writes the first `limit` samples (all when `None`) of each split of `pair` as PNG files in

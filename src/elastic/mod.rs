@@ -78,7 +78,11 @@ pub fn launch(cfg: &LaunchConfig, say: &dyn Fn(&str)) -> (LaunchReport, Result<(
     let result = s.run();
     if cfg.run_dir.is_dir() {
         let json = serde_json::to_vec_pretty(&s.report).unwrap_or_default();
-        if let Err(e) = crate::output::write_atomically(&cfg.run_dir.join("elastic.json"), &json) {
+        if let Err(e) = crate::output::write_atomically(
+            &cfg.run_dir.join("elastic.json"),
+            &json,
+            &report::ELASTIC_FILE,
+        ) {
             say(&format!("cannot write elastic.json: {e}"));
         }
         // The last job drew the report before the lost hosts were all written down.

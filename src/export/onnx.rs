@@ -83,19 +83,6 @@ pub enum ExportError {
     /// The output file could not be written.
     #[error(transparent)]
     Output(#[from] OutputError),
-    /// The output path holds a file that is not an ONNX model dptrain exported, which export
-    /// does not replace (a checkpoint given as `--out` would be lost).
-    #[error(
-        "{} exists and is not an ONNX model dptrain exported ({why}); export replaces only its \
-         own files: give another --out, or move that file away",
-        path.display()
-    )]
-    NotAnExport {
-        /// The output path.
-        path: std::path::PathBuf,
-        /// What it is instead.
-        why: String,
-    },
 }
 
 /// The ONNX model of `net` (see the module comment), with `metadata` (key, value) pairs in
@@ -112,43 +99,52 @@ pub fn write_onnx(
     metadata: &[(String, String)],
     path: &Path,
 ) -> Result<(), ExportError> {
-    output::check_file_target(path)?;
-    check_replaceable(path)?;
+    output::check_replaceable(path, &ONNX_FILE)?;
     let model = to_onnx(net, metadata)?;
     let bytes = model
         .write_to_bytes()
         .map_err(|e| ExportError::Encode(e.to_string()))?;
-    output::write_atomically(path, &bytes)?;
+    output::write_atomically(path, &bytes, &ONNX_FILE)?;
     Ok(())
 }
 
-/// Refuses a file at `path` (a regular file or none, [`output::check_file_target`] says)
-/// unless it is an ONNX model dptrain wrote: its producer is `dptrain`. A file larger than an
-/// export can be is refused unread.
-pub fn check_replaceable(path: &Path) -> Result<(), ExportError> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(());
-    };
-    let not = |why: String| ExportError::NotAnExport {
-        path: path.to_path_buf(),
-        why,
-    };
-    if meta.len() > MAX_MODEL_BYTES + (64 << 20) {
-        return Err(not(format!(
-            "{} bytes, more than an export holds",
-            meta.len()
-        )));
+/// An ONNX model dptrain exported: its `producer_name` (field 2 of `ModelProto`, which
+/// protobuf writes in the schema's order: after `ir_version` and the small `opset_import`)
+/// is `dptrain`.
+pub const ONNX_FILE: output::Kind = output::Kind {
+    what: "an ONNX model dptrain exported",
+    head: 1024,
+    is_one: |head| producer_of(head) == Some(b"dptrain".as_slice()),
+};
+
+/// The `producer_name` of an ONNX model from its first bytes, skipping the fields before it
+/// (varints and length-delimited ones); `None` if the head ends first or is not protobuf.
+fn producer_of(mut head: &[u8]) -> Option<&[u8]> {
+    // A varint's value and the bytes after it.
+    fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
+        let mut v = 0u64;
+        for (i, &byte) in b.iter().enumerate().take(10) {
+            v |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                return Some((v, &b[i + 1..]));
+            }
+        }
+        None
     }
-    let bytes = std::fs::read(path).map_err(|e| OutputError::Io {
-        path: path.to_path_buf(),
-        action: "read",
-        cause: e,
-    })?;
-    match ModelProto::parse_from_bytes(&bytes) {
-        Ok(m) if m.producer_name == "dptrain" => Ok(()),
-        Ok(m) if m.producer_name.is_empty() => Err(not("no ONNX producer".into())),
-        Ok(m) => Err(not(format!("an ONNX model by {}", m.producer_name))),
-        Err(_) => Err(not("not an ONNX model".into())),
+    loop {
+        let (tag, rest) = varint(head)?;
+        match (tag >> 3, tag & 7) {
+            (field, 2) => {
+                let (len, rest) = varint(rest)?;
+                let (value, rest) = rest.split_at_checked(usize::try_from(len).ok()?)?;
+                if field == 2 {
+                    return Some(value);
+                }
+                head = rest;
+            }
+            (_, 0) => head = varint(rest)?.1,
+            _ => return None,
+        }
     }
 }
 

@@ -15,6 +15,20 @@ use crate::pipeline::{collate, Batch, Normalize, Source};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+/// `eval --out`'s `eval.md`, known by its first line.
+const EVAL_MD: crate::output::Kind = crate::output::Kind {
+    what: "an evaluation dptrain wrote",
+    head: 64,
+    is_one: |head| head.starts_with(b"# Evaluation: "),
+};
+
+/// `eval --out`'s `eval.json`: an object with the results' keys.
+const EVAL_JSON: crate::output::Kind = crate::output::Kind {
+    what: "an evaluation dptrain wrote",
+    head: 64 << 20,
+    is_one: |bytes| crate::output::is_json_object_with(bytes, &["checkpoint", "top1", "confusion"]),
+};
+
 /// How to evaluate.
 #[derive(Debug, Clone, Default)]
 pub struct EvalOptions {
@@ -569,17 +583,33 @@ impl EvalReport {
         )
     }
 
-    /// Writes `eval.md`, `eval.json` and `confusion.png` into `dir` (created if absent, one
-    /// level); returns the files written.
-    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, InferError> {
+    /// Checks, before an evaluation whose results they would hold, that [`Self::write`] may
+    /// write its files into `dir`: it is or can be made a directory, and each file is absent,
+    /// empty or an earlier evaluation's.
+    pub fn check_out(dir: &Path) -> Result<(), InferError> {
         let out = |e: crate::output::OutputError| InferError::Output(e.to_string());
         crate::output::create_dir(dir).map_err(out)?;
+        for (name, kind) in [
+            ("eval.md", &EVAL_MD),
+            ("eval.json", &EVAL_JSON),
+            ("confusion.png", &crate::report::plot::PLOT_FILE),
+        ] {
+            crate::output::check_writable(&dir.join(name), kind).map_err(out)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `eval.md`, `eval.json` and `confusion.png` into `dir` ([`Self::check_out`]
+    /// first); returns the files written.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, InferError> {
+        let out = |e: crate::output::OutputError| InferError::Output(e.to_string());
+        Self::check_out(dir)?;
         let md = dir.join("eval.md");
-        crate::output::write_atomically(&md, self.markdown().as_bytes()).map_err(out)?;
+        crate::output::write_atomically(&md, self.markdown().as_bytes(), &EVAL_MD).map_err(out)?;
         let json = dir.join("eval.json");
         let text =
             serde_json::to_string_pretty(self).map_err(|e| InferError::Output(e.to_string()))?;
-        crate::output::write_atomically(&json, text.as_bytes()).map_err(out)?;
+        crate::output::write_atomically(&json, text.as_bytes(), &EVAL_JSON).map_err(out)?;
         let png = dir.join("confusion.png");
         let names: Vec<String> = self.classes.iter().map(|c| c.name.clone()).collect();
         let flat: Vec<u64> = self.confusion.concat();

@@ -11,7 +11,7 @@ pub mod profile;
 pub mod replica;
 pub mod timing;
 
-pub use profile::{BlockProfile, Profile, MAX_PROFILE_BATCH};
+pub use profile::{BlockProfile, Profile, MAX_PROFILE_BATCH, PROFILE_FILE};
 pub use replica::SyntheticReplica;
 pub use timing::{blocks_of, check_step_memory, measure, MeasureSpec};
 

@@ -54,6 +54,15 @@ impl BlockProfile {
     }
 }
 
+/// A profile file: an object with a [`Profile`]'s keys.
+pub const PROFILE_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a profile dptrain wrote",
+    head: 64 << 20,
+    is_one: |bytes| {
+        crate::output::is_json_object_with(bytes, &["model", "batch", "blocks", "update_ms"])
+    },
+};
+
 /// One worker's step, block by block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Profile {
@@ -134,7 +143,7 @@ impl Profile {
     /// Writes the profile as pretty JSON.
     pub fn save(&self, path: &Path) -> Result<(), OutputError> {
         let text = serde_json::to_string_pretty(self).expect("a profile serialises");
-        crate::output::write_atomically(path, (text + "\n").as_bytes())
+        crate::output::write_atomically(path, (text + "\n").as_bytes(), &PROFILE_FILE)
     }
 
     /// Reads a profile written by [`Profile::save`], refusing one that is not physical

@@ -7,6 +7,20 @@ use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+/// A run's `report.md`, known by its first line.
+pub const REPORT_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a run report dptrain wrote",
+    head: 64,
+    is_one: |head| head.starts_with(b"# Run report: "),
+};
+
+/// `report --out`'s `comparison.md`, known by its first line.
+pub const COMPARISON_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a comparison dptrain wrote",
+    head: 64,
+    is_one: |head| head.starts_with(b"# Comparison\n"),
+};
+
 /// The step breakdown as a Markdown table: one row per phase, ms and % of the step.
 pub fn breakdown_table(p: &Phases) -> String {
     if p.step_ms <= 0.0 {
@@ -145,7 +159,7 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
             let _ = writeln!(md, "| {k} | {} |", run.config_str(k));
         }
     }
-    crate::output::write_atomically(&run.dir.join("report.md"), md.as_bytes())?;
+    crate::output::write_atomically(&run.dir.join("report.md"), md.as_bytes(), &REPORT_FILE)?;
     tracing::info!(dir = %run.dir.display(), figures = figures.len(), "report written");
     Ok(figures)
 }
@@ -189,6 +203,11 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
         "model", "dataset", "workers", "threads", "batch", "comm", "overlap", "schedule",
         "compress",
     ];
+    // A run without summary.json stopped early or is still going: its figures are partial.
+    row("finished", &|r| match &r.summary {
+        Some(_) => "yes".into(),
+        None => format!("**no** ({} epochs done)", r.epochs.len()),
+    });
     for key in keys {
         row(key, &|r| r.config_str(key));
     }
@@ -212,6 +231,6 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
     plot::breakdown_per_run(&runs, &out.join("comparison.png"))?;
     let md =
         format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](comparison.png)\n");
-    crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes())?;
+    crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes(), &COMPARISON_FILE)?;
     Ok(t)
 }

@@ -55,12 +55,40 @@ fn render(
         draw(&root)?;
         root.present().map_err(err)?;
     }
-    let img = image::RgbImage::from_raw(w, h, rgb).ok_or("plotting: buffer size mismatch")?;
-    let mut png = std::io::Cursor::new(Vec::new());
-    img.write_to(&mut png, image::ImageFormat::Png)
-        .map_err(|e| format!("encoding {}: {e}", path.display()))?;
-    crate::output::write_atomically(path, png.get_ref()).map_err(String::from)
+    let encoding = |e: png::EncodingError| format!("encoding {}: {e}", path.display());
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder
+        .add_text_chunk(SOFTWARE.into(), "dptrain".into())
+        .map_err(encoding)?;
+    let mut writer = encoder.write_header().map_err(encoding)?;
+    writer.write_image_data(&rgb).map_err(encoding)?;
+    writer.finish().map_err(encoding)?;
+    crate::output::write_atomically(path, &bytes, &PLOT_FILE).map_err(String::from)
 }
+
+/// The PNG text keyword that says which program made a figure (PNG's registered `Software`).
+const SOFTWARE: &str = "Software";
+
+/// A figure: a PNG whose `Software` text is dptrain's, or one of [`SIZE`] without it (figures
+/// written before the text was added).
+pub const PLOT_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a figure dptrain drew",
+    head: 4096,
+    is_one: |head| {
+        const PNG: &[u8] = b"\x89PNG\r\n\x1a\n";
+        // The signature, then IHDR: length, "IHDR", width and height big-endian.
+        let size = |at: usize| {
+            head.get(at..at + 4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        head.starts_with(PNG)
+            && (crate::output::holds(head, b"Software\0dptrain")
+                || (size(16), size(20)) == (Some(SIZE.0), Some(SIZE.1)))
+    },
+};
 
 /// `lo..hi` padded by 5% (and made non-empty when all values are equal).
 fn padded(values: impl Iterator<Item = f64>, floor_zero: bool) -> std::ops::Range<f64> {

@@ -328,8 +328,9 @@ fn read_summary(path: &Path) -> Result<Option<Value>, String> {
     let Some(text) = read_optional(path, FileKind::Summary)? else {
         return Ok(None);
     };
+    // A pretty-printed file of many lines: its line counts as well as the column.
     let v: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: {}", path.display(), json_error(&e)))?;
+        .map_err(|e| format!("{}: line {}, {}", path.display(), e.line(), json_error(&e)))?;
     // Every summary dptrain writes has its configuration: without one, the report would be
     // empty and say nothing of why.
     let typed = check_types(&v, SUMMARY_FIELDS).and_then(|()| match v.get("config") {

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 
 /// Progress reported by workers to the run.
 pub enum Event {
+    /// Something the user should know, found by a worker (the run's `warn` shows it, and
+    /// the JSON done line lists it).
+    Warning(String),
     /// Worker 0's bucket plan, at start.
     Plan {
         /// Bucket sizes.

@@ -304,8 +304,8 @@ pub fn train(cfg: TrainConfig) -> Result<Summary, TrainError> {
 }
 
 /// Trains as this process's part of `group`'s run. Only rank 0 prints, writes metrics,
-/// checkpoints and the summary, and passes warnings to `warn` (shown while the run starts:
-/// a resumed checkpoint's, the configuration's); every rank can resume from rank 0's
+/// checkpoints and the summary, and passes warnings to `warn` as they come (a resumed
+/// checkpoint's, the configuration's, the workers'); every rank can resume from rank 0's
 /// checkpoint. A write that fails after `summary.json` was written returns
 /// [`TrainError::LateWrite`], which holds the summary.
 pub fn train_in(
@@ -348,7 +348,7 @@ pub fn train_in(
     let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
         .map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
-    progress.follow(&run.cfg, &workers.events, &mut display);
+    progress.follow(&run.cfg, &workers.events, &mut display, &warn_on_lead);
     display.finish();
     finish(&run, workers, progress, &display, group, wall)
 }
@@ -851,7 +851,11 @@ fn check_replicas(
 /// Writes `summary.json` into the summary's run directory.
 fn write_summary(summary: &Summary) -> Result<(), String> {
     let json = serde_json::to_string_pretty(summary).map_err(|e| e.to_string())?;
-    crate::output::write_atomically(&summary.run_dir.join("summary.json"), json.as_bytes())?;
+    crate::output::write_atomically(
+        &summary.run_dir.join("summary.json"),
+        json.as_bytes(),
+        &summary::SUMMARY_FILE,
+    )?;
     Ok(())
 }
 

@@ -169,6 +169,8 @@ pub struct RunProgress {
     /// of `metrics.jsonl` this run writes again begin; cut before its first line is written,
     /// so a run that fails before training leaves the file as it was.
     superseded_from: Option<(usize, usize)>,
+    /// Warnings met while following the run, for [`RunProgress::follow`]'s `warn`.
+    warnings: Vec<String>,
 }
 
 impl RunProgress {
@@ -187,6 +189,7 @@ impl RunProgress {
             first_rank: cfg.process_rank * cfg.workers,
             steps_per_epoch,
             superseded_from: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -196,15 +199,18 @@ impl RunProgress {
         self.superseded_from = Some(resumed);
     }
 
-    /// Takes in every event until the last worker has gone (the channel closes).
+    /// Takes in every event until the last worker has gone (the channel closes); warnings met
+    /// on the way (a worker's, the metrics file's) go to `warn` as they come.
     pub fn follow(
         &mut self,
         cfg: &TrainConfig,
         events: &crossbeam_channel::Receiver<Event>,
         display: &mut ProgressDisplay,
+        warn: &dyn Fn(&str),
     ) {
         for event in events.iter() {
             match event {
+                Event::Warning(message) => warn(&message),
                 Event::Plan { description, ops } => {
                     display.plan(cfg, &description, &ops);
                     self.summary.buckets = description;
@@ -247,6 +253,9 @@ impl RunProgress {
                     display.epoch(cfg.epochs, &record);
                     self.epoch_done(record, checkpoint);
                 }
+            }
+            for message in self.warnings.drain(..) {
+                warn(&message);
             }
         }
     }
@@ -329,7 +338,7 @@ impl RunProgress {
             let past = |l: &str| metrics::line_past(l, resumed);
             match crate::output::cut_lines_from(&self.metrics_path, past) {
                 Ok(0) => {}
-                Ok(n) => crate::terminal::print_warning(&format!(
+                Ok(n) => self.warnings.push(format!(
                     "{}: removed {} past the resumed step (training this run supersedes)",
                     self.metrics_path.display(),
                     crate::terminal::counted(n, "line")

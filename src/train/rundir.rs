@@ -333,7 +333,8 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     for t in &targets {
         output::check_file_target(t).map_err(run_dir_error)?;
     }
-    output::check_writable(&dir.join("summary.json")).map_err(run_dir_error)?;
+    output::check_writable(&dir.join("summary.json"), &super::summary::SUMMARY_FILE)
+        .map_err(run_dir_error)?;
     Ok(Prepared {
         lock,
         to_delete,
@@ -349,7 +350,7 @@ pub fn check_trace(cfg: &TrainConfig) -> Result<Option<PathBuf>, OutputsError> {
         return Ok(None);
     };
     let path = trace_path(path, cfg.process_rank);
-    output::check_writable(&path).map_err(OutputsError::Trace)?;
+    output::check_writable(&path, &crate::trace::TRACE_FILE).map_err(OutputsError::Trace)?;
     Ok(Some(path))
 }
 

@@ -7,6 +7,13 @@ use crate::config::TrainConfig;
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// `summary.json`: an object with a [`Summary`]'s first keys.
+pub const SUMMARY_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a run summary dptrain wrote",
+    head: 64 << 20,
+    is_one: |bytes| crate::output::is_json_object_with(bytes, &["config", "epochs"]),
+};
+
 /// The end result of a run (also written to `summary.json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {

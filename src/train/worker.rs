@@ -203,8 +203,8 @@ impl PowerSgdGather {
 fn restore_powersgd(
     ck: &checkpoint::Checkpoint,
     reducer: &mut Reducer,
-    rank: usize,
-    world: usize,
+    (rank, world): (usize, usize),
+    events: &crossbeam_channel::Sender<Event>,
 ) -> Result<(), WorkerError> {
     let Some(saved) = ck.powersgd().map_err(WorkerError::Restore)? else {
         return Ok(());
@@ -227,10 +227,11 @@ fn restore_powersgd(
         || saved.errors.len() != workers * per_worker
     {
         if rank == 0 && error_len > 0 {
-            crate::terminal::print_warning(
+            let _ = events.send(Event::Warning(
                 "the checkpoint's PowerSGD state is for another rank or layout: error feedback \
-                 starts from zero",
-            );
+                 starts from zero"
+                    .into(),
+            ));
         }
         return Ok(());
     }
@@ -461,7 +462,7 @@ impl Worker {
         let mut reducer = Reducer::new(plan, ops, wires, cfg.overlap, order, s.transport);
         reducer.set_powersgd(powersgd, carries);
         if let Some(ck) = &s.resume {
-            restore_powersgd(ck, &mut reducer, s.rank, cfg.world())?;
+            restore_powersgd(ck, &mut reducer, (s.rank, cfg.world()), &s.events)?;
         }
         let powersgd_checkpoint = PowerSgdGather::new(&reducer, s.rank, cfg.world());
         let priority = super::priority::PriorityUpdates::new(

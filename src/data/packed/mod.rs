@@ -40,6 +40,13 @@ use std::sync::Arc;
 
 /// First bytes of every packed file.
 pub const MAGIC: [u8; 8] = *b"DPTPACK\0";
+
+/// A packed dataset dptrain wrote: it starts with [`MAGIC`].
+pub const PACKED_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a packed dataset dptrain wrote",
+    head: MAGIC.len(),
+    is_one: |head| head == MAGIC,
+};
 /// Format version written and read.
 pub const VERSION: u32 = 1;
 /// Bytes of the header.

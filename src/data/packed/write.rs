@@ -128,7 +128,7 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
     let train = ImageFolder::open(&dir.join("train"), None)?;
     let test = ImageFolder::open(&dir.join("test"), Some(&train.classes))?;
     // Checked (and the temporary file created) before any image is encoded.
-    let mut file = AtomicFile::create(out)?;
+    let mut file = AtomicFile::create(out, &super::PACKED_FILE)?;
     // The ImageFolder's rule (grey or colour from a spread of headers), so both read the same
     // pixels.
     let channels = train.channels as u8;

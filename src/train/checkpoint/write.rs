@@ -180,7 +180,7 @@ pub(super) fn write(
     let header = header(&entries, metadata)?;
     let placeholder_at = checksum_placeholder_at(&header)
         .ok_or_else(|| WriteError::Serialise("no checksum placeholder in the header".into()))?;
-    let mut file = AtomicFile::create(path)?;
+    let mut file = AtomicFile::create(path, &super::CHECKPOINT_FILE)?;
     let pause = std::time::Duration::from_millis(2000 / entries.len().max(1) as u64);
     let mut hasher = Sha256::new();
     let written = (|| {
