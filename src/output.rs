@@ -155,6 +155,9 @@ pub struct Kind {
 /// Whether `bytes` are a JSON object holding every one of `keys`: the test of the JSON files
 /// dptrain writes (whole files: their [`Kind::head`] is larger than they grow).
 pub fn is_json_object_with(bytes: &[u8], keys: &[&str]) -> bool {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return false;
+    }
     serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes)
         .is_ok_and(|m| keys.iter().all(|k| m.contains_key(*k)))
 }
@@ -169,17 +172,35 @@ pub fn holds(bytes: &[u8], needle: &[u8]) -> bool {
 /// [`check_file_target`]'s.
 fn check_owned(path: &Path, kind: &Kind) -> Result<(), OutputError> {
     use std::io::Read;
-    let Ok(file) = File::open(path) else {
-        return Ok(());
+    use std::os::unix::fs::OpenOptionsExt;
+    // Not following a link and not waiting on a fifo put here since the path was checked;
+    // what was opened is checked by its handle. A file that cannot be read is not known to
+    // be ours: refused (with the OS's reason), never replaced.
+    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
+        path: path.to_path_buf(),
+        action,
+        cause,
     };
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io("read, to see what it is, before replacing", e)),
+    };
+    let meta = file.metadata().map_err(|e| io("inspect", e))?;
+    if !meta.is_file() {
+        return Err(OutputError::NotRegular {
+            path: path.to_path_buf(),
+            kind: kind_of(&meta.file_type()),
+        });
+    }
     let mut head = Vec::new();
     file.take(kind.head as u64)
         .read_to_end(&mut head)
-        .map_err(|e| OutputError::Io {
-            path: path.to_path_buf(),
-            action: "read",
-            cause: e,
-        })?;
+        .map_err(|e| io("read, to see what it is, before replacing", e))?;
     if head.is_empty() || (kind.is_one)(&head) {
         return Ok(());
     }
@@ -294,6 +315,12 @@ pub fn check_replaceable(path: &Path, kind: &Kind) -> Result<(), OutputError> {
 /// here, before the work whose result would be lost.
 pub fn check_writable(path: &Path, kind: &Kind) -> Result<(), OutputError> {
     check_replaceable(path, kind)?;
+    check_dir_takes_files(path)
+}
+
+/// Proves that the directory of `path` takes new files (see [`check_writable`]), for a path
+/// whose present file is checked otherwise (one that is to be deleted first).
+pub fn check_dir_takes_files(path: &Path) -> Result<(), OutputError> {
     let (tmp, file) = create_temp(path)?;
     drop(file);
     let _ = std::fs::remove_file(&tmp);
@@ -383,7 +410,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8], kind: &Kind) -> Result<(), Ou
         f.sync_all().map_err(|e| io("write (fsync)", e))?;
         drop(f);
         // Checked again right before the rename: something may have appeared meanwhile.
-        check_file_target(path)?;
+        check_replaceable(path, kind)?;
         std::fs::rename(&tmp, path).map_err(|e| io("rename into place", e))
     })();
     if let Err(e) = written {
@@ -405,6 +432,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8], kind: &Kind) -> Result<(), Ou
 #[derive(Debug)]
 pub struct AtomicFile {
     path: PathBuf,
+    /// What may be replaced at `path`, checked again at the commit (a long write leaves time
+    /// for a file to appear there).
+    kind: Kind,
     tmp: PathBuf,
     file: Option<File>,
 }
@@ -417,6 +447,7 @@ impl AtomicFile {
         let (tmp, file) = create_temp(path)?;
         Ok(Self {
             path: path.to_path_buf(),
+            kind: *kind,
             tmp,
             file: Some(file),
         })
@@ -450,7 +481,7 @@ impl AtomicFile {
             .map_err(|e| self.error("write (fsync)", e))?;
         drop(file);
         // Checked again right before the rename: something may have appeared meanwhile.
-        check_file_target(&self.path)?;
+        check_replaceable(&self.path, &self.kind)?;
         std::fs::rename(&self.tmp, &self.path).map_err(|e| self.error("rename into place", e))?;
         self.tmp = PathBuf::new();
         if let Ok(d) = File::open(parent_dir(&self.path)) {

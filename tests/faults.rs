@@ -518,6 +518,26 @@ fn a_file_at_an_output_path_is_replaced_only_by_one_of_its_kind() {
             "evals/eval.md",
         ),
     ];
+    // Reporting several runs, one of which holds a user's report.md: refused before any is
+    // rewritten.
+    let (code, _, err) = dptrain(&["report", "ra"], t);
+    assert_eq!(code, 0, "{err}");
+    let ra_report = std::fs::read(t.join("ra/report.md")).unwrap();
+    std::fs::write(t.join("rb/report.md"), keep).unwrap();
+    std::fs::remove_file(t.join("ra/loss.png")).unwrap();
+    let (code, _, err) = dptrain(&["report", "ra", "rb"], t);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("rb/report.md") && err.contains("is not a run report"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(t.join("rb/report.md")).unwrap(), keep);
+    assert_eq!(std::fs::read(t.join("ra/report.md")).unwrap(), ra_report);
+    assert!(
+        !t.join("ra/loss.png").exists(),
+        "ra's report was redrawn first"
+    );
+    std::fs::remove_file(t.join("rb/report.md")).unwrap();
     for (what, args, victim) in &cases {
         let path = t.join(victim);
         let before = if *victim == checkpoint {
@@ -629,7 +649,9 @@ fn a_run_directory_holding_another_run_is_refused_unless_overwrite() {
         std::fs::read_to_string(t.join("X/metrics.jsonl")).unwrap(),
         old_metrics
     );
-    // With --overwrite the old run's files go first, so the latest checkpoint is the new run's.
+    // With --overwrite the old run's files go first, so the latest checkpoint is the new run's
+    // (a damaged summary.json among them included: it is deleted, not checked as a kind).
+    std::fs::write(t.join("X/summary.json"), b"{ torn").unwrap();
     let (code, _, err) = run_short(&["--run-dir", "X", "--seed", "7", "--overwrite"], t);
     assert_eq!(code, 0, "{err}");
     let mut names: Vec<String> = std::fs::read_dir(t.join("X"))

@@ -59,6 +59,7 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
     // command with the others' reports as they were.
     for dir in run_dirs {
         crate::report::RunData::load(dir)?;
+        crate::report::check_run_report(dir)?;
     }
     for dir in run_dirs {
         let figures = crate::report::write_run_report(dir)?;

@@ -26,14 +26,19 @@ pub const IMAGES_MAGIC: u32 = 0x0000_0803;
 /// Magic number of an IDX file of unsigned bytes with one dimension (labels).
 pub const LABELS_MAGIC: u32 = 0x0000_0801;
 
-/// An IDX file (as the writer below makes them): images' or labels' magic, or gzip.
+/// An IDX file of bytes (as the writer below makes them, of any rank), plain or gzipped:
+/// the first 4 bytes, after decompressing, are `00 00 08 rank`.
 const IDX_FILE: crate::output::Kind = crate::output::Kind {
     what: "an IDX file",
-    head: 4,
+    head: 4096,
     is_one: |head| {
-        head.starts_with(&GZIP_MAGIC)
-            || head == IMAGES_MAGIC.to_be_bytes()
-            || head == LABELS_MAGIC.to_be_bytes()
+        let u8_magic = |b: &[u8]| b.len() == 4 && b[..3] == [0, 0, 8] && b[3] > 0;
+        if !head.starts_with(&GZIP_MAGIC) {
+            return u8_magic(head.get(..4).unwrap_or(head));
+        }
+        let mut first = [0u8; 4];
+        let mut gz = GzDecoder::new(head);
+        std::io::Read::read_exact(&mut gz, &mut first).is_ok() && u8_magic(&first)
     },
 };
 
@@ -525,6 +530,25 @@ mod tests {
         }
         v.extend_from_slice(data);
         v
+    }
+
+    #[test]
+    fn a_file_is_replaced_only_by_an_idx_file_of_bytes_of_any_rank() {
+        let dir = tempfile::tempdir().unwrap();
+        for gzip in [false, true] {
+            let path = dir.path().join(format!("x{gzip}"));
+            // Rank 2, then written again over itself.
+            for _ in 0..2 {
+                write_idx_u8(&path, &[2, 3], &[1; 6], gzip).unwrap();
+            }
+            // A user's gzip or other file is not an IDX file: kept.
+            for other in [gz(b"notes, not an IDX file"), b"\0\0\x0d\x01float".to_vec()] {
+                std::fs::write(&path, &other).unwrap();
+                let e = write_idx_u8(&path, &[2], &[1, 2], gzip).unwrap_err();
+                assert!(e.to_string().contains("is not an IDX file"), "{e}");
+                assert_eq!(std::fs::read(&path).unwrap(), other);
+            }
+        }
     }
 
     fn gz(bytes: &[u8]) -> Vec<u8> {

@@ -44,10 +44,25 @@ pub fn breakdown_table(p: &Phases) -> String {
     t
 }
 
+/// Checks that [`write_run_report`] may write its files into `run_dir`: each is absent,
+/// empty or of its kind (an earlier report's), so that a command reporting several runs
+/// refuses before it rewrites any.
+pub fn check_run_report(run_dir: &Path) -> Result<(), String> {
+    crate::output::check_replaceable(&run_dir.join("report.md"), &REPORT_FILE)?;
+    for figure in RUN_FIGURES {
+        crate::output::check_replaceable(&run_dir.join(figure), &plot::PLOT_FILE)?;
+    }
+    Ok(())
+}
+
+/// The figures of a run's report: loss, accuracy, step breakdown.
+const RUN_FIGURES: [&str; 3] = ["loss.png", "accuracy.png", "breakdown.png"];
+
 /// Writes `report.md`, `loss.png`, `accuracy.png` and `breakdown.png` into `run_dir` from its
 /// `summary.json` and `metrics.jsonl`; returns the figures written.
 pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
     let run = RunData::load(run_dir)?;
+    check_run_report(run_dir)?;
     let mut figures = Vec::new();
     let mut md = String::new();
     let title = match (run.config.get("model"), run.config.get("dataset")) {
@@ -138,10 +153,10 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
         }
         md.push_str("\n## Figures\n\n");
         let plots: [(&str, &str, plot::PlotFn); 3] = [
-            ("loss.png", "Loss per epoch", plot::loss),
-            ("accuracy.png", "Test accuracy per epoch", plot::accuracy),
+            (RUN_FIGURES[0], "Loss per epoch", plot::loss),
+            (RUN_FIGURES[1], "Test accuracy per epoch", plot::accuracy),
             (
-                "breakdown.png",
+                RUN_FIGURES[2],
                 "Step breakdown per epoch",
                 plot::breakdown_per_epoch,
             ),
@@ -206,7 +221,10 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
     // A run without summary.json stopped early or is still going: its figures are partial.
     row("finished", &|r| match &r.summary {
         Some(_) => "yes".into(),
-        None => format!("**no** ({} epochs done)", r.epochs.len()),
+        None => format!(
+            "**no** ({} done)",
+            crate::terminal::counted(r.epochs.len(), "epoch")
+        ),
     });
     for key in keys {
         row(key, &|r| r.config_str(key));

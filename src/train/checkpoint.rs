@@ -23,7 +23,7 @@
 
 mod write;
 
-pub use write::CHECKSUM_KEY;
+pub use write::{CHECKPOINT_FILE, CHECKSUM_KEY};
 
 use super::description::ModelDescription;
 use crate::nn::{Net, TensorInfo};
@@ -138,14 +138,6 @@ impl From<CheckpointError> for String {
 
 /// Format tag stored in every checkpoint.
 pub const FORMAT: &str = "dptrain-checkpoint-2";
-
-/// A checkpoint dptrain wrote, of any format version: its header's metadata, which comes
-/// first and is small, names the format.
-pub const CHECKPOINT_FILE: crate::output::Kind = crate::output::Kind {
-    what: "a checkpoint dptrain wrote",
-    head: 1 << 20,
-    is_one: |head| crate::output::holds(head, b"\"format\":\"dptrain-checkpoint-"),
-};
 
 /// Prefix of the optimizer's tensors.
 const MOMENTUM: &str = "optimizer.momentum.";

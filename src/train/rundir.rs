@@ -333,8 +333,21 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     for t in &targets {
         output::check_file_target(t).map_err(run_dir_error)?;
     }
-    output::check_writable(&dir.join("summary.json"), &super::summary::SUMMARY_FILE)
-        .map_err(run_dir_error)?;
+    // The files this run writes itself are checked to be its kind now, not when an epoch's
+    // work would be lost on them (a resumed run finds its own there; one being deleted first
+    // is not checked). The report's files are the report's to check.
+    let summary = dir.join("summary.json");
+    let checkpoints = targets.iter().filter(|t| {
+        t.file_name()
+            .is_some_and(|n| is_checkpoint_name(&n.to_string_lossy()))
+    });
+    let own = checkpoints
+        .map(|t| (t, &super::checkpoint::CHECKPOINT_FILE))
+        .chain([(&summary, &super::summary::SUMMARY_FILE)]);
+    for (path, kind) in own.filter(|(p, _)| !to_delete.contains(p)) {
+        output::check_replaceable(path, kind).map_err(run_dir_error)?;
+    }
+    output::check_dir_takes_files(&summary).map_err(run_dir_error)?;
     Ok(Prepared {
         lock,
         to_delete,

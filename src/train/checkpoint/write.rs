@@ -166,6 +166,15 @@ fn header(
     Ok(bytes)
 }
 
+/// A checkpoint dptrain wrote, of any format version: its header's metadata names the
+/// format. The metadata comes first; in checkpoints written before its keys were sorted, the
+/// model file's text (at most 8 MiB) may come before the format, hence the head.
+pub const CHECKPOINT_FILE: crate::output::Kind = crate::output::Kind {
+    what: "a checkpoint dptrain wrote",
+    head: 10 << 20,
+    is_one: |head| crate::output::holds(head, b"\"format\":\"dptrain-checkpoint-"),
+};
+
 /// Writes `entries` with `metadata` to `path` atomically as a safetensors file whose header
 /// holds the SHA-256 of its data section. With `slow`, the write pauses between tensors for
 /// about two seconds in all, so a test can kill the process in the middle of it.
@@ -180,7 +189,7 @@ pub(super) fn write(
     let header = header(&entries, metadata)?;
     let placeholder_at = checksum_placeholder_at(&header)
         .ok_or_else(|| WriteError::Serialise("no checksum placeholder in the header".into()))?;
-    let mut file = AtomicFile::create(path, &super::CHECKPOINT_FILE)?;
+    let mut file = AtomicFile::create(path, &CHECKPOINT_FILE)?;
     let pause = std::time::Duration::from_millis(2000 / entries.len().max(1) as u64);
     let mut hasher = Sha256::new();
     let written = (|| {
