@@ -155,7 +155,9 @@ pub struct Kind {
 /// Whether `bytes` are a JSON object holding every one of `keys`: the test of the JSON files
 /// dptrain writes (whole files: their [`Kind::head`] is larger than they grow).
 pub fn is_json_object_with(bytes: &[u8], keys: &[&str]) -> bool {
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+    // A quick refusal of what cannot be an object (a binary file read whole otherwise).
+    const OBJECT_OPENS: u8 = 0x7b; // the opening brace
+    if bytes.trim_ascii_start().first() != Some(&OBJECT_OPENS) {
         return false;
     }
     serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(bytes)
@@ -172,35 +174,24 @@ pub fn holds(bytes: &[u8], needle: &[u8]) -> bool {
 /// [`check_file_target`]'s.
 fn check_owned(path: &Path, kind: &Kind) -> Result<(), OutputError> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    // Not following a link and not waiting on a fifo put here since the path was checked;
-    // what was opened is checked by its handle. A file that cannot be read is not known to
-    // be ours: refused (with the OS's reason), never replaced.
-    let io = |action: &'static str, cause: std::io::Error| OutputError::Io {
-        path: path.to_path_buf(),
-        action,
-        cause,
-    };
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
+    // A file that cannot be read is not known to be ours: refused (with the OS's reason),
+    // never replaced.
+    const ACTION: &str = "read, to see what it is, before replacing";
+    let file = match open_regular(path, OpenOptions::new().read(true), ACTION) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io("read, to see what it is, before replacing", e)),
+        Err(OutputError::Io { cause, .. }) if cause.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
     };
-    let meta = file.metadata().map_err(|e| io("inspect", e))?;
-    if !meta.is_file() {
-        return Err(OutputError::NotRegular {
-            path: path.to_path_buf(),
-            kind: kind_of(&meta.file_type()),
-        });
-    }
     let mut head = Vec::new();
     file.take(kind.head as u64)
         .read_to_end(&mut head)
-        .map_err(|e| io("read, to see what it is, before replacing", e))?;
+        .map_err(|cause| OutputError::Io {
+            path: path.to_path_buf(),
+            action: ACTION,
+            cause,
+        })?;
     if head.is_empty() || (kind.is_one)(&head) {
         return Ok(());
     }
@@ -687,6 +678,17 @@ fn open_appendable(path: &Path, create: bool) -> Result<File, OutputError> {
         .append(create)
         .read(true)
         .write(!create);
+    open_regular(path, &mut options, "open for appending")
+}
+
+/// Opens `path` with `options`, neither following a link nor waiting on a fifo put there
+/// since the path was checked, and checks by the handle that a regular file was opened. An
+/// open that fails is [`OutputError::Io`] with `action`.
+fn open_regular(
+    path: &Path,
+    options: &mut OpenOptions,
+    action: &'static str,
+) -> Result<File, OutputError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -697,9 +699,7 @@ fn open_appendable(path: &Path, create: bool) -> Result<File, OutputError> {
         action,
         cause,
     };
-    let f = options
-        .open(path)
-        .map_err(|e| io("open for appending", e))?;
+    let f = options.open(path).map_err(|e| io(action, e))?;
     let m = f.metadata().map_err(|e| io("inspect", e))?;
     if !m.is_file() {
         return Err(OutputError::NotRegular {
