@@ -207,7 +207,7 @@ fn shutdown_mid_epoch_joins_every_thread_and_wakes_a_waiting_worker() {
 /// An ImageFolder of a small synthetic set, in `dir`.
 fn image_folder(dir: &Path) {
     let pair = small_pair(96, 16, (1, 16, 16));
-    image_folder::export(&pair, dir, None).unwrap();
+    image_folder::export(&pair, dir, &Default::default()).unwrap();
 }
 
 fn folder_run(
@@ -370,7 +370,7 @@ fn training_is_bitwise_identical_with_and_without_prefetch() {
 fn an_image_folder_reads_back_what_was_exported() {
     let tmp = tempfile::tempdir().unwrap();
     let pair = small_pair(20, 5, (3, 6, 7));
-    image_folder::export(&pair, tmp.path(), None).unwrap();
+    image_folder::export(&pair, tmp.path(), &Default::default()).unwrap();
     let (train, test) = image_folder::open_pair(tmp.path()).unwrap();
     assert_eq!((train.len(), test.len()), (20, 5));
     assert_eq!((train.channels, train.height, train.width), (3, 6, 7));
@@ -387,6 +387,65 @@ fn an_image_folder_reads_back_what_was_exported() {
     assert_eq!(a, b);
     let n = Normalize::for_dataset(&decoded);
     let _ = n.channel(2);
+}
+
+/// Every file under `dir`, relative to it, sorted.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn an_image_export_that_fails_or_was_interrupted_leaves_the_earlier_export_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("png");
+    image_folder::export(&small_pair(12, 4, (1, 5, 5)), &out, &Default::default()).unwrap();
+    let before = files_under(&out);
+    assert_eq!(before.len(), 16);
+    // The test split cannot be written (2 channels): the error comes after the training split
+    // was written, and the earlier export stays as it was, with nothing staged left behind.
+    let failing = DatasetPair {
+        train: small_pair(6, 2, (1, 5, 5)).train,
+        test: small_pair(6, 2, (2, 5, 5)).test,
+    };
+    let replace = image_folder::ExportOptions {
+        limit: None,
+        overwrite: true,
+    };
+    let err = image_folder::export(&failing, &out, &replace).unwrap_err();
+    assert!(err.to_string().contains("2-channel"), "{err}");
+    assert_eq!(files_under(&out), before);
+    // What an interrupted export left is deleted by the next one, which needs no --overwrite.
+    let fresh = tmp.path().join("fresh");
+    std::fs::create_dir_all(fresh.join(".dptrain-partial-train/0")).unwrap();
+    std::fs::write(fresh.join(".dptrain-partial-train/0/000003.png"), b"half").unwrap();
+    image_folder::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &Default::default()).unwrap();
+    assert_eq!(files_under(&fresh).len(), 5);
+    assert!(!fresh.join(".dptrain-partial-train").exists());
+    // Unless it holds a user's file: refused by name, kept.
+    std::fs::create_dir_all(fresh.join(".dptrain-partial-test/1")).unwrap();
+    std::fs::write(fresh.join(".dptrain-partial-test/1/notes.txt"), b"mine").unwrap();
+    let err = image_folder::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    assert_eq!(
+        std::fs::read(fresh.join(".dptrain-partial-test/1/notes.txt")).unwrap(),
+        b"mine"
+    );
+    // A successful --overwrite replaces the earlier export whole.
+    image_folder::export(&small_pair(5, 1, (1, 5, 5)), &out, &replace).unwrap();
+    assert_eq!(files_under(&out).len(), 6);
 }
 
 #[test]

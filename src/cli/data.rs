@@ -126,7 +126,11 @@ fn export_images(
     .resolve()?;
     let (train, test) = crate::train::load_data(&cfg)?;
     let pair = crate::data::DatasetPair { train, test };
-    let n = crate::data::image_folder::export(&pair, out, None).map_err(|e| e.to_string())?;
+    let options = crate::data::image_folder::ExportOptions {
+        limit: None,
+        overwrite,
+    };
+    let n = crate::data::image_folder::export(&pair, out, &options).map_err(|e| e.to_string())?;
     crate::outln!(
         "wrote {n} PNG files to {} (train/ and test/, {} classes); train with \
          --dataset imagefolder --data-dir {}",

@@ -365,11 +365,29 @@ pub fn open_pair(dir: &Path) -> Result<(ImageFolder, ImageFolder), DataError> {
 /// The split directories [`export`] writes into its output directory.
 const EXPORT_SPLITS: [&str; 2] = ["train", "test"];
 
-/// Gets `out` ready for [`export`]: created if absent (one level: its parent must exist), and
-/// empty. An earlier export there is refused, since writing into it would mix two datasets
-/// (files of the old one stay where the new one has fewer); with `overwrite` its `train/` and
-/// `test/` are deleted first, and anything else in `out` is refused even then, because it is
-/// not ours to delete.
+/// Where [`export`] writes a split until every file of both splits is written; only then is it
+/// renamed to the split's name. An interrupted export so leaves no `train/` that looks whole,
+/// and `--overwrite` keeps the earlier export until the new one is complete. The next export
+/// into the same directory deletes what an interrupted one left here.
+fn staging_name(split: &str) -> String {
+    format!(".dptrain-partial-{split}")
+}
+
+/// How [`export`] treats its output directory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExportOptions {
+    /// The first `limit` samples of each split (all when `None`).
+    pub limit: Option<usize>,
+    /// Replace an earlier export's `train/` and `test/` (once the new ones are complete).
+    pub overwrite: bool,
+}
+
+/// Checks that `out` can take an [`export`]: created if absent (one level: its parent must
+/// exist), and empty or, with `overwrite`, holding only an earlier export. An earlier export is
+/// refused without `overwrite`, since writing into it would mix two datasets; anything else in
+/// `out` is refused even with it, because it is not ours to delete. Nothing of an earlier
+/// export is deleted here (that waits until the new one is complete); what an interrupted
+/// export left is.
 pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> {
     use crate::output::{create_dir, OutputError};
     create_dir(out)?;
@@ -385,7 +403,10 @@ pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> 
         names.sort();
         Ok(names)
     };
-    let found = read(out)?;
+    let staged: Vec<String> = EXPORT_SPLITS.iter().map(|s| staging_name(s)).collect();
+    let (leftovers, found): (Vec<String>, Vec<String>) =
+        read(out)?.into_iter().partition(|n| staged.contains(n));
+    remove_export_splits(out, &leftovers, "delete (an interrupted export's)")?;
     if found.is_empty() {
         return Ok(());
     }
@@ -399,7 +420,7 @@ pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> 
             (
                 "holds an earlier export",
                 "exporting into it would mix two datasets: choose a new or empty directory, or \
-                 pass --overwrite to delete its train/ and test/ first",
+                 pass --overwrite to replace its train/ and test/ once the new export is written",
             )
         } else {
             (
@@ -416,32 +437,42 @@ pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> 
         }
         .into());
     }
-    // What --overwrite deletes must be an export's own: a user's file put among the images
-    // would otherwise be lost with them.
-    let not_ours = not_exported(out, &found);
-    if !not_ours.is_empty() {
-        return Err(OutputError::NotEmpty {
-            path: out.to_path_buf(),
-            what: "holds files an export does not write".into(),
-            entries: not_ours,
-            todo: "--overwrite deletes only an earlier export's class directories of NNN.png \
-                   files: move those files away, or choose a new or empty directory"
-                .into(),
-        }
-        .into());
+    check_exported(out, &found)
+}
+
+/// Refuses `splits` of `out` unless they hold only what [`export`] writes: a user's file put
+/// among the images would otherwise be deleted with them.
+fn check_exported(out: &Path, splits: &[String]) -> Result<(), DataError> {
+    let not_ours = not_exported(out, splits);
+    if not_ours.is_empty() {
+        return Ok(());
     }
-    for split in &found {
+    Err(crate::output::OutputError::NotEmpty {
+        path: out.to_path_buf(),
+        what: "holds files an export does not write".into(),
+        entries: not_ours,
+        todo: "an export deletes only what an export writes (class directories of NNN.png \
+               files: an earlier export's with --overwrite, an interrupted one's always): move \
+               those files away, or choose a new or empty directory"
+            .into(),
+    }
+    .into())
+}
+
+/// Deletes `splits` of `out` (each an export's split or its staging directory), after
+/// [`check_exported`] finds only an export's files in them.
+fn remove_export_splits(
+    out: &Path,
+    splits: &[String],
+    action: &'static str,
+) -> Result<(), DataError> {
+    check_exported(out, splits)?;
+    for split in splits {
         let path = out.join(split);
-        // Only directories are ours to delete; remove_dir_all does not follow links inside.
-        let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
-        let removed = if is_dir {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        removed.map_err(|e| OutputError::Io {
+        // Checked to be a directory (not a link) above; remove_dir_all does not follow links.
+        std::fs::remove_dir_all(&path).map_err(|e| crate::output::OutputError::Io {
             path,
-            action: "delete (--overwrite)",
+            action,
             cause: e,
         })?;
     }
@@ -491,56 +522,104 @@ fn not_exported(out: &Path, splits: &[String]) -> Vec<String> {
     foreign
 }
 
-/// Writes the first `limit` samples (all when `None`) of each split of `pair` as PNG files in
-/// ImageFolder layout under `out` (class directories named by zero-padded label, so their sorted
-/// order is label order). Returns the number of files written. `out` is prepared with
-/// [`prepare_export_dir`] (without overwriting: an existing export is refused); every file
-/// goes through [`crate::output`].
-pub fn export(pair: &DatasetPair, out: &Path, limit: Option<usize>) -> Result<usize, DataError> {
-    use rayon::prelude::*;
-    prepare_export_dir(out, false)?;
+/// Writes the samples of each split of `pair` as PNG files in ImageFolder layout under `out`
+/// (class directories named by zero-padded label, so their sorted order is label order).
+/// Returns the number of files written. `out` is checked with [`prepare_export_dir`]; each
+/// split is written into a staging directory and renamed to `train/` or `test/` only when
+/// both are complete (an earlier export, with `overwrite`, is deleted just before). On an
+/// error the staging directories are deleted and an earlier export is left as it was. Every
+/// file goes through [`crate::output`].
+pub fn export(pair: &DatasetPair, out: &Path, options: &ExportOptions) -> Result<usize, DataError> {
+    prepare_export_dir(out, options.overwrite)?;
     let mut written = 0;
     for (split, ds) in [("train", &pair.train), ("test", &pair.test)] {
-        let n = limit.unwrap_or(usize::MAX).min(ds.len());
-        let digits = (ds.num_classes.max(2) - 1).to_string().len();
-        let class_dir = |c: usize| out.join(split).join(format!("{c:0digits$}"));
-        crate::output::create_dir(&out.join(split))?;
-        for c in 0..ds.num_classes {
-            crate::output::create_dir(&class_dir(c))?;
+        let n = options.limit.unwrap_or(usize::MAX).min(ds.len());
+        if let Err(e) = write_split(ds, n, &out.join(staging_name(split))) {
+            remove_staged(out);
+            return Err(e);
         }
-        let (w, h, plane) = (ds.width, ds.height, ds.width * ds.height);
-        (0..n).into_par_iter().try_for_each(|i| {
-            let path = class_dir(ds.labels[i] as usize).join(format!("{i:06}.png"));
-            let img = ds.image(i);
-            let (bytes, color): (std::borrow::Cow<[u8]>, _) = match ds.channels {
-                1 => (img.into(), image::ExtendedColorType::L8),
-                3 => {
-                    let hwc = (0..plane)
-                        .flat_map(|p| [img[p], img[plane + p], img[2 * plane + p]])
-                        .collect::<Vec<u8>>();
-                    (hwc.into(), image::ExtendedColorType::Rgb8)
-                }
-                c => {
-                    return Err(DataError::invalid(
-                        &path,
-                        format!("cannot write {c}-channel images as PNG; only 1 or 3"),
-                    ))
-                }
-            };
-            let mut png = Cursor::new(Vec::new());
-            image::write_buffer_with_format(
-                &mut png,
-                &bytes,
-                w as u32,
-                h as u32,
-                color,
-                ImageFormat::Png,
-            )
-            .map_err(|e| DataError::invalid(&path, format!("cannot encode as PNG: {e}")))?;
-            crate::output::write_new_file(&path, png.get_ref())?;
-            Ok(())
-        })?;
         written += n;
     }
+    let existing: Vec<String> = EXPORT_SPLITS
+        .iter()
+        .filter(|s| std::fs::symlink_metadata(out.join(s)).is_ok())
+        .map(|s| s.to_string())
+        .collect();
+    if !options.overwrite && !existing.is_empty() {
+        remove_staged(out);
+        return Err(crate::output::OutputError::NotEmpty {
+            path: out.to_path_buf(),
+            what: "received another export while this one was written".into(),
+            entries: existing,
+            todo: "run one export into a directory at a time".into(),
+        }
+        .into());
+    }
+    // Checked again now: the earlier export may have changed during the minutes of writing.
+    remove_export_splits(out, &existing, "delete (--overwrite)")?;
+    for split in EXPORT_SPLITS {
+        let (from, to) = (out.join(staging_name(split)), out.join(split));
+        std::fs::rename(&from, &to).map_err(|e| crate::output::OutputError::Io {
+            path: to,
+            action: "rename into place",
+            cause: e,
+        })?;
+    }
     Ok(written)
+}
+
+/// Deletes what [`export`] staged in `out` (best effort: the next export deletes what is left).
+fn remove_staged(out: &Path) {
+    for staged in EXPORT_SPLITS.map(staging_name) {
+        let _ = std::fs::remove_dir_all(out.join(staged));
+    }
+}
+
+/// Writes the first `n` samples of `ds` as PNG files into class directories under `dir`,
+/// which must not exist yet.
+fn write_split(ds: &Dataset, n: usize, dir: &Path) -> Result<(), DataError> {
+    use rayon::prelude::*;
+    let digits = (ds.num_classes.max(2) - 1).to_string().len();
+    let class_dir = |c: usize| dir.join(format!("{c:0digits$}"));
+    // Not created if it exists: another export writing here at the same time.
+    std::fs::create_dir(dir).map_err(|e| crate::output::OutputError::Io {
+        path: dir.to_path_buf(),
+        action: "create",
+        cause: e,
+    })?;
+    for c in 0..ds.num_classes {
+        crate::output::create_dir(&class_dir(c))?;
+    }
+    let (w, h, plane) = (ds.width, ds.height, ds.width * ds.height);
+    (0..n).into_par_iter().try_for_each(|i| {
+        let path = class_dir(ds.labels[i] as usize).join(format!("{i:06}.png"));
+        let img = ds.image(i);
+        let (bytes, color): (std::borrow::Cow<[u8]>, _) = match ds.channels {
+            1 => (img.into(), image::ExtendedColorType::L8),
+            3 => {
+                let hwc = (0..plane)
+                    .flat_map(|p| [img[p], img[plane + p], img[2 * plane + p]])
+                    .collect::<Vec<u8>>();
+                (hwc.into(), image::ExtendedColorType::Rgb8)
+            }
+            c => {
+                return Err(DataError::invalid(
+                    &path,
+                    format!("cannot write {c}-channel images as PNG; only 1 or 3"),
+                ))
+            }
+        };
+        let mut png = Cursor::new(Vec::new());
+        image::write_buffer_with_format(
+            &mut png,
+            &bytes,
+            w as u32,
+            h as u32,
+            color,
+            ImageFormat::Png,
+        )
+        .map_err(|e| DataError::invalid(&path, format!("cannot encode as PNG: {e}")))?;
+        crate::output::write_new_file(&path, png.get_ref())?;
+        Ok(())
+    })
 }

@@ -148,8 +148,14 @@ fn recorded_data(r: &crate::train::checkpoint::RunIdentity) -> (String, Option<P
 
 /// Refuses the data the checkpoint's run read (`dataset`, `data_dir` as recorded) where it is
 /// not found from here, saying whose path it is and how to give another: the recorded path is
-/// the one that run was given, which may be relative to where it started.
-fn recorded_data_is_here(dataset: &str, data_dir: Option<&Path>) -> Result<(), InferError> {
+/// the one that run was given, which may be relative to where it started. `resolved` is the
+/// absolute path the checkpoint also records (where that run found the data), named as tried
+/// too when it is another path.
+fn recorded_data_is_here(
+    dataset: &str,
+    data_dir: Option<&Path>,
+    resolved: Option<&str>,
+) -> Result<(), InferError> {
     let spec = crate::data::DatasetSpec::parse(dataset, data_dir, Path::new("data/mnist"));
     let Some(path) = spec.as_ref().ok().and_then(|s| s.location()) else {
         return Ok(());
@@ -177,9 +183,13 @@ fn recorded_data_is_here(dataset: &str, data_dir: Option<&Path>) -> Result<(), I
     } else {
         "give --data-dir with the data's directory here"
     };
+    let also = match resolved {
+        Some(abs) if Path::new(abs) != path => format!(", nor is {abs}, where that run found it"),
+        _ => String::new(),
+    };
     Err(InferError::Options(format!(
         "the checkpoint's run read {dataset} from {from}{}, which is not found from \
-         here{relative}: {remedy}",
+         here{relative}{also}: {remedy}",
         path.display()
     )))
 }
@@ -208,7 +218,8 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
         ));
     }
     if opts.dataset.is_none() && opts.data_dir.is_none() {
-        recorded_data_is_here(&dataset, data_dir.as_deref())?;
+        let resolved = run.and_then(|r| r.data_path.as_deref());
+        recorded_data_is_here(&dataset, data_dir.as_deref(), resolved)?;
     }
     let split = if opts.train_split {
         Split::Train
@@ -634,10 +645,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let here = tmp.path().join("photos");
         std::fs::create_dir(&here).unwrap();
-        let err = |dataset: &str, dir: Option<&Path>| match recorded_data_is_here(dataset, dir) {
-            Ok(()) => String::new(),
-            Err(e) => e.to_string(),
-        };
+        let err =
+            |dataset: &str, dir: Option<&Path>| match recorded_data_is_here(dataset, dir, None) {
+                Ok(()) => String::new(),
+                Err(e) => e.to_string(),
+            };
         // Found: nothing to say, wherever the path was given; generated data has no path.
         assert_eq!(err("imagefolder", Some(&here)), "");
         assert_eq!(err(&format!("imagefolder:{}", here.display()), None), "");
@@ -655,6 +667,19 @@ mod tests {
             e.contains("from --data-dir /gone/set.dpk")
                 && !e.contains("relative")
                 && e.ends_with("give --data-dir with the packed file's path here"),
+            "{e}"
+        );
+        // Neither the path as given nor the absolute one recorded beside it: both are named.
+        let e = recorded_data_is_here(
+            "imagefolder",
+            Some(Path::new("gone/photos")),
+            Some("/old/photos"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("from --data-dir gone/photos")
+                && e.contains("nor is /old/photos, where that run found it"),
             "{e}"
         );
         // A relative path given in another working directory: the absolute path recorded

@@ -197,7 +197,13 @@ impl RunIdentity {
                 Some(d) => format!("{} (--data-dir {d})", r.dataset),
                 None => r.dataset.clone(),
             };
-            out.push(("--dataset", show(self), show(now)));
+            let (then, is) = (show(self), show(now));
+            // Named alike, found in two places: the places tell them apart.
+            let at = |r: &RunIdentity, named: String| match &r.data_path {
+                Some(p) if then == is => format!("{named} at {p}"),
+                _ => named,
+            };
+            out.push(("--dataset", at(self, then.clone()), at(now, is.clone())));
         }
         if self.batch != now.batch {
             out.push(("--batch", self.batch.to_string(), now.batch.to_string()));
@@ -233,6 +239,12 @@ fn same_dataset(a: &RunIdentity, b: &RunIdentity) -> bool {
         if x == y && kind(a).is_some() && kind(a) == kind(b) {
             return true;
         }
+        // Two places that both exist: the same relative words said in two working directories
+        // name two datasets. (The bundled MNIST is one dataset wherever the run starts; a
+        // recorded place that is gone, moved data, is left to the names.)
+        if x != y && !is_bundled(a) && Path::new(x).exists() && Path::new(y).exists() {
+            return false;
+        }
     }
     let parse = |r: &RunIdentity| {
         crate::data::DatasetSpec::parse(
@@ -246,6 +258,18 @@ fn same_dataset(a: &RunIdentity, b: &RunIdentity) -> bool {
         (Some(x), Some(y)) => x == y,
         _ => (&a.dataset, &a.data_dir) == (&b.dataset, &b.data_dir),
     }
+}
+
+/// Whether `r` trains on the MNIST copy bundled with dptrain (no directory given).
+fn is_bundled(r: &RunIdentity) -> bool {
+    matches!(
+        crate::data::DatasetSpec::parse(
+            &r.dataset,
+            r.data_dir.as_deref().map(Path::new),
+            Path::new("(bundled)"),
+        ),
+        Ok(crate::data::DatasetSpec::Mnist { bundled: true, .. })
+    )
 }
 
 /// Position in training stored with the tensors.
@@ -887,6 +911,49 @@ pub fn prune(dir: &Path, keep: usize, epoch: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_relative_data_path_in_two_places_is_two_datasets() {
+        let tmp = tempfile::tempdir().unwrap();
+        let place = |sub: &str| {
+            let d = tmp.path().join(sub).join("photos");
+            std::fs::create_dir_all(&d).unwrap();
+            d.canonicalize().unwrap().display().to_string()
+        };
+        let run = |dataset: &str, dir: Option<&str>, at: Option<String>| RunIdentity {
+            dataset: dataset.into(),
+            data_dir: dir.map(String::from),
+            data_path: at,
+            batch: 64,
+            seed: 1,
+            train_limit: None,
+            world: 2,
+        };
+        let (a, b) = (place("a"), place("b"));
+        let then = run("imagefolder", Some("photos"), Some(a.clone()));
+        assert!(then.changes(&then.clone()).is_empty());
+        let changes = then.changes(&run("imagefolder", Some("photos"), Some(b.clone())));
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let (flag, was, is) = &changes[0];
+        assert_eq!(*flag, "--dataset");
+        assert!(was.ends_with(&format!("at {a}")) && is.ends_with(&format!("at {b}")));
+        // The same place named two ways is one dataset.
+        assert!(then
+            .changes(&run("imagefolder", Some(&a), Some(a.clone())))
+            .is_empty());
+        // A recorded place that is gone (the data moved): left to the names.
+        let gone = run(
+            "imagefolder",
+            Some("photos"),
+            Some("/nonexistent/photos".into()),
+        );
+        assert!(gone
+            .changes(&run("imagefolder", Some("photos"), Some(b.clone())))
+            .is_empty());
+        // The bundled MNIST is one dataset wherever the run starts.
+        let bundled = run("mnist", None, Some(a));
+        assert!(bundled.changes(&run("mnist", None, Some(b))).is_empty());
+    }
 
     /// A safetensors file of one tensor with `metadata`.
     fn file_with(metadata: &[(&str, &str)]) -> Vec<u8> {
