@@ -38,6 +38,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Why an output path cannot be written.
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
+    /// The path ends in `/`, which names a directory, where a file is written.
+    #[error(
+        "{}: ends in /, which names a directory; dptrain writes a file here: give the file's \
+         path without the trailing /",
+        path.display()
+    )]
+    TrailingSlash {
+        /// The output path.
+        path: PathBuf,
+    },
     /// Something other than a regular file is at the path (device node, fifo, socket,
     /// directory).
     #[error(
@@ -253,6 +263,12 @@ pub fn parent_dir(path: &Path) -> &Path {
 /// Checks that `path` may be written as a file: it is absent or a regular file (not a link,
 /// device, fifo, socket or directory), and its directory exists. Touches nothing.
 pub fn check_file_target(path: &Path) -> Result<(), OutputError> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().ends_with(b"/") {
+        return Err(OutputError::TrailingSlash {
+            path: path.to_path_buf(),
+        });
+    }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => {
             return Err(OutputError::Symlink {
@@ -827,6 +843,17 @@ mod tests {
             cut_lines_from(&dir.path().join("absent"), |_| true).unwrap(),
             0
         );
+    }
+
+    #[test]
+    fn a_file_path_ending_in_a_slash_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.onnx/");
+        let e = check_file_target(&path).unwrap_err();
+        assert!(matches!(e, OutputError::TrailingSlash { .. }), "{e}");
+        assert!(e.to_string().contains("ends in /"), "{e}");
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+        assert!(check_file_target(&dir.path().join("model.onnx")).is_ok());
     }
 
     #[test]

@@ -771,6 +771,23 @@ fn export_images_refuses_a_directory_that_holds_something() {
         "{err}"
     );
     assert_eq!(count("png"), 8);
+    // An ImageFolder is already one: exporting it would resize and renumber it; refused.
+    let (code, err) = dptrain_cli(
+        &[
+            "data",
+            "export-images",
+            "--dataset",
+            "imagefolder",
+            "--data-dir",
+            "png",
+            "--out",
+            "again",
+        ],
+        t,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is already an ImageFolder"), "{err}");
+    assert!(!t.join("again").exists());
     // --overwrite replaces it.
     let (code, err) = dptrain_cli(
         &[

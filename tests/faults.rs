@@ -649,9 +649,38 @@ fn a_run_directory_holding_another_run_is_refused_unless_overwrite() {
         std::fs::read_to_string(t.join("X/metrics.jsonl")).unwrap(),
         old_metrics
     );
-    // With --overwrite the old run's files go first, so the latest checkpoint is the new run's
-    // (a damaged summary.json among them included: it is deleted, not checked as a kind).
+    // A file with a run file's name that dptrain did not write is the user's: refused by name
+    // even with --overwrite (a damaged summary.json too), and nothing of the run deleted.
+    let summary = std::fs::read(t.join("X/summary.json")).unwrap();
+    std::fs::write(t.join("X/report.md"), b"my notes on this run\n").unwrap();
     std::fs::write(t.join("X/summary.json"), b"{ torn").unwrap();
+    for (name, kind) in [
+        ("report.md", "not a run report dptrain wrote"),
+        ("summary.json", "not a run summary dptrain wrote"),
+    ] {
+        let (code, _, err) = run_short(&["--run-dir", "X", "--seed", "7", "--overwrite"], t);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(name) && err.contains(kind), "{err}");
+        assert!(t.join("X/checkpoint-epoch0003.safetensors").exists());
+        if name == "report.md" {
+            assert_eq!(
+                std::fs::read(t.join("X/report.md")).unwrap(),
+                b"my notes on this run\n"
+            );
+            std::fs::remove_file(t.join("X/report.md")).unwrap();
+        }
+    }
+    std::fs::write(t.join("X/summary.json"), summary).unwrap();
+    // Without another run there, a user's file of a run's name is not "another run" either.
+    std::fs::create_dir(t.join("U")).unwrap();
+    std::fs::write(t.join("U/metrics.jsonl"), b"step,loss\n1,2.3\n").unwrap();
+    let (code, _, err) = run_short(&["--run-dir", "U"], t);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("not a run's metrics dptrain wrote") && !err.contains("another run"),
+        "{err}"
+    );
+    // With --overwrite the old run's files go first, so the latest checkpoint is the new run's.
     let (code, _, err) = run_short(&["--run-dir", "X", "--seed", "7", "--overwrite"], t);
     assert_eq!(code, 0, "{err}");
     let mut names: Vec<String> = std::fs::read_dir(t.join("X"))
@@ -665,6 +694,30 @@ fn a_run_directory_holding_another_run_is_refused_unless_overwrite() {
     assert_eq!(ck.state.run.unwrap().seed, 7);
     let metrics = std::fs::read_to_string(t.join("X/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 1, "{metrics}");
+}
+
+#[test]
+fn a_trace_path_that_is_one_of_the_runs_own_files_is_refused_before_the_first_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    for name in [
+        "summary.json",
+        "report.md",
+        "metrics.jsonl",
+        "checkpoint-epoch0001.safetensors",
+    ] {
+        let trace = format!("T/{name}");
+        let (code, _, err) = run_short(&["--run-dir", "T", "--trace", &trace], t);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(&format!("the run's own {name}")) && err.contains("T/trace.json"),
+            "{err}"
+        );
+        assert!(!t.join("T/checkpoint-epoch0001.safetensors").exists());
+    }
+    // The same name outside the run directory is the trace's to write.
+    let (code, _, err) = run_short(&["--run-dir", "T", "--trace", "summary.json"], t);
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]

@@ -40,7 +40,16 @@ fn run(dir: &Path, f: impl FnOnce(&mut TrainOptions)) -> Summary {
 }
 
 fn dptrain(args: &[&str]) -> (bool, String, String) {
-    let o = Command::new(BIN).args(args).output().unwrap();
+    dptrain_in(Path::new("."), args)
+}
+
+/// [`dptrain`] run in the working directory `dir`.
+fn dptrain_in(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (o.status.success(), text(&o.stdout), text(&o.stderr))
 }
@@ -534,6 +543,25 @@ fn photo_folder(dir: &Path, per_class: usize) {
     }
 }
 
+/// The confusion matrix of `predict --json` lines on an ImageFolder split: truth is each
+/// file's class directory.
+fn predicted_confusion(classes: &[String], lines: &[serde_json::Value]) -> Vec<Vec<u64>> {
+    let mut confusion = vec![vec![0u64; classes.len()]; classes.len()];
+    for l in lines {
+        let file = PathBuf::from(l["file"].as_str().unwrap());
+        let truth = file
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let t = classes.iter().position(|n| n == truth).unwrap();
+        confusion[t][l["top"][0]["label"].as_u64().unwrap() as usize] += 1;
+    }
+    confusion
+}
+
 #[test]
 fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform() {
     let dir = tempfile::tempdir().unwrap();
@@ -564,20 +592,10 @@ fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform
     let test_dir = folder.join("test");
     let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &[test_dir.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    let mut confusion = vec![vec![0u64; 3]; 3];
-    for l in &lines {
-        let file = PathBuf::from(l["file"].as_str().unwrap());
-        let truth = file
-            .parent()
-            .unwrap()
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap();
-        let t = m.class_names().iter().position(|n| n == truth).unwrap();
-        confusion[t][l["top"][0]["label"].as_u64().unwrap() as usize] += 1;
-    }
-    assert_eq!(confusion, report.confusion);
+    assert_eq!(
+        predicted_confusion(m.class_names(), &lines),
+        report.confusion
+    );
     // The test images alone, as DIR/test or as DIR of class directories, evaluate the same.
     let lone = dir.path().join("lone");
     std::fs::create_dir(&lone).unwrap();
@@ -586,4 +604,69 @@ fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform
     assert_eq!(alone.confusion, report.confusion);
     let alone = eval_with(&ck, |o| o.data_dir = Some(lone.join("test")));
     assert_eq!(alone.confusion, report.confusion);
+    // Grey copies of the test images are made colour for this colour model, by eval as by
+    // predict: the two count the same.
+    let grey = dir.path().join("grey");
+    for class in m.class_names() {
+        let (from, to) = (lone.join("test").join(class), grey.join("test").join(class));
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(&from).unwrap() {
+            let f = f.unwrap().path();
+            let luma = image::open(&f).unwrap().to_luma8();
+            luma.save(to.join(f.file_name().unwrap()).with_extension("png"))
+                .unwrap();
+        }
+    }
+    let on_grey = eval_with(&ck, |o| o.data_dir = Some(grey.clone()));
+    let grey_test = grey.join("test");
+    let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &[grey_test.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        predicted_confusion(m.class_names(), &lines),
+        on_grey.confusion
+    );
+    // Images straight in the directory, not in class directories: said so.
+    let loose = lone.join("test").join("class-1");
+    let e = eval::run(
+        &ck,
+        &EvalOptions {
+            workers: 1,
+            data_dir: Some(loose),
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("it holds 24 images itself") && e.contains("CLASS/NAME.png"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_run_on_the_bundled_mnist_started_outside_the_checkout_is_evaluated_from_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let in_dir = |args: &[&str]| dptrain_in(dir.path(), args);
+    let (ok, _, err) = in_dir(&[
+        "train",
+        "--epochs",
+        "1",
+        "--train-limit",
+        "256",
+        "--test-limit",
+        "100",
+        "--run-dir",
+        "run",
+        "--quiet",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = in_dir(&[
+        "eval",
+        "run/checkpoint-epoch0001.safetensors",
+        "--limit",
+        "100",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"top1\""), "{out}");
 }

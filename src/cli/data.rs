@@ -9,7 +9,8 @@ pub(super) enum DataCmd {
     /// Write a dataset as an ImageFolder (DIR/train/<class>/N.png, DIR/test/...), e.g. to train
     /// with `--dataset imagefolder --data-dir DIR`.
     ExportImages {
-        /// Dataset to export (any name `train --dataset` takes).
+        /// Dataset to export: mnist, fashion-mnist, idx, cifar10 or synthetic (an ImageFolder
+        /// or a packed file is already one to train on).
         #[arg(long, default_value = "mnist")]
         dataset: String,
         /// Its directory, where it needs one.
@@ -102,6 +103,31 @@ fn pack(a: PackArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses to export an ImageFolder or a packed file as images: read into memory, an
+/// ImageFolder's photos would all be resized to its first image's size, and both would lose
+/// their class names to the export's numbered class directories.
+fn refuse_export_of_files(dataset: &str, data_dir: Option<&std::path::Path>) -> Result<(), String> {
+    use crate::data::DatasetSpec;
+    let spec = DatasetSpec::parse(dataset, data_dir, &crate::data::bundled_mnist_dir());
+    let what = match spec {
+        Ok(DatasetSpec::ImageFolder { dir }) => format!(
+            "{} is already an ImageFolder: export-images would resize every image to the first \
+             one's size and number its classes; train on it as it is, or copy it",
+            dir.display()
+        ),
+        Ok(DatasetSpec::Packed { file }) => format!(
+            "{} is a packed dataset: export-images would number its named classes; train on \
+             it as it is",
+            file.display()
+        ),
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "--dataset {dataset}: {what} (export-images writes mnist, fashion-mnist, idx, cifar10 \
+         and synthetic data as PNG files)"
+    ))
+}
+
 /// `dptrain data export-images`: a dataset written as an ImageFolder.
 fn export_images(
     dataset: String,
@@ -114,6 +140,7 @@ fn export_images(
     if limit == Some(0) {
         return Err("--limit 0 exports nothing: give at least 1 (or leave it out)".into());
     }
+    refuse_export_of_files(&dataset, data_dir.as_deref())?;
     crate::data::image_folder::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
     let cfg = TrainOptions {
         dataset: Some(dataset),

@@ -103,8 +103,9 @@ impl ImageFolder {
             return Err(DataError::invalid(
                 split_dir,
                 format!(
-                    "has {} class directories; an ImageFolder needs 1 to 256 ({hint})",
-                    classes.len()
+                    "has {} class directories{}; an ImageFolder needs 1 to 256 ({hint})",
+                    classes.len(),
+                    loose_images(split_dir)
                 ),
             ));
         }
@@ -124,7 +125,10 @@ impl ImageFolder {
         if files.is_empty() {
             return Err(DataError::invalid(
                 split_dir,
-                format!("holds no .png, .jpg or .jpeg files; {hint}"),
+                format!(
+                    "holds no .png, .jpg or .jpeg files in class directories{}; {hint}",
+                    loose_images(split_dir)
+                ),
             ));
         }
         let mut folder = ImageFolder {
@@ -290,6 +294,20 @@ impl ImageFolder {
             }
         }
         probe.computed_mean_std()
+    }
+}
+
+/// What to add when `dir` holds images itself rather than in class directories: the count,
+/// and where they belong (an empty string when it holds none).
+fn loose_images(dir: &Path) -> String {
+    match class_files(dir, "").map(|f| f.len()) {
+        Ok(n) if n > 0 => format!(
+            " (it holds {n} images itself: an ImageFolder keeps each class's images in a \
+             directory named after the class, {}/CLASS/NAME.png; `dptrain predict` takes \
+             loose images)",
+            dir.display()
+        ),
+        _ => String::new(),
     }
 }
 

@@ -35,8 +35,8 @@ pub use dataset::{check_split_memory, Dataset, DatasetPair, Split, TEN_CLASSES};
 pub(crate) use dataset::{join, pair};
 pub use error::{DataError, VALID_NAMES};
 pub use spec::{
-    load, load_idx_dir, DatasetSpec, FASHION_MNIST_DEFAULT_DIR, SYNTHETIC_DEFAULT_SEED,
-    SYNTHETIC_DEFAULT_TEST, SYNTHETIC_DEFAULT_TRAIN,
+    bundled_mnist_dir, load, load_idx_dir, DatasetSpec, FASHION_MNIST_DEFAULT_DIR,
+    SYNTHETIC_DEFAULT_SEED, SYNTHETIC_DEFAULT_TEST, SYNTHETIC_DEFAULT_TRAIN,
 };
 
 #[cfg(test)]

@@ -11,6 +11,20 @@ use std::path::{Path, PathBuf};
 /// gzipped IDX files; the default directory for `fashion-mnist`.
 pub const FASHION_MNIST_DEFAULT_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
+/// Where the MNIST bundled with dptrain is read from: `data/mnist` of the working directory
+/// when it holds the bundled copy (a checkout's root), else the checkout dptrain was built
+/// from. Every command that reads the bundled MNIST (train, eval, a checkpoint's record of its
+/// data) asks here, so a run started outside the checkout and its evaluation find the same
+/// files.
+pub fn bundled_mnist_dir() -> PathBuf {
+    let here = Path::new("data/mnist");
+    if here.join("SHA256SUMS").is_file() {
+        here.to_path_buf()
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
+    }
+}
+
 /// What to load; built by [`DatasetSpec::parse`] or directly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatasetSpec {

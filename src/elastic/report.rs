@@ -41,12 +41,9 @@ pub struct Failure {
     pub steps_redone: Option<usize>,
 }
 
-/// `elastic.json`: an object with a [`LaunchReport`]'s keys.
-pub const ELASTIC_FILE: crate::output::Kind = crate::output::Kind {
-    what: "an elastic run's record dptrain wrote",
-    head: 64 << 20,
-    is_one: |bytes| crate::output::is_json_object_with(bytes, &["jobs", "failures", "finished"]),
-};
+/// `elastic.json`, an object with a [`LaunchReport`]'s keys: defined with the run
+/// directory's files.
+pub use crate::train::run_files::ELASTIC_FILE;
 
 /// Everything an elastic run did: `elastic.json`.
 #[derive(Debug, Clone, Default, Serialize)]

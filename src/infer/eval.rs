@@ -123,7 +123,7 @@ fn name_without_path(dataset: &str) -> String {
 
 /// Whether the data `dataset` names is read from a directory or file.
 fn has_location(dataset: &str) -> bool {
-    crate::data::DatasetSpec::parse(dataset, None, Path::new("data/mnist"))
+    crate::data::DatasetSpec::parse(dataset, None, &crate::data::bundled_mnist_dir())
         .is_ok_and(|s| s.location().is_some())
 }
 
@@ -132,8 +132,11 @@ fn has_location(dataset: &str) -> bool {
 /// records is (a relative path given in another working directory).
 fn recorded_data(r: &crate::train::checkpoint::RunIdentity) -> (String, Option<PathBuf>) {
     let given = r.data_dir.as_ref().map(PathBuf::from);
-    let spec =
-        crate::data::DatasetSpec::parse(&r.dataset, given.as_deref(), Path::new("data/mnist"));
+    let spec = crate::data::DatasetSpec::parse(
+        &r.dataset,
+        given.as_deref(),
+        &crate::data::bundled_mnist_dir(),
+    );
     let found = spec
         .ok()
         .and_then(|s| s.location().map(Path::exists))
@@ -156,7 +159,8 @@ fn recorded_data_is_here(
     data_dir: Option<&Path>,
     resolved: Option<&str>,
 ) -> Result<(), InferError> {
-    let spec = crate::data::DatasetSpec::parse(dataset, data_dir, Path::new("data/mnist"));
+    let spec =
+        crate::data::DatasetSpec::parse(dataset, data_dir, &crate::data::bundled_mnist_dir());
     let Some(path) = spec.as_ref().ok().and_then(|s| s.location()) else {
         return Ok(());
     };
@@ -226,28 +230,34 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     } else {
         Split::Test
     };
-    let spec =
-        crate::data::DatasetSpec::parse(&dataset, data_dir.as_deref(), Path::new("data/mnist"));
+    let spec = crate::data::DatasetSpec::parse(
+        &dataset,
+        data_dir.as_deref(),
+        &crate::data::bundled_mnist_dir(),
+    );
     let shown = match &data_dir {
         Some(d) => format!("{dataset} (--data-dir {})", d.display()),
         None => dataset.clone(),
     };
-    if let (Split::Test, Ok(crate::data::DatasetSpec::ImageFolder { dir })) = (split, &spec) {
-        if !dir.join("train").exists() {
-            let set = lone_test_split(model, dir, opts.limit)?;
-            return Ok(EvalData {
-                dataset: shown,
-                split,
-                set,
-            });
-        }
+    if let Ok(crate::data::DatasetSpec::ImageFolder { dir }) = &spec {
+        let split_dir = match split {
+            Split::Train => dir.join("train"),
+            // torchvision's ImageFolder root: class directories without train/ or test/.
+            Split::Test if !dir.join("test").is_dir() && !dir.join("train").exists() => {
+                dir.to_path_buf()
+            }
+            Split::Test => dir.join("test"),
+        };
+        let set = folder_split(model, &split_dir, opts.limit)?;
+        return Ok(EvalData {
+            dataset: shown,
+            split,
+            set,
+        });
     }
-    // An ImageFolder or a packed file is read at the model's input size through its evaluation
-    // transform; other datasets are in memory at their own size (checked below).
-    let folder = matches!(
-        spec,
-        Ok(crate::data::DatasetSpec::ImageFolder { .. } | crate::data::DatasetSpec::Packed { .. })
-    );
+    // A packed file is read at the model's input size through its evaluation transform; other
+    // datasets are in memory at their own size (checked below).
+    let folder = matches!(spec, Ok(crate::data::DatasetSpec::Packed { .. }));
     let d = &model.description;
     let cfg = crate::config::TrainOptions {
         dataset: Some(dataset.clone()),
@@ -284,22 +294,17 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     })
 }
 
-/// The test images of a folder without a training split: `DIR/test`, or `DIR` itself when it
-/// holds only class directories (torchvision's ImageFolder root), each class directory one of
-/// the model's classes (labelled as the model numbers them; some may be missing), read at the
-/// model's input through the checkpoint's evaluation transform, the first `limit` only.
-fn lone_test_split(
+/// The images of one split directory of an ImageFolder, each class directory one of the
+/// model's classes (labelled as the model numbers them; some may be missing), read as the
+/// model's input (its channels: grey images are made colour and colour grey, as `predict`
+/// does; its size through the checkpoint's evaluation transform), the first `limit` only.
+fn folder_split(
     model: &TrainedModel,
-    dir: &Path,
+    split_dir: &Path,
     limit: Option<usize>,
 ) -> Result<Dataset, InferError> {
     let d = &model.description;
-    let split_dir = match dir.join("test") {
-        test if test.is_dir() => test,
-        _ => dir.to_path_buf(),
-    };
-    let mut folder =
-        crate::data::image_folder::ImageFolder::open(&split_dir, Some(&d.class_names))?;
+    let mut folder = crate::data::image_folder::ImageFolder::open(split_dir, Some(&d.class_names))?;
     folder.channels = d.input[0];
     folder.set_size(d.input[1], d.input[2]);
     if let Some(n) = limit {

@@ -7,12 +7,8 @@ use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// A run's `report.md`, known by its first line.
-pub const REPORT_FILE: crate::output::Kind = crate::output::Kind {
-    what: "a run report dptrain wrote",
-    head: 64,
-    is_one: |head| head.starts_with(b"# Run report: "),
-};
+/// A run's `report.md`: defined with the run directory's files.
+pub use crate::train::run_files::REPORT_FILE;
 
 /// `report --out`'s `comparison.md`, known by its first line.
 pub const COMPARISON_FILE: crate::output::Kind = crate::output::Kind {

@@ -9,8 +9,8 @@ use plotters::prelude::*;
 use std::path::Path;
 use std::sync::Once;
 
-/// Width and height of every plot, in pixels.
-pub const SIZE: (u32, u32) = (800, 480);
+/// Width and height of every plot, in pixels (the run directory's figure kind knows it).
+pub const SIZE: (u32, u32) = crate::train::run_files::FIGURE_SIZE;
 
 /// A function that draws one figure of a run into a PNG file.
 pub type PlotFn = fn(&RunData, &Path) -> Result<(), String>;
@@ -72,23 +72,8 @@ fn render(
 /// The PNG text keyword that says which program made a figure (PNG's registered `Software`).
 const SOFTWARE: &str = "Software";
 
-/// A figure: a PNG whose `Software` text is dptrain's, or one of [`SIZE`] without it (figures
-/// written before the text was added).
-pub const PLOT_FILE: crate::output::Kind = crate::output::Kind {
-    what: "a figure dptrain drew",
-    head: 4096,
-    is_one: |head| {
-        const PNG: &[u8] = b"\x89PNG\r\n\x1a\n";
-        // The signature, then IHDR: length, "IHDR", width and height big-endian.
-        let size = |at: usize| {
-            head.get(at..at + 4)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        };
-        head.starts_with(PNG)
-            && (crate::output::holds(head, b"Software\0dptrain")
-                || (size(16), size(20)) == (Some(SIZE.0), Some(SIZE.1)))
-    },
-};
+/// A figure's kind: defined with the run directory's files, which include the figures.
+pub use crate::train::run_files::PLOT_FILE;
 
 /// `lo..hi` padded by 5% (and made non-empty when all values are equal).
 fn padded(values: impl Iterator<Item = f64>, floor_zero: bool) -> std::ops::Range<f64> {

@@ -175,7 +175,7 @@ impl RunIdentity {
             data_path: crate::data::DatasetSpec::parse(
                 &cfg.dataset,
                 cfg.data_dir.as_deref(),
-                Path::new("data/mnist"),
+                &crate::data::bundled_mnist_dir(),
             )
             .ok()
             .and_then(|spec| spec.location()?.canonicalize().ok())

@@ -20,6 +20,7 @@ pub mod metrics;
 mod priority;
 pub mod processes;
 pub mod progress;
+pub mod run_files;
 pub mod rundir;
 pub mod summary;
 pub mod weights;
@@ -157,12 +158,7 @@ pub fn graph_of(
 
 /// Loads the configured dataset (with optional size limits).
 pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> {
-    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
-    let bundled = if Path::new("data/mnist/SHA256SUMS").is_file() {
-        PathBuf::from("data/mnist")
-    } else {
-        bundled
-    };
+    let bundled = crate::data::bundled_mnist_dir();
     let spec = DatasetSpec::parse(&cfg.dataset, cfg.data_dir.as_deref(), &bundled)?
         .generating_at_most(cfg.train_limit, cfg.test_limit);
     let pair = data::load(&spec)?;
@@ -192,7 +188,7 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
     let spec = DatasetSpec::parse(
         &cfg.dataset,
         cfg.data_dir.as_deref(),
-        Path::new("data/mnist"),
+        &crate::data::bundled_mnist_dir(),
     )?;
     if let DatasetSpec::Packed { file } = &spec {
         return load_packed(cfg, file);

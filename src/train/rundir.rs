@@ -43,6 +43,19 @@ pub enum OutputsError {
     /// The trace file cannot be written.
     #[error("--trace: {0}")]
     Trace(OutputError),
+    /// The trace file would be one of the run's own files.
+    #[error(
+        "--trace {}: that is the run's own {name}, which the run writes itself: give the trace \
+         another name (e.g. {})",
+        path.display(),
+        path.with_file_name("trace.json").display()
+    )]
+    TraceIsRunFile {
+        /// The trace path.
+        path: PathBuf,
+        /// The run file's name.
+        name: String,
+    },
     /// The `--trace-steps` window misses every step of the run.
     #[error(
         "--trace-steps {}..{} misses every step of this run: it runs global steps {}..{} \
@@ -63,16 +76,16 @@ pub enum OutputsError {
     },
 }
 
-/// Files a run writes into its directory (besides the checkpoints).
-pub const RUN_FILES: [&str; 7] = [
-    "metrics.jsonl",
-    "elastic.json",
-    "summary.json",
-    "report.md",
-    "loss.png",
-    "accuracy.png",
-    "breakdown.png",
-];
+pub use super::run_files::RUN_FILES;
+
+/// The kind of the run's file named `name` (a checkpoint, a commit or one of [`RUN_FILES`]);
+/// `None` for a name a run does not write.
+pub fn kind_of(name: &str) -> Option<&'static output::Kind> {
+    if is_checkpoint_name(name) || commit_step(name).is_some() {
+        return Some(&super::checkpoint::CHECKPOINT_FILE);
+    }
+    RUN_FILES.iter().find(|(n, _)| *n == name).map(|(_, k)| *k)
+}
 
 /// Path of the commit after `global_step` steps in `dir`.
 pub fn commit_path(dir: &Path, global_step: usize) -> PathBuf {
@@ -122,9 +135,7 @@ pub fn run_files_in(dir: &Path) -> Vec<String> {
     let mut found: Vec<String> = entries
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| {
-            RUN_FILES.contains(&n.as_str()) || is_checkpoint_name(n) || commit_step(n).is_some()
-        })
+        .filter(|n| kind_of(n).is_some())
         .collect();
     found.sort();
     found
@@ -303,8 +314,15 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
             stale.display()
         ));
     }
+    let found = run_files_in(dir);
+    // A file with a run's file name that dptrain did not write is the user's: refused by name
+    // and kept, never taken for another run's nor deleted by --overwrite.
+    for name in &found {
+        if let Some(kind) = kind_of(name) {
+            output::check_replaceable(&dir.join(name), kind).map_err(run_dir_error)?;
+        }
+    }
     if cfg.resume.is_none() {
-        let found = run_files_in(dir);
         if !found.is_empty() && !cfg.overwrite {
             let latest = found.iter().filter(|n| is_checkpoint_name(n)).max();
             let resume = latest.map_or(String::new(), |c| {
@@ -319,14 +337,10 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
                 ),
             }));
         }
-        for name in &found {
-            let path = dir.join(name);
-            // Only regular files are deleted; anything else with such a name is refused.
-            output::check_file_target(&path).map_err(run_dir_error)?;
-            to_delete.push(path);
-        }
+        // Only regular files of their kind are deleted (checked above).
+        to_delete.extend(found.iter().map(|name| dir.join(name)));
     }
-    let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|f| dir.join(f)).collect();
+    let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|(f, _)| dir.join(f)).collect();
     if !cfg.no_checkpoints {
         targets.extend((1..=cfg.epochs).map(|e| super::checkpoint::checkpoint_path(dir, e)));
     }
@@ -363,6 +377,16 @@ pub fn check_trace(cfg: &TrainConfig) -> Result<Option<PathBuf>, OutputsError> {
         return Ok(None);
     };
     let path = trace_path(path, cfg.process_rank);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let in_run_dir = || {
+        let dir = |p: &Path| p.canonicalize().ok();
+        dir(output::parent_dir(&path)).is_some_and(|d| dir(&cfg.run_dir) == Some(d))
+    };
+    if let Some(name) = name.filter(|n| kind_of(n).is_some() || n == super::lock::LOCK_NAME) {
+        if in_run_dir() {
+            return Err(OutputsError::TraceIsRunFile { path, name });
+        }
+    }
     output::check_writable(&path, &crate::trace::TRACE_FILE).map_err(OutputsError::Trace)?;
     Ok(Some(path))
 }
