@@ -618,13 +618,19 @@ fn remove_dead_temps(dir: &Path, of: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         let Some((target, pid)) = temp_owner(&name) else {
             continue;
         };
-        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        let alive = is_running(pid);
         let regular = e.file_type().is_ok_and(|t| t.is_file());
         if of(target) && !alive && regular && std::fs::remove_file(e.path()).is_ok() {
             removed.push(e.path());
         }
     }
     removed
+}
+
+/// Whether process `pid` is running (this one counts): what an output named by its process
+/// may be deleted by, only when it is not.
+pub fn is_running(pid: u32) -> bool {
+    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// The target name and the pid in a temporary file's name `.dptrain-tmp-NAME.<pid>.<n>`, if it

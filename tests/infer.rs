@@ -641,6 +641,22 @@ fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform
         e.contains("it holds 24 images itself") && e.contains("CLASS/NAME.png"),
         "{e}"
     );
+    // A class directory the model does not know is named against the model's classes.
+    std::fs::create_dir(grey.join("test/zebra")).unwrap();
+    let e = eval::run(
+        &ck,
+        &EvalOptions {
+            workers: 1,
+            data_dir: Some(grey.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("[zebra] are not among the model's classes [class-0, class-1, class-2]"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! thread. Every wait is under a timeout so a hang fails the test instead of stalling CI.
 
 use dptrain::config::TrainOptions;
-use dptrain::data::{image_folder, synthetic, Dataset, DatasetPair};
+use dptrain::data::{image_export, image_folder, synthetic, Dataset, DatasetPair};
 use dptrain::pipeline::{
     Augment, BatchFeed, Collator, DistributedSampler, LoadStats, Normalize, Pipeline,
     PrefetchQueue, Reserved, Source,
@@ -207,7 +207,7 @@ fn shutdown_mid_epoch_joins_every_thread_and_wakes_a_waiting_worker() {
 /// An ImageFolder of a small synthetic set, in `dir`.
 fn image_folder(dir: &Path) {
     let pair = small_pair(96, 16, (1, 16, 16));
-    image_folder::export(&pair, dir, &Default::default()).unwrap();
+    image_export::export(&pair, dir, &Default::default()).unwrap();
 }
 
 fn folder_run(
@@ -370,7 +370,7 @@ fn training_is_bitwise_identical_with_and_without_prefetch() {
 fn an_image_folder_reads_back_what_was_exported() {
     let tmp = tempfile::tempdir().unwrap();
     let pair = small_pair(20, 5, (3, 6, 7));
-    image_folder::export(&pair, tmp.path(), &Default::default()).unwrap();
+    image_export::export(&pair, tmp.path(), &Default::default()).unwrap();
     let (train, test) = image_folder::open_pair(tmp.path()).unwrap();
     assert_eq!((train.len(), test.len()), (20, 5));
     assert_eq!((train.channels, train.height, train.width), (3, 6, 7));
@@ -411,7 +411,7 @@ fn files_under(dir: &Path) -> Vec<String> {
 fn an_image_export_that_fails_or_was_interrupted_leaves_the_earlier_export_whole() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("png");
-    image_folder::export(&small_pair(12, 4, (1, 5, 5)), &out, &Default::default()).unwrap();
+    image_export::export(&small_pair(12, 4, (1, 5, 5)), &out, &Default::default()).unwrap();
     let before = files_under(&out);
     assert_eq!(before.len(), 16);
     // The test split cannot be written (2 channels): the error comes after the training split
@@ -420,31 +420,55 @@ fn an_image_export_that_fails_or_was_interrupted_leaves_the_earlier_export_whole
         train: small_pair(6, 2, (1, 5, 5)).train,
         test: small_pair(6, 2, (2, 5, 5)).test,
     };
-    let replace = image_folder::ExportOptions {
+    let replace = image_export::ExportOptions {
         limit: None,
         overwrite: true,
     };
-    let err = image_folder::export(&failing, &out, &replace).unwrap_err();
+    let err = image_export::export(&failing, &out, &replace).unwrap_err();
     assert!(err.to_string().contains("2-channel"), "{err}");
     assert_eq!(files_under(&out), before);
-    // What an interrupted export left is deleted by the next one, which needs no --overwrite.
+    // What a killed export left (a process no longer running: a pid above any pid_max) is
+    // deleted by the next one, which needs no --overwrite.
+    let dead = 4_294_000_000u32;
     let fresh = tmp.path().join("fresh");
-    std::fs::create_dir_all(fresh.join(".dptrain-partial-train/0")).unwrap();
-    std::fs::write(fresh.join(".dptrain-partial-train/0/000003.png"), b"half").unwrap();
-    image_folder::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &Default::default()).unwrap();
+    let staged = |name: &str| fresh.join(format!("{name}.{dead}"));
+    std::fs::create_dir_all(staged(".dptrain-partial-train").join("0")).unwrap();
+    std::fs::write(
+        staged(".dptrain-partial-train").join("0/000003.png"),
+        b"half",
+    )
+    .unwrap();
+    image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &Default::default()).unwrap();
     assert_eq!(files_under(&fresh).len(), 5);
-    assert!(!fresh.join(".dptrain-partial-train").exists());
+    assert!(!staged(".dptrain-partial-train").exists());
     // Unless it holds a user's file: refused by name, kept.
-    std::fs::create_dir_all(fresh.join(".dptrain-partial-test/1")).unwrap();
-    std::fs::write(fresh.join(".dptrain-partial-test/1/notes.txt"), b"mine").unwrap();
-    let err = image_folder::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    std::fs::create_dir_all(staged(".dptrain-partial-test").join("1")).unwrap();
+    std::fs::write(staged(".dptrain-partial-test").join("1/notes.txt"), b"mine").unwrap();
+    let err = image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
     assert!(err.to_string().contains("notes.txt"), "{err}");
     assert_eq!(
-        std::fs::read(fresh.join(".dptrain-partial-test/1/notes.txt")).unwrap(),
+        std::fs::read(staged(".dptrain-partial-test").join("1/notes.txt")).unwrap(),
         b"mine"
     );
+    std::fs::remove_dir_all(staged(".dptrain-partial-test")).unwrap();
+    // A running process's staging is another export at work: refused, untouched.
+    let live = fresh.join(format!(".dptrain-partial-test.{}", std::process::id()));
+    std::fs::create_dir(&live).unwrap();
+    let err = image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    assert!(err.to_string().contains("another export"), "{err}");
+    assert!(live.exists());
+    std::fs::remove_dir(&live).unwrap();
+    // An earlier export's split moved aside by a killed export, its place empty, is the only
+    // copy: refused by name, kept.
+    std::fs::rename(fresh.join("test"), staged(".dptrain-replaced-test")).unwrap();
+    let err = image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    assert!(
+        err.to_string().contains("only copy") && err.to_string().contains("rename it back"),
+        "{err}"
+    );
+    assert_eq!(files_under(&fresh).len(), 5);
     // A successful --overwrite replaces the earlier export whole.
-    image_folder::export(&small_pair(5, 1, (1, 5, 5)), &out, &replace).unwrap();
+    image_export::export(&small_pair(5, 1, (1, 5, 5)), &out, &replace).unwrap();
     assert_eq!(files_under(&out).len(), 6);
 }
 

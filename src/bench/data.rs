@@ -148,7 +148,7 @@ pub fn export_image_folder(
     .resolve()?;
     let (train, test) = crate::train::load_data(&cfg)?;
     let pair = crate::data::DatasetPair { train, test };
-    crate::data::image_folder::export(&pair, out, &Default::default())
+    crate::data::image_export::export(&pair, out, &Default::default())
         .map(|_| ())
         .map_err(|e| format!("exporting {dataset} as images to {}: {e}", out.display()))
 }

@@ -141,7 +141,7 @@ fn export_images(
         return Err("--limit 0 exports nothing: give at least 1 (or leave it out)".into());
     }
     refuse_export_of_files(&dataset, data_dir.as_deref())?;
-    crate::data::image_folder::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
+    crate::data::image_export::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
     let cfg = TrainOptions {
         dataset: Some(dataset),
         data_dir,
@@ -153,11 +153,11 @@ fn export_images(
     .resolve()?;
     let (train, test) = crate::train::load_data(&cfg)?;
     let pair = crate::data::DatasetPair { train, test };
-    let options = crate::data::image_folder::ExportOptions {
+    let options = crate::data::image_export::ExportOptions {
         limit: None,
         overwrite,
     };
-    let n = crate::data::image_folder::export(&pair, out, &options).map_err(|e| e.to_string())?;
+    let n = crate::data::image_export::export(&pair, out, &options).map_err(|e| e.to_string())?;
     crate::outln!(
         "wrote {n} PNG files to {} (train/ and test/, {} classes); train with \
          --dataset imagefolder --data-dir {}",

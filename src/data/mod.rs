@@ -25,6 +25,7 @@ mod dataset;
 pub mod decode;
 mod error;
 pub mod idx;
+pub mod image_export;
 pub mod image_folder;
 pub mod mnist;
 pub mod packed;

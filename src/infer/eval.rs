@@ -304,6 +304,28 @@ fn folder_split(
     limit: Option<usize>,
 ) -> Result<Dataset, InferError> {
     let d = &model.description;
+    // A class directory the model does not know: named against the model's classes (the
+    // folder's own check would speak of a training split).
+    let mut unknown: Vec<String> = std::fs::read_dir(split_dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|c| !d.class_names.contains(c))
+        .collect();
+    unknown.sort();
+    if !unknown.is_empty() {
+        return Err(InferError::Mismatch {
+            checkpoint: model.path.clone(),
+            dataset: split_dir.display().to_string(),
+            what: format!(
+                "its class directories [{}] are not among the model's classes [{}]",
+                unknown.join(", "),
+                d.class_names.join(", ")
+            ),
+        });
+    }
     let mut folder = crate::data::image_folder::ImageFolder::open(split_dir, Some(&d.class_names))?;
     folder.channels = d.input[0];
     folder.set_size(d.input[1], d.input[2]);

@@ -3,6 +3,7 @@
 
 use super::plot;
 use super::run_data::{Phases, RunData, PHASES};
+use crate::train::run_files::RUN_FIGURES;
 use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -50,9 +51,6 @@ pub fn check_run_report(run_dir: &Path) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// The figures of a run's report: loss, accuracy, step breakdown.
-const RUN_FIGURES: [&str; 3] = ["loss.png", "accuracy.png", "breakdown.png"];
 
 /// Writes `report.md`, `loss.png`, `accuracy.png` and `breakdown.png` into `run_dir` from its
 /// `summary.json` and `metrics.jsonl`; returns the figures written.

@@ -241,8 +241,10 @@ fn same_dataset(a: &RunIdentity, b: &RunIdentity) -> bool {
         }
         // Two places that both exist: the same relative words said in two working directories
         // name two datasets. (The bundled MNIST is one dataset wherever the run starts; a
-        // recorded place that is gone, moved data, is left to the names.)
-        if x != y && !is_bundled(a) && Path::new(x).exists() && Path::new(y).exists() {
+        // recorded place that is gone, moved data, is left to the names; one that now leads
+        // elsewhere through a link is resolved again.)
+        let recorded_now = Path::new(x).canonicalize().ok();
+        if !is_bundled(a) && recorded_now.is_some_and(|r| r != Path::new(y)) {
             return false;
         }
     }
@@ -948,6 +950,13 @@ mod tests {
             Some("/nonexistent/photos".into()),
         );
         assert!(gone
+            .changes(&run("imagefolder", Some("photos"), Some(b.clone())))
+            .is_empty());
+        // Data moved, its old place now a link to the new one: one dataset.
+        std::os::unix::fs::symlink(tmp.path().join("b"), tmp.path().join("link")).unwrap();
+        let linked = tmp.path().join("link/photos").display().to_string();
+        let before_the_move = run("imagefolder", Some("photos"), Some(linked));
+        assert!(before_the_move
             .changes(&run("imagefolder", Some("photos"), Some(b.clone())))
             .is_empty());
         // The bundled MNIST is one dataset wherever the run starts.

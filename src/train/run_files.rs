@@ -13,10 +13,14 @@ use crate::output::Kind;
 pub const METRICS_FILE: Kind = Kind {
     what: "a run's metrics dptrain wrote",
     head: 64 << 10,
-    is_one: |head| {
-        let first = head.split(|&b| b == b'\n').next().unwrap_or(head);
-        crate::output::is_json_object_with(first, &["kind"])
-            || crate::output::is_json_object_with(first, &["epoch"])
+    is_one: |head| match head.iter().position(|&b| b == b'\n') {
+        Some(end) => {
+            let first = &head[..end];
+            crate::output::is_json_object_with(first, &["kind"])
+                || crate::output::is_json_object_with(first, &["epoch"])
+        }
+        // A first line cut short by a run that stopped while writing it (a resume trims it).
+        None => head.starts_with(b"{\""),
     },
 };
 
@@ -56,13 +60,16 @@ pub const ELASTIC_FILE: Kind = Kind {
     is_one: |bytes| crate::output::is_json_object_with(bytes, &["jobs", "failures", "finished"]),
 };
 
+/// The figures of a run's report: loss, accuracy, step breakdown.
+pub const RUN_FIGURES: [&str; 3] = ["loss.png", "accuracy.png", "breakdown.png"];
+
 /// Files a run writes into its directory besides its checkpoints and commits, with their kinds.
 pub const RUN_FILES: [(&str, &Kind); 7] = [
     ("metrics.jsonl", &METRICS_FILE),
     ("elastic.json", &ELASTIC_FILE),
     ("summary.json", &super::summary::SUMMARY_FILE),
     ("report.md", &REPORT_FILE),
-    ("loss.png", &PLOT_FILE),
-    ("accuracy.png", &PLOT_FILE),
-    ("breakdown.png", &PLOT_FILE),
+    (RUN_FIGURES[0], &PLOT_FILE),
+    (RUN_FIGURES[1], &PLOT_FILE),
+    (RUN_FIGURES[2], &PLOT_FILE),
 ];

@@ -162,6 +162,11 @@ impl Prepared {
     pub fn clear(&mut self, dir: &Path, warn: &dyn Fn(&str)) -> Result<Vec<String>, OutputsError> {
         let to_delete = std::mem::take(&mut self.to_delete);
         for path in &to_delete {
+            // Checked again right before: a user's file may have taken its place since.
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if let Some(kind) = name.as_deref().and_then(kind_of) {
+                output::check_replaceable(path, kind).map_err(OutputsError::RunDir)?;
+            }
             std::fs::remove_file(path).map_err(|cause| {
                 OutputsError::Delete(OutputError::Io {
                     path: path.clone(),
