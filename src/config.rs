@@ -948,15 +948,10 @@ impl TrainOptions {
         }
         let compress =
             crate::plan::CompressChoice::parse(self.compress.as_deref().unwrap_or("none"))?;
-        if compress.powersgd_rank().is_some()
-            && comm == CommChoice::Fixed(crate::comm::CommMode::Tree)
-        {
-            return Err(format!(
-                "--compress {compress} with --comm tree: tree mode reduces the gradients to \
-                 worker 0 alone, and PowerSGD needs every worker to hold each round's sum (its \
-                 error feedback and next round start from it); choose ring, hd, redundant, shm \
-                 or auto"
-            ));
+        if comm == CommChoice::Fixed(crate::comm::CommMode::Tree) {
+            if let Some(why) = compress.tree_refusal() {
+                return Err(why);
+            }
         }
         // `auto` leaves buckets that send no messages in f32; a format given must apply.
         let given = match compress {

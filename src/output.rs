@@ -630,7 +630,18 @@ fn remove_dead_temps(dir: &Path, of: impl Fn(&str) -> bool) -> Vec<PathBuf> {
 /// Whether process `pid` is running (this one counts): what an output named by its process
 /// may be deleted by, only when it is not.
 pub fn is_running(pid: u32) -> bool {
-    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+    if pid == std::process::id() {
+        return true;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (name) S ...": the state follows the name's last ')'; a zombie has ended (its
+    // parent has not yet collected it), so what it left is no longer being written.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X'))
 }
 
 /// The target name and the pid in a temporary file's name `.dptrain-tmp-NAME.<pid>.<n>`, if it
@@ -849,6 +860,26 @@ mod tests {
             cut_lines_from(&dir.path().join("absent"), |_| true).unwrap(),
             0
         );
+    }
+
+    #[test]
+    fn a_process_that_has_ended_is_not_running_even_before_it_is_collected() {
+        assert!(is_running(std::process::id()));
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(is_running(sleeper.id()));
+        sleeper.kill().unwrap();
+        // Killed but not yet waited for: a zombie, which has ended.
+        let zombie = sleeper.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while is_running(zombie) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!is_running(zombie));
+        sleeper.wait().unwrap();
+        assert!(!is_running(zombie));
     }
 
     #[test]

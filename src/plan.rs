@@ -103,6 +103,17 @@ impl CompressChoice {
     /// f32 on the wire: the default.
     pub const NONE: CompressChoice = CompressChoice::Fixed(WireFormat::F32);
 
+    /// Why this compression cannot run with tree mode, if it cannot (the trainer's options and
+    /// the simulator's alike): PowerSGD needs every worker to hold each round's sum.
+    pub fn tree_refusal(self) -> Option<String> {
+        self.powersgd_rank()?;
+        Some(format!(
+            "--compress {self} with --comm tree: tree mode reduces the gradients to worker 0 \
+             alone, and PowerSGD needs every worker to hold each round's sum (its error \
+             feedback and next round start from it); choose ring, hd, redundant, shm or auto"
+        ))
+    }
+
     /// Parses `auto`, `powersgd:R` or a wire format (`none`, `fp16`, `bf16`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let t = s.trim();

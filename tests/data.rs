@@ -740,13 +740,34 @@ fn export_images_refuses_a_directory_that_holds_something() {
             "data",
             "export-images",
             "--dataset",
-            "synthetic",
+            "synthetic:1x4x4:1",
             "--limit",
             "4",
         ];
         args.extend_from_slice(extra);
         dptrain_cli(&args, t)
     };
+    // A limit that leaves a class without a training image is refused before writing: an
+    // ImageFolder with an empty class directory cannot be trained on.
+    let (code, err) = dptrain_cli(
+        &[
+            "data",
+            "export-images",
+            "--dataset",
+            "synthetic:1x4x4:10",
+            "--limit",
+            "3",
+            "--out",
+            "few",
+        ],
+        t,
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("has no image of class") && err.contains("a larger --limit"),
+        "{err}"
+    );
+    assert_eq!(walk(&t.join("few")).len(), 0);
     let (code, err) = export(&["--out", "png"]);
     assert_eq!(code, 0, "{err}");
     let count = |d: &str| walk(&t.join(d)).len();
@@ -757,7 +778,7 @@ fn export_images_refuses_a_directory_that_holds_something() {
             "data",
             "export-images",
             "--dataset",
-            "synthetic",
+            "synthetic:1x4x4:1",
             "--limit",
             "2",
             "--out",
@@ -794,7 +815,7 @@ fn export_images_refuses_a_directory_that_holds_something() {
             "data",
             "export-images",
             "--dataset",
-            "synthetic",
+            "synthetic:1x4x4:1",
             "--limit",
             "2",
             "--out",

@@ -410,15 +410,17 @@ fn files_under(dir: &Path) -> Vec<String> {
 #[test]
 fn an_image_export_that_fails_or_was_interrupted_leaves_the_earlier_export_whole() {
     let tmp = tempfile::tempdir().unwrap();
+    // One class: any number of images holds an image of every class.
+    let one_class = |train, test, shape| synthetic::generate(train, test, shape, 1, 3).unwrap();
     let out = tmp.path().join("png");
-    image_export::export(&small_pair(12, 4, (1, 5, 5)), &out, &Default::default()).unwrap();
+    image_export::export(&one_class(12, 4, (1, 5, 5)), &out, &Default::default()).unwrap();
     let before = files_under(&out);
     assert_eq!(before.len(), 16);
     // The test split cannot be written (2 channels): the error comes after the training split
     // was written, and the earlier export stays as it was, with nothing staged left behind.
     let failing = DatasetPair {
-        train: small_pair(6, 2, (1, 5, 5)).train,
-        test: small_pair(6, 2, (2, 5, 5)).test,
+        train: one_class(6, 2, (1, 5, 5)).train,
+        test: one_class(6, 2, (2, 5, 5)).test,
     };
     let replace = image_export::ExportOptions {
         limit: None,
@@ -438,13 +440,13 @@ fn an_image_export_that_fails_or_was_interrupted_leaves_the_earlier_export_whole
         b"half",
     )
     .unwrap();
-    image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &Default::default()).unwrap();
+    image_export::export(&one_class(3, 2, (1, 5, 5)), &fresh, &Default::default()).unwrap();
     assert_eq!(files_under(&fresh).len(), 5);
     assert!(!staged(".dptrain-partial-train").exists());
     // Unless it holds a user's file: refused by name, kept.
     std::fs::create_dir_all(staged(".dptrain-partial-test").join("1")).unwrap();
     std::fs::write(staged(".dptrain-partial-test").join("1/notes.txt"), b"mine").unwrap();
-    let err = image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    let err = image_export::export(&one_class(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
     assert!(err.to_string().contains("notes.txt"), "{err}");
     assert_eq!(
         std::fs::read(staged(".dptrain-partial-test").join("1/notes.txt")).unwrap(),
@@ -454,21 +456,21 @@ fn an_image_export_that_fails_or_was_interrupted_leaves_the_earlier_export_whole
     // A running process's staging is another export at work: refused, untouched.
     let live = fresh.join(format!(".dptrain-partial-test.{}", std::process::id()));
     std::fs::create_dir(&live).unwrap();
-    let err = image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    let err = image_export::export(&one_class(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
     assert!(err.to_string().contains("another export"), "{err}");
     assert!(live.exists());
     std::fs::remove_dir(&live).unwrap();
     // An earlier export's split moved aside by a killed export, its place empty, is the only
     // copy: refused by name, kept.
     std::fs::rename(fresh.join("test"), staged(".dptrain-replaced-test")).unwrap();
-    let err = image_export::export(&small_pair(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
+    let err = image_export::export(&one_class(3, 2, (1, 5, 5)), &fresh, &replace).unwrap_err();
     assert!(
         err.to_string().contains("only copy") && err.to_string().contains("rename it back"),
         "{err}"
     );
     assert_eq!(files_under(&fresh).len(), 5);
     // A successful --overwrite replaces the earlier export whole.
-    image_export::export(&small_pair(5, 1, (1, 5, 5)), &out, &replace).unwrap();
+    image_export::export(&one_class(5, 1, (1, 5, 5)), &out, &replace).unwrap();
     assert_eq!(files_under(&out).len(), 6);
 }
 

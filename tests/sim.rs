@@ -668,6 +668,23 @@ fn priority_scheduling_hides_the_link_under_the_next_forward_within_the_bound() 
         err.contains("--schedule priority with --overlap off"),
         "{err}"
     );
+    // PowerSGD in tree mode: refused by both, in the trainer's words.
+    let mut powersgd_tree = cfg(topo, CommChoice::Fixed(CommMode::Tree), true, None);
+    powersgd_tree.compress = dptrain::plan::CompressChoice::PowerSgd { rank: 1 };
+    let err = simulate_step(&p, &powersgd_tree).unwrap_err();
+    let trainer = dptrain::config::TrainOptions {
+        workers: Some(2),
+        comm: Some("tree".into()),
+        compress: Some("powersgd:1".into()),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap_err();
+    assert!(
+        err.contains("--compress powersgd:1 with --comm tree"),
+        "{err}"
+    );
+    assert_eq!(err, trainer);
 }
 
 #[test]

@@ -104,6 +104,22 @@ pub enum DataError {
         name: String,
     },
 
+    /// An export's training split lacks an image of some classes: an ImageFolder made of it
+    /// could not be trained on (its reader refuses a class directory without images).
+    #[error(
+        "the export's training split ({images} images) has no image of class {} (of {classes}): \
+         training on an ImageFolder needs an image of every class; export more images (a \
+         larger --limit)",
+        missing.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    ClassesMissing {
+        /// Images in the training split.
+        images: usize,
+        /// The classes without an image.
+        missing: Vec<usize>,
+        /// Classes of the dataset.
+        classes: usize,
+    },
     /// An option of `data pack` out of its range.
     #[error("data pack: {0}")]
     PackOption(String),

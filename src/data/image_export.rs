@@ -141,7 +141,11 @@ pub fn prepare_export_dir(out: &Path, overwrite: bool) -> Result<(), DataError> 
         return refuse(
             format!("is being written by another export (process {})", live.pid),
             vec![live.name.clone()],
-            "wait for it to finish, or choose another directory".into(),
+            format!(
+                "wait for it to finish, or choose another directory (if no export is running, \
+                 process {} is another program now: delete {} and export again)",
+                live.pid, live.name
+            ),
         );
     }
     let orphan =
@@ -248,6 +252,21 @@ fn not_exported(out: &Path, splits: &[String]) -> Vec<String> {
 /// goes through [`crate::output`].
 pub fn export(pair: &DatasetPair, out: &Path, options: &ExportOptions) -> Result<usize, DataError> {
     prepare_export_dir(out, options.overwrite)?;
+    let train_n = options.limit.unwrap_or(usize::MAX).min(pair.train.len());
+    let mut seen = vec![false; pair.train.num_classes];
+    for &label in &pair.train.labels[..train_n] {
+        if let Some(s) = seen.get_mut(label as usize) {
+            *s = true;
+        }
+    }
+    let missing: Vec<usize> = (0..seen.len()).filter(|&c| !seen[c]).collect();
+    if !missing.is_empty() {
+        return Err(DataError::ClassesMissing {
+            images: train_n,
+            missing,
+            classes: pair.train.num_classes,
+        });
+    }
     for left in survey(out)?.staged {
         // Checked by prepare_export_dir: a dead process's, holding only an export's files.
         std::fs::remove_dir_all(out.join(&left.name)).map_err(|cause| OutputError::Io {

@@ -110,6 +110,7 @@ impl ImageFolder {
         let (mut files, mut labels) = (Vec::new(), Vec::new());
         for (label, class) in classes.iter().enumerate() {
             let these = class_files(&split_dir.join(class), hint)?;
+            warn_unread_subdirectories(&split_dir.join(class));
             if training && these.is_empty() && classes.len() > 1 {
                 return Err(DataError::invalid(
                     split_dir.join(class),
@@ -127,6 +128,15 @@ impl ImageFolder {
                     "holds no .png, .jpg or .jpeg files in class directories{}; {hint}",
                     loose_images(split_dir)
                 ),
+            ));
+        }
+        let loose = class_files(split_dir, hint)?.len();
+        if loose > 0 {
+            crate::terminal::print_warning(&format!(
+                "{}: {loose} image{} directly in it not read: an ImageFolder reads the images in \
+                 its class directories only",
+                split_dir.display(),
+                if loose == 1 { "" } else { "s" }
             ));
         }
         let mut folder = ImageFolder {
@@ -292,6 +302,26 @@ impl ImageFolder {
             }
         }
         probe.computed_mean_std()
+    }
+}
+
+/// Warns when the class directory `dir` holds directories: their images are not read (torchvision's
+/// ImageFolder reads them; here a class is the images directly in its directory), and a
+/// silently smaller dataset would surprise.
+fn warn_unread_subdirectories(dir: &Path) {
+    let subdirs = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .count();
+    if subdirs > 0 {
+        crate::terminal::print_warning(&format!(
+            "{}: {subdirs} director{} in this class not read: an ImageFolder reads the images \
+             directly in each class directory; move theirs up to count them",
+            dir.display(),
+            if subdirs == 1 { "y" } else { "ies" }
+        ));
     }
 }
 

@@ -562,16 +562,20 @@ impl Plan<'_> {
 impl EvalReport {
     /// The headline: samples, loss, top-1, top-k.
     pub fn headline(&self) -> String {
+        // With one class, top-k is top-1: said once.
+        let top_k = if self.top_k > 1 {
+            format!(", top-{} {:.2}%", self.top_k, 100.0 * self.top5)
+        } else {
+            String::new()
+        };
         format!(
-            "{} on {} ({} split, {} images): loss {:.4}, top-1 {:.2}%, top-{} {:.2}%",
+            "{} on {} ({} split, {} images): loss {:.4}, top-1 {:.2}%{top_k}",
             self.model,
             self.dataset,
             self.split,
             self.samples,
             self.loss,
             100.0 * self.top1,
-            self.top_k,
-            100.0 * self.top5
         )
     }
 

@@ -187,6 +187,11 @@ pub fn plan(profile: &Profile, cfg: &StepConfig) -> Result<(BucketPlan, Vec<Buck
     if let Some(why) = order {
         return Err(why);
     }
+    if cfg.comm == CommChoice::Fixed(crate::comm::CommMode::Tree) {
+        if let Some(why) = cfg.compress.tree_refusal() {
+            return Err(why);
+        }
+    }
     if cfg.schedule == crate::parallel::Schedule::Priority {
         let tree = cfg.comm == CommChoice::Fixed(crate::comm::CommMode::Tree);
         if let Some(why) = crate::parallel::schedule::priority_refusal(cfg.overlap, tree, false) {
