@@ -518,7 +518,20 @@ const MEANING_REFUSALS: &[Case] = &[
             "2",
         ],
         1,
-        "--efficiency in (0, 1]",
+        "--efficiency 2: must be in (0, 1]",
+    ),
+    (
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--out",
+            "p.json",
+            "--device-images-per-s",
+            "0",
+        ],
+        1,
+        "--device-images-per-s 0: must be a finite number above 0",
     ),
     (
         &[

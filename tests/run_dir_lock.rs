@@ -350,6 +350,23 @@ fn only_dptrains_own_temporary_files_are_removed_from_a_run_directory() {
         }
         assert!(!dir.join(&stale).exists(), "{stale} was left");
     }
+    // A user's file with the lock's name is not emptied, taken or removed: refused by name.
+    std::fs::write(dir.join(".dptrain-lock"), "my notes").unwrap();
+    let o = dptrain(
+        &train_args("Y", "1", &["--quiet", "--overwrite"]),
+        tmp.path(),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(".dptrain-lock") && err.contains("not a run directory's lock"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join(".dptrain-lock")).unwrap(),
+        "my notes"
+    );
+    std::fs::remove_file(dir.join(".dptrain-lock")).unwrap();
     // No temporary file of the runs themselves is left, under any name.
     let left: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()

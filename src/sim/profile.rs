@@ -46,22 +46,31 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
     if batch == 0 {
         return Err("the batch must be at least 1".into());
     }
+    // Each figure refused by its own name and value: a wrong one is named, not a neighbour.
+    let positive = |flag: &str, v: f64| -> Result<(), String> {
+        if v > 0.0 && v.is_finite() {
+            return Ok(());
+        }
+        Err(format!("{flag} {v}: must be a finite number above 0"))
+    };
     let mem_gbs = match speed {
         DeviceSpeed::Flops(d) => {
-            if !(d.tflops > 0.0 && d.efficiency > 0.0 && d.efficiency <= 1.0 && d.mem_gbs > 0.0) {
-                return Err(
-                    "--device-tflops and --mem-gbs must be > 0, --efficiency in (0, 1]".into(),
-                );
+            positive("--device-tflops", d.tflops)?;
+            if !(d.efficiency > 0.0 && d.efficiency <= 1.0) {
+                return Err(format!(
+                    "--efficiency {}: must be in (0, 1], the share of the peak reached",
+                    d.efficiency
+                ));
             }
+            positive("--mem-gbs", d.mem_gbs)?;
             d.mem_gbs
         }
         DeviceSpeed::ImagesPerSecond {
             images_per_s,
             mem_gbs,
         } => {
-            if !(images_per_s > 0.0 && images_per_s.is_finite() && mem_gbs > 0.0) {
-                return Err("--device-images-per-s and --mem-gbs must be > 0".into());
-            }
+            positive("--device-images-per-s", images_per_s)?;
+            positive("--mem-gbs", mem_gbs)?;
             mem_gbs
         }
     };

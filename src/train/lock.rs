@@ -85,6 +85,17 @@ impl RunDirLock {
             if !is_at(&file, &path) {
                 continue;
             }
+            // A user's file of the lock's name is not ours to empty (a lock file holds
+            // `pid=...`, or nothing if its writer was killed before writing it).
+            let mut head = [0u8; 4];
+            let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0)
+                .map_err(|e| io("read", e))?;
+            if n > 0 && !b"pid=".starts_with(&head[..n]) {
+                return Err(LockError::Io(OutputError::NotOurs {
+                    path,
+                    what: "a run directory's lock dptrain wrote",
+                }));
+            }
             let mut lock = Self { path, file };
             let text = holder_text();
             lock.file
