@@ -436,22 +436,11 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
     assert_eq!(lines.len(), 400);
     // The confusion matrix of predict's answers (true class: the file's directory) is eval's.
     let names: Vec<String> = report.classes.iter().map(|c| c.name.clone()).collect();
-    let mut confusion = vec![vec![0u64; names.len()]; names.len()];
     for l in &lines {
-        let file = PathBuf::from(l["file"].as_str().unwrap());
-        let truth = file
-            .parent()
-            .unwrap()
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap();
-        let t = names.iter().position(|n| n == truth).unwrap();
         let p = l["top"][0]["label"].as_u64().unwrap() as usize;
         assert_eq!(l["top"][0]["class"].as_str(), Some(names[p].as_str()));
-        confusion[t][p] += 1;
     }
-    assert_eq!(confusion, report.confusion);
+    assert_eq!(predicted_confusion(&names, &lines), report.confusion);
     // A non-image and a corrupt PNG are named; every other image is still predicted, and the
     // command fails at the end.
     let notes = dir.path().join("notes.txt");
