@@ -590,6 +590,44 @@ pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
     }
 }
 
+/// The directories a command created ([`CreatedDirs::create`]), to remove again if the command
+/// ends without writing into them: a run or an export refused after making its output
+/// directory leaves no empty directory behind. Only a directory this command made, and only
+/// while it is empty (`rmdir`), is removed: a user's directory, or one that received any
+/// file, is never touched.
+#[derive(Debug, Default)]
+pub struct CreatedDirs {
+    /// Outermost first.
+    dirs: Vec<PathBuf>,
+}
+
+impl CreatedDirs {
+    /// [`create_dir`], remembering `dir` when it did not exist before.
+    pub fn create(&mut self, dir: &Path) -> Result<(), OutputError> {
+        let existed = std::fs::symlink_metadata(dir).is_ok();
+        create_dir(dir)?;
+        if !existed && !self.dirs.iter().any(|d| d == dir) {
+            self.dirs.push(dir.to_path_buf());
+        }
+        Ok(())
+    }
+
+    /// Forgets `dir`, if it was created (it is another process's now).
+    pub fn forget(&mut self, dir: &Path) {
+        self.dirs.retain(|d| d != dir);
+    }
+
+    /// Removes the created directories that are still empty, innermost first, stopping at the
+    /// first that is not (its parents are then not empty either).
+    pub fn remove_empty(&mut self) {
+        while let Some(dir) = self.dirs.pop() {
+            if std::fs::remove_dir(&dir).is_err() {
+                self.dirs.clear();
+            }
+        }
+    }
+}
+
 /// Removes temporary files (`.dptrain-tmp-NAME.<pid>.<n>`, see [`write_atomically`]) that
 /// processes no longer running left in `dir` when they were killed mid-write; returns what was
 /// removed. Only names of exactly that form are touched: files of live processes (this one and
@@ -842,6 +880,27 @@ pub fn cut_lines_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_created_directories_left_empty_are_removed_innermost_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (user, outer) = (tmp.path().join("user"), tmp.path().join("outer"));
+        std::fs::create_dir(&user).unwrap();
+        let mut made = CreatedDirs::default();
+        for d in [&user, &outer, &outer.join("a"), &user.join("b")] {
+            made.create(d).unwrap();
+        }
+        made.remove_empty();
+        // The user's directory was there before: kept; the rest were empty.
+        assert!(user.is_dir() && !user.join("b").exists() && !outer.exists());
+        let mut made = CreatedDirs::default();
+        made.create(&outer).unwrap();
+        made.create(&outer.join("a")).unwrap();
+        std::fs::write(outer.join("a/f"), "x").unwrap();
+        made.remove_empty();
+        // A directory that received a file is kept, and with it its parent.
+        assert!(outer.join("a/f").is_file());
+    }
 
     #[test]
     fn lines_are_cut_from_the_first_that_matches_and_none_before_it() {

@@ -713,8 +713,17 @@ fn a_trace_path_that_is_one_of_the_runs_own_files_is_refused_before_the_first_st
             err.contains(&format!("the run's own {name}")) && err.contains("T/trace.json"),
             "{err}"
         );
-        assert!(!t.join("T/checkpoint-epoch0001.safetensors").exists());
+        // The run directory the refused run made is not left behind empty.
+        assert!(!t.join("T").exists());
     }
+    // Nor the default one (runs/ included); a directory that was there is kept.
+    let (code, _, err) = run_short(&["--trace", "runs/lenet5-mnist/report.md"], t);
+    assert_eq!(code, 1, "{err}");
+    assert!(!t.join("runs").exists(), "{err}");
+    std::fs::create_dir(t.join("T")).unwrap();
+    let (code, _, err) = run_short(&["--run-dir", "T", "--trace", "T/report.md"], t);
+    assert_eq!(code, 1, "{err}");
+    assert!(t.join("T").is_dir());
     // The same name outside the run directory is the trace's to write.
     let (code, _, err) = run_short(&["--run-dir", "T", "--trace", "summary.json"], t);
     assert_eq!(code, 0, "{err}");

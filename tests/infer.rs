@@ -614,6 +614,37 @@ fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform
         predicted_confusion(m.class_names(), &lines),
         on_grey.confusion
     );
+    // The same grey images packed (raw pixels, and as packing chooses) are made colour as
+    // the folder's are: the raw pack counts exactly as the folder does.
+    for class in m.class_names() {
+        let (from, to) = (
+            grey.join("test").join(class),
+            grey.join("train").join(class),
+        );
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(&from).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    for (raw, name) in [(true, "grey-raw.dpk"), (false, "grey.dpk")] {
+        let pack = dir.path().join(name);
+        let (grey_dir, out) = (grey.to_str().unwrap(), pack.to_str().unwrap());
+        let mut args = vec!["data", "pack", grey_dir, "--out", out];
+        if raw {
+            args.push("--raw");
+        }
+        let (ok, _, stderr) = dptrain_in(dir.path(), &args);
+        assert!(ok, "{stderr}");
+        let packed = eval_with(&ck, |o| {
+            o.dataset = Some("packed".into());
+            o.data_dir = Some(pack.clone());
+        });
+        assert_eq!(packed.samples, on_grey.samples);
+        if raw {
+            assert_eq!(packed.confusion, on_grey.confusion);
+        }
+    }
     // Images straight in the directory, not in class directories: said so.
     let loose = lone.join("test").join("class-1");
     let e = eval::run(

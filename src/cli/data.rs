@@ -141,29 +141,39 @@ fn export_images(
         return Err("--limit 0 exports nothing: give at least 1 (or leave it out)".into());
     }
     refuse_export_of_files(&dataset, data_dir.as_deref())?;
-    crate::data::image_export::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
-    let cfg = TrainOptions {
-        dataset: Some(dataset),
-        data_dir,
-        train_limit: limit,
-        test_limit: limit,
-        batch: Some(1),
-        ..Default::default()
+    // A refused or failed export leaves no empty directory it made.
+    let mut created = crate::output::CreatedDirs::default();
+    created.create(out).map_err(|e| e.to_string())?;
+    let exported = (|| -> Result<(), String> {
+        crate::data::image_export::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
+        let cfg = TrainOptions {
+            dataset: Some(dataset),
+            data_dir,
+            train_limit: limit,
+            test_limit: limit,
+            batch: Some(1),
+            ..Default::default()
+        }
+        .resolve()?;
+        let (train, test) = crate::train::load_data(&cfg)?;
+        let pair = crate::data::DatasetPair { train, test };
+        let options = crate::data::image_export::ExportOptions {
+            limit: None,
+            overwrite,
+        };
+        let n =
+            crate::data::image_export::export(&pair, out, &options).map_err(|e| e.to_string())?;
+        crate::outln!(
+            "wrote {n} PNG files to {} (train/ and test/, {} classes); train with \
+             --dataset imagefolder --data-dir {}",
+            out.display(),
+            pair.train.num_classes,
+            out.display()
+        );
+        Ok(())
+    })();
+    if exported.is_err() {
+        created.remove_empty();
     }
-    .resolve()?;
-    let (train, test) = crate::train::load_data(&cfg)?;
-    let pair = crate::data::DatasetPair { train, test };
-    let options = crate::data::image_export::ExportOptions {
-        limit: None,
-        overwrite,
-    };
-    let n = crate::data::image_export::export(&pair, out, &options).map_err(|e| e.to_string())?;
-    crate::outln!(
-        "wrote {n} PNG files to {} (train/ and test/, {} classes); train with \
-         --dataset imagefolder --data-dir {}",
-        out.display(),
-        pair.train.num_classes,
-        out.display()
-    );
-    Ok(())
+    exported
 }

@@ -192,6 +192,29 @@ impl DecodedImage {
         (self.full_width, self.full_height) = (width, height);
     }
 
+    /// [`DecodedImage::set_from_hwc`] for pixels stored with `stored` channels, delivered with
+    /// `channels` (grey replicated to RGB, RGB to grey with PIL's weights, as a decoded file's
+    /// are): a packed file of grey images read for a colour model.
+    pub fn set_from_hwc_as(
+        &mut self,
+        (width, height, stored): (usize, usize, usize),
+        hwc: &[u8],
+        channels: usize,
+    ) {
+        if stored == channels {
+            return self.set_from_hwc(width, height, channels, hwc);
+        }
+        assert_eq!(
+            hwc.len(),
+            width * height * stored,
+            "pixels for {width}x{height}x{stored}"
+        );
+        let layout = Layout::new(stored, false);
+        convert(hwc, layout, width * height, channels, &mut self.pixels);
+        (self.width, self.height, self.channels) = (width, height, channels);
+        (self.full_width, self.full_height) = (width, height);
+    }
+
     /// Same as [`DecodedImage::set_from_hwc`] from planes (C x H x W, an in-memory dataset's
     /// layout).
     pub fn set_from_chw(&mut self, width: usize, height: usize, channels: usize, chw: &[u8]) {

@@ -63,16 +63,26 @@ pub fn load_mnist(dir: &Path, bundled: bool) -> Result<DatasetPair, DataError> {
     };
     let hint = hint.as_str();
     let sums_path = dir.join(SHA256SUMS);
-    let sums_text = crate::input::read_text(&sums_path, FileKind::Dataset).map_err(|e| {
-        DataError::from_input(
-            e,
-            &format!(
-                "MNIST is loaded only with its checksums; {hint} (or load unverified files with \
-                 idx:{})",
-                dir.display()
-            ),
+    // The checksums themselves unreadable: for a user's directory, say how to make them
+    // rather than that the files do not match them.
+    let unreadable = if bundled {
+        format!(
+            "MNIST is loaded only with its checksums; {hint} (or load unverified files with \
+             idx:{})",
+            dir.display()
         )
-    })?;
+    } else {
+        format!(
+            "`--dataset mnist` with a directory checks the four .gz files against the \
+             SHA256SUMS beside them: write it with `cd {} && sha256sum *.gz > SHA256SUMS` once \
+             the files are known to be good, or train on the files unchecked with --dataset idx \
+             --data-dir {}",
+            dir.display(),
+            dir.display()
+        )
+    };
+    let sums_text = crate::input::read_text(&sums_path, FileKind::Dataset)
+        .map_err(|e| DataError::from_input(e, &unreadable))?;
     let sums = parse_sums(&sums_path, &sums_text, hint)?;
     let expected = |file: &str| -> Result<String, DataError> {
         sums.iter()

@@ -255,9 +255,16 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
             set,
         });
     }
-    // A packed file is read at the model's input size through its evaluation transform; other
-    // datasets are in memory at their own size (checked below).
-    let folder = matches!(spec, Ok(crate::data::DatasetSpec::Packed { .. }));
+    if let Ok(crate::data::DatasetSpec::Packed { file }) = &spec {
+        let set = packed_split(model, file, split, opts.limit)?;
+        check_fits(model, &shown, &set.0, &set.1)?;
+        return Ok(EvalData {
+            dataset: shown,
+            split,
+            set: set.0,
+        });
+    }
+    // Other datasets are in memory at their own size (checked below).
     let d = &model.description;
     let cfg = crate::config::TrainOptions {
         dataset: Some(dataset.clone()),
@@ -265,8 +272,6 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
         batch: Some(1),
         train_limit: opts.limit.filter(|_| split == Split::Train),
         test_limit: opts.limit.filter(|_| split == Split::Test),
-        image_size: folder.then(|| d.image_size().to_string()),
-        eval_transform: folder.then(|| d.eval_transform.clone()),
         quiet: true,
         ..Default::default()
     }
@@ -338,6 +343,34 @@ fn folder_split(
         &eval,
         "imagefolder",
     )?)
+}
+
+/// One split of a packed file read as the model's input (its channels, converted as
+/// [`folder_split`] converts; its size through the checkpoint's evaluation transform), the
+/// first `limit` only; with the file's class names.
+fn packed_split(
+    model: &TrainedModel,
+    file: &Path,
+    split: Split,
+    limit: Option<usize>,
+) -> Result<(Dataset, Vec<String>), InferError> {
+    let d = &model.description;
+    let (train, test) = crate::data::packed::open_pair(file)?;
+    let mut set = match split {
+        Split::Train => train,
+        Split::Test => test,
+    };
+    set.channels = d.input[0];
+    set.set_size(d.input[1], d.input[2]);
+    if let Some(n) = limit {
+        set.truncate(n);
+    }
+    let eval = d.eval_transforms(&model.path)?;
+    let names = set.classes().to_vec();
+    Ok((
+        crate::pipeline::decode_packed_split(&set, &eval, "packed")?,
+        names,
+    ))
 }
 
 /// A failure to load the dataset, typed where it is the data's.

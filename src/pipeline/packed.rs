@@ -4,8 +4,8 @@
 //!
 //! A JPEG sample goes through [`Transforms::apply_bytes`] exactly as an ImageFolder's JPEG file
 //! does (decoded at 1/2, 1/4 or 1/8 scale where the crop allows); a raw sample is put into the
-//! decoded image as it is ([`crate::data::decode::DecodedImage::set_from_hwc`], one copy, no
-//! decoding) and rendered with [`Transforms::apply_image`]. The same image therefore gives the
+//! decoded image as it is ([`crate::data::decode::DecodedImage::set_from_hwc_as`], one copy, no
+//! decoding; converted where the split is delivered with other channels than stored) and rendered with [`Transforms::apply_image`]. The same image therefore gives the
 //! same pixels from a folder of PNGs and from a `--raw` pack of it.
 
 use super::{Draw, ImageSize, Normalization, Normalize, TransformScratch, Transforms};
@@ -35,7 +35,8 @@ pub fn write_sample(
             .map_err(|e| split.corrupt(i, format!("does not decode ({e})"))),
         Encoding::Raw => {
             let (w, h) = (usize::from(r.width), usize::from(r.height));
-            scratch.image.set_from_hwc(w, h, c, bytes);
+            let stored = split.file.channels;
+            scratch.image.set_from_hwc_as((w, h, stored), bytes, c);
             transforms.apply_image(&scratch.image, size, norm, draw, &mut scratch.render, out);
             Ok(())
         }

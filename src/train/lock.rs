@@ -10,7 +10,7 @@
 //! a file that its holder removed in between (the holder was ending) is taken again on the
 //! new file, so two runs never hold locks on two different files of one name.
 
-use crate::output::OutputError;
+use crate::output::{CreatedDirs, OutputError};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -56,6 +56,8 @@ pub enum LockError {
 pub struct RunDirLock {
     path: PathBuf,
     file: File,
+    /// The directories the run created to hold it, removed on release if left empty.
+    created: CreatedDirs,
 }
 
 impl RunDirLock {
@@ -96,7 +98,11 @@ impl RunDirLock {
                     what: "a run directory's lock dptrain wrote",
                 }));
             }
-            let mut lock = Self { path, file };
+            let mut lock = Self {
+                path,
+                file,
+                created: CreatedDirs::default(),
+            };
             let text = holder_text();
             lock.file
                 .set_len(0)
@@ -120,6 +126,14 @@ impl RunDirLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Removes `created` (the run directory and its parent, where this run made them) on
+    /// release if nothing was written there: a run refused before its first file leaves no
+    /// empty directory.
+    pub fn removing_on_release(mut self, created: CreatedDirs) -> Self {
+        self.created = created;
+        self
+    }
 }
 
 impl Drop for RunDirLock {
@@ -129,6 +143,7 @@ impl Drop for RunDirLock {
         if is_at(&self.file, &self.path) {
             let _ = std::fs::remove_file(&self.path);
         }
+        self.created.remove_empty();
     }
 }
 

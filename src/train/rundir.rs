@@ -218,32 +218,51 @@ fn resume_dir(cfg: &TrainConfig) -> Option<PathBuf> {
 /// takes its lock, before anything in it is looked at or written: of two runs started at once
 /// on a new directory, one holds it and the other is refused naming it. The default directory
 /// of a new run moves to the first numbered one that neither holds an earlier run nor is
-/// locked by a live one (said in a note).
+/// locked by a live one (said in a note). What this run created is removed again when the
+/// lock is released, if the run wrote nothing there ([`RunDirLock::removing_on_release`]).
 fn claim(
     cfg: &mut TrainConfig,
     notes: &mut Vec<String>,
+) -> Result<Option<RunDirLock>, OutputsError> {
+    let mut created = output::CreatedDirs::default();
+    let claimed = claim_in(cfg, notes, &mut created);
+    match claimed {
+        Ok(Some(lock)) => Ok(Some(lock.removing_on_release(created))),
+        Ok(None) => Ok(None),
+        Err(e) => {
+            created.remove_empty();
+            Err(e)
+        }
+    }
+}
+
+/// [`claim`]'s work; every directory it makes is recorded in `created`.
+fn claim_in(
+    cfg: &mut TrainConfig,
+    notes: &mut Vec<String>,
+    created: &mut output::CreatedDirs,
 ) -> Result<Option<RunDirLock>, OutputsError> {
     let run_dir_error = OutputsError::RunDir;
     if !cfg.run_dir_given {
         let parent = output::parent_dir(&cfg.run_dir);
         if parent != Path::new(".") {
-            output::create_dir(parent).map_err(run_dir_error)?;
+            created.create(parent).map_err(run_dir_error)?;
         }
     }
     let numbered = !cfg.run_dir_given && cfg.resume.is_none() && !cfg.overwrite;
     if !numbered {
-        output::create_dir(&cfg.run_dir).map_err(run_dir_error)?;
         // A job of `dptrain launch` works under the launcher's lock, held across its jobs.
-        if let Some(pid) = cfg.launched_by {
-            if !super::lock::is_held_by(&cfg.run_dir, pid) {
-                return Err(lock_error(LockError::NotLaunchers {
-                    dir: cfg.run_dir.clone(),
-                    pid,
-                }));
-            }
-            return Ok(None);
+        let Some(pid) = cfg.launched_by else {
+            return take_new(&cfg.run_dir, created).map(Some);
+        };
+        created.create(&cfg.run_dir).map_err(run_dir_error)?;
+        if !super::lock::is_held_by(&cfg.run_dir, pid) {
+            return Err(lock_error(LockError::NotLaunchers {
+                dir: cfg.run_dir.clone(),
+                pid,
+            }));
         }
-        return RunDirLock::take(&cfg.run_dir).map(Some).map_err(lock_error);
+        return Ok(None);
     }
     let base = cfg.run_dir.clone();
     for n in 1..10_000 {
@@ -257,14 +276,14 @@ fn claim(
         if !run_files_in(&dir).is_empty() {
             continue;
         }
-        output::create_dir(&dir).map_err(run_dir_error)?;
-        let lock = match RunDirLock::take(&dir) {
+        let lock = match take_new(&dir, created) {
             Ok(lock) => lock,
-            Err(LockError::InUse { .. }) => continue,
-            Err(e) => return Err(lock_error(e)),
+            Err(OutputsError::InUse(_)) => continue,
+            Err(e) => return Err(e),
         };
         // A run that ended between the look and the lock.
         if !run_files_in(&dir).is_empty() {
+            created.forget(&dir);
             continue;
         }
         if n > 1 {
@@ -279,6 +298,26 @@ fn claim(
         return Ok(Some(lock));
     }
     Err(OutputsError::NoFreeRunDir(base))
+}
+
+/// Creates `dir` if absent (recorded in `created`) and takes its lock. A directory this run
+/// made but another run locked first is that run's to keep. A directory removed between the
+/// two (a refused run removing the empty directory it had made) is made again.
+fn take_new(dir: &Path, created: &mut output::CreatedDirs) -> Result<RunDirLock, OutputsError> {
+    for _ in 0..3 {
+        created.create(dir).map_err(OutputsError::RunDir)?;
+        match RunDirLock::take(dir) {
+            Err(LockError::Io(OutputError::Io { ref cause, .. }))
+                if cause.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e @ LockError::InUse { .. }) => {
+                created.forget(dir);
+                return Err(lock_error(e));
+            }
+            Err(e) => return Err(lock_error(e)),
+            Ok(lock) => return Ok(lock),
+        }
+    }
+    RunDirLock::take(dir).map_err(lock_error)
 }
 
 /// A lock that could not be taken, as the run directory's error.

@@ -507,7 +507,8 @@ pub struct PackedSplit {
     pub split: Split,
     /// Indices into the file's split of the samples kept, in order.
     keep: Vec<u32>,
-    /// Channels of every image.
+    /// Channels samples are delivered with: the file's unless set (a colour model evaluated
+    /// on grey images), converted as a decoded file's are.
     pub channels: usize,
     /// Height samples are delivered at (the image size): the first sample's unless set
     /// ([`PackedSplit::set_size`]), as an ImageFolder's.
@@ -615,7 +616,12 @@ impl PackedSplit {
         let (r, bytes) = self.sample(i)?;
         let (w, h) = (usize::from(r.width), usize::from(r.height));
         match r.encoding {
-            Encoding::Raw => scratch.image.set_from_hwc(w, h, self.channels, bytes),
+            Encoding::Raw => {
+                let stored = self.file.channels;
+                scratch
+                    .image
+                    .set_from_hwc_as((w, h, stored), bytes, self.channels);
+            }
             Encoding::Jpeg => {
                 let decoded = scratch.decoder.decode(
                     bytes,
