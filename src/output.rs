@@ -617,6 +617,16 @@ impl CreatedDirs {
         self.dirs.retain(|d| d != dir);
     }
 
+    /// Runs `work` (the command's work once its directories exist); if it fails, removes
+    /// the created directories it left empty ([`Self::remove_empty`]).
+    pub fn removed_if_failed<T, E>(mut self, work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let result = work();
+        if result.is_err() {
+            self.remove_empty();
+        }
+        result
+    }
+
     /// Removes the created directories that are still empty, innermost first, stopping at the
     /// first that is not (its parents are then not empty either).
     pub fn remove_empty(&mut self) {

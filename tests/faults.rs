@@ -949,3 +949,19 @@ fn nonfinite_loss_stops_with_the_step_or_is_skipped_and_counted() {
         "replicas differ after skipped updates"
     );
 }
+
+#[test]
+fn a_refused_comparison_leaves_no_directory_it_made() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::create_dir(t.join("a")).unwrap();
+    // The default runs/comparison, runs/ included.
+    let (code, _, err) = run_args(&owned(&["report", "a", "a"]), t);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("the same run"), "{err}");
+    assert!(!t.join("runs").exists());
+    let (code, _, err) = run_args(&owned(&["report", "a", "b", "--out", "cmp"]), t);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not a run directory"), "{err}");
+    assert!(!t.join("cmp").exists() && t.join("a").is_dir());
+}

@@ -181,19 +181,24 @@ fn eval_on_the_command_line_prints_json_and_writes_its_files() {
     assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
     let (ok, _, stderr) = dptrain(&["eval"]);
     assert!(!ok && stderr.contains("--checkpoint"), "{stderr}");
-    // Another dataset shape is refused naming both.
+    // Another dataset shape is refused naming both, and the --out directory the refused
+    // evaluation made is not left behind empty.
+    let refused_out = dir.path().join("eval-refused");
     let (ok, _, stderr) = dptrain(&[
         "eval",
         "--checkpoint",
         &ck,
         "--dataset",
         "synthetic:3x28x28",
+        "--out",
+        refused_out.to_str().unwrap(),
     ]);
     assert!(!ok);
     assert!(
         stderr.contains("3x28x28") && stderr.contains("1x28x28"),
         "{stderr}"
     );
+    assert!(!refused_out.exists());
 }
 
 #[test]

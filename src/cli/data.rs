@@ -144,7 +144,7 @@ fn export_images(
     // A refused or failed export leaves no empty directory it made.
     let mut created = crate::output::CreatedDirs::default();
     created.create(out).map_err(|e| e.to_string())?;
-    let exported = (|| -> Result<(), String> {
+    created.removed_if_failed(|| {
         crate::data::image_export::prepare_export_dir(out, overwrite).map_err(|e| e.to_string())?;
         let cfg = TrainOptions {
             dataset: Some(dataset),
@@ -171,9 +171,5 @@ fn export_images(
             out.display()
         );
         Ok(())
-    })();
-    if exported.is_err() {
-        created.remove_empty();
-    }
-    exported
+    })
 }

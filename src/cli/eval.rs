@@ -57,15 +57,25 @@ pub(super) fn run(a: EvalArgs) -> Result<(), String> {
         batch: a.batch,
         threads: a.threads,
     };
-    // Checked before the evaluation whose results the files would hold.
+    // Checked before the evaluation whose results the files would hold; a failed evaluation
+    // leaves no empty directory it made.
+    let mut created = crate::output::CreatedDirs::default();
     if let Some(dir) = &a.out {
-        eval::EvalReport::check_out(dir)?;
+        let output =
+            |e: crate::output::OutputError| crate::infer::InferError::Output(e.to_string());
+        created.create(dir).map_err(output)?;
     }
-    let report = eval::run(a.checkpoint.path(), &opts)?;
-    let written = match &a.out {
-        Some(dir) => report.write(dir)?,
-        None => Vec::new(),
-    };
+    let (report, written) = created.removed_if_failed(|| {
+        if let Some(dir) = &a.out {
+            eval::EvalReport::check_out(dir)?;
+        }
+        let report = eval::run(a.checkpoint.path(), &opts)?;
+        let written = match &a.out {
+            Some(dir) => report.write(dir)?,
+            None => Vec::new(),
+        };
+        Ok::<_, crate::infer::InferError>((report, written))
+    })?;
     let mut text = if a.json {
         serde_json::to_string(&report).map_err(|e| e.to_string())?
     } else {

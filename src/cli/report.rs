@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 /// (default `runs/comparison`).
 pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), String> {
     // The comparison's directory is made (and checked) before any report is rewritten, and a
-    // run given twice would be a column beside itself.
+    // run given twice would be a column beside itself. A command that fails leaves no empty
+    // directory it made.
+    let mut created = crate::output::CreatedDirs::default();
     let out = match (run_dirs.len() > 1, out) {
         (false, Some(out)) => {
             return Err(format!(
@@ -19,10 +21,18 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
         (true, Some(out)) => Some(out),
         (true, None) => {
             // The default is ours, not the user's: its parent `runs/` may be made.
-            crate::output::create_dir(Path::new("runs"))?;
+            created.create(Path::new("runs"))?;
             Some(PathBuf::from("runs/comparison"))
         }
     };
+    if let Some(out) = &out {
+        created.create(out)?;
+    }
+    created.removed_if_failed(|| write_reports(run_dirs, out))
+}
+
+/// [`run`]'s work once the comparison's directory `out` (if any) exists.
+fn write_reports(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), String> {
     if let Some(out) = &out {
         let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
             (Ok(a), Ok(b)) => a == b,
@@ -37,7 +47,6 @@ pub(super) fn run(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Stri
                 ));
             }
         }
-        crate::output::create_dir(out)?;
         crate::output::check_writable(
             &out.join("comparison.md"),
             &crate::report::markdown::COMPARISON_FILE,
