@@ -1,6 +1,7 @@
 //! Messages to the terminal beside the results: `error:` and `warning:` lines on stderr. Below
 //! every command module (the trainer, benchmarks and the CLI all warn), so none of them has to
-//! import the CLI for it. And the one rule for a count in a message ([`counted`]).
+//! import the CLI for it. And the one rule for a count in a message ([`counted`]), and for a
+//! path inside a command a message suggests ([`shell_quoted`]).
 
 /// Prints `error: MESSAGE` to stderr in one write, so lines from several MPI ranks sharing one
 /// terminal or pipe do not interleave mid-line (`eprintln!` writes its pieces separately).
@@ -100,5 +101,35 @@ pub fn counted(n: usize, thing: &str) -> String {
         format!("1 {thing}")
     } else {
         format!("{n} {thing}s")
+    }
+}
+
+/// `path` as one shell word, for a command a message tells the user to run: as it is when it
+/// holds only characters no shell treats specially, else in single quotes (a quote inside
+/// written `'\''`).
+pub fn shell_quoted(path: &std::path::Path) -> String {
+    let s = path.to_string_lossy();
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:,@%=".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        return s.into_owned();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_path_is_quoted_only_where_a_shell_would_split_or_expand_it() {
+        assert_eq!(
+            shell_quoted(Path::new("data/mnist-1.gz")),
+            "data/mnist-1.gz"
+        );
+        assert_eq!(shell_quoted(Path::new("my data")), "'my data'");
+        assert_eq!(shell_quoted(Path::new("it's")), "'it'\\''s'");
+        assert_eq!(shell_quoted(Path::new("$HOME")), "'$HOME'");
+        assert_eq!(shell_quoted(Path::new("")), "''");
     }
 }

@@ -719,6 +719,49 @@ fn an_own_mnist_dir_that_fails_its_checks_does_not_blame_the_bundled_copy() {
         m.contains("sha256sum *.gz > SHA256SUMS") && !m.contains("do not match"),
         "{m}"
     );
+    // Written as `sha256sum ./*.gz` does: the names' "./" is the directory, not the name.
+    let bundled = fs::read_to_string(Path::new(MNIST_DIR).join(mnist::SHA256SUMS)).unwrap();
+    let sums = bundled.replace("  ", "  ./");
+    assert!(sums.contains("  ./t10k-labels"), "{sums}");
+    fs::write(tmp.path().join(mnist::SHA256SUMS), &sums).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("SHA-256 mismatch") && m.contains("t10k-labels"),
+        "{m}"
+    );
+    // An entry missing is not a mismatch either.
+    let first_gone: String = sums.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    fs::write(tmp.path().join(mnist::SHA256SUMS), first_gone).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("has no entry for t10k-images") && !m.contains("do not match"),
+        "{m}"
+    );
+    // A file missing is named before any checksum is asked for; uncompressed files are
+    // pointed to idx.
+    fs::remove_file(tmp.path().join(mnist::TRAIN_LABELS)).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("has no train-labels-idx1-ubyte.gz") && !m.contains("SHA-256"),
+        "{m}"
+    );
+    let raw = tmp.path().join("raw data");
+    fs::create_dir(&raw).unwrap();
+    for f in [
+        mnist::TRAIN_IMAGES_RAW,
+        mnist::TRAIN_LABELS_RAW,
+        mnist::TEST_IMAGES_RAW,
+        mnist::TEST_LABELS_RAW,
+    ] {
+        fs::write(raw.join(f), b"").unwrap();
+    }
+    let spec_raw = DatasetSpec::parse("mnist", Some(&raw), Path::new(MNIST_DIR)).unwrap();
+    let m = err_msg(data::load(&spec_raw));
+    assert!(
+        m.contains("uncompressed IDX files")
+            && m.contains(&format!("--dataset idx --data-dir '{}'", raw.display())),
+        "{m}"
+    );
     // The bundled copy's own failure still says how to restore it.
     let spec = DatasetSpec::parse("mnist", None, tmp.path()).unwrap();
     assert!(err_msg(data::load(&spec)).contains("the bundled MNIST copy is damaged"));

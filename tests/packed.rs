@@ -104,6 +104,47 @@ fn raw_round_trip_is_exact_and_keeps_order_labels_and_classes() {
 }
 
 #[test]
+fn colour_test_images_beside_a_grey_training_split_are_stored_grey_and_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 2, &[(20, 20)], true);
+    // The training split grey: it decides the file's channels.
+    for class in ["a", "b", "c"] {
+        let dir = root.join("train").join(class);
+        for n in names(&dir) {
+            let grey = image::open(dir.join(&n)).unwrap().to_luma8();
+            grey.save(dir.join(n)).unwrap();
+        }
+    }
+    let out = tmp.path().join("x.pack");
+    let s = packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap();
+    assert_eq!(s.channels, 1);
+    assert!(s.test_colour_stored_grey);
+    let o = dptrain(&[
+        "data",
+        "pack",
+        root.to_str().unwrap(),
+        "--raw",
+        "--out",
+        tmp.path().join("y.pack").to_str().unwrap(),
+    ]);
+    let err = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("test holds colour images") && err.contains("--dataset imagefolder"),
+        "{err}"
+    );
+    // All colour: nothing to say.
+    let (colour, out2) = (tmp.path().join("colour"), tmp.path().join("z.pack"));
+    folder(&colour, 2, &[(20, 20)], true);
+    assert!(
+        !packed::pack(&colour, &out2, &opts(256, StoreAs::Raw))
+            .unwrap()
+            .test_colour_stored_grey
+    );
+}
+
+#[test]
 fn jpeg_round_trip_is_close_resizes_to_max_side_and_small_images_stay_raw() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("imgs");

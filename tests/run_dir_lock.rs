@@ -289,6 +289,33 @@ fn a_full_disk_stops_the_run_at_the_first_metrics_line_and_leaves_no_torn_line()
     drop(fs);
 }
 
+/// A checkpoint that does not fit stops the run naming the newest restart point, which is
+/// whole: the one of the epoch before.
+#[test]
+fn a_checkpoint_that_does_not_fit_names_the_restart_point_to_continue_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A checkpoint of this run is 358 KB: one fits, a second (written beside) does not.
+    let fs = Tmpfs::mount(tmp.path(), "600k");
+    let run_dir = fs.0.join("run");
+    let run_dir_arg = run_dir.to_str().unwrap();
+    let o = dptrain(&train_args(run_dir_arg, "3", &[]), tmp.path());
+    let all = text(&o);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    let error = all.lines().find(|l| l.starts_with("error: ")).unwrap_or("");
+    let first = run_dir.join("checkpoint-epoch0001.safetensors");
+    assert!(
+        error.contains("checkpoint-epoch0002") && error.contains("No space left"),
+        "{all}"
+    );
+    assert!(
+        error.contains(&format!("continue with --resume {}", first.display())),
+        "{all}"
+    );
+    assert!(dptrain::train::checkpoint::Checkpoint::load(&first).is_ok());
+    drop(fs);
+}
+
 /// Row 9's other half: `--resume` in a directory whose `metrics.jsonl` ends in a torn line
 /// (what a crash mid-append of an older dptrain left) cuts it off with a warning, so the
 /// resumed run's lines start on lines of their own.
@@ -410,6 +437,34 @@ fn resume_continues_in_the_checkpoints_directory_and_names_its_model_flag() {
         all.contains(
             "the checkpoint is for model 'net', not 'lenet5': resume with --model mynet.toml"
         ),
+        "{all}"
+    );
+}
+
+/// `--resume` without `--run-dir` continues in the checkpoint's directory; when that cannot be
+/// written (read-only, or here a directory where the lock file goes), the refusal says to give
+/// one.
+#[test]
+fn a_resume_beside_a_checkpoint_that_cannot_be_written_says_to_give_a_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let o = dptrain(&train_args("Z", "1", &[]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir(cwd.join("Z/.dptrain-lock")).unwrap();
+    let mut args = train_args(
+        "Z",
+        "2",
+        &["--resume", "Z/checkpoint-epoch0001.safetensors"],
+    );
+    let at = args.iter().position(|a| *a == "--run-dir").unwrap();
+    args.drain(at..at + 2);
+    let o = dptrain(&args, cwd);
+    let all = text(&o);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("--resume continues in the checkpoint's directory Z")
+            && all.contains("give --run-dir"),
         "{all}"
     );
 }

@@ -100,6 +100,16 @@ fn pack(a: PackArgs) -> Result<(), String> {
         a.max_side,
         a.out.display()
     );
+    if s.test_colour_stored_grey {
+        crate::terminal::print_warning(&format!(
+            "{}/test holds colour images and train/ only grey ones: the pack stores every image \
+             grey, as training on the folder reads them (the training split decides); a colour \
+             model sees them in colour only from the folder (eval --dataset imagefolder \
+             --data-dir {})",
+            a.dir.display(),
+            a.dir.display()
+        ));
+    }
     Ok(())
 }
 

@@ -8,6 +8,7 @@
 use crate::input::FileKind;
 use std::path::{Path, PathBuf};
 
+use crate::terminal::shell_quoted;
 use sha2::{Digest, Sha256};
 
 use crate::data::idx::{self, LFS_POINTER_PREFIX};
@@ -48,8 +49,59 @@ fn own_copy_hint(dir: &Path) -> String {
          directory checks the four .gz files against it): replace the damaged file, or train \
          on the files unchecked with --dataset idx --data-dir {}",
         dir.display(),
-        dir.display()
+        shell_quoted(dir)
     )
+}
+
+/// How to write the checksums of a user's MNIST directory, or go without them.
+fn own_sums_hint(dir: &Path) -> String {
+    format!(
+        "`--dataset mnist` with a directory checks the four .gz files against the SHA256SUMS \
+         beside them: write it with `cd {} && sha256sum *.gz > SHA256SUMS` once the files are \
+         known to be good, or train on the files unchecked with --dataset idx --data-dir {}",
+        shell_quoted(dir),
+        shell_quoted(dir)
+    )
+}
+
+/// A user's MNIST directory must hold the four .gz files: one missing is named as missing
+/// (before its checksums are asked for), and uncompressed IDX files are pointed to `idx`.
+fn check_own_files(dir: &Path) -> Result<(), DataError> {
+    let gz = [TRAIN_IMAGES, TRAIN_LABELS, TEST_IMAGES, TEST_LABELS];
+    let raw = [
+        TRAIN_IMAGES_RAW,
+        TRAIN_LABELS_RAW,
+        TEST_IMAGES_RAW,
+        TEST_LABELS_RAW,
+    ];
+    if !dir.is_dir() {
+        // Said by the first read, as for any dataset directory.
+        return Ok(());
+    }
+    let missing: Vec<&str> = gz.into_iter().filter(|f| !dir.join(f).exists()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let all_raw = raw.iter().all(|f| dir.join(f).exists());
+    let why = if all_raw {
+        format!(
+            "holds the uncompressed IDX files, and `--dataset mnist` reads the four .gz files \
+             checked against SHA256SUMS: train on these with --dataset idx --data-dir {}",
+            shell_quoted(dir)
+        )
+    } else {
+        format!(
+            "has no {} (`--dataset mnist` with a directory reads {}, {}, {} and {}, checked \
+             against SHA256SUMS): put the missing files there, or give the directory that \
+             holds them",
+            missing.join(", "),
+            gz[0],
+            gz[1],
+            gz[2],
+            gz[3]
+        )
+    };
+    Err(DataError::invalid(dir, why))
 }
 
 /// Loads MNIST from `dir`, verifying every file against `dir/SHA256SUMS` first; `bundled`
@@ -59,37 +111,32 @@ pub fn load_mnist(dir: &Path, bundled: bool) -> Result<DatasetPair, DataError> {
     let hint = if bundled {
         REPAIR_HINT.to_string()
     } else {
+        check_own_files(dir)?;
         own_copy_hint(dir)
     };
     let hint = hint.as_str();
     let sums_path = dir.join(SHA256SUMS);
-    // The checksums themselves unreadable: for a user's directory, say how to make them
-    // rather than that the files do not match them.
-    let unreadable = if bundled {
+    // The checksums themselves unreadable, or without an entry: for a user's directory, say
+    // how to write them rather than that the files do not match them.
+    let sums_hint = if bundled {
         format!(
             "MNIST is loaded only with its checksums; {hint} (or load unverified files with \
              idx:{})",
             dir.display()
         )
     } else {
-        format!(
-            "`--dataset mnist` with a directory checks the four .gz files against the \
-             SHA256SUMS beside them: write it with `cd {} && sha256sum *.gz > SHA256SUMS` once \
-             the files are known to be good, or train on the files unchecked with --dataset idx \
-             --data-dir {}",
-            dir.display(),
-            dir.display()
-        )
+        own_sums_hint(dir)
     };
     let sums_text = crate::input::read_text(&sums_path, FileKind::Dataset)
-        .map_err(|e| DataError::from_input(e, &unreadable))?;
-    let sums = parse_sums(&sums_path, &sums_text, hint)?;
+        .map_err(|e| DataError::from_input(e, &sums_hint))?;
+    let sums_hint = if bundled { hint } else { &sums_hint };
+    let sums = parse_sums(&sums_path, &sums_text, sums_hint)?;
     let expected = |file: &str| -> Result<String, DataError> {
         sums.iter()
             .find(|(name, _)| name == file)
             .map(|(_, h)| h.clone())
             .ok_or_else(|| {
-                DataError::invalid(&sums_path, format!("has no entry for {file}; {hint}"))
+                DataError::invalid(&sums_path, format!("has no entry for {file}; {sums_hint}"))
             })
     };
     let hashes = [
@@ -131,6 +178,8 @@ fn parse_sums(path: &Path, text: &str, hint: &str) -> Result<Vec<(String, String
         }
         let parsed = line.split_once(' ').and_then(|(hash, rest)| {
             let name = rest.strip_prefix([' ', '*']).unwrap_or(rest).trim();
+            // `sha256sum ./*.gz` writes the names with the directory they were given in.
+            let name = name.strip_prefix("./").unwrap_or(name);
             let ok = hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit());
             (ok && !name.is_empty()).then(|| (name.to_string(), hash.to_ascii_lowercase()))
         });

@@ -376,7 +376,7 @@ fn resume_with(model_flag: &Option<String>) -> String {
 fn continue_hint(checkpoint: &Option<PathBuf>) -> String {
     checkpoint.as_ref().map_or(String::new(), |c| {
         format!(
-            "; once there is room, continue with --resume {}",
+            "; once there is room, continue with --resume {} (the newest restart point, whole)",
             c.display()
         )
     })
@@ -413,6 +413,19 @@ pub enum TrainError {
         error: Box<crate::output::OutputError>,
         /// The last checkpoint written before it, if any.
         checkpoint: Option<PathBuf>,
+    },
+    /// Worker 0 could not write a checkpoint or restart point (a full disk): the run stopped
+    /// there, and the restart points written before it are whole (each is written beside and
+    /// renamed into place).
+    #[error(
+        "{error}; the run stopped there (no summary.json was written){}",
+        continue_hint(restart)
+    )]
+    CheckpointWrite {
+        /// The failed write, naming the file and the cause.
+        error: CheckpointError,
+        /// The newest restart point in the run directory, if any.
+        restart: Option<PathBuf>,
     },
     /// After training: the processes' final exchanges, or `summary.json`.
     #[error("{0}")]

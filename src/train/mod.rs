@@ -755,8 +755,13 @@ fn finish(
             });
         }
     }
-    if let Some(cause) = the_cause(progress.failures) {
-        return Err(TrainError::Worker(cause));
+    match the_cause(progress.failures) {
+        Some(WorkerError::Checkpoint(error)) => {
+            let restart = commit::newest_restart_point(&cfg.run_dir).map(|(path, _)| path);
+            return Err(TrainError::CheckpointWrite { error, restart });
+        }
+        Some(cause) => return Err(TrainError::Worker(cause)),
+        None => {}
     }
     let mut summary = progress.summary;
     check_replicas(cfg, group, &mut summary.replica_hashes)?;

@@ -21,6 +21,19 @@ pub enum OutputsError {
     /// The run directory cannot be made, holds another run, or a file in it cannot be written.
     #[error("--run-dir: {0}")]
     RunDir(OutputError),
+    /// `--resume` without `--run-dir` continues in the checkpoint's directory, which cannot
+    /// be written.
+    #[error(
+        "--resume continues in the checkpoint's directory {}, and {cause}: give --run-dir to \
+         continue the run in another directory",
+        dir.display()
+    )]
+    ResumeDir {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+        /// Why it cannot be written.
+        cause: OutputError,
+    },
     /// Another live run holds the run directory's lock ([`super::lock`]), or a job of
     /// `dptrain launch` finds it not held by its launcher.
     #[error(transparent)]
@@ -342,10 +355,14 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         return Err(OutputsError::OverwriteWithResume);
     }
     let mut notes = Vec::new();
-    if let Some(dir) = resume_dir(cfg) {
-        cfg.run_dir = dir;
-    }
-    let lock = claim(cfg, &mut notes)?;
+    let continues_beside_checkpoint = resume_dir(cfg).map(|dir| cfg.run_dir = dir).is_some();
+    let lock = claim(cfg, &mut notes).map_err(|e| match e {
+        OutputsError::RunDir(cause) if continues_beside_checkpoint => OutputsError::ResumeDir {
+            dir: cfg.run_dir.clone(),
+            cause,
+        },
+        e => e,
+    })?;
     if cfg.resume.is_some() {
         notes.push(format!("--resume: continuing in {}", cfg.run_dir.display()));
     }

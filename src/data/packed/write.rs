@@ -91,6 +91,9 @@ pub struct PackSummary {
     pub resized: usize,
     /// Bytes of the file.
     pub bytes: u64,
+    /// The test split holds colour images that were stored grey (the training split is grey,
+    /// and decides the file's channels, as it decides what training on the folder reads).
+    pub test_colour_stored_grey: bool,
 }
 
 /// Images encoded at once on the rayon pool before they are written in order: enough to keep
@@ -162,6 +165,7 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
         jpeg: total - raw,
         resized,
         bytes: file_len,
+        test_colour_stored_grey: test.channels > train.channels,
     })
 }
 
