@@ -535,8 +535,17 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
 /// Makes sure `dir` is a directory, creating it (one level: its parent must exist) if absent.
 /// An existing directory, also one reached through a link, is used as it is.
 pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
+    create_dir_made(dir).map(|_| ())
+}
+
+/// [`create_dir`], returning whether this call made the directory (false: it was there, or
+/// another process made it in between).
+fn create_dir_made(dir: &Path) -> Result<bool, OutputError> {
+    // `a/./b/.` is `a/b` (mkdir of a path ending in `.` fails: `.` of a directory not yet there).
+    let normal: PathBuf = dir.components().collect();
+    let dir = normal.as_path();
     match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => return Ok(()),
+        Ok(m) if m.is_dir() => return Ok(false),
         Ok(m) => {
             return Err(OutputError::NotADirTarget {
                 path: dir.to_path_buf(),
@@ -579,9 +588,9 @@ pub fn create_dir(dir: &Path) -> Result<(), OutputError> {
         }
     }
     match std::fs::create_dir(dir) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(true),
         // Another process made it in between: fine, as long as it is a directory.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(false),
         Err(e) => Err(OutputError::Io {
             path: dir.to_path_buf(),
             action: "create the directory",
@@ -602,12 +611,13 @@ pub struct CreatedDirs {
 }
 
 impl CreatedDirs {
-    /// [`create_dir`], remembering `dir` when it did not exist before.
+    /// [`create_dir`], remembering `dir` when this call made it (not when it was there, nor
+    /// when another process made it first).
     pub fn create(&mut self, dir: &Path) -> Result<(), OutputError> {
-        let existed = std::fs::symlink_metadata(dir).is_ok();
-        create_dir(dir)?;
-        if !existed && !self.dirs.iter().any(|d| d == dir) {
-            self.dirs.push(dir.to_path_buf());
+        // As made: `a/./b/.` is `a/b` (rmdir of a path ending in `.` fails).
+        let dir: PathBuf = dir.components().collect();
+        if create_dir_made(&dir)? && !self.dirs.contains(&dir) {
+            self.dirs.push(dir);
         }
         Ok(())
     }
@@ -627,8 +637,9 @@ impl CreatedDirs {
         result
     }
 
-    /// Removes the created directories that are still empty, innermost first, stopping at the
-    /// first that is not (its parents are then not empty either).
+    /// Removes the created directories that are still empty, latest first, stopping at the
+    /// first that is not (every caller creates a chain of nested directories, outermost
+    /// first, so its parents are then not empty either).
     pub fn remove_empty(&mut self) {
         while let Some(dir) = self.dirs.pop() {
             if std::fs::remove_dir(&dir).is_err() {
@@ -910,6 +921,13 @@ mod tests {
         made.remove_empty();
         // A directory that received a file is kept, and with it its parent.
         assert!(outer.join("a/f").is_file());
+        // A path with `.` components is the directory it names, made and removed.
+        let dotted = tmp.path().join("user/./c/.");
+        let mut made = CreatedDirs::default();
+        made.create(&dotted).unwrap();
+        assert!(user.join("c").is_dir());
+        made.remove_empty();
+        assert!(!user.join("c").exists() && user.is_dir());
     }
 
     #[test]

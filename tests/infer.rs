@@ -711,3 +711,34 @@ fn a_run_on_the_bundled_mnist_started_outside_the_checkout_is_evaluated_from_the
     assert!(ok, "{err}");
     assert!(out.contains("\"top1\""), "{out}");
 }
+
+#[test]
+fn a_model_whose_inputs_are_neither_grey_nor_colour_is_refused_for_image_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = run(&dir.path().join("run"), |o| {
+        o.dataset = Some("synthetic:4x28x28".into());
+        o.epochs = Some(1);
+        o.train_limit = Some(128);
+        o.test_limit = Some(64);
+    });
+    let ck = s.checkpoint.unwrap();
+    let folder = dir.path().join("photos");
+    photo_folder(&folder, 2);
+    let e = eval::run(
+        &ck,
+        &EvalOptions {
+            workers: 1,
+            dataset: Some("imagefolder".into()),
+            data_dir: Some(folder.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("the model takes 4-channel inputs"), "{e}");
+    let test = folder.join("test");
+    let (ok, _, stderr) = predict_json(ck.to_str().unwrap(), &[test.to_str().unwrap()]);
+    assert!(!ok && stderr.contains("4-channel inputs"), "{stderr}");
+    // Its own kind of dataset still evaluates.
+    assert_eq!(eval_with(&ck, |o| o.limit = Some(64)).samples, 64);
+}

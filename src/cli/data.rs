@@ -107,7 +107,7 @@ fn pack(a: PackArgs) -> Result<(), String> {
              model sees them in colour only from the folder (eval --dataset imagefolder \
              --data-dir {})",
             a.dir.display(),
-            a.dir.display()
+            crate::terminal::shell_quoted(&a.dir)
         ));
     }
     Ok(())

@@ -127,8 +127,15 @@ pub fn load_mnist(dir: &Path, bundled: bool) -> Result<DatasetPair, DataError> {
     } else {
         own_sums_hint(dir)
     };
+    // One that is there but cannot be read (its permissions) is not to be written again.
+    let unreadable = if sums_path.exists() && !bundled {
+        "`--dataset mnist` with a directory checks the four .gz files against it: make it \
+         readable"
+    } else {
+        &sums_hint
+    };
     let sums_text = crate::input::read_text(&sums_path, FileKind::Dataset)
-        .map_err(|e| DataError::from_input(e, &sums_hint))?;
+        .map_err(|e| DataError::from_input(e, unreadable))?;
     let sums_hint = if bundled { hint } else { &sums_hint };
     let sums = parse_sums(&sums_path, &sums_text, sums_hint)?;
     let expected = |file: &str| -> Result<String, DataError> {

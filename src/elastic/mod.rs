@@ -108,8 +108,13 @@ impl Supervisor<'_> {
         hostfile::read(&self.cfg.hostfile)?;
         // The run directory is the launch's across its jobs: a lost host's frozen rank 0
         // cannot keep the next job out of it.
-        crate::output::create_dir(&self.cfg.run_dir).map_err(LaunchError::RunDir)?;
-        self.lock = Some(crate::train::lock::RunDirLock::take(&self.cfg.run_dir)?);
+        // A launch that fails before any job wrote there leaves no empty directory it made.
+        let mut created = crate::output::CreatedDirs::default();
+        created
+            .create(&self.cfg.run_dir)
+            .map_err(LaunchError::RunDir)?;
+        let lock = crate::train::lock::RunDirLock::take(&self.cfg.run_dir)?;
+        self.lock = Some(lock.removing_on_release(created));
         let mut lost: Vec<String> = Vec::new();
         let mut restarts = 0;
         loop {

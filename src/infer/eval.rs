@@ -309,6 +309,7 @@ fn folder_split(
     limit: Option<usize>,
 ) -> Result<Dataset, InferError> {
     let d = &model.description;
+    let channels = super::image_channels(model)?;
     // A class directory the model does not know: named against the model's classes (the
     // folder's own check would speak of a training split).
     let mut unknown: Vec<String> = std::fs::read_dir(split_dir)
@@ -332,7 +333,7 @@ fn folder_split(
         });
     }
     let mut folder = crate::data::image_folder::ImageFolder::open(split_dir, Some(&d.class_names))?;
-    folder.channels = d.input[0];
+    folder.channels = channels;
     folder.set_size(d.input[1], d.input[2]);
     if let Some(n) = limit {
         folder.truncate(n);
@@ -360,7 +361,7 @@ fn packed_split(
         Split::Train => train,
         Split::Test => test,
     };
-    set.channels = d.input[0];
+    set.channels = super::image_channels(model)?;
     set.set_size(d.input[1], d.input[2]);
     if let Some(n) = limit {
         set.truncate(n);

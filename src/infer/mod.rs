@@ -40,6 +40,20 @@ pub enum InferError {
         /// What differs, with both values.
         what: String,
     },
+    /// The model's inputs are neither grey nor colour images, which image and packed files
+    /// are read as.
+    #[error(
+        "checkpoint {}: the model takes {channels}-channel inputs, and image files (and packed \
+         files of them) are read grey (1 channel) or colour (3): evaluate it on a dataset of \
+         its own kind (eval --dataset)",
+        checkpoint.display()
+    )]
+    NotImages {
+        /// The checkpoint.
+        checkpoint: std::path::PathBuf,
+        /// Its input channels.
+        channels: usize,
+    },
     /// A result file could not be written.
     #[error("{0}")]
     Output(String),
@@ -72,6 +86,21 @@ pub fn check_memory(
     };
     crate::plan::memory::estimate(&inputs).check(&format!("{nets} at --batch {batch}"))?;
     Ok(())
+}
+
+/// The channels images are read with for `model`: its input's, which must be grey (1) or
+/// colour (3) for image files and packed files to be converted to it (an image is decoded as
+/// one or the other).
+pub fn image_channels(
+    model: &crate::train::description::TrainedModel,
+) -> Result<usize, InferError> {
+    match model.description.input[0] {
+        c @ (1 | 3) => Ok(c),
+        channels => Err(InferError::NotImages {
+            checkpoint: model.path.clone(),
+            channels,
+        }),
+    }
 }
 
 impl From<InferError> for String {

@@ -147,6 +147,7 @@ impl<'a> Predictor<'a> {
             return Err(InferError::Options("--batch must be at least 1".into()));
         }
         super::check_memory(model, batch, 1, crate::limits::cores())?;
+        super::image_channels(model)?;
         Ok(Self {
             model,
             net: model.net(batch)?,

@@ -4,8 +4,8 @@
 //!
 //! A JPEG sample goes through [`Transforms::apply_bytes`] exactly as an ImageFolder's JPEG file
 //! does (decoded at 1/2, 1/4 or 1/8 scale where the crop allows); a raw sample is put into the
-//! decoded image as it is ([`crate::data::decode::DecodedImage::set_from_hwc_as`], one copy, no
-//! decoding; converted where the split is delivered with other channels than stored) and rendered with [`Transforms::apply_image`]. The same image therefore gives the
+//! decoded image as it is ([`crate::data::decode::DecodedImage::set_from_hwc_as`], one copy,
+//! no decoding; converted where the split is delivered with other channels than stored) and rendered with [`Transforms::apply_image`]. The same image therefore gives the
 //! same pixels from a folder of PNGs and from a `--raw` pack of it.
 
 use super::{Draw, ImageSize, Normalization, Normalize, TransformScratch, Transforms};

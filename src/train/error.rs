@@ -376,7 +376,8 @@ fn resume_with(model_flag: &Option<String>) -> String {
 fn continue_hint(checkpoint: &Option<PathBuf>) -> String {
     checkpoint.as_ref().map_or(String::new(), |c| {
         format!(
-            "; once there is room, continue with --resume {} (the newest restart point, whole)",
+            "; once the cause is fixed, continue with --resume {} (the newest restart point, \
+             whole)",
             c.display()
         )
     })
@@ -411,7 +412,7 @@ pub enum TrainError {
     Metrics {
         /// The failed append, naming `metrics.jsonl` and the cause.
         error: Box<crate::output::OutputError>,
-        /// The last checkpoint written before it, if any.
+        /// The newest restart point in the run directory, if any.
         checkpoint: Option<PathBuf>,
     },
     /// Worker 0 could not write a checkpoint or restart point (a full disk): the run stopped

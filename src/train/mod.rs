@@ -751,13 +751,13 @@ fn finish(
         if !progress.failures[..before].iter().any(|f| !f.is_echo()) {
             return Err(TrainError::Metrics {
                 error: Box::new(error),
-                checkpoint: progress.summary.checkpoint,
+                checkpoint: newest_restart_point(cfg),
             });
         }
     }
     match the_cause(progress.failures) {
         Some(WorkerError::Checkpoint(error)) => {
-            let restart = commit::newest_restart_point(&cfg.run_dir).map(|(path, _)| path);
+            let restart = newest_restart_point(cfg);
             return Err(TrainError::CheckpointWrite { error, restart });
         }
         Some(cause) => return Err(TrainError::Worker(cause)),
@@ -809,6 +809,12 @@ fn finish(
         summary: Box::new(summary),
         error: late,
     })
+}
+
+/// The newest restart point (epoch checkpoint or commit) in the run directory, for the
+/// message of a run that stopped.
+fn newest_restart_point(cfg: &TrainConfig) -> Option<PathBuf> {
+    commit::newest_restart_point(&cfg.run_dir).map(|(path, _)| path)
 }
 
 /// The failure a run reports: the first that is not an echo of another (peers whose

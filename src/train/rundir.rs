@@ -266,7 +266,7 @@ fn claim_in(
     if !numbered {
         // A job of `dptrain launch` works under the launcher's lock, held across its jobs.
         let Some(pid) = cfg.launched_by else {
-            return take_new(&cfg.run_dir, created).map(Some);
+            return take_new(&cfg.run_dir, created, !cfg.run_dir_given).map(Some);
         };
         created.create(&cfg.run_dir).map_err(run_dir_error)?;
         if !super::lock::is_held_by(&cfg.run_dir, pid) {
@@ -289,7 +289,7 @@ fn claim_in(
         if !run_files_in(&dir).is_empty() {
             continue;
         }
-        let lock = match take_new(&dir, created) {
+        let lock = match take_new(&dir, created, true) {
             Ok(lock) => lock,
             Err(OutputsError::InUse(_)) => continue,
             Err(e) => return Err(e),
@@ -315,9 +315,19 @@ fn claim_in(
 
 /// Creates `dir` if absent (recorded in `created`) and takes its lock. A directory this run
 /// made but another run locked first is that run's to keep. A directory removed between the
-/// two (a refused run removing the empty directory it had made) is made again.
-fn take_new(dir: &Path, created: &mut output::CreatedDirs) -> Result<RunDirLock, OutputsError> {
+/// two (a refused run removing the empty directory it had made) is made again, with its
+/// parent where that is ours to make (`default_dir`: `runs/`, which the refused run may have
+/// removed too).
+fn take_new(
+    dir: &Path,
+    created: &mut output::CreatedDirs,
+    default_dir: bool,
+) -> Result<RunDirLock, OutputsError> {
     for _ in 0..3 {
+        let parent = output::parent_dir(dir);
+        if default_dir && parent != Path::new(".") {
+            created.create(parent).map_err(OutputsError::RunDir)?;
+        }
         created.create(dir).map_err(OutputsError::RunDir)?;
         match RunDirLock::take(dir) {
             Err(LockError::Io(OutputError::Io { ref cause, .. }))
@@ -502,6 +512,23 @@ pub fn check_trace_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_directory_another_run_holds_is_never_removed_with_a_refused_runs_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (runs, dir) = (tmp.path().join("runs"), tmp.path().join("runs/x"));
+        let mut theirs = output::CreatedDirs::default();
+        let held = take_new(&dir, &mut theirs, true).unwrap();
+        let mut ours = output::CreatedDirs::default();
+        let refused = take_new(&dir, &mut ours, true);
+        assert!(matches!(refused, Err(OutputsError::InUse(_))));
+        // Ours made neither: nothing of theirs goes.
+        ours.remove_empty();
+        assert!(dir.join(super::super::lock::LOCK_NAME).is_file());
+        // Theirs, released with nothing written, are removed, parent included.
+        drop(held.removing_on_release(theirs));
+        assert!(!runs.exists());
+    }
 
     #[test]
     fn checkpoint_names_are_recognised() {
