@@ -27,6 +27,8 @@ pub enum FileKind {
     ModelFile,
     /// A run config (`--config run.toml`).
     Config,
+    /// A hostfile (`dptrain launch --hostfile`).
+    Hostfile,
     /// A measured device profile (`--emulate-device`, `simulate --profile`).
     Profile,
     /// A run's `summary.json`.
@@ -52,7 +54,7 @@ impl FileKind {
         match self {
             // A hand-written text: ResNet-152 spelled out layer by layer is about 100 KiB.
             FileKind::ModelFile => 8 * MIB,
-            FileKind::Config => MIB,
+            FileKind::Config | FileKind::Hostfile => MIB,
             // Measured profiles are a few KiB; the largest built-in is under 100 KiB.
             FileKind::Profile => 16 * MIB,
             FileKind::Summary => 16 * MIB,
@@ -74,6 +76,7 @@ impl FileKind {
         match self {
             FileKind::ModelFile => "model file",
             FileKind::Config => "config file",
+            FileKind::Hostfile => "hostfile",
             FileKind::Profile => "device profile",
             FileKind::Summary => "run summary",
             FileKind::Metrics => "metrics log",

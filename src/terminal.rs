@@ -106,8 +106,13 @@ pub fn counted(n: usize, thing: &str) -> String {
 
 /// `path` as one shell word, for a command a message tells the user to run: as it is when it
 /// holds only characters no shell treats specially, else in single quotes (a quote inside
-/// written `'\''`).
+/// written `'\''`); a name starting with `-` as `./-name`, which no command reads as an
+/// option.
 pub fn shell_quoted(path: &std::path::Path) -> String {
+    // A relative name starting with `-` would be read as an option.
+    if path.to_string_lossy().starts_with('-') {
+        return shell_quoted(&std::path::Path::new(".").join(path));
+    }
     let s = path.to_string_lossy();
     let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:,@%=".contains(c);
     if !s.is_empty() && s.chars().all(plain) {
@@ -131,5 +136,6 @@ mod tests {
         assert_eq!(shell_quoted(Path::new("it's")), "'it'\\''s'");
         assert_eq!(shell_quoted(Path::new("$HOME")), "'$HOME'");
         assert_eq!(shell_quoted(Path::new("")), "''");
+        assert_eq!(shell_quoted(Path::new("-dash")), "./-dash");
     }
 }

@@ -729,6 +729,14 @@ fn an_own_mnist_dir_that_fails_its_checks_does_not_blame_the_bundled_copy() {
         m.contains("SHA-256 mismatch") && m.contains("t10k-labels"),
         "{m}"
     );
+    // Or as `sha256sum $PWD/*.gz` does: absolute names of the files there.
+    let absolute = bundled.replace("  ", &format!("  {}/", tmp.path().display()));
+    fs::write(tmp.path().join(mnist::SHA256SUMS), &absolute).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("SHA-256 mismatch") && m.contains("t10k-labels"),
+        "{m}"
+    );
     // An entry missing is not a mismatch either.
     let first_gone: String = sums.lines().skip(1).map(|l| format!("{l}\n")).collect();
     fs::write(tmp.path().join(mnist::SHA256SUMS), first_gone).unwrap();

@@ -650,6 +650,37 @@ fn photos_of_any_size_are_predicted_through_the_checkpoints_evaluation_transform
             assert_eq!(packed.confusion, on_grey.confusion);
         }
     }
+    // Some of the model's classes only: labelled as the model numbers them, the same from a
+    // folder and from a raw pack of it.
+    let some = dir.path().join("some");
+    for split in ["train", "test"] {
+        for class in ["class-0", "class-2"] {
+            let (from, to) = (grey.join(split).join(class), some.join(split).join(class));
+            std::fs::create_dir_all(&to).unwrap();
+            for f in std::fs::read_dir(&from).unwrap() {
+                let f = f.unwrap().path();
+                std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let some_pack = dir.path().join("some.dpk");
+    let (some_dir, out) = (some.to_str().unwrap(), some_pack.to_str().unwrap());
+    let (ok, _, stderr) = dptrain_in(
+        dir.path(),
+        &["data", "pack", some_dir, "--raw", "--out", out],
+    );
+    assert!(ok, "{stderr}");
+    let on_folder = eval_with(&ck, |o| o.data_dir = Some(some.clone()));
+    let on_pack = eval_with(&ck, |o| {
+        o.dataset = Some("packed".into());
+        o.data_dir = Some(some_pack.clone());
+    });
+    assert_eq!(on_pack.confusion, on_folder.confusion);
+    assert_eq!(
+        on_folder.confusion[1].iter().sum::<u64>(),
+        0,
+        "no class-1 images"
+    );
     // Images straight in the directory, not in class directories: said so.
     let loose = lone.join("test").join("class-1");
     let e = eval::run(

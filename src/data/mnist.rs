@@ -138,9 +138,19 @@ pub fn load_mnist(dir: &Path, bundled: bool) -> Result<DatasetPair, DataError> {
         .map_err(|e| DataError::from_input(e, unreadable))?;
     let sums_hint = if bundled { hint } else { &sums_hint };
     let sums = parse_sums(&sums_path, &sums_text, sums_hint)?;
+    // `sha256sum $PWD/*.gz` names each file by its absolute path: the same file.
+    let here = dir.canonicalize().ok();
+    let names_file = |name: &str, file: &str| {
+        let path = Path::new(name);
+        name == file
+            || (path.is_absolute()
+                && path.file_name().is_some_and(|n| n == file)
+                && here.is_some()
+                && path.parent().and_then(|p| p.canonicalize().ok()) == here)
+    };
     let expected = |file: &str| -> Result<String, DataError> {
         sums.iter()
-            .find(|(name, _)| name == file)
+            .find(|(name, _)| names_file(name, file))
             .map(|(_, h)| h.clone())
             .ok_or_else(|| {
                 DataError::invalid(&sums_path, format!("has no entry for {file}; {sums_hint}"))

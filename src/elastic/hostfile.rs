@@ -39,7 +39,7 @@ const MAX_SLOTS: usize = 4096;
 /// The hosts of the hostfile at `path`, in order (blank lines and `#` comments skipped; a host
 /// named twice is an error, since its ranks would be counted twice).
 pub fn read(path: &Path) -> Result<Vec<Host>, HostfileError> {
-    let text = crate::input::read_text(path, crate::input::FileKind::Config)?;
+    let text = crate::input::read_text(path, crate::input::FileKind::Hostfile)?;
     let mut hosts: Vec<Host> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();

@@ -257,11 +257,10 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     }
     if let Ok(crate::data::DatasetSpec::Packed { file }) = &spec {
         let set = packed_split(model, file, split, opts.limit)?;
-        check_fits(model, &shown, &set.0, &set.1)?;
         return Ok(EvalData {
             dataset: shown,
             split,
-            set: set.0,
+            set,
         });
     }
     // Other datasets are in memory at their own size (checked below).
@@ -321,17 +320,7 @@ fn folder_split(
         .filter(|c| !d.class_names.contains(c))
         .collect();
     unknown.sort();
-    if !unknown.is_empty() {
-        return Err(InferError::Mismatch {
-            checkpoint: model.path.clone(),
-            dataset: split_dir.display().to_string(),
-            what: format!(
-                "its class directories [{}] are not among the model's classes [{}]",
-                unknown.join(", "),
-                d.class_names.join(", ")
-            ),
-        });
-    }
+    refuse_unknown_classes(model, split_dir, "class directories", &unknown)?;
     let mut folder = crate::data::image_folder::ImageFolder::open(split_dir, Some(&d.class_names))?;
     folder.channels = channels;
     folder.set_size(d.input[1], d.input[2]);
@@ -346,32 +335,66 @@ fn folder_split(
     )?)
 }
 
+/// Refuses a dataset at `place` with classes (its `what`) the model does not know, naming them
+/// against the model's classes.
+fn refuse_unknown_classes(
+    model: &TrainedModel,
+    place: &Path,
+    what: &str,
+    unknown: &[String],
+) -> Result<(), InferError> {
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(InferError::Mismatch {
+        checkpoint: model.path.clone(),
+        dataset: place.display().to_string(),
+        what: format!(
+            "its {what} [{}] are not among the model's classes [{}]",
+            unknown.join(", "),
+            model.description.class_names.join(", ")
+        ),
+    })
+}
+
 /// One split of a packed file read as the model's input (its channels, converted as
 /// [`folder_split`] converts; its size through the checkpoint's evaluation transform), the
-/// first `limit` only; with the file's class names.
+/// first `limit` only. As a folder's, its classes may be some of the model's, each labelled
+/// as the model numbers it.
 fn packed_split(
     model: &TrainedModel,
     file: &Path,
     split: Split,
     limit: Option<usize>,
-) -> Result<(Dataset, Vec<String>), InferError> {
+) -> Result<Dataset, InferError> {
     let d = &model.description;
     let (train, test) = crate::data::packed::open_pair(file)?;
     let mut set = match split {
         Split::Train => train,
         Split::Test => test,
     };
+    let unknown: Vec<String> = (set.classes().iter())
+        .filter(|c| !d.class_names.contains(c))
+        .cloned()
+        .collect();
+    refuse_unknown_classes(model, file, "classes", &unknown)?;
+    // The file's label of each class, as the model's (every class is the model's, so each
+    // position is below its class count, which labels of u8 hold).
+    let model_label: Vec<u8> = (set.classes().iter())
+        .map(|c| d.class_names.iter().position(|n| n == c).unwrap_or(0) as u8)
+        .collect();
     set.channels = super::image_channels(model)?;
     set.set_size(d.input[1], d.input[2]);
     if let Some(n) = limit {
         set.truncate(n);
     }
     let eval = d.eval_transforms(&model.path)?;
-    let names = set.classes().to_vec();
-    Ok((
-        crate::pipeline::decode_packed_split(&set, &eval, "packed")?,
-        names,
-    ))
+    let mut data = crate::pipeline::decode_packed_split(&set, &eval, "packed")?;
+    for label in &mut data.labels {
+        *label = model_label[usize::from(*label)];
+    }
+    data.num_classes = d.class_names.len();
+    Ok(data)
 }
 
 /// A failure to load the dataset, typed where it is the data's.
