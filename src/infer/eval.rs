@@ -368,6 +368,7 @@ fn packed_split(
     limit: Option<usize>,
 ) -> Result<Dataset, InferError> {
     let d = &model.description;
+    let channels = super::image_channels(model)?;
     let (train, test) = crate::data::packed::open_pair(file)?;
     let mut set = match split {
         Split::Train => train,
@@ -383,7 +384,7 @@ fn packed_split(
     let model_label: Vec<u8> = (set.classes().iter())
         .map(|c| d.class_names.iter().position(|n| n == c).unwrap_or(0) as u8)
         .collect();
-    set.channels = super::image_channels(model)?;
+    set.channels = channels;
     set.set_size(d.input[1], d.input[2]);
     if let Some(n) = limit {
         set.truncate(n);
