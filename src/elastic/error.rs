@@ -44,6 +44,19 @@ pub enum LaunchError {
         /// Why.
         source: std::io::Error,
     },
+    /// mpirun runs nothing, not even on this machine: no host is to blame.
+    #[error(
+        "{mpirun} cannot run a process even on this machine ({status}), so no host is to \
+         blame: {said}"
+    )]
+    MpirunFails {
+        /// mpirun and its options.
+        mpirun: String,
+        /// How the one-rank job on this machine ended.
+        status: String,
+        /// The end of what it printed.
+        said: String,
+    },
     /// Fewer live hosts than `--min-hosts`.
     #[error(
         "{live} live host(s) left, fewer than --min-hosts {min}; {}",

@@ -218,43 +218,127 @@ fn first_rank_per_host(hosts: &[Host], marked: impl Iterator<Item = bool>) -> Ve
 pub(super) fn probe(cfg: &LaunchConfig, hosts: &[&Host]) -> Result<Vec<String>, LaunchError> {
     let mut probes = Vec::new();
     for h in hosts {
-        let files = JobFiles::new(std::slice::from_ref(*h))?;
+        let program = cfg.program.as_os_str();
+        probes.push(Probe::start(cfg, h, program, "--version")?);
+    }
+    Probe::wait_all(&mut probes);
+    Ok(probes
+        .into_iter()
+        .zip(hosts)
+        .filter(|(p, _)| p.ended.as_ref().is_some_and(|s| s.success()))
+        .map(|(_, h)| h.name.clone())
+        .collect())
+}
+
+/// Whether mpirun runs a process on this machine (`true` on `localhost`): asked when no host
+/// answers a probe, since a probe goes through mpirun too. An mpirun that refuses to run at
+/// all (as root without OpenMPI's consent, a broken installation) is named with its own
+/// words, not taken for every host being lost.
+pub(super) fn check_mpirun_here(cfg: &LaunchConfig) -> Result<(), LaunchError> {
+    let here = Host {
+        name: "localhost".into(),
+        slots: 1,
+    };
+    let mut probe = [Probe::start(cfg, &here, "true".as_ref(), "")?];
+    Probe::wait_all(&mut probe);
+    let [probe] = probe;
+    let status = match &probe.ended {
+        Some(s) if s.success() => return Ok(()),
+        Some(s) => s.to_string(),
+        None => format!("no end within {} s", PROBE_TIMEOUT.as_secs()),
+    };
+    Err(LaunchError::MpirunFails {
+        mpirun: cfg.mpirun.join(" "),
+        status,
+        said: probe.said(),
+    })
+}
+
+/// A one-rank job started by mpirun on one host, its output kept in its files.
+struct Probe {
+    child: Child,
+    files: JobFiles,
+    /// How it ended, once it has.
+    ended: Option<std::process::ExitStatus>,
+}
+
+impl Probe {
+    /// Starts `program arg` (no argument when `arg` is empty) on `host`.
+    fn start(
+        cfg: &LaunchConfig,
+        host: &Host,
+        program: &std::ffi::OsStr,
+        arg: &str,
+    ) -> Result<Self, LaunchError> {
+        let files = JobFiles::new(std::slice::from_ref(host))?;
+        let output = std::fs::File::create(files.dir.join("output")).map_err(|e| {
+            LaunchError::JobFiles(crate::output::OutputError::Io {
+                path: files.dir.join("output"),
+                action: "create",
+                cause: e,
+            })
+        })?;
+        let stderr = output.try_clone().map_err(|source| LaunchError::Spawn {
+            program: cfg.mpirun[0].clone(),
+            source,
+        })?;
         let child = Command::new(&cfg.mpirun[0])
             .args(&cfg.mpirun[1..])
             .arg("--hostfile")
             .arg(&files.hostfile)
             .args(["-np", "1"])
-            .arg(&cfg.program)
-            .arg("--version")
+            .arg(program)
+            .args((!arg.is_empty()).then_some(arg))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(output)
+            .stderr(stderr)
             .spawn()
             .map_err(|source| LaunchError::Spawn {
                 program: cfg.mpirun[0].clone(),
                 source,
             })?;
-        probes.push((h.name.clone(), child, files, None));
+        Ok(Self {
+            child,
+            files,
+            ended: None,
+        })
     }
-    let deadline = Instant::now() + PROBE_TIMEOUT;
-    while Instant::now() < deadline && probes.iter().any(|p| p.3.is_none()) {
-        for p in probes.iter_mut().filter(|p| p.3.is_none()) {
-            p.3 = p.1.try_wait().ok().flatten().map(|s| s.success());
+
+    /// Waits until every probe has ended or [`PROBE_TIMEOUT`] has passed, and kills the rest.
+    fn wait_all(probes: &mut [Probe]) {
+        let deadline = Instant::now() + PROBE_TIMEOUT;
+        while Instant::now() < deadline && probes.iter().any(|p| p.ended.is_none()) {
+            for p in probes.iter_mut().filter(|p| p.ended.is_none()) {
+                p.ended = p.child.try_wait().ok().flatten();
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut answered = Vec::new();
-    for (name, mut child, _files, ended) in probes {
-        if ended.is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if ended == Some(true) {
-            answered.push(name);
+        for p in probes.iter_mut().filter(|p| p.ended.is_none()) {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
         }
     }
-    Ok(answered)
+
+    /// The last lines of what it printed (at most [`SAID_BYTES`]), blank lines and mpirun's
+    /// rules of dashes left out.
+    fn said(&self) -> String {
+        let bytes = std::fs::read(self.files.dir.join("output")).unwrap_or_default();
+        let tail = &bytes[bytes.len().saturating_sub(SAID_BYTES)..];
+        let text = String::from_utf8_lossy(tail);
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '-'))
+            .collect();
+        if lines.is_empty() {
+            return "it printed nothing".into();
+        }
+        lines.join(" ")
+    }
 }
+
+/// How much of a failed probe's output its error quotes.
+const SAID_BYTES: usize = 2048;
 
 /// How long a lost host has to answer the probe at a restart point.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(4);

@@ -253,6 +253,9 @@ impl Supervisor<'_> {
     fn unreachable(&self, suspects: &[(Host, usize)]) -> Result<Vec<(Host, usize)>, LaunchError> {
         let hosts: Vec<&Host> = suspects.iter().map(|(h, _)| h).collect();
         let answered = job::probe(self.cfg, &hosts)?;
+        if answered.is_empty() && !hosts.is_empty() {
+            job::check_mpirun_here(self.cfg)?;
+        }
         Ok(suspects
             .iter()
             .filter(|(h, _)| !answered.contains(&h.name))
