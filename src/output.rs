@@ -30,6 +30,10 @@
 //!
 //! Errors are [`OutputError`]: each names the path, what was wrong and what to do.
 
+mod in_flight;
+
+pub use in_flight::remove_on_signal;
+use in_flight::TempFile;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -329,8 +333,7 @@ pub fn check_writable(path: &Path, kind: &Kind) -> Result<(), OutputError> {
 /// whose present file is checked otherwise (one that is to be deleted first).
 pub fn check_dir_takes_files(path: &Path) -> Result<(), OutputError> {
     let (tmp, file) = create_temp(path)?;
-    drop(file);
-    let _ = std::fs::remove_file(&tmp);
+    drop((file, tmp));
     Ok(())
 }
 
@@ -366,7 +369,7 @@ pub const TEMP_PREFIX: &str = ".dptrain-tmp-";
 
 /// Creates a new temporary file next to `path` (`.dptrain-tmp-NAME.<pid>.<n>`) with
 /// `create_new`, so nothing that already exists, a planted link included, is ever opened.
-fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
+fn create_temp(path: &Path) -> Result<(TempFile, File), OutputError> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -378,8 +381,8 @@ fn create_temp(path: &Path) -> Result<(PathBuf, File), OutputError> {
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!("{TEMP_PREFIX}{name}.{}.{n}", std::process::id()));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => {
+        match TempFile::create_new(tmp) {
+            Ok((tmp, f)) => {
                 if let Some(mode) = mode {
                     f.set_permissions(mode).map_err(|e| OutputError::Io {
                         path: path.to_path_buf(),
@@ -412,19 +415,14 @@ pub fn write_atomically(path: &Path, bytes: &[u8], kind: &Kind) -> Result<(), Ou
         action,
         cause,
     };
-    let written = (|| {
-        f.write_all(bytes).map_err(|e| io("write", e))?;
-        f.sync_all().map_err(|e| io("write (fsync)", e))?;
-        drop(f);
-        // Checked again right before the rename: something may have appeared meanwhile.
-        check_replaceable(path, kind)?;
-        std::fs::rename(&tmp, path).map_err(|e| io("rename into place", e))
-    })();
-    if let Err(e) = written {
-        // Never leave the temporary file behind: on a full disk it would keep the disk full.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    // Any failure drops `tmp`, which removes it.
+    f.write_all(bytes).map_err(|e| io("write", e))?;
+    f.sync_all().map_err(|e| io("write (fsync)", e))?;
+    drop(f);
+    // Checked again right before the rename: something may have appeared meanwhile.
+    check_replaceable(path, kind)?;
+    tmp.rename_to(path)
+        .map_err(|e| io("rename into place", e))?;
     if let Ok(d) = File::open(parent_dir(path)) {
         let _ = d.sync_all();
     }
@@ -442,8 +440,8 @@ pub struct AtomicFile {
     /// What may be replaced at `path`, checked again at the commit (a long write leaves time
     /// for a file to appear there).
     kind: Kind,
-    tmp: PathBuf,
-    file: Option<File>,
+    tmp: TempFile,
+    file: File,
 }
 
 impl AtomicFile {
@@ -456,7 +454,7 @@ impl AtomicFile {
             path: path.to_path_buf(),
             kind: *kind,
             tmp,
-            file: Some(file),
+            file,
         })
     }
 
@@ -467,9 +465,7 @@ impl AtomicFile {
 
     /// The temporary file being written.
     pub fn file(&mut self) -> &mut File {
-        self.file
-            .as_mut()
-            .expect("an AtomicFile holds its file until commit")
+        &mut self.file
     }
 
     /// An [`OutputError::Io`] for this file: what was being done and the OS error.
@@ -482,28 +478,29 @@ impl AtomicFile {
     }
 
     /// Flushes the temporary file to disk and renames it over the final path.
-    pub fn commit(mut self) -> Result<(), OutputError> {
-        let file = self.file.take().expect("an AtomicFile is committed once");
-        file.sync_all()
-            .map_err(|e| self.error("write (fsync)", e))?;
+    pub fn commit(self) -> Result<(), OutputError> {
+        let Self {
+            path,
+            kind,
+            tmp,
+            file,
+        } = self;
+        let error = |action, cause| OutputError::Io {
+            path: path.clone(),
+            action,
+            cause,
+        };
+        // Any failure drops `tmp`, which removes it.
+        file.sync_all().map_err(|e| error("write (fsync)", e))?;
         drop(file);
         // Checked again right before the rename: something may have appeared meanwhile.
-        check_replaceable(&self.path, &self.kind)?;
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| self.error("rename into place", e))?;
-        self.tmp = PathBuf::new();
-        if let Ok(d) = File::open(parent_dir(&self.path)) {
+        check_replaceable(&path, &kind)?;
+        tmp.rename_to(&path)
+            .map_err(|e| error("rename into place", e))?;
+        if let Ok(d) = File::open(parent_dir(&path)) {
             let _ = d.sync_all();
         }
         Ok(())
-    }
-}
-
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        if !self.tmp.as_os_str().is_empty() {
-            self.file = None;
-            let _ = std::fs::remove_file(&self.tmp);
-        }
     }
 }
 
@@ -1069,11 +1066,19 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let (tmp, f) = create_temp(&dir.join("summary.json")).unwrap();
         drop(f);
-        let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
+        let name = tmp
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         assert!(is_temp_of(&name, "summary.json"), "{name}");
         // Ours, of a live process: left alone.
         assert!(remove_stale_temps(&dir).is_empty());
-        assert!(tmp.exists());
+        assert!(tmp.path().exists());
+        let path = tmp.path().to_path_buf();
+        drop(tmp);
+        assert!(!path.exists(), "a dropped temporary file is removed");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -620,3 +620,74 @@ fn any_size_photos_train_the_same_from_the_folder_and_from_a_raw_pack() {
     let packed_run = run(&format!("packed:{}", pack.display()), "b");
     assert_eq!(folder_run, packed_run);
 }
+
+/// Ctrl-C (or kill) in the middle of a pack removes its temporary file, leaves the earlier
+/// pack at `--out` as it was, and the command ends as interrupted (by the signal).
+#[test]
+fn an_interrupted_pack_leaves_no_temporary_file_and_the_earlier_pack() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 3, &[(40, 30)], true);
+    let outdir = tmp.path().join("out");
+    std::fs::create_dir(&outdir).unwrap();
+    let out = outdir.join("p.pack");
+    let o = dptrain(&[
+        "data",
+        "pack",
+        root.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let earlier = std::fs::read(&out).unwrap();
+    // Enough large images that the pack is still writing long after its temporary file
+    // appears (it is made before the first image is read).
+    folder(&root, 150, &[(320, 240), (300, 260)], true);
+    for (signal, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let mut child = Command::new(BIN)
+            .args(["data", "pack", "--raw", "--out"])
+            .arg(&out)
+            .arg(&root)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while names(&outdir).len() < 2 {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{name}: ended before it was sent"
+            );
+            assert!(
+                started.elapsed().as_secs() < 60,
+                "{name}: no temporary file"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "{name}: {status}");
+        assert_eq!(names(&outdir), ["p.pack"], "{name}: only the earlier pack");
+        assert_eq!(std::fs::read(&out).unwrap(), earlier, "{name}");
+    }
+    // Started ignoring SIGHUP (as under nohup): a hang-up does not end it.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "trap '' HUP; exec {BIN} data pack --raw --out {} {}",
+            out.display(),
+            root.display()
+        ))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while names(&outdir).len() < 2 {
+        assert!(child.try_wait().unwrap().is_none(), "ended before SIGHUP");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    assert!(child.wait().unwrap().success(), "nohup's SIGHUP ended the pack");
+    assert_ne!(std::fs::read(&out).unwrap(), earlier, "the new pack is in place");
+}
