@@ -71,6 +71,16 @@ impl FileKind {
         }
     }
 
+    /// What to do about a path of this kind that is not a regular file: one the user named
+    /// is to be named again; a dataset's files are found in the directory the user named
+    /// (`--data-dir`), where the file itself belongs.
+    fn not_regular_remedy(self) -> &'static str {
+        match self {
+            FileKind::Dataset => "put the file itself there (a link to one is fine)",
+            _ => "give the path of a file",
+        }
+    }
+
     /// How an error names a file of this kind.
     pub fn noun(self) -> &'static str {
         match self {
@@ -102,8 +112,8 @@ pub enum InputError {
     },
     /// The path names something that is not a regular file.
     #[error(
-        "{noun} {path} is {what}, not a regular file: give the path of a file",
-        noun = kind.noun(), path = path.display()
+        "{noun} {path} is {what}, not a regular file: {remedy}",
+        noun = kind.noun(), path = path.display(), remedy = kind.not_regular_remedy()
     )]
     NotRegular {
         /// The path given.

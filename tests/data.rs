@@ -745,6 +745,16 @@ fn an_own_mnist_dir_that_fails_its_checks_does_not_blame_the_bundled_copy() {
         m.contains("has no entry for t10k-images") && !m.contains("do not match"),
         "{m}"
     );
+    // Not a file: what belongs there, not "give the path of a file" (the user gave a dir).
+    fs::remove_file(tmp.path().join(mnist::SHA256SUMS)).unwrap();
+    fs::create_dir(tmp.path().join(mnist::SHA256SUMS)).unwrap();
+    let m = err_msg(data::load(&spec));
+    assert!(
+        m.contains("SHA256SUMS is a directory, not a regular file: put the file itself there"),
+        "{m}"
+    );
+    fs::remove_dir(tmp.path().join(mnist::SHA256SUMS)).unwrap();
+    fs::write(tmp.path().join(mnist::SHA256SUMS), &sums).unwrap();
     // A file missing is named before any checksum is asked for; uncompressed files are
     // pointed to idx.
     fs::remove_file(tmp.path().join(mnist::TRAIN_LABELS)).unwrap();

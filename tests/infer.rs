@@ -75,7 +75,7 @@ fn eval_gives_the_training_runs_test_figures_for_any_worker_count() {
     assert_eq!(one.top1, s.final_test_accuracy);
     assert_eq!(one.loss.to_bits(), last.test_loss.to_bits());
     assert_eq!((one.samples, one.batch, one.top_k), (300, 32, 5));
-    assert!(one.top5 >= one.top1 && one.top5 <= 1.0);
+    assert!(one.top_k_accuracy >= one.top1 && one.top_k_accuracy <= 1.0);
     let per_class: u64 = one.classes.iter().map(|c| c.correct).sum();
     assert_eq!(per_class as f64 / 300.0, one.top1);
     let diagonal: u64 = (0..10).map(|i| one.confusion[i][i]).sum();

@@ -688,6 +688,13 @@ fn an_interrupted_pack_leaves_no_temporary_file_and_the_earlier_pack() {
     }
     // SAFETY: kill(2) on our own child, not yet reaped.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
-    assert!(child.wait().unwrap().success(), "nohup's SIGHUP ended the pack");
-    assert_ne!(std::fs::read(&out).unwrap(), earlier, "the new pack is in place");
+    assert!(
+        child.wait().unwrap().success(),
+        "nohup's SIGHUP ended the pack"
+    );
+    assert_ne!(
+        std::fs::read(&out).unwrap(),
+        earlier,
+        "the new pack is in place"
+    );
 }

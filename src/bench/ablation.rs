@@ -813,9 +813,18 @@ impl AblationReport {
 /// Runs `dptrain bench ablation`: prints the tables, and writes them with `--out`.
 pub fn run_command(a: AblationArgs) -> Result<(), String> {
     let spec = AblationSpec::from_args(&a)?;
+    let mut created = crate::output::CreatedDirs::default();
     if let Some(dir) = &a.out {
+        created.create(dir).map_err(|e| format!("--out: {e}"))?;
+    }
+    // A failed ablation leaves no empty --out it made.
+    created.removed_if_failed(|| run_and_write(&spec, a.out.as_deref()))
+}
+
+/// The ablation of `spec`, printed, and written into `out` (which exists).
+fn run_and_write(spec: &AblationSpec, out: Option<&Path>) -> Result<(), String> {
+    if let Some(dir) = out {
         // Checked before the minutes of runs whose tables it would hold.
-        crate::output::create_dir(dir).map_err(|e| format!("--out: {e}"))?;
         for (name, kind) in [
             ("ablation.md", &ABLATION_MD),
             ("ablation.json", &ABLATION_JSON),
@@ -828,9 +837,9 @@ pub fn run_command(a: AblationArgs) -> Result<(), String> {
         "ablation of {} on {} workers: {} round(s) of 6 short runs (1-worker reference + 5 rows), then a profile and the simulator",
         spec.model, spec.workers, spec.repeats
     );
-    let report = run(&spec)?;
+    let report = run(spec)?;
     crate::outln!("{}", report.terminal());
-    if let Some(dir) = &a.out {
+    if let Some(dir) = out {
         report.write(dir)?;
         crate::outln!("written to {}", dir.join("ablation.md").display());
     }

@@ -174,10 +174,14 @@ pub struct SuiteOutcome {
 pub fn run(out: &Path, quick: bool) -> Result<SuiteOutcome, String> {
     let started = Instant::now();
     let load_before = load_average();
-    // Checked before the minutes of benchmarks whose page it would hold.
-    crate::output::create_dir(out).map_err(|e| format!("--out: {e}"))?;
-    crate::output::check_writable(&out.join(REPORT_FILE), &SUITE_PAGE)
-        .map_err(|e| format!("--out: {e}"))?;
+    // Checked before the minutes of benchmarks whose page it would hold; one refused leaves
+    // no empty --out it made.
+    let mut created = crate::output::CreatedDirs::default();
+    created.create(out).map_err(|e| format!("--out: {e}"))?;
+    created.removed_if_failed(|| {
+        crate::output::check_writable(&out.join(REPORT_FILE), &SUITE_PAGE)
+            .map_err(|e| format!("--out: {e}"))
+    })?;
     let plan = Plan::new(quick);
     let done = run_sections(&plan, out);
     let wall_seconds = started.elapsed().as_secs_f64();

@@ -89,8 +89,8 @@ pub struct EvalReport {
     /// Top-1 accuracy.
     pub top1: f64,
     /// Top-k accuracy, k = `top_k` (5, or the class count when smaller).
-    pub top5: f64,
-    /// The k of `top5`.
+    pub top_k_accuracy: f64,
+    /// The k of `top_k_accuracy`.
     pub top_k: usize,
     /// Per class, label order.
     pub classes: Vec<ClassResult>,
@@ -594,7 +594,7 @@ impl Plan<'_> {
             samples: data.set.len(),
             loss: loss_sum / n,
             top1: sum(1) / n,
-            top5: sum(2) / n,
+            top_k_accuracy: sum(2) / n,
             top_k: self.top_k,
             classes: names
                 .iter()
@@ -622,7 +622,7 @@ impl EvalReport {
     pub fn headline(&self) -> String {
         // With one class, top-k is top-1: said once.
         let top_k = if self.top_k > 1 {
-            format!(", top-{} {:.2}%", self.top_k, 100.0 * self.top5)
+            format!(", top-{} {:.2}%", self.top_k, 100.0 * self.top_k_accuracy)
         } else {
             String::new()
         };

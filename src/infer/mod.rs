@@ -44,8 +44,8 @@ pub enum InferError {
     /// are read as.
     #[error(
         "checkpoint {}: the model takes {channels}-channel inputs, and image files (and packed \
-         files of them) are read grey (1 channel) or colour (3): evaluate it on a dataset of \
-         its own kind (eval --dataset)",
+         files of them) are read grey (1 channel) or colour (3): predict cannot feed it, and \
+         eval only on a dataset of its own kind (eval --dataset)",
         checkpoint.display()
     )]
     NotImages {
