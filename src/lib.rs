@@ -15,6 +15,7 @@ pub mod elastic;
 pub mod export;
 pub mod infer;
 pub mod input;
+pub mod interrupt;
 pub mod limits;
 pub mod measure;
 pub mod model;

@@ -6,14 +6,18 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    // Ctrl-C or kill removes the temporary files being written, instead of leaving them.
-    if let Err(e) = dptrain::output::remove_on_signal() {
-        eprintln!("warning: cannot watch for signals ({e}): an interrupted write may leave its temporary file");
+    // Ctrl-C or kill puts away what is under way (temporary files, scratch directories,
+    // launch's MPI job) instead of leaving it.
+    if let Err(e) = dptrain::interrupt::watch_signals() {
+        dptrain::terminal::print_warning(&format!(
+            "cannot watch for signals ({e}): what Ctrl-C or kill interrupts (a write's \
+             temporary file, launch's MPI job) is left behind"
+        ));
     }
     // A failed write to stdout (a full device) fails the command once it is done; a reader that
     // closed the pipe does not (see dptrain::terminal::print_out).
     if let Err(e) = dptrain::cli::run().and_then(|()| dptrain::terminal::stdout_result()) {
         dptrain::cli::print_error(&e);
-        std::process::exit(1);
+        dptrain::interrupt::exit_cleaning_up(1);
     }
 }

@@ -30,14 +30,13 @@
 //!
 //! Errors are [`OutputError`]: each names the path, what was wrong and what to do.
 
-mod in_flight;
+mod temp_file;
 
-pub use in_flight::remove_on_signal;
-use in_flight::TempFile;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use temp_file::TempFile;
 
 /// Why an output path cannot be written.
 #[derive(Debug, thiserror::Error)]
@@ -508,15 +507,7 @@ impl AtomicFile {
 /// is replaced, no link followed). A failed write removes the partial file. For the many small
 /// files of an export, which are new by construction.
 pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|e| OutputError::Io {
-            path: path.to_path_buf(),
-            action: "create",
-            cause: e,
-        })?;
+    let mut f = create_new_file(path)?;
     if let Err(e) = f.write_all(bytes) {
         drop(f);
         let _ = std::fs::remove_file(path);
@@ -527,6 +518,43 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
         });
     }
     Ok(())
+}
+
+/// Creates `path`, which must not exist (`create_new`: nothing is replaced, no link
+/// followed), and opens it for writing.
+pub fn create_new_file(path: &Path) -> Result<File, OutputError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| OutputError::Io {
+            path: path.to_path_buf(),
+            action: "create",
+            cause: e,
+        })
+}
+
+/// Makes a new directory only this user may enter (mode 0700) in `parent`, for this
+/// process's own scratch files: `<prefix><pid>-<n>`, taking the next `n` while the name
+/// exists, so a directory made in advance by someone else (with a link in it to a file of
+/// ours) is never used.
+pub fn create_private_dir(parent: &Path, prefix: &str) -> Result<PathBuf, OutputError> {
+    use std::os::unix::fs::DirBuilderExt;
+    loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("{prefix}{}-{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(OutputError::Io {
+                    path: dir,
+                    action: "create the directory",
+                    cause: e,
+                })
+            }
+        }
+    }
 }
 
 /// Makes sure `dir` is a directory, creating it (one level: its parent must exist) if absent.
@@ -656,7 +684,7 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// [`remove_stale_temps`] for the temporary files of one target `name` in `dir`: a write
-/// killed before it could remove its temporary file (a signal, a crash) leaves it, and the
+/// killed before it could remove its temporary file (SIGKILL, a crash) leaves it, and the
 /// next write to the same file clears it.
 fn remove_stale_temps_of(dir: &Path, name: &str) {
     remove_dead_temps(dir, |target| target == name);

@@ -12,6 +12,8 @@ use dptrain::data::{
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
+mod common;
+
 const MNIST_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/mnist");
 
 fn err_msg<T: std::fmt::Debug>(r: Result<T, DataError>) -> String {
@@ -959,4 +961,48 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A signal while an export writes its images removes what it staged (the earlier export in
+/// `--out` stays whole), as it removes an atomic write's temporary file.
+#[test]
+fn an_interrupted_export_leaves_no_staged_images() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ex");
+    let export = |size: &str, limit: usize| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args(["data", "export-images", "--dataset"])
+            .arg(format!("synthetic:3x{size}:2"))
+            .args(["--limit", &limit.to_string(), "--overwrite", "--out"])
+            .arg(&out);
+        cmd
+    };
+    let o = export("8x8", 4).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let earlier = files(&out.join("train").join("0"));
+    let mut limit = 200;
+    let status = loop {
+        let staged = || {
+            files(&out)
+                .iter()
+                .any(|n| n.starts_with(".dptrain-partial-"))
+        };
+        match common::signalled_when(export("256x256", limit), staged, libc::SIGTERM, false) {
+            Some(status) => break status,
+            None if limit < 10_000 => limit *= 4,
+            None => panic!("every export ended before the signal"),
+        }
+    };
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+    assert_eq!(files(&out), ["test", "train"], "staged images left");
+    assert_eq!(files(&out.join("train").join("0")), earlier);
 }

@@ -77,46 +77,58 @@ fn launch_refuses_bad_hostfiles_owned_flags_and_impossible_options() {
 
 /// An mpirun that runs nothing at all (here a stand-in that refuses as OpenMPI does for root
 /// without its consent) is named with its own words, not taken for every host being lost;
-/// one that runs locally but reaches no host still loses the hosts.
+/// one that runs locally but reaches no host, or fails locally in other words than for the
+/// hosts (this machine outside a batch allocation), still loses the hosts, each named with
+/// its probe's words.
 #[test]
 fn an_mpirun_that_runs_nothing_is_named_not_blamed_on_the_hosts() {
-    use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let hosts = tmp.path().join("hosts");
     std::fs::write(&hosts, "localhost slots=1\n").unwrap();
+    // Run as `sh FILE` (an --mpirun of two words): a script written and exec'd at once by a
+    // threaded test can fail with "Text file busy".
     let script = |name: &str, body: &str| {
         let p = tmp.path().join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        p.display().to_string()
+        std::fs::write(&p, format!("{body}\n")).unwrap();
+        format!("sh {}", p.display())
     };
     let refuses = script(
         "refusing-mpirun",
         "echo '-----'\necho 'mpirun has detected an attempt to run as root.' >&2\nexit 1",
     );
-    // Runs `true` on this machine, fails anything else: the hosts do not answer.
+    // The last word is the program: `true` for the check on this machine.
+    let last = "for a; do last=$a; done";
     let local_only = script(
         "local-only-mpirun",
-        "for a; do last=$a; done\n[ \"$last\" = true ] && exit 0\nexit 1",
+        &format!("{last}\n[ \"$last\" = true ] && exit 0\necho 'ssh: no route' >&2\nexit 1"),
     );
-    for (mpirun, says, not) in [
+    let not_here = script(
+        "not-here-mpirun",
+        &format!(
+            "{last}\n[ \"$last\" = true ] && echo 'not in the allocation' >&2 && exit 1\n\
+             echo 'ssh: no route' >&2\nexit 1"
+        ),
+    );
+    let lost = "host localhost (rank 0) lost while the job started: it does not answer (its \
+                probe: ssh: no route)";
+    for (i, (mpirun, says, not)) in [
         (
             &refuses,
-            "cannot run a process even on this machine (exit status: 1), so no host is to \
-             blame: mpirun has detected an attempt to run as root.",
+            "cannot run a process even on this machine (exit status: 1), and says the same \
+             for every host, so no host is to blame; mend what it says and launch again: \
+             mpirun has detected an attempt to run as root.",
             "lost",
         ),
-        (
-            &local_only,
-            "host localhost (rank 0) lost while the job started",
-            "cannot run a process",
-        ),
-    ] {
-        let run = tmp.path().join(format!("run-{}", mpirun.len()));
+        (&local_only, lost, "cannot run a process"),
+        (&not_here, lost, "cannot run a process"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let o = Command::new(BIN)
             .arg("launch")
             .arg("--run-dir")
-            .arg(&run)
+            .arg(tmp.path().join(format!("run-{i}")))
             .arg("--hostfile")
             .arg(&hosts)
             .args(["--mpirun", mpirun, "--", "--dataset", "synthetic:1x8x8"])
@@ -126,4 +138,66 @@ fn an_mpirun_that_runs_nothing_is_named_not_blamed_on_the_hosts() {
         assert!(!o.status.success() && t.contains(says), "{mpirun}: {t}");
         assert!(!t.contains(not) && !t.contains("panicked"), "{mpirun}: {t}");
     }
+}
+
+/// A signal that ends `dptrain launch` stops its job first (here a stand-in mpirun that would
+/// run for a minute) and removes the job's files: nothing is left running unsupervised.
+#[test]
+fn a_signalled_launch_stops_its_job_and_removes_its_files() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let scratch = tmp.path().join("tmp");
+    std::fs::create_dir(&scratch).unwrap();
+    let hosts = tmp.path().join("hosts");
+    std::fs::write(&hosts, "localhost slots=1\n").unwrap();
+    let pid_file = tmp.path().join("job.pid");
+    let job = tmp.path().join("long-mpirun");
+    std::fs::write(
+        &job,
+        format!("echo $$ > {}\nexec sleep 60\n", pid_file.display()),
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("launch")
+        .arg("--run-dir")
+        .arg(tmp.path().join("run"))
+        .arg("--hostfile")
+        .arg(&hosts)
+        .args(["--mpirun", &format!("sh {}", job.display())])
+        .args(["--", "--dataset", "synthetic:1x8x8"])
+        .env("TMPDIR", &scratch)
+        .stderr(std::process::Stdio::null());
+    // SAFETY: only signal(2), async-signal-safe, between fork and exec (the harness may
+    // have been started ignoring SIGTERM's siblings; SIGTERM itself is reset here).
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut launch = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    let job_pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(started.elapsed().as_secs() < 30, "the job never started");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(launch.id() as libc::pid_t, libc::SIGTERM) };
+    let status = launch.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "launch took the job's minute to end"
+    );
+    // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+    let alive = unsafe { libc::kill(job_pid, 0) } == 0;
+    assert!(!alive, "the job (pid {job_pid}) outlived launch");
+    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
+    assert!(left.is_empty(), "job files left: {left:?}");
 }

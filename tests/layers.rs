@@ -14,31 +14,32 @@ use std::path::{Path, PathBuf};
 
 /// The top-level modules of `src/`, lowest first. A module may import only those before it.
 const LAYERS: &[&str] = &[
-    "output",   // the one way files are written
-    "limits",   // what the machine has
-    "input",    // the one way files a user named are read
-    "terminal", // error: and warning: lines
-    "trace",    // the timeline
-    "backend",  // the kernel seam and the CPU kernels
-    "model",    // what a network is: layer vocabulary, model files, the graph
-    "nn",       // how a graph runs: layers and the net
-    "export",   // ONNX export of a net
-    "optim",    // the solver
-    "comm",     // transports and collectives
-    "parallel", // buckets and the reducer (idea 1)
-    "plan",     // the planning rules: buckets and each bucket's operation
-    "measure",  // the replica, profiles and their format
-    "testbed",  // fault injection and the emulated device
-    "data",     // dataset readers
-    "pipeline", // the input pipeline (idea 3)
-    "config",   // options, defaults, validation
-    "train",    // the run and the worker's step
-    "report",   // run reports from a run's files
-    "infer",    // eval and predict from a checkpoint
-    "sim",      // planning past this machine
-    "bench",    // benchmarks
-    "elastic",  // dptrain launch: the supervisor that restarts a run on the survivors
-    "cli",      // the commands
+    "interrupt", // what a signal must not leave behind (temporary files, children)
+    "output",    // the one way files are written
+    "limits",    // what the machine has
+    "input",     // the one way files a user named are read
+    "terminal",  // error: and warning: lines
+    "trace",     // the timeline
+    "backend",   // the kernel seam and the CPU kernels
+    "model",     // what a network is: layer vocabulary, model files, the graph
+    "nn",        // how a graph runs: layers and the net
+    "export",    // ONNX export of a net
+    "optim",     // the solver
+    "comm",      // transports and collectives
+    "parallel",  // buckets and the reducer (idea 1)
+    "plan",      // the planning rules: buckets and each bucket's operation
+    "measure",   // the replica, profiles and their format
+    "testbed",   // fault injection and the emulated device
+    "data",      // dataset readers
+    "pipeline",  // the input pipeline (idea 3)
+    "config",    // options, defaults, validation
+    "train",     // the run and the worker's step
+    "report",    // run reports from a run's files
+    "infer",     // eval and predict from a checkpoint
+    "sim",       // planning past this machine
+    "bench",     // benchmarks
+    "elastic",   // dptrain launch: the supervisor that restarts a run on the survivors
+    "cli",       // the commands
 ];
 
 /// One source file: its module path (`["train", "worker"]`) and its text with comments and

@@ -248,8 +248,7 @@ impl AblationSpec {
             augment: Some(a.augment.clone()),
             ..Default::default()
         }
-        .resolve()
-        .map_err(|e| format!("--augment: {e}"))?;
+        .resolve()?;
         Ok(Self {
             model: a.model.clone(),
             workers: a.workers,

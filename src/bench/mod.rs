@@ -37,8 +37,12 @@ use std::path::{Path, PathBuf};
 
 /// A directory under the system's temporary directory for one benchmark's run directories and
 /// exported data, named after the benchmark and this process; removed (with its contents) when
-/// dropped, also when the benchmark fails half-way.
-pub struct ScratchDir(PathBuf);
+/// dropped, also when the benchmark fails half-way or a signal ends it.
+pub struct ScratchDir {
+    dir: PathBuf,
+    /// Removed whole if a signal ends the benchmark.
+    _registration: crate::interrupt::ScratchRegistration,
+}
 
 impl ScratchDir {
     /// `$TMPDIR/dptrain-bench-<name>-<pid>`, emptied if it exists, and created: what goes
@@ -48,17 +52,20 @@ impl ScratchDir {
         let dir = std::env::temp_dir().join(format!("dptrain-bench-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let _ = crate::output::create_dir(&dir);
-        Self(dir)
+        Self {
+            _registration: crate::interrupt::ScratchRegistration::new(&dir),
+            dir,
+        }
     }
 
     /// The directory.
     pub fn path(&self) -> &Path {
-        &self.0
+        &self.dir
     }
 }
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -53,7 +53,7 @@ pub(super) fn run(t: TrainCmd) -> Result<(), String> {
             explained(e, t.config.as_deref())
         ));
         group.end(false);
-        std::process::exit(1);
+        crate::interrupt::exit_cleaning_up(1);
     }
     group.end(result.is_ok());
     drop(heartbeat);

@@ -247,7 +247,8 @@ fn watch(state: &WatchState, rank: usize, size: usize) {
                      complete within {timeout:?} (--comm-timeout): a process may have died or \
                      stalled; raise --comm-timeout if steps are legitimately this slow"
                 );
-                std::process::exit(1);
+                // A commit being written by another thread is not left half-made beside it.
+                crate::interrupt::exit_cleaning_up(1);
             }
             Some((since, timeout)) => {
                 let left = timeout.saturating_sub(since.elapsed());

@@ -276,6 +276,11 @@ pub fn export(pair: &DatasetPair, out: &Path, options: &ExportOptions) -> Result
         })?;
     }
     let pid = std::process::id();
+    // A signal while the splits are written removes them; one during the swap below leaves
+    // what the next export puts right.
+    let staged = SPLITS.map(|split| {
+        crate::interrupt::ScratchRegistration::new(&out.join(Stage::Partial.name(split, pid)))
+    });
     let mut written = 0;
     for (split, ds) in SPLITS.into_iter().zip([&pair.train, &pair.test]) {
         let n = options.limit.unwrap_or(usize::MAX).min(ds.len());
@@ -285,6 +290,7 @@ pub fn export(pair: &DatasetPair, out: &Path, options: &ExportOptions) -> Result
         }
         written += n;
     }
+    drop(staged);
     if let Err(e) = put_in_place(out, options.overwrite) {
         remove_own(out, Stage::Partial);
         return Err(e);

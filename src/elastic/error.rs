@@ -22,8 +22,8 @@ pub enum LaunchError {
     /// The run directory could not be made.
     #[error("--run-dir: {0}")]
     RunDir(crate::output::OutputError),
-    /// A job's hostfile could not be written.
-    #[error("cannot write a job's hostfile: {0}")]
+    /// A job's files (its hostfile, a probe's output) could not be written.
+    #[error("cannot write a job's files: {0}")]
     JobFiles(crate::output::OutputError),
     /// Another run holds the run directory.
     #[error(transparent)]
@@ -44,10 +44,12 @@ pub enum LaunchError {
         /// Why.
         source: std::io::Error,
     },
-    /// mpirun runs nothing, not even on this machine: no host is to blame.
+    /// mpirun runs nothing, not even on this machine, and says so for every host: no host is
+    /// to blame.
     #[error(
-        "{mpirun} cannot run a process even on this machine ({status}), so no host is to \
-         blame: {said}"
+        "{mpirun} cannot run a process even on this machine ({status}), and says the same for \
+         every host, so no host is to blame; mend what it says and launch again: {said}; {}",
+        continue_with(restart_point)
     )]
     MpirunFails {
         /// mpirun and its options.
@@ -56,6 +58,8 @@ pub enum LaunchError {
         status: String,
         /// The end of what it printed.
         said: String,
+        /// The newest restart point.
+        restart_point: Option<PathBuf>,
     },
     /// Fewer live hosts than `--min-hosts`.
     #[error(
@@ -85,8 +89,11 @@ pub enum LaunchError {
     /// mends (options, data, the run directory).
     #[error(
         "the job failed before its first step with every host answering ({status}): its \
-         own error is above; {}",
-        continue_with(restart_point)
+         own error is above; mend it and launch again{}",
+        restart_point.as_ref().map_or(String::new(), |p| format!(
+            " (it continues from {}, the newest state)",
+            p.display()
+        ))
     )]
     JobFailed {
         /// mpirun's exit.

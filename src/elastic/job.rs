@@ -5,10 +5,11 @@
 use super::error::LaunchError;
 use super::hostfile::{self, Host};
 use super::options::LaunchConfig;
+use crate::interrupt::ChildJob;
 use crate::train::heartbeat::Beat;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How one job ended.
@@ -109,7 +110,8 @@ pub(super) fn run(spec: &JobSpec<'_>, events: &mut dyn JobEvents) -> Result<JobE
         cmd.arg("--overwrite");
     }
     let started = Instant::now();
-    let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+    // Stopped with its ranks if a signal ends launch: never left training unsupervised.
+    let child = ChildJob::spawn(&mut cmd).map_err(|source| LaunchError::Spawn {
         program: cfg.mpirun[0].clone(),
         source,
     })?;
@@ -119,7 +121,7 @@ pub(super) fn run(spec: &JobSpec<'_>, events: &mut dyn JobEvents) -> Result<JobE
 /// Watches a running job: its exit, and each rank's heartbeat.
 fn watch(
     spec: &JobSpec<'_>,
-    mut child: Child,
+    mut child: ChildJob,
     socket: &UdpSocket,
     started: Instant,
     events: &mut dyn JobEvents,
@@ -129,11 +131,23 @@ fn watch(
     let mut buf = [0u8; 128];
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            if status.success() {
+            // Every rank beats as it starts: a job that ended well without a beat ran
+            // something else (an --mpirun that is no mpirun, a wrapper that did nothing).
+            let any_beat = last_beat.iter().any(Option::is_some);
+            if status.success() && any_beat {
                 return JobEnd::Finished;
             }
             let never_beat = first_rank_per_host(hosts, last_beat.iter().map(Option::is_none));
-            return JobEnd::Failed(Failed::Exited(status.to_string()), never_beat);
+            let how = if status.success() {
+                format!(
+                    "{status}, but no rank sent a heartbeat: is --mpirun {} an mpirun that \
+                     started dptrain train?",
+                    spec.cfg.mpirun.join(" ")
+                )
+            } else {
+                status.to_string()
+            };
+            return JobEnd::Failed(Failed::Exited(how), never_beat);
         }
         if let Ok(n) = socket.recv(&mut buf) {
             if let Some(beat) = Beat::parse(&buf[..n]).filter(|b| b.rank < ranks) {
@@ -183,7 +197,7 @@ fn watch(
 // Stops a job: SIGTERM to mpirun (which passes it to the ranks it can reach), SIGKILL if it
 /// has not ended within [`STOP_GRACE`] (a lost host's daemon can keep it waiting), then reaps
 /// it. Killed, mpirun's daemons on the live hosts lose it and end their ranks themselves.
-fn stop(child: &mut Child) {
+fn stop(child: &mut ChildJob) {
     let pid = child.id() as libc::pid_t;
     // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
     unsafe {
@@ -213,90 +227,100 @@ fn first_rank_per_host(hosts: &[Host], marked: impl Iterator<Item = bool>) -> Ve
     found
 }
 
-/// The names of `hosts` that answer a probe: a one-rank job running `dptrain --version`
-/// there that ends well within [`PROBE_TIMEOUT`]. All are probed at once.
-pub(super) fn probe(cfg: &LaunchConfig, hosts: &[&Host]) -> Result<Vec<String>, LaunchError> {
+/// How a host answered its probe: a one-rank job running `dptrain --version` there.
+pub(super) struct ProbeResult {
+    /// Whether it ended well within [`PROBE_TIMEOUT`].
+    pub answered: bool,
+    /// How it ended (its exit status), if it did within [`PROBE_TIMEOUT`] (a host that is
+    /// down often keeps mpirun waiting).
+    pub ended: Option<String>,
+    /// The end of what mpirun and the probe printed ([`Probe::said`]).
+    pub said: String,
+}
+
+/// Probes every host of `hosts` at once (see [`ProbeResult`]), in their order.
+pub(super) fn probe(cfg: &LaunchConfig, hosts: &[&Host]) -> Result<Vec<ProbeResult>, LaunchError> {
     let mut probes = Vec::new();
     for h in hosts {
-        let program = cfg.program.as_os_str();
-        probes.push(Probe::start(cfg, h, program, "--version")?);
+        probes.push(Probe::start(
+            cfg,
+            h,
+            cfg.program.as_os_str(),
+            Some("--version"),
+        )?);
     }
     Probe::wait_all(&mut probes);
     Ok(probes
-        .into_iter()
-        .zip(hosts)
-        .filter(|(p, _)| p.ended.as_ref().is_some_and(|s| s.success()))
-        .map(|(_, h)| h.name.clone())
+        .iter()
+        .map(|p| ProbeResult {
+            answered: p.ended.is_some_and(|s| s.success()),
+            ended: p.ended.map(|s| s.to_string()),
+            said: p.said(),
+        })
         .collect())
 }
 
-/// Whether mpirun runs a process on this machine (`true` on `localhost`): asked when no host
-/// answers a probe, since a probe goes through mpirun too. An mpirun that refuses to run at
-/// all (as root without OpenMPI's consent, a broken installation) is named with its own
-/// words, not taken for every host being lost.
-pub(super) fn check_mpirun_here(cfg: &LaunchConfig) -> Result<(), LaunchError> {
+/// mpirun's failure to run anything on this machine (`true` on `localhost`), if it fails so:
+/// asked when no host answers a probe, since a probe goes through mpirun too. `None` when it
+/// runs, or does not end within [`PROBE_TIMEOUT`] (a slow start says nothing).
+pub(super) fn mpirun_fails_here(cfg: &LaunchConfig) -> Result<Option<ProbeResult>, LaunchError> {
     let here = Host {
         name: "localhost".into(),
         slots: 1,
     };
-    let mut probe = [Probe::start(cfg, &here, "true".as_ref(), "")?];
+    let mut probe = [Probe::start(cfg, &here, "true".as_ref(), None)?];
     Probe::wait_all(&mut probe);
-    let [probe] = probe;
-    let status = match &probe.ended {
-        Some(s) if s.success() => return Ok(()),
-        Some(s) => s.to_string(),
-        None => format!("no end within {} s", PROBE_TIMEOUT.as_secs()),
-    };
-    Err(LaunchError::MpirunFails {
-        mpirun: cfg.mpirun.join(" "),
-        status,
-        said: probe.said(),
+    Ok(match probe[0].ended {
+        Some(s) if !s.success() => Some(ProbeResult {
+            answered: false,
+            ended: Some(s.to_string()),
+            said: probe[0].said(),
+        }),
+        _ => None,
     })
 }
 
-/// A one-rank job started by mpirun on one host, its output kept in its files.
+/// A one-rank job started by mpirun on one host, its output kept in its files. Dropped
+/// before it ended, it is killed.
 struct Probe {
-    child: Child,
+    child: ChildJob,
     files: JobFiles,
     /// How it ended, once it has.
     ended: Option<std::process::ExitStatus>,
 }
 
 impl Probe {
-    /// Starts `program arg` (no argument when `arg` is empty) on `host`.
+    /// Starts `program [arg]` on `host`.
     fn start(
         cfg: &LaunchConfig,
         host: &Host,
         program: &std::ffi::OsStr,
-        arg: &str,
+        arg: Option<&str>,
     ) -> Result<Self, LaunchError> {
         let files = JobFiles::new(std::slice::from_ref(host))?;
-        let output = std::fs::File::create(files.dir.join("output")).map_err(|e| {
+        let output =
+            crate::output::create_new_file(&files.output()).map_err(LaunchError::JobFiles)?;
+        let stderr = output.try_clone().map_err(|cause| {
             LaunchError::JobFiles(crate::output::OutputError::Io {
-                path: files.dir.join("output"),
-                action: "create",
-                cause: e,
+                path: files.output(),
+                action: "open a second handle (for stderr) to",
+                cause,
             })
         })?;
-        let stderr = output.try_clone().map_err(|source| LaunchError::Spawn {
-            program: cfg.mpirun[0].clone(),
-            source,
-        })?;
-        let child = Command::new(&cfg.mpirun[0])
-            .args(&cfg.mpirun[1..])
+        let mut cmd = Command::new(&cfg.mpirun[0]);
+        cmd.args(&cfg.mpirun[1..])
             .arg("--hostfile")
             .arg(&files.hostfile)
             .args(["-np", "1"])
             .arg(program)
-            .args((!arg.is_empty()).then_some(arg))
+            .args(arg)
             .stdin(Stdio::null())
             .stdout(output)
-            .stderr(stderr)
-            .spawn()
-            .map_err(|source| LaunchError::Spawn {
-                program: cfg.mpirun[0].clone(),
-                source,
-            })?;
+            .stderr(stderr);
+        let child = ChildJob::spawn(&mut cmd).map_err(|source| LaunchError::Spawn {
+            program: cfg.mpirun[0].clone(),
+            source,
+        })?;
         Ok(Self {
             child,
             files,
@@ -304,7 +328,7 @@ impl Probe {
         })
     }
 
-    /// Waits until every probe has ended or [`PROBE_TIMEOUT`] has passed, and kills the rest.
+    /// Waits until every probe has ended or [`PROBE_TIMEOUT`] has passed.
     fn wait_all(probes: &mut [Probe]) {
         let deadline = Instant::now() + PROBE_TIMEOUT;
         while Instant::now() < deadline && probes.iter().any(|p| p.ended.is_none()) {
@@ -313,21 +337,26 @@ impl Probe {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        for p in probes.iter_mut().filter(|p| p.ended.is_none()) {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
     }
 
-    /// The last lines of what it printed (at most [`SAID_BYTES`]), blank lines and mpirun's
-    /// rules of dashes left out.
+    /// The last lines of what it printed (from its last [`SAID_BYTES`]), on one line: blank
+    /// lines, mpirun's rules of dashes and control characters (a remote terminal's escapes)
+    /// left out.
     fn said(&self) -> String {
-        let bytes = std::fs::read(self.files.dir.join("output")).unwrap_or_default();
-        let tail = &bytes[bytes.len().saturating_sub(SAID_BYTES)..];
-        let text = String::from_utf8_lossy(tail);
-        let lines: Vec<&str> = text
+        use std::io::{Read, Seek, SeekFrom};
+        let mut tail = Vec::new();
+        if let Ok(mut f) = std::fs::File::open(self.files.output()) {
+            let len = f.metadata().map_or(0, |m| m.len());
+            let from = len.saturating_sub(SAID_BYTES as u64);
+            let _ = f
+                .seek(SeekFrom::Start(from))
+                .and_then(|_| f.take(SAID_BYTES as u64).read_to_end(&mut tail));
+        }
+        let text = String::from_utf8_lossy(&tail);
+        let lines: Vec<String> = text
             .lines()
-            .map(str::trim)
+            .map(|l| l.chars().filter(|c| !c.is_control()).collect::<String>())
+            .map(|l| l.trim().to_string())
             .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '-'))
             .collect();
         if lines.is_empty() {
@@ -337,7 +366,16 @@ impl Probe {
     }
 }
 
-/// How much of a failed probe's output its error quotes.
+impl Drop for Probe {
+    fn drop(&mut self) {
+        if self.ended.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// How much of a probe's output is quoted.
 const SAID_BYTES: usize = 2048;
 
 /// How long a lost host has to answer the probe at a restart point.
@@ -350,24 +388,31 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 struct JobFiles {
     dir: PathBuf,
     hostfile: PathBuf,
+    /// Removed if a signal ends launch.
+    _scratch: crate::interrupt::ScratchRegistration,
 }
 
 impl JobFiles {
     fn new(hosts: &[Host]) -> Result<Self, LaunchError> {
-        let dir = std::env::temp_dir().join(format!(
-            "dptrain-launch-{}-{}",
-            std::process::id(),
-            JOB_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        crate::output::create_dir(&dir).map_err(LaunchError::JobFiles)?;
-        let hostfile = dir.join("hostfile");
-        crate::output::write_new_file(&hostfile, hostfile::render(hosts).as_bytes())
+        // A new private directory each time: one made in advance under this name (with a
+        // link to a file of ours in it) is never written into.
+        let dir = crate::output::create_private_dir(&std::env::temp_dir(), "dptrain-launch-")
             .map_err(LaunchError::JobFiles)?;
-        Ok(Self { dir, hostfile })
+        let files = Self {
+            hostfile: dir.join("hostfile"),
+            _scratch: crate::interrupt::ScratchRegistration::new(&dir),
+            dir,
+        };
+        crate::output::write_new_file(&files.hostfile, hostfile::render(hosts).as_bytes())
+            .map_err(LaunchError::JobFiles)?;
+        Ok(files)
+    }
+
+    /// Where a probe's output goes.
+    fn output(&self) -> PathBuf {
+        self.dir.join("output")
     }
 }
-
-static JOB_COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl Drop for JobFiles {
     fn drop(&mut self) {

@@ -235,40 +235,64 @@ impl Supervisor<'_> {
             });
         }
         let detected = Instant::now();
-        for (host, rank) in &gone {
+        for (host, rank, said) in &gone {
             (self.say)(&format!(
-                "host {} (rank {rank}) lost while the job started: it does not answer",
+                "host {} (rank {rank}) lost while the job started: it does not answer \
+                 (its probe: {said})",
                 host.name
             ));
         }
         self.lose(
-            gone.into_iter().map(|(h, r)| (h, r, started, detected)),
+            gone.into_iter().map(|(h, r, _)| (h, r, started, detected)),
             lost,
         );
         Ok(())
     }
 
     /// Of `suspects` (hosts whose ranks never beat in a job that failed), those that do not
-    /// answer a probe.
-    fn unreachable(&self, suspects: &[(Host, usize)]) -> Result<Vec<(Host, usize)>, LaunchError> {
+    /// answer a probe, each with the end of what its probe printed. When none answers and
+    /// mpirun fails on this machine too, printing what it printed for every host, the fault
+    /// is mpirun's (as root without OpenMPI's consent, a bad mpirun option), not the hosts'.
+    fn unreachable(
+        &self,
+        suspects: &[(Host, usize)],
+    ) -> Result<Vec<(Host, usize, String)>, LaunchError> {
         let hosts: Vec<&Host> = suspects.iter().map(|(h, _)| h).collect();
-        let answered = job::probe(self.cfg, &hosts)?;
-        if answered.is_empty() && !hosts.is_empty() {
-            job::check_mpirun_here(self.cfg)?;
+        let results = job::probe(self.cfg, &hosts)?;
+        if !results.is_empty() && results.iter().all(|r| !r.answered) {
+            if let Some(here) = job::mpirun_fails_here(self.cfg)? {
+                if results
+                    .iter()
+                    .all(|r| r.ended.is_some() && r.said == here.said)
+                {
+                    return Err(LaunchError::MpirunFails {
+                        // As --mpirun gave it (split at white space: no word holds any).
+                        mpirun: self.cfg.mpirun.join(" "),
+                        status: here.ended.unwrap_or_default(),
+                        said: here.said,
+                        restart_point: newest_restart_point(&self.cfg.run_dir).map(|(p, _)| p),
+                    });
+                }
+            }
         }
         Ok(suspects
             .iter()
-            .filter(|(h, _)| !answered.contains(&h.name))
-            .cloned()
+            .zip(results)
+            .filter(|(_, r)| !r.answered)
+            .map(|((h, rank), r)| (h.clone(), *rank, r.said))
             .collect())
     }
 
     /// At a restart point: the lost hosts still listed that answer a probe are lost no more.
     fn take_back(&mut self, listed: &[Host], lost: &mut Vec<String>) -> Result<(), LaunchError> {
         let candidates: Vec<&Host> = listed.iter().filter(|h| lost.contains(&h.name)).collect();
-        for name in job::probe(self.cfg, &candidates)? {
-            (self.say)(&format!("host {name} answers again: it joins the next job"));
-            lost.retain(|l| *l != name);
+        let results = job::probe(self.cfg, &candidates)?;
+        for (h, _) in candidates.iter().zip(results).filter(|(_, r)| r.answered) {
+            (self.say)(&format!(
+                "host {} answers again: it joins the next job",
+                h.name
+            ));
+            lost.retain(|l| *l != h.name);
         }
         Ok(())
     }

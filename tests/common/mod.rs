@@ -203,3 +203,43 @@ pub fn assert_config_mismatch_stops_both_ranks(mut mpirun: Command, dir: &Path) 
     assert!(!t.contains("done:"), "{t}");
     o
 }
+
+/// Runs `cmd` (every signal at its default action, or SIGHUP ignored when `nohup`: the test
+/// harness may have been started ignoring some) and sends it `signal` once `begun` holds
+/// (polled every millisecond); how it ended, or `None` when it ended before the signal could
+/// take effect (it was too fast for the check: give it more work).
+pub fn signalled_when(
+    mut cmd: Command,
+    begun: impl Fn() -> bool,
+    signal: libc::c_int,
+    nohup: bool,
+) -> Option<std::process::ExitStatus> {
+    use std::os::unix::process::CommandExt;
+    cmd.stderr(std::process::Stdio::null());
+    // SAFETY: only signal(2), async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            if nohup {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let started = Instant::now();
+    while !begun() {
+        if child.try_wait().unwrap().is_some() {
+            return None;
+        }
+        assert!(started.elapsed().as_secs() < 60, "it never began");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    let status = child.wait().unwrap();
+    // Done before the signal landed: said nothing about it.
+    (nohup || !status.success()).then_some(status)
+}

@@ -1,0 +1,271 @@
+//! What this process has under way that must not outlive it when a signal ends it, and the
+//! watcher that puts it away: temporary files ([`create_registered`], used by
+//! `output`'s atomic writes), scratch directories ([`ScratchRegistration`]) and child jobs
+//! ([`ChildJob`], `dptrain launch`'s mpirun).
+//!
+//! Why: a process killed mid-write used to leave its temporary file beside the target (after
+//! an interrupted `data pack`, a hidden file as large as what was written), an interrupted
+//! export its staged images, a benchmark its scratch directory, and a `dptrain launch` its
+//! whole MPI job training on unsupervised, holding the run directory.
+//!
+//! How: [`watch_signals`], called once by the binary, starts a thread that waits for the
+//! signals whose default action ends the process (`CAUGHT`: Ctrl-C, `kill`, a hang-up,
+//! Ctrl-\, CPU and file-size limits, the user signals), through signal-hook's self-pipe (the
+//! handler itself only writes a byte, the one thing a handler may safely do). On the first it
+//! puts every caught signal back to its default action (a second Ctrl-C ends the process at
+//! once), stops the child jobs (SIGTERM, SIGKILL after [`CHILD_GRACE`]), removes the files and
+//! directories, and ends the process as the signal would have, so the shell still sees an
+//! interrupted command (exit status 130 for Ctrl-C). Only signals whose action is the default
+//! at start are caught: one ignored (`nohup`'s SIGHUP, a script's background job's SIGINT)
+//! stays ignored, one another library handles stays its. [`exit_cleaning_up`] does the same
+//! for a process that ends itself (the MPI watchdog) while other threads work.
+//!
+//! Everything is registered under the register's lock as it comes into being (the file
+//! created, the child spawned) and let go under it as it goes (renamed into place, reaped);
+//! the watcher keeps the register locked until the process has ended, so nothing new is
+//! created or started after it has cleaned up. SIGKILL cannot be caught: a temporary file it
+//! leaves is cleared by the next write to the same target (`output::remove_stale_temps`).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// What a signal must not leave behind.
+struct Register {
+    /// Temporary files that exist now.
+    files: Vec<PathBuf>,
+    /// Scratch directories, removed whole.
+    dirs: Vec<PathBuf>,
+    /// Child jobs not yet reaped.
+    children: Vec<u32>,
+}
+
+static REGISTER: Mutex<Register> = Mutex::new(Register {
+    files: Vec::new(),
+    dirs: Vec::new(),
+    children: Vec::new(),
+});
+
+fn register() -> MutexGuard<'static, Register> {
+    // A panic while the lock was held leaves a register that is still right.
+    REGISTER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn remove_from<T: PartialEq>(list: &mut Vec<T>, item: &T) {
+    if let Some(i) = list.iter().position(|x| x == item) {
+        list.swap_remove(i);
+    }
+}
+
+/// Creates the file at `path` with `create` and registers it (both under the lock: the
+/// watcher either removes it or finds it not yet made, and then nothing is made after).
+pub fn create_registered(
+    path: &Path,
+    create: impl FnOnce(&Path) -> std::io::Result<File>,
+) -> std::io::Result<File> {
+    let mut register = register();
+    let file = create(path)?;
+    register.files.push(path.to_path_buf());
+    Ok(file)
+}
+
+/// Lets go of a file registered by [`create_registered`] (renamed into place, or removed).
+pub fn let_go_file(path: &Path) {
+    remove_from(&mut register().files, &path.to_path_buf());
+}
+
+/// A scratch directory removed whole if a signal ends the process, while this lives:
+/// dropping it only lets go (its owner removes or keeps the directory).
+#[derive(Debug)]
+pub struct ScratchRegistration(PathBuf);
+
+impl ScratchRegistration {
+    /// Registers `dir` (made, or about to be made, by this process).
+    pub fn new(dir: &Path) -> Self {
+        register().dirs.push(dir.to_path_buf());
+        Self(dir.to_path_buf())
+    }
+}
+
+impl Drop for ScratchRegistration {
+    fn drop(&mut self) {
+        remove_from(&mut register().dirs, &self.0);
+    }
+}
+
+/// A child process that is stopped if a signal ends this process; reaped through
+/// [`ChildJob::try_wait`] and [`ChildJob::wait`], which let go of it under the register's
+/// lock (so a pid reused after the reaping is never signalled).
+#[derive(Debug)]
+pub struct ChildJob {
+    child: Child,
+    reaped: bool,
+}
+
+impl ChildJob {
+    /// Spawns `cmd` and registers it.
+    pub fn spawn(cmd: &mut Command) -> std::io::Result<Self> {
+        let mut register = register();
+        let child = cmd.spawn()?;
+        register.children.push(child.id());
+        Ok(Self {
+            child,
+            reaped: false,
+        })
+    }
+
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its exit status, if it has ended.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if self.reaped {
+            return self.child.try_wait();
+        }
+        let mut register = register();
+        let status = self.child.try_wait()?;
+        if status.is_some() {
+            remove_from(&mut register.children, &self.child.id());
+            self.reaped = true;
+        }
+        Ok(status)
+    }
+
+    /// Waits for it to end (polling [`Self::try_wait`]: the register is never held while
+    /// blocked).
+    pub fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Kills it (SIGKILL).
+    pub fn kill(&mut self) -> std::io::Result<()> {
+        self.child.kill()
+    }
+}
+
+impl Drop for ChildJob {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // Left running by its owner: no longer ours to stop.
+            remove_from(&mut register().children, &self.child.id());
+        }
+    }
+}
+
+/// How long stopped child jobs have to end before they are killed (mpirun passes the signal
+/// on to its ranks and waits for them).
+pub const CHILD_GRACE: Duration = Duration::from_secs(2);
+
+/// The signals caught, where their action is the default (each of which ends the process).
+const CAUGHT: [libc::c_int; 9] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+];
+
+/// Starts the thread that cleans up (see the module comment) when one of the `CAUGHT`
+/// signals arrives, then ends the process as that signal would have. For the binary: a
+/// library user keeps its own signal handling. On an error every signal is left at its
+/// default action, as if this had not been called.
+pub fn watch_signals() -> std::io::Result<()> {
+    let caught: Vec<libc::c_int> = CAUGHT.into_iter().filter(|&s| is_default(s)).collect();
+    let watching = || -> std::io::Result<()> {
+        let mut signals = signal_hook::iterator::Signals::new(&caught)?;
+        let defaults = caught.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                if let Some(signal) = signals.forever().next() {
+                    restore_defaults(&defaults);
+                    clean_up_and(|| {
+                        let _ = signal_hook::low_level::emulate_default_handler(signal);
+                        // Not reached (the default action of each caught signal ends it).
+                        std::process::exit(128 + signal)
+                    })
+                }
+            })?;
+        Ok(())
+    };
+    // A failed start leaves signal-hook's handler installed with nothing to act on it: the
+    // signals would do nothing at all.
+    watching().inspect_err(|_| restore_defaults(&caught))
+}
+
+/// Exits with `code` once what is under way is put away: for a process that ends itself while
+/// other threads may be writing (a run's error, the MPI watchdog).
+pub fn exit_cleaning_up(code: i32) -> ! {
+    clean_up_and(|| std::process::exit(code))
+}
+
+/// Stops the child jobs, removes the files and directories, and runs `end` (which ends the
+/// process) with the register still locked, so nothing new comes between the two.
+fn clean_up_and(end: impl FnOnce() -> std::convert::Infallible) -> ! {
+    let register = register();
+    stop_children(&register.children);
+    for f in &register.files {
+        let _ = std::fs::remove_file(f);
+    }
+    for d in &register.dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    match end() {}
+}
+
+/// SIGTERM to each of `pids`, then SIGKILL to those still running after [`CHILD_GRACE`];
+/// each reaped.
+fn stop_children(pids: &[u32]) {
+    let pids: Vec<libc::pid_t> = pids.iter().map(|&p| p as libc::pid_t).collect();
+    // SAFETY (each block): kill(2) and waitpid(2) on children not yet reaped: their owners
+    // reap them only under the register's lock, which the caller holds.
+    let ended = |pid| unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) != 0 };
+    for &pid in &pids {
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + CHILD_GRACE;
+    let mut running = pids;
+    while !running.is_empty() && Instant::now() < deadline {
+        running.retain(|&pid| !ended(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in running {
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Whether `signal`'s action is the default now (neither ignored nor handled).
+fn is_default(signal: libc::c_int) -> bool {
+    // SAFETY: sigaction(2) with no new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_DFL
+    }
+}
+
+/// Puts `signals` back to their default action.
+fn restore_defaults(signals: &[libc::c_int]) {
+    for &s in signals {
+        // SAFETY: signal(2) with SIG_DFL installs no code of ours.
+        unsafe {
+            libc::signal(s, libc::SIG_DFL);
+        }
+    }
+}
