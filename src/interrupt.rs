@@ -10,7 +10,8 @@
 //!
 //! How: [`watch_signals`], called once by the binary, starts a thread that waits for the
 //! signals whose default action ends the process (`CAUGHT`: Ctrl-C, `kill`, a hang-up,
-//! Ctrl-\, CPU and file-size limits, the user signals), through signal-hook's self-pipe (the
+//! Ctrl-\, the CPU time limit, the user signals; SIGXFSZ is ignored instead, so a file
+//! past `ulimit -f` fails to write with an error that names it), through signal-hook's self-pipe (the
 //! handler itself only writes a byte, the one thing a handler may safely do). On the first it
 //! puts every caught signal back to its default action (a second Ctrl-C ends the process at
 //! once), stops the child jobs (SIGTERM, SIGKILL after [`CHILD_GRACE`]), removes the files and
@@ -21,7 +22,8 @@
 //! for a process that ends itself (the MPI watchdog) while other threads work.
 //!
 //! Everything is registered under the register's lock as it comes into being (the file
-//! created, the child spawned) and let go under it as it goes (renamed into place, reaped);
+//! created, the child spawned; files and directories made inside a scratch directory are made
+//! under it too, [`creating`]) and let go under it as it goes (renamed into place, reaped);
 //! the watcher keeps the register locked until the process has ended, so nothing new is
 //! created or started after it has cleaned up. SIGKILL cannot be caught: a temporary file it
 //! leaves is cleared by the next write to the same target (`output::remove_stale_temps`).
@@ -69,6 +71,14 @@ pub fn create_registered(
     let file = create(path)?;
     register.files.push(path.to_path_buf());
     Ok(file)
+}
+
+/// Runs `create` (which makes a file or directory inside a registered scratch directory)
+/// holding the register's lock: nothing is made in one after the watcher has removed it
+/// (writer threads of an export would otherwise refill it as it is removed).
+pub fn creating<T>(create: impl FnOnce() -> T) -> T {
+    let _held = register();
+    create()
 }
 
 /// Lets go of a file registered by [`create_registered`] (renamed into place, or removed).
@@ -166,13 +176,12 @@ impl Drop for ChildJob {
 pub const CHILD_GRACE: Duration = Duration::from_secs(2);
 
 /// The signals caught, where their action is the default (each of which ends the process).
-const CAUGHT: [libc::c_int; 9] = [
+const CAUGHT: [libc::c_int; 8] = [
     libc::SIGINT,
     libc::SIGTERM,
     libc::SIGHUP,
     libc::SIGQUIT,
     libc::SIGXCPU,
-    libc::SIGXFSZ,
     libc::SIGUSR1,
     libc::SIGUSR2,
     libc::SIGALRM,
@@ -183,6 +192,12 @@ const CAUGHT: [libc::c_int; 9] = [
 /// library user keeps its own signal handling. On an error every signal is left at its
 /// default action, as if this had not been called.
 pub fn watch_signals() -> std::io::Result<()> {
+    // A file grown past `ulimit -f` then fails to write (EFBIG), which every writer reports,
+    // naming the file, and cleans up after, instead of the process ending with no word.
+    if is_default(libc::SIGXFSZ) {
+        // SAFETY: signal(2) with SIG_IGN installs no code of ours.
+        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    }
     let caught: Vec<libc::c_int> = CAUGHT.into_iter().filter(|&s| is_default(s)).collect();
     let watching = || -> std::io::Result<()> {
         let mut signals = signal_hook::iterator::Signals::new(&caught)?;

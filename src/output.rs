@@ -523,10 +523,9 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
 /// Creates `path`, which must not exist (`create_new`: nothing is replaced, no link
 /// followed), and opens it for writing.
 pub fn create_new_file(path: &Path) -> Result<File, OutputError> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
+    // Under the interrupt register's lock: the file may be in a scratch directory a signal
+    // is removing.
+    crate::interrupt::creating(|| OpenOptions::new().write(true).create_new(true).open(path))
         .map_err(|e| OutputError::Io {
             path: path.to_path_buf(),
             action: "create",

@@ -115,8 +115,8 @@ fn an_mpirun_that_runs_nothing_is_named_not_blamed_on_the_hosts() {
         (
             &refuses,
             "cannot run a process even on this machine (exit status: 1), and says the same \
-             for every host, so no host is to blame; mend what it says and launch again: \
-             mpirun has detected an attempt to run as root.",
+             for every host, so no host is to blame; mend what it says and launch again. It \
+             says: mpirun has detected an attempt to run as root.",
             "lost",
         ),
         (&local_only, lost, "cannot run a process"),
@@ -141,63 +141,83 @@ fn an_mpirun_that_runs_nothing_is_named_not_blamed_on_the_hosts() {
 }
 
 /// A signal that ends `dptrain launch` stops its job first (here a stand-in mpirun that would
-/// run for a minute) and removes the job's files: nothing is left running unsupervised.
+/// run for a minute) and removes the job's files: nothing is left running unsupervised. Ctrl-C
+/// (SIGINT to launch's whole process group) does not reach the job directly: launch stops it
+/// with SIGTERM, which a real mpirun passes on to its ranks and waits for.
 #[test]
 fn a_signalled_launch_stops_its_job_and_removes_its_files() {
     use std::os::unix::process::{CommandExt, ExitStatusExt};
     let tmp = tempfile::tempdir().unwrap();
-    let scratch = tmp.path().join("tmp");
-    std::fs::create_dir(&scratch).unwrap();
     let hosts = tmp.path().join("hosts");
     std::fs::write(&hosts, "localhost slots=1\n").unwrap();
-    let pid_file = tmp.path().join("job.pid");
-    let job = tmp.path().join("long-mpirun");
-    std::fs::write(
-        &job,
-        format!("echo $$ > {}\nexec sleep 60\n", pid_file.display()),
-    )
-    .unwrap();
-    let mut cmd = Command::new(BIN);
-    cmd.arg("launch")
-        .arg("--run-dir")
-        .arg(tmp.path().join("run"))
-        .arg("--hostfile")
-        .arg(&hosts)
-        .args(["--mpirun", &format!("sh {}", job.display())])
-        .args(["--", "--dataset", "synthetic:1x8x8"])
-        .env("TMPDIR", &scratch)
-        .stderr(std::process::Stdio::null());
-    // SAFETY: only signal(2), async-signal-safe, between fork and exec (the harness may
-    // have been started ignoring SIGTERM's siblings; SIGTERM itself is reset here).
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGTERM, libc::SIG_DFL);
-            Ok(())
-        });
-    }
-    let mut launch = cmd.spawn().unwrap();
-    let started = std::time::Instant::now();
-    let job_pid: i32 = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-        {
-            break pid;
+    for (i, (signal, group)) in [(libc::SIGTERM, false), (libc::SIGINT, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let scratch = tmp.path().join(format!("tmp-{i}"));
+        std::fs::create_dir(&scratch).unwrap();
+        let pid_file = tmp.path().join(format!("job-{i}.pid"));
+        let got = tmp.path().join(format!("job-{i}.signal"));
+        let job = tmp.path().join(format!("long-mpirun-{i}"));
+        std::fs::write(
+            &job,
+            format!(
+                "trap 'echo TERM > {got}; kill $s; exit 0' TERM\n\
+                 trap 'echo INT > {got}; kill $s; exit 0' INT\n\
+                 sleep 60 & s=$!\necho $$ > {pid}\nwait\n",
+                got = got.display(),
+                pid = pid_file.display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("launch")
+            .arg("--run-dir")
+            .arg(tmp.path().join(format!("run-{i}")))
+            .arg("--hostfile")
+            .arg(&hosts)
+            .args(["--mpirun", &format!("sh {}", job.display())])
+            .args(["--", "--dataset", "synthetic:1x8x8"])
+            .env("TMPDIR", &scratch)
+            .stderr(std::process::Stdio::null())
+            // A group of its own, as a shell gives a foreground command.
+            .process_group(0);
+        // SAFETY: only signal(2), async-signal-safe, between fork and exec (the harness may
+        // have been started ignoring SIGINT).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                Ok(())
+            });
         }
-        assert!(started.elapsed().as_secs() < 30, "the job never started");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(launch.id() as libc::pid_t, libc::SIGTERM) };
-    let status = launch.wait().unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
-    assert!(
-        started.elapsed().as_secs() < 20,
-        "launch took the job's minute to end"
-    );
-    // SAFETY: kill(2) with signal 0 only asks whether the process exists.
-    let alive = unsafe { libc::kill(job_pid, 0) } == 0;
-    assert!(!alive, "the job (pid {job_pid}) outlived launch");
-    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
-    assert!(left.is_empty(), "job files left: {left:?}");
+        let mut launch = cmd.spawn().unwrap();
+        let started = std::time::Instant::now();
+        let job_pid: i32 = loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                break pid;
+            }
+            assert!(started.elapsed().as_secs() < 30, "the job never started");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let to = launch.id() as libc::pid_t;
+        // SAFETY: kill(2) on our own child (or its process group), not yet reaped.
+        unsafe { libc::kill(if group { -to } else { to }, signal) };
+        let status = launch.wait().unwrap();
+        assert_eq!(status.signal(), Some(signal), "{status}");
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "launch took the job's minute"
+        );
+        // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(job_pid, 0) } == 0;
+        assert!(!alive, "the job (pid {job_pid}) outlived launch");
+        let how = std::fs::read_to_string(&got).unwrap_or_default();
+        assert_eq!(how.trim(), "TERM", "the job was not stopped by launch");
+        let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
+        assert!(left.is_empty(), "job files left: {left:?}");
+    }
 }

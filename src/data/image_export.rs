@@ -338,10 +338,17 @@ fn put_in_place(out: &Path, overwrite: bool) -> Result<(), DataError> {
         placed.push(split.to_string());
     }
     // A failure here leaves a dead process's staged directory beside its split: the next
-    // export deletes it.
+    // export deletes it. A signal now removes them (the new export is whole).
+    let replaced: Vec<_> = aside
+        .iter()
+        .map(|split| {
+            crate::interrupt::ScratchRegistration::new(&out.join(Stage::Replaced.name(split, pid)))
+        })
+        .collect();
     for split in &aside {
         let _ = std::fs::remove_dir_all(out.join(Stage::Replaced.name(split, pid)));
     }
+    drop(replaced);
     Ok(())
 }
 
@@ -371,15 +378,19 @@ fn write_split(ds: &Dataset, n: usize, dir: &Path) -> Result<(), DataError> {
     use rayon::prelude::*;
     let digits = (ds.num_classes.max(2) - 1).to_string().len();
     let class_dir = |c: usize| dir.join(format!("{c:0digits$}"));
-    // Not created if it exists: another export writing here at the same time.
-    std::fs::create_dir(dir).map_err(|e| crate::output::OutputError::Io {
-        path: dir.to_path_buf(),
-        action: "create",
-        cause: e,
+    // Made while no signal is putting the staged directory away (see `crate::interrupt`).
+    crate::interrupt::creating(|| -> Result<(), DataError> {
+        // Not created if it exists: another export writing here at the same time.
+        std::fs::create_dir(dir).map_err(|e| crate::output::OutputError::Io {
+            path: dir.to_path_buf(),
+            action: "create",
+            cause: e,
+        })?;
+        for c in 0..ds.num_classes {
+            crate::output::create_dir(&class_dir(c))?;
+        }
+        Ok(())
     })?;
-    for c in 0..ds.num_classes {
-        crate::output::create_dir(&class_dir(c))?;
-    }
     let (w, h, plane) = (ds.width, ds.height, ds.width * ds.height);
     (0..n).into_par_iter().try_for_each(|i| {
         let path = class_dir(ds.labels[i] as usize).join(format!("{i:06}.png"));

@@ -48,8 +48,9 @@ pub enum LaunchError {
     /// to blame.
     #[error(
         "{mpirun} cannot run a process even on this machine ({status}), and says the same for \
-         every host, so no host is to blame; mend what it says and launch again: {said}; {}",
-        continue_with(restart_point)
+         every host, so no host is to blame; mend what it says and launch again{}. It says: \
+         {said}",
+        relaunch_from(restart_point)
     )]
     MpirunFails {
         /// mpirun and its options.
@@ -90,14 +91,23 @@ pub enum LaunchError {
     #[error(
         "the job failed before its first step with every host answering ({status}): its \
          own error is above; mend it and launch again{}",
-        restart_point.as_ref().map_or(String::new(), |p| format!(
-            " (it continues from {}, the newest state)",
-            p.display()
-        ))
+        relaunch_from(restart_point)
     )]
     JobFailed {
         /// mpirun's exit.
         status: String,
+        /// The newest restart point.
+        restart_point: Option<PathBuf>,
+    },
+    /// mpirun ended well, but no rank ever sent a heartbeat: it ran something else.
+    #[error(
+        "{mpirun} ended well, but no rank sent a heartbeat, so it did not run dptrain train: \
+         give --mpirun an mpirun (with its own options only) and launch again{}",
+        relaunch_from(restart_point)
+    )]
+    NothingRan {
+        /// mpirun and its options.
+        mpirun: String,
         /// The newest restart point.
         restart_point: Option<PathBuf>,
     },
@@ -117,6 +127,14 @@ pub enum LaunchError {
         /// The newest restart point.
         restart_point: Option<PathBuf>,
     },
+}
+
+/// Where a launch run again after a fault of its own (no host lost) continues from, if
+/// anywhere.
+fn relaunch_from(restart_point: &Option<PathBuf>) -> String {
+    restart_point.as_ref().map_or(String::new(), |p| {
+        format!(" (it continues from {}, the newest state)", p.display())
+    })
 }
 
 fn continue_with(restart_point: &Option<PathBuf>) -> String {

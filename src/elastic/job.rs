@@ -27,6 +27,8 @@ pub(super) enum JobEnd {
 pub(super) enum Failed {
     /// mpirun exited so (its exit status).
     Exited(String),
+    /// mpirun ended well with no rank ever beating: it ran something other than the ranks.
+    NothingRan,
     /// Some rank never beat within `--start-timeout`; the job was stopped.
     /// Whether any rank beat (if none did, `--listen` is likely unreachable).
     NoHeartbeat { any_beat: bool },
@@ -36,6 +38,7 @@ impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failed::Exited(status) => f.write_str(status),
+            Failed::NothingRan => f.write_str("mpirun ended well with no rank's heartbeat"),
             Failed::NoHeartbeat { .. } => {
                 f.write_str("a rank sent no heartbeat within --start-timeout")
             }
@@ -110,7 +113,11 @@ pub(super) fn run(spec: &JobSpec<'_>, events: &mut dyn JobEvents) -> Result<JobE
         cmd.arg("--overwrite");
     }
     let started = Instant::now();
-    // Stopped with its ranks if a signal ends launch: never left training unsupervised.
+    // A process group of its own, so Ctrl-C reaches launch alone: mpirun killed by it at
+    // once would leave its ranks (each in a group of their own) training on for a while,
+    // holding the run directory. launch's signal watcher stops it instead (SIGTERM, which
+    // mpirun passes on to the ranks and waits for).
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let child = ChildJob::spawn(&mut cmd).map_err(|source| LaunchError::Spawn {
         program: cfg.mpirun[0].clone(),
         source,
@@ -139,15 +146,11 @@ fn watch(
             }
             let never_beat = first_rank_per_host(hosts, last_beat.iter().map(Option::is_none));
             let how = if status.success() {
-                format!(
-                    "{status}, but no rank sent a heartbeat: is --mpirun {} an mpirun that \
-                     started dptrain train?",
-                    spec.cfg.mpirun.join(" ")
-                )
+                Failed::NothingRan
             } else {
-                status.to_string()
+                Failed::Exited(status.to_string())
             };
-            return JobEnd::Failed(Failed::Exited(how), never_beat);
+            return JobEnd::Failed(how, never_beat);
         }
         if let Ok(n) = socket.recv(&mut buf) {
             if let Some(beat) = Beat::parse(&buf[..n]).filter(|b| b.rank < ranks) {

@@ -212,6 +212,10 @@ impl Supervisor<'_> {
                     status,
                     restart_point,
                 },
+                Failed::NothingRan => LaunchError::NothingRan {
+                    mpirun: self.cfg.mpirun.join(" "),
+                    restart_point,
+                },
                 Failed::NoHeartbeat { any_beat: false } => LaunchError::NoHeartbeat {
                     listen: self.cfg.listen,
                     timeout_s: self.cfg.start_timeout.as_secs_f64(),
@@ -238,8 +242,9 @@ impl Supervisor<'_> {
         for (host, rank, said) in &gone {
             (self.say)(&format!(
                 "host {} (rank {rank}) lost while the job started: it does not answer \
-                 (its probe: {said})",
-                host.name
+                 (its probe: {})",
+                host.name,
+                first_words(said)
             ));
         }
         self.lose(
@@ -376,3 +381,15 @@ impl JobEvents for Supervisor<'_> {
         (self.say)(line);
     }
 }
+
+/// The first [`PROBE_WORDS`] characters of a probe's output (the cause comes first: ssh's
+/// line before OpenMPI's paragraphs of help).
+fn first_words(said: &str) -> String {
+    match said.char_indices().nth(PROBE_WORDS) {
+        Some((cut, _)) => format!("{} ...", &said[..cut]),
+        None => said.to_string(),
+    }
+}
+
+/// How much of a lost host's probe output its line quotes.
+const PROBE_WORDS: usize = 300;
