@@ -773,3 +773,65 @@ fn a_model_whose_inputs_are_neither_grey_nor_colour_is_refused_for_image_files()
     // Its own kind of dataset still evaluates.
     assert_eq!(eval_with(&ck, |o| o.limit = Some(64)).samples, 64);
 }
+
+/// Weights that fit any input size (a head after global pooling) load at another size with a
+/// note saying both sizes; at the checkpoint's own size nothing is said.
+#[test]
+fn weights_at_another_input_size_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("gap.toml");
+    std::fs::write(
+        &model,
+        r#"name = "gap"
+input = [1, 8, 8]
+classes = 2
+layers = [
+  { type = "conv2d", name = "c", out = 4, kernel = 3, padding = 1 },
+  { type = "relu", name = "a" },
+  { type = "global_avg_pool", name = "g" },
+  { type = "linear", name = "fc", out = "classes" },
+  { type = "softmax_cross_entropy", name = "loss" },
+]
+"#,
+    )
+    .unwrap();
+    let m = model.to_str().unwrap();
+    let train = |dataset: &str, run: &str, weights: Option<&str>| {
+        let run_dir = dir.path().join(run);
+        let mut args = vec![
+            "train",
+            "--quiet",
+            "--model",
+            m,
+            "--dataset",
+            dataset,
+            "--epochs",
+            "1",
+            "--train-limit",
+            "32",
+            "--test-limit",
+            "8",
+            "--batch",
+            "8",
+            "--threads",
+            "1",
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+        ];
+        if let Some(w) = weights {
+            args.extend(["--weights", w]);
+        }
+        let (ok, _, stderr) = dptrain(&args);
+        assert!(ok, "{stderr}");
+        (run_dir.join("checkpoint-epoch0001.safetensors"), stderr)
+    };
+    let (ck, _) = train("synthetic:1x8x8:2", "first", None);
+    let c = ck.to_str().unwrap();
+    let (_, same) = train("synthetic:1x8x8:2", "same", Some(c));
+    assert!(!same.contains("inputs, this run's are"), "{same}");
+    let (_, other) = train("synthetic:1x12x12:2", "other", Some(c));
+    assert!(
+        other.contains("the checkpoint was trained on 1x8x8 inputs, this run's are 1x12x12"),
+        "{other}"
+    );
+}

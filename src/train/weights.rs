@@ -121,6 +121,19 @@ impl StartWeights {
             .collect();
         let old_classes = ck.description.as_ref().map(|d| d.class_names.len());
         let g = net.graph();
+        // Weights that fit any input size (convolutions, a head after global pooling) load
+        // silently at another one: said, since features learnt at one scale meet another.
+        let input = g.input();
+        if let Some(old) = ck.description.as_ref().map(|d| d.input) {
+            if old != [input.c, input.h, input.w] {
+                notes.push(format!(
+                    "--weights: the checkpoint was trained on {}x{}x{} inputs, this run's are \
+                     {}x{}x{} (an image folder's are its first image's size unless \
+                     --image-size H[xW] is given)",
+                    old[0], old[1], old[2], input.c, input.h, input.w
+                ));
+            }
+        }
         for b in net.blocks().iter().filter(|b| !given.contains(&b.name)) {
             let is_head = g.nodes[b.node].shape.c == g.classes;
             let mut head_changed = None;
