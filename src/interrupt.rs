@@ -160,6 +160,24 @@ impl ChildJob {
     pub fn kill(&mut self) -> std::io::Result<()> {
         self.child.kill()
     }
+
+    /// Stops it as a signal's watcher does: SIGTERM, SIGKILL if it has not ended within
+    /// [`CHILD_GRACE`], reaped either way.
+    pub fn stop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid, not reaped yet (try_wait has not seen it end).
+        if !self.reaped {
+            unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + CHILD_GRACE;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.kill();
+        let _ = self.wait();
+    }
 }
 
 impl Drop for ChildJob {

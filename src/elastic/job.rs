@@ -181,7 +181,10 @@ fn watch(
                     now.duration_since(*last).as_secs_f64()
                 ));
             }
-            stop(&mut child);
+            // SIGTERM, which mpirun passes to the ranks it can reach; SIGKILL after the
+            // grace (a lost host's daemon can keep it waiting): killed, mpirun's daemons on
+            // the live hosts lose it and end their ranks themselves.
+            child.stop();
             return JobEnd::Lost(silent, now);
         }
         // Ranks that never beat: the job did not start (MPI waits for every rank before
@@ -189,32 +192,12 @@ fn watch(
         if now.duration_since(started) > spec.cfg.start_timeout
             && last_beat.iter().any(Option::is_none)
         {
-            stop(&mut child);
+            child.stop();
             let never_beat = first_rank_per_host(hosts, last_beat.iter().map(Option::is_none));
             let any_beat = last_beat.iter().any(Option::is_some);
             return JobEnd::Failed(Failed::NoHeartbeat { any_beat }, never_beat);
         }
     }
-}
-
-// Stops a job: SIGTERM to mpirun (which passes it to the ranks it can reach), SIGKILL if it
-/// has not ended within [`STOP_GRACE`] (a lost host's daemon can keep it waiting), then reaps
-/// it. Killed, mpirun's daemons on the live hosts lose it and end their ranks themselves.
-fn stop(child: &mut ChildJob) {
-    let pid = child.id() as libc::pid_t;
-    // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + STOP_GRACE;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// The hosts of the ranks (in rank order) for which `marked` is true, each once, with its
@@ -383,9 +366,6 @@ const SAID_BYTES: usize = 2048;
 
 /// How long a lost host has to answer the probe at a restart point.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(4);
-
-/// How long a stopped job's mpirun may take to end before it is killed.
-const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// The files of one job (its hostfile), in a directory of their own removed afterwards.
 struct JobFiles {
