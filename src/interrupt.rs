@@ -1,7 +1,8 @@
 //! What this process has under way that must not outlive it when a signal ends it, and the
 //! watcher that puts it away: temporary files ([`create_registered`], used by
-//! `output`'s atomic writes), scratch directories ([`ScratchRegistration`]) and child jobs
-//! ([`ChildJob`], `dptrain launch`'s mpirun).
+//! `output`'s atomic writes), scratch directories ([`ScratchRegistration`]), directories a
+//! command made, while empty ([`ScratchRegistration::made_if_empty`], `output::CreatedDirs`), and
+//! child jobs ([`ChildJob`], `dptrain launch`'s mpirun).
 //!
 //! Why: a process killed mid-write used to leave its temporary file beside the target (after
 //! an interrupted `data pack`, a hidden file as large as what was written), an interrupted
@@ -40,6 +41,9 @@ struct Register {
     files: Vec<PathBuf>,
     /// Scratch directories, removed whole.
     dirs: Vec<PathBuf>,
+    /// Directories this process made, removed if empty (latest first, after the scratch
+    /// directories, which may be inside them).
+    empty_dirs: Vec<PathBuf>,
     /// Child jobs not yet reaped.
     children: Vec<u32>,
 }
@@ -47,6 +51,7 @@ struct Register {
 static REGISTER: Mutex<Register> = Mutex::new(Register {
     files: Vec::new(),
     dirs: Vec::new(),
+    empty_dirs: Vec::new(),
     children: Vec::new(),
 });
 
@@ -57,7 +62,7 @@ fn register() -> MutexGuard<'static, Register> {
 
 fn remove_from<T: PartialEq>(list: &mut Vec<T>, item: &T) {
     if let Some(i) = list.iter().position(|x| x == item) {
-        list.swap_remove(i);
+        list.remove(i);
     }
 }
 
@@ -86,22 +91,55 @@ pub fn let_go_file(path: &Path) {
     remove_from(&mut register().files, &path.to_path_buf());
 }
 
-/// A scratch directory removed whole if a signal ends the process, while this lives:
-/// dropping it only lets go (its owner removes or keeps the directory).
+/// A scratch directory removed if a signal ends the process, while this lives: whole
+/// ([`Self::new`]), or only if it is empty ([`Self::made_if_empty`]). Dropping it only lets go (its
+/// owner removes or keeps the directory).
 #[derive(Debug)]
-pub struct ScratchRegistration(PathBuf);
+pub struct ScratchRegistration {
+    dir: PathBuf,
+    whole: bool,
+}
 
 impl ScratchRegistration {
-    /// Registers `dir` (made, or about to be made, by this process).
+    /// Registers `dir` (made, or about to be made, by this process), removed whole.
     pub fn new(dir: &Path) -> Self {
         register().dirs.push(dir.to_path_buf());
-        Self(dir.to_path_buf())
+        Self {
+            dir: dir.to_path_buf(),
+            whole: true,
+        }
+    }
+
+    /// Runs `make`, which creates `dir` for a command's output and says whether this call
+    /// made it, and registers `dir` when it did, removed only while it is empty: an
+    /// interrupted command leaves no empty directory it made, and never touches one that was
+    /// there or that received a file. Both under the register's lock, so no signal comes
+    /// between the directory made and registered.
+    pub fn made_if_empty<E>(
+        dir: &Path,
+        make: impl FnOnce() -> Result<bool, E>,
+    ) -> Result<Option<Self>, E> {
+        let mut register = register();
+        if !make()? {
+            return Ok(None);
+        }
+        register.empty_dirs.push(dir.to_path_buf());
+        Ok(Some(Self {
+            dir: dir.to_path_buf(),
+            whole: false,
+        }))
     }
 }
 
 impl Drop for ScratchRegistration {
     fn drop(&mut self) {
-        remove_from(&mut register().dirs, &self.0);
+        let mut register = register();
+        let list = if self.whole {
+            &mut register.dirs
+        } else {
+            &mut register.empty_dirs
+        };
+        remove_from(list, &self.dir);
     }
 }
 
@@ -255,6 +293,9 @@ fn clean_up_and(end: impl FnOnce() -> std::convert::Infallible) -> ! {
     }
     for d in &register.dirs {
         let _ = std::fs::remove_dir_all(d);
+    }
+    for d in register.empty_dirs.iter().rev() {
+        let _ = std::fs::remove_dir(d);
     }
     match end() {}
 }

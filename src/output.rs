@@ -625,13 +625,14 @@ fn create_dir_made(dir: &Path) -> Result<bool, OutputError> {
 
 /// The directories a command created ([`CreatedDirs::create`]), to remove again if the command
 /// ends without writing into them: a run or an export refused after making its output
-/// directory leaves no empty directory behind. Only a directory this command made, and only
-/// while it is empty (`rmdir`), is removed: a user's directory, or one that received any
-/// file, is never touched.
+/// directory leaves no empty directory behind, nor does one a signal ends (each is registered
+/// with `interrupt` while this holds it). Only a directory this command made, and only while
+/// it is empty (`rmdir`), is removed: a user's directory, or one that received any file, is
+/// never touched.
 #[derive(Debug, Default)]
 pub struct CreatedDirs {
-    /// Outermost first.
-    dirs: Vec<PathBuf>,
+    /// Outermost first, each with its registration.
+    dirs: Vec<(PathBuf, crate::interrupt::ScratchRegistration)>,
 }
 
 impl CreatedDirs {
@@ -640,15 +641,20 @@ impl CreatedDirs {
     pub fn create(&mut self, dir: &Path) -> Result<(), OutputError> {
         // As made: `a/./b/.` is `a/b` (rmdir of a path ending in `.` fails).
         let dir: PathBuf = dir.components().collect();
-        if create_dir_made(&dir)? && !self.dirs.contains(&dir) {
-            self.dirs.push(dir);
+        if self.dirs.iter().any(|(d, _)| *d == dir) {
+            return create_dir_made(&dir).map(drop);
+        }
+        if let Some(registration) =
+            crate::interrupt::ScratchRegistration::made_if_empty(&dir, || create_dir_made(&dir))?
+        {
+            self.dirs.push((dir, registration));
         }
         Ok(())
     }
 
     /// Forgets `dir`, if it was created (it is another process's now).
     pub fn forget(&mut self, dir: &Path) {
-        self.dirs.retain(|d| d != dir);
+        self.dirs.retain(|(d, _)| d != dir);
     }
 
     /// Runs `work` (the command's work once its directories exist); if it fails, removes
@@ -665,7 +671,7 @@ impl CreatedDirs {
     /// first that is not (every caller creates a chain of nested directories, outermost
     /// first, so its parents are then not empty either).
     pub fn remove_empty(&mut self) {
-        while let Some(dir) = self.dirs.pop() {
+        while let Some((dir, _registration)) = self.dirs.pop() {
             if std::fs::remove_dir(&dir).is_err() {
                 self.dirs.clear();
             }

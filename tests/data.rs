@@ -963,6 +963,50 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// `dptrain data export-images` of `size` images of a synthetic set into `out`.
+fn export_images(out: &Path, size: &str, limit: usize) -> std::process::Command {
+    let mut cmd = std::process::Command::new(common::BIN);
+    cmd.args(["data", "export-images", "--dataset"])
+        .arg(format!("synthetic:3x{size}:2"))
+        .args(["--limit", &limit.to_string(), "--overwrite", "--out"])
+        .arg(out);
+    cmd
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// How an export into `out` ended when sent SIGTERM while it staged its images (more images
+/// each time it finished first, with `out` put back by `reset` first).
+fn export_signalled_while_staging(out: &Path, reset: impl Fn()) -> std::process::ExitStatus {
+    let mut limit = 200;
+    loop {
+        reset();
+        let staged = || {
+            fs::read_dir(out).is_ok_and(|entries| {
+                entries.filter_map(Result::ok).any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".dptrain-partial-")
+                })
+            })
+        };
+        let export = export_images(out, "256x256", limit);
+        match common::signalled_when(export, staged, libc::SIGTERM, false) {
+            Some(status) => return status,
+            None if limit < 10_000 => limit *= 4,
+            None => panic!("every export ended before the signal"),
+        }
+    }
+}
+
 /// A signal while an export writes its images removes what it staged (the earlier export in
 /// `--out` stays whole), as it removes an atomic write's temporary file.
 #[test]
@@ -970,39 +1014,29 @@ fn an_interrupted_export_leaves_no_staged_images() {
     use std::os::unix::process::ExitStatusExt;
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ex");
-    let export = |size: &str, limit: usize| {
-        let mut cmd = std::process::Command::new(common::BIN);
-        cmd.args(["data", "export-images", "--dataset"])
-            .arg(format!("synthetic:3x{size}:2"))
-            .args(["--limit", &limit.to_string(), "--overwrite", "--out"])
-            .arg(&out);
-        cmd
+    let earlier_export = || {
+        let _ = fs::remove_dir_all(&out);
+        let o = export_images(&out, "8x8", 4).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
-    let o = export("8x8", 4).output().unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let files = |dir: &Path| -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    };
-    let earlier = files(&out.join("train").join("0"));
-    let mut limit = 200;
-    let status = loop {
-        let staged = || {
-            files(&out)
-                .iter()
-                .any(|n| n.starts_with(".dptrain-partial-"))
-        };
-        match common::signalled_when(export("256x256", limit), staged, libc::SIGTERM, false) {
-            Some(status) => break status,
-            None if limit < 10_000 => limit *= 4,
-            None => panic!("every export ended before the signal"),
-        }
-    };
+    earlier_export();
+    let earlier = names_in(&out.join("train").join("0"));
+    let status = export_signalled_while_staging(&out, earlier_export);
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
-    assert_eq!(files(&out), ["test", "train"], "staged images left");
-    assert_eq!(files(&out.join("train").join("0")), earlier);
+    assert_eq!(names_in(&out), ["test", "train"], "staged images left");
+    assert_eq!(names_in(&out.join("train").join("0")), earlier);
+}
+
+/// An export into a new `--out` that a signal ends leaves no directory: the one it made is
+/// removed with what it staged there.
+#[test]
+fn an_interrupted_export_to_a_new_directory_leaves_none() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("new");
+    let status = export_signalled_while_staging(&out, || {
+        let _ = fs::remove_dir_all(&out);
+    });
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+    assert!(!out.exists(), "left {:?}", names_in(&out));
 }
