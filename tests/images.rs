@@ -195,6 +195,94 @@ fn a_large_jpeg_is_decoded_reduced_when_the_target_is_small() {
     assert!(out.windows(2).take(27).all(|w| w[1] >= w[0]));
 }
 
+/// A camera's photo past 4096 x 4096 pixels: a baseline JPEG is decoded at the scale the input
+/// needs, refused (naming the scale) when even that is past 4096 x 4096 pixels; a progressive
+/// one, which decodes whole, is refused from its header, as is a baseline one past 8192 x 8192.
+#[test]
+fn a_photo_past_4096_square_decodes_reduced_where_its_kind_allows() {
+    let (w, h) = (8000u32, 6000u32);
+    let baseline = jpeg_grey(w, h, |x, y| ((x / 16) ^ (y / 16)) as u8, 80);
+    let p = Path::new("camera/big.jpg");
+    let mut img = DecodedImage::default();
+    let mut dec = Decoder::default();
+    let info = read_info(&baseline, p).unwrap();
+    assert_eq!((info.width, info.height), (w, h));
+    dec.decode(&baseline, p, 1, Some((224, 224)), &mut img)
+        .unwrap();
+    assert_eq!((img.width, img.height), (1000, 750), "1/8 scale");
+    assert_eq!((img.full_width, img.full_height), (8000, 6000));
+    dec.decode(&baseline, p, 1, Some((3000, 3000)), &mut img)
+        .unwrap();
+    assert_eq!(
+        (img.width, img.height),
+        (4000, 3000),
+        "1/2 scale: 12 M pixels"
+    );
+    for (min, factor, decoded) in [
+        (None, 1, (8000, 6000)),
+        (Some((5000, 3000)), 1, (8000, 6000)),
+    ] {
+        let e = dec.decode(&baseline, p, 1, min, &mut img).unwrap_err();
+        let DecodeError::TooLargeToDecode {
+            factor: f,
+            decoded_width,
+            decoded_height,
+            ..
+        } = e
+        else {
+            panic!("{e}")
+        };
+        assert_eq!((f, (decoded_width, decoded_height)), (factor, decoded));
+        assert!(e.to_string().contains("camera/big.jpg") && e.to_string().contains("--image-size"));
+    }
+    // Progressive: refused from its header whatever the target.
+    let mut progressive = Vec::new();
+    let mut enc = jpeg_encoder::Encoder::new(&mut progressive, 80);
+    enc.set_progressive(true);
+    enc.encode(
+        &vec![128u8; (w * h) as usize],
+        w as u16,
+        h as u16,
+        jpeg_encoder::ColorType::Luma,
+    )
+    .unwrap();
+    let e = dec
+        .decode(&progressive, p, 1, Some((224, 224)), &mut img)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DecodeError::TooLarge {
+                kind: "a progressive or lossless JPEG",
+                side: 4096,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A baseline header claiming 9000 x 8000 (72 M pixels): refused before decoding.
+    let mut lying = jpeg_grey(16, 16, |x, _| x as u8, 90);
+    let sof = lying.windows(2).position(|m| m == [0xff, 0xc0]).unwrap();
+    lying[sof + 5..sof + 9].copy_from_slice(&[0x1f, 0x40, 0x23, 0x28]);
+    let e = read_info(&lying, p).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DecodeError::TooLarge {
+                width: 9000,
+                height: 8000,
+                kind: "a baseline JPEG",
+                side: 8192,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // No cap on a side alone: a 5000 x 8 strip is 40,000 pixels.
+    let strip = png(&ImageBuffer::from_pixel(5000, 8, Luma([9u8])));
+    assert_eq!((decode(&strip, 1).unwrap().width, 8), (5000, 8));
+}
+
 #[test]
 fn image_sizes_and_lists_parse_print_and_refuse() {
     assert_eq!(ImageSize::parse("28").unwrap().to_string(), "28");

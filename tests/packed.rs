@@ -206,6 +206,39 @@ fn jpeg_round_trip_is_close_resizes_to_max_side_and_small_images_stay_raw() {
     assert_eq!(m.resized, photos("train") + photos("test"));
 }
 
+/// A camera's 8000 x 6000 JPEG, past the 4096 x 4096 pixels an image is decoded to, packs at
+/// `--max-side 256`: decoded at the scale that size needs (1/8), then shrunk.
+#[test]
+fn a_photo_past_4096_square_packs_decoded_reduced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("camera");
+    for split in ["train", "test"] {
+        let dir = root.join(split).join("a");
+        std::fs::create_dir_all(&dir).unwrap();
+        photo(8000, 6000, 1)
+            .save_with_format(dir.join("big.jpg"), ImageFormat::Jpeg)
+            .unwrap();
+    }
+    let out = tmp.path().join("c.pack");
+    let s = packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap();
+    assert_eq!(s.resized, 2);
+    let file = PackedFile::open(&out).unwrap();
+    let r = file.records(Split::Train)[0];
+    assert_eq!((r.width, r.height), (256, 192));
+    // The colours survive the reduced decode: the red ramp runs left to right.
+    let train = packed::PackedSplit::of(&file, Split::Train).unwrap();
+    let mut scratch = packed::PackedScratch::default();
+    let img = train.image(0, &mut scratch).unwrap();
+    let red = |x: usize| img.pixels[(96 * 256 + x) * 3];
+    assert!(red(5) < 20 && red(250) > 180, "{} {}", red(5), red(250));
+    // At --max-side 4096 it would be decoded at full size: refused, naming the option.
+    let e = packed::pack(&root, &tmp.path().join("d.pack"), &opts(4096, StoreAs::Raw)).unwrap_err();
+    assert!(
+        e.to_string().contains("big.jpg") && e.to_string().contains("--max-side"),
+        "{e}"
+    );
+}
+
 /// Packs a small folder (raw) and returns the file with its bytes.
 fn small_pack(dir: &Path) -> (PathBuf, Vec<u8>) {
     let root = dir.join("imgs");

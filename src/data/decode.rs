@@ -9,9 +9,11 @@
 //!   caller's channel count: alpha is dropped (PIL's `convert("RGB")`, what torchvision's
 //!   loader does), 16-bit samples are rounded to 8, RGB to grey uses PIL's ITU-R 601-2 weights.
 //! - Sizes are checked from the header before anything is decoded: at most
-//!   [`MAX_IMAGE_PIXELS`] (a ~100-byte PNG that claims 65535 x 65535 is refused before it
-//!   allocates) and at least [`MIN_IMAGE_SIDE`] a side; the decoders' own allocations are
-//!   capped at [`MAX_DECODE_BYTES`].
+//!   [`MAX_IMAGE_PIXELS`] for a PNG or a progressive JPEG, [`MAX_JPEG_PIXELS`] for a baseline
+//!   JPEG (a camera's photo, decoded reduced) (a ~100-byte PNG that claims 65535 x 65535 is
+//!   refused before it allocates), and at least [`MIN_IMAGE_SIDE`] a side; what is decoded
+//!   (a JPEG at its reduced scale) is at most [`MAX_IMAGE_PIXELS`]; the decoders' own
+//!   allocations are capped at [`MAX_DECODE_BYTES`].
 //! - Buffers: [`Decoder`] (one per loader thread) and [`DecodedImage`] keep theirs between
 //!   images, so our side allocates nothing once they have grown to the largest image. The
 //!   decoders allocate their own state per image (both crates build tables per file;
@@ -27,6 +29,15 @@ use std::path::{Path, PathBuf};
 /// per image). Datasets this trainer trains on are far smaller (MNIST 28 x 28, ImageNet crops
 /// a few hundred pixels a side).
 pub const MAX_IMAGE_PIXELS: u64 = 4096 * 4096;
+
+/// Most pixels a baseline JPEG may claim (8192 x 8192 = 67 M: a 61-megapixel camera's
+/// 9504 x 6336 photo is within). Such a photo is decoded reduced (the scale the model's input
+/// needs, [`Decoder::decode`]'s `min_size`), which must then be at most [`MAX_IMAGE_PIXELS`]:
+/// `jpeg-decoder` decodes a baseline JPEG row by row into planes of the reduced size, so its
+/// memory is the reduced image's. A progressive JPEG keeps every DCT coefficient of the full
+/// image while it decodes (2 bytes a sample) and a PNG decodes whole, so both stay at
+/// [`MAX_IMAGE_PIXELS`].
+pub const MAX_JPEG_PIXELS: u64 = 8192 * 8192;
 
 /// What a decoder itself may allocate for one file (`image::Limits::max_alloc`,
 /// `jpeg_decoder::Decoder::set_max_decoding_buffer_size`): the largest image at 8 bytes a
@@ -71,8 +82,9 @@ pub enum DecodeError {
         /// Height in its header.
         height: u32,
     },
-    /// More than [`MAX_IMAGE_PIXELS`] in the header.
-    #[error("{}: claims {width}x{height} pixels in its header, more than the 4096x4096 an image may have: the file is damaged, or the image is too large (resize it)", path.display())]
+    /// More pixels in the header than its kind may have ([`MAX_IMAGE_PIXELS`],
+    /// [`MAX_JPEG_PIXELS`]).
+    #[error("{}: claims {width}x{height} pixels in its header, more than the {side}x{side} {kind} may have: the file is damaged, or the image is too large (resize it)", path.display())]
     TooLarge {
         /// The file.
         path: PathBuf,
@@ -80,6 +92,27 @@ pub enum DecodeError {
         width: u32,
         /// Height in its header.
         height: u32,
+        /// "a PNG", "a baseline JPEG", "a progressive or lossless JPEG".
+        kind: &'static str,
+        /// The side of the square of most pixels it may have.
+        side: u32,
+    },
+    /// A photo that would decode to more than [`MAX_IMAGE_PIXELS`] at the scale the input
+    /// size needs.
+    #[error("{}: is {width}x{height} pixels, and this input size needs it decoded at {}, {decoded_width}x{decoded_height} pixels, more than the 4096x4096 an image is decoded to: give a smaller --image-size (data pack: --max-side), or resize the image", path.display(), scale_words(*factor))]
+    TooLargeToDecode {
+        /// The file.
+        path: PathBuf,
+        /// Width in its header (as displayed).
+        width: u32,
+        /// Height in its header.
+        height: u32,
+        /// The reduction the input size allows (1: none).
+        factor: usize,
+        /// Width it would decode to.
+        decoded_width: usize,
+        /// Height it would decode to.
+        decoded_height: usize,
     },
     /// A JPEG whose data ends before its end-of-image marker.
     #[error("{}: is a truncated JPEG (no end-of-image marker after its last scan): the file was cut short; replace or remove it", path.display())]
@@ -108,9 +141,19 @@ impl DecodeError {
             | Self::Cmyk { path }
             | Self::TooSmall { path, .. }
             | Self::TooLarge { path, .. }
+            | Self::TooLargeToDecode { path, .. }
             | Self::Truncated { path }
             | Self::Corrupt { path, .. } => path,
         }
+    }
+}
+
+/// "full size" or "1/N scale".
+fn scale_words(factor: usize) -> String {
+    if factor == 1 {
+        "full size".into()
+    } else {
+        format!("1/{factor} scale")
     }
 }
 
@@ -263,10 +306,15 @@ pub fn read_info(bytes: &[u8], path: &Path) -> Result<ImageInfo, DecodeError> {
         format: format.name(),
         cause,
     };
-    let (w, h, channels, orientation) = match format {
+    let (w, h, channels, orientation, cap) = match format {
         ImageFormat::Jpeg => {
             let d = jpeg_header(bytes, path)?;
             let info = d.info().ok_or_else(|| corrupt("no frame header".into()))?;
+            let cap = if info.coding_process == jpeg_decoder::CodingProcess::DctSequential {
+                HeaderCap::BASELINE_JPEG
+            } else {
+                HeaderCap::OTHER_JPEG
+            };
             let channels = match info.pixel_format {
                 jpeg_decoder::PixelFormat::L8 | jpeg_decoder::PixelFormat::L16 => 1,
                 jpeg_decoder::PixelFormat::RGB24 => 3,
@@ -285,18 +333,19 @@ pub fn read_info(bytes: &[u8], path: &Path) -> Result<ImageInfo, DecodeError> {
                 u32::from(info.height),
                 channels,
                 orientation,
+                cap,
             )
         }
         ImageFormat::Png => {
             let mut d = png_decoder(bytes, path)?;
             let (w, h) = d.dimensions();
-            check_size(path, w, h)?;
+            check_size(path, w, h, HeaderCap::PNG)?;
             let channels = if is_grey(d.color_type()) { 1 } else { 3 };
             let orientation = d.orientation().map_or(1, |o| o.to_exif());
-            (w, h, channels, orientation)
+            (w, h, channels, orientation, HeaderCap::PNG)
         }
     };
-    check_size(path, w, h)?;
+    check_size(path, w, h, cap)?;
     let (width, height) = if orientation >= 5 { (h, w) } else { (w, h) };
     Ok(ImageInfo {
         format,
@@ -307,13 +356,39 @@ pub fn read_info(bytes: &[u8], path: &Path) -> Result<ImageInfo, DecodeError> {
     })
 }
 
-/// Refuses a size outside [`MIN_IMAGE_SIDE`]..[`MAX_IMAGE_PIXELS`].
-fn check_size(path: &Path, width: u32, height: u32) -> Result<(), DecodeError> {
-    if u64::from(width) * u64::from(height) > MAX_IMAGE_PIXELS {
+/// How many pixels a header may claim, by kind of image.
+#[derive(Debug, Clone, Copy)]
+struct HeaderCap {
+    /// As the error names it.
+    kind: &'static str,
+    /// Most pixels.
+    pixels: u64,
+}
+
+impl HeaderCap {
+    const PNG: Self = Self {
+        kind: "a PNG",
+        pixels: MAX_IMAGE_PIXELS,
+    };
+    const BASELINE_JPEG: Self = Self {
+        kind: "a baseline JPEG",
+        pixels: MAX_JPEG_PIXELS,
+    };
+    const OTHER_JPEG: Self = Self {
+        kind: "a progressive or lossless JPEG",
+        pixels: MAX_IMAGE_PIXELS,
+    };
+}
+
+/// Refuses a size under [`MIN_IMAGE_SIDE`] a side or over `cap`'s pixels.
+fn check_size(path: &Path, width: u32, height: u32, cap: HeaderCap) -> Result<(), DecodeError> {
+    if u64::from(width) * u64::from(height) > cap.pixels {
         return Err(DecodeError::TooLarge {
             path: path.to_path_buf(),
             width,
             height,
+            kind: cap.kind,
+            side: cap.pixels.isqrt() as u32,
         });
     }
     if width.min(height) < MIN_IMAGE_SIDE {
@@ -414,6 +489,7 @@ impl Decoder {
                     });
                 }
                 let factor = reduction(info, min_size);
+                check_decoded_size(path, info, factor)?;
                 if factor > 1 {
                     self.decode_jpeg_scaled(bytes, path, (sw, sh), factor)?
                 } else {
@@ -503,6 +579,23 @@ impl Decoder {
         self.raw.extend_from_slice(&px);
         Ok((w as usize, h as usize, layout))
     }
+}
+
+/// Refuses a decode (at 1/`factor` scale) of more than [`MAX_IMAGE_PIXELS`].
+fn check_decoded_size(path: &Path, info: ImageInfo, factor: usize) -> Result<(), DecodeError> {
+    let (w, h) = (info.width as usize, info.height as usize);
+    let (dw, dh) = (w.div_ceil(factor), h.div_ceil(factor));
+    if (dw as u64) * (dh as u64) <= MAX_IMAGE_PIXELS {
+        return Ok(());
+    }
+    Err(DecodeError::TooLargeToDecode {
+        path: path.to_path_buf(),
+        width: info.width,
+        height: info.height,
+        factor,
+        decoded_width: dw,
+        decoded_height: dh,
+    })
 }
 
 /// The largest JPEG scale reduction (1, 2, 4 or 8) whose image is still at least `min_size`.

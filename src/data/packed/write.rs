@@ -283,10 +283,28 @@ fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
 fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, DataError> {
     let bytes = read_file(path)?;
     let mut img = DecodedImage::default();
-    let info = Decoder::default().decode(&bytes, path, usize::from(channels), None, &mut img)?;
+    // A photo larger than --max-side needs no more than the shrunk size decoded (a JPEG then
+    // decodes at 1/2 to 1/8 scale, PIL's draft mode, before the Lanczos shrink).
+    let full = crate::data::decode::read_info(&bytes, path)?;
+    let (w, h) = (full.width as usize, full.height as usize);
+    let target = shrunk_size(w, h, opts.max_side);
+    let min_size = target.unwrap_or((w, h));
+    let info = Decoder::default().decode(
+        &bytes,
+        path,
+        usize::from(channels),
+        Some(min_size),
+        &mut img,
+    )?;
     let (w, h, hwc) = (img.width, img.height, img.pixels);
-    let (hwc, w, h, resized) = shrink(hwc, w, h, usize::from(channels), opts.max_side)
-        .map_err(|e| DataError::invalid(path, format!("cannot resize: {e}")))?;
+    let (hwc, w, h, resized) = match target {
+        None => (hwc, w, h, false),
+        Some(size) => {
+            let hwc = shrink(&hwc, (w, h), usize::from(channels), size)
+                .map_err(|e| DataError::invalid(path, format!("cannot resize: {e}")))?;
+            (hwc, size.0, size.1, true)
+        }
+    };
     let (width, height) = (w as u16, h as u16);
     let raw = |bytes| Encoded {
         bytes,
@@ -331,35 +349,39 @@ fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, Data
     })
 }
 
-/// `hwc` (w x h x c) shrunk so that its longer side is at most `max_side`, aspect kept (each
-/// side rounded, at least 1 pixel); unchanged when it already fits.
-fn shrink(
-    hwc: Vec<u8>,
-    w: usize,
-    h: usize,
-    c: usize,
-    max_side: usize,
-) -> Result<(Vec<u8>, usize, usize, bool), String> {
-    use fast_image_resize as fr;
+/// The size a `w x h` image is shrunk to so that its longer side is `max_side` (aspect kept,
+/// each side rounded, at least 1 pixel), or `None` when it already fits.
+fn shrunk_size(w: usize, h: usize, max_side: usize) -> Option<(usize, usize)> {
     let long = w.max(h);
     if long <= max_side {
-        return Ok((hwc, w, h, false));
+        return None;
     }
     let scale = max_side as f64 / long as f64;
     let nw = ((w as f64 * scale).round() as usize).clamp(1, max_side);
     let nh = ((h as f64 * scale).round() as usize).clamp(1, max_side);
+    Some((nw, nh))
+}
+
+/// `hwc` (w x h x c) resized to `nw x nh` (Lanczos-3).
+fn shrink(
+    hwc: &[u8],
+    (w, h): (usize, usize),
+    c: usize,
+    (nw, nh): (usize, usize),
+) -> Result<Vec<u8>, String> {
+    use fast_image_resize as fr;
     let pixel = if c == 1 {
         fr::PixelType::U8
     } else {
         fr::PixelType::U8x3
     };
     let src =
-        fr::images::ImageRef::new(w as u32, h as u32, &hwc, pixel).map_err(|e| e.to_string())?;
+        fr::images::ImageRef::new(w as u32, h as u32, hwc, pixel).map_err(|e| e.to_string())?;
     let mut dst = fr::images::Image::new(nw as u32, nh as u32, pixel);
     let options =
         fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Lanczos3));
     fr::Resizer::new()
         .resize(&src, &mut dst, &options)
         .map_err(|e| e.to_string())?;
-    Ok((dst.into_vec(), nw, nh, true))
+    Ok(dst.into_vec())
 }
