@@ -214,3 +214,52 @@ fn an_emulated_device_of_another_run_leaves_no_run_directory() {
     assert!(t.contains("batch of 8") && t.contains("64"), "{t}");
     assert!(!run.exists(), "a refused run left {}", run.display());
 }
+
+/// A run of an ImageFolder too large for memory is refused before any image is decoded: the
+/// test split (decoded whole at start) and the images the normalisation is estimated from
+/// were read first, 2 GB and seconds for 40 test images at 4096 x 4096. Here each split holds
+/// a damaged image, which a decode would have reported first.
+#[test]
+fn an_image_folder_run_too_large_for_memory_is_refused_before_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("photos");
+    for (split, class) in [("train", "a"), ("train", "b"), ("test", "a"), ("test", "b")] {
+        let d = data.join(split).join(class);
+        std::fs::create_dir_all(&d).unwrap();
+        for i in 0..2 {
+            image::RgbImage::from_pixel(40, 30, image::Rgb([i * 90, 20, 200]))
+                .save(d.join(format!("{i}.png")))
+                .unwrap();
+        }
+        std::fs::write(d.join("damaged.png"), b"not a png at all").unwrap();
+    }
+    let run = dir.path().join("run");
+    let dataset = format!("imagefolder:{}", data.display());
+    let o = under_ulimit(
+        16_000_000,
+        &train_args(
+            run.to_str().unwrap(),
+            &[
+                "--dataset",
+                &dataset,
+                "--image-size",
+                "4096",
+                "--model",
+                "resnet20",
+                "--batch",
+                "4",
+            ],
+        ),
+        dir.path(),
+    );
+    let t = assert_refused(&o, "a 4096x4096 image folder");
+    assert!(
+        t.contains("needs about") && t.contains("lower --batch"),
+        "{t}"
+    );
+    assert!(
+        !t.contains("damaged.png") && !t.contains("unreadable"),
+        "{t}"
+    );
+    assert!(!run.exists(), "a refused run left {}", run.display());
+}

@@ -279,7 +279,7 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     let (source, test) = crate::train::load_sources(&cfg).map_err(prepare_error)?;
     let names = crate::train::description::class_names(&source);
     let set = match (split, &source) {
-        (Split::Test, _) => test,
+        (Split::Test, _) => test.decode()?,
         (Split::Train, Source::Memory(d)) => (**d).clone(),
         (Split::Train, Source::Folder(f)) => {
             let eval = d.eval_transforms(&model.path)?;

@@ -59,7 +59,7 @@ pub use packed::{
 pub use pool::BufferPool;
 pub use queue::{PrefetchQueue, Reserved};
 pub use sampler::DistributedSampler;
-pub use source::{decode_split, estimate_normalization, SampleScratch, Source};
+pub use source::{decode_split, estimate_normalization, SampleScratch, Source, TestSplit};
 pub use staging::{Staged, Staging};
 pub use transform::{
     centre_crop_offset, default_shorter, Augment, Draw, Geometry, ImageSize, RenderScratch,

@@ -201,6 +201,50 @@ fn estimated_through(images: usize, eval: &Transforms) -> String {
     }
 }
 
+/// A run's test split as opened: a dataset read whole, or an image split with the evaluation
+/// transforms it goes through, decoded only by [`TestSplit::decode`], once the caller has
+/// checked that the run fits in memory (a run refused for its size decodes nothing: 40 test
+/// images at 4096 x 4096 took 2 GB and seconds before the refusal).
+#[derive(Debug)]
+pub enum TestSplit {
+    /// In memory already.
+    Loaded(Dataset),
+    /// An ImageFolder's test split.
+    Folder {
+        /// The split.
+        split: ImageFolder,
+        /// Its evaluation transforms.
+        eval: Transforms,
+    },
+    /// A packed file's test split.
+    Packed {
+        /// The split.
+        split: PackedSplit,
+        /// Its evaluation transforms.
+        eval: Transforms,
+    },
+}
+
+impl TestSplit {
+    /// Bytes its pixels take in memory, decoded.
+    pub fn decoded_bytes(&self) -> usize {
+        match self {
+            Self::Loaded(d) => d.pixels.capacity(),
+            Self::Folder { split, .. } => split.len() * split.sample_len(),
+            Self::Packed { split, .. } => split.len() * split.sample_len(),
+        }
+    }
+
+    /// The split in memory (an image split decoded through its evaluation transforms).
+    pub fn decode(self) -> Result<Dataset, DataError> {
+        match self {
+            Self::Loaded(d) => Ok(d),
+            Self::Folder { split, eval } => decode_split(&split, &eval, "imagefolder"),
+            Self::Packed { split, eval } => super::decode_packed_split(&split, &eval, "packed"),
+        }
+    }
+}
+
 /// A folder split through the evaluation transforms `eval` into an in-memory [`Dataset`] at the
 /// folder's size (an ImageFolder's test split, which every evaluation reads whole), checked
 /// against the machine's memory before it is allocated.

@@ -122,6 +122,28 @@ pub fn check_memory_size(cfg: &TrainConfig, train: &Dataset) -> Result<(), Prepa
     }
 }
 
+/// Refuses a given `--normalize` of other channels than `source`'s images (before the model is
+/// built: it is the options' mistake). A resumed checkpoint's normalisation of other channels
+/// is other input, which the checkpoint's check refuses naming both shapes.
+pub fn check_normalization_channels(
+    cfg: &TrainConfig,
+    source: &Source,
+) -> Result<(), PrepareError> {
+    let NormalizeChoice::Given(norm) = &cfg.normalize else {
+        return Ok(());
+    };
+    let c = source.shape()[0];
+    if norm.channels() == c {
+        return Ok(());
+    }
+    Err(PrepareError::Config(format!(
+        "--normalize {norm}: {} for images of {}; give one mean and one standard deviation per \
+         channel",
+        crate::terminal::counted(norm.channels(), "channel"),
+        crate::terminal::counted(c, "channel")
+    )))
+}
+
 /// Resolves the run's image size, evaluation transform (defaults filled in) and
 /// normalisation into `cfg`, from the data; returns the line that says them, and a warning of
 /// unreadable images the normalisation estimate met, if any. A normalisation given for another
@@ -136,22 +158,11 @@ pub fn resolve(
         width: w,
     };
     let eval = eval_transform(cfg, source).resolved(size);
-    // A resumed checkpoint's normalisation of other channels is other input, which the
-    // checkpoint's check refuses naming both shapes.
-    let given = matches!(cfg.normalize, NormalizeChoice::Given(_));
     let (norm, how, unreadable) = match &cfg.normalize {
         NormalizeChoice::Given(n) => (n.clone(), "given".to_string(), None),
         NormalizeChoice::Resumed(n) => (n.clone(), "the checkpoint's".to_string(), None),
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
-    if given && norm.channels() != c {
-        return Err(PrepareError::Config(format!(
-            "--normalize {norm}: {} for images of {}; give one mean and one standard \
-             deviation per channel",
-            crate::terminal::counted(norm.channels(), "channel"),
-            crate::terminal::counted(c, "channel")
-        )));
-    }
     let unreadable = unreadable.map(|u| u.warning(cfg.skip_bad_samples));
     let line = format!(
         "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \

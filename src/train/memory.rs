@@ -91,12 +91,13 @@ pub fn check_device(cfg: &TrainConfig, graph: &Graph) -> Result<(), PrepareError
     Ok(())
 }
 
-/// Bytes of pixels already in memory: the training split when it is held whole, and the test
-/// split (allocations, not lengths: a `--train-limit` keeps the whole split's buffer).
-pub fn loaded_bytes(train: &crate::pipeline::Source, test: &crate::data::Dataset) -> f64 {
+/// Bytes of pixels the run holds in memory: the training split when it is held whole, and the
+/// test split, decoded or to be (allocations, not lengths: a `--train-limit` keeps the whole
+/// split's buffer).
+pub fn loaded_bytes(train: &crate::pipeline::Source, test: &crate::pipeline::TestSplit) -> f64 {
     let train = match train {
         crate::pipeline::Source::Memory(d) => d.pixels.capacity(),
         _ => 0,
     };
-    (train + test.pixels.capacity()) as f64
+    (train + test.decoded_bytes()) as f64
 }

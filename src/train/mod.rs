@@ -29,7 +29,9 @@ pub mod worker;
 use crate::comm::InProcessFabric;
 use crate::config::TrainConfig;
 use crate::data::{self, Dataset, DatasetSpec};
-use crate::pipeline::{BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source};
+use crate::pipeline::{
+    BatchFeed, Collator, DistributedSampler, LoadStats, Pipeline, Source, TestSplit,
+};
 pub use error::{LateWrite, Phase, PrepareError, ResumeError, StepError, TrainError, WorkerError};
 use metrics::peak_rss_mb;
 pub use processes::ProcessGroup;
@@ -184,7 +186,7 @@ fn holds_a_batch(samples: usize, batch: usize) -> Result<(), PrepareError> {
 /// The training set as the input pipeline reads it, and the test set in memory. An ImageFolder's
 /// training split stays on disk (decoded per sample by the loaders); its test split, which
 /// every evaluation reads whole, is decoded once here.
-pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError> {
+pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, TestSplit), PrepareError> {
     let spec = DatasetSpec::parse(
         &cfg.dataset,
         cfg.data_dir.as_deref(),
@@ -196,7 +198,7 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
     let DatasetSpec::ImageFolder { dir } = spec else {
         let (train, test) = load_data(cfg)?;
         inputs::check_memory_size(cfg, &train)?;
-        return Ok((Source::Memory(Arc::new(train)), test));
+        return Ok((Source::Memory(Arc::new(train)), TestSplit::Loaded(test)));
     };
     let (mut train, mut test) = data::image_folder::open_pair(&dir)?;
     if let Some(n) = cfg.train_limit {
@@ -209,14 +211,12 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, Dataset), PrepareError
     inputs::size_folders(cfg, &mut train, &mut test);
     let source = Source::Folder(Arc::new(train));
     let eval = inputs::eval_transform(cfg, &source);
-    let test = crate::pipeline::decode_split(&test, &eval, "imagefolder")
-        .map_err(PrepareError::TestSplit)?;
-    Ok((source, test))
+    Ok((source, TestSplit::Folder { split: test, eval }))
 }
 
 /// [`load_sources`] for a packed file: the training split read per sample from the mapping by
-/// the loaders, the test split decoded once here.
-fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, Dataset), PrepareError> {
+/// the loaders, the test split decoded once, by the caller.
+fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, TestSplit), PrepareError> {
     let (mut train, mut test) = data::packed::open_pair(file)?;
     if let Some(n) = cfg.train_limit {
         train.truncate(n);
@@ -231,9 +231,7 @@ fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, Dataset), Prep
     test.set_size(train.height, train.width);
     let source = Source::Packed(Arc::new(train));
     let eval = inputs::eval_transform(cfg, &source);
-    let test = crate::pipeline::decode_packed_split(&test, &eval, "packed")
-        .map_err(PrepareError::TestSplit)?;
-    Ok((source, test))
+    Ok((source, TestSplit::Packed { split: test, eval }))
 }
 
 /// The input pipeline of a run: loader threads (unless `--prefetch 0`) and one feed per worker,
@@ -408,7 +406,20 @@ fn prepare(
     if let (Some(ck), Some(path)) = (resume.as_deref(), cfg.resume.clone()) {
         notes.extend(inputs::follow_checkpoint(&mut cfg, ck, &path)?);
     }
-    let (train_source, test_set) = load_sources(&cfg)?;
+    let (train_source, test_split) = load_sources(&cfg)?;
+    inputs::check_normalization_channels(&cfg, &train_source)?;
+    let graph = Arc::new(match &cfg.model_spec {
+        Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
+        None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
+    });
+    // Before anything large is allocated (the test split decoded, images read for the
+    // normalisation's estimate) and before the run directory exists.
+    memory::check_device(&cfg, &graph)?;
+    memory::check_run_memory(
+        &cfg,
+        &graph,
+        memory::loaded_bytes(&train_source, &test_split),
+    )?;
     let (input_line, unreadable) = inputs::resolve(&mut cfg, &train_source)?;
     notes.push(input_line);
     if cfg.process_rank == 0 && !cfg.quiet {
@@ -419,13 +430,7 @@ fn prepare(
     if let Some(w) = unreadable {
         warn(&w);
     }
-    let graph = Arc::new(match &cfg.model_spec {
-        Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
-        None => build_graph(&cfg.model, train_source.shape(), train_source.num_classes())?,
-    });
-    // Before anything large is allocated and before the run directory exists.
-    memory::check_device(&cfg, &graph)?;
-    memory::check_run_memory(&cfg, &graph, memory::loaded_bytes(&train_source, &test_set))?;
+    let test_set = test_split.decode().map_err(PrepareError::TestSplit)?;
     let input = graph.input();
     if let Some(ck) = resume.as_deref() {
         check_resume_fits(&cfg, (&graph.name, [input.c, input.h, input.w]), ck, warn)?;
