@@ -404,6 +404,8 @@ fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
     mkfifo(&class.join("1.png"));
     std::os::unix::fs::symlink("/dev/zero", class.join("2.png")).unwrap();
     std::os::unix::fs::symlink(class.join("3.png"), class.join("3.png")).unwrap();
+    // A directory named like an image: skipped once, not also counted as an unread directory.
+    std::fs::create_dir(class.join("4.png")).unwrap();
     let spec = format!("imagefolder:{}", root.display());
     let run_dir = tmp.path().join("run");
     let args = [
@@ -422,11 +424,12 @@ fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
     let r = run_ok(&args, tmp.path());
     assert!(
         r.text
-            .contains(&format!("warning: {}: skipped 3 entries", class.display())),
+            .contains(&format!("warning: {}: skipped 4 entries", class.display())),
         "{}",
         r.text
     );
     assert!(r.text.contains("not a regular file"), "{}", r.text);
+    assert!(!r.text.contains("in this class not read"), "{}", r.text);
 }
 
 #[test]

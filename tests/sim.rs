@@ -1053,7 +1053,8 @@ fn profile_refuses_unknown_names_and_batches_the_machine_cannot_hold() {
     );
     assert_eq!(code, 1);
     assert!(
-        err.contains("unknown model 'alexnet2'") && err.contains("alexnet, vgg16"),
+        err.contains("alexnet2: unknown model: did you mean 'alexnet'?")
+            && err.contains("alexnet, vgg16"),
         "{err}"
     );
     assert!(!err.contains("can only be profiled from FLOPs"), "{err}");

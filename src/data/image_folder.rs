@@ -314,6 +314,8 @@ fn warn_unread_subdirectories(dir: &Path) {
         .flatten()
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        // One named like an image (`dir.png`) is reported by `class_files` as skipped.
+        .filter(|e| !has_image_extension(&e.path()))
         .count();
     if subdirs > 0 {
         crate::terminal::print_warning(&format!(
@@ -330,9 +332,10 @@ fn warn_unread_subdirectories(dir: &Path) {
 fn loose_images(dir: &Path) -> String {
     match class_files(dir, "").map(|f| f.len()) {
         Ok(n) if n > 0 => format!(
-            " (it holds {n} images itself: an ImageFolder keeps each class's images in a \
+            " (it holds {} itself: an ImageFolder keeps each class's images in a \
              directory named after the class, {}/CLASS/NAME.png; `dptrain predict` takes \
              loose images)",
+            crate::terminal::counted(n, "image"),
             dir.display()
         ),
         _ => String::new(),
@@ -350,10 +353,7 @@ fn class_files(dir: &Path, hint: &str) -> Result<Vec<PathBuf>, DataError> {
     let mut skipped: Vec<(PathBuf, &str)> = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| DataError::from_io(dir, e, hint))? {
         let p = e.map_err(|e| DataError::from_io(dir, e, hint))?.path();
-        let ext = p
-            .extension()
-            .map(|x| x.to_string_lossy().to_ascii_lowercase());
-        if !ext.is_some_and(|x| EXTENSIONS.contains(&x.as_str())) {
+        if !has_image_extension(&p) {
             continue;
         }
         match std::fs::metadata(&p) {
@@ -374,6 +374,12 @@ fn class_files(dir: &Path, hint: &str) -> Result<Vec<PathBuf>, DataError> {
     }
     these.sort();
     Ok(these)
+}
+
+/// Whether `path`'s extension is an image's ([`EXTENSIONS`], any case).
+fn has_image_extension(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|x| EXTENSIONS.contains(&x.to_string_lossy().to_ascii_lowercase().as_str()))
 }
 
 /// What a file type that is not a regular file is, in words.

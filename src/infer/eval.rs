@@ -627,11 +627,11 @@ impl EvalReport {
             String::new()
         };
         format!(
-            "{} on {} ({} split, {} images): loss {:.4}, top-1 {:.2}%{top_k}",
+            "{} on {} ({} split, {}): loss {:.4}, top-1 {:.2}%{top_k}",
             self.model,
             self.dataset,
             self.split,
-            self.samples,
+            crate::terminal::counted(self.samples, "image"),
             self.loss,
             100.0 * self.top1,
         )

@@ -373,6 +373,14 @@ impl Keys<'_> {
         })
     }
 
+    /// A required `key` is missing: naming a key of the table that looks like it misspelt.
+    fn missing(&self, key: &str) -> ModelError {
+        match super::suggest::closest(key, self.table.keys().map(String::as_str)) {
+            Some(k) => self.bad(key, format!("missing (required); is '{k}' it, misspelt?")),
+            None => self.bad(key, "missing (required)"),
+        }
+    }
+
     fn take(&mut self, key: &'static str) -> Option<Value> {
         self.allowed.push(key);
         self.table.remove(key)
@@ -441,7 +449,7 @@ impl Keys<'_> {
 
     fn required_pair(&mut self, key: &'static str) -> Result<[usize; 2], ModelError> {
         if !self.table.contains_key(key) {
-            return Err(self.bad(key, "missing (required)"));
+            return Err(self.missing(key));
         }
         self.pair(key, [0, 0], 1)
     }
@@ -449,7 +457,7 @@ impl Keys<'_> {
     /// A count that may depend on `channels` / `classes`.
     fn units(&mut self, key: &'static str, default: Option<Units>) -> Result<Units, ModelError> {
         let Some(v) = self.take(key) else {
-            return default.ok_or_else(|| self.bad(key, "missing (required)"));
+            return default.ok_or_else(|| self.missing(key));
         };
         match &v {
             Value::Integer(i) if *i >= 1 => Ok(Units::Fixed(self.dim(key, *i)?)),
@@ -915,6 +923,34 @@ fn parse_op(ty: OpType, k: &mut Keys) -> Result<Op, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A required key misspelt is named as the likely misspelling (it would otherwise only be
+    /// reported as missing, the misspelt key never mentioned).
+    #[test]
+    fn a_misspelt_required_key_is_named() {
+        let e = parse(
+            r#"layers = [ { type = "conv2d", out = 4, kernal = 3 } ]"#,
+            "t.toml",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("'kernel'") && e.contains("is 'kernal' it, misspelt?"),
+            "{e}"
+        );
+        let e = parse(
+            r#"layers = [ { type = "conv2d", out = 4 } ]"#,
+            "t.toml",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("missing (required)") && !e.contains("misspelt"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn templates_expand_with_prefixed_names_and_inputs() {

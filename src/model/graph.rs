@@ -228,13 +228,16 @@ fn with_default_loss(spec_layers: &[Layer]) -> Vec<Layer> {
         .iter()
         .any(|l| matches!(l.op, Op::SoftmaxCrossEntropy(_)))
     {
-        let last = layers.last().map(|l| l.name.clone()).unwrap_or_default();
-        layers.push(Layer {
+        let last = layers.last();
+        let loss = Layer {
             name: "loss".into(),
             op: Op::SoftmaxCrossEntropy(Default::default()),
-            inputs: vec![last],
-            origin: None,
-        });
+            inputs: vec![last.map(|l| l.name.clone()).unwrap_or_default()],
+            // Where the layer it reads is written: an error about the loss (a logit count
+            // that is not the class count) points there.
+            origin: last.and_then(|l| l.origin.clone()),
+        };
+        layers.push(loss);
     }
     layers
 }
@@ -395,32 +398,8 @@ fn check_every_output_is_read<'a>(
 
 /// A defined name close to `name` ("did you mean"), or empty.
 fn similar(name: &str, index: &HashMap<&str, usize>) -> String {
-    let dist = |a: &str, b: &str| -> usize {
-        let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-        let mut prev: Vec<usize> = (0..=b.len()).collect();
-        for i in 1..=a.len() {
-            let mut cur = vec![i; b.len() + 1];
-            for j in 1..=b.len() {
-                let sub = prev[j - 1] + (a[i - 1] != b[j - 1]) as usize;
-                cur[j] = sub.min(prev[j] + 1).min(cur[j - 1] + 1);
-            }
-            prev = cur;
-        }
-        prev[b.len()]
-    };
-    // Names whose lengths differ by more than 2 are further than 2 apart: skipped unmeasured
-    // (the distance is quadratic in the lengths).
-    let len = name.chars().count();
-    if len > 64 {
-        return String::new();
-    }
-    index
-        .keys()
-        .filter(|k| k.len().abs_diff(name.len()) <= 8 && k.chars().count().abs_diff(len) <= 2)
-        .map(|k| (dist(name, k), *k))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, k)| format!(" (did you mean '{k}'?)"))
+    super::suggest::closest(name, index.keys().copied())
+        .map(|k| format!(" (did you mean '{k}'?)"))
         .unwrap_or_default()
 }
 
@@ -734,15 +713,13 @@ fn infer_conv(c: &Conv2d, input: Input, classes: usize) -> Result<Inferred, Mode
     Ok((Op::Conv2d(resolved), shape, params, macs))
 }
 
+/// Most elements of a max_pool window: the position of each output's maximum in its window
+/// is kept in a `u8` for backward (`backend::cpu::pool`).
+pub const MAX_POOL_WINDOW: usize = 255;
+
 /// A pooling window's output shape (`max` for max pooling, whose window positions are
 /// stored in a byte).
 fn pool_shape(p: &Pool, max: bool, input: Input) -> Result<Shape, String> {
-    if max && p.kernel[0] * p.kernel[1] > 255 {
-        return Err(format!(
-            "max_pool windows are at most 255 elements, got {}x{}",
-            p.kernel[0], p.kernel[1]
-        ));
-    }
     if 2 * p.padding[0] > p.kernel[0] || 2 * p.padding[1] > p.kernel[1] {
         return Err(format!(
             "padding {:?} must be at most half the window {:?} (as in PyTorch)",
@@ -752,6 +729,14 @@ fn pool_shape(p: &Pool, max: bool, input: Input) -> Result<Shape, String> {
     let x = input.shape;
     let oh = input.window(x.h, p.kernel[0], p.stride[0], p.padding[0], 1, "height")?;
     let ow = input.window(x.w, p.kernel[1], p.stride[1], p.padding[1], 1, "width")?;
+    if max && p.kernel[0] * p.kernel[1] > MAX_POOL_WINDOW {
+        return Err(format!(
+            "max_pool windows are at most {MAX_POOL_WINDOW} elements (each maximum's position \
+             in its window is kept in a byte for backward), got {}x{}: pool in two steps (a \
+             16x16 window of stride 16 is two max_pools of kernel 4)",
+            p.kernel[0], p.kernel[1]
+        ));
+    }
     Ok(Shape {
         c: x.c,
         h: oh,
@@ -868,5 +853,29 @@ mod tests {
             matches!(*e.kind, ModelErrorKind::MissingInput { .. }),
             "{e}"
         );
+    }
+
+    /// A max_pool window past 255 elements is refused saying how to pool the same area; one
+    /// that does not fit the input says that first.
+    #[test]
+    fn max_pool_windows_past_a_byte_are_refused_with_the_two_step_remedy() {
+        let pool = |k: usize, side: usize| {
+            let text = format!(
+                r#"layers = [ {{ type = "max_pool", kernel = {k} }}, {{ type = "flatten" }},
+  {{ type = "linear", out = "classes" }} ]"#
+            );
+            Graph::build(&parse(&text, "m.toml", "m").unwrap(), [1, side, side], 10)
+                .map_err(|e| e.to_string())
+        };
+        let e = pool(16, 32).unwrap_err();
+        assert!(
+            e.contains("at most 255 elements")
+                && e.contains("got 16x16")
+                && e.contains("two steps"),
+            "{e}"
+        );
+        let e = pool(64, 26).unwrap_err();
+        assert!(e.contains("does not fit") && !e.contains("255"), "{e}");
+        assert!(pool(8, 8).is_ok());
     }
 }

@@ -15,6 +15,7 @@ pub mod expr;
 pub mod file;
 pub mod graph;
 pub mod spec;
+mod suggest;
 pub mod summary;
 
 pub use error::{ModelError, ModelErrorKind};
@@ -72,12 +73,16 @@ pub fn load(name_or_path: &str) -> Result<ModelSpec, ModelError> {
     let path = Path::new(name_or_path);
     let looks_like_file = name_or_path.ends_with(".toml") || name_or_path.contains('/');
     if !looks_like_file && !path.exists() {
+        let names = builtin_names();
+        let hint = suggest::closest(name_or_path, names.iter().copied())
+            .map(|n| format!("did you mean '{n}'? "))
+            .unwrap_or_default();
         return Err(ModelError::file(
             name_or_path,
             None,
             ModelErrorKind::Graph(format!(
-                "unknown model '{name_or_path}': choose one of {}, or give the path of a model file (.toml, see docs/MODEL_FILES.md)",
-                builtin_names().join(", ")
+                "unknown model: {hint}choose one of {}, or give the path of a model file (.toml, see docs/MODEL_FILES.md)",
+                names.join(", ")
             )),
         ));
     }

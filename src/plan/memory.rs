@@ -172,7 +172,7 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
         part(
             "Winograd workspace",
             4.0 * (net + thread * inputs.threads as f64) * w,
-            "--conv-algo direct (or auto), --threads or --workers".into(),
+            "--threads or --workers, or give --conv-algo direct (which needs none)".into(),
         );
     }
     if let Some((what, bytes)) = inputs.extra_per_worker {
