@@ -1,6 +1,6 @@
 //! What this process has under way that must not outlive it when a signal ends it, and the
 //! watcher that puts it away: temporary files ([`create_registered`], used by
-//! `output`'s atomic writes), scratch directories ([`ScratchRegistration`]), directories a
+//! `output`'s atomic writes; [`FileRegistration`], a run directory's lock file), scratch directories ([`ScratchRegistration`]), directories a
 //! command made, while empty ([`ScratchRegistration::made_if_empty`], `output::CreatedDirs`), and
 //! child jobs ([`ChildJob`], `dptrain launch`'s mpirun).
 //!
@@ -84,6 +84,25 @@ pub fn create_registered(
 pub fn creating<T>(create: impl FnOnce() -> T) -> T {
     let _held = register();
     create()
+}
+
+/// A file this process removes when it is done with it (a run directory's lock file),
+/// removed if a signal ends the process while this lives; dropping it only lets go.
+#[derive(Debug)]
+pub struct FileRegistration(PathBuf);
+
+impl FileRegistration {
+    /// Registers `path`.
+    pub fn new(path: &Path) -> Self {
+        register().files.push(path.to_path_buf());
+        Self(path.to_path_buf())
+    }
+}
+
+impl Drop for FileRegistration {
+    fn drop(&mut self) {
+        let_go_file(&self.0);
+    }
 }
 
 /// Lets go of a file registered by [`create_registered`] (renamed into place, or removed).

@@ -49,6 +49,7 @@ fn opts(max_side: usize, store: StoreAs) -> PackOptions {
         max_side,
         store,
         progress: false,
+        skip_bad: false,
     }
 }
 
@@ -235,6 +236,68 @@ fn a_photo_past_4096_square_packs_decoded_reduced() {
     let e = packed::pack(&root, &tmp.path().join("d.pack"), &opts(4096, StoreAs::Raw)).unwrap_err();
     assert!(
         e.to_string().contains("big.jpg") && e.to_string().contains("--max-side"),
+        "{e}"
+    );
+}
+
+/// Damaged images fail a pack naming every one (one pass finds them all) and leave no file;
+/// `--skip-bad-samples` packs the rest and lists them; a class left without a training image
+/// is refused.
+#[test]
+fn damaged_images_are_all_named_and_skipped_on_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 3, &[(20, 16)], true);
+    let damaged = [
+        root.join("train/a/bad1.png"),
+        root.join("train/b/bad2.jpg"),
+        root.join("test/c/bad3.png"),
+    ];
+    for f in &damaged {
+        std::fs::write(f, b"not an image").unwrap();
+    }
+    let out = tmp.path().join("p.pack");
+    let e = packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap_err();
+    let DataError::BadImages { errors, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(errors.len(), 3, "{e}");
+    for f in &damaged {
+        assert!(e.to_string().contains(&*f.to_string_lossy()), "{e}");
+    }
+    assert!(e.to_string().contains("--skip-bad-samples"), "{e}");
+    assert!(
+        !out.exists() && names(tmp.path()) == ["imgs"],
+        "{:?}",
+        names(tmp.path())
+    );
+    let skip = PackOptions {
+        skip_bad: true,
+        ..opts(256, StoreAs::Raw)
+    };
+    let s = packed::pack(&root, &out, &skip).unwrap();
+    assert_eq!((s.skipped.len(), s.train, s.test), (3, 9, 6));
+    let file = PackedFile::open(&out).unwrap();
+    assert_eq!(file.records(Split::Train).len(), 9);
+    // The command says what it left out.
+    let o = Command::new(BIN)
+        .args(["data", "pack", "--skip-bad-samples", "--raw", "--out"])
+        .arg(tmp.path().join("q.pack"))
+        .arg(&root)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("left out 3 images") && t.contains("bad2.jpg"),
+        "{t}"
+    );
+    // Every training image of class c damaged: refused, naming the class.
+    for i in 0..3 {
+        std::fs::write(root.join(format!("train/c/{i:03}.png")), b"x").unwrap();
+    }
+    let e = packed::pack(&root, &tmp.path().join("r.pack"), &skip).unwrap_err();
+    assert!(
+        e.to_string().contains("train/c") && e.to_string().contains("left out"),
         "{e}"
     );
 }

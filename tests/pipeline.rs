@@ -296,14 +296,16 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
         .collect();
     test_files.sort();
     std::fs::write(&test_files[0], b"\x89PNG\r\n\x1a\n cut").unwrap();
-    let test_name = test_files[0]
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    std::fs::write(&test_files[1], b"").unwrap();
+    let test_name = |i: usize| test_files[i].to_string_lossy().into_owned();
     let e = folder_run(&dir, &tmp.path().join("u"), |o| o.skip_bad_samples = true).unwrap_err();
     assert!(
-        e.contains(&test_name) && e.contains("only leaves out training samples"),
+        e.contains("only leaves out training samples") && e.contains("2 images in"),
+        "{e}"
+    );
+    // Both named, in one pass.
+    assert!(
+        e.contains(&test_name(0)) && e.contains(&test_name(1)),
         "{e}"
     );
 }

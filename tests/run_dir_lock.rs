@@ -51,6 +51,14 @@ fn no_panic(o: &Output) {
     );
 }
 
+/// The output of a run refused with an error (exit 1, no panic).
+fn refused(o: &Output) -> String {
+    let all = text(o);
+    no_panic(o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    all
+}
+
 /// The epoch lines of a run directory's `metrics.jsonl`, each line parsed (a torn line fails).
 fn metrics_lines(dir: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
@@ -458,13 +466,82 @@ fn a_resume_beside_a_checkpoint_that_cannot_be_written_says_to_give_a_run_direct
     );
     let at = args.iter().position(|a| *a == "--run-dir").unwrap();
     args.drain(at..at + 2);
-    let o = dptrain(&args, cwd);
-    let all = text(&o);
-    no_panic(&o);
-    assert_eq!(o.status.code(), Some(1), "{all}");
+    let all = refused(&dptrain(&args, cwd));
     assert!(
         all.contains("--resume continues in the checkpoint's directory Z")
             && all.contains("give --run-dir"),
         "{all}"
     );
+}
+
+/// `--resume A/CKPT --run-dir B`: B may hold the same run (resumed there before), never
+/// another's, whose metrics and checkpoints the continued run would mix with its own (a
+/// tester's vgg-small epoch 1 followed by lenet5's epoch 2 in one `metrics.jsonl`).
+#[test]
+fn resume_into_another_runs_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let o = dptrain(&train_args("A", "1", &[]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = dptrain(&train_args("B", "1", &["--seed", "7"]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let before = std::fs::read(cwd.join("B/metrics.jsonl")).unwrap();
+    let resume = |dir: &'static str| {
+        let mut a = train_args(dir, "2", &[]);
+        a.extend(["--resume", "A/checkpoint-epoch0001.safetensors"]);
+        dptrain(&a, cwd)
+    };
+    let all = refused(&resume("B"));
+    assert!(
+        all.contains("holds the files of another run than A/checkpoint-epoch0001")
+            && all.contains("leave --run-dir out"),
+        "{all}"
+    );
+    assert_eq!(std::fs::read(cwd.join("B/metrics.jsonl")).unwrap(), before);
+    // Into a new directory, then again into it (it holds the same run now).
+    let o = resume("C");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = resume("C");
+    assert!(o.status.success(), "{}", text(&o));
+    // (An epoch trained again is a line again: `report` reads the later one.)
+    assert_eq!(epochs_of(&metrics_lines(&cwd.join("C"))), [2, 2]);
+}
+
+/// A run that a signal ends before it wrote anything leaves no run directory: the one it made
+/// held only its lock file, which the signal's clean-up removes as the run's end would.
+#[test]
+fn a_run_signalled_before_its_first_file_leaves_no_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let run = cwd.join("new");
+    let lock = run.join(".dptrain-lock");
+    let mut child = Command::new(BIN)
+        .args(train_args(
+            "new",
+            "1",
+            &[
+                "--train-limit",
+                "4096",
+                "--link-bandwidth",
+                "1Mbit",
+                "--workers",
+                "2",
+            ],
+        ))
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_lock(&mut child, &lock);
+    signal(&child, libc::SIGTERM);
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status}");
+    // The lock file is gone; the directory too, unless the run had written a file there.
+    assert!(!lock.exists());
+    if let Ok(entries) = std::fs::read_dir(&run) {
+        assert!(entries.count() > 0, "an empty run directory left");
+    }
 }

@@ -51,6 +51,10 @@ pub(super) struct PackArgs {
     /// Store every sample raw (decoded pixels: no decoding when training, a larger file).
     #[arg(long)]
     raw: bool,
+    /// Leave out the images that cannot be read or decoded (each named in a warning), from
+    /// both splits; without it they fail the pack, every one named.
+    #[arg(long)]
+    skip_bad_samples: bool,
 }
 
 /// Runs one `dptrain data` command.
@@ -81,6 +85,7 @@ fn pack(a: PackArgs) -> Result<(), String> {
         max_side: a.max_side,
         store,
         progress: true,
+        skip_bad: a.skip_bad_samples,
     };
     let started = std::time::Instant::now();
     let s = packed::pack(&a.dir, &a.out, &opts).map_err(|e| e.to_string())?;
@@ -100,6 +105,13 @@ fn pack(a: PackArgs) -> Result<(), String> {
         a.max_side,
         a.out.display()
     );
+    if !s.skipped.is_empty() {
+        crate::terminal::print_warning(&format!(
+            "left out {} that cannot be read or decoded (--skip-bad-samples):{}",
+            crate::terminal::counted(s.skipped.len(), "image"),
+            crate::data::listed(&s.skipped)
+        ));
+    }
     if s.test_colour_stored_grey {
         crate::terminal::print_warning(&format!(
             "{}/test holds colour images and train/ only grey ones: the pack stores every image \

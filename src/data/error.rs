@@ -123,6 +123,22 @@ pub enum DataError {
     /// An option of `data pack` out of its range.
     #[error("data pack: {0}")]
     PackOption(String),
+    /// Images of an ImageFolder that cannot be read or decoded (`data pack`, a split decoded
+    /// whole): every one, so that one pass names them all (each entry an error naming its file).
+    #[error(
+        "{} in {} cannot be read or decoded; {remedy}:{}",
+        crate::terminal::counted(errors.len(), "image"),
+        dir.display(),
+        listed(errors)
+    )]
+    BadImages {
+        /// The ImageFolder, or its split.
+        dir: PathBuf,
+        /// Why each could not be read or decoded.
+        errors: Vec<String>,
+        /// What to do about them.
+        remedy: &'static str,
+    },
     /// The dataset name is known but its arguments are unusable
     /// (missing directory, bad shape, conflicting path, ...).
     #[error("dataset {spec:?}: {reason}")]
@@ -132,6 +148,22 @@ pub enum DataError {
         /// What is wrong and what to write instead.
         reason: String,
     },
+}
+
+/// Most entries [`listed`] shows.
+pub const LISTED: usize = 20;
+
+/// `items` one per indented line, the first [`LISTED`], then how many more.
+pub fn listed(items: &[String]) -> String {
+    let mut out: String = items
+        .iter()
+        .take(LISTED)
+        .map(|i| format!("\n  {i}"))
+        .collect();
+    if items.len() > LISTED {
+        out.push_str(&format!("\n  ... and {} more", items.len() - LISTED));
+    }
+    out
 }
 
 impl DataError {

@@ -194,9 +194,9 @@ fn check_exported(out: &Path, splits: &[String]) -> Result<(), DataError> {
         path: out.to_path_buf(),
         what: "holds files an export does not write".into(),
         entries: not_ours,
-        todo: "an export deletes only what an export writes (class directories of NNN.png \
-               files: an earlier export's with --overwrite, an interrupted one's always): move \
-               those files away, or choose a new or empty directory"
+        todo: "an export deletes only what an export writes (class directories of numbered \
+               .png files, 000142.png: an earlier export's with --overwrite, an interrupted \
+               one's always): move those files away, or choose a new or empty directory"
             .into(),
     }
     .into())

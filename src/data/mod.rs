@@ -34,7 +34,7 @@ pub mod synthetic;
 
 pub use dataset::{check_split_memory, Dataset, DatasetPair, Split, TEN_CLASSES};
 pub(crate) use dataset::{join, pair};
-pub use error::{DataError, VALID_NAMES};
+pub use error::{listed, DataError, VALID_NAMES};
 pub use spec::{
     bundled_mnist_dir, load, load_idx_dir, DatasetSpec, FASHION_MNIST_DEFAULT_DIR,
     SYNTHETIC_DEFAULT_SEED, SYNTHETIC_DEFAULT_TEST, SYNTHETIC_DEFAULT_TRAIN,

@@ -499,6 +499,9 @@ pub fn evaluate(
             return Err(InferError::Options(format!("{flag} must be at least 1")));
         }
     }
+    // A batch past the split is the split in one chunk (the same chunks, so the same figures),
+    // and is sized for memory as such.
+    let batch = batch.min(data.set.len().max(1));
     let classes = model.class_names().len();
     let chunks = data.set.len().div_ceil(batch);
     let workers = opts.workers.min(chunks).max(1);

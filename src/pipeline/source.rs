@@ -260,23 +260,21 @@ pub fn decode_split(
         [folder.channels, folder.height, folder.width],
         "use fewer test images (--test-limit) or a smaller --image-size",
     )?;
-    let size = ImageSize {
-        height: folder.height,
-        width: folder.width,
-    };
     let mut pixels = vec![0u8; folder.len() * n];
     let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
+    let mut bad = Vec::new();
     for (i, out) in pixels.chunks_exact_mut(n.max(1)).enumerate() {
-        let path = folder.read_file(i, &mut file)?;
-        eval.apply_bytes_u8(
-            &file,
-            path,
-            folder.channels,
-            size,
-            Draw::NONE,
-            &mut scratch,
-            out,
-        )?;
+        // Every bad image named in one pass, not one per run.
+        if let Err(e) = render_sample(folder, i, eval, &mut file, &mut scratch, out) {
+            bad.push(e.to_string());
+        }
+    }
+    if !bad.is_empty() {
+        return Err(DataError::BadImages {
+            dir: folder.root.clone(),
+            errors: bad,
+            remedy: "mend or remove them",
+        });
     }
     Ok(Dataset {
         name: name.to_string(),
@@ -287,6 +285,25 @@ pub fn decode_split(
         pixels,
         labels: folder.labels.clone(),
     })
+}
+
+/// Sample `i` of `folder` through `eval` at the folder's size, as bytes, into `out` (`file`
+/// and `scratch` reused from sample to sample).
+fn render_sample(
+    folder: &ImageFolder,
+    i: usize,
+    eval: &Transforms,
+    file: &mut Vec<u8>,
+    scratch: &mut TransformScratch,
+    out: &mut [u8],
+) -> Result<(), DataError> {
+    let size = ImageSize {
+        height: folder.height,
+        width: folder.width,
+    };
+    let path = folder.read_file(i, file)?;
+    eval.apply_bytes_u8(file, path, folder.channels, size, Draw::NONE, scratch, out)?;
+    Ok(())
 }
 
 /// Per-channel mean and deviation of pixel/255 over up to `max` images spread evenly over
@@ -309,28 +326,12 @@ pub fn estimate_normalization(
         pixels: Vec::with_capacity(take * folder.sample_len()),
         labels: Vec::with_capacity(take),
     };
-    let size = ImageSize {
-        height: folder.height,
-        width: folder.width,
-    };
     let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
     let mut buf = vec![0u8; folder.sample_len()];
     let mut unreadable: (usize, Option<String>) = (0, None);
     for k in 0..take {
         let i = k * folder.len() / take;
-        let read = folder.read_file(i, &mut file).and_then(|path| {
-            eval.apply_bytes_u8(
-                &file,
-                path,
-                folder.channels,
-                size,
-                Draw::NONE,
-                &mut scratch,
-                &mut buf,
-            )
-            .map_err(DataError::from)
-        });
-        match read {
+        match render_sample(folder, i, eval, &mut file, &mut scratch, &mut buf) {
             Ok(()) => {
                 probe.pixels.extend_from_slice(&buf);
                 probe.labels.push(folder.labels[i]);

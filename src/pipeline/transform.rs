@@ -57,6 +57,13 @@ pub enum TransformError {
         /// What is wrong.
         why: String,
     },
+    /// An operation or its arguments in an evaluation list (which takes the deterministic
+    /// operations only).
+    #[error("{why}; write off, or a comma-separated list of resize-shorter[:S], center-crop, resize (e.g. resize-shorter,center-crop)")]
+    BadEvalList {
+        /// What is wrong.
+        why: String,
+    },
     /// The same operation twice in one list. A repeat is never meaningful here: two flips are
     /// one flip with probability 1/2, two crops shift twice by the sum of their paddings, two
     /// resizes resize once; refusing it is clearer than running something else than written.
@@ -360,7 +367,10 @@ impl Transforms {
 
     /// Parses an evaluation list: as [`Transforms::parse`], refusing random operations.
     pub fn parse_eval(s: &str) -> Result<Self, TransformError> {
-        let t = Self::parse(s)?;
+        let t = Self::parse(s).map_err(|e| match e {
+            TransformError::BadList { why } => TransformError::BadEvalList { why },
+            e => e,
+        })?;
         if let Some(op) = t.ops.iter().find(|o| o.is_random()) {
             return Err(TransformError::RandomInEval { op: op.to_string() });
         }

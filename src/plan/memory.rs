@@ -129,12 +129,12 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
         let model = format!("the model's size ({} parameters now)", p);
         // Parameters and the kernels' packed copy of the weights; with training also their
         // gradients, the momentum and the copy the trainer broadcasts weights through.
-        let copies = if inputs.training { 5.0 } else { 2.0 };
-        part(
-            "parameters, gradients and momentum",
-            4.0 * p * copies * w,
-            model,
-        );
+        let (copies, what) = if inputs.training {
+            (5.0, "parameters, gradients and momentum")
+        } else {
+            (2.0, "parameters")
+        };
+        part(what, 4.0 * p * copies * w, model);
         let (acts, grads) = activation_floats(g);
         let batch = format!("--batch ({} per worker now)", inputs.batch_per_worker);
         part("activations", 4.0 * acts * b * w, batch.clone());

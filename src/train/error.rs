@@ -169,8 +169,8 @@ pub enum PrepareError {
     },
     /// An ImageFolder's test split, decoded whole before training, holds a bad sample.
     #[error(
-        "{0} (the test split is decoded whole before training; --skip-bad-samples only \
-         leaves out training samples)"
+        "the test split, decoded whole before training (--skip-bad-samples only leaves out \
+         training samples): {0}"
     )]
     TestSplit(DataError),
     /// The model could not be loaded (a model file's error names the file, line and layer).

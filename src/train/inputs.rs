@@ -49,11 +49,29 @@ pub fn training_transforms(cfg: &TrainConfig, source: &Source) -> Transforms {
 
 /// Sets both splits of a folder to the run's image size (`--image-size`, else the training
 /// split's first image's).
-pub fn size_folders(cfg: &TrainConfig, train: &mut ImageFolder, test: &mut ImageFolder) {
-    if let Some(s) = cfg.image_size {
-        train.set_size(s.height, s.width);
+pub fn size_folders(
+    cfg: &TrainConfig,
+    train: &mut ImageFolder,
+    test: &mut ImageFolder,
+) -> Result<(), PrepareError> {
+    match cfg.image_size {
+        Some(s) => train.set_size(s.height, s.width),
+        // The first image's size, unless it is past what --image-size may give (a camera's
+        // photo): the model would be built for 8000x6000 inputs and refused for its size.
+        None if train.height.max(train.width) > crate::pipeline::MAX_IMAGE_SIDE => {
+            return Err(PrepareError::Config(format!(
+                "{}: the input size defaults to the first training image's, {}x{} (WxH), \
+                 past the {} pixels a side an input may have: give --image-size (e.g. 224)",
+                train.files[0].display(),
+                train.width,
+                train.height,
+                crate::pipeline::MAX_IMAGE_SIDE
+            )))
+        }
+        None => {}
     }
     test.set_size(train.height, train.width);
+    Ok(())
 }
 
 /// Whether the run's data is read at a size the run chooses (an ImageFolder or a packed

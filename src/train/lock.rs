@@ -58,6 +58,9 @@ pub struct RunDirLock {
     file: File,
     /// The directories the run created to hold it, removed on release if left empty.
     created: CreatedDirs,
+    /// The lock file removed if a signal ends the run (as on release), so that the run
+    /// directory it made is left empty and removed too.
+    _on_signal: crate::interrupt::FileRegistration,
 }
 
 impl RunDirLock {
@@ -99,6 +102,7 @@ impl RunDirLock {
                 }));
             }
             let mut lock = Self {
+                _on_signal: crate::interrupt::FileRegistration::new(&path),
                 path,
                 file,
                 created: CreatedDirs::default(),

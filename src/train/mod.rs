@@ -208,7 +208,7 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, TestSplit), PrepareErr
         test.truncate(n);
     }
     holds_a_batch(train.len(), cfg.batch)?;
-    inputs::size_folders(cfg, &mut train, &mut test);
+    inputs::size_folders(cfg, &mut train, &mut test)?;
     let source = Source::Folder(Arc::new(train));
     let eval = inputs::eval_transform(cfg, &source);
     Ok((source, TestSplit::Folder { split: test, eval }))

@@ -393,6 +393,9 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
             output::check_replaceable(&dir.join(name), kind).map_err(run_dir_error)?;
         }
     }
+    if let Some(ck) = cfg.resume.as_deref() {
+        check_same_run(ck, dir, &found).map_err(run_dir_error)?;
+    }
     if cfg.resume.is_none() {
         if !found.is_empty() && !cfg.overwrite {
             let latest = found.iter().filter(|n| is_checkpoint_name(n)).max();
@@ -438,6 +441,49 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         to_delete,
         to_trim: cfg.resume.is_some().then(|| dir.join("metrics.jsonl")),
         notes,
+    })
+}
+
+/// Refuses to continue the run of checkpoint `ck` in `dir`, which holds the run files `found`,
+/// when `dir` is not the checkpoint's own directory and none of its checkpoints is of the
+/// same run (model, layers and [`super::checkpoint::RunIdentity`]): its metrics, summary and
+/// checkpoints would be another run's, mixed with this one's (`--resume A/ck --run-dir B`,
+/// where B held an earlier run, wrote lenet5's epoch 2 after vgg-small's epoch 1).
+fn check_same_run(ck: &Path, dir: &Path, found: &[String]) -> Result<(), OutputError> {
+    let same_dir = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if found.is_empty() || same_dir(output::parent_dir(ck), dir) {
+        return Ok(());
+    }
+    use super::checkpoint::read_state;
+    let resumed = read_state(ck).ok();
+    let of_the_run = |name: &String| {
+        let Some(r) = &resumed else { return false };
+        read_state(&dir.join(name)).is_ok_and(|s| {
+            s.model == r.model
+                && s.fingerprint == r.fingerprint
+                && match (&s.run, &r.run) {
+                    (Some(a), Some(b)) => a.changes(b).is_empty(),
+                    _ => false,
+                }
+        })
+    };
+    if found
+        .iter()
+        .filter(|n| is_checkpoint_name(n) || commit_step(n).is_some())
+        .any(of_the_run)
+    {
+        return Ok(());
+    }
+    Err(OutputError::NotEmpty {
+        path: dir.to_path_buf(),
+        what: format!("holds the files of another run than {}'s", ck.display()),
+        entries: found.to_vec(),
+        todo: "continue in the checkpoint's own directory (leave --run-dir out), or give an \
+               empty --run-dir"
+            .into(),
     })
 }
 

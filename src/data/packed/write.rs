@@ -58,6 +58,9 @@ pub struct PackOptions {
     pub store: StoreAs,
     /// Draw a progress bar on stderr (when it is a terminal).
     pub progress: bool,
+    /// Leave out the images that cannot be read or decoded (`--skip-bad-samples`), listed in
+    /// [`PackSummary::skipped`]; without it they fail the pack, every one named.
+    pub skip_bad: bool,
 }
 
 impl Default for PackOptions {
@@ -68,6 +71,7 @@ impl Default for PackOptions {
                 quality: DEFAULT_QUALITY,
             },
             progress: false,
+            skip_bad: false,
         }
     }
 }
@@ -94,6 +98,8 @@ pub struct PackSummary {
     /// The test split holds colour images that were stored grey (the training split is grey,
     /// and decides the file's channels, as it decides what training on the folder reads).
     pub test_colour_stored_grey: bool,
+    /// Images left out (`skip_bad`), each an error naming its file.
+    pub skipped: Vec<String>,
 }
 
 /// Images encoded at once on the rayon pool before they are written in order: enough to keep
@@ -142,12 +148,17 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
         train: Vec::new(),
         test: Vec::new(),
     };
-    let (file_len, resized) = write_file(file.file(), &[&train, &test], &mut index, opts, &bar)
-        .map_err(|e| match e {
-            Failed::Data(e) => e,
-            Failed::Io(e) => DataError::Output(file.error("write", e)),
-        })?;
+    let written = write_file(file.file(), &[&train, &test], &mut index, opts, &bar)
+        .map_err(|e| DataError::Output(file.error("write", e)))?;
     bar.finish_and_clear();
+    if !written.bad.is_empty() && !opts.skip_bad {
+        return Err(DataError::BadImages {
+            dir: dir.to_path_buf(),
+            errors: written.bad,
+            remedy: "mend or remove them, or give --skip-bad-samples to pack the rest",
+        });
+    }
+    check_every_class_kept(&train, &index)?;
     file.commit()?;
     let raw = index
         .train
@@ -163,55 +174,79 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
         channels: usize::from(channels),
         raw,
         jpeg: total - raw,
-        resized,
-        bytes: file_len,
+        resized: written.resized,
+        bytes: written.len,
         test_colour_stored_grey: test.channels > train.channels,
+        skipped: written.bad,
     })
 }
 
-/// Why writing the file stopped: a bad image, or the OS.
-enum Failed {
-    Data(DataError),
-    Io(std::io::Error),
-}
-
-impl From<std::io::Error> for Failed {
-    fn from(e: std::io::Error) -> Self {
-        Failed::Io(e)
+/// Refuses a pack whose left-out images took every training image of a class (training on it
+/// could never predict that class; the ImageFolder reader refuses such a class too).
+fn check_every_class_kept(train: &ImageFolder, index: &Index) -> Result<(), DataError> {
+    let mut kept = vec![false; index.classes.len()];
+    for r in &index.train {
+        kept[usize::from(r.label)] = true;
+    }
+    match kept.iter().position(|k| !k) {
+        None => Ok(()),
+        Some(c) => Err(DataError::invalid(
+            train.root.join(&index.classes[c]),
+            "every training image of this class was left out as unreadable \
+             (--skip-bad-samples): mend them, or remove the class",
+        )),
     }
 }
 
+/// What [`write_file`] wrote.
+struct Written {
+    /// The file's length.
+    len: u64,
+    /// Images shrunk.
+    resized: usize,
+    /// The images that could not be read or decoded, each an error naming it (after the first,
+    /// without `skip_bad`, the rest are only decoded, to name them all).
+    bad: Vec<String>,
+}
+
 /// Writes header, samples (the splits of `folders`, training first, their records pushed onto
-/// `index`) and index into `f`; returns the file's length and how many images were shrunk.
+/// `index`) and index into `f`.
 fn write_file(
     f: &mut std::fs::File,
     folders: &[&ImageFolder; 2],
     index: &mut Index,
     opts: &PackOptions,
     bar: &indicatif::ProgressBar,
-) -> Result<(u64, usize), Failed> {
+) -> std::io::Result<Written> {
     let mut w = Writer {
         out: std::io::BufWriter::with_capacity(1 << 20, &mut *f),
         at: HEADER_LEN as u64,
     };
     // A placeholder until the index's place and checksum are known.
     w.out.write_all(&[0u8; HEADER_LEN])?;
-    let mut resized = 0;
+    let (mut resized, mut bad) = (0, Vec::new());
     for (split, folder) in [Split::Train, Split::Test].into_iter().zip(folders) {
         for (files, labels) in folder.files.chunks(CHUNK).zip(folder.labels.chunks(CHUNK)) {
-            let encoded = files
+            let encoded: Vec<Result<Encoded, DataError>> = files
                 .par_iter()
                 .map(|p| encode(p, index.channels, opts))
-                .collect::<Result<Vec<Encoded>, DataError>>()
-                .map_err(Failed::Data)?;
+                .collect();
             for (e, &label) in encoded.into_iter().zip(labels) {
+                bar.inc(1);
+                let e = match e {
+                    Ok(e) if bad.is_empty() || opts.skip_bad => e,
+                    Ok(_) => continue,
+                    Err(why) => {
+                        bad.push(why.to_string());
+                        continue;
+                    }
+                };
                 resized += usize::from(e.resized);
                 let r = w.sample(&e, label)?;
                 match split {
                     Split::Train => index.train.push(r),
                     Split::Test => index.test.push(r),
                 }
-                bar.inc(1);
             }
         }
     }
@@ -227,7 +262,11 @@ fn write_file(
     drop(w);
     f.seek(SeekFrom::Start(0))?;
     f.write_all(&header.to_bytes())?;
-    Ok((header.file_len, resized))
+    Ok(Written {
+        len: header.file_len,
+        resized,
+        bad,
+    })
 }
 
 /// Sample bytes going into the file, each at an aligned offset.
