@@ -300,6 +300,30 @@ fn damaged_images_are_all_named_and_skipped_on_request() {
         e.to_string().contains("train/c") && e.to_string().contains("left out"),
         "{e}"
     );
+    // Every test image cut after its header (which opening the split reads): refused,
+    // naming the test split.
+    for f in walk(&root.join("test")) {
+        let bytes = std::fs::read(&f).unwrap();
+        if let Some(idat) = bytes.windows(4).position(|w| w == b"IDAT") {
+            std::fs::write(&f, &bytes[..idat + 8]).unwrap();
+        }
+    }
+    let e = packed::pack(&root, &tmp.path().join("r.pack"), &skip).unwrap_err();
+    assert!(e.to_string().contains("every test image"), "{e}");
+}
+
+/// The files under `dir`, at any depth.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// Packs a small folder (raw) and returns the file with its bytes.

@@ -505,6 +505,20 @@ fn resume_into_another_runs_directory_is_refused() {
     assert!(o.status.success(), "{}", text(&o));
     // (An epoch trained again is a line again: `report` reads the later one.)
     assert_eq!(epochs_of(&metrics_lines(&cwd.join("C"))), [2, 2]);
+    // A continuation without checkpoints, run again; one with changed options
+    // (--resume-changed), run again: each finds its own run there.
+    for extra in [
+        &["--no-checkpoints"][..],
+        &["--resume-changed", "--batch", "32"],
+    ] {
+        for _ in 0..2 {
+            let mut a = train_args("D", "2", extra);
+            a.extend(["--resume", "A/checkpoint-epoch0001.safetensors"]);
+            let o = dptrain(&a, cwd);
+            assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        }
+        std::fs::remove_dir_all(cwd.join("D")).unwrap();
+    }
 }
 
 /// A run that a signal ends before it wrote anything leaves no run directory: the one it made

@@ -99,7 +99,7 @@ pub enum DecodeError {
     },
     /// A photo that would decode to more than [`MAX_IMAGE_PIXELS`] at the scale the input
     /// size needs.
-    #[error("{}: is {width}x{height} pixels, and this input size needs it decoded at {}, {decoded_width}x{decoded_height} pixels, more than the 4096x4096 an image is decoded to: give a smaller --image-size (data pack: --max-side), or resize the image", path.display(), scale_words(*factor))]
+    #[error("{}: is {width}x{height} pixels, and this input size needs it decoded at {}, {decoded_width}x{decoded_height} pixels, more than the 4096x4096 an image is decoded to: resize the image, or use a smaller input size (train --image-size, data pack --max-side)", path.display(), scale_words(*factor))]
     TooLargeToDecode {
         /// The file.
         path: PathBuf,

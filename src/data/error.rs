@@ -151,9 +151,9 @@ pub enum DataError {
 }
 
 /// Most entries [`listed`] shows.
-pub const LISTED: usize = 20;
+const LISTED: usize = 20;
 
-/// `items` one per indented line, the first [`LISTED`], then how many more.
+/// `items` one per indented line, the first `LISTED` (20), then how many more.
 pub fn listed(items: &[String]) -> String {
     let mut out: String = items
         .iter()

@@ -11,7 +11,7 @@
 use super::{rank_of, InferError, TrainedModel};
 use crate::data::{Dataset, Split};
 use crate::nn::Mode;
-use crate::pipeline::{collate, Batch, Normalize, Source};
+use crate::pipeline::{collate, Batch, Normalize};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -264,7 +264,6 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
         });
     }
     // Other datasets are in memory at their own size (checked below).
-    let d = &model.description;
     let cfg = crate::config::TrainOptions {
         dataset: Some(dataset.clone()),
         data_dir: data_dir.clone(),
@@ -276,20 +275,12 @@ pub fn load_data(model: &TrainedModel, opts: &EvalOptions) -> Result<EvalData, I
     }
     .resolve()
     .map_err(InferError::Options)?;
-    let (source, test) = crate::train::load_sources(&cfg).map_err(prepare_error)?;
-    let names = crate::train::description::class_names(&source);
-    let set = match (split, &source) {
-        (Split::Test, _) => test.decode()?,
-        (Split::Train, Source::Memory(d)) => (**d).clone(),
-        (Split::Train, Source::Folder(f)) => {
-            let eval = d.eval_transforms(&model.path)?;
-            crate::pipeline::decode_split(f, &eval, "imagefolder")?
-        }
-        (Split::Train, Source::Packed(p)) => {
-            let eval = d.eval_transforms(&model.path)?;
-            crate::pipeline::decode_packed_split(p, &eval, "packed")?
-        }
+    let (train, test) = crate::train::load_data(&cfg).map_err(prepare_error)?;
+    let set = match split {
+        Split::Test => test,
+        Split::Train => train,
     };
+    let names = crate::train::description::dataset_class_names(&set);
     check_fits(model, &shown, &set, &names)?;
     Ok(EvalData {
         dataset: shown,

@@ -62,7 +62,7 @@ pub fn size_folders(
             return Err(PrepareError::Config(format!(
                 "{}: the input size defaults to the first training image's, {}x{} (WxH), \
                  past the {} pixels a side an input may have: give --image-size (e.g. 224)",
-                train.files[0].display(),
+                train.root.display(),
                 train.width,
                 train.height,
                 crate::pipeline::MAX_IMAGE_SIDE

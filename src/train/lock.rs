@@ -59,8 +59,9 @@ pub struct RunDirLock {
     /// The directories the run created to hold it, removed on release if left empty.
     created: CreatedDirs,
     /// The lock file removed if a signal ends the run (as on release), so that the run
-    /// directory it made is left empty and removed too.
-    _on_signal: crate::interrupt::FileRegistration,
+    /// directory it made is left empty and removed too; let go first on release, before the
+    /// lock is (a signal after that would remove the next holder's file).
+    on_signal: Option<crate::interrupt::FileRegistration>,
 }
 
 impl RunDirLock {
@@ -102,7 +103,7 @@ impl RunDirLock {
                 }));
             }
             let mut lock = Self {
-                _on_signal: crate::interrupt::FileRegistration::new(&path),
+                on_signal: Some(crate::interrupt::FileRegistration::new(&path)),
                 path,
                 file,
                 created: CreatedDirs::default(),
@@ -142,6 +143,7 @@ impl RunDirLock {
 
 impl Drop for RunDirLock {
     fn drop(&mut self) {
+        drop(self.on_signal.take());
         // Removed while still locked (and only if it is still ours), then released: a run
         // that opened it meanwhile finds it gone once it has the lock, and takes a new one.
         if is_at(&self.file, &self.path) {

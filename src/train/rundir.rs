@@ -394,7 +394,7 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         }
     }
     if let Some(ck) = cfg.resume.as_deref() {
-        check_same_run(ck, dir, &found).map_err(run_dir_error)?;
+        check_same_run(cfg, ck, &found).map_err(run_dir_error)?;
     }
     if cfg.resume.is_none() {
         if !found.is_empty() && !cfg.overwrite {
@@ -445,45 +445,58 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
 }
 
 /// Refuses to continue the run of checkpoint `ck` in `dir`, which holds the run files `found`,
-/// when `dir` is not the checkpoint's own directory and none of its checkpoints is of the
-/// same run (model, layers and [`super::checkpoint::RunIdentity`]): its metrics, summary and
+/// when `dir` is not the checkpoint's own directory and holds checkpoints, none of them of the
+/// same run: the model and its layers, and the [`super::checkpoint::RunIdentity`] of `ck` or,
+/// under `--resume-changed`, of this run (`now`); either side without a recorded identity
+/// (an older checkpoint) is judged by the model and layers alone. Its metrics, summary and
 /// checkpoints would be another run's, mixed with this one's (`--resume A/ck --run-dir B`,
-/// where B held an earlier run, wrote lenet5's epoch 2 after vgg-small's epoch 1).
-fn check_same_run(ck: &Path, dir: &Path, found: &[String]) -> Result<(), OutputError> {
+/// where B held an earlier run, wrote lenet5's epoch 2 after vgg-small's epoch 1). A `dir`
+/// without checkpoints (a continuation run with `--no-checkpoints`) is not judged.
+fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), OutputError> {
+    let dir = &cfg.run_dir;
     let same_dir = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     };
-    if found.is_empty() || same_dir(output::parent_dir(ck), dir) {
-        return Ok(());
-    }
-    use super::checkpoint::read_state;
-    let resumed = read_state(ck).ok();
-    let of_the_run = |name: &String| {
-        let Some(r) = &resumed else { return false };
-        read_state(&dir.join(name)).is_ok_and(|s| {
-            s.model == r.model
-                && s.fingerprint == r.fingerprint
-                && match (&s.run, &r.run) {
-                    (Some(a), Some(b)) => a.changes(b).is_empty(),
-                    _ => false,
-                }
-        })
-    };
-    if found
+    let checkpoints: Vec<&String> = found
         .iter()
         .filter(|n| is_checkpoint_name(n) || commit_step(n).is_some())
-        .any(of_the_run)
-    {
+        .collect();
+    if checkpoints.is_empty() || same_dir(output::parent_dir(ck), dir) {
         return Ok(());
     }
+    use super::checkpoint::{read_state, RunIdentity};
+    let Ok(resumed) = read_state(ck) else {
+        return Ok(()); // The resume's own load reports it.
+    };
+    let now = RunIdentity::of(cfg);
+    let same_identity = |theirs: &Option<RunIdentity>| match (theirs, &resumed.run) {
+        (Some(a), Some(b)) => {
+            a.changes(b).is_empty() || (cfg.resume_changed && a.changes(&now).is_empty())
+        }
+        _ => true,
+    };
+    let of_the_run = |name: &&String| {
+        read_state(&dir.join(name)).is_ok_and(|s| {
+            s.model == resumed.model
+                && s.fingerprint == resumed.fingerprint
+                && same_identity(&s.run)
+        })
+    };
+    if checkpoints.iter().any(of_the_run) {
+        return Ok(());
+    }
+    let todo = if cfg.run_dir_given {
+        "continue in the checkpoint's own directory (leave --run-dir out), or give an empty \
+         --run-dir"
+    } else {
+        "give an empty --run-dir"
+    };
     Err(OutputError::NotEmpty {
         path: dir.to_path_buf(),
         what: format!("holds the files of another run than {}'s", ck.display()),
         entries: found.to_vec(),
-        todo: "continue in the checkpoint's own directory (leave --run-dir out), or give an \
-               empty --run-dir"
-            .into(),
+        todo: todo.into(),
     })
 }
 

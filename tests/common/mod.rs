@@ -207,7 +207,9 @@ pub fn assert_config_mismatch_stops_both_ranks(mut mpirun: Command, dir: &Path) 
 /// Runs `cmd` (every signal at its default action, or SIGHUP ignored when `nohup`: the test
 /// harness may have been started ignoring some) and sends it `signal` once `begun` holds
 /// (polled every millisecond); how it ended, or `None` when it ended before the signal could
-/// take effect (it was too fast for the check: give it more work).
+/// take effect (it was too fast for the check: give it more work). The command is stopped
+/// (SIGSTOP) while `begun` is checked again and the signal sent, then continued, so the signal
+/// certainly lands while `begun` holds (an ignored one too, which leaves no other trace).
 pub fn signalled_when(
     mut cmd: Command,
     begun: impl Fn() -> bool,
@@ -237,9 +239,20 @@ pub fn signalled_when(
         assert!(started.elapsed().as_secs() < 60, "it never began");
         std::thread::sleep(Duration::from_millis(1));
     }
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    let pid = child.id() as libc::pid_t;
+    // SAFETY (each): kill(2) on our own child, not yet reaped (a zombie at worst).
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Stopped, or ended before the stop (a stopped child is not reaped by try_wait; a reaped
+    // one's pid is no longer ours to signal).
+    let ended = child.try_wait().unwrap().is_some();
+    let still = !ended && begun();
+    if still {
+        unsafe { libc::kill(pid, signal) };
+    }
+    if !ended {
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
     let status = child.wait().unwrap();
-    // Done before the signal landed: said nothing about it.
-    (nohup || !status.success()).then_some(status)
+    // Done before the signal could land: said nothing about it.
+    still.then_some(status)
 }

@@ -158,7 +158,7 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
             remedy: "mend or remove them, or give --skip-bad-samples to pack the rest",
         });
     }
-    check_every_class_kept(&train, &index)?;
+    check_kept(&train, &test, &index)?;
     file.commit()?;
     let raw = index
         .train
@@ -182,8 +182,16 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackSummary, D
 }
 
 /// Refuses a pack whose left-out images took every training image of a class (training on it
-/// could never predict that class; the ImageFolder reader refuses such a class too).
-fn check_every_class_kept(train: &ImageFolder, index: &Index) -> Result<(), DataError> {
+/// could never predict that class; the ImageFolder reader refuses such a class too), or every
+/// test image (a packed file's test split must hold images).
+fn check_kept(train: &ImageFolder, test: &ImageFolder, index: &Index) -> Result<(), DataError> {
+    let left_out = "was left out as unreadable (--skip-bad-samples): mend them";
+    if index.test.is_empty() {
+        return Err(DataError::invalid(
+            &test.root,
+            format!("every test image {left_out}, or add readable ones"),
+        ));
+    }
     let mut kept = vec![false; index.classes.len()];
     for r in &index.train {
         kept[usize::from(r.label)] = true;
@@ -192,8 +200,7 @@ fn check_every_class_kept(train: &ImageFolder, index: &Index) -> Result<(), Data
         None => Ok(()),
         Some(c) => Err(DataError::invalid(
             train.root.join(&index.classes[c]),
-            "every training image of this class was left out as unreadable \
-             (--skip-bad-samples): mend them, or remove the class",
+            format!("every training image of this class {left_out}, or remove the class"),
         )),
     }
 }

@@ -111,19 +111,23 @@ pub fn class_names(source: &crate::pipeline::Source) -> Vec<String> {
     match source {
         Source::Folder(f) => f.classes.clone(),
         Source::Packed(p) => p.classes().to_vec(),
-        Source::Memory(d) => {
-            let known: Option<&[&str]> = match d.name.as_str() {
-                "fashion-mnist" => Some(&FASHION_MNIST_CLASSES),
-                "cifar10" => Some(&CIFAR10_CLASSES),
-                _ => None,
-            };
-            match known {
-                Some(names) if names.len() == d.num_classes => {
-                    names.iter().map(|s| s.to_string()).collect()
-                }
-                _ => (0..d.num_classes).map(|i| i.to_string()).collect(),
-            }
+        Source::Memory(d) => dataset_class_names(d),
+    }
+}
+
+/// The class names of an in-memory dataset: Fashion-MNIST's and CIFAR-10's by name, others'
+/// numbers.
+pub fn dataset_class_names(d: &crate::data::Dataset) -> Vec<String> {
+    let known: Option<&[&str]> = match d.name.as_str() {
+        "fashion-mnist" => Some(&FASHION_MNIST_CLASSES),
+        "cifar10" => Some(&CIFAR10_CLASSES),
+        _ => None,
+    };
+    match known {
+        Some(names) if names.len() == d.num_classes => {
+            names.iter().map(|s| s.to_string()).collect()
         }
+        _ => (0..d.num_classes).map(|i| i.to_string()).collect(),
     }
 }
 
