@@ -312,6 +312,47 @@ fn damaged_images_are_all_named_and_skipped_on_request() {
     assert!(e.to_string().contains("every test image"), "{e}");
 }
 
+/// Bad images first in a split (their headers unreadable, so the split's size comes from a
+/// later image): listed and skipped like any other; a split of which no image reads is
+/// refused naming them all.
+#[test]
+fn bad_images_first_in_a_split_are_listed_and_skipped_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 20, &[(12, 10)], true);
+    let class_a = root.join("train/a");
+    let files = names(&class_a);
+    for f in &files[..17] {
+        std::fs::write(class_a.join(f), b"").unwrap();
+    }
+    let out = tmp.path().join("p.pack");
+    let e = packed::pack(&root, &out, &opts(256, StoreAs::Raw)).unwrap_err();
+    assert!(
+        matches!(&e, DataError::BadImages { errors, .. } if errors.len() == 17),
+        "{e}"
+    );
+    let skip = PackOptions {
+        skip_bad: true,
+        ..opts(256, StoreAs::Raw)
+    };
+    let s = packed::pack(&root, &out, &skip).unwrap();
+    assert_eq!((s.skipped.len(), s.train), (17, 43));
+    for f in &files[17..] {
+        std::fs::write(class_a.join(f), b"").unwrap();
+    }
+    for class in ["b", "c"] {
+        for f in names(&root.join("train").join(class)) {
+            std::fs::write(root.join("train").join(class).join(f), b"").unwrap();
+        }
+    }
+    let e = packed::pack(&root, &out, &skip).unwrap_err();
+    assert!(
+        matches!(&e, DataError::BadImages { errors, .. } if errors.len() == 60)
+            && e.to_string().contains("every image of this split"),
+        "{e}"
+    );
+}
+
 /// The files under `dir`, at any depth.
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

@@ -559,3 +559,33 @@ fn a_run_signalled_before_its_first_file_leaves_no_run_directory() {
         assert!(entries.count() > 0, "an empty run directory left");
     }
 }
+
+/// `--resume` of a checkpoint kept outside a run directory, with no `--run-dir`, goes to a free
+/// default directory as a new run does, never into the default one holding another run.
+#[test]
+fn a_resume_of_a_checkpoint_kept_elsewhere_takes_a_free_default_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    let mut first = train_args("X", "1", &[]);
+    first.drain(3..5);
+    let o = dptrain(&first, cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let taken = cwd.join("runs/lenet5-synthetic");
+    let before = std::fs::read(taken.join("metrics.jsonl")).unwrap();
+    let o = dptrain(&train_args("Y", "1", &["--seed", "7"]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir(cwd.join("odd")).unwrap();
+    std::fs::copy(
+        cwd.join("Y/checkpoint-epoch0001.safetensors"),
+        cwd.join("odd/other.bin"),
+    )
+    .unwrap();
+    let mut resume = train_args("X", "2", &["--seed", "7", "--resume", "odd/other.bin"]);
+    resume.drain(3..5);
+    let o = dptrain(&resume, cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(cwd
+        .join("runs/lenet5-synthetic-2/checkpoint-epoch0002.safetensors")
+        .is_file());
+    assert_eq!(std::fs::read(taken.join("metrics.jsonl")).unwrap(), before);
+}

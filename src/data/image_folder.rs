@@ -30,9 +30,6 @@ const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
 /// Images spread over a split whose headers decide grey or colour.
 const COLOUR_PROBE: usize = 64;
 
-/// Images probed at open to learn the split's shape before giving up.
-const PROBE: usize = 16;
-
 /// One split of an ImageFolder: the file list, labels and shape; pixels are read on demand.
 #[derive(Debug, Clone)]
 pub struct ImageFolder {
@@ -109,8 +106,8 @@ impl ImageFolder {
         }
         let (mut files, mut labels) = (Vec::new(), Vec::new());
         for (label, class) in classes.iter().enumerate() {
-            let these = class_files(&split_dir.join(class), hint)?;
-            warn_unread_subdirectories(&split_dir.join(class));
+            let (these, subdirs) = class_files(&split_dir.join(class), hint)?;
+            warn_unread_subdirectories(&split_dir.join(class), subdirs);
             if training && these.is_empty() && classes.len() > 1 {
                 return Err(DataError::invalid(
                     split_dir.join(class),
@@ -130,7 +127,7 @@ impl ImageFolder {
                 ),
             ));
         }
-        let loose = class_files(split_dir, hint)?.len();
+        let loose = class_files(split_dir, hint)?.0.len();
         if loose > 0 {
             crate::terminal::print_warning(&format!(
                 "{}: {loose} image{} directly in it not read: an ImageFolder reads the images in \
@@ -148,22 +145,25 @@ impl ImageFolder {
             height: 0,
             width: 0,
         };
-        // The first image that decodes sets the size; a bad first file is reported (or skipped)
-        // later, when training reaches it, like any other bad file.
-        let mut first_err = None;
-        for path in folder.files.iter().take(PROBE) {
+        // The first image whose header reads sets the size; a bad file before it is reported
+        // (or skipped, or listed by `data pack`) later, like any other bad file. A split of
+        // which no image reads names them all.
+        let mut bad = Vec::new();
+        for path in &folder.files {
             match probe(path) {
                 Ok(info) => {
                     (folder.width, folder.height) = (info.width as usize, info.height as usize);
                     folder.channels = info.channels.max(folder.colour_in_a_spread());
                     return Ok(folder);
                 }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
+                Err(e) => bad.push(e.to_string()),
             }
         }
-        Err(first_err.expect("at least one file was probed"))
+        Err(DataError::BadImages {
+            dir: folder.root,
+            errors: bad,
+            remedy: "that is every image of this split: mend them, or give it readable ones",
+        })
     }
 
     /// 3 if any of up to [`COLOUR_PROBE`] images spread evenly over the split is colour (by
@@ -305,18 +305,10 @@ impl ImageFolder {
     }
 }
 
-/// Warns when the class directory `dir` holds directories: their images are not read (torchvision's
-/// ImageFolder reads them; here a class is the images directly in its directory), and a
-/// silently smaller dataset would surprise.
-fn warn_unread_subdirectories(dir: &Path) {
-    let subdirs = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        // One named like an image (`dir.png`) is reported by `class_files` as skipped.
-        .filter(|e| !has_image_extension(&e.path()))
-        .count();
+/// Warns when the class directory `dir` holds directories (`subdirs` of them): their images are
+/// not read (torchvision's ImageFolder reads them; here a class is the images directly in its
+/// directory), and a silently smaller dataset would surprise.
+fn warn_unread_subdirectories(dir: &Path, subdirs: usize) {
     if subdirs > 0 {
         crate::terminal::print_warning(&format!(
             "{}: {subdirs} director{} in this class not read: an ImageFolder reads the images \
@@ -330,7 +322,7 @@ fn warn_unread_subdirectories(dir: &Path) {
 /// What to add when `dir` holds images itself rather than in class directories: the count,
 /// and where they belong (an empty string when it holds none).
 fn loose_images(dir: &Path) -> String {
-    match class_files(dir, "").map(|f| f.len()) {
+    match class_files(dir, "").map(|(f, _)| f.len()) {
         Ok(n) if n > 0 => format!(
             " (it holds {} itself: an ImageFolder keeps each class's images in a \
              directory named after the class, {}/CLASS/NAME.png; `dptrain predict` takes \
@@ -342,18 +334,22 @@ fn loose_images(dir: &Path) -> String {
     }
 }
 
-/// The image files of one class directory, sorted. An entry with an image's extension that is
-/// not a regular file (a fifo, a device, a directory, a dangling link or a link loop) is
-/// skipped with a warning naming it, since reading it could block or never end.
-fn class_files(dir: &Path, hint: &str) -> Result<Vec<PathBuf>, DataError> {
-    let mut these = Vec::new();
+/// The image files of one class directory, sorted, and how many directories it holds besides
+/// (not read), from one listing. An entry with an image's extension that is not a regular
+/// file (a fifo, a device, a directory, a dangling link or a link loop) is skipped with a
+/// warning naming it, since reading it could block or never end.
+fn class_files(dir: &Path, hint: &str) -> Result<(Vec<PathBuf>, usize), DataError> {
+    let (mut these, mut subdirs) = (Vec::new(), 0);
     if !dir.is_dir() {
-        return Ok(these);
+        return Ok((these, subdirs));
     }
     let mut skipped: Vec<(PathBuf, &str)> = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| DataError::from_io(dir, e, hint))? {
-        let p = e.map_err(|e| DataError::from_io(dir, e, hint))?.path();
+        let e = e.map_err(|e| DataError::from_io(dir, e, hint))?;
+        let p = e.path();
         if !has_image_extension(&p) {
+            // One named like an image (`dir.png`) is counted among the skipped instead.
+            subdirs += usize::from(e.file_type().is_ok_and(|t| t.is_dir()));
             continue;
         }
         match std::fs::metadata(&p) {
@@ -373,7 +369,7 @@ fn class_files(dir: &Path, hint: &str) -> Result<Vec<PathBuf>, DataError> {
         ));
     }
     these.sort();
-    Ok(these)
+    Ok((these, subdirs))
 }
 
 /// Whether `path`'s extension is an image's ([`EXTENSIONS`], any case).

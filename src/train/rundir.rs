@@ -262,7 +262,13 @@ fn claim_in(
             created.create(parent).map_err(run_dir_error)?;
         }
     }
-    let numbered = !cfg.run_dir_given && cfg.resume.is_none() && !cfg.overwrite;
+    // A resume continues beside its checkpoint (`resume_dir`) or in the directory given; one
+    // of a checkpoint kept elsewhere goes to a free default directory, as a new run does.
+    let beside_checkpoint = cfg
+        .resume
+        .as_deref()
+        .is_some_and(|ck| output::parent_dir(ck) == cfg.run_dir);
+    let numbered = !cfg.run_dir_given && !beside_checkpoint && !cfg.overwrite;
     if !numbered {
         // A job of `dptrain launch` works under the launcher's lock, held across its jobs.
         let Some(pid) = cfg.launched_by else {
