@@ -78,7 +78,7 @@ fn model_file_errors_name_the_line_and_the_layer() {
     );
     let msg = e.to_string();
     assert!(
-        msg.starts_with("bad.toml (template line 8):3: layer 'b1.c' (conv2d)"),
+        msg.starts_with("bad.toml:3 (template line 8): layer 'b1.c' (conv2d)"),
         "{msg}"
     );
 }

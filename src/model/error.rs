@@ -1,6 +1,6 @@
 //! Errors in a model description, naming where (file and line), which layer, and what.
 
-use super::spec::Op;
+use super::spec::{Op, Origin};
 use thiserror::Error;
 
 /// What is wrong with a model.
@@ -119,6 +119,23 @@ pub struct ModelError {
     /// What is wrong (boxed: errors travel in `Result`s on every parse path, and the kind's
     /// strings would make each of those results large).
     pub kind: Box<ModelErrorKind>,
+}
+
+impl ModelError {
+    /// An error at `origin`: a layer's table, and inside a template also the template's line,
+    /// shown as `FILE:LINE (template line T): ` (the instance's line, then the template's).
+    pub fn at(origin: &Origin, layer: Option<String>, kind: ModelErrorKind) -> Self {
+        let (file, line) = match origin.template_line {
+            Some(_) => (origin.to_string(), None),
+            None => (origin.file.to_string(), Some(origin.line)),
+        };
+        ModelError {
+            file,
+            line,
+            layer,
+            kind: Box::new(kind),
+        }
+    }
 }
 
 impl std::fmt::Display for ModelError {

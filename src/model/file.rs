@@ -586,17 +586,7 @@ impl Expander<'_> {
         layer: Option<String>,
         kind: ModelErrorKind,
     ) -> ModelError {
-        let o = self.origin(line, scope);
-        let file = match o.template_line {
-            Some(t) => format!("{} (template line {t})", o.file),
-            None => o.file.to_string(),
-        };
-        ModelError {
-            file,
-            line: Some(o.line),
-            layer,
-            kind: Box::new(kind),
-        }
+        ModelError::at(&self.origin(line, scope), layer, kind)
     }
 
     /// A name-like string (`name`, `use`), checked by [`check_name`].

@@ -198,17 +198,15 @@ struct Locator<'a> {
 impl Locator<'_> {
     /// An error about layer `l`.
     fn layer(&self, l: &Layer, kind: ModelErrorKind) -> ModelError {
-        ModelError {
-            file: l
-                .origin
-                .as_ref()
-                .map_or(self.source.to_string(), |o| match o.template_line {
-                    Some(t) => format!("{} (template line {t})", o.file),
-                    None => o.file.to_string(),
-                }),
-            line: l.origin.as_ref().map(|o| o.line),
-            layer: Some(format!("'{}' ({})", l.name, l.op.type_name())),
-            kind: Box::new(kind),
+        let layer = Some(format!("'{}' ({})", l.name, l.op.type_name()));
+        match &l.origin {
+            Some(o) => ModelError::at(o, layer, kind),
+            None => ModelError {
+                file: self.source.to_string(),
+                line: None,
+                layer,
+                kind: Box::new(kind),
+            },
         }
     }
 
