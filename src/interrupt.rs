@@ -1,8 +1,9 @@
 //! What this process has under way that must not outlive it when a signal ends it, and the
-//! watcher that puts it away: temporary files ([`create_registered`], used by
-//! `output`'s atomic writes; [`FileRegistration`], a run directory's lock file), scratch directories ([`ScratchRegistration`]), directories a
-//! command made, while empty ([`ScratchRegistration::made_if_empty`], `output::CreatedDirs`), and
-//! child jobs ([`ChildJob`], `dptrain launch`'s mpirun).
+//! watcher that puts it away: temporary files ([`create_registered`], used by `output`'s
+//! atomic writes; [`FileRegistration`], a run directory's lock file), scratch directories
+//! ([`ScratchRegistration`]), directories a command made, while empty
+//! ([`ScratchRegistration::made_if_empty`], `output::CreatedDirs`), and child jobs
+//! ([`ChildJob`], `dptrain launch`'s mpirun).
 //!
 //! Why: a process killed mid-write used to leave its temporary file beside the target (after
 //! an interrupted `data pack`, a hidden file as large as what was written), an interrupted
