@@ -268,7 +268,9 @@ pub struct TrainOptions {
     /// Overlap communication with backward: on or off [default: on].
     #[arg(long)]
     pub overlap: Option<String>,
-    /// Communication mode: auto, tree, ring, hd, redundant [default: auto].
+    /// Communication mode: auto, tree, ring, hd, redundant; shm (the workers of one process
+    /// read each other's buffers in place: one process, no emulated link); mpi-native
+    /// (MPI_Allreduce, with --transport mpi) [default: auto].
     #[arg(long)]
     pub comm: Option<String>,
     /// With several MPI ranks of several --workers each: 2d (reduce-scatter within each
@@ -279,11 +281,11 @@ pub struct TrainOptions {
     #[arg(long)]
     pub hierarchical: Option<String>,
     /// Gradients on the wire: none (f32), fp16 (half the bytes; a value that rounds past 65504
-    /// stops the run), bf16 (half the bytes, f32's range), or auto (bf16 on each bucket where
-    /// the cost model predicts the link time saved exceeds twice the conversions); sums stay
-    /// in f32. Applies
-    /// to the messages of every mode and hierarchy, not to shm (no messages) nor mpi-native
-    /// [default: none].
+    /// stops the run), bf16 (half the bytes, f32's range), auto (bf16 on each bucket where
+    /// the cost model predicts the link time saved exceeds twice the conversions), or
+    /// powersgd:R (each weight matrix that gains sent as a rank-R product with error
+    /// feedback, in f32; not with --comm tree); sums stay in f32. Applies to the messages of
+    /// every mode and hierarchy, not to shm (no messages) nor mpi-native [default: none].
     #[arg(long)]
     pub compress: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
@@ -429,8 +431,8 @@ pub struct TrainOptions {
     /// Batches prefetched per worker, 0 to load inside the step [default: 2].
     #[arg(long)]
     pub prefetch: Option<usize>,
-    /// How 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd
-    /// (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where it measured faster: at
+    /// How 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd or
+    /// winograd:4 (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where it measured faster: at
     /// least 16 channels in and out) [default: auto].
     #[arg(long)]
     pub conv_algo: Option<String>,
@@ -1249,6 +1251,13 @@ impl TrainOptions {
     /// Where the run writes and how it reports: trace window, log format, run directory.
     fn resolve_outputs(&self, model_name: &str, dataset: &str) -> Result<ResolvedOutputs, String> {
         let trace_steps = match &self.trace_steps {
+            Some(_) if self.trace.is_none() => {
+                return Err(
+                    "--trace-steps chooses the steps --trace records: give --trace \
+                            FILE too, or leave it out"
+                        .into(),
+                )
+            }
             Some(s) => crate::trace::parse_steps(s).map_err(|e| format!("--trace-steps: {e}"))?,
             None => crate::trace::DEFAULT_STEPS,
         };

@@ -223,6 +223,46 @@ fn bench_sizes_and_thread_counts_that_mean_nothing_are_refused_or_said() {
 }
 
 #[test]
+fn bench_counts_past_any_measurement_are_refused_naming_the_flag() {
+    let max = u64::MAX.to_string();
+    for (command, flag) in [
+        (&["bench", "step", "--model", "lenet5"][..], "--steps"),
+        (&["bench", "infer", "--model", "lenet5"][..], "--steps"),
+        (
+            &["bench", "allreduce", "--sizes", "4K", "--comm", "ring"][..],
+            "--iters",
+        ),
+        (&["bench", "data", "--batches", "5"][..], "--steps"),
+        (&["bench", "data", "--steps", "5"][..], "--batches"),
+        (&["bench", "overlap"][..], "--steps"),
+        (&["bench", "sim-check"][..], "--steps"),
+        (&["bench", "loader", "--packed", "none.pack"][..], "--reps"),
+    ] {
+        for value in ["0", max.as_str()] {
+            let mut args = command.to_vec();
+            args.extend([flag, value]);
+            let (code, out, err) = dptrain(&args);
+            assert_eq!(code, 1, "{args:?}: {out}{err}");
+            assert!(
+                err.contains(&format!("{flag} {value}: give a count from 1 to")),
+                "{args:?}: {err}"
+            );
+            assert!(out.is_empty(), "{args:?}: printed before refusing: {out}");
+        }
+    }
+    // The roofline's all-core figures: 1 to the cores this process may use.
+    let past = (dptrain::limits::cores() + 1).to_string();
+    for cores in ["0", past.as_str()] {
+        let (code, out, err) = dptrain(&["bench", "roofline", "--cores", cores]);
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            err.contains(&format!("--cores {cores}: the all-core")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn bench_compress_prints_each_format_and_size_and_refuses_a_size_of_nothing() {
     let (code, out, err) = dptrain(&["bench", "compress", "--sizes-kb", "4,64"]);
     assert_eq!(code, 0, "{err}");

@@ -327,6 +327,7 @@ fn report_skips_a_torn_last_metrics_line_with_a_warning_naming_it() {
         "{}",
         r.text
     );
+    assert_eq!(r.text.matches(&want).count(), 1, "said once: {}", r.text);
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(!report.is_empty());
 }

@@ -387,9 +387,84 @@ const MEANING_REFUSALS: &[Case] = &[
         "a side of 0 is outside 1..=4096",
     ),
     (
-        &["train", "--trace-steps", "8..5"],
+        &["train", "--trace", "t.json", "--trace-steps", "8..5"],
         1,
         "--trace-steps: bad step window '8..5'",
+    ),
+    (
+        &["train", "--trace-steps", "1..3"],
+        1,
+        "--trace-steps chooses the steps --trace records",
+    ),
+    (
+        &["simulate", "--profile", "p.json", "--device-tflops", "1"],
+        1,
+        "--device-tflops applies with --model",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-images-per-s",
+            "100",
+            "--efficiency",
+            "0.5",
+        ],
+        1,
+        "--efficiency is the fraction of --device-tflops reached",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--intra-latency",
+            "5us",
+        ],
+        1,
+        "with --devices-per-host 1 there is none",
+    ),
+    (
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--out",
+            "p.json",
+            "--mem-gbs",
+            "100",
+        ],
+        1,
+        "--mem-gbs is the device's memory bandwidth",
+    ),
+    (
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--out",
+            "p.json",
+            "--device-tflops",
+            "1",
+            "--steps",
+            "3",
+        ],
+        1,
+        "--steps is an option of a measured profile",
+    ),
+    (
+        &["simulate"],
+        1,
+        "give --profile FILE, or --model with a device speed",
+    ),
+    (&["train", "--augment", ""], 1, "an empty list"),
+    (
+        &["eval", "--checkpoint", "x", "--workers", "257"],
+        1,
+        "eval runs at most 256 workers",
     ),
     (
         &["train", "--normalize", "0.5/0"],
@@ -568,7 +643,7 @@ const MEANING_REFUSALS: &[Case] = &[
     (
         &["bench", "allreduce", "--iters", "0"],
         1,
-        "--iters must be at least 1",
+        "--iters 0: give a count from 1 to",
     ),
     (
         &["bench", "step", "--threads", "2,1,2"],
@@ -593,7 +668,7 @@ const MEANING_REFUSALS: &[Case] = &[
     (
         &["bench", "data", "--batches", "0"],
         1,
-        "--batches and --steps must be at least 1",
+        "--batches 0: give a count from 1 to",
     ),
     (
         &[
@@ -605,7 +680,7 @@ const MEANING_REFUSALS: &[Case] = &[
             "0",
         ],
         1,
-        "--batches and --reps must be at least 1",
+        "--reps 0: give a count from 1 to",
     ),
     (
         &["bench", "ablation", "--sim-workers", "8,8"],
@@ -630,12 +705,12 @@ const MEANING_REFUSALS: &[Case] = &[
     (
         &["bench", "sim-check", "--device-headroom", "0"],
         1,
-        "--device-headroom at least 1",
+        "--device-headroom must be at least 1",
     ),
     (
         &["bench", "sim-check", "--rounds", "0"],
         1,
-        "--rounds must be at least 1",
+        "--rounds 0: give a count from 1 to",
     ),
     (
         &[
@@ -652,7 +727,7 @@ const MEANING_REFUSALS: &[Case] = &[
     (
         &["bench", "overlap", "--steps", "0"],
         1,
-        "--steps must be at least 1",
+        "--steps 0: give a count from 1 to",
     ),
     (
         &["bench", "overlap", "--link-bandwidth", "none,none"],

@@ -303,7 +303,12 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
         dptrain::report::plot::SIZE
     );
     let out = tmp.path().join("comparison");
-    let table = dptrain::report::write_comparison(&runs, &out).unwrap();
+    let read = |dirs: &[std::path::PathBuf]| -> Vec<dptrain::report::RunData> {
+        dirs.iter()
+            .map(|d| dptrain::report::RunData::load(d).unwrap())
+            .collect()
+    };
+    let table = dptrain::report::write_comparison(&read(&runs), &out).unwrap();
     assert!(table.contains("| one | two |"), "{table}");
     assert!(table.contains("| workers | 1 | 2 |"), "{table}");
     assert!(table.contains("| finished | yes | yes |"), "{table}");
@@ -323,12 +328,12 @@ fn runs_get_a_report_with_real_plots_and_runs_compare_side_by_side() {
     );
     // Written into one of the runs, the comparison keeps that run's own breakdown figure.
     let own = std::fs::read(runs[0].join("breakdown.png")).unwrap();
-    dptrain::report::write_comparison(&runs, &runs[0]).unwrap();
+    dptrain::report::write_comparison(&read(&runs), &runs[0]).unwrap();
     assert!(std::fs::read(runs[0].join("breakdown.png")).unwrap() == own);
     assert!(runs[0].join("comparison.png").exists());
     // A run that has not finished (no summary.json yet) is marked, with how far it got.
     std::fs::remove_file(runs[1].join("summary.json")).unwrap();
-    let table = dptrain::report::write_comparison(&runs, &out).unwrap();
+    let table = dptrain::report::write_comparison(&read(&runs), &out).unwrap();
     assert!(
         table.contains("| finished | yes | **no** (2 epochs done) |"),
         "{table}"

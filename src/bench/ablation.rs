@@ -219,8 +219,9 @@ impl AblationSpec {
             ));
         }
         crate::plan::per_worker_batch(a.batch, a.workers, 1).map_err(|e| e.to_string())?;
-        if a.steps == 0 || a.threads == 0 || a.repeats == 0 {
-            return Err("--steps, --threads and --repeats must be at least 1".into());
+        super::args::check_timed_counts(&[("--steps", a.steps), ("--repeats", a.repeats)])?;
+        if a.threads == 0 {
+            return Err("--threads must be at least 1".into());
         }
         if a.prefetch == 0 || a.loader_threads == 0 {
             return Err(

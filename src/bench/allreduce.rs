@@ -439,8 +439,9 @@ pub fn run_command(a: AllReduceArgs) -> Result<(), String> {
     let transport = TransportKind::parse(&a.transport)?;
     let mpi = transport == TransportKind::Mpi;
     let workers = a.workers.unwrap_or(if mpi { 1 } else { 2 });
-    if workers == 0 || a.iters == 0 {
-        return Err("--workers and --iters must be at least 1".into());
+    super::args::check_timed_counts(&[("--iters", a.iters)])?;
+    if workers == 0 {
+        return Err("--workers must be at least 1".into());
     }
     let sizes = float_sizes(&list("--sizes", &a.sizes, |s| {
         parse_size(s).map_err(|e| format!("--sizes: {e}"))
@@ -528,6 +529,18 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     let link = parse_link(&a.link_bandwidth, &a.link_latency)?;
     let (ops, with_auto) = comm_ops(&a.comm, link.is_none())?;
     if let Some(l) = &link {
+        // The largest message a mode sends is the whole buffer (tree, redundant): one that
+        // cannot arrive within the benchmark's timeout is refused here, naming this command's
+        // options (a worker would fail on it mid-run, its peer reporting it gone).
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let secs = l.latency.as_secs_f64() + largest as f64 / l.bandwidth_bytes_per_s;
+        if secs >= TIMEOUT_S as f64 {
+            return Err(format!(
+                "--link-bandwidth {} moves a {largest}-byte buffer in {secs:.0} s, past the \
+                 {TIMEOUT_S} s a message may take here: give a faster link or smaller --sizes",
+                a.link_bandwidth.as_deref().unwrap_or_default()
+            ));
+        }
         crate::config::check_link_against_timeout(
             l,
             TIMEOUT_S as f64,
@@ -553,6 +566,8 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
         extra_per_worker: Some(("the buffer and its scratch", 2.0 * largest as f64)),
         loaded: 0.0,
         conv_algo: crate::backend::ConvAlgo::Direct,
+        workers_flag: Some("--workers"),
+        message_flag: Some("--sizes"),
     };
     crate::plan::memory::estimate(&inputs)
         .check(&format!(

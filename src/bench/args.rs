@@ -62,13 +62,33 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         })
 }
 
-/// Parses one entry of a `--threads` list: a count of at least 1.
-pub fn parse_thread_count(t: &str) -> Result<usize, String> {
-    match t.parse::<usize>() {
-        Ok(0) => Err("--threads 0: a step needs at least 1 compute thread".into()),
+/// The most timed steps, iterations, batches or rounds a benchmark takes: far more than a
+/// median needs, and small enough that the per-count timing records (a few words each) and
+/// the run's time stay bounded (`--steps 18446744073709551615` overflowed an allocation).
+pub const MAX_TIMED_COUNT: usize = 100_000;
+
+/// Checks a benchmark's counts of timed steps, iterations, batches or rounds, each given as
+/// (flag, value): 1 to [`MAX_TIMED_COUNT`], the first out of range named.
+pub fn check_timed_counts(counts: &[(&str, usize)]) -> Result<(), String> {
+    match counts
+        .iter()
+        .find(|(_, n)| !(1..=MAX_TIMED_COUNT).contains(n))
+    {
+        Some((flag, n)) => Err(format!(
+            "{flag} {n}: give a count from 1 to {MAX_TIMED_COUNT}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The parser of one entry of `flag`'s list of thread counts (`--threads`,
+/// `--loader-threads`): a count of at least 1.
+pub fn thread_count(flag: &'static str) -> impl Fn(&str) -> Result<usize, String> {
+    move |t| match t.parse::<usize>() {
+        Ok(0) => Err(format!("{flag} 0: give at least 1 thread")),
         Ok(n) => Ok(n),
         Err(_) => Err(format!(
-            "bad thread count '{t}': use whole numbers, e.g. 1,2"
+            "{flag}: bad thread count '{t}': use whole numbers, e.g. 1,2"
         )),
     }
 }

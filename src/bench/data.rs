@@ -390,13 +390,12 @@ impl DataResult {
 
 /// Runs `dptrain bench data`: both tables, printed row by row as they are measured.
 pub fn run_command(a: DataArgs) -> Result<(), String> {
-    let counts = super::args::list("--loader-threads", &a.loader_threads, |t| {
-        t.parse::<usize>()
-            .map_err(|_| format!("bad loader-thread count '{t}'"))
-    })?;
-    if a.batches == 0 || a.steps == 0 {
-        return Err("--batches and --steps must be at least 1".into());
-    }
+    let counts = super::args::list(
+        "--loader-threads",
+        &a.loader_threads,
+        super::args::thread_count("--loader-threads"),
+    )?;
+    super::args::check_timed_counts(&[("--batches", a.batches), ("--steps", a.steps)])?;
     if a.prefetch == 0 {
         return Err("--prefetch is the \"on\" setting; give at least 1".into());
     }
@@ -410,7 +409,6 @@ pub fn run_command(a: DataArgs) -> Result<(), String> {
         threads: a.threads,
         ..Default::default()
     };
-    base.resolve()?;
     // In the step first, then each loader-thread count with prefetch on.
     let mut settings = vec![Loading {
         loader_threads: 1,
@@ -420,6 +418,13 @@ pub fn run_command(a: DataArgs) -> Result<(), String> {
         loader_threads: t,
         prefetch: a.prefetch,
     }));
+    // Every setting's options checked before the first is measured.
+    for s in &settings {
+        let mut o = base.clone();
+        o.loader_threads = Some(s.loader_threads);
+        o.prefetch = Some(s.prefetch);
+        o.resolve()?;
+    }
     crate::outln!(
         "input pipeline alone: {}, batch {}, augment {}, {} batches",
         a.dataset,

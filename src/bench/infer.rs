@@ -125,15 +125,26 @@ impl InferRow {
 
 /// Runs `dptrain bench infer`: a row per model and thread count, printed as measured.
 pub fn run_command(a: InferArgs) -> Result<(), String> {
-    let threads = super::args::list("--threads", &a.threads, super::args::parse_thread_count)?;
+    let threads = super::args::list(
+        "--threads",
+        &a.threads,
+        super::args::thread_count("--threads"),
+    )?;
     super::args::check_bench_threads(&threads);
-    if a.batch == 0 || a.steps == 0 {
-        return Err("--batch and --steps must be at least 1".into());
+    super::args::check_timed_counts(&[("--steps", a.steps)])?;
+    if a.batch == 0 {
+        return Err("--batch must be at least 1".into());
     }
     let models = super::args::entries("--model", &a.model)?;
     for m in &models {
         // The training step's memory bounds the inference net's (a superset of its buffers).
-        crate::measure::check_step_memory(m, a.batch, 1, crate::backend::ConvAlgo::default())?;
+        crate::measure::check_step_memory(
+            m,
+            a.batch,
+            1,
+            crate::backend::ConvAlgo::default(),
+            None,
+        )?;
     }
     crate::outln!("{}", InferRow::terminal_header());
     for m in models {

@@ -92,7 +92,7 @@ pub fn measure(a: &LoaderArgs) -> Result<LoaderResult, String> {
     let threads = super::args::list(
         "--loader-threads",
         &a.loader_threads,
-        super::args::parse_thread_count,
+        super::args::thread_count("--loader-threads"),
     )?;
     let sources = sources(a);
     if sources.is_empty() {
@@ -189,8 +189,9 @@ impl LoaderResult {
 /// `dptrain bench loader`.
 pub fn run_command(a: LoaderArgs) -> Result<(), String> {
     // Checked before any file is opened.
-    if a.batches == 0 || a.reps == 0 {
-        return Err("--batches and --reps must be at least 1".into());
+    super::args::check_timed_counts(&[("--batches", a.batches), ("--reps", a.reps)])?;
+    if a.batch == 0 {
+        return Err("--batch must be at least 1".into());
     }
     for (i, p) in a.packed.iter().enumerate() {
         if p.as_os_str().is_empty() || a.packed[..i].contains(p) {

@@ -351,9 +351,7 @@ impl OverlapGrid {
 pub fn run_command(a: OverlapArgs) -> Result<(), String> {
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
     super::args::entries("--comm", &a.comm)?;
-    if a.steps == 0 {
-        return Err("--steps must be at least 1".into());
-    }
+    super::args::check_timed_counts(&[("--steps", a.steps)])?;
     if a.workers < 2 {
         return Err("--workers must be at least 2".into());
     }

@@ -164,14 +164,24 @@ impl Roofline {
 /// Arguments of `dptrain bench roofline`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RooflineArgs {
-    /// Cores for the all-core figures (default: every core this process may use).
-    #[arg(long, value_parser = super::args::parse_thread_count)]
+    /// Cores for the all-core figures, at most every core this process may use (the
+    /// default).
+    #[arg(long)]
     pub cores: Option<usize>,
 }
 
 /// Runs `dptrain bench roofline`.
 pub fn run_command(a: RooflineArgs) -> Result<(), String> {
-    let cores = a.cores.unwrap_or_else(crate::limits::cores);
+    let available = crate::limits::cores();
+    let cores = a.cores.unwrap_or(available);
+    // Each core's measurement has its own buffers; past the cores, threads time-slice and a
+    // per-core peak means nothing.
+    if cores == 0 || cores > available {
+        return Err(format!(
+            "--cores {cores}: the all-core figures are measured on 1 to {available} cores \
+             (the cores this process may use)"
+        ));
+    }
     crate::outln!("{}", measure(cores).terminal());
     Ok(())
 }

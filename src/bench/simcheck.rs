@@ -132,11 +132,12 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
     super::args::entries("--worker-batch", &a.worker_batch)?;
     super::args::list("--schedule", &a.schedule, Schedule::parse)?;
-    if a.rounds == 0 || a.device_headroom < 1.0 {
+    super::args::check_timed_counts(&[("--steps", a.steps), ("--rounds", a.rounds)])?;
+    if a.device_headroom < 1.0 {
         return Err(format!(
-            "--rounds must be at least 1 and --device-headroom at least 1 (a device no slower \
-             than the real compute it holds), not {} and {}",
-            a.rounds, a.device_headroom
+            "--device-headroom must be at least 1 (a device no slower than the real compute it \
+             holds), not {}",
+            a.device_headroom
         ));
     }
     if let Some(r) = a.intra_ratio.filter(|r| !(*r > 0.0 && *r <= 1e4)) {

@@ -228,14 +228,19 @@ impl StepTable {
 
 /// Runs `dptrain bench step`: the table, printed row by row as it is measured.
 pub fn run_command(a: StepArgs) -> Result<(), String> {
-    let threads = super::args::list("--threads", &a.threads, super::args::parse_thread_count)?;
+    let threads = super::args::list(
+        "--threads",
+        &a.threads,
+        super::args::thread_count("--threads"),
+    )?;
     super::args::check_bench_threads(&threads);
-    if a.batch == 0 || a.steps == 0 {
-        return Err("--batch and --steps must be at least 1".into());
+    super::args::check_timed_counts(&[("--steps", a.steps)])?;
+    if a.batch == 0 {
+        return Err("--batch must be at least 1".into());
     }
     let models = super::args::entries("--model", &a.model)?;
     for m in &models {
-        crate::measure::check_step_memory(m.trim(), a.batch, 1, a.conv_algo)?;
+        crate::measure::check_step_memory(m.trim(), a.batch, 1, a.conv_algo, None)?;
     }
     crate::outln!("{}", StepTable::terminal_header());
     let table = measure_table(

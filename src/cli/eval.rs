@@ -44,6 +44,15 @@ pub(super) fn run(a: EvalArgs) -> Result<(), String> {
     if a.threads == Some(0) {
         return Err("--threads 0: a forward needs at least 1 compute thread".into());
     }
+    // As many workers as a training process may run: each is a thread with its own net.
+    let most = crate::comm::transport::MAX_IN_PROCESS_WORKERS;
+    if a.workers > most {
+        return Err(format!(
+            "--workers {}: eval runs at most {most} workers (each a thread with its own copy of \
+             the model's buffers); give fewer",
+            a.workers
+        ));
+    }
     // Threads past the cores are capped, and said, as `train` says it.
     for w in crate::limits::threads_per_worker(a.threads, a.workers.max(1)).1 {
         crate::terminal::print_warning(&w);

@@ -32,7 +32,10 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
     }
     let model = TrainedModel::load(&a.checkpoint).map_err(|e| e.to_string())?;
     let (files, walked) = collect_images(&a.images)?;
-    let mut predictor = Predictor::new(&model, a.batch)?;
+    // A batch past the images would only allocate for images that are not there (eval
+    // clamps its batch to the split the same way).
+    let batch = a.batch.min(files.len().max(1));
+    let mut predictor = Predictor::new(&model, batch)?;
     let bar = if walked {
         indicatif::ProgressBar::new(files.len() as u64)
     } else {

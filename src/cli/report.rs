@@ -66,16 +66,21 @@ fn write_reports(run_dirs: &[PathBuf], out: Option<PathBuf>) -> Result<(), Strin
     }
     // Every run is read before any report is rewritten: one that cannot be read stops the
     // command with the others' reports as they were.
+    let mut runs = Vec::with_capacity(run_dirs.len());
     for dir in run_dirs {
-        crate::report::RunData::load(dir)?;
+        runs.push(crate::report::RunData::load(dir)?);
         crate::report::check_run_report(dir)?;
     }
-    for dir in run_dirs {
-        let figures = crate::report::write_run_report(dir)?;
-        crate::outln!("{}: report.md and {} figures", dir.display(), figures.len());
+    for run in &runs {
+        let figures = crate::report::write_report_of(run)?;
+        crate::outln!(
+            "{}: report.md and {} figures",
+            run.dir.display(),
+            figures.len()
+        );
     }
     if let Some(out) = out {
-        let table = crate::report::write_comparison(run_dirs, &out)?;
+        let table = crate::report::write_comparison(&runs, &out)?;
         crate::outln!("{table}\ncomparison written to {}", out.display());
     }
     Ok(())

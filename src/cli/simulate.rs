@@ -15,15 +15,15 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
     /// Profile JSON (from `dptrain profile`); or give --model and a device speed.
-    #[arg(long, required_unless_present = "model")]
+    #[arg(long)]
     pub profile: Option<PathBuf>,
     /// Model to profile from its graph (with --device-tflops or --device-images-per-s):
     /// a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md).
     #[arg(long, conflicts_with = "profile")]
     pub model: Option<String>,
-    /// Per-worker batch, with --model.
-    #[arg(long, default_value_t = 32)]
-    pub batch: usize,
+    /// Per-worker batch, with --model [default: 32] (a profile's is its own).
+    #[arg(long)]
+    pub batch: Option<usize>,
     /// The device, with --model.
     #[command(flatten)]
     pub device: DeviceArgs,
@@ -44,9 +44,9 @@ pub struct SimulateArgs {
     /// Bandwidth of a device's port within its host (needed with --devices-per-host > 1).
     #[arg(long)]
     pub intra_bandwidth: Option<String>,
-    /// Latency within a host.
-    #[arg(long, default_value = "1us")]
-    pub intra_latency: String,
+    /// Latency within a host, with --intra-bandwidth [default: 1us].
+    #[arg(long)]
+    pub intra_latency: Option<String>,
     /// Software cost of every message, added to its link's latency (e.g. 5us) [default: the
     /// measured one, `sim::defaults::MEASURED`: 14us].
     #[arg(long)]
@@ -166,6 +166,9 @@ const MAX_STEPS: usize = 10_000;
 /// and beside it the ideal network's efficiency.
 pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let workers = worker_list("--workers", &a.workers)?;
+    if a.steps == 0 {
+        return Err("--steps 0: give at least 1 (the straggler draws averaged)".into());
+    }
     if a.steps > MAX_STEPS {
         return Err(format!(
             "--steps {}: at most {MAX_STEPS} straggler draws are averaged (each configuration \
@@ -288,8 +291,26 @@ fn overheads(a: &SimulateArgs, p: &Profile) -> Result<Overheads, String> {
 /// The profile `--profile` names, or one from `--model`'s graph and the device speed.
 fn load_profile(a: &SimulateArgs) -> Result<Profile, String> {
     match (&a.profile, &a.model) {
-        (Some(path), _) => Profile::load(path).map_err(|e| e.to_string()),
-        (None, Some(model)) => make_profile(model, a.batch, &a.device, || {
+        (Some(path), _) => {
+            // A profile's times and batch are its own: figures that would derive others are
+            // refused, not ignored.
+            let d = &a.device;
+            let deriving = super::first_given(&[
+                ("--batch", a.batch.is_some()),
+                ("--device-tflops", d.device_tflops.is_some()),
+                ("--device-images-per-s", d.device_images_per_s.is_some()),
+                ("--efficiency", d.efficiency.is_some()),
+                ("--mem-gbs", d.mem_gbs.is_some()),
+            ]);
+            if let Some(flag) = deriving {
+                return Err(format!(
+                    "{flag} applies with --model (a profile derived from the graph): a \
+                     --profile's times and batch are its own; leave out one of the two"
+                ));
+            }
+            Profile::load(path).map_err(|e| e.to_string())
+        }
+        (None, Some(model)) => make_profile(model, a.batch.unwrap_or(32), &a.device, || {
             Err(format!(
                 "simulate --model {model} needs --device-tflops or --device-images-per-s (or \
                  measure a profile with `dptrain profile` and pass --profile)"
@@ -311,6 +332,19 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
     if d == 0 {
         return Err("--devices-per-host 0: a host holds at least 1 device".into());
     }
+    if d == 1
+        && (a.intra_latency.is_some()
+            || a.intra_bandwidth
+                .as_deref()
+                .is_some_and(|b| b.trim() != "none"))
+    {
+        return Err(
+            "--intra-bandwidth and --intra-latency price the link between the devices of a \
+             host, and with --devices-per-host 1 there is none: give --devices-per-host, or \
+             leave them out"
+                .into(),
+        );
+    }
     // `none` is train's "no emulated port"; one device a host has no port to price.
     let intra_given = a
         .intra_bandwidth
@@ -327,7 +361,7 @@ fn topology(a: &SimulateArgs) -> Result<Topology, String> {
         Some(b) => LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(b)
                 .map_err(|e| format!("--intra-bandwidth: {e}"))?,
-            latency: parse_duration(&a.intra_latency)
+            latency: parse_duration(a.intra_latency.as_deref().unwrap_or("1us"))
                 .map_err(|e| format!("--intra-latency: {e}"))?,
         },
         None if d > 1 => {
@@ -355,13 +389,23 @@ const MAX_SPREAD: f64 = 1.0;
 /// profile.
 fn compute_spread(v: &str, p: &Profile) -> Result<f64, String> {
     match v.trim() {
-        "profile" => p.compute_spread.ok_or_else(|| {
-            format!(
+        "profile" => match p.compute_spread {
+            None => Err(format!(
                 "--compute-spread profile: {} has no measured spread (profiles from FLOPs or \
                  images/s have none); give a number",
                 p.model
-            )
-        }),
+            )),
+            // The same bound as a spread given: a profile measured on a busy machine can
+            // record one past it.
+            Some(x) if x > MAX_SPREAD => Err(format!(
+                "--compute-spread profile: the profile's measured spread is {:.1}%, more than \
+                 the {:.0}% simulated (the machine was busy while it was measured?): measure \
+                 it again, or give a number",
+                100.0 * x,
+                100.0 * MAX_SPREAD
+            )),
+            Some(x) => Ok(x),
+        },
         v => match v.parse::<f64>() {
             Ok(x) if (0.0..=MAX_SPREAD).contains(&x) => Ok(x),
             Ok(x) if x > MAX_SPREAD => Err(format!(
@@ -401,7 +445,7 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
             format!(
                 ", within a host {} / {}",
                 a.intra_bandwidth.as_deref().unwrap_or(""),
-                a.intra_latency
+                a.intra_latency.as_deref().unwrap_or("1us")
             )
         } else {
             String::new()

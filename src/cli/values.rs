@@ -82,13 +82,14 @@ where
         .map_err(|_| "not a number; give a decimal number such as 0.5 or 1e-3".to_string())?;
     let v: f64 = x.into();
     if v.is_nan() {
-        return Err("not a number (NaN); give a finite number of 0 or more".into());
+        return Err("not a number (NaN); give a finite number".into());
     }
     if v.is_infinite() {
         return Err("infinite (or too large for a float); give a finite number".into());
     }
     if v < 0.0 {
-        return Err("a negative number; give a finite number of 0 or more".into());
+        // Not "0 or more": several options refuse 0 too, each in its own check.
+        return Err("a negative number, which no option takes".into());
     }
     Ok(x)
 }

@@ -75,8 +75,19 @@ fn check_own_files(dir: &Path) -> Result<(), DataError> {
         TEST_LABELS_RAW,
     ];
     if !dir.is_dir() {
-        // Said by the first read, as for any dataset directory.
-        return Ok(());
+        let hint = format!(
+            "`--dataset mnist` with a directory reads {}, {}, {} and {} there, checked \
+             against its SHA256SUMS: give the directory that holds them",
+            gz[0], gz[1], gz[2], gz[3]
+        );
+        return Err(if dir.exists() {
+            DataError::invalid(dir, format!("is not a directory; {hint}"))
+        } else {
+            DataError::NotFound {
+                path: dir.to_path_buf(),
+                hint,
+            }
+        });
     }
     let missing: Vec<&str> = gz.into_iter().filter(|f| !dir.join(f).exists()).collect();
     if missing.is_empty() {

@@ -73,8 +73,16 @@ pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
         concurrent,
         conv_algo,
     } = spec;
-    if batch == 0 || threads == 0 || steps == 0 || concurrent == 0 {
-        return Err("batch, threads, steps and concurrent must be at least 1".into());
+    let zero = [
+        ("batch", batch),
+        ("threads", threads),
+        ("steps", steps),
+        ("concurrent", concurrent),
+    ]
+    .into_iter()
+    .find(|&(_, n)| n == 0);
+    if let Some((flag, _)) = zero {
+        return Err(format!("--{flag} 0: give at least 1"));
     }
     let runs: Vec<Result<ReplicaTimings, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
@@ -260,16 +268,19 @@ fn time_replica(spec: &MeasureSpec) -> Result<ReplicaTimings, String> {
 }
 
 /// Refuses a measured profile whose step would not fit in this machine's memory (the one
-/// estimate of [`crate::plan::memory`], each replica a worker, its convolutions by `conv_algo`).
+/// estimate of [`crate::plan::memory`], each replica a worker, its convolutions by `conv_algo`;
+/// `replicas_flag` is the option that sets the replicas, if the command has one).
 pub fn check_step_memory(
     model: &str,
     batch: usize,
     replicas: usize,
     conv_algo: ConvAlgo,
+    replicas_flag: Option<&'static str>,
 ) -> Result<(), String> {
     let g = reference_graph(model)?;
     let mut inputs = crate::plan::memory::MemoryInputs::training(&g, batch, replicas, 1);
     inputs.conv_algo = conv_algo;
+    inputs.workers_flag = replicas_flag;
     let replicas = if replicas > 1 {
         format!(" on {replicas} replicas")
     } else {

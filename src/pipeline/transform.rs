@@ -329,9 +329,16 @@ impl Transforms {
 
     /// Parses `off`/`none`, or a comma-separated list of operations. Numbers after an
     /// operation's colon belong to it (`random-resized-crop:0.25,1,flip` is two operations).
+    /// An empty list is refused, as every list option's empty value is: it reads as a value
+    /// lost on the way (`--augment "$AUG"`), not as `off`.
     pub fn parse(s: &str) -> Result<Self, TransformError> {
         let s = s.trim();
-        if matches!(s, "" | "off" | "none") {
+        if s.is_empty() {
+            return Err(TransformError::BadList {
+                why: "an empty list".into(),
+            });
+        }
+        if matches!(s, "off" | "none") {
             return Ok(Self::OFF);
         }
         let mut parts: Vec<String> = Vec::new();

@@ -50,6 +50,12 @@ pub struct MemoryInputs<'a> {
     /// How the 3x3 stride-1 convolutions are computed: Winograd's transformed weights and
     /// tiles are memory direct convolution does not take.
     pub conv_algo: ConvAlgo,
+    /// The command's option that sets `workers`, named in what to lower (`--workers`;
+    /// `profile`'s `--concurrent`; `None` for a command of one worker, `bench step`).
+    pub workers_flag: Option<&'static str>,
+    /// The command's option that sets `largest_message`, if one does (`bench allreduce`'s
+    /// `--sizes`; a training run's largest message is its weights).
+    pub message_flag: Option<&'static str>,
 }
 
 impl<'a> MemoryInputs<'a> {
@@ -74,6 +80,8 @@ impl<'a> MemoryInputs<'a> {
             extra_per_worker: None,
             loaded: 0.0,
             conv_algo: ConvAlgo::default(),
+            workers_flag: Some("--workers"),
+            message_flag: None,
         }
     }
 }
@@ -123,7 +131,15 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
             parts.push(MemoryPart { what, bytes, lower });
         }
     };
-    let workers_now = format!("--workers ({} now)", inputs.workers);
+    let workers_now = match inputs.workers_flag {
+        Some(flag) => format!("{flag} ({} now)", inputs.workers),
+        None => format!("the workers ({} now)", inputs.workers),
+    };
+    // "--threads" and, where the command has one, the option that sets the workers.
+    let threads_or_workers = match inputs.workers_flag {
+        Some(flag) => format!("--threads or {flag}"),
+        None => "--threads".to_string(),
+    };
     if let Some(g) = inputs.graph {
         let p = g.nodes.iter().map(|n| n.params as f64).sum::<f64>();
         let model = format!("the model's size ({} parameters now)", p);
@@ -155,10 +171,10 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
         let lower = if width > scratch / col_rows {
             format!(
                 "the model's convolutions (a column row of {width} values: kernel x kernel x \
-                 input channels), --threads or --workers"
+                 input channels), {threads_or_workers}"
             )
         } else {
-            "--threads or --workers".into()
+            threads_or_workers.clone()
         };
         part(
             "compute threads' scratch",
@@ -172,11 +188,15 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
         part(
             "Winograd workspace",
             4.0 * (net + thread * inputs.threads as f64) * w,
-            "--threads or --workers, or give --conv-algo direct (which needs none)".into(),
+            format!("{threads_or_workers}, or give --conv-algo direct (which needs none)"),
         );
     }
     if let Some((what, bytes)) = inputs.extra_per_worker {
-        part(what, bytes * w, "--sizes (or --workers)".into());
+        let lower = match inputs.message_flag {
+            Some(flag) => format!("{flag} (or {workers_now})"),
+            None => workers_now.clone(),
+        };
+        part(what, bytes * w, lower);
     }
     part(
         "messages between workers",
@@ -185,7 +205,10 @@ pub fn estimate(inputs: &MemoryInputs) -> MemoryEstimate {
             inputs.largest_message,
             inputs.messages_per_worker,
         ),
-        workers_now,
+        match inputs.message_flag {
+            Some(flag) => format!("{flag} or {workers_now}"),
+            None => workers_now,
+        },
     );
     let threads = w * (inputs.threads as f64 + 1.0) + inputs.other_threads as f64 + 1.0;
     let arenas = threads.min(8.0 * crate::limits::cores() as f64);

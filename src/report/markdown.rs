@@ -55,7 +55,13 @@ pub fn check_run_report(run_dir: &Path) -> Result<(), String> {
 /// Writes `report.md`, `loss.png`, `accuracy.png` and `breakdown.png` into `run_dir` from its
 /// `summary.json` and `metrics.jsonl`; returns the figures written.
 pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let run = RunData::load(run_dir)?;
+    write_report_of(&RunData::load(run_dir)?)
+}
+
+/// [`write_run_report`] of a run already read (so that what reading it warned of is said
+/// once).
+pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
+    let run_dir = run.dir.as_path();
     check_run_report(run_dir)?;
     let mut figures = Vec::new();
     let mut md = String::new();
@@ -157,7 +163,7 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, String> {
         ];
         for (file, caption, draw) in plots {
             let path = run.dir.join(file);
-            draw(&run, &path)?;
+            draw(run, &path)?;
             let _ = writeln!(md, "![{caption}]({file})\n");
             figures.push(path);
         }
@@ -189,13 +195,9 @@ fn emulated_link(r: &RunData, prefix: &str) -> String {
 /// Compares runs side by side: writes `out/comparison.md` (one column per run) and
 /// `out/comparison.png` (one stacked bar per run; not `breakdown.png`, so that an `--out`
 /// that is one of the runs keeps that run's own figure); returns the table.
-pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, String> {
-    let runs = run_dirs
-        .iter()
-        .map(|d| RunData::load(d))
-        .collect::<Result<Vec<_>, _>>()?;
+pub fn write_comparison(runs: &[RunData], out: &Path) -> Result<String, String> {
     let mut t = String::from("| |");
-    for r in &runs {
+    for r in runs {
         let _ = write!(t, " {} |", r.name());
     }
     t.push_str("\n|---|");
@@ -203,7 +205,7 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
     t.push('\n');
     let mut row = |label: &str, cell: &dyn Fn(&RunData) -> String| {
         let _ = write!(t, "| {label} |");
-        for r in &runs {
+        for r in runs {
             let _ = write!(t, " {} |", cell(r));
         }
         t.push('\n');
@@ -240,7 +242,7 @@ pub fn write_comparison(run_dirs: &[PathBuf], out: &Path) -> Result<String, Stri
     }
     row("comm hidden", &|r| format!("{:.0}%", r.phases.hidden_pct()));
     crate::output::create_dir(out)?;
-    plot::breakdown_per_run(&runs, &out.join("comparison.png"))?;
+    plot::breakdown_per_run(runs, &out.join("comparison.png"))?;
     let md =
         format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](comparison.png)\n");
     crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes(), &COMPARISON_FILE)?;

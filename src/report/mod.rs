@@ -9,5 +9,7 @@ pub mod markdown;
 pub mod plot;
 pub mod run_data;
 
-pub use markdown::{breakdown_table, check_run_report, write_comparison, write_run_report};
+pub use markdown::{
+    breakdown_table, check_run_report, write_comparison, write_report_of, write_run_report,
+};
 pub use run_data::{EpochRow, Phases, RunData, PHASES};
