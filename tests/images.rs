@@ -171,6 +171,29 @@ fn bad_images_get_typed_errors_naming_the_file() {
 }
 
 #[test]
+fn a_damaged_png_is_named_in_words_not_in_the_decoders_debug_text() {
+    let good = png(&ImageBuffer::from_pixel(16, 16, Rgb([9u8, 80, 200])));
+    // The first chunk after IHDR (at 33) is IDAT: its type renamed to a critical chunk no
+    // decoder knows, then its CRC spoiled.
+    let idat = 33;
+    assert_eq!(&good[idat + 4..idat + 8], b"IDAT");
+    let mut unknown = good.clone();
+    unknown[idat + 4..idat + 8].copy_from_slice(b"IDAQ");
+    let len = u32::from_be_bytes(good[idat..idat + 4].try_into().unwrap()) as usize;
+    let mut bad_crc = good.clone();
+    bad_crc[idat + 8 + len] ^= 0xff;
+    for (bytes, says) in [(unknown, "'IDAQ' chunk"), (bad_crc, "'IDAT' chunk")] {
+        let e = decode(&bytes, 3).unwrap_err();
+        assert!(matches!(e, DecodeError::Corrupt { .. }), "{e}");
+        let text = e.to_string();
+        assert!(text.contains(says), "{text}");
+        for debug in ["ChunkType", "critical:", "{", "Format error decoding Png"] {
+            assert!(!text.contains(debug), "{text}");
+        }
+    }
+}
+
+#[test]
 fn a_large_jpeg_is_decoded_reduced_when_the_target_is_small() {
     let big = jpeg_grey(400, 320, |x, _| (x / 2) as u8, 90);
     let mut img = DecodedImage::default();
@@ -322,6 +345,8 @@ fn image_sizes_and_lists_parse_print_and_refuse() {
         "random-resized-crop:0.9,0.1",
         "random-resized-crop:0.5,2",
         "resize-shorter:0",
+        "",
+        " ",
     ] {
         assert!(Transforms::parse(bad).is_err(), "{bad}");
     }
@@ -877,20 +902,22 @@ fn one_grey_image_first_does_not_turn_a_colour_folder_grey() {
 }
 
 #[test]
-fn the_normalisation_counts_the_images_it_read_and_names_an_unreadable_one() {
+fn the_normalisation_counts_the_images_it_read_and_names_every_unreadable_one() {
     use dptrain::data::image_folder::ImageFolder;
     use dptrain::pipeline::estimate_normalization;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("photos");
     mixed_folder(&dir, 8, 4);
-    let bad = dir.join("train").join("1").join("zz.png");
-    std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    for name in ["zy.png", "zz.png"] {
+        let bad = dir.join("train").join("1").join(name);
+        std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    }
     let folder = ImageFolder::open(&dir.join("train"), None).unwrap();
-    assert_eq!(folder.len(), 9);
+    assert_eq!(folder.len(), 10);
     let (_, how, warning) = estimate_normalization(&folder, &Transforms::OFF, 1000);
     assert_eq!(how, "estimated from 8 training images");
-    let unreadable = warning.expect("the unreadable image is counted");
-    assert_eq!(unreadable.count, 1);
+    let unreadable = warning.expect("the unreadable images are counted");
+    assert_eq!(unreadable.errors.len(), 2);
     for (skipped, then) in [
         (
             false,
@@ -900,8 +927,9 @@ fn the_normalisation_counts_the_images_it_read_and_names_an_unreadable_one() {
     ] {
         let warning = unreadable.warning(skipped);
         assert!(
-            warning.starts_with("1 unreadable image left out")
+            warning.starts_with("2 unreadable images left out")
                 && warning.contains(then)
+                && warning.contains("zy.png")
                 && warning.contains("zz.png"),
             "{warning}"
         );

@@ -252,7 +252,8 @@ fn a_checkpoint_records_its_model_and_one_from_before_still_resumes() {
 fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
     let dir = tempfile::tempdir().unwrap();
     let s = run(&dir.path().join("run"), |o| o.epochs = Some(1));
-    let ck = s.checkpoint.unwrap();
+    let ck = s.checkpoint.clone().unwrap();
+    drop(s); // and with it the run directory's lock
     let trained = TrainedModel::load(&ck).unwrap();
     // A 5-class model of the same layers: all but the head 'f3' load.
     let five = Box::new(dptrain::train::build_graph("lenet5", [1, 28, 28], 5).unwrap());
@@ -354,10 +355,36 @@ fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
     );
     let e = refused(&["--resume", c]);
     assert!(e.contains("give one of them"), "{e}");
+    // --overwrite of the directory the --weights checkpoint is in would delete it: refused,
+    // the checkpoint kept.
+    let own_dir = ck.parent().unwrap().to_str().unwrap();
+    let (ok, _, e) = dptrain(&[
+        "train",
+        "--quiet",
+        "--weights",
+        c,
+        "--epochs",
+        "1",
+        "--run-dir",
+        own_dir,
+        "--overwrite",
+    ]);
+    assert!(
+        !ok && e.contains("the checkpoint --weights starts from"),
+        "{e}"
+    );
+    assert!(ck.is_file());
     // Another model's checkpoint: both models are named.
     let e = refused(&["--model", "vgg-small", "--dataset", "synthetic:3x32x32"]);
     assert!(
         e.contains("(model 'lenet5') has no tensor") && e.contains("this run's model 'vgg-small'"),
+        "{e}"
+    );
+    assert!(e.contains("give --model lenet5"), "{e}");
+    // Another input size: the flattened layer's size differs, and the size is named.
+    let e = refused(&["--dataset", "synthetic:1x32x32"]);
+    assert!(
+        e.contains("layer 'f1'") && e.contains("trained on 28x28 inputs and this run's are 32x32"),
         "{e}"
     );
     // An explicit --reinit on the same dataset starts that layer over (and says so).

@@ -84,6 +84,33 @@ fn model_file_errors_name_the_line_and_the_layer() {
 }
 
 #[test]
+fn a_name_an_expression_cannot_use_is_said_for_what_it_is() {
+    let with = |value: &str, expr: &str| {
+        let text = format!(
+            "layers = [\n  {{ type = \"conv2d\", out = 4, kernel = 3 }},\n  {{ use = \"blk\", name = \"b1\", width = {value} }},\n]\n[template.blk]\nparams = [\"width\"]\nlayers = [\n  {{ type = \"conv2d\", name = \"c\", out = \"{expr}\", kernel = 1 }},\n]\n"
+        );
+        parse_err(&text).to_string()
+    };
+    // A parameter that is not an integer, used in an expression: not "unknown".
+    let msg = with("\"wide\"", "$width * 2");
+    assert!(
+        msg.contains("\"$width * 2\": the template parameter 'width' is \"wide\", not an integer"),
+        "{msg}"
+    );
+    // The string substituted whole: the name as written, without a '$' it never had.
+    let msg = with("\"wide\"", "$width");
+    assert!(msg.contains("\"wide\": unknown name 'wide'"), "{msg}");
+    assert!(!msg.contains("$wide"), "{msg}");
+    // A shape variable where a size must be fixed.
+    let e = parse_err("layers = [\n  { type = \"conv2d\", out = 4, kernel = \"channels\" },\n]\n");
+    assert!(
+        e.to_string()
+            .contains("'kernel' cannot depend on the input's shape"),
+        "{e}"
+    );
+}
+
+#[test]
 fn array_of_tables_layers_read_like_inline_ones() {
     let text = "[[layers]]\ntype = \"conv2d\"\nname = \"c\"\nout = 4\nkernel = 3\n\n[[layers]]\ntype = \"relu\"\n\n[[layers]]\ntype = \"flatten\"\n\n[[layers]]\ntype = \"linear\"\nname = \"fc\"\nout = \"classes\"\n";
     let spec = file::parse(text, "t.toml", "t").unwrap();

@@ -418,11 +418,11 @@ fn a_flipped_byte_in_a_sample_names_the_sample() {
     let (_, how, unreadable) = source.normalization(&dptrain::pipeline::Transforms::OFF, true);
     assert_eq!(how, "estimated from 8 training images");
     let unreadable = unreadable.expect("the damaged sample is counted");
-    assert_eq!(unreadable.count, 1);
+    assert_eq!(unreadable.errors.len(), 1);
     assert!(
-        unreadable.first.contains("sample 4 (train, class 'b')"),
-        "{}",
-        unreadable.first
+        unreadable.errors[0].contains("sample 4 (train, class 'b')"),
+        "{:?}",
+        unreadable.errors
     );
 }
 
@@ -780,6 +780,52 @@ fn any_size_photos_train_the_same_from_the_folder_and_from_a_raw_pack() {
     let folder_run = run(&format!("imagefolder:{}", root.display()), "a");
     let packed_run = run(&format!("packed:{}", pack.display()), "b");
     assert_eq!(folder_run, packed_run);
+}
+
+#[test]
+fn a_pack_whose_every_image_is_enlarged_to_the_input_size_is_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("imgs");
+    folder(&root, 4, &[(40, 30), (64, 64)], true);
+    let small = tmp.path().join("small.pack");
+    packed::pack(&root, &small, &opts(16, StoreAs::Raw)).unwrap();
+    let large = tmp.path().join("large.pack");
+    packed::pack(&root, &large, &opts(64, StoreAs::Raw)).unwrap();
+    let warning = |pack: &Path, side: usize| {
+        let (mut train, _) = packed::open_pair(pack).unwrap();
+        assert!(train.longest_stored_side() <= 64);
+        train.set_size(side, side);
+        train.enlarged_warning()
+    };
+    let said = warning(&small, 28).expect("every image is at most 16 px, read at 28");
+    assert!(
+        said.contains("at most 16 pixels") && said.contains("--max-side 28 or more"),
+        "{said}"
+    );
+    // One image at least as large as the input: not every one is enlarged.
+    assert_eq!(warning(&large, 28), None);
+    assert_eq!(warning(&small, 16), None);
+    // Said by a run on it.
+    let d = tmp.path().join("run").display().to_string();
+    let o = dptrain(&[
+        "train",
+        "--quiet",
+        "--dataset",
+        &format!("packed:{}", small.display()),
+        "--image-size",
+        "28",
+        "--epochs",
+        "1",
+        "--batch",
+        "4",
+        "--threads",
+        "1",
+        "--run-dir",
+        &d,
+        "--no-checkpoints",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("every one is enlarged"), "{}", text(&o));
 }
 
 /// Ctrl-C (or kill) in the middle of a pack removes its temporary file, leaves the earlier

@@ -564,6 +564,41 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
             && err.contains("give the data the checkpoint's run trained on (28x28 images)"),
         "{err}"
     );
+    // Without --resume-changed, other data of another shape names the checkpoint's data
+    // (a resume that left --dataset out), and not --resume-changed, which cannot resume it.
+    let err = train(config(&tmp.path().join("other-data"), |o| {
+        o.train_limit = Some(64);
+        o.epochs = Some(2);
+        o.dataset = Some("synthetic:1x32x32".into());
+        o.resume = Some(ck.clone());
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("--dataset synthetic in the checkpoint, synthetic:1x32x32 now")
+            && err.contains("its model takes 1x28x28 inputs and this data gives 1x32x32")
+            && !err.contains("--resume-changed"),
+        "{err}"
+    );
+    // A resume for more epochs than the run was started for: under cosine, which spans the
+    // run, said; under a constant rate, nothing to say.
+    let loaded = Checkpoint::load(&ck).unwrap();
+    assert_eq!(loaded.state.run.as_ref().unwrap().epochs, Some(1));
+    let extend = |schedule: &str| {
+        let cfg = config(&tmp.path().join("extend"), |o| {
+            o.train_limit = Some(64);
+            o.epochs = Some(3);
+            o.lr_schedule = Some(schedule.into());
+            o.resume = Some(ck.clone());
+        });
+        dptrain::train::check_resume(&cfg, ("lenet5", [1, 28, 28]), &loaded, &ck).unwrap()
+    };
+    let said = extend("cosine").expect("the stretched schedule is said");
+    assert!(
+        said.contains("--epochs 3: the checkpoint's run was started for 1"),
+        "{said}"
+    );
+    assert_eq!(extend("constant"), None);
     // Channels alone: the size is not the remedy.
     let err = train(config(&tmp.path().join("other-channels"), |o| {
         o.train_limit = Some(64);

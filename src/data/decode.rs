@@ -148,6 +148,32 @@ impl DecodeError {
     }
 }
 
+/// A decoder's message as a user reads it. The `png` crate prints a chunk's type as Rust debug
+/// text (`ChunkType { type: IDAT, critical: true, .. }`) and `image` prefixes its own wrapper
+/// ("Format error decoding Png: "), which says again what the error's text already says; both
+/// are only reworded here, for display (the error stays [`DecodeError::Corrupt`]).
+fn decoder_message(e: impl std::fmt::Display) -> String {
+    let mut text = e.to_string();
+    for wrapper in [
+        "Format error decoding Png: ",
+        "Format error decoding Jpeg: ",
+    ] {
+        if let Some(rest) = text.strip_prefix(wrapper) {
+            text = rest.to_string();
+        }
+    }
+    const CHUNK: &str = "ChunkType { type: ";
+    while let Some(at) = text.find(CHUNK) {
+        let Some(len) = text[at..].find('}') else {
+            break;
+        };
+        let inner = &text[at + CHUNK.len()..at + len];
+        let name = inner.split(',').next().unwrap_or("").trim();
+        text = format!("{}the '{name}' chunk{}", &text[..at], &text[at + len + 1..]);
+    }
+    text.trim_end_matches('.').to_string()
+}
+
 /// "full size" or "1/N scale".
 fn scale_words(factor: usize) -> String {
     if factor == 1 {
@@ -422,7 +448,7 @@ fn png_decoder<'a>(
         DecodeError::Corrupt {
             path: path.to_path_buf(),
             format: "PNG",
-            cause: e.to_string(),
+            cause: decoder_message(e),
         }
     })
 }
@@ -437,7 +463,7 @@ fn jpeg_header<'a>(
     d.read_info().map_err(|e| DecodeError::Corrupt {
         path: path.to_path_buf(),
         format: "JPEG",
-        cause: e.to_string(),
+        cause: decoder_message(e),
     })?;
     Ok(d)
 }
@@ -494,12 +520,12 @@ impl Decoder {
                     self.decode_jpeg_scaled(bytes, path, (sw, sh), factor)?
                 } else {
                     self.decode_full(bytes, info.format)
-                        .map_err(|e| corrupt(e.to_string()))?
+                        .map_err(|e| corrupt(decoder_message(e)))?
                 }
             }
             ImageFormat::Png => self
                 .decode_full(bytes, info.format)
-                .map_err(|e| corrupt(e.to_string()))?,
+                .map_err(|e| corrupt(decoder_message(e)))?,
         };
         convert(&self.raw, layout, w * h, channels, &mut out.pixels);
         if info.orientation > 1 {
@@ -558,7 +584,7 @@ impl Decoder {
         let corrupt = |e: jpeg_decoder::Error| DecodeError::Corrupt {
             path: path.to_path_buf(),
             format: "JPEG",
-            cause: e.to_string(),
+            cause: decoder_message(e),
         };
         let mut d = jpeg_header(bytes, path)?;
         let want = |s: usize| s.div_ceil(factor).min(u16::MAX as usize) as u16;

@@ -377,6 +377,9 @@ fn packed_split(
         .collect();
     set.channels = channels;
     set.set_size(d.input[1], d.input[2]);
+    if let Some(w) = set.enlarged_warning() {
+        crate::terminal::print_warning(&w);
+    }
     if let Some(n) = limit {
         set.truncate(n);
     }
@@ -776,6 +779,7 @@ mod tests {
                 seed: 1,
                 train_limit: None,
                 world: 1,
+                epochs: None,
             }
         };
         let elsewhere = Some(here.clone());

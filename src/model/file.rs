@@ -22,7 +22,7 @@
 
 use super::bounds::{MAX_DIM, MAX_LAYERS, MAX_NAME_BYTES};
 use super::error::{ModelError, ModelErrorKind};
-use super::expr::{Expr, SHAPE_VARS};
+use super::expr::{Expr, ExprError, SHAPE_VARS};
 use super::spec::{
     BatchNorm, Conv2d, Layer, Linear, ModelSpec, Op, OpType, Origin, Pool, SoftmaxCrossEntropy,
     Units, INPUT,
@@ -363,6 +363,9 @@ struct Keys<'t> {
     ty: String,
     allowed: Vec<&'static str>,
     ints: BTreeMap<String, i64>,
+    /// The template parameters in scope, whatever their type: an expression naming one that
+    /// is not an integer is told so (not "unknown").
+    params: &'t BTreeMap<String, Value>,
 }
 
 impl Keys<'_> {
@@ -381,6 +384,31 @@ impl Keys<'_> {
         }
     }
 
+    /// `name` in the expression `text` of `key` is not bound to an integer: a template
+    /// parameter of another type, a shape variable where sizes must be fixed, or no name.
+    fn unknown_name(&self, key: &str, text: &str, name: &str) -> ModelError {
+        let why = match self.params.get(name) {
+            Some(v) => format!("the template parameter '{name}' is {v}, not an integer"),
+            None if SHAPE_VARS.contains(&name) => format!(
+                "'{key}' cannot depend on the input's shape: channels and classes may be used \
+                 in counts only (out, groups)"
+            ),
+            None => format!(
+                "unknown name '{name}' (an expression may use template parameters, channels and \
+                 classes)"
+            ),
+        };
+        self.bad(key, format!("\"{text}\": {why}"))
+    }
+
+    /// An expression's error, for `key` whose text is `text`.
+    fn expr_error(&self, key: &str, text: &str, e: ExprError) -> ModelError {
+        match e {
+            ExprError::UnknownVar(name) => self.unknown_name(key, text, &name),
+            other => self.bad(key, other.to_string()),
+        }
+    }
+
     fn take(&mut self, key: &'static str) -> Option<Value> {
         self.allowed.push(key);
         self.table.remove(key)
@@ -393,7 +421,7 @@ impl Keys<'_> {
                 let e = Expr::parse(s).map_err(|m| self.bad(key, m.to_string()))?;
                 e.bind(&self.ints)
                     .eval(&self.ints)
-                    .map_err(|m| self.bad(key, m.to_string()))
+                    .map_err(|m| self.expr_error(key, s, m))
             }
             other => Err(self.bad(
                 key,
@@ -468,12 +496,10 @@ impl Keys<'_> {
                 let mut free = Vec::new();
                 e.free_vars(&mut free);
                 if let Some(f) = free.iter().find(|f| !SHAPE_VARS.contains(&f.as_str())) {
-                    return Err(self.bad(key, format!("unknown variable ${f} (template parameters, channels and classes can be used)")));
+                    return Err(self.unknown_name(key, s, f));
                 }
                 if free.is_empty() {
-                    let n = e
-                        .eval(&self.ints)
-                        .map_err(|m| self.bad(key, m.to_string()))?;
+                    let n = e.eval(&self.ints).map_err(|m| self.expr_error(key, s, m))?;
                     if n < 1 {
                         return Err(self.bad(key, format!("must be at least 1, got {n}")));
                     }
@@ -713,6 +739,7 @@ impl Expander<'_> {
             ty: ty.clone(),
             allowed: vec!["type", "name", "input", "inputs"],
             ints,
+            params: &scope.bindings,
         };
         let op = parse_op(op_type, &mut keys)?;
         keys.finish()?;

@@ -174,12 +174,10 @@ impl std::fmt::Display for NormalizeChoice {
 }
 
 /// Images a normalisation estimate could not read, and left out.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Unreadable {
-    /// How many.
-    pub count: usize,
-    /// The first one's error, naming its file.
-    pub first: String,
+    /// Each one's error, naming its file (at most the estimate's sample of images).
+    pub errors: Vec<String>,
 }
 
 impl Unreadable {
@@ -192,9 +190,9 @@ impl Unreadable {
             "training stops at the first it reaches unless --skip-bad-samples"
         };
         format!(
-            "{} left out of the normalisation estimate; {then}: {}",
-            crate::terminal::counted(self.count, "unreadable image"),
-            self.first
+            "{} left out of the normalisation estimate; {then}:{}",
+            crate::terminal::counted(self.errors.len(), "unreadable image"),
+            crate::data::listed(&self.errors)
         )
     }
 }

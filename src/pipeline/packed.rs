@@ -117,7 +117,7 @@ pub fn estimate_normalization(
     };
     let mut scratch = TransformScratch::default();
     let (mut wide, mut buf) = (vec![0f32; n], vec![0u8; n]);
-    let mut unreadable: Option<super::normalize::Unreadable> = None;
+    let mut unreadable = super::normalize::Unreadable::default();
     for k in 0..take {
         let i = k * split.len() / take;
         match write_u8(split, i, eval, &mut scratch, &mut wide, &mut buf) {
@@ -125,17 +125,10 @@ pub fn estimate_normalization(
                 probe.pixels.extend_from_slice(&buf);
                 probe.labels.push(split.label(i));
             }
-            Err(e) => match &mut unreadable {
-                Some(u) => u.count += 1,
-                None => {
-                    unreadable = Some(super::normalize::Unreadable {
-                        count: 1,
-                        first: e.to_string(),
-                    })
-                }
-            },
+            Err(e) => unreadable.errors.push(e.to_string()),
         }
     }
     let (mean, std) = probe.computed_mean_std();
+    let unreadable = (!unreadable.errors.is_empty()).then_some(unreadable);
     (Normalization { mean, std }, probe.labels.len(), unreadable)
 }

@@ -309,8 +309,7 @@ fn render_sample(
 /// Per-channel mean and deviation of pixel/255 over up to `max` images spread evenly over
 /// `folder`, each through `eval` at the folder's size (decoding all would cost an epoch at
 /// start). Files that fail to decode are left out; returns the estimate, how it was made, and
-/// a warning naming the first such file, if any (training stops at it unless it skips bad
-/// samples).
+/// those files, if any (training stops at the first unless it skips bad samples).
 pub fn estimate_normalization(
     folder: &ImageFolder,
     eval: &Transforms,
@@ -328,7 +327,7 @@ pub fn estimate_normalization(
     };
     let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
     let mut buf = vec![0u8; folder.sample_len()];
-    let mut unreadable: (usize, Option<String>) = (0, None);
+    let mut unreadable = Unreadable::default();
     for k in 0..take {
         let i = k * folder.len() / take;
         match render_sample(folder, i, eval, &mut file, &mut scratch, &mut buf) {
@@ -336,17 +335,11 @@ pub fn estimate_normalization(
                 probe.pixels.extend_from_slice(&buf);
                 probe.labels.push(folder.labels[i]);
             }
-            Err(e) => {
-                unreadable.0 += 1;
-                unreadable.1.get_or_insert(e.to_string());
-            }
+            Err(e) => unreadable.errors.push(e.to_string()),
         }
     }
     let (mean, std) = probe.computed_mean_std();
     let how = estimated_through(probe.labels.len(), eval);
-    let unreadable = unreadable.1.map(|first| Unreadable {
-        count: unreadable.0,
-        first,
-    });
+    let unreadable = (!unreadable.errors.is_empty()).then_some(unreadable);
     (Normalization { mean, std }, how, unreadable)
 }

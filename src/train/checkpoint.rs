@@ -164,6 +164,10 @@ pub struct RunIdentity {
     /// Workers of the run (all processes). Recorded, not compared: the global batch and the data
     /// order do not depend on it.
     pub world: usize,
+    /// The epochs the run was started for (`--epochs`; key `epochs`, absent in older
+    /// checkpoints). Recorded, not compared: a resume may extend a run, and is told when the
+    /// learning-rate schedule spans the total ([`crate::train::check_resume`]).
+    pub epochs: Option<usize>,
 }
 
 impl RunIdentity {
@@ -184,6 +188,7 @@ impl RunIdentity {
             seed: cfg.seed,
             train_limit: cfg.train_limit,
             world: cfg.world(),
+            epochs: Some(cfg.epochs),
         }
     }
 
@@ -345,6 +350,9 @@ impl TrainState {
                 r.train_limit.map_or_else(String::new, |n| n.to_string()),
             );
             m.insert("world".into(), r.world.to_string());
+            if let Some(e) = r.epochs {
+                m.insert("epochs".into(), e.to_string());
+            }
         }
         m
     }
@@ -375,6 +383,10 @@ impl TrainState {
                     Some(_) => Some(num("train_limit")?),
                 },
                 world: num("world")?,
+                epochs: match meta.get("epochs") {
+                    None => None,
+                    Some(_) => Some(num("epochs")?),
+                },
             }),
         };
         let fingerprint = meta
@@ -930,6 +942,7 @@ mod tests {
             seed: 1,
             train_limit: None,
             world: 2,
+            epochs: Some(3),
         };
         let (a, b) = (place("a"), place("b"));
         let then = run("imagefolder", Some("photos"), Some(a.clone()));

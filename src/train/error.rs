@@ -279,14 +279,21 @@ pub enum ResumeError {
     /// The checkpoint's run trained on other data, in another order, or another batch.
     #[error(
         "--resume {}: this run differs from the checkpoint's ({}); resuming would continue \
-         at a step computed for another run: give the checkpoint's values, {}",
+         at a step computed for another run: give the checkpoint's values{}",
         path.display(),
         describe_changes(changes),
-        if *inside_epoch {
-            "or resume from an epoch checkpoint with --resume-changed (a commit inside an \
+        if let Some((then, now)) = inputs {
+            format!(
+                " (its model takes {}x{}x{} inputs and this data gives {}x{}x{}, which no \
+                 option resumes)",
+                then[0], then[1], then[2], now[0], now[1], now[2]
+            )
+        } else if *inside_epoch {
+            ", or resume from an epoch checkpoint with --resume-changed (a commit inside an \
              epoch continues only the run that wrote it)"
+                .to_string()
         } else {
-            "or pass --resume-changed to resume anyway"
+            ", or pass --resume-changed to resume anyway".to_string()
         }
     )]
     OtherRun {
@@ -297,6 +304,9 @@ pub enum ResumeError {
         /// Whether the checkpoint is a commit inside an epoch, which `--resume-changed` does
         /// not resume.
         inside_epoch: bool,
+        /// The checkpoint's input and this data's (C, H, W), where they differ too: then
+        /// only the checkpoint's values resume.
+        inputs: Option<([usize; 3], [usize; 3])>,
     },
     /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to
     /// the old settings' data order.

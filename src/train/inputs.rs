@@ -163,13 +163,13 @@ pub fn check_normalization_channels(
 }
 
 /// Resolves the run's image size, evaluation transform (defaults filled in) and
-/// normalisation into `cfg`, from the data; returns the line that says them, and a warning of
-/// unreadable images the normalisation estimate met, if any. A normalisation given for another
-/// channel count than the data's is refused.
+/// normalisation into `cfg`, from the data; returns the line that says them, and the warnings:
+/// unreadable images the normalisation estimate met, a packed file whose every image is
+/// enlarged. A normalisation given for another channel count than the data's is refused.
 pub fn resolve(
     cfg: &mut TrainConfig,
     source: &Source,
-) -> Result<(String, Option<String>), PrepareError> {
+) -> Result<(String, Vec<String>), PrepareError> {
     let [c, h, w] = source.shape();
     let size = ImageSize {
         height: h,
@@ -181,7 +181,13 @@ pub fn resolve(
         NormalizeChoice::Resumed(n) => (n.clone(), "the checkpoint's".to_string(), None),
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
-    let unreadable = unreadable.map(|u| u.warning(cfg.skip_bad_samples));
+    let mut warnings: Vec<String> = unreadable
+        .map(|u| u.warning(cfg.skip_bad_samples))
+        .into_iter()
+        .collect();
+    if let Source::Packed(split) = source {
+        warnings.extend(split.enlarged_warning());
+    }
     let line = format!(
         "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \
          {norm} ({how})",
@@ -190,5 +196,5 @@ pub fn resolve(
     cfg.image_size = Some(size);
     cfg.eval_transform = Some(eval);
     cfg.normalize = NormalizeChoice::Given(norm);
-    Ok((line, unreadable))
+    Ok((line, warnings))
 }

@@ -65,8 +65,25 @@ pub fn check_resume(
             model_flag: recorded_model_flag(ck, path),
         });
     }
+    let mut now = checkpoint::RunIdentity::of(cfg);
+    if cfg.processes > 1 {
+        // Each process would resolve the data's path on its own file system, and the ranks
+        // must agree: over several processes the data is compared as it is named.
+        now.data_path = None;
+    }
+    let changes = state.run.as_ref().map(|then| then.changes(&now));
     if let Some(then) = ck.description.as_ref().map(|d| d.input) {
         if then != input {
+            // Other data is the likelier cause (a resume that left --dataset out reads
+            // MNIST): said with every setting that differs, the checkpoint's values named.
+            if let Some(changes) = changes.filter(|c| !c.is_empty() && !cfg.resume_changed) {
+                return Err(ResumeError::OtherRun {
+                    path: path.to_path_buf(),
+                    changes,
+                    inside_epoch: state.step_in_epoch > 0,
+                    inputs: Some((then, input)),
+                });
+            }
             return Err(ResumeError::OtherInput {
                 path: path.to_path_buf(),
                 checkpoint: then,
@@ -75,22 +92,16 @@ pub fn check_resume(
             });
         }
     }
-    let Some(then) = &state.run else {
+    let Some(changes) = changes else {
         return Ok(Some(format!(
             "checkpoint {} does not record its run's dataset, batch and seed (written by an \
              older dptrain): resuming without checking them",
             path.display()
         )));
     };
-    let mut now = checkpoint::RunIdentity::of(cfg);
-    if cfg.processes > 1 {
-        // Each process would resolve the data's path on its own file system, and the ranks
-        // must agree: over several processes the data is compared as it is named.
-        now.data_path = None;
-    }
-    let changes = then.changes(&now);
+    let planned = state.run.as_ref().and_then(|r| r.epochs);
     if changes.is_empty() {
-        return Ok(None);
+        return Ok(schedule_stretched(cfg, planned));
     }
     if cfg.resume_changed && state.step_in_epoch > 0 {
         return Err(ResumeError::ChangedMidEpoch {
@@ -112,6 +123,22 @@ pub fn check_resume(
         path: path.to_path_buf(),
         changes,
         inside_epoch: state.step_in_epoch > 0,
+        inputs: None,
+    })
+}
+
+/// A warning when a resumed run's `--epochs` differs from the checkpoint's run's and the
+/// learning-rate schedule spans the run (cosine decays to 0 over `--epochs`): the rate from the
+/// resumed epoch on follows the new total's curve, not the one the run was following.
+fn schedule_stretched(cfg: &TrainConfig, planned: Option<usize>) -> Option<String> {
+    let planned = planned.filter(|&p| p != cfg.epochs)?;
+    matches!(cfg.lr_schedule, crate::optim::LrSchedule::Cosine).then(|| {
+        format!(
+            "--epochs {}: the checkpoint's run was started for {planned}, and the cosine \
+             learning-rate schedule spans the run's epochs, so the rate from here on follows \
+             a {}-epoch curve (not the {planned}-epoch one it was on)",
+            cfg.epochs, cfg.epochs
+        )
     })
 }
 
@@ -420,15 +447,15 @@ fn prepare(
         &graph,
         memory::loaded_bytes(&train_source, &test_split),
     )?;
-    let (input_line, unreadable) = inputs::resolve(&mut cfg, &train_source)?;
+    let (input_line, input_warnings) = inputs::resolve(&mut cfg, &train_source)?;
     notes.push(input_line);
     if cfg.process_rank == 0 && !cfg.quiet {
         for note in notes {
             eprintln!("note: {note}");
         }
     }
-    if let Some(w) = unreadable {
-        warn(&w);
+    for w in &input_warnings {
+        warn(w);
     }
     let test_set = test_split.decode().map_err(PrepareError::TestSplit)?;
     let input = graph.input();

@@ -50,6 +50,19 @@ pub enum OutputsError {
          being continued: leave out one of the two"
     )]
     OverwriteWithResume,
+    /// `--overwrite` would delete the checkpoint `--weights` starts from.
+    #[error(
+        "--overwrite would delete {}, the checkpoint --weights starts from: choose another \
+         --run-dir, or move the checkpoint out of {} first",
+        weights.display(),
+        dir.display()
+    )]
+    OverwriteDeletesWeights {
+        /// The `--weights` checkpoint.
+        weights: PathBuf,
+        /// The run directory.
+        dir: PathBuf,
+    },
     /// An earlier run's file could not be deleted (`--overwrite`).
     #[error(transparent)]
     Delete(OutputError),
@@ -419,6 +432,18 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         }
         // Only regular files of their kind are deleted (checked above).
         to_delete.extend(found.iter().map(|name| dir.join(name)));
+        if let Some(weights) = cfg.weights.as_deref() {
+            let same = |p: &PathBuf| match (p.canonicalize(), weights.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            if to_delete.iter().any(same) {
+                return Err(OutputsError::OverwriteDeletesWeights {
+                    weights: weights.to_path_buf(),
+                    dir: dir.clone(),
+                });
+            }
+        }
     }
     let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|(f, _)| dir.join(f)).collect();
     if !cfg.no_checkpoints {

@@ -40,30 +40,14 @@ pub enum WeightsError {
         layers: Vec<String>,
     },
     /// A tensor's shape differs, and not because the class count changed.
-    #[error(
-        "--weights {}: layer '{layer}': tensor '{tensor}' is {checkpoint:?} in the checkpoint \
-         but {model:?} in this model; start that layer from scratch with --reinit {layer}, or \
-         use a checkpoint of this model",
-        path.display()
-    )]
-    Shape {
-        /// The checkpoint.
-        path: PathBuf,
-        /// The layer.
-        layer: String,
-        /// The tensor's full name.
-        tensor: String,
-        /// Its shape in the checkpoint.
-        checkpoint: Vec<usize>,
-        /// Its shape in this run's model.
-        model: Vec<usize>,
-    },
+    #[error(transparent)]
+    Shape(Box<ShapeMismatch>),
     /// The checkpoint has no tensor for a layer of the model.
     #[error(
         "--weights {}: the checkpoint (model '{from}') has no tensor '{tensor}' for layer \
-         '{layer}' of this run's model '{model}'; start that layer from scratch with --reinit \
-         {layer}, or give a checkpoint of a model that has it",
-        path.display()
+         '{layer}' of this run's model '{model}'; {}",
+        path.display(),
+        missing_remedy(from, model, layer)
     )]
     Missing {
         /// The checkpoint.
@@ -77,6 +61,58 @@ pub enum WeightsError {
         /// The tensor's full name.
         tensor: String,
     },
+}
+
+/// A tensor of the checkpoint whose shape differs from this run's model's.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "--weights {}: layer '{layer}': tensor '{tensor}' is {checkpoint:?} in the checkpoint but \
+     {model:?} in this model; {}",
+    path.display(),
+    shape_remedy(layer, *inputs)
+)]
+pub struct ShapeMismatch {
+    /// The checkpoint.
+    pub path: PathBuf,
+    /// The layer.
+    pub layer: String,
+    /// The tensor's full name.
+    pub tensor: String,
+    /// Its shape in the checkpoint.
+    pub checkpoint: Vec<usize>,
+    /// Its shape in this run's model.
+    pub model: Vec<usize>,
+    /// The input (C, H, W) the checkpoint was trained on, and this run's, where they differ:
+    /// a layer after `flatten` changes its size with the input's.
+    pub inputs: Option<([usize; 3], [usize; 3])>,
+}
+
+/// What to do about a layer whose shape differs: train at the checkpoint's input size when the
+/// input changed (the likely cause, and it keeps the layer's training), else start it over.
+fn shape_remedy(layer: &str, inputs: Option<([usize; 3], [usize; 3])>) -> String {
+    let reinit = format!("start that layer from scratch with --reinit {layer}");
+    match inputs {
+        Some((old, new)) if old[0] == new[0] => format!(
+            "the checkpoint was trained on {}x{} inputs and this run's are {}x{}: train on \
+             inputs of the checkpoint's size (an image folder with --image-size {}x{}), or \
+             {reinit}",
+            old[1], old[2], new[1], new[2], old[1], old[2]
+        ),
+        _ => format!("{reinit}, or use a checkpoint of this model"),
+    }
+}
+
+/// What to do about a layer the checkpoint lacks: with another model named, train that one.
+fn missing_remedy(from: &str, model: &str, layer: &str) -> String {
+    let reinit = format!("start that layer from scratch with --reinit {layer}");
+    if from != model {
+        format!(
+            "to fine-tune the checkpoint's model give --model {from} (the model is not taken \
+             from the checkpoint), or {reinit}"
+        )
+    } else {
+        format!("{reinit}, or give a checkpoint of a model that has it")
+    }
 }
 
 /// The weights a run starts from: a checkpoint and the layers left at their initialisation.
@@ -124,7 +160,8 @@ impl StartWeights {
         // Weights that fit any input size (convolutions, a head after global pooling) load
         // silently at another one: said, since features learnt at one scale meet another.
         let input = g.input();
-        if let Some(old) = ck.description.as_ref().map(|d| d.input) {
+        let trained_input = ck.description.as_ref().map(|d| d.input);
+        if let Some(old) = trained_input {
             if old != [input.c, input.h, input.w] {
                 notes.push(format!(
                     "--weights: the checkpoint was trained on {}x{}x{} inputs, this run's are \
@@ -161,13 +198,16 @@ impl StartWeights {
                         old == new || (new == g.classes && old_classes.is_none_or(|c| c == old))
                     });
                 if !(is_head && class_dims_only) {
-                    return Err(WeightsError::Shape {
+                    return Err(WeightsError::Shape(Box::new(ShapeMismatch {
                         path: path.to_path_buf(),
                         layer: b.name.clone(),
                         tensor: name,
                         checkpoint: stored,
                         model: t.torch_shape.clone(),
-                    });
+                        inputs: trained_input
+                            .filter(|&old| old != [input.c, input.h, input.w])
+                            .map(|old| (old, [input.c, input.h, input.w])),
+                    })));
                 }
                 head_changed.get_or_insert((name, stored, t.torch_shape.clone()));
             }
