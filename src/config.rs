@@ -505,22 +505,27 @@ pub fn check_link_against_timeout(
     link: &LinkModel,
     timeout_s: f64,
     flags: LinkFlags,
+    timeout_flag: Option<&str>,
 ) -> Result<(), String> {
     let flags = flags.prefix();
+    // The timeout as this command names it: its option, or a fixed one (a benchmark's).
+    let (timeout, or_raise) = match timeout_flag {
+        Some(f) => (format!("{f} {timeout_s} s"), format!(" or raise {f}")),
+        None => (format!("the {timeout_s} s timeout"), String::new()),
+    };
     let latency = link.latency.as_secs_f64();
     if latency >= timeout_s {
         return Err(format!(
-            "--{flags}-latency {latency} s is not below --comm-timeout {timeout_s} s: every message \
-             waits the latency, so every collective would time out; lower the latency or raise \
-             --comm-timeout"
+            "--{flags}-latency {latency} s is not below {timeout}: every message waits the \
+             latency, so every collective would time out; lower the latency{or_raise}"
         ));
     }
     let one_float = latency + 4.0 / link.bandwidth_bytes_per_s;
     if one_float >= timeout_s {
         return Err(format!(
             "--{flags}-bandwidth {} bytes/s moves one float (4 bytes) in {:.0} s, not within \
-             --comm-timeout {timeout_s} s, and a step moves the whole gradient: raise the \
-             bandwidth (e.g. 1Gbit) or --comm-timeout",
+             {timeout}, and a step moves the whole gradient: raise the bandwidth (e.g. \
+             1Gbit){or_raise}",
             link.bandwidth_bytes_per_s, one_float
         ));
     }
@@ -779,6 +784,7 @@ impl TrainOptions {
         let outputs = self.resolve_outputs(&model_name, &dataset)?;
         let mut warnings = workers.warnings;
         warnings.extend(schedule_warnings(&solver.lr_schedule, epochs));
+        warnings.extend(self.untraced_window());
         Ok(TrainConfig {
             model,
             model_spec,
@@ -1074,7 +1080,12 @@ impl TrainOptions {
             latency: parse_duration(self.intra_latency.as_deref().unwrap_or("0"))
                 .map_err(|e| format!("--intra-latency: {e}"))?,
         };
-        check_link_against_timeout(&port, comm_timeout.as_secs_f64(), LinkFlags::Intra)?;
+        check_link_against_timeout(
+            &port,
+            comm_timeout.as_secs_f64(),
+            LinkFlags::Intra,
+            Some("--comm-timeout"),
+        )?;
         Ok(Some(port))
     }
 
@@ -1100,7 +1111,7 @@ impl TrainOptions {
             ));
         }
         if let Some(l) = link {
-            check_link_against_timeout(l, comm_timeout, LinkFlags::Link)?;
+            check_link_against_timeout(l, comm_timeout, LinkFlags::Link, Some("--comm-timeout"))?;
         }
         Ok(Duration::from_secs_f64(comm_timeout))
     }
@@ -1248,16 +1259,19 @@ impl TrainOptions {
         })
     }
 
+    /// A warning for a `--trace-steps` without `--trace`: not a refusal, since a config file
+    /// may hold a window for the runs that trace.
+    fn untraced_window(&self) -> Option<String> {
+        (self.trace_steps.is_some() && self.trace.is_none()).then(|| {
+            "--trace-steps chooses the steps --trace records, and no --trace is given: nothing \
+             is traced"
+                .to_string()
+        })
+    }
+
     /// Where the run writes and how it reports: trace window, log format, run directory.
     fn resolve_outputs(&self, model_name: &str, dataset: &str) -> Result<ResolvedOutputs, String> {
         let trace_steps = match &self.trace_steps {
-            Some(_) if self.trace.is_none() => {
-                return Err(
-                    "--trace-steps chooses the steps --trace records: give --trace \
-                            FILE too, or leave it out"
-                        .into(),
-                )
-            }
             Some(s) => crate::trace::parse_steps(s).map_err(|e| format!("--trace-steps: {e}"))?,
             None => crate::trace::DEFAULT_STEPS,
         };

@@ -97,10 +97,22 @@ fn a_name_an_expression_cannot_use_is_said_for_what_it_is() {
         msg.contains("\"$width * 2\": the template parameter 'width' is \"wide\", not an integer"),
         "{msg}"
     );
-    // The string substituted whole: the name as written, without a '$' it never had.
+    // The string substituted whole: the parameter it came from, not an unknown name 'wide'.
     let msg = with("\"wide\"", "$width");
-    assert!(msg.contains("\"wide\": unknown name 'wide'"), "{msg}");
-    assert!(!msg.contains("$wide"), "{msg}");
+    assert!(
+        msg.contains("\"wide\": the template parameter 'width' is \"wide\", not an integer"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("$wide") && !msg.contains("unknown name"),
+        "{msg}"
+    );
+    // A name no parameter gave: unknown, as written.
+    let e = parse_err("layers = [\n  { type = \"conv2d\", out = \"wide\", kernel = 3 },\n]\n");
+    assert!(
+        e.to_string().contains("\"wide\": unknown name 'wide'"),
+        "{e}"
+    );
     // A shape variable where a size must be fixed.
     let e = parse_err("layers = [\n  { type = \"conv2d\", out = 4, kernel = \"channels\" },\n]\n");
     assert!(

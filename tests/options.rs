@@ -392,14 +392,49 @@ const MEANING_REFUSALS: &[Case] = &[
         "--trace-steps: bad step window '8..5'",
     ),
     (
-        &["train", "--trace-steps", "1..3"],
-        1,
-        "--trace-steps chooses the steps --trace records",
-    ),
-    (
         &["simulate", "--profile", "p.json", "--device-tflops", "1"],
         1,
         "--device-tflops applies with --model",
+    ),
+    (
+        &["simulate", "--profile", "p.json", "--batch", "8"],
+        1,
+        "--batch applies with --model",
+    ),
+    (
+        &["train", "--data-dir", "/no/such/mnist"],
+        1,
+        "/no/such/mnist: not found; `--dataset mnist` with a directory reads",
+    ),
+    (
+        &[
+            "bench",
+            "allreduce",
+            "--sizes",
+            "4K",
+            "--iters",
+            "1",
+            "--link-bandwidth",
+            "1bit",
+        ],
+        1,
+        "moves a 4096-byte message (of the 4096-byte buffer)",
+    ),
+    (
+        &[
+            "bench",
+            "allreduce",
+            "--sizes",
+            "4K",
+            "--iters",
+            "1",
+            "--link-bandwidth",
+            "1Gbit",
+            "--link-latency",
+            "200s",
+        ],
+        1,
+        "--link-latency 200 s is not below the 120 s timeout",
     ),
     (
         &[
@@ -810,6 +845,8 @@ fn a_milestone_past_the_run_is_a_warning() {
             "train",
             "--lr-schedule",
             "step:1,5",
+            "--trace-steps",
+            "1..3",
             "--epochs",
             "1",
             "--train-limit",
@@ -827,7 +864,8 @@ fn a_milestone_past_the_run_is_a_warning() {
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
         err.contains("milestone 1 is not before the last epoch")
-            && err.contains("milestone 5 is not before the last epoch"),
+            && err.contains("milestone 5 is not before the last epoch")
+            && err.contains("no --trace is given: nothing is traced"),
         "{err}"
     );
 }

@@ -577,7 +577,7 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
     assert!(
         err.contains("--dataset synthetic in the checkpoint, synthetic:1x32x32 now")
             && err.contains("its model takes 1x28x28 inputs and this data gives 1x32x32")
-            && !err.contains("--resume-changed"),
+            && !err.contains("pass --resume-changed"),
         "{err}"
     );
     // A resume for more epochs than the run was started for: under cosine, which spans the

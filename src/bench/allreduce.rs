@@ -522,6 +522,40 @@ fn predicted(
     ))
 }
 
+/// Refuses sizes whose largest message cannot cross the emulated link within the benchmark's
+/// timeout (a worker would fail on it mid-run, its peer reporting it gone), naming this
+/// command's options. The largest message is the whole buffer for tree, halving-doubling (its
+/// fold of a non-power-of-two rank count) and redundant, a ring's share of it for ring.
+fn check_messages_arrive(
+    a: &AllReduceArgs,
+    link: &LinkModel,
+    ops: &[BucketOp],
+    with_auto: bool,
+    workers: usize,
+    sizes: &[usize],
+) -> Result<(), String> {
+    let buffer = sizes.iter().copied().max().unwrap_or(0);
+    let ring_only = !with_auto
+        && ops
+            .iter()
+            .all(|op| *op == BucketOp::AllReduce(CommMode::Ring));
+    let largest = if ring_only {
+        buffer.div_ceil(workers.max(1))
+    } else {
+        buffer
+    };
+    let secs = link.latency.as_secs_f64() + largest as f64 / link.bandwidth_bytes_per_s;
+    if secs < TIMEOUT_S as f64 {
+        return Ok(());
+    }
+    Err(format!(
+        "--link-bandwidth {} moves a {largest}-byte message (of the {buffer}-byte buffer) in \
+         {secs:.0} s, past the {TIMEOUT_S} s a message may take here: give a faster link or \
+         smaller --sizes",
+        a.link_bandwidth.as_deref().unwrap_or_default()
+    ))
+}
+
 /// `bench allreduce` in this process: worker threads, optionally over an emulated link; the
 /// table printed row by row as it is measured. Without a link each size's memory bound is
 /// measured too ([`super::memory_bound`]) and every row says how far above it it is.
@@ -529,23 +563,13 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
     let link = parse_link(&a.link_bandwidth, &a.link_latency)?;
     let (ops, with_auto) = comm_ops(&a.comm, link.is_none())?;
     if let Some(l) = &link {
-        // The largest message a mode sends is the whole buffer (tree, redundant): one that
-        // cannot arrive within the benchmark's timeout is refused here, naming this command's
-        // options (a worker would fail on it mid-run, its peer reporting it gone).
-        let largest = sizes.iter().copied().max().unwrap_or(0);
-        let secs = l.latency.as_secs_f64() + largest as f64 / l.bandwidth_bytes_per_s;
-        if secs >= TIMEOUT_S as f64 {
-            return Err(format!(
-                "--link-bandwidth {} moves a {largest}-byte buffer in {secs:.0} s, past the \
-                 {TIMEOUT_S} s a message may take here: give a faster link or smaller --sizes",
-                a.link_bandwidth.as_deref().unwrap_or_default()
-            ));
-        }
         crate::config::check_link_against_timeout(
             l,
             TIMEOUT_S as f64,
             crate::config::LinkFlags::Link,
+            None,
         )?;
+        check_messages_arrive(a, l, &ops, with_auto, workers, sizes)?;
     }
     crate::comm::transport::check_in_process_workers(workers)?;
     // Each worker holds the buffer and a scratch copy; the fabric its channels and the

@@ -7,6 +7,7 @@ mod checkpoint_arg;
 mod data;
 mod eval;
 mod export;
+mod given;
 mod launch;
 mod model;
 mod predict;
@@ -98,15 +99,6 @@ impl Default for Command {
 /// Diagnostic messages (bucket plan, mode choices, files written) go to stderr through
 /// `tracing`, filtered by `RUST_LOG` (e.g. `RUST_LOG=dptrain=debug`); warnings only by default,
 /// so stdout stays the progress and results.
-/// The first of `options` (flag, whether given) that was given: for an option that would
-/// change nothing in this command's configuration, refused by its caller rather than ignored.
-fn first_given(options: &[(&'static str, bool)]) -> Option<&'static str> {
-    options
-        .iter()
-        .find(|(_, given)| *given)
-        .map(|(flag, _)| *flag)
-}
-
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

@@ -146,7 +146,7 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
     // Options of a measurement, given with a device speed (a derived profile), would change
     // nothing: refused rather than ignored.
     if a.device.speed().is_some() {
-        let measuring = super::first_given(&[
+        let measuring = super::given::first_given(&[
             ("--threads", a.threads.is_some()),
             ("--steps", a.steps.is_some()),
             ("--concurrent", a.concurrent.is_some()),

@@ -295,7 +295,7 @@ fn load_profile(a: &SimulateArgs) -> Result<Profile, String> {
             // A profile's times and batch are its own: figures that would derive others are
             // refused, not ignored.
             let d = &a.device;
-            let deriving = super::first_given(&[
+            let deriving = super::given::first_given(&[
                 ("--batch", a.batch.is_some()),
                 ("--device-tflops", d.device_tflops.is_some()),
                 ("--device-images-per-s", d.device_images_per_s.is_some()),

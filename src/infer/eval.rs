@@ -500,7 +500,7 @@ pub fn evaluate(
     let chunks = data.set.len().div_ceil(batch);
     let workers = opts.workers.min(chunks).max(1);
     let threads = crate::limits::threads_per_worker(opts.threads, workers).0;
-    super::check_memory(model, batch, workers, threads)?;
+    super::check_memory(model, batch, (workers, Some("--workers")), threads)?;
     let plan = Plan {
         model,
         set: &data.set,

@@ -67,16 +67,18 @@ pub enum InferError {
 
 /// Refuses `workers` inference nets of `model` at `batch` (each on `threads` threads) that would
 /// not fit, before any is allocated: the run memory estimate (`plan::memory`) with no
-/// gradients, shared with `train`, `profile` and the benchmarks.
+/// gradients, shared with `train`, `profile` and the benchmarks. `workers_flag` is the
+/// command's option that sets the workers, if it has one (`eval --workers`; not `predict`).
 pub fn check_memory(
     model: &crate::train::description::TrainedModel,
     batch: usize,
-    workers: usize,
+    (workers, workers_flag): (usize, Option<&'static str>),
     threads: usize,
 ) -> Result<(), InferError> {
     let mut inputs =
         crate::plan::memory::MemoryInputs::training(&model.graph, batch, workers, threads);
     inputs.training = false;
+    inputs.workers_flag = workers_flag;
     inputs.data_buffers = workers;
     inputs.conv_algo = model.description.conv_algo;
     let nets = if workers == 1 {

@@ -146,7 +146,7 @@ impl<'a> Predictor<'a> {
         if batch == 0 {
             return Err(InferError::Options("--batch must be at least 1".into()));
         }
-        super::check_memory(model, batch, 1, crate::limits::cores())?;
+        super::check_memory(model, batch, (1, None), crate::limits::cores())?;
         super::image_channels(model)?;
         Ok(Self {
             model,

@@ -387,8 +387,15 @@ impl Keys<'_> {
     /// `name` in the expression `text` of `key` is not bound to an integer: a template
     /// parameter of another type, a shape variable where sizes must be fixed, or no name.
     fn unknown_name(&self, key: &str, text: &str, name: &str) -> ModelError {
-        let why = match self.params.get(name) {
-            Some(v) => format!("the template parameter '{name}' is {v}, not an integer"),
+        // `out = "$width"` with `width = "wide"` arrives here as the text "wide", substituted
+        // whole: the parameter it came from is named, not an unknown name 'wide'.
+        let substituted = self
+            .params
+            .iter()
+            .find(|(_, v)| v.as_str() == Some(text))
+            .map(|(k, v)| (k.as_str(), v));
+        let why = match self.params.get(name).map(|v| (name, v)).or(substituted) {
+            Some((param, v)) => format!("the template parameter '{param}' is {v}, not an integer"),
             None if SHAPE_VARS.contains(&name) => format!(
                 "'{key}' cannot depend on the input's shape: channels and classes may be used \
                  in counts only (out, groups)"

@@ -17,7 +17,7 @@
 //!
 //! The metadata also records what the run trained on (dataset, global batch, seed, training
 //! limit: [`RunIdentity`]), so that `--resume` can refuse a run that would continue under other
-//! settings, and the SHA-256 of the tensor data (the bytes after the safetensors header,
+//! settings (and the workers and epochs it ran with, recorded, not compared), and the SHA-256 of the tensor data (the bytes after the safetensors header,
 //! whatever tensors they hold), checked on every load: a changed byte is reported as a corrupt
 //! checkpoint instead of loading silently.
 
@@ -599,6 +599,25 @@ pub fn save_net(
 }
 
 impl Checkpoint {
+    /// What `--model` the checkpoint's run was given: the built-in name or model file path
+    /// the checkpoint records, else the `model` of the `summary.json` beside it (`path`, for
+    /// older checkpoints).
+    pub fn model_flag(&self, path: &Path) -> Option<String> {
+        if let Some(d) = &self.description {
+            let source = &d.model_source;
+            return Some(
+                source
+                    .strip_prefix("builtin:")
+                    .unwrap_or(source)
+                    .to_string(),
+            );
+        }
+        let summary = crate::output::parent_dir(path).join("summary.json");
+        let text = crate::input::read_text(&summary, crate::input::FileKind::Summary).ok()?;
+        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+        json["config"]["model"].as_str().map(str::to_string)
+    }
+
     /// Captures the model (weights, running statistics) and the optimizer's momentum (laid
     /// out as the parameters): a copy in PyTorch's layouts.
     pub fn capture(state: TrainState, net: &Net, optimizer: OptimizerState<'_>) -> Self {

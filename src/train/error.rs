@@ -284,8 +284,8 @@ pub enum ResumeError {
         describe_changes(changes),
         if let Some((then, now)) = inputs {
             format!(
-                " (its model takes {}x{}x{} inputs and this data gives {}x{}x{}, which no \
-                 option resumes)",
+                " (its model takes {}x{}x{} inputs and this data gives {}x{}x{}, which \
+                 --resume-changed cannot resume)",
                 then[0], then[1], then[2], now[0], now[1], now[2]
             )
         } else if *inside_epoch {

@@ -48,8 +48,8 @@ pub use summary::{ResumedFrom, Summary};
 /// with `--resume-changed`), and that its run trained on the same data in the same order as
 /// this one would (dataset, global batch, seed, training limit): otherwise the resumed run would continue
 /// at a global step computed for another run. Refused naming each field and both values, unless
-/// `--resume-changed`; returns the warning to show when it was accepted that way, or when the
-/// checkpoint is too old to tell.
+/// `--resume-changed`; returns the warning to show when it was accepted that way, when the
+/// checkpoint is too old to tell, or when another `--epochs` stretches a cosine schedule.
 pub fn check_resume(
     cfg: &TrainConfig,
     (model, input): (&str, [usize; 3]),
@@ -62,7 +62,7 @@ pub fn check_resume(
         return Err(ResumeError::OtherModel {
             checkpoint: state.model.clone(),
             now: model.to_string(),
-            model_flag: recorded_model_flag(ck, path),
+            model_flag: ck.model_flag(path),
         });
     }
     let mut now = checkpoint::RunIdentity::of(cfg);
@@ -74,9 +74,12 @@ pub fn check_resume(
     let changes = state.run.as_ref().map(|then| then.changes(&now));
     if let Some(then) = ck.description.as_ref().map(|d| d.input) {
         if then != input {
-            // Other data is the likelier cause (a resume that left --dataset out reads
-            // MNIST): said with every setting that differs, the checkpoint's values named.
-            if let Some(changes) = changes.filter(|c| !c.is_empty() && !cfg.resume_changed) {
+            // Other data explains the shape (a resume that left --dataset out reads MNIST):
+            // said with every setting that differs, the checkpoint's values named. With the
+            // same data, the shape is the image size's, which OtherInput's remedy names.
+            let other_data =
+                |c: &Vec<(&str, String, String)>| c.iter().any(|(flag, _, _)| *flag == "--dataset");
+            if let Some(changes) = changes.filter(|c| other_data(c) && !cfg.resume_changed) {
                 return Err(ResumeError::OtherRun {
                     path: path.to_path_buf(),
                     changes,
@@ -99,9 +102,9 @@ pub fn check_resume(
             path.display()
         )));
     };
-    let planned = state.run.as_ref().and_then(|r| r.epochs);
+    let stretched = schedule_stretched(cfg, state.run.as_ref().and_then(|r| r.epochs));
     if changes.is_empty() {
-        return Ok(schedule_stretched(cfg, planned));
+        return Ok(stretched);
     }
     if cfg.resume_changed && state.step_in_epoch > 0 {
         return Err(ResumeError::ChangedMidEpoch {
@@ -111,13 +114,17 @@ pub fn check_resume(
         });
     }
     if cfg.resume_changed {
-        return Ok(Some(format!(
+        let accepted = format!(
             "--resume-changed: resuming {} under other settings ({}); the data order and \
              step count follow the new settings (the normalisation stays the checkpoint's \
              unless --normalize gives values or estimate)",
             path.display(),
             error::describe_changes(&changes)
-        )));
+        );
+        return Ok(Some(match stretched {
+            Some(s) => format!("{accepted}; {s}"),
+            None => accepted,
+        }));
     }
     Err(ResumeError::OtherRun {
         path: path.to_path_buf(),
@@ -140,24 +147,6 @@ fn schedule_stretched(cfg: &TrainConfig, planned: Option<usize>) -> Option<Strin
             cfg.epochs, cfg.epochs
         )
     })
-}
-
-/// What `--model` the checkpoint's run was given: the built-in name or model file path the
-/// checkpoint records, else the `model` of the `summary.json` beside it (older checkpoints).
-fn recorded_model_flag(ck: &checkpoint::Checkpoint, path: &Path) -> Option<String> {
-    if let Some(d) = &ck.description {
-        let source = &d.model_source;
-        return Some(
-            source
-                .strip_prefix("builtin:")
-                .unwrap_or(source)
-                .to_string(),
-        );
-    }
-    let summary = crate::output::parent_dir(path).join("summary.json");
-    let text = crate::input::read_text(&summary, crate::input::FileKind::Summary).ok()?;
-    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-    json["config"]["model"].as_str().map(str::to_string)
 }
 
 /// The model `--model NAME|FILE` made concrete for samples of `shape` and `classes`

@@ -43,24 +43,31 @@ pub enum WeightsError {
     #[error(transparent)]
     Shape(Box<ShapeMismatch>),
     /// The checkpoint has no tensor for a layer of the model.
-    #[error(
-        "--weights {}: the checkpoint (model '{from}') has no tensor '{tensor}' for layer \
-         '{layer}' of this run's model '{model}'; {}",
-        path.display(),
-        missing_remedy(from, model, layer)
-    )]
-    Missing {
-        /// The checkpoint.
-        path: PathBuf,
-        /// The checkpoint's model.
-        from: String,
-        /// This run's model.
-        model: String,
-        /// The layer.
-        layer: String,
-        /// The tensor's full name.
-        tensor: String,
-    },
+    #[error(transparent)]
+    Missing(Box<MissingTensor>),
+}
+
+/// A layer of this run's model with no tensor in the checkpoint.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "--weights {}: the checkpoint (model '{from}') has no tensor '{tensor}' for layer '{layer}' \
+     of this run's model '{model}'; {}",
+    path.display(),
+    missing_remedy(from, model, model_flag.as_deref(), layer)
+)]
+pub struct MissingTensor {
+    /// The checkpoint.
+    pub path: PathBuf,
+    /// The checkpoint's model.
+    pub from: String,
+    /// The `--model` the checkpoint's run was given, where recorded.
+    pub model_flag: Option<String>,
+    /// This run's model.
+    pub model: String,
+    /// The layer.
+    pub layer: String,
+    /// The tensor's full name.
+    pub tensor: String,
 }
 
 /// A tensor of the checkpoint whose shape differs from this run's model's.
@@ -94,21 +101,26 @@ fn shape_remedy(layer: &str, inputs: Option<([usize; 3], [usize; 3])>) -> String
     match inputs {
         Some((old, new)) if old[0] == new[0] => format!(
             "the checkpoint was trained on {}x{} inputs and this run's are {}x{}: train on \
-             inputs of the checkpoint's size (an image folder with --image-size {}x{}), or \
-             {reinit}",
+             inputs of the checkpoint's size (an image folder or a packed file reads its \
+             images at --image-size {}x{}), or {reinit}",
             old[1], old[2], new[1], new[2], old[1], old[2]
         ),
         _ => format!("{reinit}, or use a checkpoint of this model"),
     }
 }
 
-/// What to do about a layer the checkpoint lacks: with another model named, train that one.
-fn missing_remedy(from: &str, model: &str, layer: &str) -> String {
+/// What to do about a layer the checkpoint lacks: with another model named, train that one,
+/// by the `--model` its run was given (`model_flag`, a built-in name or a model file).
+fn missing_remedy(from: &str, model: &str, model_flag: Option<&str>, layer: &str) -> String {
     let reinit = format!("start that layer from scratch with --reinit {layer}");
     if from != model {
+        let give = match model_flag {
+            Some(flag) => format!("give --model {flag}"),
+            None => "give the --model its run was given".to_string(),
+        };
         format!(
-            "to fine-tune the checkpoint's model give --model {from} (the model is not taken \
-             from the checkpoint), or {reinit}"
+            "to fine-tune the checkpoint's model {give} (the model is not taken from the \
+             checkpoint), or {reinit}"
         )
     } else {
         format!("{reinit}, or give a checkpoint of a model that has it")
@@ -181,13 +193,14 @@ impl StartWeights {
                     Some(Stored::I64(_)) if t.torch_shape.is_empty() => continue,
                     Some(Stored::I64(_)) => Vec::new(),
                     None => {
-                        return Err(WeightsError::Missing {
+                        return Err(WeightsError::Missing(Box::new(MissingTensor {
                             path: path.to_path_buf(),
                             from: ck.state.model.clone(),
+                            model_flag: ck.model_flag(path),
                             model: g.name.clone(),
                             layer: b.name.clone(),
                             tensor: name,
-                        })
+                        })))
                     }
                 };
                 if stored == t.torch_shape {
