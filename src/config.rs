@@ -34,6 +34,9 @@ pub struct TrainConfig {
     pub data_dir: Option<PathBuf>,
     /// Epochs to train.
     pub epochs: usize,
+    /// Whether `--epochs` was given: a resume without it trains for the epochs the
+    /// checkpoint's run was started for.
+    pub epochs_given: bool,
     /// Global batch size (split evenly across workers).
     pub batch: usize,
     /// Base learning rate.
@@ -791,6 +794,7 @@ impl TrainOptions {
             dataset,
             data_dir: self.data_dir.clone(),
             epochs,
+            epochs_given: self.epochs.is_some(),
             batch: workers.batch,
             lr: solver.lr,
             lr_schedule: solver.lr_schedule,

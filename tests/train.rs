@@ -599,6 +599,16 @@ fn resume_refuses_another_run_unless_told_and_says_what_changed() {
         "{said}"
     );
     assert_eq!(extend("constant"), None);
+    // Without --epochs, a resume trains for the checkpoint's run's epochs (1, all done here),
+    // not the flag's default of 4.
+    let err = train(config(&tmp.path().join("no-epochs"), |o| {
+        o.train_limit = Some(64);
+        o.epochs = None;
+        o.resume = Some(ck.clone());
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("already completed 1 epoch"), "{err}");
     // Channels alone: the size is not the remedy.
     let err = train(config(&tmp.path().join("other-channels"), |o| {
         o.train_limit = Some(64);

@@ -169,7 +169,7 @@ fn decoder_message(e: impl std::fmt::Display) -> String {
         };
         let inner = &text[at + CHUNK.len()..at + len];
         let name = inner.split(',').next().unwrap_or("").trim();
-        text = format!("{}the '{name}' chunk{}", &text[..at], &text[at + len + 1..]);
+        text = format!("{}'{name}'{}", &text[..at], &text[at + len + 1..]);
     }
     text.trim_end_matches('.').to_string()
 }

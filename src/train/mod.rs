@@ -134,6 +134,22 @@ pub fn check_resume(
     })
 }
 
+/// A resume without `--epochs` trains for the epochs the checkpoint's run was started for
+/// (as a resumed image folder keeps its image size), not the flag's default: `--resume CK`
+/// alone finishes the interrupted run. Checkpoints from before the count was recorded keep the
+/// default. Returns the note that says so.
+fn follow_epochs(cfg: &mut TrainConfig, ck: &checkpoint::Checkpoint) -> Option<String> {
+    if cfg.epochs_given {
+        return None;
+    }
+    let planned = ck.state.run.as_ref()?.epochs?;
+    cfg.epochs = planned;
+    Some(format!(
+        "resuming for the {planned} epochs the checkpoint's run was started for (--epochs \
+         gives another count)"
+    ))
+}
+
 /// A warning when a resumed run's `--epochs` differs from the checkpoint's run's and the
 /// learning-rate schedule spans the run (cosine decays to 0 over `--epochs`): the rate from the
 /// resumed epoch on follows the new total's curve, not the one the run was following.
@@ -421,6 +437,7 @@ fn prepare(
     let mut notes = Vec::new();
     if let (Some(ck), Some(path)) = (resume.as_deref(), cfg.resume.clone()) {
         notes.extend(inputs::follow_checkpoint(&mut cfg, ck, &path)?);
+        notes.extend(follow_epochs(&mut cfg, ck));
     }
     let (train_source, test_split) = load_sources(&cfg)?;
     inputs::check_normalization_channels(&cfg, &train_source)?;
