@@ -192,6 +192,11 @@ impl RunIdentity {
         }
     }
 
+    /// Whether `now` trains on the same dataset as the checkpoint's run (`self`).
+    pub fn same_data(&self, now: &RunIdentity) -> bool {
+        same_dataset(self, now)
+    }
+
     /// The fields that differ between the checkpoint's run (`self`) and `now`: (option, the
     /// checkpoint's value, this run's value).
     pub fn changes(&self, now: &RunIdentity) -> Vec<(&'static str, String, String)> {

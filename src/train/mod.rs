@@ -77,9 +77,8 @@ pub fn check_resume(
             // Other data explains the shape (a resume that left --dataset out reads MNIST):
             // said with every setting that differs, the checkpoint's values named. With the
             // same data, the shape is the image size's, which OtherInput's remedy names.
-            let other_data =
-                |c: &Vec<(&str, String, String)>| c.iter().any(|(flag, _, _)| *flag == "--dataset");
-            if let Some(changes) = changes.filter(|c| other_data(c) && !cfg.resume_changed) {
+            let other_data = state.run.as_ref().is_some_and(|then| !then.same_data(&now));
+            if let Some(changes) = changes.filter(|_| other_data && !cfg.resume_changed) {
                 return Err(ResumeError::OtherRun {
                     path: path.to_path_buf(),
                     changes,
