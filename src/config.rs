@@ -34,9 +34,10 @@ pub struct TrainConfig {
     pub data_dir: Option<PathBuf>,
     /// Epochs to train.
     pub epochs: usize,
-    /// Whether `--epochs` was given: a resume without it trains for the epochs the
-    /// checkpoint's run was started for.
-    pub epochs_given: bool,
+    /// Which of the settings a resumed run takes from its checkpoint's run were given (on the
+    /// command line or in a config file): those not given follow the checkpoint
+    /// ([`crate::train::recipe`]).
+    pub given: GivenSettings,
     /// Global batch size (split evenly across workers).
     pub batch: usize,
     /// Base learning rate.
@@ -149,9 +150,6 @@ pub struct TrainConfig {
     pub prefetch: usize,
     /// How the replicas' 3x3 stride-1 convolutions are computed (`--conv-algo`).
     pub conv_algo: crate::backend::ConvAlgo,
-    /// Whether `--conv-algo` was given: a resumed run without it computes as its checkpoint
-    /// did.
-    pub conv_algo_given: bool,
     /// Training-time augmentation: the transform list, in order.
     pub augment: crate::pipeline::Augment,
     /// The model's input size (`--image-size`); `None`: the dataset's (an ImageFolder's first
@@ -171,6 +169,33 @@ pub struct TrainConfig {
     pub trace_steps: std::ops::Range<usize>,
     /// How progress is shown on stdout.
     pub log_format: LogFormat,
+}
+
+/// Whether each setting a resumed run can take from its checkpoint's run was given: a resume
+/// without `--epochs` trains for the epochs its run was started for, without `--conv-algo`
+/// computes as it did, and without the optimisation settings (`--lr`, `--lr-schedule`,
+/// `--warmup-steps`, `--momentum`, `--weight-decay`, `--nesterov`, `--augment`) continues
+/// with the run's, so `--resume CK` alone finishes the run it interrupted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GivenSettings {
+    /// `--epochs`.
+    pub epochs: bool,
+    /// `--conv-algo`.
+    pub conv_algo: bool,
+    /// `--lr`.
+    pub lr: bool,
+    /// `--lr-schedule`.
+    pub lr_schedule: bool,
+    /// `--warmup-steps`.
+    pub warmup_steps: bool,
+    /// `--momentum`.
+    pub momentum: bool,
+    /// `--weight-decay`.
+    pub weight_decay: bool,
+    /// `--nesterov`.
+    pub nesterov: bool,
+    /// `--augment`.
+    pub augment: bool,
 }
 
 /// What connects the workers of a run.
@@ -553,9 +578,10 @@ pub fn parse_reinit(list: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
-/// Warnings for a valid `--lr-schedule` that does not do what it reads as: step milestones
+/// Warnings for a valid `--lr-schedule` that does not do what it reads as (given the epochs
+/// the run trains for, a resume's once it has followed its checkpoint): step milestones
 /// past the last epoch are never reached.
-fn schedule_warnings(schedule: &LrSchedule, epochs: usize) -> Vec<String> {
+pub fn schedule_warnings(schedule: &LrSchedule, epochs: usize) -> Vec<String> {
     match schedule {
         LrSchedule::Step { milestones, .. } => milestones
             .iter()
@@ -786,7 +812,6 @@ impl TrainOptions {
         let input = self.resolve_input()?;
         let outputs = self.resolve_outputs(&model_name, &dataset)?;
         let mut warnings = workers.warnings;
-        warnings.extend(schedule_warnings(&solver.lr_schedule, epochs));
         warnings.extend(self.untraced_window());
         Ok(TrainConfig {
             model,
@@ -794,7 +819,7 @@ impl TrainOptions {
             dataset,
             data_dir: self.data_dir.clone(),
             epochs,
-            epochs_given: self.epochs.is_some(),
+            given: self.given(),
             batch: workers.batch,
             lr: solver.lr,
             lr_schedule: solver.lr_schedule,
@@ -865,7 +890,6 @@ impl TrainOptions {
             quiet: self.quiet,
             loader_threads: input.loader_threads,
             prefetch: input.prefetch,
-            conv_algo_given: self.conv_algo.is_some(),
             conv_algo: match &self.conv_algo {
                 Some(a) => a.parse().map_err(|e| format!("--conv-algo: {e}"))?,
                 None => crate::backend::ConvAlgo::default(),
@@ -879,6 +903,21 @@ impl TrainOptions {
             trace_steps: outputs.trace_steps,
             log_format: outputs.log_format,
         })
+    }
+
+    /// Which of the settings a resume follows from its checkpoint were given.
+    fn given(&self) -> GivenSettings {
+        GivenSettings {
+            epochs: self.epochs.is_some(),
+            conv_algo: self.conv_algo.is_some(),
+            lr: self.lr.is_some(),
+            lr_schedule: self.lr_schedule.is_some(),
+            warmup_steps: self.warmup_steps.is_some(),
+            momentum: self.momentum.is_some(),
+            weight_decay: self.weight_decay.is_some(),
+            nesterov: self.nesterov.is_some(),
+            augment: self.augment.is_some(),
+        }
     }
 
     /// The model to load and its name (the default run directory's): a model file is parsed

@@ -316,6 +316,67 @@ fn resume_continues_bit_exactly() {
     }
 }
 
+/// `--resume CK` alone finishes the run it interrupted: the learning rate, its schedule and
+/// warm-up, the SGD settings and the augmentation are the checkpoint's run's, not the flags'
+/// defaults (which would train on at another rate). A value given again wins, and is warned
+/// about.
+#[test]
+fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = |o: &mut TrainOptions| {
+        o.lr = Some(0.02);
+        o.lr_schedule = Some("step:1:0.5".into());
+        o.warmup_steps = Some(3);
+        o.momentum = Some(0.8);
+        o.weight_decay = Some(1e-3);
+        o.nesterov = Some(false);
+        o.augment = Some("flip".into());
+    };
+    let base = |o: &mut TrainOptions| {
+        o.epochs = Some(2);
+        o.train_limit = Some(96);
+    };
+    let straight = run(&tmp.path().join("straight"), |o| {
+        base(o);
+        recipe(o);
+    });
+    let ck1 = tmp.path().join("straight/checkpoint-epoch0001.safetensors");
+    let said = std::cell::RefCell::new(Vec::<String>::new());
+    let resume = |dir: &str, f: &dyn Fn(&mut TrainOptions)| {
+        let cfg = config(&tmp.path().join(dir), |o| {
+            o.train_limit = Some(96);
+            (o.lr, o.lr_schedule, o.warmup_steps, o.epochs) = (None, None, None, None);
+            o.resume = Some(ck1.clone());
+            f(o);
+        });
+        said.borrow_mut().clear();
+        let group = dptrain::train::processes::ProcessGroup::single();
+        dptrain::train::train_in(cfg, &group, &|w| said.borrow_mut().push(w.to_string()))
+            .unwrap_or_else(|e| panic!("resume failed: {e}"))
+    };
+    let resumed = resume("resumed", &|_| {});
+    assert!(said.borrow().is_empty(), "{:?}", said.borrow());
+    let (a, b) = (weights(&straight), weights(&resumed));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            x.1.iter()
+                .zip(&y.1)
+                .all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{} differs after a resume given only the checkpoint",
+            x.0
+        );
+    }
+    // Another rate given: it wins (other weights), and the resume says it is another recipe.
+    let lowered = resume("lowered", &|o| o.lr = Some(0.01));
+    let said_now = said.borrow().join("\n");
+    assert!(
+        said_now.contains("another recipe") && said_now.contains("--lr 0.01 (the run's was 0.02)"),
+        "{said_now}"
+    );
+    assert_ne!(weights(&lowered), a);
+}
+
 #[test]
 fn compressed_gradients_keep_replicas_identical_resume_exactly_and_change_only_the_rounding() {
     let tmp = tempfile::tempdir().unwrap();

@@ -780,6 +780,7 @@ mod tests {
                 train_limit: None,
                 world: 1,
                 epochs: None,
+                recipe: None,
             }
         };
         let elsewhere = Some(here.clone());

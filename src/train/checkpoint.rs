@@ -168,6 +168,10 @@ pub struct RunIdentity {
     /// checkpoints). Recorded, not compared: a resume may extend a run, and is told when the
     /// learning-rate schedule spans the total ([`crate::train::check_resume`]).
     pub epochs: Option<usize>,
+    /// The run's learning rate, schedule, SGD settings and augmentation (absent in older
+    /// checkpoints). Recorded, not compared: a resume follows what it is not given again
+    /// ([`crate::train::recipe`]).
+    pub recipe: Option<crate::train::recipe::Recipe>,
 }
 
 impl RunIdentity {
@@ -189,6 +193,7 @@ impl RunIdentity {
             train_limit: cfg.train_limit,
             world: cfg.world(),
             epochs: Some(cfg.epochs),
+            recipe: Some(crate::train::recipe::Recipe::of(cfg)),
         }
     }
 
@@ -358,6 +363,9 @@ impl TrainState {
             if let Some(e) = r.epochs {
                 m.insert("epochs".into(), e.to_string());
             }
+            if let Some(recipe) = &r.recipe {
+                recipe.write_metadata(&mut m);
+            }
         }
         m
     }
@@ -392,6 +400,7 @@ impl TrainState {
                     None => None,
                     Some(_) => Some(num("epochs")?),
                 },
+                recipe: crate::train::recipe::Recipe::from_metadata(meta).map_err(what)?,
             }),
         };
         let fingerprint = meta
@@ -967,6 +976,7 @@ mod tests {
             train_limit: None,
             world: 2,
             epochs: Some(3),
+            recipe: None,
         };
         let (a, b) = (place("a"), place("b"));
         let then = run("imagefolder", Some("photos"), Some(a.clone()));

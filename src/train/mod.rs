@@ -20,6 +20,7 @@ pub mod metrics;
 mod priority;
 pub mod processes;
 pub mod progress;
+pub mod recipe;
 pub mod run_files;
 pub mod rundir;
 pub mod summary;
@@ -101,7 +102,7 @@ pub fn check_resume(
             path.display()
         )));
     };
-    let stretched = schedule_stretched(cfg, state.run.as_ref().and_then(|r| r.epochs));
+    let stretched = recipe::schedule_stretched(cfg, state.run.as_ref().and_then(|r| r.epochs));
     if changes.is_empty() {
         return Ok(stretched);
     }
@@ -130,37 +131,6 @@ pub fn check_resume(
         changes,
         inside_epoch: state.step_in_epoch > 0,
         inputs: None,
-    })
-}
-
-/// A resume without `--epochs` trains for the epochs the checkpoint's run was started for
-/// (as a resumed image folder keeps its image size), not the flag's default: `--resume CK`
-/// alone finishes the interrupted run. Checkpoints from before the count was recorded keep the
-/// default. Returns the note that says so.
-fn follow_epochs(cfg: &mut TrainConfig, ck: &checkpoint::Checkpoint) -> Option<String> {
-    if cfg.epochs_given {
-        return None;
-    }
-    let planned = ck.state.run.as_ref()?.epochs?;
-    cfg.epochs = planned;
-    Some(format!(
-        "resuming for the {planned} epochs the checkpoint's run was started for (--epochs \
-         gives another count)"
-    ))
-}
-
-/// A warning when a resumed run's `--epochs` differs from the checkpoint's run's and the
-/// learning-rate schedule spans the run (cosine decays to 0 over `--epochs`): the rate from the
-/// resumed epoch on follows the new total's curve, not the one the run was following.
-fn schedule_stretched(cfg: &TrainConfig, planned: Option<usize>) -> Option<String> {
-    let planned = planned.filter(|&p| p != cfg.epochs)?;
-    matches!(cfg.lr_schedule, crate::optim::LrSchedule::Cosine).then(|| {
-        format!(
-            "--epochs {}: the checkpoint's run was started for {planned}, and the cosine \
-             learning-rate schedule spans the run's epochs, so the rate from here on follows \
-             a {}-epoch curve (not the {planned}-epoch one it was on)",
-            cfg.epochs, cfg.epochs
-        )
     })
 }
 
@@ -433,11 +403,7 @@ fn prepare(
     warn: &dyn Fn(&str),
 ) -> Result<(PreparedRun, Source), PrepareError> {
     let resume = open_resume(&cfg)?;
-    let mut notes = Vec::new();
-    if let (Some(ck), Some(path)) = (resume.as_deref(), cfg.resume.clone()) {
-        notes.extend(inputs::follow_checkpoint(&mut cfg, ck, &path)?);
-        notes.extend(follow_epochs(&mut cfg, ck));
-    }
+    let (mut notes, resume_warnings) = follow_resumed_run(&mut cfg, resume.as_deref())?;
     let (train_source, test_split) = load_sources(&cfg)?;
     inputs::check_normalization_channels(&cfg, &train_source)?;
     let graph = Arc::new(match &cfg.model_spec {
@@ -459,7 +425,7 @@ fn prepare(
             eprintln!("note: {note}");
         }
     }
-    for w in &input_warnings {
+    for w in resume_warnings.iter().chain(&input_warnings) {
         warn(w);
     }
     let test_set = test_split.decode().map_err(PrepareError::TestSplit)?;
@@ -556,12 +522,38 @@ fn plan_for_the_measured_link(cfg: &mut TrainConfig, group: &ProcessGroup) -> Re
 /// given, so that resuming with the same command continues the run bit for bit whatever the
 /// default is.
 fn continue_computing_as(cfg: &mut TrainConfig, ck: &checkpoint::Checkpoint) {
-    if !cfg.conv_algo_given {
+    if !cfg.given.conv_algo {
         cfg.conv_algo = ck
             .description
             .as_ref()
             .map_or(crate::backend::ConvAlgo::Direct, |d| d.conv_algo);
     }
+}
+
+/// What a resumed run takes from its checkpoint's run ([`inputs::follow_checkpoint`],
+/// [`recipe`]): the notes and warnings that say so. The schedule's warnings are judged only
+/// then, on the epochs and schedule the run will follow.
+fn follow_resumed_run(
+    cfg: &mut TrainConfig,
+    resume: Option<&checkpoint::Checkpoint>,
+) -> Result<(Vec<String>, Vec<String>), PrepareError> {
+    let mut notes = Vec::new();
+    let mut warnings = Vec::new();
+    if let (Some(ck), Some(path)) = (resume, cfg.resume.clone()) {
+        notes.extend(inputs::follow_checkpoint(cfg, ck, &path)?);
+        let run = ck.state.run.as_ref();
+        notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));
+        if let Some(recorded) = run.and_then(|r| r.recipe.as_ref()) {
+            let followed = recipe::follow_recipe(cfg, recorded).map_err(PrepareError::Config)?;
+            notes.extend(followed.notes);
+            warnings.extend(followed.warnings);
+        }
+    }
+    warnings.extend(crate::config::schedule_warnings(
+        &cfg.lr_schedule,
+        cfg.epochs,
+    ));
+    Ok((notes, warnings))
 }
 
 /// The checkpoint of `--resume`, read before the data (its input size and evaluation
