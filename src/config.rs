@@ -501,6 +501,10 @@ pub struct TrainOptions {
     pub log_format: Option<String>,
 }
 
+/// `--comm-timeout` when not given, in seconds: how long a collective waits for a peer (the
+/// benchmarks' emulated runs use it too).
+pub const DEFAULT_COMM_TIMEOUT_S: f64 = 120.0;
+
 /// Longest `--comm-timeout`, in seconds (a year): anything longer means "never" and would
 /// overflow the clock arithmetic of the deadlines.
 pub const MAX_COMM_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
@@ -1146,7 +1150,7 @@ impl TrainOptions {
     /// How long a collective may wait, checked against the emulated link (a bucket that
     /// could not cross it in time would fail every step).
     fn resolve_comm_timeout(&self, link: Option<&LinkModel>) -> Result<Duration, String> {
-        let comm_timeout = self.comm_timeout.unwrap_or(120.0);
+        let comm_timeout = self.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT_S);
         if !(comm_timeout > 0.0 && comm_timeout <= MAX_COMM_TIMEOUT_S) {
             return Err(format!(
                 "--comm-timeout must be a positive number of seconds up to {MAX_COMM_TIMEOUT_S} \
@@ -1162,30 +1166,34 @@ impl TrainOptions {
     /// Learning rate, its schedule and SGD's settings.
     fn resolve_solver(&self) -> Result<ResolvedSolver, String> {
         let lr = self.lr.unwrap_or(0.05);
-        if !(lr > 0.0 && lr.is_finite()) {
-            return Err(format!("--lr must be a positive number, not {lr}"));
-        }
-        let momentum = self.momentum.unwrap_or(0.9);
-        if !(0.0..1.0).contains(&momentum) {
-            return Err(format!("--momentum must be in [0, 1), not {momentum}"));
-        }
-        let weight_decay = self.weight_decay.unwrap_or(5e-4);
-        if !(weight_decay >= 0.0 && weight_decay.is_finite()) {
-            return Err(format!("--weight-decay must be >= 0, not {weight_decay}"));
-        }
-        let nesterov = self.nesterov.unwrap_or(true);
-        if nesterov && momentum == 0.0 {
-            return Err("Nesterov momentum needs --momentum > 0 (or --nesterov false)".into());
+        crate::optim::check_lr(lr).map_err(|e| e.to_string())?;
+        let sgd = SgdConfig {
+            momentum: self.momentum.unwrap_or(0.9),
+            weight_decay: self.weight_decay.unwrap_or(5e-4),
+            nesterov: self.nesterov.unwrap_or(true),
+        };
+        match sgd.check() {
+            // A resume that leaves --momentum or --nesterov out takes the checkpoint's run's,
+            // which may make the pair valid: judged once followed (`train::recipe`).
+            Err(e)
+                if e.setting == crate::optim::SolverSetting::Nesterov
+                    && self.resume_follows_nesterov_pair() => {}
+            Err(e) if e.setting == crate::optim::SolverSetting::Nesterov => {
+                return Err("Nesterov momentum needs --momentum > 0 (or --nesterov false)".into())
+            }
+            Err(e) => return Err(e.to_string()),
+            Ok(()) => {}
         }
         Ok(ResolvedSolver {
             lr,
             lr_schedule: LrSchedule::parse(self.lr_schedule.as_deref().unwrap_or("cosine"))?,
-            sgd: SgdConfig {
-                momentum,
-                weight_decay,
-                nesterov,
-            },
+            sgd,
         })
+    }
+
+    /// Whether a resume will take `--momentum` or `--nesterov` from its checkpoint's run.
+    fn resume_follows_nesterov_pair(&self) -> bool {
+        self.resume.is_some() && (self.momentum.is_none() || self.nesterov.is_none())
     }
 
     /// `--resume` names a file; `--resume-changed` only goes with it; `--weights` names a file

@@ -19,6 +19,87 @@ pub struct SgdConfig {
     pub nesterov: bool,
 }
 
+/// A setting of the solver, as its flag, a config file's key and a checkpoint's metadata
+/// name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SolverSetting {
+    /// `--lr`.
+    Lr,
+    /// `--momentum`.
+    Momentum,
+    /// `--weight-decay`.
+    WeightDecay,
+    /// `--nesterov`.
+    Nesterov,
+}
+
+impl SolverSetting {
+    /// The flag's name without `--` (a config file's key).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lr => "lr",
+            Self::Momentum => "momentum",
+            Self::WeightDecay => "weight-decay",
+            Self::Nesterov => "nesterov",
+        }
+    }
+}
+
+/// A solver setting that cannot be trained with: which one and why. The one check, for values
+/// given as flags and values a resumed checkpoint recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadSetting {
+    /// The setting refused.
+    pub setting: SolverSetting,
+    /// What the value must be, and the value.
+    pub why: String,
+}
+
+impl std::fmt::Display for BadSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "--{} {}", self.setting.name(), self.why)
+    }
+}
+
+/// Refuses a base learning rate that is not a positive finite number.
+pub fn check_lr(lr: f32) -> Result<(), BadSetting> {
+    if lr > 0.0 && lr.is_finite() {
+        return Ok(());
+    }
+    Err(BadSetting {
+        setting: SolverSetting::Lr,
+        why: format!("must be a positive number, not {lr}"),
+    })
+}
+
+impl SgdConfig {
+    /// Refuses momentum outside [0, 1), a negative or infinite weight decay, and Nesterov
+    /// momentum without momentum (PyTorch refuses it too: it would be plain SGD said
+    /// otherwise).
+    pub fn check(&self) -> Result<(), BadSetting> {
+        let bad = |setting, why| Err(BadSetting { setting, why });
+        if !(0.0..1.0).contains(&self.momentum) {
+            return bad(
+                SolverSetting::Momentum,
+                format!("must be in [0, 1), not {}", self.momentum),
+            );
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad(
+                SolverSetting::WeightDecay,
+                format!("must be >= 0, not {}", self.weight_decay),
+            );
+        }
+        if self.nesterov && self.momentum == 0.0 {
+            return bad(
+                SolverSetting::Nesterov,
+                "true needs --momentum > 0 (Nesterov momentum without momentum)".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// SGD with a momentum buffer laid out as the parameters.
 pub struct Sgd {
     cfg: SgdConfig,

@@ -375,6 +375,33 @@ fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
         "{said_now}"
     );
     assert_ne!(weights(&lowered), a);
+    // A recipe edited to a value the flags refuse: a resume, which would follow it, refuses
+    // naming the entry; what does not follow it (eval, predict, export, --weights) loads it.
+    let bytes = std::fs::read(&ck1).unwrap();
+    let at = bytes
+        .windows(16)
+        .position(|w| w == b"\"momentum\":\"0.8\"")
+        .expect("the momentum is recorded");
+    let mut edited = bytes.clone();
+    edited[at..at + 16].copy_from_slice(b"\"momentum\":\"1.5\"");
+    let bad = tmp.path().join("edited.safetensors");
+    std::fs::write(&bad, edited).unwrap();
+    if let Err(e) = dptrain::train::description::TrainedModel::load(&bad) {
+        panic!("{e}");
+    }
+    let err = train(config(&tmp.path().join("edited"), |o| {
+        o.resume = Some(bad.clone());
+        o.train_limit = Some(96);
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(
+            "the recipe the checkpoint records cannot be followed: metadata 'momentum' \
+                      must be in [0, 1), not 1.5"
+        ),
+        "{err}"
+    );
 }
 
 #[test]

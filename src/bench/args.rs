@@ -140,6 +140,32 @@ pub fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<Li
     }
 }
 
+/// Refuses, before anything is measured, a `--link-bandwidth` list entry (`none`: no
+/// emulation) that with `--link-latency` could deliver no message within the timeout of the
+/// benchmark's emulated runs ([`crate::config::DEFAULT_COMM_TIMEOUT_S`]: they have no
+/// `--comm-timeout`), which would otherwise fail each run only after the ones before it.
+pub fn check_emulated_links(bandwidths: &str, latency: &str) -> Result<(), String> {
+    let latency = parse_duration(latency).map_err(|e| format!("--link-latency: {e}"))?;
+    for bw in bandwidths
+        .split(',')
+        .map(str::trim)
+        .filter(|b| *b != "none")
+    {
+        let link = LinkModel {
+            bandwidth_bytes_per_s: parse_bandwidth(bw)
+                .map_err(|e| format!("--link-bandwidth: {e}"))?,
+            latency,
+        };
+        crate::config::check_link_against_timeout(
+            &link,
+            crate::config::DEFAULT_COMM_TIMEOUT_S,
+            crate::config::LinkFlags::Link,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
 /// Parses `on`, `off` or `both`.
 pub fn on_off_list(flag: &str, s: &str) -> Result<Vec<bool>, String> {
     match s.trim() {

@@ -129,6 +129,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     // Lists refused before anything is measured: no empty or repeated entry.
     super::args::entries("--model", &a.model)?;
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
+    super::args::check_emulated_links(&a.link_bandwidth, &a.link_latency)?;
     super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
     super::args::entries("--worker-batch", &a.worker_batch)?;
     super::args::list("--schedule", &a.schedule, Schedule::parse)?;
@@ -395,6 +396,22 @@ fn emulated_group(
         bandwidth_bytes_per_s: parse_bandwidth(&group.bandwidth)?,
         latency: parse_duration(&a.link_latency)?,
     };
+    // Each emulated run starts by sending the weights, whole, to every worker: a link on
+    // which that cannot arrive within the runs' timeout fails every run, so refused before
+    // the probe below spends its time on it.
+    let weights_s =
+        given.latency.as_secs_f64() + profile.grad_bytes() as f64 / given.bandwidth_bytes_per_s;
+    if weights_s >= crate::config::DEFAULT_COMM_TIMEOUT_S {
+        return Err(format!(
+            "--link-bandwidth {}: the emulated runs start by sending {}'s {} bytes of weights \
+             to every worker, which takes {weights_s:.0} s at this link, past the {} s a \
+             message may take: give a faster link",
+            group.bandwidth,
+            group.model,
+            profile.grad_bytes(),
+            crate::config::DEFAULT_COMM_TIMEOUT_S
+        ));
+    }
     group.overhead = message_overhead(a.workers, &given)?;
     on_line(&group.terminal_head());
     let link = LinkModel {
@@ -461,13 +478,26 @@ fn emulated_group(
     Ok(group)
 }
 
+/// Timed runs of [`message_overhead`]'s probe.
+const PROBE_RUNS: usize = 40;
+
 /// The emulated link's software cost per message: a few-byte ring all-reduce (2(N-1)
 /// dependent messages, each ~`latency` long) timed on the emulated link, minus the link model's
 /// prediction, per message. Never negative.
 fn message_overhead(workers: usize, link: &LinkModel) -> Result<std::time::Duration, String> {
     let bytes = 4 * workers;
-    let measured = bench_allreduce(workers, bytes, CommMode::Ring, Some(*link), 40)?.time;
     let model = predicted_time(CommMode::Ring, workers, bytes, link);
+    // 40 timed runs after 2 warm-ups: on a slow link (each message waits its latency and
+    // crawls at the bandwidth) that is long, and said before it starts rather than silent.
+    let probe_s = model.as_secs_f64() * (PROBE_RUNS + 2) as f64;
+    if probe_s > 10.0 {
+        crate::terminal::print_note(&format!(
+            "measuring the emulated link's cost per message ({PROBE_RUNS} ring all-reduces of \
+             {bytes} bytes at {} bytes/s, latency {:?}): about {probe_s:.0} s",
+            link.bandwidth_bytes_per_s, link.latency
+        ));
+    }
+    let measured = bench_allreduce(workers, bytes, CommMode::Ring, Some(*link), PROBE_RUNS)?.time;
     let messages = 2 * (workers - 1) as u32;
     Ok(measured.saturating_sub(model) / messages)
 }

@@ -780,7 +780,7 @@ mod tests {
                 train_limit: None,
                 world: 1,
                 epochs: None,
-                recipe: None,
+                recipe: crate::train::recipe::RecordedRecipe::Absent,
             }
         };
         let elsewhere = Some(here.clone());

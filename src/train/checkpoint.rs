@@ -171,7 +171,7 @@ pub struct RunIdentity {
     /// The run's learning rate, schedule, SGD settings and augmentation (absent in older
     /// checkpoints). Recorded, not compared: a resume follows what it is not given again
     /// ([`crate::train::recipe`]).
-    pub recipe: Option<crate::train::recipe::Recipe>,
+    pub recipe: crate::train::recipe::RecordedRecipe,
 }
 
 impl RunIdentity {
@@ -193,7 +193,9 @@ impl RunIdentity {
             train_limit: cfg.train_limit,
             world: cfg.world(),
             epochs: Some(cfg.epochs),
-            recipe: Some(crate::train::recipe::Recipe::of(cfg)),
+            recipe: crate::train::recipe::RecordedRecipe::Recorded(
+                crate::train::recipe::Recipe::of(cfg),
+            ),
         }
     }
 
@@ -363,7 +365,7 @@ impl TrainState {
             if let Some(e) = r.epochs {
                 m.insert("epochs".into(), e.to_string());
             }
-            if let Some(recipe) = &r.recipe {
+            if let crate::train::recipe::RecordedRecipe::Recorded(recipe) = &r.recipe {
                 recipe.write_metadata(&mut m);
             }
         }
@@ -400,7 +402,7 @@ impl TrainState {
                     None => None,
                     Some(_) => Some(num("epochs")?),
                 },
-                recipe: crate::train::recipe::Recipe::from_metadata(meta).map_err(what)?,
+                recipe: crate::train::recipe::Recipe::from_metadata(meta),
             }),
         };
         let fingerprint = meta
@@ -976,7 +978,7 @@ mod tests {
             train_limit: None,
             world: 2,
             epochs: Some(3),
-            recipe: None,
+            recipe: crate::train::recipe::RecordedRecipe::Absent,
         };
         let (a, b) = (place("a"), place("b"));
         let then = run("imagefolder", Some("photos"), Some(a.clone()));

@@ -308,6 +308,21 @@ pub enum ResumeError {
         /// only the checkpoint's values resume.
         inputs: Option<([usize; 3], [usize; 3])>,
     },
+    /// The checkpoint's recorded recipe (learning rate, schedule, SGD settings,
+    /// augmentation) does not read back, or holds a value no run could be given: a resume,
+    /// which follows it, cannot continue the run.
+    #[error(
+        "--resume {}: the recipe the checkpoint records cannot be followed: {why} (its \
+         metadata was changed, or a newer dptrain wrote it); resume from another checkpoint \
+         of the run, or start a new run from its weights with --weights",
+        path.display()
+    )]
+    Recipe {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Which entry, and what is wrong with it.
+        why: String,
+    },
     /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to
     /// the old settings' data order.
     #[error(

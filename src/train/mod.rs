@@ -403,7 +403,8 @@ fn prepare(
     warn: &dyn Fn(&str),
 ) -> Result<(PreparedRun, Source), PrepareError> {
     let resume = open_resume(&cfg)?;
-    let (mut notes, resume_warnings) = follow_resumed_run(&mut cfg, resume.as_deref())?;
+    // Said once the resume is known to go ahead (`check_resume_fits`), not before a refusal.
+    let (resume_notes, resume_warnings) = follow_resumed_run(&mut cfg, resume.as_deref())?;
     let (train_source, test_split) = load_sources(&cfg)?;
     inputs::check_normalization_channels(&cfg, &train_source)?;
     let graph = Arc::new(match &cfg.model_spec {
@@ -419,21 +420,22 @@ fn prepare(
         memory::loaded_bytes(&train_source, &test_split),
     )?;
     let (input_line, input_warnings) = inputs::resolve(&mut cfg, &train_source)?;
-    notes.push(input_line);
-    if cfg.process_rank == 0 && !cfg.quiet {
-        for note in notes {
-            eprintln!("note: {note}");
+    let shows_notes = cfg.process_rank == 0 && !cfg.quiet;
+    let say_notes = |notes: &[String]| {
+        if shows_notes {
+            notes.iter().for_each(|n| eprintln!("note: {n}"));
         }
-    }
-    for w in resume_warnings.iter().chain(&input_warnings) {
-        warn(w);
-    }
+    };
+    say_notes(&[input_line]);
+    input_warnings.iter().for_each(|w| warn(w));
     let test_set = test_split.decode().map_err(PrepareError::TestSplit)?;
     let input = graph.input();
     if let Some(ck) = resume.as_deref() {
         check_resume_fits(&cfg, (&graph.name, [input.c, input.h, input.w]), ck, warn)?;
         continue_computing_as(&mut cfg, ck);
     }
+    say_notes(&resume_notes);
+    resume_warnings.iter().for_each(|w| warn(w));
     let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
@@ -543,11 +545,17 @@ fn follow_resumed_run(
         notes.extend(inputs::follow_checkpoint(cfg, ck, &path)?);
         let run = ck.state.run.as_ref();
         notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));
-        if let Some(recorded) = run.and_then(|r| r.recipe.as_ref()) {
-            let followed = recipe::follow_recipe(cfg, recorded).map_err(PrepareError::Config)?;
-            notes.extend(followed.notes);
-            warnings.extend(followed.warnings);
-        }
+        let recorded = match run.map(|r| &r.recipe) {
+            Some(recipe::RecordedRecipe::Recorded(r)) => Some(r),
+            Some(recipe::RecordedRecipe::Unreadable(why)) => {
+                let why = why.clone();
+                return Err(ResumeError::Recipe { path, why }.into());
+            }
+            Some(recipe::RecordedRecipe::Absent) | None => None,
+        };
+        let followed = recipe::follow_recipe(cfg, recorded).map_err(PrepareError::Config)?;
+        notes.extend(followed.notes);
+        warnings.extend(followed.warnings);
     }
     warnings.extend(crate::config::schedule_warnings(
         &cfg.lr_schedule,

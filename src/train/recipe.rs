@@ -68,12 +68,20 @@ impl Recipe {
         }
     }
 
-    /// The recipe recorded in checkpoint metadata: `None` for a checkpoint from before it was
-    /// recorded; an entry that does not read back is named (the caller says which file).
-    pub fn from_metadata(meta: &HashMap<String, String>) -> Result<Option<Self>, String> {
+    /// The recipe recorded in checkpoint metadata, judged as the flags are
+    /// ([`crate::optim::check_lr`], [`SgdConfig::check`]).
+    pub fn from_metadata(meta: &HashMap<String, String>) -> RecordedRecipe {
         if !meta.contains_key(LR_KEY) {
-            return Ok(None);
+            return RecordedRecipe::Absent;
         }
+        match Self::read(meta).and_then(|r| r.checked()) {
+            Ok(r) => RecordedRecipe::Recorded(r),
+            Err(why) => RecordedRecipe::Unreadable(why),
+        }
+    }
+
+    /// Each entry read back; one that does not is named.
+    fn read(meta: &HashMap<String, String>) -> Result<Self, String> {
         fn value<T: std::str::FromStr>(
             meta: &HashMap<String, String>,
             key: &str,
@@ -86,10 +94,10 @@ impl Recipe {
             meta.get(key)
                 .ok_or_else(|| format!("metadata '{key}' missing"))
         };
-        Ok(Some(Self {
+        Ok(Self {
             lr: value(meta, LR_KEY)?,
             lr_schedule: LrSchedule::parse(text("lr_schedule")?)
-                .map_err(|e| format!("metadata 'lr_schedule': {e}"))?,
+                .map_err(|e| format!("metadata 'lr_schedule' {:?}: {e}", meta["lr_schedule"]))?,
             warmup_steps: value(meta, "warmup_steps")?,
             sgd: SgdConfig {
                 momentum: value(meta, "momentum")?,
@@ -97,9 +105,36 @@ impl Recipe {
                 nesterov: value(meta, "nesterov")?,
             },
             augment: Augment::parse(text("augment")?)
-                .map_err(|e| format!("metadata 'augment': {e}"))?,
-        }))
+                .map_err(|e| format!("metadata 'augment' {:?}: {e}", meta["augment"]))?,
+        })
     }
+
+    /// The recipe, unless it holds a value the flags refuse (said as the metadata entry).
+    fn checked(self) -> Result<Self, String> {
+        crate::optim::check_lr(self.lr)
+            .and_then(|()| self.sgd.check())
+            .map_err(|e| {
+                format!(
+                    "metadata '{}' {}",
+                    e.setting.name().replace('-', "_"),
+                    e.why
+                )
+            })?;
+        Ok(self)
+    }
+}
+
+/// What a checkpoint records of its run's recipe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedRecipe {
+    /// Nothing: written before dptrain recorded it.
+    Absent,
+    /// The recipe, every value one the flags accept.
+    Recorded(Recipe),
+    /// An entry that does not read back, or a value the flags refuse: what is wrong. Only a
+    /// resume, which follows the recipe, refuses it ([`super::error::ResumeError::Recipe`]);
+    /// eval, predict, export and `--weights` do not read it.
+    Unreadable(String),
 }
 
 /// What following a checkpoint's run told the user: notes (settings taken from it) and
@@ -122,16 +157,51 @@ pub fn follow_epochs(cfg: &mut TrainConfig, planned: Option<usize>) -> Option<St
     }
     let planned = planned?;
     cfg.epochs = planned;
+    let epochs = if planned == 1 { "epoch" } else { "epochs" };
     Some(format!(
-        "resuming for the {planned} epochs the checkpoint's run was started for (--epochs \
+        "resuming for the {planned} {epochs} the checkpoint's run was started for (--epochs \
          gives another count)"
     ))
 }
 
-/// Every recipe setting not given takes the checkpoint's run's value (`recorded`); one given
-/// with another value is warned about. Refuses a mix that no run could have been given
-/// (Nesterov momentum without momentum), naming both sides.
-pub fn follow_recipe(cfg: &mut TrainConfig, recorded: &Recipe) -> Result<Followed, String> {
+/// Every recipe setting not given takes the checkpoint's run's value (`recorded`; `None` for
+/// a checkpoint from before it was recorded, which is said); one given with another value is
+/// warned about. Then refuses Nesterov momentum without momentum (a pair only a resume can
+/// make, each half from another side), naming where each came from.
+pub fn follow_recipe(cfg: &mut TrainConfig, recorded: Option<&Recipe>) -> Result<Followed, String> {
+    let mut followed = Followed::default();
+    match recorded {
+        Some(r) => followed = take_recorded(cfg, r),
+        None => followed.notes.push(
+            "the checkpoint records no learning rate, schedule, SGD settings or augmentation \
+             (an older dptrain wrote it): the resumed run takes the flags' (give the run's \
+             where they were not the defaults)"
+                .into(),
+        ),
+    }
+    if let Err(e) = cfg.sgd.check() {
+        let from = |given: bool| {
+            if given {
+                "given"
+            } else {
+                "the checkpoint's run's"
+            }
+        };
+        return Err(format!(
+            "{e}: the resumed run's --momentum is {} ({}) and --nesterov {} ({}); give \
+             --nesterov false, or a --momentum above 0",
+            cfg.sgd.momentum,
+            from(cfg.given.momentum || recorded.is_none()),
+            cfg.sgd.nesterov,
+            from(cfg.given.nesterov || recorded.is_none()),
+        ));
+    }
+    Ok(followed)
+}
+
+/// [`follow_recipe`] with a recorded recipe: takes each setting not given, and says what it
+/// took and what given differs.
+fn take_recorded(cfg: &mut TrainConfig, r: &Recipe) -> Followed {
     let given: GivenSettings = cfg.given;
     let mut taken: Vec<String> = Vec::new();
     let mut differing: Vec<String> = Vec::new();
@@ -147,8 +217,7 @@ pub fn follow_recipe(cfg: &mut TrainConfig, recorded: &Recipe) -> Result<Followe
         taken.push(format!("{flag} {then}"));
         true
     };
-    let r = recorded;
-    if follow("--lr", given.lr, r.lr.to_string(), cfg.lr.to_string()) {
+    if follow("--lr", given.lr, show(r.lr), show(cfg.lr)) {
         cfg.lr = r.lr;
     }
     let (then, now) = (r.lr_schedule.to_string(), cfg.lr_schedule.to_string());
@@ -159,14 +228,11 @@ pub fn follow_recipe(cfg: &mut TrainConfig, recorded: &Recipe) -> Result<Followe
     if follow("--warmup-steps", given.warmup_steps, then, now) {
         cfg.warmup_steps = r.warmup_steps;
     }
-    let (then, now) = (r.sgd.momentum.to_string(), cfg.sgd.momentum.to_string());
+    let (then, now) = (show(r.sgd.momentum), show(cfg.sgd.momentum));
     if follow("--momentum", given.momentum, then, now) {
         cfg.sgd.momentum = r.sgd.momentum;
     }
-    let (then, now) = (
-        r.sgd.weight_decay.to_string(),
-        cfg.sgd.weight_decay.to_string(),
-    );
+    let (then, now) = (show(r.sgd.weight_decay), show(cfg.sgd.weight_decay));
     if follow("--weight-decay", given.weight_decay, then, now) {
         cfg.sgd.weight_decay = r.sgd.weight_decay;
     }
@@ -178,23 +244,10 @@ pub fn follow_recipe(cfg: &mut TrainConfig, recorded: &Recipe) -> Result<Followe
     if follow("--augment", given.augment, then, now) {
         cfg.augment = r.augment.clone();
     }
-    if cfg.sgd.nesterov && cfg.sgd.momentum == 0.0 {
-        return Err(format!(
-            "Nesterov momentum needs --momentum > 0: the resumed run's momentum is {} and \
-             --nesterov {} ({}); give both --momentum and --nesterov",
-            cfg.sgd.momentum,
-            cfg.sgd.nesterov,
-            if given.nesterov {
-                "--nesterov given, --momentum the checkpoint's run's"
-            } else {
-                "--momentum given, --nesterov the checkpoint's run's"
-            }
-        ));
-    }
     let mut followed = Followed::default();
     if !taken.is_empty() {
         followed.notes.push(format!(
-            "resuming with the checkpoint's run's {} (a flag given again changes one)",
+            "resuming with the checkpoint's run's {} (a flag or config key given changes one)",
             taken.join(", ")
         ));
     }
@@ -206,7 +259,17 @@ pub fn follow_recipe(cfg: &mut TrainConfig, recorded: &Recipe) -> Result<Followe
             differing.join(", ")
         ));
     }
-    Ok(followed)
+    followed
+}
+
+/// A setting's value as the messages show it: as written where that is short, in exponent
+/// form where it is very small or large (1e-40, not forty zeros).
+fn show(x: f32) -> String {
+    if x != 0.0 && !(1e-4..1e6).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
 }
 
 /// A warning when a resumed run's `--epochs` differs from the checkpoint's run's (`planned`)
@@ -254,24 +317,65 @@ mod tests {
     #[test]
     fn a_recipe_reads_back_as_written_and_an_older_checkpoint_has_none() {
         let mut meta = HashMap::new();
-        assert_eq!(Recipe::from_metadata(&meta), Ok(None));
+        assert_eq!(Recipe::from_metadata(&meta), RecordedRecipe::Absent);
         recipe().write_metadata(&mut meta);
-        assert_eq!(Recipe::from_metadata(&meta), Ok(Some(recipe())));
-        meta.insert("momentum".into(), "fast".into());
         assert_eq!(
             Recipe::from_metadata(&meta),
-            Err("metadata 'momentum' missing or not valid".into())
+            RecordedRecipe::Recorded(recipe())
         );
-        meta.insert("momentum".into(), "0.8".into());
-        meta.insert("augment".into(), "spin".into());
-        let err = Recipe::from_metadata(&meta).unwrap_err();
-        assert!(err.starts_with("metadata 'augment': "), "{err}");
+        // What does not read back, and what the flags refuse, is named; nothing panics.
+        let unreadable = |key: &str, value: &str| {
+            let mut m = meta.clone();
+            m.insert(key.into(), value.into());
+            match Recipe::from_metadata(&m) {
+                RecordedRecipe::Unreadable(why) => why,
+                other => panic!("{key}={value} read as {other:?}"),
+            }
+        };
+        assert_eq!(
+            unreadable("momentum", "fast"),
+            "metadata 'momentum' missing or not valid"
+        );
+        assert!(unreadable("augment", "spin").starts_with("metadata 'augment' \"spin\": "));
+        assert!(unreadable("lr_schedule", "step:0").starts_with("metadata 'lr_schedule'"));
+        for (key, value, said) in [
+            (
+                "lr",
+                "NaN",
+                "metadata 'lr' must be a positive number, not NaN",
+            ),
+            ("lr", "0", "metadata 'lr' must be a positive number, not 0"),
+            (
+                "lr",
+                "1e40",
+                "metadata 'lr' must be a positive number, not inf",
+            ),
+            (
+                "momentum",
+                "1.5",
+                "metadata 'momentum' must be in [0, 1), not 1.5",
+            ),
+            (
+                "weight_decay",
+                "-1",
+                "metadata 'weight_decay' must be >= 0, not -1",
+            ),
+        ] {
+            assert_eq!(unreadable(key, value), said);
+        }
+        let mut m = meta.clone();
+        m.insert("momentum".into(), "0".into());
+        m.insert("nesterov".into(), "true".into());
+        assert!(matches!(
+            Recipe::from_metadata(&m),
+            RecordedRecipe::Unreadable(why) if why.starts_with("metadata 'nesterov' true needs")
+        ));
     }
 
     #[test]
     fn settings_not_given_follow_the_run_and_given_ones_win_with_a_warning() {
         let mut cfg = config(|o| o.lr = Some(0.01));
-        let followed = follow_recipe(&mut cfg, &recipe()).unwrap();
+        let followed = follow_recipe(&mut cfg, Some(&recipe())).unwrap();
         assert_eq!(
             Recipe::of(&cfg),
             Recipe {
@@ -304,12 +408,12 @@ mod tests {
         same.lr_schedule = recipe().lr_schedule;
         same.warmup_steps = 7;
         same.augment = recipe().augment;
-        let followed = follow_recipe(&mut same, &recipe()).unwrap();
+        let followed = follow_recipe(&mut same, Some(&recipe())).unwrap();
         assert!(followed.notes.is_empty() && followed.warnings.is_empty());
     }
 
     #[test]
-    fn nesterov_given_over_a_run_without_momentum_is_refused() {
+    fn momentum_and_nesterov_are_judged_once_followed_naming_where_each_came_from() {
         let plain = Recipe {
             sgd: SgdConfig {
                 momentum: 0.0,
@@ -318,12 +422,41 @@ mod tests {
             },
             ..recipe()
         };
-        let mut cfg = config(|o| o.nesterov = Some(true));
-        let err = follow_recipe(&mut cfg, &plain).unwrap_err();
+        let ck = tempfile::NamedTempFile::new().unwrap();
+        let resumed = |f: &dyn Fn(&mut crate::config::TrainOptions)| {
+            config(|o| {
+                o.resume = Some(ck.path().to_path_buf());
+                f(o);
+            })
+        };
+        // Nesterov given over a run without momentum.
+        let mut cfg = resumed(&|o| o.nesterov = Some(true));
+        let err = follow_recipe(&mut cfg, Some(&plain)).unwrap_err();
         assert!(
-            err.contains("momentum is 0") && err.contains("--nesterov given"),
+            err.contains("--momentum is 0 (the checkpoint's run's) and --nesterov true (given)"),
             "{err}"
         );
+        // Momentum 0 given over a run without Nesterov: the options alone would refuse it
+        // (Nesterov is on by default); the run's --nesterov false makes it a valid resume.
+        let mut cfg = resumed(&|o| o.momentum = Some(0.0));
+        let followed = follow_recipe(&mut cfg, Some(&recipe())).unwrap();
+        assert_eq!((cfg.sgd.momentum, cfg.sgd.nesterov), (0.0, false));
+        assert!(followed.warnings[0].contains("--momentum 0 (the run's was 0.8)"));
+        // A checkpoint without a recipe: the flags' values, judged and said.
+        let mut cfg = resumed(&|o| o.momentum = Some(0.0));
+        let err = follow_recipe(&mut cfg, None).unwrap_err();
+        assert!(err.contains("--nesterov true (given)"), "{err}");
+        let mut cfg = resumed(&|_| {});
+        let followed = follow_recipe(&mut cfg, None).unwrap();
+        assert!(followed.notes[0].contains("records no learning rate"));
+    }
+
+    #[test]
+    fn tiny_and_huge_values_are_shown_in_exponent_form() {
+        assert_eq!(show(1e-40), "1e-40");
+        assert_eq!(show(5e-4), "0.0005");
+        assert_eq!(show(0.0), "0");
+        assert_eq!(show(2e7), "2e7");
     }
 
     #[test]
