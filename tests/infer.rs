@@ -374,6 +374,23 @@ fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
         "{e}"
     );
     assert!(ck.is_file());
+    // Without --overwrite, the refusal does not offer it there.
+    let (ok, _, e) = dptrain(&[
+        "train",
+        "--quiet",
+        "--weights",
+        c,
+        "--epochs",
+        "1",
+        "--run-dir",
+        own_dir,
+    ]);
+    assert!(
+        !ok && e.contains("holds the files of another run")
+            && e.contains("or choose another --run-dir")
+            && !e.contains("--overwrite"),
+        "{e}"
+    );
     // Another model's checkpoint: both models are named.
     let e = refused(&["--model", "vgg-small", "--dataset", "synthetic:3x32x32"]);
     assert!(

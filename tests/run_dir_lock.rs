@@ -498,6 +498,46 @@ fn resume_into_another_runs_directory_is_refused() {
         "{all}"
     );
     assert_eq!(std::fs::read(cwd.join("B/metrics.jsonl")).unwrap(), before);
+    assert!(
+        all.contains("pass --overwrite to delete them first"),
+        "{all}"
+    );
+    // --overwrite into the checkpoint's own directory (given, or taken without --run-dir)
+    // would delete the run being continued: refused, A kept.
+    let ck_before = std::fs::read(cwd.join("A/checkpoint-epoch0001.safetensors")).unwrap();
+    for dir in [Some("A"), Some("./A/"), None] {
+        let mut a = train_args(dir.unwrap_or("X"), "2", &["--overwrite"]);
+        if dir.is_none() {
+            let at = a.iter().position(|x| *x == "--run-dir").unwrap();
+            a.drain(at..at + 2);
+        }
+        a.extend(["--resume", "A/checkpoint-epoch0001.safetensors"]);
+        let said = refused(&dptrain(&a, cwd));
+        assert!(
+            said.contains("those are the run being continued"),
+            "{dir:?}: {said}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(cwd.join("A/checkpoint-epoch0001.safetensors")).unwrap(),
+        ck_before
+    );
+    // --overwrite into another run's directory replaces its files, as a new run's does.
+    let mut a = train_args("B", "2", &["--overwrite"]);
+    a.extend(["--resume", "A/checkpoint-epoch0001.safetensors"]);
+    let o = dptrain(&a, cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(epochs_of(&metrics_lines(&cwd.join("B"))), [2]);
+    let b1 = dptrain::train::checkpoint::Checkpoint::load(
+        &cwd.join("B/checkpoint-epoch0002.safetensors"),
+    )
+    .unwrap();
+    assert_eq!(
+        b1.state.run.unwrap().seed,
+        1,
+        "B now holds A's run (seed 1), not B's (7)"
+    );
+    assert!(!cwd.join("B/checkpoint-epoch0001.safetensors").exists());
     // Into a new directory, then again into it (it holds the same run now).
     let o = resume("C");
     assert!(o.status.success(), "{}", text(&o));

@@ -44,22 +44,26 @@ pub enum OutputsError {
         .0.display()
     )]
     NoFreeRunDir(PathBuf),
-    /// `--overwrite` with `--resume` would delete the run being continued.
+    /// `--overwrite` with `--resume` in the checkpoint's own directory would delete the run
+    /// being continued.
     #[error(
-        "--overwrite deletes the run directory's files, and with --resume those are the run \
-         being continued: leave out one of the two"
+        "--overwrite deletes the run directory's files, and with --resume in the checkpoint's \
+         own directory (or no --run-dir) those are the run being continued: leave out \
+         --overwrite, or give --run-dir another directory"
     )]
     OverwriteWithResume,
-    /// `--overwrite` would delete the checkpoint `--weights` starts from.
+    /// `--overwrite` would delete the checkpoint `--weights` or `--resume` starts from.
     #[error(
-        "--overwrite would delete {}, the checkpoint --weights starts from: choose another \
+        "--overwrite would delete {}, the checkpoint {flag} starts from: choose another \
          --run-dir, or move the checkpoint out of {} first",
         weights.display(),
         dir.display()
     )]
     OverwriteDeletesWeights {
-        /// The `--weights` checkpoint.
+        /// The checkpoint.
         weights: PathBuf,
+        /// `--weights` or `--resume`.
+        flag: &'static str,
         /// The run directory.
         dir: PathBuf,
     },
@@ -240,6 +244,74 @@ fn resume_dir(cfg: &TrainConfig) -> Option<PathBuf> {
     (named || !run_files_in(dir).is_empty()).then(|| dir.to_path_buf())
 }
 
+/// Another run's files `found` in the run directory `dir`, which `--overwrite` deletes (only
+/// regular files of their kind: checked before). Without `--overwrite` they are refused,
+/// naming how to continue that run; with it, refused when one of them is the checkpoint this
+/// run starts from (`--weights`, or `--resume` into another directory through a link), and
+/// then `--overwrite` is not offered either.
+fn files_to_replace(
+    cfg: &TrainConfig,
+    dir: &Path,
+    found: Vec<String>,
+) -> Result<Vec<PathBuf>, OutputsError> {
+    let paths: Vec<PathBuf> = found.iter().map(|name| dir.join(name)).collect();
+    let start = match (&cfg.weights, &cfg.resume) {
+        (Some(w), _) => Some((w.as_path(), "--weights")),
+        (None, Some(r)) => Some((r.as_path(), "--resume")),
+        (None, None) => None,
+    };
+    let start_among_them = start.filter(|(ck, _)| {
+        let ck = ck.canonicalize().ok();
+        paths
+            .iter()
+            .any(|p| ck.is_some() && p.canonicalize().ok() == ck)
+    });
+    if !found.is_empty() && !cfg.overwrite {
+        let latest = found.iter().filter(|n| is_checkpoint_name(n)).max();
+        let mut ways: Vec<String> = latest
+            .map(|c| format!("continue it with --resume {}", dir.join(c).display()))
+            .into_iter()
+            .collect();
+        ways.push("choose another --run-dir".into());
+        if start_among_them.is_none() {
+            ways.push("pass --overwrite to delete them first".into());
+        }
+        let last = ways.pop().unwrap_or_default();
+        let todo = match ways.is_empty() {
+            true => last,
+            false => format!("{}, or {last}", ways.join(", ")),
+        };
+        return Err(OutputsError::RunDir(OutputError::NotEmpty {
+            path: dir.to_path_buf(),
+            what: "holds the files of another run".into(),
+            entries: found,
+            todo,
+        }));
+    }
+    if let Some((ck, flag)) = start_among_them {
+        return Err(OutputsError::OverwriteDeletesWeights {
+            weights: ck.to_path_buf(),
+            flag,
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(paths)
+}
+
+/// Whether `--overwrite` beside `--resume` would delete the run being continued: the run
+/// directory is the checkpoint's own (given as such, or taken because no `--run-dir` was
+/// given). Into another directory, `--overwrite` replaces the files found there.
+fn overwrite_deletes_resumed_run(cfg: &TrainConfig) -> bool {
+    let Some(ck) = cfg.resume.as_deref() else {
+        return false;
+    };
+    if !cfg.run_dir_given {
+        return true;
+    }
+    let canonical = |p: &Path| p.canonicalize().ok();
+    canonical(output::parent_dir(ck)).is_some_and(|d| canonical(&cfg.run_dir) == Some(d))
+}
+
 /// Creates the run directory (one level; two for the default `runs/<model>-<dataset>`) and
 /// takes its lock, before anything in it is looked at or written: of two runs started at once
 /// on a new directory, one holds it and the other is refused naming it. The default directory
@@ -380,7 +452,7 @@ fn lock_error(e: LockError) -> OutputsError {
 /// run goes to the first free `runs/<model>-<dataset>-N` instead (said in a note), so the
 /// README's first command works every time and leaves every earlier run as it was.
 pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
-    if cfg.resume.is_some() && cfg.overwrite {
+    if cfg.overwrite && overwrite_deletes_resumed_run(cfg) {
         return Err(OutputsError::OverwriteWithResume);
     }
     let mut notes = Vec::new();
@@ -412,38 +484,13 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
             output::check_replaceable(&dir.join(name), kind).map_err(run_dir_error)?;
         }
     }
-    if let Some(ck) = cfg.resume.as_deref() {
+    // A resume into another directory with --overwrite replaces what is there, as a new
+    // run's does (the checkpoint's own directory was refused above).
+    if let Some(ck) = cfg.resume.as_deref().filter(|_| !cfg.overwrite) {
         check_same_run(cfg, ck, &found).map_err(run_dir_error)?;
     }
-    if cfg.resume.is_none() {
-        if !found.is_empty() && !cfg.overwrite {
-            let latest = found.iter().filter(|n| is_checkpoint_name(n)).max();
-            let resume = latest.map_or(String::new(), |c| {
-                format!("continue it with --resume {}, ", dir.join(c).display())
-            });
-            return Err(run_dir_error(OutputError::NotEmpty {
-                path: dir.clone(),
-                what: "holds the files of another run".into(),
-                entries: found,
-                todo: format!(
-                    "{resume}choose another --run-dir, or pass --overwrite to delete them first"
-                ),
-            }));
-        }
-        // Only regular files of their kind are deleted (checked above).
-        to_delete.extend(found.iter().map(|name| dir.join(name)));
-        if let Some(weights) = cfg.weights.as_deref() {
-            let same = |p: &PathBuf| match (p.canonicalize(), weights.canonicalize()) {
-                (Ok(a), Ok(b)) => a == b,
-                _ => false,
-            };
-            if to_delete.iter().any(same) {
-                return Err(OutputsError::OverwriteDeletesWeights {
-                    weights: weights.to_path_buf(),
-                    dir: dir.clone(),
-                });
-            }
-        }
+    if cfg.resume.is_none() || cfg.overwrite {
+        to_delete = files_to_replace(cfg, dir, found)?;
     }
     let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|(f, _)| dir.join(f)).collect();
     if !cfg.no_checkpoints {
@@ -518,8 +565,8 @@ fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), 
         return Ok(());
     }
     let todo = if cfg.run_dir_given {
-        "continue in the checkpoint's own directory (leave --run-dir out), or give an empty \
-         --run-dir"
+        "continue in the checkpoint's own directory (leave --run-dir out), give an empty \
+         --run-dir, or pass --overwrite to delete them first"
     } else {
         "give an empty --run-dir"
     };
