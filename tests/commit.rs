@@ -266,6 +266,21 @@ fn powersgd_is_deterministic_and_continues_from_a_commit_or_checkpoint_bit_for_b
         assert_eq!(weights(&again), weights(&whole), "from {name}");
         std::fs::remove_dir_all(&again).unwrap();
     }
+    // Resumed without --compress: the error feedback it holds is dropped, and said.
+    let bare = tmp("psgd-bare");
+    let resume = cut
+        .join("checkpoint-epoch0001.safetensors")
+        .display()
+        .to_string();
+    let said = ok(&small(
+        &bare,
+        &[&common[..4], &["--resume", &resume]].concat(),
+    ));
+    assert!(
+        said.contains("--compress is none: the error feedback is dropped"),
+        "{said}"
+    );
+    std::fs::remove_dir_all(&bare).unwrap();
     for d in [whole, threads, plain, cut] {
         std::fs::remove_dir_all(d).unwrap();
     }

@@ -810,6 +810,11 @@ impl Checkpoint {
         })
     }
 
+    /// Whether the checkpoint holds PowerSGD's state (without reading it).
+    pub fn has_powersgd_state(&self) -> bool {
+        self.tensors.contains_key(POWERSGD_ERROR)
+    }
+
     /// PowerSGD's state, if the checkpoint holds one (a run with `--compress powersgd:R`, 2 or
     /// more workers). A malformed one is an error naming the tensor.
     pub fn powersgd(&self) -> Result<Option<PowerSgdState>, CheckpointError> {

@@ -556,6 +556,7 @@ fn follow_resumed_run(
         let followed = recipe::follow_recipe(cfg, recorded).map_err(PrepareError::Config)?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
+        warnings.extend(recipe::powersgd_dropped(cfg, ck.has_powersgd_state()));
     }
     warnings.extend(crate::config::schedule_warnings(
         &cfg.lr_schedule,

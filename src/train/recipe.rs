@@ -272,6 +272,21 @@ fn show(x: f32) -> String {
     }
 }
 
+/// A warning when the checkpoint holds PowerSGD's error feedback (its run sent gradients
+/// with `--compress powersgd:R`) and this run does not compress so: what that run still owed
+/// the other workers is dropped, and the run is no longer the one the checkpoint was part of.
+/// (With PowerSGD again, the state is restored: `worker::restore_powersgd`.)
+pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
+    (has_state && cfg.compress.powersgd_rank().is_none()).then(|| {
+        format!(
+            "the checkpoint's run sent gradients with --compress powersgd:R and holds its \
+             error feedback, and this run's --compress is {}: the error feedback is dropped; \
+             give the --compress powersgd:R it ran with to continue it exactly",
+            cfg.compress
+        )
+    })
+}
+
 /// A warning when a resumed run's `--epochs` differs from the checkpoint's run's (`planned`)
 /// and the learning-rate schedule spans the run (cosine decays to 0 over `--epochs`): the rate
 /// from the resumed epoch on follows the new total's curve, not the one the run was following.
