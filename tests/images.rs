@@ -882,6 +882,33 @@ fn an_empty_class_directory_is_refused_in_training_and_allowed_in_test() {
     );
 }
 
+/// A folder copied from a Mac names its directories decomposed (NFD): `café` is `cafe` and a
+/// combining accent. Against a class list made on Linux (composed, NFC: the training split's,
+/// or a checkpoint's for eval) it is the same class, not an unknown one; one class written in
+/// both forms in one split is refused, naming both.
+#[test]
+fn a_class_directory_in_another_unicode_form_is_the_same_class() {
+    use dptrain::data::image_folder::ImageFolder;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 8, 4);
+    let (composed, decomposed) = ("caf\u{e9}", "cafe\u{301}");
+    std::fs::rename(dir.join("train/1"), dir.join("train").join(composed)).unwrap();
+    std::fs::rename(dir.join("test/1"), dir.join("test").join(decomposed)).unwrap();
+    let train = ImageFolder::open(&dir.join("train"), None).unwrap();
+    assert_eq!(train.classes, ["0", composed]);
+    let test = ImageFolder::open(&dir.join("test"), Some(&train.classes)).unwrap();
+    assert_eq!(test.classes, ["0", composed]);
+    // Its images are read, and labelled as the class.
+    assert_eq!(test.labels.iter().filter(|&&l| l == 1).count(), 2);
+    // Both forms in one split: refused, naming both.
+    std::fs::create_dir(dir.join("train").join(decomposed)).unwrap();
+    let e = ImageFolder::open(&dir.join("train"), None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("one class written in two Unicode forms"), "{e}");
+}
+
 #[test]
 fn one_grey_image_first_does_not_turn_a_colour_folder_grey() {
     use dptrain::data::image_folder::ImageFolder;

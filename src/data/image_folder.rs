@@ -82,18 +82,8 @@ impl ImageFolder {
         // A class of the training split with no image could never be learned, only predicted
         // (torchvision's ImageFolder refuses it too); the test split may lack some classes.
         let training = classes.is_none();
-        let classes = match classes {
-            None => found,
-            Some(known) => {
-                if let Some(extra) = found.iter().find(|c| !known.contains(c)) {
-                    return Err(DataError::invalid(
-                        split_dir.join(extra),
-                        "is a class the training split does not have; rename or remove it",
-                    ));
-                }
-                known.to_vec()
-            }
-        };
+        let dirs = class_directories(split_dir, found, classes)?;
+        let classes: Vec<String> = dirs.iter().map(|(class, _)| class.clone()).collect();
         if classes.is_empty() || classes.len() > 256 {
             return Err(DataError::invalid(
                 split_dir,
@@ -105,12 +95,12 @@ impl ImageFolder {
             ));
         }
         let (mut files, mut labels) = (Vec::new(), Vec::new());
-        for (label, class) in classes.iter().enumerate() {
-            let (these, subdirs) = class_files(&split_dir.join(class), hint)?;
-            warn_unread_subdirectories(&split_dir.join(class), subdirs);
+        for (label, (_, dir)) in dirs.iter().enumerate() {
+            let (these, subdirs) = class_files(&split_dir.join(dir), hint)?;
+            warn_unread_subdirectories(&split_dir.join(dir), subdirs);
             if training && these.is_empty() && classes.len() > 1 {
                 return Err(DataError::invalid(
-                    split_dir.join(class),
+                    split_dir.join(dir),
                     "holds no .png, .jpg or .jpeg files: a class of the training split needs \
                      images to be learned; add some, or remove the directory",
                 ));
@@ -332,6 +322,63 @@ fn loose_images(dir: &Path) -> String {
         ),
         _ => String::new(),
     }
+}
+
+/// Each class of the split in label order, with the directory that holds its images: the
+/// directories `found` (sorted, as torchvision orders them) when `known` is `None`; else
+/// `known`'s classes (the training split's, or a checkpoint's), each read from the directory
+/// of the same name, compared as [`same_class_name`] does (a copy made on macOS names its
+/// directories in another Unicode form). A directory of no known class, or two of one, is
+/// refused by name. A known class without a directory has none (no images).
+fn class_directories(
+    split_dir: &Path,
+    found: Vec<String>,
+    known: Option<&[String]>,
+) -> Result<Vec<(String, String)>, DataError> {
+    let Some(known) = known else {
+        for (i, a) in found.iter().enumerate() {
+            if let Some(b) = found[i + 1..].iter().find(|b| same_class_name(a, b)) {
+                return Err(DataError::invalid(
+                    split_dir.join(b),
+                    format!("and {a} are one class written in two Unicode forms; merge them"),
+                ));
+            }
+        }
+        return Ok(found.into_iter().map(|d| (d.clone(), d)).collect());
+    };
+    let mut dirs: Vec<Option<String>> = vec![None; known.len()];
+    for dir in found {
+        let Some(class) = known.iter().position(|k| same_class_name(k, &dir)) else {
+            return Err(DataError::invalid(
+                split_dir.join(dir),
+                "is a class the training split does not have; rename or remove it",
+            ));
+        };
+        if let Some(first) = &dirs[class] {
+            return Err(DataError::invalid(
+                split_dir.join(&dir),
+                format!(
+                    "and {first} are one class ('{}') written in two Unicode forms; merge them",
+                    known[class]
+                ),
+            ));
+        }
+        dirs[class] = Some(dir);
+    }
+    Ok(known
+        .iter()
+        .zip(dirs)
+        .map(|(k, d)| (k.clone(), d.unwrap_or_else(|| k.clone())))
+        .collect())
+}
+
+/// Whether two class names are one class: equal, or equal once both are in Unicode's composed
+/// form (NFC). macOS file systems store names decomposed (NFD: `é` as `e` and a combining
+/// accent), so a folder copied from a Mac names `café` with other bytes than one made on
+/// Linux; both are the class the user typed.
+pub fn same_class_name(a: &str, b: &str) -> bool {
+    use unicode_normalization::UnicodeNormalization;
+    a == b || a.nfc().eq(b.nfc())
 }
 
 /// The image files of one class directory, sorted, and how many directories it holds besides

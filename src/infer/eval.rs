@@ -365,15 +365,16 @@ fn packed_split(
         Split::Train => train,
         Split::Test => test,
     };
+    let same = crate::data::image_folder::same_class_name;
     let unknown: Vec<String> = (set.classes().iter())
-        .filter(|c| !d.class_names.contains(c))
+        .filter(|c| !d.class_names.iter().any(|n| same(n, c)))
         .cloned()
         .collect();
     refuse_unknown_classes(model, file, "classes", &unknown)?;
     // The file's label of each class, as the model's (every class is the model's, so each
     // position is below its class count, which labels of u8 hold).
     let model_label: Vec<u8> = (set.classes().iter())
-        .map(|c| d.class_names.iter().position(|n| n == c).unwrap_or(0) as u8)
+        .map(|c| d.class_names.iter().position(|n| same(n, c)).unwrap_or(0) as u8)
         .collect();
     set.channels = channels;
     set.set_size(d.input[1], d.input[2]);
