@@ -198,6 +198,20 @@ pub struct GivenSettings {
     pub augment: bool,
 }
 
+impl GivenSettings {
+    /// Whether every setting of a run's recipe was given (then a resume takes none from its
+    /// checkpoint).
+    pub fn whole_recipe(&self) -> bool {
+        self.lr
+            && self.lr_schedule
+            && self.warmup_steps
+            && self.momentum
+            && self.weight_decay
+            && self.nesterov
+            && self.augment
+    }
+}
+
 /// What connects the workers of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransportKind {
@@ -259,29 +273,29 @@ pub struct TrainOptions {
     /// Dataset directory (fashion-mnist, cifar10, idx; mnist defaults to the bundled copy).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Epochs [default: 4].
+    /// Epochs [default: 4; resumed: the checkpoint's run's].
     #[arg(long)]
     pub epochs: Option<usize>,
     /// Global batch size, split evenly across workers [default: 64].
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Base learning rate [default: 0.05].
+    /// Base learning rate [default: 0.05; resumed: the checkpoint's run's].
     #[arg(long)]
     pub lr: Option<f32>,
-    /// Schedule: constant, cosine, or `step:E1,E2[:GAMMA]` [default: cosine].
+    /// Schedule: constant, cosine, or `step:E1,E2[:GAMMA]` [default: cosine; resumed: the checkpoint's run's].
     #[arg(long)]
     pub lr_schedule: Option<String>,
     /// Linear warm-up steps: the rate rises from 0 to --lr over them (one longer than the run
-    /// never reaches --lr) [default: 100].
+    /// never reaches --lr) [default: 100; resumed: the checkpoint's run's].
     #[arg(long)]
     pub warmup_steps: Option<usize>,
-    /// SGD momentum [default: 0.9].
+    /// SGD momentum [default: 0.9; resumed: the checkpoint's run's].
     #[arg(long)]
     pub momentum: Option<f32>,
-    /// Weight decay [default: 5e-4].
+    /// Weight decay [default: 5e-4; resumed: the checkpoint's run's].
     #[arg(long)]
     pub weight_decay: Option<f32>,
-    /// Nesterov momentum: true or false [default: true].
+    /// Nesterov momentum: true or false [default: true; resumed: the checkpoint's run's].
     #[arg(long)]
     pub nesterov: Option<bool>,
     /// Seed [default: 1].
@@ -466,7 +480,7 @@ pub struct TrainOptions {
     pub conv_algo: Option<String>,
     /// Training transforms in order: off, or a list of random-resized-crop (optionally
     /// :SMIN,SMAX and then :RMIN,RMAX), flip, crop:PAD, resize-shorter (optionally :S),
-    /// center-crop, resize, e.g. crop:4,flip or random-resized-crop,flip [default: off].
+    /// center-crop, resize, e.g. crop:4,flip or random-resized-crop,flip [default: off; resumed: the checkpoint's run's].
     #[arg(long)]
     pub augment: Option<String>,
     /// The model's input size, H or HxW (each side 1..=4096) [default: the dataset's; an
@@ -552,7 +566,7 @@ pub fn check_link_against_timeout(
              latency, so every collective would time out; lower the latency{or_raise}"
         ));
     }
-    let one_float = latency + 4.0 / link.bandwidth_bytes_per_s;
+    let one_float = link.arrival_s(4);
     if one_float >= timeout_s {
         return Err(format!(
             "--{flags}-bandwidth {} bytes/s moves one float (4 bytes) in {:.0} s, not within \
@@ -592,8 +606,9 @@ pub fn schedule_warnings(schedule: &LrSchedule, epochs: usize) -> Vec<String> {
             .filter(|&&m| m >= epochs)
             .map(|m| {
                 format!(
-                    "--lr-schedule: milestone {m} is not before the last epoch ({epochs} \
-                     epochs, counted from 0): it never lowers the rate in this run"
+                    "--lr-schedule: milestone {m} is not before the last epoch ({}, counted \
+                     from 0): it never lowers the rate in this run",
+                    crate::terminal::counted(epochs, "epoch")
                 )
             })
             .collect(),
@@ -1178,9 +1193,6 @@ impl TrainOptions {
             Err(e)
                 if e.setting == crate::optim::SolverSetting::Nesterov
                     && self.resume_follows_nesterov_pair() => {}
-            Err(e) if e.setting == crate::optim::SolverSetting::Nesterov => {
-                return Err("Nesterov momentum needs --momentum > 0 (or --nesterov false)".into())
-            }
             Err(e) => return Err(e.to_string()),
             Ok(()) => {}
         }

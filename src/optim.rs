@@ -93,7 +93,9 @@ impl SgdConfig {
         if self.nesterov && self.momentum == 0.0 {
             return bad(
                 SolverSetting::Nesterov,
-                "true needs --momentum > 0 (Nesterov momentum without momentum)".into(),
+                "true needs a --momentum above 0 (Nesterov momentum without momentum): give \
+                 --nesterov false, or a --momentum above 0"
+                    .into(),
             );
         }
         Ok(())

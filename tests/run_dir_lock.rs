@@ -502,6 +502,12 @@ fn resume_into_another_runs_directory_is_refused() {
         all.contains("pass --overwrite to delete them first"),
         "{all}"
     );
+    // The same data, batch and seed at another learning rate is another run too.
+    let o = dptrain(&train_args("L", "3", &["--lr", "0.01"]), cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let said = refused(&resume("L"));
+    assert!(said.contains("holds the files of another run"), "{said}");
+    assert!(cwd.join("L/checkpoint-epoch0003.safetensors").is_file());
     // --overwrite into the checkpoint's own directory (given, or taken without --run-dir)
     // would delete the run being continued: refused, A kept.
     let ck_before = std::fs::read(cwd.join("A/checkpoint-epoch0001.safetensors")).unwrap();

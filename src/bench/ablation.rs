@@ -230,7 +230,7 @@ impl AblationSpec {
             );
         }
         let sim_workers = super::args::worker_list("--sim-workers", &a.sim_workers)?;
-        super::args::check_emulated_links(&a.link_bandwidth, &a.link_latency)?;
+        super::args::check_emulated_links(&a.model, &a.link_bandwidth, &a.link_latency, true)?;
         let (link, link_model) = if a.link_bandwidth.trim() == "none" {
             (None, None)
         } else {

@@ -47,8 +47,9 @@ impl AllReduceRow {
     }
 }
 
-/// How long a collective of the benchmark may wait for a peer, in seconds.
-pub const TIMEOUT_S: u64 = 120;
+/// How long a collective of the benchmark may wait for a peer, in seconds: training's default
+/// `--comm-timeout`.
+pub const TIMEOUT_S: u64 = crate::config::DEFAULT_COMM_TIMEOUT_S as u64;
 
 /// Runs `iters` timed all-reduces (after 2 warm-ups) of `bytes` with `workers` threads.
 pub fn bench_allreduce(
@@ -544,7 +545,7 @@ fn check_messages_arrive(
     } else {
         buffer
     };
-    let secs = link.latency.as_secs_f64() + largest as f64 / link.bandwidth_bytes_per_s;
+    let secs = link.arrival_s(largest);
     if secs < TIMEOUT_S as f64 {
         return Ok(());
     }
@@ -664,7 +665,7 @@ fn run_in_process(a: &AllReduceArgs, workers: usize, sizes: &[usize]) -> Result<
 
 /// `bench allreduce --transport mpi`: this process is one rank; rank 0 prints the table.
 fn run_processes(workers: usize, sizes: &[usize], iters: usize) -> Result<(), String> {
-    let timeout = Duration::from_secs(120);
+    let timeout = Duration::from_secs(TIMEOUT_S);
     let group = ProcessGroup::start(TransportKind::Mpi, timeout)?;
     let result = bench_allreduce_processes(&group, workers, sizes, iters);
     let (rank, processes) = (group.rank(), group.size());

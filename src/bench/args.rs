@@ -141,27 +141,53 @@ pub fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<Li
 }
 
 /// Refuses, before anything is measured, a `--link-bandwidth` list entry (`none`: no
-/// emulation) that with `--link-latency` could deliver no message within the timeout of the
-/// benchmark's emulated runs ([`crate::config::DEFAULT_COMM_TIMEOUT_S`]: they have no
-/// `--comm-timeout`), which would otherwise fail each run only after the ones before it.
-pub fn check_emulated_links(bandwidths: &str, latency: &str) -> Result<(), String> {
+/// emulation, where the command takes it) that with `--link-latency` could not carry the
+/// benchmark's emulated runs within their timeout ([`crate::config::DEFAULT_COMM_TIMEOUT_S`]:
+/// they have no `--comm-timeout`): no message could arrive in time, or the first one, each
+/// model of `models` (a comma-separated list) sending its weights whole to every worker,
+/// could not. Each would otherwise fail its run only after the runs before it.
+pub fn check_emulated_links(
+    models: &str,
+    bandwidths: &str,
+    latency: &str,
+    none_allowed: bool,
+) -> Result<(), String> {
     let latency = parse_duration(latency).map_err(|e| format!("--link-latency: {e}"))?;
-    for bw in bandwidths
-        .split(',')
-        .map(str::trim)
-        .filter(|b| *b != "none")
-    {
+    let timeout = crate::config::DEFAULT_COMM_TIMEOUT_S;
+    let mut weights = Vec::new();
+    for model in models.split(',').map(str::trim) {
+        let graph = crate::model::reference_graph(model)?;
+        weights.push((graph.name.clone(), 4 * graph.num_params()));
+    }
+    for bw in bandwidths.split(',').map(str::trim) {
+        match bw {
+            "none" if none_allowed => continue,
+            "none" => {
+                return Err(
+                    "--link-bandwidth none: this benchmark compares emulated links; \
+                            give each entry a bandwidth, e.g. 1Gbit"
+                        .into(),
+                )
+            }
+            _ => {}
+        }
         let link = LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(bw)
                 .map_err(|e| format!("--link-bandwidth: {e}"))?,
             latency,
         };
-        crate::config::check_link_against_timeout(
-            &link,
-            crate::config::DEFAULT_COMM_TIMEOUT_S,
-            crate::config::LinkFlags::Link,
-            None,
-        )?;
+        let flags = crate::config::LinkFlags::Link;
+        crate::config::check_link_against_timeout(&link, timeout, flags, None)?;
+        for (model, bytes) in &weights {
+            let secs = link.arrival_s(*bytes);
+            if secs >= timeout {
+                return Err(format!(
+                    "--link-bandwidth {bw}: each emulated run starts by sending {model}'s \
+                     {bytes} bytes of weights to every worker, which takes {secs:.0} s at this \
+                     link, past the {timeout} s a message may take here: give a faster link"
+                ));
+            }
+        }
     }
     Ok(())
 }

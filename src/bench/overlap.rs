@@ -350,7 +350,7 @@ impl OverlapGrid {
 /// Runs `dptrain bench overlap`: the grid, printed row by row as it is measured.
 pub fn run_command(a: OverlapArgs) -> Result<(), String> {
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
-    super::args::check_emulated_links(&a.link_bandwidth, &a.link_latency)?;
+    super::args::check_emulated_links(&a.model, &a.link_bandwidth, &a.link_latency, true)?;
     super::args::entries("--comm", &a.comm)?;
     super::args::check_timed_counts(&[("--steps", a.steps)])?;
     if a.workers < 2 {

@@ -129,7 +129,7 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     // Lists refused before anything is measured: no empty or repeated entry.
     super::args::entries("--model", &a.model)?;
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
-    super::args::check_emulated_links(&a.link_bandwidth, &a.link_latency)?;
+    super::args::check_emulated_links(&a.model, &a.link_bandwidth, &a.link_latency, false)?;
     super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
     super::args::entries("--worker-batch", &a.worker_batch)?;
     super::args::list("--schedule", &a.schedule, Schedule::parse)?;
@@ -396,22 +396,6 @@ fn emulated_group(
         bandwidth_bytes_per_s: parse_bandwidth(&group.bandwidth)?,
         latency: parse_duration(&a.link_latency)?,
     };
-    // Each emulated run starts by sending the weights, whole, to every worker: a link on
-    // which that cannot arrive within the runs' timeout fails every run, so refused before
-    // the probe below spends its time on it.
-    let weights_s =
-        given.latency.as_secs_f64() + profile.grad_bytes() as f64 / given.bandwidth_bytes_per_s;
-    if weights_s >= crate::config::DEFAULT_COMM_TIMEOUT_S {
-        return Err(format!(
-            "--link-bandwidth {}: the emulated runs start by sending {}'s {} bytes of weights \
-             to every worker, which takes {weights_s:.0} s at this link, past the {} s a \
-             message may take: give a faster link",
-            group.bandwidth,
-            group.model,
-            profile.grad_bytes(),
-            crate::config::DEFAULT_COMM_TIMEOUT_S
-        ));
-    }
     group.overhead = message_overhead(a.workers, &given)?;
     on_line(&group.terminal_head());
     let link = LinkModel {

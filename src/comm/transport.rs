@@ -107,6 +107,13 @@ impl LinkModel {
     pub fn transfer_time(&self, bytes: usize) -> Duration {
         secs_to_duration(bytes as f64 / self.bandwidth_bytes_per_s)
     }
+
+    /// Seconds from sending one message of `bytes` to its arrival on an idle link: the latency
+    /// and the time the port is busy. The up-front checks of a link against a timeout judge
+    /// messages by it (a receive waits for the arrival).
+    pub fn arrival_s(&self, bytes: usize) -> f64 {
+        self.latency.as_secs_f64() + bytes as f64 / self.bandwidth_bytes_per_s
+    }
 }
 
 /// Converts seconds to a `Duration`, saturating instead of panicking on

@@ -309,19 +309,14 @@ pub enum ResumeError {
         inputs: Option<([usize; 3], [usize; 3])>,
     },
     /// The checkpoint's recorded recipe (learning rate, schedule, SGD settings,
-    /// augmentation) does not read back, or holds a value no run could be given: a resume,
-    /// which follows it, cannot continue the run.
-    #[error(
-        "--resume {}: the recipe the checkpoint records cannot be followed: {why} (its \
-         metadata was changed, or a newer dptrain wrote it); resume from another checkpoint \
-         of the run, or start a new run from its weights with --weights",
-        path.display()
-    )]
+    /// augmentation) cannot be followed: it does not read back, or the resumed run's
+    /// momentum and Nesterov setting do not go together.
+    #[error("--resume {}: {source}", path.display())]
     Recipe {
         /// The checkpoint.
         path: PathBuf,
-        /// Which entry, and what is wrong with it.
-        why: String,
+        /// Why.
+        source: super::recipe::RecipeRefusal,
     },
     /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to
     /// the old settings' data order.
@@ -358,7 +353,10 @@ pub enum ResumeError {
         steps_per_epoch: usize,
     },
     /// The checkpoint has trained every epoch asked for already.
-    #[error("the checkpoint has already completed {0} epochs; ask for more with --epochs")]
+    #[error(
+        "the checkpoint has already completed {}; ask for more with --epochs",
+        crate::terminal::counted(*.0, "epoch")
+    )]
     AlreadyDone(usize),
 }
 

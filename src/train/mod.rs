@@ -545,15 +545,9 @@ fn follow_resumed_run(
         notes.extend(inputs::follow_checkpoint(cfg, ck, &path)?);
         let run = ck.state.run.as_ref();
         notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));
-        let recorded = match run.map(|r| &r.recipe) {
-            Some(recipe::RecordedRecipe::Recorded(r)) => Some(r),
-            Some(recipe::RecordedRecipe::Unreadable(why)) => {
-                let why = why.clone();
-                return Err(ResumeError::Recipe { path, why }.into());
-            }
-            Some(recipe::RecordedRecipe::Absent) | None => None,
-        };
-        let followed = recipe::follow_recipe(cfg, recorded).map_err(PrepareError::Config)?;
+        let recorded = run.map_or(&recipe::RecordedRecipe::Absent, |r| &r.recipe);
+        let followed = recipe::follow_recipe(cfg, recorded)
+            .map_err(|source| ResumeError::Recipe { path, source })?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
         warnings.extend(recipe::powersgd_dropped(cfg, ck.has_powersgd_state()));

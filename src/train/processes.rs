@@ -74,7 +74,7 @@ impl ProcessGroup {
         Self {
             rank: 0,
             size: 1,
-            timeout: Duration::from_secs(120),
+            timeout: Duration::from_secs_f64(crate::config::DEFAULT_COMM_TIMEOUT_S),
             #[cfg(feature = "mpi")]
             mpi: None,
         }

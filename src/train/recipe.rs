@@ -12,7 +12,7 @@
 //! `continue_computing_as`.)
 
 use crate::config::{GivenSettings, TrainConfig};
-use crate::optim::{LrSchedule, SgdConfig};
+use crate::optim::{BadSetting, LrSchedule, SgdConfig, SolverSetting};
 use crate::pipeline::Augment;
 use std::collections::HashMap;
 
@@ -37,9 +37,26 @@ pub struct Recipe {
 // The floats are flags' values, validated finite: equality is an equivalence on them.
 impl Eq for Recipe {}
 
-/// The metadata key a recorded recipe is recognised by: checkpoints from before the recipe
-/// was recorded lack it.
-const LR_KEY: &str = "lr";
+/// The recipe's metadata keys, in the order [`Recipe::write_metadata`] writes them.
+const KEYS: [&str; 7] = [
+    "lr",
+    "lr_schedule",
+    "warmup_steps",
+    "momentum",
+    "weight_decay",
+    "nesterov",
+    "augment",
+];
+
+/// A solver setting's metadata key (its flag's name in snake case).
+fn key_of(setting: SolverSetting) -> &'static str {
+    match setting {
+        SolverSetting::Lr => KEYS[0],
+        SolverSetting::Momentum => KEYS[3],
+        SolverSetting::WeightDecay => KEYS[4],
+        SolverSetting::Nesterov => KEYS[5],
+    }
+}
 
 impl Recipe {
     /// The recipe of the run `cfg` describes.
@@ -55,23 +72,25 @@ impl Recipe {
 
     /// Adds the recipe's metadata entries to `meta`.
     pub fn write_metadata(&self, meta: &mut HashMap<String, String>) {
-        for (key, value) in [
-            (LR_KEY, self.lr.to_string()),
-            ("lr_schedule", self.lr_schedule.to_string()),
-            ("warmup_steps", self.warmup_steps.to_string()),
-            ("momentum", self.sgd.momentum.to_string()),
-            ("weight_decay", self.sgd.weight_decay.to_string()),
-            ("nesterov", self.sgd.nesterov.to_string()),
-            ("augment", self.augment.to_string()),
-        ] {
+        let values = [
+            self.lr.to_string(),
+            self.lr_schedule.to_string(),
+            self.warmup_steps.to_string(),
+            self.sgd.momentum.to_string(),
+            self.sgd.weight_decay.to_string(),
+            self.sgd.nesterov.to_string(),
+            self.augment.to_string(),
+        ];
+        for (key, value) in KEYS.into_iter().zip(values) {
             meta.insert(key.into(), value);
         }
     }
 
     /// The recipe recorded in checkpoint metadata, judged as the flags are
-    /// ([`crate::optim::check_lr`], [`SgdConfig::check`]).
+    /// ([`crate::optim::check_lr`], [`SgdConfig::check`]): absent only when none of its
+    /// keys is there (an older checkpoint); some of them missing is unreadable, naming one.
     pub fn from_metadata(meta: &HashMap<String, String>) -> RecordedRecipe {
-        if !meta.contains_key(LR_KEY) {
+        if !KEYS.iter().any(|k| meta.contains_key(*k)) {
             return RecordedRecipe::Absent;
         }
         match Self::read(meta).and_then(|r| r.checked()) {
@@ -94,18 +113,19 @@ impl Recipe {
             meta.get(key)
                 .ok_or_else(|| format!("metadata '{key}' missing"))
         };
+        let [lr, schedule, warmup, momentum, decay, nesterov, augment] = KEYS;
         Ok(Self {
-            lr: value(meta, LR_KEY)?,
-            lr_schedule: LrSchedule::parse(text("lr_schedule")?)
-                .map_err(|e| format!("metadata 'lr_schedule' {:?}: {e}", meta["lr_schedule"]))?,
-            warmup_steps: value(meta, "warmup_steps")?,
+            lr: value(meta, lr)?,
+            lr_schedule: LrSchedule::parse(text(schedule)?)
+                .map_err(|e| format!("metadata '{schedule}' {:?}: {e}", meta[schedule]))?,
+            warmup_steps: value(meta, warmup)?,
             sgd: SgdConfig {
-                momentum: value(meta, "momentum")?,
-                weight_decay: value(meta, "weight_decay")?,
-                nesterov: value(meta, "nesterov")?,
+                momentum: value(meta, momentum)?,
+                weight_decay: value(meta, decay)?,
+                nesterov: value(meta, nesterov)?,
             },
-            augment: Augment::parse(text("augment")?)
-                .map_err(|e| format!("metadata 'augment' {:?}: {e}", meta["augment"]))?,
+            augment: Augment::parse(text(augment)?)
+                .map_err(|e| format!("metadata '{augment}' {:?}: {e}", meta[augment]))?,
         })
     }
 
@@ -113,13 +133,7 @@ impl Recipe {
     fn checked(self) -> Result<Self, String> {
         crate::optim::check_lr(self.lr)
             .and_then(|()| self.sgd.check())
-            .map_err(|e| {
-                format!(
-                    "metadata '{}' {}",
-                    e.setting.name().replace('-', "_"),
-                    e.why
-                )
-            })?;
+            .map_err(|e| format!("metadata '{}' {}", key_of(e.setting), e.why))?;
         Ok(self)
     }
 }
@@ -157,44 +171,104 @@ pub fn follow_epochs(cfg: &mut TrainConfig, planned: Option<usize>) -> Option<St
     }
     let planned = planned?;
     cfg.epochs = planned;
-    let epochs = if planned == 1 { "epoch" } else { "epochs" };
     Some(format!(
-        "resuming for the {planned} {epochs} the checkpoint's run was started for (--epochs \
-         gives another count)"
+        "resuming for the {} the checkpoint's run was started for (--epochs gives another \
+         count)",
+        crate::terminal::counted(planned, "epoch")
     ))
 }
 
-/// Every recipe setting not given takes the checkpoint's run's value (`recorded`; `None` for
-/// a checkpoint from before it was recorded, which is said); one given with another value is
-/// warned about. Then refuses Nesterov momentum without momentum (a pair only a resume can
-/// make, each half from another side), naming where each came from.
-pub fn follow_recipe(cfg: &mut TrainConfig, recorded: Option<&Recipe>) -> Result<Followed, String> {
-    let mut followed = Followed::default();
-    match recorded {
-        Some(r) => followed = take_recorded(cfg, r),
-        None => followed.notes.push(
-            "the checkpoint records no learning rate, schedule, SGD settings or augmentation \
-             (an older dptrain wrote it): the resumed run takes the flags' (give the run's \
-             where they were not the defaults)"
-                .into(),
-        ),
+/// Why a resume cannot follow its checkpoint's recipe.
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeRefusal {
+    /// The recorded recipe does not read back, or holds a value the flags refuse, and some
+    /// setting would be taken from it.
+    #[error(
+        "the recipe the checkpoint records cannot be followed: {0} (its metadata was changed, \
+         or a newer dptrain wrote it); resume from another checkpoint of the run, give every \
+         setting of the recipe (--lr, --lr-schedule, --warmup-steps, --momentum, \
+         --weight-decay, --nesterov, --augment), or start a new run from its weights with \
+         --weights"
+    )]
+    Unreadable(String),
+    /// Nesterov momentum without momentum, each half from its own side.
+    #[error(
+        "{bad} (the resumed run's --momentum is {momentum}, {momentum_from}, and --nesterov \
+         {nesterov}, {nesterov_from})"
+    )]
+    NesterovWithoutMomentum {
+        /// The check's refusal.
+        bad: BadSetting,
+        /// The momentum the run would use, and where it came from.
+        momentum: f32,
+        /// See `momentum`.
+        momentum_from: Origin,
+        /// `--nesterov` as the run would use it, and where it came from.
+        nesterov: bool,
+        /// See `nesterov`.
+        nesterov_from: Origin,
+    },
+}
+
+/// Where a resumed run's setting came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A flag or a config file's key.
+    Given,
+    /// The checkpoint's recorded recipe.
+    Recorded,
+    /// The flag's default (the checkpoint records no recipe).
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Given => "given",
+            Self::Recorded => "the checkpoint's run's",
+            Self::Default => "the default",
+        })
     }
-    if let Err(e) = cfg.sgd.check() {
-        let from = |given: bool| {
-            if given {
-                "given"
-            } else {
-                "the checkpoint's run's"
-            }
-        };
-        return Err(format!(
-            "{e}: the resumed run's --momentum is {} ({}) and --nesterov {} ({}); give \
-             --nesterov false, or a --momentum above 0",
-            cfg.sgd.momentum,
-            from(cfg.given.momentum || recorded.is_none()),
-            cfg.sgd.nesterov,
-            from(cfg.given.nesterov || recorded.is_none()),
-        ));
+}
+
+/// Every recipe setting not given takes the checkpoint's run's value (`recorded`); one given
+/// with another value is warned about. A checkpoint without a recipe (an older one) is said;
+/// one whose recipe is unreadable is refused unless every setting is given. Then refuses
+/// Nesterov momentum without momentum (a pair only a resume can make, each half from another
+/// side), naming where each came from.
+pub fn follow_recipe(
+    cfg: &mut TrainConfig,
+    recorded: &RecordedRecipe,
+) -> Result<Followed, RecipeRefusal> {
+    let mut followed = Followed::default();
+    let taken_from = match recorded {
+        RecordedRecipe::Recorded(r) => {
+            followed = take_recorded(cfg, r);
+            Origin::Recorded
+        }
+        RecordedRecipe::Unreadable(why) if !cfg.given.whole_recipe() => {
+            return Err(RecipeRefusal::Unreadable(why.clone()))
+        }
+        RecordedRecipe::Unreadable(_) => Origin::Default,
+        RecordedRecipe::Absent => {
+            followed.notes.push(
+                "the checkpoint records no learning rate, schedule, SGD settings or \
+                 augmentation (an older dptrain wrote it): the resumed run takes the flags' \
+                 (give the run's where they were not the defaults)"
+                    .into(),
+            );
+            Origin::Default
+        }
+    };
+    if let Err(bad) = cfg.sgd.check() {
+        let from = |given: bool| if given { Origin::Given } else { taken_from };
+        return Err(RecipeRefusal::NesterovWithoutMomentum {
+            bad,
+            momentum: cfg.sgd.momentum,
+            momentum_from: from(cfg.given.momentum),
+            nesterov: cfg.sgd.nesterov,
+            nesterov_from: from(cfg.given.nesterov),
+        });
     }
     Ok(followed)
 }
@@ -265,7 +339,9 @@ fn take_recorded(cfg: &mut TrainConfig, r: &Recipe) -> Followed {
 /// A setting's value as the messages show it: as written where that is short, in exponent
 /// form where it is very small or large (1e-40, not forty zeros).
 fn show(x: f32) -> String {
-    if x != 0.0 && !(1e-4..1e6).contains(&x.abs()) {
+    if x == 0.0 {
+        "0".into() // -0 too: the same setting
+    } else if !(1e-4..1e6).contains(&x.abs()) {
         format!("{x:e}")
     } else {
         x.to_string()
@@ -277,14 +353,20 @@ fn show(x: f32) -> String {
 /// the other workers is dropped, and the run is no longer the one the checkpoint was part of.
 /// (With PowerSGD again, the state is restored: `worker::restore_powersgd`.)
 pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
-    (has_state && cfg.compress.powersgd_rank().is_none()).then(|| {
-        format!(
-            "the checkpoint's run sent gradients with --compress powersgd:R and holds its \
-             error feedback, and this run's --compress is {}: the error feedback is dropped; \
-             give the --compress powersgd:R it ran with to continue it exactly",
-            cfg.compress
-        )
-    })
+    if !has_state {
+        return None;
+    }
+    let this_run = match cfg.compress.powersgd_rank() {
+        // One worker sends no gradients, so compresses none.
+        Some(_) if cfg.world() < 2 => "this run has one worker (nothing is sent)".to_string(),
+        Some(_) => return None,
+        None => format!("this run's --compress is {}", cfg.compress),
+    };
+    Some(format!(
+        "the checkpoint's run sent gradients with --compress powersgd:R and holds its error \
+         feedback, and {this_run}: the error feedback is dropped; give the --compress \
+         powersgd:R and the workers it ran with to continue it exactly"
+    ))
 }
 
 /// A warning when a resumed run's `--epochs` differs from the checkpoint's run's (`planned`)
@@ -390,7 +472,7 @@ mod tests {
     #[test]
     fn settings_not_given_follow_the_run_and_given_ones_win_with_a_warning() {
         let mut cfg = config(|o| o.lr = Some(0.01));
-        let followed = follow_recipe(&mut cfg, Some(&recipe())).unwrap();
+        let followed = follow_recipe(&mut cfg, &RecordedRecipe::Recorded(recipe())).unwrap();
         assert_eq!(
             Recipe::of(&cfg),
             Recipe {
@@ -423,7 +505,7 @@ mod tests {
         same.lr_schedule = recipe().lr_schedule;
         same.warmup_steps = 7;
         same.augment = recipe().augment;
-        let followed = follow_recipe(&mut same, Some(&recipe())).unwrap();
+        let followed = follow_recipe(&mut same, &RecordedRecipe::Recorded(recipe())).unwrap();
         assert!(followed.notes.is_empty() && followed.warnings.is_empty());
     }
 
@@ -445,25 +527,62 @@ mod tests {
             })
         };
         // Nesterov given over a run without momentum.
+        let plain = RecordedRecipe::Recorded(plain);
         let mut cfg = resumed(&|o| o.nesterov = Some(true));
-        let err = follow_recipe(&mut cfg, Some(&plain)).unwrap_err();
+        let err = follow_recipe(&mut cfg, &plain).unwrap_err().to_string();
         assert!(
-            err.contains("--momentum is 0 (the checkpoint's run's) and --nesterov true (given)"),
+            err.contains("--momentum is 0, the checkpoint's run's, and --nesterov true, given"),
             "{err}"
         );
         // Momentum 0 given over a run without Nesterov: the options alone would refuse it
         // (Nesterov is on by default); the run's --nesterov false makes it a valid resume.
         let mut cfg = resumed(&|o| o.momentum = Some(0.0));
-        let followed = follow_recipe(&mut cfg, Some(&recipe())).unwrap();
+        let followed = follow_recipe(&mut cfg, &RecordedRecipe::Recorded(recipe())).unwrap();
         assert_eq!((cfg.sgd.momentum, cfg.sgd.nesterov), (0.0, false));
         assert!(followed.warnings[0].contains("--momentum 0 (the run's was 0.8)"));
         // A checkpoint without a recipe: the flags' values, judged and said.
         let mut cfg = resumed(&|o| o.momentum = Some(0.0));
-        let err = follow_recipe(&mut cfg, None).unwrap_err();
-        assert!(err.contains("--nesterov true (given)"), "{err}");
+        let err = follow_recipe(&mut cfg, &RecordedRecipe::Absent)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--momentum is 0, given, and --nesterov true, the default"),
+            "{err}"
+        );
         let mut cfg = resumed(&|_| {});
-        let followed = follow_recipe(&mut cfg, None).unwrap();
+        let followed = follow_recipe(&mut cfg, &RecordedRecipe::Absent).unwrap();
         assert!(followed.notes[0].contains("records no learning rate"));
+    }
+
+    #[test]
+    fn an_unreadable_recipe_refuses_a_resume_that_would_follow_it() {
+        let bad = RecordedRecipe::Unreadable("metadata 'lr' missing or not valid".into());
+        let mut cfg = config(|o| o.lr = Some(0.1));
+        let err = follow_recipe(&mut cfg, &bad).unwrap_err().to_string();
+        assert!(
+            err.contains("metadata 'lr' missing") && err.contains("give every setting"),
+            "{err}"
+        );
+        // Every setting given: nothing is taken from it.
+        let mut cfg = config(|o| {
+            o.lr = Some(0.1);
+            o.lr_schedule = Some("constant".into());
+            o.warmup_steps = Some(0);
+            o.momentum = Some(0.9);
+            o.weight_decay = Some(0.0);
+            o.nesterov = Some(true);
+            o.augment = Some("off".into());
+        });
+        let followed = follow_recipe(&mut cfg, &bad).unwrap();
+        assert!(followed.notes.is_empty() && followed.warnings.is_empty());
+        // Some keys of a recipe missing: unreadable, naming one, not "no recipe".
+        let mut meta = HashMap::new();
+        recipe().write_metadata(&mut meta);
+        meta.remove("lr");
+        assert_eq!(
+            Recipe::from_metadata(&meta),
+            RecordedRecipe::Unreadable("metadata 'lr' missing or not valid".into())
+        );
     }
 
     #[test]
@@ -471,6 +590,7 @@ mod tests {
         assert_eq!(show(1e-40), "1e-40");
         assert_eq!(show(5e-4), "0.0005");
         assert_eq!(show(0.0), "0");
+        assert_eq!(show(-0.0), "0");
         assert_eq!(show(2e7), "2e7");
     }
 

@@ -308,8 +308,17 @@ fn overwrite_deletes_resumed_run(cfg: &TrainConfig) -> bool {
     if !cfg.run_dir_given {
         return true;
     }
+    // The directory it was named in, and the one it is in (a link to a checkpoint elsewhere).
     let canonical = |p: &Path| p.canonicalize().ok();
-    canonical(output::parent_dir(ck)).is_some_and(|d| canonical(&cfg.run_dir) == Some(d))
+    let real = canonical(ck);
+    let dirs = [
+        canonical(output::parent_dir(ck)),
+        real.as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf),
+    ];
+    let run_dir = canonical(&cfg.run_dir);
+    run_dir.is_some() && dirs.contains(&run_dir)
 }
 
 /// Creates the run directory (one level; two for the default `runs/<model>-<dataset>`) and
@@ -524,8 +533,10 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
 
 /// Refuses to continue the run of checkpoint `ck` in `dir`, which holds the run files `found`,
 /// when `dir` is not the checkpoint's own directory and holds checkpoints, none of them of the
-/// same run: the model and its layers, and the [`super::checkpoint::RunIdentity`] of `ck` or,
-/// under `--resume-changed`, of this run (`now`); either side without a recorded identity
+/// same run: the model and its layers, the [`super::checkpoint::RunIdentity`] of `ck` or,
+/// under `--resume-changed`, of this run (`now`), and the recipe of `ck` or of this run (where
+/// both record one: the same data trained at another rate is another run); either side
+/// without a recorded identity
 /// (an older checkpoint) is judged by the model and layers alone. Its metrics, summary and
 /// checkpoints would be another run's, mixed with this one's (`--resume A/ck --run-dir B`,
 /// where B held an earlier run, wrote lenet5's epoch 2 after vgg-small's epoch 1). A `dir`
@@ -554,11 +565,26 @@ fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), 
         }
         _ => true,
     };
+    // The recipe too, where both record it: a directory of the same data, batch and seed
+    // trained at another rate is another run. Its recipe may be the checkpoint's, or this
+    // run's (a continuation that changed the rate, run again).
+    use super::recipe::{Recipe, RecordedRecipe};
+    let same_recipe = |theirs: &Option<RunIdentity>| {
+        let recorded = |r: &Option<RunIdentity>| match r.as_ref().map(|r| &r.recipe) {
+            Some(RecordedRecipe::Recorded(recipe)) => Some(recipe.clone()),
+            _ => None,
+        };
+        match (recorded(theirs), recorded(&resumed.run)) {
+            (Some(a), Some(b)) => a == b || a == Recipe::of(cfg),
+            _ => true,
+        }
+    };
     let of_the_run = |name: &&String| {
         read_state(&dir.join(name)).is_ok_and(|s| {
             s.model == resumed.model
                 && s.fingerprint == resumed.fingerprint
                 && same_identity(&s.run)
+                && same_recipe(&s.run)
         })
     };
     if checkpoints.iter().any(of_the_run) {
