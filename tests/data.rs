@@ -376,6 +376,13 @@ fn cifar_bad_inputs() {
     assert!(m.contains("data_batch_3.bin: not found"), "{m}");
     assert!(m.contains("also missing: test_batch.bin"), "{m}");
     assert!(m.contains("cifar-10-binary.tar.gz"), "{m}");
+    // No directory at all: the directory is named, not its six files.
+    let gone = tmp.path().join("gone");
+    let m = err_msg(data::load(&DatasetSpec::Cifar10 { dir: gone.clone() }));
+    assert!(
+        m.contains(&format!("{}: not found", gone.display())) && !m.contains("also missing"),
+        "{m}"
+    );
 }
 
 #[test]

@@ -901,12 +901,48 @@ fn a_class_directory_in_another_unicode_form_is_the_same_class() {
     assert_eq!(test.classes, ["0", composed]);
     // Its images are read, and labelled as the class.
     assert_eq!(test.labels.iter().filter(|&&l| l == 1).count(), 2);
+    // A checkpoint of the composed name evaluates the decomposed copy as the composed one.
+    let run = tmp.path().join("run");
+    let o = TrainOptions {
+        dataset: Some("imagefolder".into()),
+        data_dir: Some(dir.clone()),
+        image_size: Some("28".into()),
+        epochs: Some(1),
+        batch: Some(4),
+        threads: Some(1),
+        run_dir: Some(run.clone()),
+        quiet: true,
+        ..Default::default()
+    };
+    dptrain::train::train(o.resolve().unwrap()).unwrap();
+    let ck = run.join("checkpoint-epoch0001.safetensors");
+    let eval = || {
+        let opts = dptrain::infer::eval::EvalOptions {
+            workers: 1,
+            ..Default::default()
+        };
+        dptrain::infer::eval::run(&ck, &opts).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let decomposed_test = eval();
+    assert_eq!(decomposed_test.samples, 4);
+    std::fs::rename(
+        dir.join("test").join(decomposed),
+        dir.join("test").join(composed),
+    )
+    .unwrap();
+    let composed_test = eval();
+    assert_eq!(decomposed_test.loss.to_bits(), composed_test.loss.to_bits());
     // Both forms in one split: refused, naming both.
     std::fs::create_dir(dir.join("train").join(decomposed)).unwrap();
     let e = ImageFolder::open(&dir.join("train"), None)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("one class written in two Unicode forms"), "{e}");
+    assert!(
+        e.contains("one class written in two Unicode forms")
+            && e.contains("caf<U+00E9>")
+            && e.contains("cafe<U+0301>"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -39,6 +39,13 @@ const GET_HINT: &str = "download the CIFAR-10 binary version (cifar-10-binary.ta
 /// `dir/cifar-10-batches-bin` when `dir` does not hold them itself).
 pub fn load_cifar10(dir: &Path) -> Result<DatasetPair, DataError> {
     let dir = pick_dir(dir);
+    // No directory at all: that is the mistake, not the six files in it.
+    if !dir.exists() {
+        return Err(DataError::NotFound {
+            path: dir.to_path_buf(),
+            hint: format!("{GET_HINT} (CIFAR-10's six .bin files)"),
+        });
+    }
     let all: Vec<&str> = TRAIN_FILES.iter().copied().chain([TEST_FILE]).collect();
     let missing: Vec<&str> = all
         .iter()

@@ -338,10 +338,7 @@ fn class_directories(
     let Some(known) = known else {
         for (i, a) in found.iter().enumerate() {
             if let Some(b) = found[i + 1..].iter().find(|b| same_class_name(a, b)) {
-                return Err(DataError::invalid(
-                    split_dir.join(b),
-                    format!("and {a} are one class written in two Unicode forms; merge them"),
-                ));
+                return Err(two_forms(split_dir, a, b));
             }
         }
         return Ok(found.into_iter().map(|d| (d.clone(), d)).collect());
@@ -355,13 +352,7 @@ fn class_directories(
             ));
         };
         if let Some(first) = &dirs[class] {
-            return Err(DataError::invalid(
-                split_dir.join(&dir),
-                format!(
-                    "and {first} are one class ('{}') written in two Unicode forms; merge them",
-                    known[class]
-                ),
-            ));
+            return Err(two_forms(split_dir, first, &dir));
         }
         dirs[class] = Some(dir);
     }
@@ -370,6 +361,29 @@ fn class_directories(
         .zip(dirs)
         .map(|(k, d)| (k.clone(), d.unwrap_or_else(|| k.clone())))
         .collect())
+}
+
+/// The refusal of two directories of `split_dir` that name one class in two Unicode forms:
+/// both names, and each spelled by its code points beyond ASCII, since on screen they look
+/// the same.
+fn two_forms(split_dir: &Path, a: &str, b: &str) -> DataError {
+    let spelled = |name: &str| -> String {
+        name.chars()
+            .map(|c| match c.is_ascii() {
+                true => c.to_string(),
+                false => format!("<U+{:04X}>", u32::from(c)),
+            })
+            .collect()
+    };
+    DataError::invalid(
+        split_dir,
+        format!(
+            "holds the class directories '{a}' and '{b}' ({} and {}), one class written in two \
+             Unicode forms; merge them into one",
+            spelled(a),
+            spelled(b)
+        ),
+    )
 }
 
 /// Whether two class names are one class: equal, or equal once both are in Unicode's composed

@@ -9,6 +9,7 @@
 //! same checkpoint.
 
 use super::{rank_of, InferError, TrainedModel};
+use crate::data::image_folder::same_class_name;
 use crate::data::{Dataset, Split};
 use crate::nn::Mode;
 use crate::pipeline::{collate, Batch, Normalize};
@@ -308,7 +309,7 @@ fn folder_split(
         .filter_map(Result::ok)
         .filter(|e| e.path().is_dir())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|c| !d.class_names.contains(c))
+        .filter(|c| !d.class_names.iter().any(|n| same_class_name(n, c)))
         .collect();
     unknown.sort();
     refuse_unknown_classes(model, split_dir, "class directories", &unknown)?;
@@ -365,16 +366,20 @@ fn packed_split(
         Split::Train => train,
         Split::Test => test,
     };
-    let same = crate::data::image_folder::same_class_name;
     let unknown: Vec<String> = (set.classes().iter())
-        .filter(|c| !d.class_names.iter().any(|n| same(n, c)))
+        .filter(|c| !d.class_names.iter().any(|n| same_class_name(n, c)))
         .cloned()
         .collect();
     refuse_unknown_classes(model, file, "classes", &unknown)?;
     // The file's label of each class, as the model's (every class is the model's, so each
     // position is below its class count, which labels of u8 hold).
     let model_label: Vec<u8> = (set.classes().iter())
-        .map(|c| d.class_names.iter().position(|n| same(n, c)).unwrap_or(0) as u8)
+        .map(|c| {
+            d.class_names
+                .iter()
+                .position(|n| same_class_name(n, c))
+                .unwrap_or(0) as u8
+        })
         .collect();
     set.channels = channels;
     set.set_size(d.input[1], d.input[2]);
