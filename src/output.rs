@@ -165,6 +165,28 @@ pub struct Kind {
     pub is_one: fn(&[u8]) -> bool,
 }
 
+/// A path in a JSON file or line dptrain writes, as text: JSON strings are Unicode, and a name
+/// that is not (a Linux file name may hold any bytes) is written with U+FFFD for what does not
+/// decode (serde's own form refuses it, which failed a run after its training, or panicked
+/// `predict --json`). For `#[serde(serialize_with = "crate::output::path_as_text")]`.
+pub fn path_as_text<P: AsRef<Path>, S: serde::Serializer>(
+    path: &P,
+    to: S,
+) -> Result<S::Ok, S::Error> {
+    to.serialize_str(&path.as_ref().to_string_lossy())
+}
+
+/// [`path_as_text`] for an optional path (`null` when absent).
+pub fn optional_path_as_text<P: AsRef<Path>, S: serde::Serializer>(
+    path: &Option<P>,
+    to: S,
+) -> Result<S::Ok, S::Error> {
+    match path {
+        Some(p) => path_as_text(p, to),
+        None => to.serialize_none(),
+    }
+}
+
 /// Whether `bytes` are a JSON object holding every one of `keys`: the test of the JSON files
 /// dptrain writes (whole files: their [`Kind::head`] is larger than they grow).
 pub fn is_json_object_with(bytes: &[u8], keys: &[&str]) -> bool {

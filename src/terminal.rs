@@ -104,6 +104,24 @@ pub fn counted(n: usize, thing: &str) -> String {
     }
 }
 
+/// `path` on one line of output: as it displays, with control characters (a newline in a file
+/// name would split a line-per-file listing) escaped as Rust writes them (`\n`, `\u{7f}`).
+pub fn one_line(path: &std::path::Path) -> String {
+    let name = path.to_string_lossy();
+    if !name.chars().any(char::is_control) {
+        return name.into_owned();
+    }
+    name.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// `path` as one shell word, for a command a message tells the user to run: as it is when it
 /// holds only characters no shell treats specially, else in single quotes (a quote inside
 /// written `'\''`); a name starting with `-` as `./-name`, which no command reads as an
@@ -125,6 +143,13 @@ pub fn shell_quoted(path: &std::path::Path) -> String {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn a_path_on_one_line_has_its_control_characters_escaped() {
+        assert_eq!(one_line(Path::new("a b/c.jpg")), "a b/c.jpg");
+        assert_eq!(one_line(Path::new("two\nlines.jpg")), "two\\nlines.jpg");
+        assert_eq!(one_line(Path::new("tab\t\u{7f}.png")), "tab\\t\\u{7f}.png");
+    }
 
     #[test]
     fn a_path_is_quoted_only_where_a_shell_would_split_or_expand_it() {

@@ -281,6 +281,19 @@ fn powersgd_is_deterministic_and_continues_from_a_commit_or_checkpoint_bit_for_b
         "{said}"
     );
     std::fs::remove_dir_all(&bare).unwrap();
+    // Continued on 4 workers: said, with where the two workers' error feedback goes.
+    let four = tmp("psgd-four");
+    let mut args = common.to_vec();
+    args[1] = "4";
+    let mut loud = small(&four, &[&args[..], &["--resume", &resume]].concat());
+    loud.retain(|a| a != "--quiet"); // notes are not shown under --quiet
+    let said = ok(&loud);
+    assert!(
+        said.contains("continuing on 4 workers (the checkpoint's run had 2)")
+            && said.contains("each of the 2 workers' own, is summed onto worker 0"),
+        "{said}"
+    );
+    std::fs::remove_dir_all(&four).unwrap();
     for d in [whole, threads, plain, cut] {
         std::fs::remove_dir_all(d).unwrap();
     }

@@ -523,6 +523,37 @@ fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
     assert_eq!(errors.len(), 2, "{errors:?}");
     let predicted = lines.iter().filter(|l| l.get("top").is_some()).count();
     assert_eq!(predicted, report.classes[3].samples as usize);
+    // Names that are not UTF-8 (any bytes, on Linux) or hold a newline: each JSON line
+    // names the file (U+FFFD for what does not decode), the text a line per image.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = dir.path().join("odd");
+        std::fs::create_dir(&odd).unwrap();
+        let good = std::fs::read_dir(three.clone())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let name = |b: &[u8]| odd.join(std::ffi::OsStr::from_bytes(b));
+        std::fs::copy(good.path(), name(b"caf\xe9.png")).unwrap();
+        std::fs::copy(good.path(), name(b"two\nlines.png")).unwrap();
+        std::fs::write(name(b"bro\xe9ken.png"), b"\x89PNG\r\n\x1a\n truncated").unwrap();
+        let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &[odd.to_str().unwrap()]);
+        assert!(!ok && !stderr.contains("panicked"), "{stderr}");
+        let file = |l: &serde_json::Value| l["file"].as_str().unwrap().to_string();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(file(&lines[0]).ends_with("bro\u{fffd}ken.png") && lines[0].get("error").is_some());
+        assert!(file(&lines[1]).ends_with("caf\u{fffd}.png") && lines[1].get("top").is_some());
+        assert!(file(&lines[2]).ends_with("two\nlines.png") && lines[2].get("top").is_some());
+        let (_, stdout, _) = dptrain(&[
+            "predict",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            odd.to_str().unwrap(),
+        ]);
+        assert_eq!(stdout.lines().count(), 2, "{stdout}");
+        assert!(stdout.contains("two\\nlines.png: "), "{stdout}");
+    }
     // A path that does not exist stops before any work.
     let (ok, lines, stderr) = predict_json(ck.to_str().unwrap(), &["/nonexistent.png"]);
     assert!(

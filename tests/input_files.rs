@@ -434,6 +434,72 @@ fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
 }
 
 #[test]
+fn images_of_formats_not_read_are_counted_as_left_out_not_dropped_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("folder");
+    for split in ["train", "test"] {
+        for class in ["a", "b"] {
+            let d = root.join(split).join(class);
+            std::fs::create_dir_all(&d).unwrap();
+            png(&d.join("0.png"));
+        }
+    }
+    let a = root.join("train").join("a");
+    for name in ["1.webp", "2.HEIC", "3.heic", "notes.txt"] {
+        std::fs::write(a.join(name), b"x").unwrap();
+    }
+    let spec = format!("imagefolder:{}", root.display());
+    let run_dir = tmp.path().join("run");
+    let r = run_ok(
+        &[
+            "train",
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "--dataset",
+            &spec,
+            "--epochs",
+            "1",
+            "--batch",
+            "2",
+            "--threads",
+            "1",
+        ],
+        tmp.path(),
+    );
+    let said = format!(
+        "warning: {}: left out 3 images in formats dptrain does not read (2 .heic, 1 .webp; \
+         e.g. {}): it reads PNG and JPEG",
+        root.join("train").display(),
+        a.join("1.webp").display()
+    );
+    assert!(r.text.contains(&said), "{}", r.text);
+    // predict walks a directory alike; one holding no PNG or JPEG says what it left out.
+    let ck = run_dir.join("checkpoint-epoch0001.safetensors");
+    let ck = ck.to_str().unwrap();
+    let r = run(
+        &["predict", "--checkpoint", ck, a.to_str().unwrap()],
+        tmp.path(),
+    );
+    assert!(
+        r.code == Some(0) && r.text.contains("left out 3 images"),
+        "{}",
+        r.text
+    );
+    std::fs::remove_file(a.join("0.png")).unwrap();
+    let r = run(
+        &["predict", "--checkpoint", ck, a.to_str().unwrap()],
+        tmp.path(),
+    );
+    assert!(
+        r.code == Some(1)
+            && r.text
+                .contains("no .png, .jpg or .jpeg files in this directory or below (left out 3"),
+        "{}",
+        r.text
+    );
+}
+
+#[test]
 fn packed_and_cifar_files_that_are_devices_or_fifos_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");

@@ -827,6 +827,26 @@ fn a_run_shorter_than_the_warm_up_says_it_has_no_timed_steps() {
 }
 
 #[test]
+fn a_run_directory_named_in_bytes_that_are_not_utf8_gets_its_summary_and_report() {
+    use std::os::unix::ffi::OsStrExt;
+    // A Linux name may hold any bytes: summary.json (JSON is Unicode) failed after training.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(std::ffi::OsStr::from_bytes(b"r\xe9s"));
+    let s = run(&dir, |o| o.train_limit = Some(48));
+    assert_eq!(s.run_dir, dir);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    let written = summary["run_dir"].as_str().unwrap();
+    assert!(written.ends_with("r\u{fffd}s"), "{written}");
+    assert!(summary["checkpoint"]
+        .as_str()
+        .unwrap()
+        .contains("r\u{fffd}s/checkpoint-"));
+    dptrain::report::write_run_report(&dir).unwrap();
+    assert!(dir.join("report.md").is_file());
+}
+
+#[test]
 fn the_custom_model_example_builds_a_network_in_code_and_trains_it() {
     // `cargo test` builds the examples next to the test binaries (target/<profile>/examples).
     let exe = std::env::current_exe().unwrap();

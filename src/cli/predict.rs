@@ -50,7 +50,7 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
                     failed += 1;
                     bar.suspend(|| print_error(&e.to_string()));
                     a.json
-                        .then(|| serde_json::json!({"file": file, "error": e.to_string()}))
+                        .then(|| serde_json::json!({"file": file.to_string_lossy(), "error": e.to_string()}))
                         .map(|j| j.to_string())
                 }
             };
@@ -88,12 +88,17 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
 /// One image's result: `FILE: class 97.12%, class 1.03%, ...`, or its JSON.
 fn line(p: &Prediction, json: bool) -> String {
     if json {
-        return serde_json::to_string(p).unwrap_or_default();
+        // Nothing in a prediction fails to serialise (the file is written as text:
+        // `output::path_as_text`); were it to, the line says so rather than going blank.
+        return serde_json::to_string(p).unwrap_or_else(|e| {
+            serde_json::json!({"file": p.file.to_string_lossy(), "error": e.to_string()})
+                .to_string()
+        });
     }
     let top: Vec<String> = p
         .top
         .iter()
         .map(|c| format!("{} {:.2}%", c.class, 100.0 * c.probability))
         .collect();
-    format!("{}: {}", p.file.display(), top.join(", "))
+    format!("{}: {}", crate::terminal::one_line(&p.file), top.join(", "))
 }

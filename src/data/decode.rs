@@ -212,6 +212,64 @@ impl ImageFormat {
     }
 }
 
+/// File extensions (lower case) taken as images where directories are listed (an
+/// ImageFolder's class directories, `predict`'s walk): the formats read.
+pub const IMAGE_EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
+
+/// Extensions (lower case) of image formats not read: torchvision's ImageFolder loads the
+/// first six (its `IMG_EXTENSIONS`, through PIL), and phones and cameras write the others. A
+/// listing counts files of these to say they were left out, rather than drop photos silently.
+const UNREAD_IMAGE_EXTENSIONS: [&str; 11] = [
+    "bmp", "ppm", "pgm", "tif", "tiff", "webp", "gif", "heic", "heif", "avif", "jxl",
+];
+
+/// What a listed file's name says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListedFile {
+    /// A PNG or JPEG by its extension ([`IMAGE_EXTENSIONS`], any case): read.
+    Image,
+    /// An image of a format not read (`.webp`, `.heic`, ...): left out, and counted.
+    UnreadFormat,
+    /// Anything else: not an image.
+    Other,
+}
+
+impl ListedFile {
+    /// By `path`'s extension, in any case.
+    pub fn of(path: &Path) -> Self {
+        let Some(ext) = path.extension() else {
+            return Self::Other;
+        };
+        let ext = ext.to_string_lossy().to_ascii_lowercase();
+        if IMAGE_EXTENSIONS.contains(&ext.as_str()) {
+            Self::Image
+        } else if UNREAD_IMAGE_EXTENSIONS.contains(&ext.as_str()) {
+            Self::UnreadFormat
+        } else {
+            Self::Other
+        }
+    }
+}
+
+/// What a listing left out, said of images of unread formats (`files`): how many of each
+/// extension, and one of them by name. `None` when there are none.
+pub fn unread_formats(files: &[PathBuf]) -> Option<String> {
+    let first = files.first()?;
+    let mut by_ext: std::collections::BTreeMap<String, usize> = Default::default();
+    for f in files {
+        let ext = f.extension().unwrap_or_default().to_string_lossy();
+        *by_ext.entry(ext.to_ascii_lowercase()).or_default() += 1;
+    }
+    let counts: Vec<String> = by_ext.iter().map(|(e, n)| format!("{n} .{e}")).collect();
+    Some(format!(
+        "left out {} in formats dptrain does not read ({}; e.g. {}): it reads PNG and JPEG; \
+         convert them to train on or predict them",
+        crate::terminal::counted(files.len(), "image"),
+        counts.join(", "),
+        crate::terminal::one_line(first)
+    ))
+}
+
 /// What a header says, with the orientation applied to the size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageInfo {

@@ -18,14 +18,11 @@
 //!
 //! [`super::image_export::export`] writes any in-memory [`Dataset`] pair in this layout (`dptrain data export-images`).
 
-use super::decode::{DecodedImage, Decoder, Resampler};
+use super::decode::{unread_formats, DecodedImage, Decoder, ListedFile, Resampler};
 use super::{DataError, Dataset};
 use std::path::{Path, PathBuf};
 
 pub use super::decode::{MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
-
-/// Extensions (lower-case) taken as images; other files in a class directory are ignored.
-const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
 
 /// Images spread over a split whose headers decide grey or colour.
 const COLOUR_PROBE: usize = 64;
@@ -94,30 +91,41 @@ impl ImageFolder {
                 ),
             ));
         }
-        let (mut files, mut labels) = (Vec::new(), Vec::new());
+        let (mut files, mut labels, mut unread) = (Vec::new(), Vec::new(), Vec::new());
         for (label, (_, dir)) in dirs.iter().enumerate() {
-            let (these, subdirs) = class_files(&split_dir.join(dir), hint)?;
-            warn_unread_subdirectories(&split_dir.join(dir), subdirs);
-            if training && these.is_empty() && classes.len() > 1 {
+            let listing = class_files(&split_dir.join(dir), hint)?;
+            warn_unread_subdirectories(&split_dir.join(dir), listing.subdirs);
+            if training && listing.images.is_empty() && classes.len() > 1 {
                 return Err(DataError::invalid(
                     split_dir.join(dir),
-                    "holds no .png, .jpg or .jpeg files: a class of the training split needs \
-                     images to be learned; add some, or remove the directory",
+                    format!(
+                        "holds no .png, .jpg or .jpeg files{}: a class of the training split \
+                         needs images to be learned; add some, or remove the directory",
+                        unread_formats(&listing.unread)
+                            .map(|w| format!(" ({w})"))
+                            .unwrap_or_default()
+                    ),
                 ));
             }
-            labels.extend(std::iter::repeat_n(label as u8, these.len()));
-            files.extend(these);
+            labels.extend(std::iter::repeat_n(label as u8, listing.images.len()));
+            files.extend(listing.images);
+            unread.extend(listing.unread);
         }
+        let left_out = unread_formats(&unread);
         if files.is_empty() {
             return Err(DataError::invalid(
                 split_dir,
                 format!(
-                    "holds no .png, .jpg or .jpeg files in class directories{}; {hint}",
-                    loose_images(split_dir)
+                    "holds no .png, .jpg or .jpeg files in class directories{}{}; {hint}",
+                    loose_images(split_dir),
+                    left_out.map(|w| format!(" ({w})")).unwrap_or_default()
                 ),
             ));
         }
-        let loose = class_files(split_dir, hint)?.0.len();
+        if let Some(w) = left_out {
+            crate::terminal::print_warning(&format!("{}: {w}", split_dir.display()));
+        }
+        let loose = class_files(split_dir, hint)?.images.len();
         if loose > 0 {
             crate::terminal::print_warning(&format!(
                 "{}: {loose} image{} directly in it not read: an ImageFolder reads the images in \
@@ -312,7 +320,7 @@ fn warn_unread_subdirectories(dir: &Path, subdirs: usize) {
 /// What to add when `dir` holds images itself rather than in class directories: the count,
 /// and where they belong (an empty string when it holds none).
 fn loose_images(dir: &Path) -> String {
-    match class_files(dir, "").map(|(f, _)| f.len()) {
+    match class_files(dir, "").map(|l| l.images.len()) {
         Ok(n) if n > 0 => format!(
             " (it holds {} itself: an ImageFolder keeps each class's images in a \
              directory named after the class, {}/CLASS/NAME.png; `dptrain predict` takes \
@@ -395,26 +403,43 @@ pub fn same_class_name(a: &str, b: &str) -> bool {
     a == b || a.nfc().eq(b.nfc())
 }
 
-/// The image files of one class directory, sorted, and how many directories it holds besides
-/// (not read), from one listing. An entry with an image's extension that is not a regular
+/// One class directory, listed once.
+#[derive(Debug, Default)]
+struct ClassListing {
+    /// Its image files (PNG and JPEG by name), sorted.
+    images: Vec<PathBuf>,
+    /// How many directories it holds (not read).
+    subdirs: usize,
+    /// Its images of formats not read (`.webp`, `.heic`...: [`ListedFile::UnreadFormat`]).
+    unread: Vec<PathBuf>,
+}
+
+/// Lists one class directory. An entry with an image's extension that is not a regular
 /// file (a fifo, a device, a directory, a dangling link or a link loop) is skipped with a
 /// warning naming it, since reading it could block or never end.
-fn class_files(dir: &Path, hint: &str) -> Result<(Vec<PathBuf>, usize), DataError> {
-    let (mut these, mut subdirs) = (Vec::new(), 0);
+fn class_files(dir: &Path, hint: &str) -> Result<ClassListing, DataError> {
+    let mut listing = ClassListing::default();
     if !dir.is_dir() {
-        return Ok((these, subdirs));
+        return Ok(listing);
     }
     let mut skipped: Vec<(PathBuf, &str)> = Vec::new();
     for e in std::fs::read_dir(dir).map_err(|e| DataError::from_io(dir, e, hint))? {
         let e = e.map_err(|e| DataError::from_io(dir, e, hint))?;
         let p = e.path();
-        if !has_image_extension(&p) {
+        let listed = ListedFile::of(&p);
+        if listed != ListedFile::Image {
+            let kind = e.file_type();
             // One named like an image (`dir.png`) is counted among the skipped instead.
-            subdirs += usize::from(e.file_type().is_ok_and(|t| t.is_dir()));
+            listing.subdirs += usize::from(kind.as_ref().is_ok_and(|t| t.is_dir()));
+            if listed == ListedFile::UnreadFormat
+                && std::fs::metadata(&p).is_ok_and(|m| m.is_file())
+            {
+                listing.unread.push(p);
+            }
             continue;
         }
         match std::fs::metadata(&p) {
-            Ok(m) if m.is_file() => these.push(p),
+            Ok(m) if m.is_file() => listing.images.push(p),
             Ok(m) => skipped.push((p, entry_type(m.file_type()))),
             Err(_) => skipped.push((p, "a dangling link or a link loop")),
         }
@@ -429,14 +454,9 @@ fn class_files(dir: &Path, hint: &str) -> Result<(Vec<PathBuf>, usize), DataErro
             first.display()
         ));
     }
-    these.sort();
-    Ok((these, subdirs))
-}
-
-/// Whether `path`'s extension is an image's ([`EXTENSIONS`], any case).
-fn has_image_extension(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|x| EXTENSIONS.contains(&x.to_string_lossy().to_ascii_lowercase().as_str()))
+    listing.images.sort();
+    listing.unread.sort();
+    Ok(listing)
 }
 
 /// What a file type that is not a regular file is, in words.

@@ -76,6 +76,7 @@ pub struct ClassResult {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EvalReport {
     /// The checkpoint.
+    #[serde(serialize_with = "crate::output::path_as_text")]
     pub checkpoint: PathBuf,
     /// Its model.
     pub model: String,

@@ -6,15 +6,13 @@
 //! the caller reports the failures and exits non-zero at the end.
 
 use super::{softmax, top_k, InferError, TrainedModel};
+use crate::data::decode::{unread_formats, ListedFile};
 use crate::data::DataError;
 use crate::nn::{Mode, Net};
 use crate::pipeline::{Draw, ImageSize, Normalize, TransformScratch, Transforms};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-
-/// File extensions (lower case) a directory walk takes as images.
-pub const IMAGE_EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
 
 /// One class of a prediction.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -31,6 +29,7 @@ pub struct ClassProbability {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Prediction {
     /// The image file.
+    #[serde(serialize_with = "crate::output::path_as_text")]
     pub file: PathBuf,
     /// The `k` most likely classes.
     pub top: Vec<ClassProbability>,
@@ -48,12 +47,18 @@ pub fn collect_images(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool), InferEr
         if p.is_dir() {
             walked = true;
             let before = files.len();
-            walk(p, &mut files)?;
+            let mut unread = Vec::new();
+            walk_from(p, (&mut files, &mut unread), &mut Vec::new())?;
+            let left_out = unread_formats(&unread);
             if files.len() == before {
                 return Err(InferError::Options(format!(
-                    "{}: no .png, .jpg or .jpeg files in this directory or below",
-                    p.display()
+                    "{}: no .png, .jpg or .jpeg files in this directory or below{}",
+                    p.display(),
+                    left_out.map(|w| format!(" ({w})")).unwrap_or_default()
                 )));
+            }
+            if let Some(w) = left_out {
+                crate::terminal::print_warning(&format!("{}: {w}", p.display()));
             }
         } else if p.exists() {
             files.push(p.clone());
@@ -67,21 +72,19 @@ pub fn collect_images(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool), InferEr
     Ok((files, walked))
 }
 
-/// Adds the images under `dir` to `out`, in name order, subdirectories in place.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InferError> {
-    walk_from(dir, out, &mut Vec::new())
-}
-
-/// [`walk`], with the directories entered so far (device and inode): a directory reached again
+/// Adds the images under `dir` to `out.0`, in name order, subdirectories in place, and the
+/// images of formats not read to `out.1`; with the directories entered so far (device and
+/// inode): a directory reached again
 /// through a link (a link loop, or a second link to it) is skipped with a warning instead of
 /// being walked again, so a loop cannot make the walk endless. An entry with an image's name
 /// that is not a regular file (a fifo, a device) is skipped with a warning, since reading it
 /// could block.
 fn walk_from(
     dir: &Path,
-    out: &mut Vec<PathBuf>,
+    out: (&mut Vec<PathBuf>, &mut Vec<PathBuf>),
     entered: &mut Vec<(u64, u64)>,
 ) -> Result<(), InferError> {
+    let (images, unread) = out;
     use std::os::unix::fs::MetadataExt;
     let io = |e: std::io::Error| {
         InferError::Data(DataError::Io {
@@ -105,11 +108,13 @@ fn walk_from(
         .map_err(io)?;
     entries.sort();
     for p in entries {
+        let listed = ListedFile::of(&p);
         match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() => walk_from(&p, out, entered)?,
-            Ok(m) if m.is_file() && is_image_name(&p) => out.push(p),
+            Ok(m) if m.is_dir() => walk_from(&p, (&mut *images, &mut *unread), entered)?,
+            Ok(m) if m.is_file() && listed == ListedFile::Image => images.push(p),
+            Ok(m) if m.is_file() && listed == ListedFile::UnreadFormat => unread.push(p),
             Ok(m) if m.is_file() => {}
-            _ if is_image_name(&p) => crate::terminal::print_warning(&format!(
+            _ if listed == ListedFile::Image => crate::terminal::print_warning(&format!(
                 "{}: skipped, not a regular file (a fifo, a device, a dangling link or a link \
                  loop)",
                 p.display()
@@ -118,13 +123,6 @@ fn walk_from(
         }
     }
     Ok(())
-}
-
-/// Whether the file name ends in an image extension.
-fn is_image_name(p: &Path) -> bool {
-    p.extension()
-        .map(|x| x.to_string_lossy().to_ascii_lowercase())
-        .is_some_and(|x| IMAGE_EXTENSIONS.contains(&x.as_str()))
 }
 
 /// Predicts batches of images with one net.

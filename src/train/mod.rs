@@ -551,6 +551,9 @@ fn follow_resumed_run(
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
         warnings.extend(recipe::powersgd_dropped(cfg, ck.has_powersgd_state()));
+        notes.extend(
+            run.and_then(|r| recipe::workers_changed(cfg, r.world, ck.has_powersgd_state())),
+        );
     }
     warnings.extend(crate::config::schedule_warnings(
         &cfg.lr_schedule,

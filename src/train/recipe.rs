@@ -369,6 +369,32 @@ pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
     ))
 }
 
+/// A note when a resume continues on another number of workers than the checkpoint's run
+/// had (`recorded`): the batches and their order are the same, but the workers' gradients are
+/// summed in another grouping, which may round differently (README, "Determinism"), and
+/// PowerSGD's error feedback, each worker's own, goes to worker 0 as their sum
+/// (`worker::restore_powersgd`).
+pub fn workers_changed(cfg: &TrainConfig, recorded: usize, has_powersgd: bool) -> Option<String> {
+    let now = cfg.world();
+    if now == recorded {
+        return None;
+    }
+    let feedback = if has_powersgd && cfg.compress.powersgd_rank().is_some() && now > 1 {
+        format!(
+            "; PowerSGD's error feedback, each of the {recorded} workers' own, is summed onto \
+             worker 0"
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "continuing on {} (the checkpoint's run had {recorded}): the same batches in the same \
+         order, the workers' gradients summed in another grouping, which may round differently \
+         from a continuation on {recorded}{feedback}",
+        crate::terminal::counted(now, "worker")
+    ))
+}
+
 /// A warning when a resumed run's `--epochs` differs from the checkpoint's run's (`planned`)
 /// and the learning-rate schedule spans the run (cosine decays to 0 over `--epochs`): the rate
 /// from the resumed epoch on follows the new total's curve, not the one the run was following.

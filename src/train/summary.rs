@@ -32,6 +32,7 @@ pub struct Summary {
     /// Operation per bucket.
     pub bucket_ops: Vec<String>,
     /// Last checkpoint written.
+    #[serde(serialize_with = "crate::output::optional_path_as_text")]
     pub checkpoint: Option<PathBuf>,
     /// Wall time of the whole run.
     pub wall_seconds: f64,
@@ -60,6 +61,7 @@ pub struct Summary {
     pub steps_per_epoch: usize,
     /// The run directory the run wrote to (without `--run-dir`, the next free numbered one
     /// when the default held an earlier run).
+    #[serde(serialize_with = "crate::output::path_as_text")]
     pub run_dir: PathBuf,
     /// The run directory's lock, held while this summary (or a clone) lives, so the caller
     /// draws the report before another run can take the directory; not part of the file.
@@ -71,6 +73,7 @@ pub struct Summary {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ResumedFrom {
     /// The checkpoint (`--resume`).
+    #[serde(serialize_with = "crate::output::path_as_text")]
     pub checkpoint: PathBuf,
     /// Epochs it had finished.
     pub epochs_done: usize,
