@@ -51,6 +51,13 @@ fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
     let cut = tmp("cut");
     assert_eq!(interrupted(&cut, &common, 32), vec![25, 30]);
     let commit = cut.join("commit-step000000030.safetensors");
+    // The same command again is refused, pointing at the newest restart point (the commit,
+    // past epoch 1's checkpoint), not only at --overwrite.
+    let said = text(&run(&small(&cut, &common)));
+    assert!(
+        said.contains(&format!("continue it with --resume {}", commit.display())),
+        "{said}"
+    );
     // Continued with the prefetching pipeline, and with batches collated in the step.
     for (i, extra) in [&[][..], &["--prefetch", "0"][..]].into_iter().enumerate() {
         let again = tmp(&format!("again{i}"));
@@ -70,7 +77,7 @@ fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
         std::fs::remove_dir_all(&again).unwrap();
     }
     // The newest restart point is that commit; once it is corrupt, the one before it.
-    use dptrain::train::commit::newest_restart_point;
+    use dptrain::train::rundir::newest_restart_point;
     let newest = |d: &Path| newest_restart_point(d).map(|(p, s)| (p, s.global_step));
     assert_eq!(newest(&cut), Some((commit.clone(), 30)));
     let mut bytes = std::fs::read(&commit).unwrap();

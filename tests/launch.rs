@@ -140,6 +140,60 @@ fn an_mpirun_that_runs_nothing_is_named_not_blamed_on_the_hosts() {
     }
 }
 
+/// A launch whose job failed before any restart point (a mistyped train option) leaves only
+/// its report, `elastic.json`: the corrected launch clears it (it was refused as another
+/// run's file, and launch's jobs cannot be given --overwrite); other files are cleared only by
+/// launch's own `--overwrite`, and a launch that started no job leaves nothing.
+#[test]
+fn a_failed_launch_does_not_lock_the_corrected_one_out_of_its_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = tmp.path().join("hosts");
+    std::fs::write(&hosts, "localhost slots=1\n").unwrap();
+    // A stand-in mpirun: the checks on this machine (program `true`, and the binary's
+    // version) pass; a job writes its arguments down and fails.
+    let args_file = tmp.path().join("job-args");
+    let mpirun = tmp.path().join("mpirun");
+    std::fs::write(
+        &mpirun,
+        format!(
+            "for a; do prev=$last; last=$a; done\n[ \"$last\" = true ] && exit 0\n\
+             [ \"$last\" = --version ] && exec \"$prev\" --version\necho \"$@\" > {}\nexit 1\n",
+            args_file.display()
+        ),
+    )
+    .unwrap();
+    let mpirun = format!("sh {}", mpirun.display());
+    let run_dir = tmp.path().join("run");
+    let launch = |extra: &[&str]| {
+        let o = Command::new(BIN)
+            .arg("launch")
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .arg("--hostfile")
+            .arg(&hosts)
+            .args(["--max-restarts", "0", "--mpirun", &mpirun])
+            .args(extra)
+            .args(["--", "--dataset", "synthetic:1x8x8"])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+        std::fs::read_to_string(&args_file).unwrap_or_default()
+    };
+    // Below --min-hosts: no job, so no report either.
+    launch(&["--min-hosts", "2"]);
+    assert!(!run_dir.join("elastic.json").exists());
+    let first = launch(&[]);
+    assert!(!first.contains("--overwrite"), "{first}");
+    assert!(run_dir.join("elastic.json").is_file());
+    let again = launch(&[]);
+    assert!(again.contains("--overwrite"), "{again}");
+    // Another run's metrics beside it: kept, unless launch is given --overwrite.
+    std::fs::write(run_dir.join("metrics.jsonl"), "").unwrap();
+    assert!(!launch(&[]).contains("--overwrite"));
+    assert!(launch(&["--overwrite"]).contains("--overwrite"));
+}
+
 /// A signal that ends `dptrain launch` stops its job first (here a stand-in mpirun that would
 /// run for a minute) and removes the job's files: nothing is left running unsupervised. Ctrl-C
 /// (SIGINT to launch's whole process group) does not reach the job directly: launch stops it

@@ -34,6 +34,10 @@ pub(super) struct LaunchArgs {
     /// which each job gets from the live hosts.
     #[arg(long, default_value = "mpirun")]
     mpirun: String,
+    /// Delete the files of another run in --run-dir first, where it holds no restart point
+    /// to resume from (train's --overwrite, given to the first job).
+    #[arg(long)]
+    overwrite: bool,
     /// `train`'s options (after `--`, optionally after the word `train`), without --run-dir,
     /// --resume, --transport and --heartbeat, which launch sets.
     #[arg(last = true)]
@@ -66,6 +70,7 @@ pub(super) fn run(a: LaunchArgs) -> Result<(), String> {
             Some((first, rest)) if first == "train" => rest.to_vec(),
             _ => a.train,
         },
+        overwrite: a.overwrite,
     };
     let say = |line: &str| eprintln!("launch: {line}");
     let (report, result) = elastic::launch(&cfg, &say);

@@ -13,7 +13,8 @@ pub enum LaunchError {
     /// A `train` option the supervisor owns was given.
     #[error(
         "{0} is set by dptrain launch itself (give the run directory as launch's --run-dir; \
-         each job resumes from its newest restart point): leave it out of the train options"
+         each job resumes from its newest restart point; --overwrite is launch's own option, \
+         before the --): leave it out of the train options"
     )]
     OwnedFlag(String),
     /// An option of launch itself is impossible.

@@ -50,7 +50,7 @@ use job::{Failed, JobEnd, JobEvents, JobSpec};
 pub use options::LaunchConfig;
 pub use report::{Failure, Job, LaunchReport};
 
-use crate::train::commit::newest_restart_point;
+use crate::train::rundir::newest_restart_point;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -76,7 +76,9 @@ pub fn launch(cfg: &LaunchConfig, say: &dyn Fn(&str)) -> (LaunchReport, Result<(
         lock: None,
     };
     let result = s.run();
-    if cfg.run_dir.is_dir() {
+    // A launch that started no job has nothing to report, and its report would be another
+    // run's file in the directory the corrected launch is given.
+    if cfg.run_dir.is_dir() && !s.report.jobs.is_empty() {
         let json = serde_json::to_vec_pretty(&s.report).unwrap_or_default();
         if let Err(e) = crate::output::write_atomically(
             &cfg.run_dir.join("elastic.json"),
@@ -314,8 +316,14 @@ impl Supervisor<'_> {
             cfg: self.cfg,
             hosts,
             resume: resumed_from.as_ref().map(|(p, _)| p.as_path()),
-            // A job before it wrote any restart point left only files of its own.
-            overwrite: !self.report.jobs.is_empty(),
+            // A job before it wrote any restart point left only files of its own; before the
+            // first job, the directory is cleared when asked, or when all it holds is the
+            // report of an earlier launch that left no restart point (a launch given a
+            // mistyped train option: the corrected one would be refused, and a job cannot
+            // be given --overwrite).
+            overwrite: !self.report.jobs.is_empty()
+                || self.cfg.overwrite
+                || crate::train::rundir::run_files_in(&self.cfg.run_dir) == ["elastic.json"],
         };
         (self.say)(&format!(
             "job {}: {} rank(s) on {} ({}){}",

@@ -31,6 +31,9 @@ pub struct LaunchConfig {
     /// `train`'s options, as for one job (without `--run-dir`, `--resume`, `--transport`,
     /// `--heartbeat`: the supervisor sets those).
     pub train_args: Vec<String>,
+    /// `--overwrite`: a run directory holding another run's files and no restart point is
+    /// cleared by the first job (passed to it as train's `--overwrite`).
+    pub overwrite: bool,
 }
 
 /// `train` options the supervisor sets itself, refused in [`LaunchConfig::train_args`].
@@ -173,6 +176,7 @@ mod tests {
             mpirun: vec!["mpirun".into()],
             program: PathBuf::new(),
             train_args: a.iter().map(|s| s.to_string()).collect(),
+            overwrite: false,
         }
     }
 

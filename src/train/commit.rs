@@ -7,7 +7,7 @@
 //! atomically, beside the epoch checkpoints, and deletes all but the newest `--keep-commits`
 //! (`config::DEFAULT_KEEP_COMMITS`: two). A run that
 //! is interrupted (a lost host, a killed process) continues from the newest complete one with
-//! `--resume` at most K steps back: [`newest_restart_point`] is what `dptrain launch` restarts
+//! `--resume` at most K steps back: [`super::rundir::newest_restart_point`] is what `dptrain launch` restarts
 //! from.
 //!
 //! Why worker 0 alone: every replica is bit-identical after each update (the reducer's
@@ -23,7 +23,7 @@
 //! step: the epoch's end (evaluation, epoch checkpoint) belongs to the epoch, and a run
 //! resumed there would report that epoch's training loss over no steps.
 
-use super::checkpoint::{read_state, Checkpoint, CheckpointError, OptimizerState, TrainState};
+use super::checkpoint::{Checkpoint, CheckpointError, OptimizerState, TrainState};
 use super::description::ModelDescription;
 pub use super::rundir::{commit_path, commit_step};
 use crate::nn::Net;
@@ -76,28 +76,6 @@ fn prune(dir: &Path, keep: usize, global_step: usize) {
     for &s in &steps[..old] {
         let _ = std::fs::remove_file(commit_path(dir, s));
     }
-}
-
-/// The newest restart point in `dir`: of its epoch checkpoints and commits, the one with the
-/// most steps done that reads back whole and checked. The positions come from the headers, so
-/// only the chosen file (and any newer one that fails its check) is read in full. `None` if
-/// there is none.
-pub fn newest_restart_point(dir: &Path) -> Option<(PathBuf, TrainState)> {
-    let entries = std::fs::read_dir(dir).ok()?;
-    let mut found: Vec<(PathBuf, TrainState)> = entries
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().to_string_lossy().into_owned();
-            (commit_step(&name).is_some() || super::rundir::is_checkpoint_name(&name))
-                .then(|| dir.join(name))
-        })
-        .filter_map(|p| {
-            let state = read_state(&p).ok()?;
-            Some((p, state))
-        })
-        .collect();
-    // Newest first; of equal steps, the later name (a commit sorts after a checkpoint).
-    found.sort_by(|a, b| (b.1.global_step, &b.0).cmp(&(a.1.global_step, &a.0)));
-    found.into_iter().find(|(p, _)| Checkpoint::load(p).is_ok())
 }
 
 /// Global worker 0's committer: the two buffers and the writer thread.

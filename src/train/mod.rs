@@ -849,7 +849,7 @@ fn finish(
 /// The newest restart point (epoch checkpoint or commit) in the run directory, for the
 /// message of a run that stopped.
 fn newest_restart_point(cfg: &TrainConfig) -> Option<PathBuf> {
-    commit::newest_restart_point(&cfg.run_dir).map(|(path, _)| path)
+    rundir::newest_restart_point(&cfg.run_dir).map(|(path, _)| path)
 }
 
 /// The failure a run reports: the first that is not an echo of another (peers whose

@@ -9,6 +9,7 @@
 //! first instead, and says which. The directory is locked ([`super::lock`]) before any of
 //! that is looked at, so a run that is still going is neither mixed with nor deleted.
 
+use super::checkpoint::{read_state, Checkpoint, TrainState};
 use super::lock::{LockError, RunDirLock};
 use crate::config::TrainConfig;
 use crate::output::{self, OutputError};
@@ -157,6 +158,27 @@ pub fn epoch_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
     found
 }
 
+/// The newest restart point in `dir`: of its epoch checkpoints and commits, the one with the
+/// most steps done that reads back whole and checked. The positions come from the headers, so
+/// only the chosen file (and any newer one that fails its check) is read in full. `None` if
+/// there is none.
+pub fn newest_restart_point(dir: &Path) -> Option<(PathBuf, TrainState)> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let mut found: Vec<(PathBuf, TrainState)> = entries
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            (commit_step(&name).is_some() || is_checkpoint_name(&name)).then(|| dir.join(name))
+        })
+        .filter_map(|p| {
+            let state = read_state(&p).ok()?;
+            Some((p, state))
+        })
+        .collect();
+    // Newest first; of equal steps, the later name (a commit sorts after a checkpoint).
+    found.sort_by(|a, b| (b.1.global_step, &b.0).cmp(&(a.1.global_step, &a.0)));
+    found.into_iter().find(|(p, _)| Checkpoint::load(p).is_ok())
+}
+
 /// The files of a run found in `dir` (sorted names); empty if it does not exist.
 pub fn run_files_in(dir: &Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -267,9 +289,11 @@ fn files_to_replace(
             .any(|p| ck.is_some() && p.canonicalize().ok() == ck)
     });
     if !found.is_empty() && !cfg.overwrite {
-        let latest = found.iter().filter(|n| is_checkpoint_name(n)).max();
+        // The newest restart point, a commit where the run was stopped before its first
+        // epoch checkpoint (Ctrl-C in epoch 1 leaves only commits).
+        let latest = newest_restart_point(dir).map(|(path, _)| path);
         let mut ways: Vec<String> = latest
-            .map(|c| format!("continue it with --resume {}", dir.join(c).display()))
+            .map(|c| format!("continue it with --resume {}", c.display()))
             .into_iter()
             .collect();
         ways.push("choose another --run-dir".into());
