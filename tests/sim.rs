@@ -1179,6 +1179,43 @@ fn absurd_worker_counts_on_the_command_line_end_in_seconds() {
         hd.contains("refused:") && hd.contains("over the limit"),
         "{hd}"
     );
+    // Priority scheduling cuts a 4 GB gradient into 16 KiB partitions: 250,000 of them, which
+    // took minutes to order and memory per partition and rank (counted per bucket, the step
+    // was within the message limit). Refused in seconds, naming the partitions to give.
+    std::fs::write(
+        dir.path().join("huge.toml"),
+        "input = [3, 32, 32]\nclasses = 10\nlayers = [\n\
+         { type = \"conv2d\", name = \"a\", out = 100000, kernel = 3, padding = 1 },\n\
+         { type = \"flatten\" },\n{ type = \"linear\", name = \"fc\", out = \"classes\" },\n]\n",
+    )
+    .unwrap();
+    for (workers, partition_kb) in [("2", "16"), ("1024", "64")] {
+        let (code, out, err) = dptrain(
+            &[
+                "simulate",
+                "--model",
+                "huge.toml",
+                "--device-tflops",
+                "100",
+                "--batch",
+                "1",
+                "--comm",
+                "ring",
+                "--schedule",
+                "priority",
+                "--workers",
+                workers,
+                "--partition-kb",
+                partition_kb,
+            ],
+            dir.path(),
+        );
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(
+            out.contains("over the simulator's limit of 16384: give --partition-kb 245 or more"),
+            "{out}"
+        );
+    }
 }
 
 /// `simulate` and `train` given the same bucket flags plan the same buckets and operations:

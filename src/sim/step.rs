@@ -315,6 +315,10 @@ impl Simulator {
             forward_s: profile.forward_ms() / 1e3,
             update_s: profile.update_ms / 1e3,
         };
+        // (One worker sends nothing: no jobs, nothing to partition.)
+        if planned.priority && !planned.idx.is_empty() {
+            planned.check_priority_size(&self.cache)?;
+        }
         let mut acc = Acc::default();
         let draws = if st.spread > 0.0 { st.steps } else { 1 };
         // Stragglers on a schedule simulated through one host (past EXACT_STRAGGLER_WORKERS):
@@ -385,6 +389,14 @@ impl Simulator {
         Ok(idx)
     }
 }
+
+/// Most partitions of one step the simulator orders under `--schedule priority` (see
+/// [`PlannedStep::check_priority_size`]): 16 Ki partitions (a 4 GB gradient in 256 KiB ones,
+/// 2 workers) took 3.2-3.6 s for `simulate`'s 20 seeded steps on this 2-core machine
+/// (2026-12-07), 4x as many did not finish in 2 minutes; far more than any published
+/// partitioning needs (P3's 40,000-parameter slices cut VGG-19's 143 M parameters into about
+/// 3,600).
+pub const MAX_PRIORITY_PARTITIONS: usize = 16_384;
 
 /// What every simulated step of one configuration shares: the profile, the buckets, their
 /// jobs and compiled schedules.
@@ -587,6 +599,57 @@ impl PlannedStep<'_> {
         }
     }
 
+    /// The partitions of one step under priority scheduling: how many each bucket is cut
+    /// into (a PowerSGD bucket is one, its two rounds reduce its matrices whole, as in the
+    /// trainer's reducer).
+    fn partition_counts(&self) -> Vec<usize> {
+        use crate::parallel::schedule::partition_count;
+        (0..self.bytes.len())
+            .map(|b| match self.powersgd[b] {
+                Some(_) => 1,
+                None => partition_count(self.bytes[b] / 4, self.partition),
+            })
+            .collect()
+    }
+
+    /// Refuses a priority step the simulator cannot play in seconds: more than
+    /// [`MAX_PRIORITY_PARTITIONS`] partitions (their order is decided in time quadratic in
+    /// their count), or more than [`MAX_EVENTS`] messages once each partition's collective is
+    /// counted (the check of [`Simulator::compiled_jobs`] counts each bucket's once). Either
+    /// ran for minutes, and held a time per partition and simulated rank until memory ran out
+    /// (a 4 GB gradient in 16 KiB partitions on 1024 workers).
+    fn check_priority_size(&self, cache: &[(Ranks, CompiledJob)]) -> Result<(), String> {
+        let parts = self.partition_counts();
+        let units: usize = parts.iter().sum();
+        let decision = cache[*self.idx.last().expect("the decisions' broadcast")]
+            .1
+            .steps
+            .len();
+        let events: usize = parts
+            .iter()
+            .enumerate()
+            .map(|(b, &n)| n.saturating_mul(cache[self.idx[b]].1.steps.len() + decision))
+            .fold(0, usize::saturating_add);
+        let total_kib = (self.total_bytes / 1024.0).ceil() as usize;
+        let floor_kib = total_kib.div_ceil(MAX_PRIORITY_PARTITIONS).max(1);
+        if units > MAX_PRIORITY_PARTITIONS {
+            return Err(format!(
+                "--schedule priority: one step is {units} partitions of a {total_kib} KiB \
+                 gradient, over the simulator's limit of {MAX_PRIORITY_PARTITIONS}: give \
+                 --partition-kb {floor_kib} or more"
+            ));
+        }
+        if events > MAX_EVENTS {
+            return Err(format!(
+                "--schedule priority on {} workers: one step is {events} simulated messages \
+                 ({units} partitions), over the limit of {MAX_EVENTS} (a few seconds of \
+                 simulation); simulate fewer workers or larger partitions (--partition-kb)",
+                self.topo.workers()
+            ));
+        }
+        Ok(())
+    }
+
     /// Priority scheduling: when each bucket is back on each simulated rank (`[bucket][rank]`),
     /// its partitions run input-first (see the module docs); the busiest communication
     /// thread's time is added to `acc`.
@@ -596,17 +659,8 @@ impl PlannedStep<'_> {
         ready: &[Vec<f64>],
         acc: &mut Acc,
     ) -> Result<Vec<Vec<f64>>, String> {
-        use crate::parallel::schedule::{
-            partition_count, partition_range, priority_order, StepPartitions,
-        };
-        // A PowerSGD bucket is one partition (its two rounds reduce its matrices whole), as
-        // in the trainer's reducer.
-        let parts: Vec<usize> = (0..self.bytes.len())
-            .map(|b| match self.powersgd[b] {
-                Some(_) => 1,
-                None => partition_count(self.bytes[b] / 4, self.partition),
-            })
-            .collect();
+        use crate::parallel::schedule::{partition_range, priority_order, StepPartitions};
+        let parts = self.partition_counts();
         // Every partition that sends anything, buckets in backward's order and each bucket's
         // partitions in buffer order (the later, the nearer the input).
         let units: Vec<Unit> = (0..self.bytes.len())
