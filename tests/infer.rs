@@ -264,7 +264,7 @@ fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
         };
         dptrain::nn::Net::new(std::sync::Arc::new((*five).clone()), cfg).unwrap()
     };
-    let start = StartWeights::plan(&ck, &fresh_net(), &[]).unwrap();
+    let start = StartWeights::plan(&ck, &fresh_net(), &[], &[]).unwrap();
     assert_eq!(start.fresh_layers().collect::<Vec<_>>(), ["f3"]);
     assert!(
         start.notes[0].contains("head 'f3'") && start.notes[0].contains("10 in the checkpoint")
@@ -290,11 +290,39 @@ fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
         }
     }
     // --reinit of a layer that does not exist lists the layers.
-    let e = StartWeights::plan(&ck, &fresh_net(), &["fc3".into()])
+    let e = StartWeights::plan(&ck, &fresh_net(), &["fc3".into()], &[])
         .err()
         .unwrap();
     assert!(matches!(e, WeightsError::UnknownLayer { .. }));
     assert!(e.to_string().contains("c1, c2, f1, f2, f3"), "{e}");
+    // Ten classes again, but others (MNIST's are "0".."9"): the head loads by position, said
+    // with the way to start it afresh; the same names, or the head --reinit, say nothing.
+    let ten = || {
+        let g = dptrain::train::build_graph("lenet5", [1, 28, 28], 10).unwrap();
+        let cfg = dptrain::nn::NetConfig {
+            max_batch: 1,
+            seed: 1,
+        };
+        dptrain::nn::Net::new(std::sync::Arc::new(g), cfg).unwrap()
+    };
+    let names = |f: fn(usize) -> String| (0..10).map(f).collect::<Vec<String>>();
+    let letters = names(|i| char::from(b'a' + i as u8).to_string());
+    let start = StartWeights::plan(&ck, &ten(), &[], &letters).unwrap();
+    let said = start.notes.join("\n");
+    assert!(
+        said.contains(
+            "the checkpoint's classes are 0, 1, 2, 3, 4, 5, 6, 7, ... (2 more), this run's a, b"
+        ) && said.contains("give --reinit f3"),
+        "{said}"
+    );
+    assert_eq!(start.fresh_layers().count(), 0);
+    let digits = names(|i| i.to_string());
+    assert!(StartWeights::plan(&ck, &ten(), &[], &digits)
+        .unwrap()
+        .notes
+        .is_empty());
+    let reinit = StartWeights::plan(&ck, &ten(), &["f3".into()], &letters).unwrap();
+    assert!(!reinit.notes.join(" ").contains("loaded by position"));
     // The new run: epoch 0 on, its own dataset, the head re-initialisation said.
     let c = ck.to_str().unwrap();
     let run_dir = dir.path().join("tuned");

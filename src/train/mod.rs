@@ -436,8 +436,8 @@ fn prepare(
     }
     say_notes(&resume_notes);
     resume_warnings.iter().for_each(|w| warn(w));
-    let weights = load_weights(&cfg, &graph, warn)?;
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
+    let weights = load_weights(&cfg, &graph, &description.class_names, warn)?;
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
     let start_step_in_epoch = resume.as_ref().map_or(0, |c| c.state.step_in_epoch);
     let steps_per_epoch = train_source.len() / cfg.batch;
@@ -595,6 +595,7 @@ fn check_resume_fits(
 fn load_weights(
     cfg: &TrainConfig,
     graph: &Arc<crate::model::Graph>,
+    classes: &[String],
     warn: &dyn Fn(&str),
 ) -> Result<Option<Arc<weights::StartWeights>>, PrepareError> {
     let Some(path) = &cfg.weights else {
@@ -606,7 +607,7 @@ fn load_weights(
     };
     let net = crate::nn::Net::new(graph.clone(), net_cfg)
         .map_err(|e| PrepareError::Config(e.to_string()))?;
-    let start = weights::StartWeights::plan(path, &net, &cfg.reinit)?;
+    let start = weights::StartWeights::plan(path, &net, &cfg.reinit, classes)?;
     for note in &start.notes {
         warn(note);
     }

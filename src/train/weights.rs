@@ -141,9 +141,61 @@ impl StartWeights {
     /// Reads `path` and checks it against `net` (this run's model, any batch): `reinit` must
     /// name layers with parameters; every other layer must be in the checkpoint with the same
     /// shapes, but for a head whose class count changed.
-    pub fn plan(path: &Path, net: &Net, reinit: &[String]) -> Result<Self, WeightsError> {
+    /// `classes` are this run's class names in label order (empty where the data names none):
+    /// a head kept at the same class count whose classes are others is said.
+    pub fn plan(
+        path: &Path,
+        net: &Net,
+        reinit: &[String],
+        classes: &[String],
+    ) -> Result<Self, WeightsError> {
         let ck = Checkpoint::load(path).map_err(WeightsError::Load)?;
-        Self::plan_for(Arc::new(ck), path, net, reinit)
+        let mut start = Self::plan_for(Arc::new(ck), path, net, reinit)?;
+        start.notes.extend(start.other_classes(net, classes));
+        Ok(start)
+    }
+
+    /// A warning when the checkpoint's head is loaded as it is (the class count is the same,
+    /// and it is not `--reinit`) but the checkpoint's classes are not this run's `classes`,
+    /// label for label: its outputs are taken by position, so each trains as another class
+    /// (fine-tuning from cat/dog/fish onto bird/cat/frog, 'cat' learnt as output 0 starts as
+    /// 'bird'). The head is the last layer with parameters whose output has a channel per
+    /// class.
+    fn other_classes(&self, net: &Net, classes: &[String]) -> Option<String> {
+        let old = &self.checkpoint.description.as_ref()?.class_names;
+        let same = |a: &String, b: &String| crate::data::image_folder::same_class_name(a, b);
+        if classes.is_empty()
+            || old.len() != classes.len()
+            || old.iter().zip(classes).all(|(a, b)| same(a, b))
+        {
+            return None;
+        }
+        let g = net.graph();
+        let head = net
+            .blocks()
+            .iter()
+            .rev()
+            .find(|b| g.nodes[b.node].shape.c == g.classes)?;
+        if self.fresh.contains(&head.name) {
+            return None;
+        }
+        let list = |names: &[String]| {
+            let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+            let more = names.len().saturating_sub(shown.len());
+            match more {
+                0 => shown.join(", "),
+                _ => format!("{}, ... ({more} more)", shown.join(", ")),
+            }
+        };
+        Some(format!(
+            "--weights: the checkpoint's classes are {}, this run's {}: its head '{}' is loaded \
+             by position, so each output starts as the class the checkpoint had there; give \
+             --reinit {} to start the head from scratch",
+            list(old),
+            list(classes),
+            head.name,
+            head.name
+        ))
     }
 
     /// [`StartWeights::plan`] for a checkpoint already read from `path`.
