@@ -987,20 +987,27 @@ fn the_normalisation_counts_the_images_it_read_and_names_every_unreadable_one() 
     assert_eq!(how, "estimated from 8 training images");
     let unreadable = warning.expect("the unreadable images are counted");
     assert_eq!(unreadable.errors.len(), 2);
-    for (skipped, then) in [
+    let warning = unreadable.warning();
+    let refusal = unreadable.to_string();
+    for (said, starts, then) in [
         (
-            false,
-            "training stops at the first it reaches unless --skip-bad-samples",
+            &warning,
+            "2 unreadable images left out",
+            "training skips them (--skip-bad-samples)",
         ),
-        (true, "training skips them (--skip-bad-samples)"),
+        (
+            &refusal,
+            "2 unreadable images among",
+            "training would stop at the first it reaches",
+        ),
     ] {
-        let warning = unreadable.warning(skipped);
         assert!(
-            warning.starts_with("2 unreadable images left out")
-                && warning.contains(then)
-                && warning.contains("zy.png")
-                && warning.contains("zz.png"),
-            "{warning}"
+            said.starts_with(starts)
+                && said.contains(then)
+                && said.contains("zy.png")
+                && said.contains("zz.png"),
+            "{said}"
         );
     }
+    assert!(refusal.contains("give --skip-bad-samples"), "{refusal}");
 }

@@ -260,6 +260,9 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
             "prefetch {prefetch}: error does not name {name}: {e}"
         );
         assert!(e.contains("--skip-bad-samples"), "{e}");
+        // Known at start (the normalisation estimate read it): refused before any step.
+        assert!(e.contains("would stop at the first it reaches"), "{e}");
+        assert!(!tmp.path().join("r/metrics.jsonl").exists());
         let s = folder_run(&dir, &tmp.path().join(format!("s{prefetch}")), |o| {
             o.prefetch = Some(prefetch);
             o.skip_bad_samples = true;

@@ -537,6 +537,19 @@ fn checkpoint_round_trip_is_exact_and_mismatches_are_refused() {
     std::fs::write(tmp.path().join("junk"), b"not a checkpoint at all").unwrap();
     let err = Checkpoint::load(&tmp.path().join("junk")).err().unwrap();
     assert!(err.to_string().contains("not a safetensors file"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("a checkpoint is what a training run writes"),
+        "{err}"
+    );
+    // An ONNX export given for its checkpoint: said which to give.
+    std::fs::rename(tmp.path().join("junk"), tmp.path().join("m.onnx")).unwrap();
+    let err = Checkpoint::load(&tmp.path().join("m.onnx")).err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("give the checkpoint it was exported from"),
+        "{err}"
+    );
 }
 
 #[test]

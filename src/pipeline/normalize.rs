@@ -181,16 +181,27 @@ pub struct Unreadable {
 }
 
 impl Unreadable {
-    /// The warning a run gives of them; `skipped`: whether the run skips unreadable samples
-    /// (`--skip-bad-samples`), else it stops at the first it reaches.
-    pub fn warning(&self, skipped: bool) -> String {
-        let then = if skipped {
-            "training skips them (--skip-bad-samples)"
-        } else {
-            "training stops at the first it reaches unless --skip-bad-samples"
-        };
+    /// The warning a run that skips unreadable samples (`--skip-bad-samples`) gives of them.
+    pub fn warning(&self) -> String {
         format!(
-            "{} left out of the normalisation estimate; {then}:{}",
+            "{} left out of the normalisation estimate; training skips them \
+             (--skip-bad-samples):{}",
+            crate::terminal::counted(self.errors.len(), "unreadable image"),
+            crate::data::listed(&self.errors)
+        )
+    }
+}
+
+/// A run that does not skip unreadable samples refuses to start when the normalisation
+/// estimate met some: training stops at the first it reaches (or, in an epoch's dropped tail,
+/// never), so the run would spend its epochs before failing on what is known at start.
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} among the training images the normalisation estimate read, and training \
+             would stop at the first it reaches: mend or remove them, or give \
+             --skip-bad-samples to train without them:{}",
             crate::terminal::counted(self.errors.len(), "unreadable image"),
             crate::data::listed(&self.errors)
         )

@@ -494,6 +494,23 @@ impl<'a> OptimizerState<'a> {
     }
 }
 
+/// What to say of a file given as a checkpoint that is not one: what a checkpoint is, and for
+/// an ONNX export (`dptrain export`'s output, a common mix-up) that it is not read back.
+fn not_a_checkpoint(path: &Path) -> String {
+    let onnx = path
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("onnx"));
+    format!(
+        "; a checkpoint is what a training run writes in its run directory \
+         (checkpoint-epochNNNN.safetensors, commit-stepNNNNNNNNN.safetensors){}",
+        if onnx {
+            ": an ONNX export is not read back, give the checkpoint it was exported from"
+        } else {
+            ""
+        }
+    )
+}
+
 /// PowerSGD's state of a whole run: every worker's error feedback (all buckets' in bucket
 /// order, worker after worker) and the warm-start Q (all buckets').
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -740,8 +757,12 @@ impl Checkpoint {
             path: path.to_path_buf(),
             detail,
         };
-        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
-            .map_err(|e| what(format!("not a safetensors file ({e})")))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
+            what(format!(
+                "not a safetensors file ({e}){}",
+                not_a_checkpoint(path)
+            ))
+        })?;
         let meta = meta.metadata().clone().unwrap_or_default();
         match meta.get("format").map(String::as_str) {
             Some(FORMAT) => {}

@@ -193,6 +193,10 @@ pub enum PrepareError {
         /// The dataset's classes.
         classes: usize,
     },
+    /// Training images the normalisation estimate could not read, without
+    /// `--skip-bad-samples`.
+    #[error("{0}")]
+    UnreadableTraining(crate::pipeline::Unreadable),
     /// The checkpoint to resume from cannot continue this run.
     #[error(transparent)]
     Resume(#[from] ResumeError),

@@ -164,8 +164,8 @@ pub fn check_normalization_channels(
 
 /// Resolves the run's image size, evaluation transform (defaults filled in) and
 /// normalisation into `cfg`, from the data; returns the line that says them, and the warnings:
-/// unreadable images the normalisation estimate met, a packed file whose every image is
-/// enlarged. A normalisation given for another channel count than the data's is refused.
+/// unreadable images the normalisation estimate met (skipped under `--skip-bad-samples`,
+/// else refused), a packed file whose every image is enlarged.
 pub fn resolve(
     cfg: &mut TrainConfig,
     source: &Source,
@@ -181,10 +181,12 @@ pub fn resolve(
         NormalizeChoice::Resumed(n) => (n.clone(), "the checkpoint's".to_string(), None),
         choice => source.normalization(&eval, *choice == NormalizeChoice::Estimate),
     };
-    let mut warnings: Vec<String> = unreadable
-        .map(|u| u.warning(cfg.skip_bad_samples))
-        .into_iter()
-        .collect();
+    let mut warnings = Vec::new();
+    match unreadable {
+        Some(u) if cfg.skip_bad_samples => warnings.push(u.warning()),
+        Some(u) => return Err(PrepareError::UnreadableTraining(u)),
+        None => {}
+    }
     if let Source::Packed(split) = source {
         warnings.extend(split.enlarged_warning());
     }

@@ -396,16 +396,19 @@ fn encode(path: &Path, channels: u8, opts: &PackOptions) -> Result<Encoded, Data
 }
 
 /// The size a `w x h` image is shrunk to so that its longer side is `max_side` (aspect kept,
-/// each side rounded, at least 1 pixel), or `None` when it already fits.
+/// each side rounded), or `None` when it already fits. The shorter side stays at least the
+/// ImageFolder reader's minimum ([`crate::data::decode::MIN_IMAGE_SIDE`]; `max_side` is no
+/// less, and both sides of an image read are): a 1200 x 6 strip packed at 256 becomes
+/// 256 x 4, not 256 x 1, a sample its folder could never have held.
 fn shrunk_size(w: usize, h: usize, max_side: usize) -> Option<(usize, usize)> {
     let long = w.max(h);
     if long <= max_side {
         return None;
     }
+    let min_side = crate::data::decode::MIN_IMAGE_SIDE as usize;
     let scale = max_side as f64 / long as f64;
-    let nw = ((w as f64 * scale).round() as usize).clamp(1, max_side);
-    let nh = ((h as f64 * scale).round() as usize).clamp(1, max_side);
-    Some((nw, nh))
+    let side = |s: usize| ((s as f64 * scale).round() as usize).clamp(min_side, max_side);
+    Some((side(w), side(h)))
 }
 
 /// `hwc` (w x h x c) resized to `nw x nh` (Lanczos-3).
@@ -430,4 +433,17 @@ fn shrink(
         .resize(&src, &mut dst, &options)
         .map_err(|e| e.to_string())?;
     Ok(dst.into_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shrunk_image_keeps_the_readers_smallest_side() {
+        assert_eq!(shrunk_size(1200, 6, 256), Some((256, 4)));
+        assert_eq!(shrunk_size(6, 5000, 256), Some((4, 256)));
+        assert_eq!(shrunk_size(1024, 512, 256), Some((256, 128)));
+        assert_eq!(shrunk_size(200, 100, 256), None);
+    }
 }
