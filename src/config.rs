@@ -196,6 +196,10 @@ pub struct GivenSettings {
     pub nesterov: bool,
     /// `--augment`.
     pub augment: bool,
+    /// `--test-limit`.
+    pub test_limit: bool,
+    /// `--commit-every`.
+    pub commit_every: bool,
 }
 
 impl GivenSettings {
@@ -683,6 +687,7 @@ impl TrainConfig {
         let port = self.intra_link;
         json["intra_bandwidth_bytes_per_s"] = port.map(|l| l.bandwidth_bytes_per_s).into();
         json["intra_latency_us"] = port.map(|l| l.latency.as_secs_f64() * 1e6).into();
+        json["commit_every"] = self.commit_every.into();
         json
     }
 }
@@ -936,6 +941,8 @@ impl TrainOptions {
             weight_decay: self.weight_decay.is_some(),
             nesterov: self.nesterov.is_some(),
             augment: self.augment.is_some(),
+            test_limit: self.test_limit.is_some(),
+            commit_every: self.commit_every.is_some(),
         }
     }
 

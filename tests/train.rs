@@ -335,6 +335,7 @@ fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
     let base = |o: &mut TrainOptions| {
         o.epochs = Some(2);
         o.train_limit = Some(96);
+        o.commit_every = Some(2);
     };
     let straight = run(&tmp.path().join("straight"), |o| {
         base(o);
@@ -346,6 +347,7 @@ fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
         let cfg = config(&tmp.path().join(dir), |o| {
             o.train_limit = Some(96);
             (o.lr, o.lr_schedule, o.warmup_steps, o.epochs) = (None, None, None, None);
+            o.test_limit = None;
             o.resume = Some(ck1.clone());
             f(o);
         });
@@ -356,6 +358,24 @@ fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
     };
     let resumed = resume("resumed", &|_| {});
     assert!(said.borrow().is_empty(), "{:?}", said.borrow());
+    // Evaluated on the run's 64 test images and committing every 2 steps, as the run did
+    // (the figures of its epochs alike; a second interruption loses at most 2 steps).
+    assert_eq!(resumed.config["test_limit"], 64);
+    assert_eq!(resumed.config["commit_every"], 2, "{}", resumed.config);
+    let commits = std::fs::read_dir(tmp.path().join("resumed"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            dptrain::train::commit::commit_step(&name.to_string_lossy()).is_some()
+        })
+        .count();
+    assert!(commits > 0, "the resumed run committed nothing");
+    resume("other-limit", &|o| o.test_limit = Some(32));
+    let said_now = said.borrow().join("\n");
+    assert!(
+        said_now.contains("--test-limit 32: the checkpoint's run evaluated on 64"),
+        "{said_now}"
+    );
     let (a, b) = (weights(&straight), weights(&resumed));
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(&b) {

@@ -788,6 +788,7 @@ mod tests {
                 world: 1,
                 epochs: None,
                 recipe: crate::train::recipe::RecordedRecipe::Absent,
+                routine: None,
             }
         };
         let elsewhere = Some(here.clone());

@@ -172,6 +172,10 @@ pub struct RunIdentity {
     /// checkpoints). Recorded, not compared: a resume follows what it is not given again
     /// ([`crate::train::recipe`]).
     pub recipe: crate::train::recipe::RecordedRecipe,
+    /// How the run evaluated and how often it committed: `--test-limit` (`Some(None)`: the
+    /// whole test split) and `--commit-every` (0: never), key `test_limit` (empty for none) and
+    /// `commit_every`; `None` where not recorded (older checkpoints). Followed like the recipe.
+    pub routine: Option<crate::train::recipe::Routine>,
 }
 
 impl RunIdentity {
@@ -196,6 +200,7 @@ impl RunIdentity {
             recipe: crate::train::recipe::RecordedRecipe::Recorded(
                 crate::train::recipe::Recipe::of(cfg),
             ),
+            routine: Some(crate::train::recipe::Routine::of(cfg)),
         }
     }
 
@@ -368,6 +373,9 @@ impl TrainState {
             if let crate::train::recipe::RecordedRecipe::Recorded(recipe) = &r.recipe {
                 recipe.write_metadata(&mut m);
             }
+            if let Some(routine) = &r.routine {
+                routine.write_metadata(&mut m);
+            }
         }
         m
     }
@@ -403,6 +411,7 @@ impl TrainState {
                     Some(_) => Some(num("epochs")?),
                 },
                 recipe: crate::train::recipe::Recipe::from_metadata(meta),
+                routine: crate::train::recipe::Routine::from_metadata(meta).map_err(what)?,
             }),
         };
         let fingerprint = meta
@@ -1005,6 +1014,7 @@ mod tests {
             world: 2,
             epochs: Some(3),
             recipe: crate::train::recipe::RecordedRecipe::Absent,
+            routine: None,
         };
         let (a, b) = (place("a"), place("b"));
         let then = run("imagefolder", Some("photos"), Some(a.clone()));

@@ -550,6 +550,9 @@ fn follow_resumed_run(
             .map_err(|source| ResumeError::Recipe { path, source })?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
+        let routine = recipe::follow_routine(cfg, run.and_then(|r| r.routine));
+        notes.extend(routine.notes);
+        warnings.extend(routine.warnings);
         warnings.extend(recipe::powersgd_dropped(cfg, ck.has_powersgd_state()));
         notes.extend(
             run.and_then(|r| recipe::workers_changed(cfg, r.world, ck.has_powersgd_state())),

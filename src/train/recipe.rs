@@ -7,7 +7,8 @@
 //! the rate or extend the run on purpose. Where the given value differs from the run's, the
 //! run warns, because from there on it is another recipe than the one it was resumed from.
 //! Checkpoints from before the recipe was recorded lack it, and a resume of one takes the
-//! flags' defaults, as before. (The input size, evaluation transform and normalisation are
+//! flags' defaults, as before. The run's routine ([`Routine`]: `--test-limit`, `--commit-every`)
+//! is followed alike. (The input size, evaluation transform and normalisation are
 //! followed in [`super::inputs::follow_checkpoint`]; the convolution algorithm in
 //! `continue_computing_as`.)
 
@@ -367,6 +368,94 @@ pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
          feedback, and {this_run}: the error feedback is dropped; give the --compress \
          powersgd:R and the workers it ran with to continue it exactly"
     ))
+}
+
+/// How a run evaluated and checkpointed inside its epochs: not part of what it learns, but
+/// a resume that drops them changes what the run reports (its later epochs' test figures on
+/// another number of images than its earlier ones, in one `metrics.jsonl` and report) and how
+/// much an interruption costs (no more commits). Recorded in every checkpoint and followed on
+/// resume like the [`Recipe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Routine {
+    /// `--test-limit` (`None`: the whole test split).
+    pub test_limit: Option<usize>,
+    /// `--commit-every` (0: no commits).
+    pub commit_every: usize,
+}
+
+impl Routine {
+    /// The routine of the run `cfg` describes.
+    pub fn of(cfg: &TrainConfig) -> Self {
+        Self {
+            test_limit: cfg.test_limit,
+            commit_every: cfg.commit_every,
+        }
+    }
+
+    /// Adds its metadata entries (`test_limit`, empty for none; `commit_every`) to `meta`.
+    pub fn write_metadata(&self, meta: &mut HashMap<String, String>) {
+        let limit = self.test_limit.map_or_else(String::new, |n| n.to_string());
+        meta.insert("test_limit".into(), limit);
+        meta.insert("commit_every".into(), self.commit_every.to_string());
+    }
+
+    /// The routine recorded in `meta`: `None` when neither key is there (an older
+    /// checkpoint); a value that does not read back is named.
+    pub fn from_metadata(meta: &HashMap<String, String>) -> Result<Option<Self>, String> {
+        let (limit, every) = (meta.get("test_limit"), meta.get("commit_every"));
+        if limit.is_none() && every.is_none() {
+            return Ok(None);
+        }
+        let bad = |key: &str| format!("metadata '{key}' missing or not a number");
+        let test_limit = match limit.map(String::as_str) {
+            Some("") => None,
+            Some(n) => Some(n.parse().map_err(|_| bad("test_limit"))?),
+            None => return Err(bad("test_limit")),
+        };
+        let commit_every = every
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("commit_every"))?;
+        Ok(Some(Self {
+            test_limit,
+            commit_every,
+        }))
+    }
+}
+
+/// Takes the checkpoint's run's `--test-limit` and `--commit-every` where they were not given
+/// (a note lists those that differ from this run's); a given test limit other than the run's
+/// is warned about, since the run's epochs are then evaluated on two numbers of images.
+pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<Routine>) -> Followed {
+    let mut followed = Followed::default();
+    let Some(run) = recorded else {
+        return followed;
+    };
+    let limit =
+        |l: Option<usize>| l.map_or_else(|| "none (the whole split)".into(), |n| n.to_string());
+    let mut taken = Vec::new();
+    if !cfg.given.test_limit && cfg.test_limit != run.test_limit {
+        cfg.test_limit = run.test_limit;
+        taken.push(format!("--test-limit {}", limit(run.test_limit)));
+    } else if cfg.given.test_limit && cfg.test_limit != run.test_limit {
+        followed.warnings.push(format!(
+            "--test-limit {}: the checkpoint's run evaluated on {}, so its epochs' test figures \
+             (metrics.jsonl, the report) are on two numbers of images from here on",
+            limit(cfg.test_limit),
+            limit(run.test_limit)
+        ));
+    }
+    // Not where this run writes no checkpoints (--no-checkpoints refuses commits).
+    if !cfg.given.commit_every && !cfg.no_checkpoints && cfg.commit_every != run.commit_every {
+        cfg.commit_every = run.commit_every;
+        taken.push(format!("--commit-every {}", run.commit_every));
+    }
+    if !taken.is_empty() {
+        followed.notes.push(format!(
+            "resuming with the checkpoint's run's {} (give the option for another)",
+            taken.join(", ")
+        ));
+    }
+    followed
 }
 
 /// A note when a resume continues on another number of workers than the checkpoint's run
