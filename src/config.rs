@@ -365,19 +365,19 @@ pub struct TrainOptions {
     pub credit_kb: Option<usize>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s, or none (no emulation,
     /// as `bench` takes it) [default: none].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub link_bandwidth: Option<String>,
     /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub link_latency: Option<String>,
     /// With --transport mpi and several workers per process: emulated bandwidth of each
     /// worker's port within its process (the devices of one host, e.g. 12GB/s for PCIe 3 x16),
     /// which every message between a process's workers crosses and `--comm auto` plans for;
     /// none: no emulation [default: none: the workers are threads that share memory].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub intra_bandwidth: Option<String>,
     /// Emulated latency of that port, e.g. 5us [default: 0 with --intra-bandwidth].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub intra_latency: Option<String>,
     /// Emulated device for testbeds where workers share a few cores: hold each worker's
     /// forward, each block's backward and the update to the times in this profile (written by

@@ -170,6 +170,63 @@ const PARSE_REFUSALS: &[Case] = &[
 /// Meanings the commands refuse (exit 1): zero counts, lists with empty or repeated entries,
 /// schedules out of order.
 const MEANING_REFUSALS: &[Case] = &[
+    // A negative link value is read as a value (not an unknown flag) and refused as negative.
+    (
+        &[
+            "train",
+            "--link-bandwidth",
+            "1Gbit",
+            "--link-latency",
+            "-5us",
+        ],
+        1,
+        "--link-latency: invalid duration \"-5us\": must be >= 0",
+    ),
+    (
+        &["train", "--link-bandwidth", "-1Gbit"],
+        1,
+        "--link-bandwidth: invalid bandwidth \"-1Gbit\": must be a positive number",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--step-overhead",
+            "-1ms",
+        ],
+        1,
+        "--step-overhead: invalid duration \"-1ms\": must be >= 0",
+    ),
+    (
+        &["bench", "overlap", "--link-bandwidth", "none,-20Mbit"],
+        1,
+        "--link-bandwidth: invalid bandwidth \"-20Mbit\"",
+    ),
+    (
+        &[
+            "bench",
+            "allreduce",
+            "--link-bandwidth",
+            "1Gbit",
+            "--link-latency",
+            "-1us",
+        ],
+        1,
+        "--link-latency: invalid duration \"-1us\"",
+    ),
+    (
+        &[
+            "bench",
+            "sim-check",
+            "--cluster-bandwidth",
+            "100mbit,-1mbit",
+        ],
+        1,
+        "--cluster-bandwidth -1mbit: invalid bandwidth",
+    ),
     (
         &[
             "simulate",

@@ -64,10 +64,10 @@ pub struct AblationArgs {
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
     /// Emulated link bandwidth per worker (e.g. 1Gbit, 100MB/s), or "none" for memory speed.
-    #[arg(long, default_value = "1Gbit")]
+    #[arg(allow_hyphen_values = true, long, default_value = "1Gbit")]
     pub link_bandwidth: String,
     /// Emulated one-way link latency (e.g. 50us).
-    #[arg(long, default_value = "50us")]
+    #[arg(allow_hyphen_values = true, long, default_value = "50us")]
     pub link_latency: String,
     /// Timed steps per run (5 more run first, untimed). lenet5 steps take a few ms, so the
     /// default keeps the whole ablation to seconds; vgg-small takes a few minutes.

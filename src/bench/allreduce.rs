@@ -323,10 +323,10 @@ pub struct AllReduceArgs {
     #[arg(long, default_value = "all")]
     pub comm: String,
     /// Emulated link bandwidth (e.g. 10Gbit).
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub link_bandwidth: Option<String>,
     /// Emulated link latency (e.g. 5us).
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub link_latency: Option<String>,
     /// Timed iterations per size.
     #[arg(long, default_value_t = 10)]

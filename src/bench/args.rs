@@ -134,8 +134,10 @@ pub fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<Li
         None if lat.is_some() => Err("--link-latency needs --link-bandwidth too".into()),
         None => Ok(None),
         Some(b) => Ok(Some(LinkModel {
-            bandwidth_bytes_per_s: parse_bandwidth(b)?,
-            latency: parse_duration(lat.as_deref().unwrap_or("0"))?,
+            bandwidth_bytes_per_s: parse_bandwidth(b)
+                .map_err(|e| format!("--link-bandwidth: {e}"))?,
+            latency: parse_duration(lat.as_deref().unwrap_or("0"))
+                .map_err(|e| format!("--link-latency: {e}"))?,
         })),
     }
 }

@@ -25,10 +25,14 @@ pub struct OverlapArgs {
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
     /// Emulated bandwidths, comma-separated ("none" for no emulation).
-    #[arg(long, default_value = "none,100Mbit,20Mbit")]
+    #[arg(
+        allow_hyphen_values = true,
+        long,
+        default_value = "none,100Mbit,20Mbit"
+    )]
     pub link_bandwidth: String,
     /// Emulated latency.
-    #[arg(long, default_value = "50us")]
+    #[arg(allow_hyphen_values = true, long, default_value = "50us")]
     pub link_latency: String,
     /// Modes, comma-separated.
     #[arg(long, default_value = "tree,ring,hd,redundant,auto")]

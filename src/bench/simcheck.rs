@@ -57,10 +57,10 @@ pub struct SimCheckArgs {
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
     /// Emulated bandwidths, comma-separated.
-    #[arg(long, default_value = "100Mbit,20Mbit")]
+    #[arg(allow_hyphen_values = true, long, default_value = "100Mbit,20Mbit")]
     pub link_bandwidth: String,
     /// Emulated latency.
-    #[arg(long, default_value = "50us")]
+    #[arg(allow_hyphen_values = true, long, default_value = "50us")]
     pub link_latency: String,
     /// Mode (tree, ring, hd, redundant, auto).
     #[arg(long, default_value = "ring")]
@@ -75,7 +75,7 @@ pub struct SimCheckArgs {
     #[arg(long, default_value = "1,2")]
     pub workers_per_host: String,
     /// Cluster: every host's link (tbf rate), comma-separated.
-    #[arg(long, default_value = "100mbit,1gbit")]
+    #[arg(allow_hyphen_values = true, long, default_value = "100mbit,1gbit")]
     pub cluster_bandwidth: String,
     /// Cluster: batch per worker (the global batch is this times the workers): one for every
     /// model, or per model (`vgg-small=32,lenet5=128`).
@@ -131,6 +131,9 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
     super::args::entries("--link-bandwidth", &a.link_bandwidth)?;
     super::args::check_emulated_links(&a.model, &a.link_bandwidth, &a.link_latency, false)?;
     super::args::entries("--cluster-bandwidth", &a.cluster_bandwidth)?;
+    for bw in a.cluster_bandwidth.split(',').map(str::trim) {
+        parse_bandwidth(&trainer_rate(bw)).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
+    }
     super::args::entries("--worker-batch", &a.worker_batch)?;
     super::args::list("--schedule", &a.schedule, Schedule::parse)?;
     super::args::check_timed_counts(&[("--steps", a.steps), ("--rounds", a.rounds)])?;
@@ -972,8 +975,8 @@ impl<'a> ClusterCheck<'a> {
         state: &mut ClusterState,
     ) -> Result<(), String> {
         let a = self.a;
+        // Parsed once before anything ran (`run`).
         let ours = trainer_rate(bw);
-        parse_bandwidth(&ours).map_err(|e| format!("--cluster-bandwidth {bw}: {e}"))?;
         let cluster = Cluster::up(&a.cluster_script, &a.cluster_name, hosts, bw)?;
         let links = self.measure_links(&cluster, hosts, bw, &ours)?;
         crate::outln!("{}", cluster_header());

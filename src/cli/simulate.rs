@@ -36,20 +36,20 @@ pub struct SimulateArgs {
     pub devices_per_host: usize,
     /// NIC bandwidth of every host (e.g. 10Gbit, 400MB/s); with one device per host, every
     /// worker's port.
-    #[arg(long, default_value = "10Gbit")]
+    #[arg(allow_hyphen_values = true, long, default_value = "10Gbit")]
     pub link_bandwidth: String,
     /// NIC one-way latency (e.g. 5us).
-    #[arg(long, default_value = "5us")]
+    #[arg(allow_hyphen_values = true, long, default_value = "5us")]
     pub link_latency: String,
     /// Bandwidth of a device's port within its host (needed with --devices-per-host > 1).
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub intra_bandwidth: Option<String>,
     /// Latency within a host, with --intra-bandwidth [default: 1us].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub intra_latency: Option<String>,
     /// Software cost of every message, added to its link's latency (e.g. 5us) [default: the
     /// measured one, `sim::defaults::MEASURED`: 14us].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub message_overhead: Option<String>,
     /// Fraction of the NIC's line rate (--link-bandwidth) a real stack delivers, in (0, 1]
     /// [default: the measured one: 0.94].
@@ -57,7 +57,7 @@ pub struct SimulateArgs {
     pub nic_efficiency: Option<f64>,
     /// Fixed cost of every step of more than one worker that communication cannot hide (e.g.
     /// 0.5ms) [default: the measured one: 0.5ms].
-    #[arg(long)]
+    #[arg(allow_hyphen_values = true, long)]
     pub step_overhead: Option<String>,
     /// Simulate the ideal network alone: no per-message or per-step overhead, the NIC at its
     /// line rate, every worker alike (flags given with it still apply).

@@ -199,11 +199,30 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("invalid duration {s:?}: {e}; {FORMS}"))
 }
 
-/// Splits `"2.5GB/s"` into `("2.5", "GB/s")`.
+/// Splits `"2.5GB/s"` into `("2.5", "GB/s")`. The number keeps a leading sign, so that
+/// `"-5us"` is refused as negative rather than as a missing number, and an exponent
+/// (`"1e-3s"`, `"1.5E9bit"`): no unit starts with `e`, so reading one is never ambiguous.
 fn split_number(t: &str) -> (&str, &str) {
-    let end = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let bytes = t.as_bytes();
+    let digits_from = |start: usize| {
+        start
+            + bytes[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit() || **b == b'.')
+                .count()
+    };
+    let sign = usize::from(matches!(bytes.first(), Some(b'+' | b'-')));
+    let mut end = digits_from(sign);
+    if end > sign && matches!(bytes.get(end), Some(b'e' | b'E')) {
+        let exp_sign = usize::from(matches!(bytes.get(end + 1), Some(b'+' | b'-')));
+        let exp_digits = bytes[end + 1 + exp_sign..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if exp_digits > 0 {
+            end += 1 + exp_sign + exp_digits;
+        }
+    }
     t.split_at(end)
 }
 
@@ -779,6 +798,17 @@ mod tests {
             let err = parse_duration(s).unwrap_err();
             assert!(err.contains("accepted forms"), "{s}: {err}");
         }
+        // A sign is read as part of the number, so a negative value is named as one.
+        assert!(parse_duration("-5us").unwrap_err().contains("must be >= 0"));
+        assert!(parse_bandwidth("-1Gbit")
+            .unwrap_err()
+            .contains("must be a positive number"));
+        // Exponents are numbers, not units.
+        assert_eq!(parse_duration("1e-3s").unwrap(), Duration::from_millis(1));
+        assert_eq!(parse_duration("5E2us").unwrap(), Duration::from_micros(500));
+        assert!((parse_bandwidth("1.25e9B/s").unwrap() - 1.25e9).abs() < 1.0);
+        // An `e` without digits after it stays part of the unit, and is refused as one.
+        assert!(parse_duration("5es").unwrap_err().contains("unit"));
     }
 
     #[test]
