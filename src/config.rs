@@ -12,6 +12,15 @@ pub use crate::plan::CommChoice;
 /// `--batch` when not given: the global batch.
 pub const DEFAULT_BATCH: usize = 64;
 
+/// `--model` when not given.
+pub const DEFAULT_MODEL: &str = "lenet5";
+
+/// `--dataset` when not given: the bundled MNIST.
+pub const DEFAULT_DATASET: &str = "mnist";
+
+/// `--seed` when not given.
+pub const DEFAULT_SEED: u64 = 1;
+
 /// `--workers` when not given: worker threads per process.
 pub const DEFAULT_WORKERS: usize = 1;
 
@@ -112,6 +121,9 @@ pub struct TrainConfig {
     /// Things the user should know that do not stop the run (threads capped, cores
     /// oversubscribed); the run prints them at the start.
     pub warnings: Vec<String>,
+    /// The options a resume took from its checkpoint's run before they were resolved, as
+    /// flags (`--batch 32`), for the run's note: `crate::train::follow::follow_run_options`.
+    pub options_from_checkpoint: Vec<String>,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -818,7 +830,10 @@ impl TrainOptions {
         model_spec: Option<std::sync::Arc<crate::model::ModelSpec>>,
     ) -> Result<TrainConfig, String> {
         let (model, model_name) = self.resolve_model(&model_spec)?;
-        let dataset = self.dataset.clone().unwrap_or_else(|| "mnist".into());
+        let dataset = self
+            .dataset
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DATASET.into());
         let workers = self.resolve_workers()?;
         let comm = self.resolve_comm(workers.workers)?;
         let (schedule, partition_kb, credit_kb) = self.resolve_schedule(&comm)?;
@@ -849,7 +864,7 @@ impl TrainOptions {
             lr_schedule: solver.lr_schedule,
             warmup_steps: self.warmup_steps.unwrap_or(100),
             sgd: solver.sgd,
-            seed: self.seed.unwrap_or(1),
+            seed: self.seed.unwrap_or(DEFAULT_SEED),
             workers: workers.workers,
             threads: workers.threads,
             overlap: comm.overlap,
@@ -876,6 +891,7 @@ impl TrainOptions {
             overwrite: self.overwrite,
             resume_changed: self.resume_changed,
             warnings,
+            options_from_checkpoint: Vec::new(),
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),
@@ -956,7 +972,7 @@ impl TrainOptions {
         if let Some(spec) = model_spec {
             return Ok((spec.name.clone(), spec.name.clone()));
         }
-        let model = self.model.clone().unwrap_or_else(|| "lenet5".into());
+        let model = self.model.clone().unwrap_or_else(|| DEFAULT_MODEL.into());
         let name = crate::model::load(&model).map_err(|e| e.to_string())?.name;
         Ok((model, name))
     }

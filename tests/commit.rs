@@ -343,3 +343,124 @@ fn impossible_powersgd_options_are_refused_with_the_cause() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `dptrain train` of `args` started in `cwd`.
+fn run_in(cwd: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed() {
+    let root = tmp("follow");
+    std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+    idx_dir(&root.join("data"), 320);
+    // A model file of another name than the default's, relative to where the run starts.
+    let lenet = include_str!("../src/model/builtin/lenet5.toml");
+    let tiny = lenet.replacen("name = \"lenet5\"", "name = \"tiny\"", 1);
+    assert_ne!(tiny, lenet);
+    std::fs::write(root.join("tiny.toml"), tiny).unwrap();
+    let run_options = [
+        "--model",
+        "tiny.toml",
+        "--dataset",
+        "idx",
+        "--data-dir",
+        "data",
+        "--batch",
+        "32",
+        "--seed",
+        "7",
+        "--train-limit",
+        "256",
+        "--test-limit",
+        "50",
+        "--epochs",
+        "2",
+        "--threads",
+        "1",
+    ];
+    let mut straight = vec!["train", "--quiet", "--run-dir", "straight"];
+    straight.extend(run_options);
+    let o = run_in(&root, &straight);
+    assert!(o.status.success(), "{}", text(&o));
+    let ck1 = "../straight/checkpoint-epoch0001.safetensors";
+
+    // From another directory the model file is not where its run found it: refused, naming it.
+    let elsewhere = root.join("elsewhere");
+    let o = run_in(&elsewhere, &["train", "--resume", ck1, "--run-dir", "../a"]);
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("resume with --model tiny.toml"),
+        "{t}"
+    );
+    // Given the model, everything else is followed (the data directory at the absolute path
+    // the run resolved it to), and the run continues bit for bit.
+    let o = run_in(
+        &elsewhere,
+        &[
+            "train",
+            "--resume",
+            ck1,
+            "--model",
+            "../tiny.toml",
+            "--run-dir",
+            "../resumed",
+        ],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("resuming the checkpoint's run's --dataset idx, --data-dir ")
+            && t.contains("--batch 32, --seed 7, --train-limit 256 (give the option for another)"),
+        "{t}"
+    );
+    assert_eq!(
+        common::max_weight_diff(
+            &weights(&root.join("straight")),
+            &weights(&root.join("resumed"))
+        ),
+        0.0
+    );
+    // From where the run started, `--resume` alone follows the model file too.
+    let o = run_in(
+        &root,
+        &[
+            "train",
+            "--resume",
+            "straight/checkpoint-epoch0001.safetensors",
+            "--run-dir",
+            "alone",
+        ],
+    );
+    let t = text(&o);
+    assert!(o.status.success() && t.contains("--model tiny.toml"), "{t}");
+    assert_eq!(
+        weights(&root.join("straight")),
+        weights(&root.join("alone"))
+    );
+    // A followed value is checked as a given one, and the refusal says where it came from.
+    let o = run_in(
+        &root,
+        &[
+            "train",
+            "--resume",
+            "straight/checkpoint-epoch0001.safetensors",
+            "--workers",
+            "3",
+            "--run-dir",
+            "three",
+        ],
+    );
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains("--batch 32 must be a positive multiple of --workers 3")
+            && t.contains("this resume took --model tiny.toml"),
+        "{t}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -13,12 +13,41 @@ pub(super) struct TrainCmd {
     pub(super) options: TrainOptions,
 }
 
+/// The run the flags and the `--config` file describe; a resume follows its checkpoint's
+/// run's model, data, batch, seed and training limit where neither gives them
+/// ([`crate::train::follow::follow_run_options`]), and a value so taken that is refused says
+/// where it came from.
+fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
+    let file = t
+        .config
+        .as_deref()
+        .map(TrainOptions::from_toml_file)
+        .transpose()?;
+    let given = match &file {
+        Some(f) => f.clone().overlaid_with(&t.options),
+        None => t.options.clone(),
+    };
+    let followed = crate::train::follow::follow_run_options(&given);
+    let flags = followed.options.overlaid_with(&t.options);
+    let resolved = match (&t.config, file) {
+        (Some(path), Some(file)) => file.resolve_under(path, &flags),
+        _ => flags.resolve(),
+    };
+    let mut cfg = resolved.map_err(|e| match followed.taken.is_empty() {
+        true => e,
+        false => format!(
+            "{e} (this resume took {} from the checkpoint's run, as it does for each of \
+             these options not given)",
+            followed.taken.join(", ")
+        ),
+    })?;
+    cfg.options_from_checkpoint = followed.taken;
+    Ok(cfg)
+}
+
 /// Trains as the flags (and the `--config` file) say; over MPI this process is one rank.
 pub(super) fn run(t: TrainCmd) -> Result<(), String> {
-    let cfg = match &t.config {
-        Some(path) => TrainOptions::from_toml_file(path)?.resolve_under(path, &t.options)?,
-        None => t.options.resolve()?,
-    };
+    let cfg = resolve(&t)?;
     let json_log = cfg.log_format == crate::config::LogFormat::Json;
     let group = crate::train::ProcessGroup::start(cfg.transport, cfg.comm_timeout)?;
     let (rank, processes) = (group.rank(), group.size());

@@ -391,7 +391,7 @@ impl Simulator {
 }
 
 /// Most partitions of one step the simulator orders under `--schedule priority` (see
-/// [`PlannedStep::check_priority_size`]): 16 Ki partitions (a 4 GB gradient in 256 KiB ones,
+/// `PlannedStep::check_priority_size`): 16 Ki partitions (a 4 GB gradient in 256 KiB ones,
 /// 2 workers) took 3.2-3.6 s for `simulate`'s 20 seeded steps on this 2-core machine
 /// (2026-12-07), 4x as many did not finish in 2 minutes; far more than any published
 /// partitioning needs (P3's 40,000-parameter slices cut VGG-19's 143 M parameters into about

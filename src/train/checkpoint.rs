@@ -640,24 +640,31 @@ pub fn save_net(
     .map_err(CheckpointError::from)
 }
 
+/// What `--model` the run of the checkpoint at `path` was given: the built-in name or model
+/// file path its `description` records, else the `model` of the `summary.json` beside it
+/// (older checkpoints).
+pub fn model_flag(description: Option<&ModelDescription>, path: &Path) -> Option<String> {
+    if let Some(d) = description {
+        let source = &d.model_source;
+        return Some(
+            source
+                .strip_prefix("builtin:")
+                .unwrap_or(source)
+                .to_string(),
+        );
+    }
+    let summary = crate::output::parent_dir(path).join("summary.json");
+    let text = crate::input::read_text(&summary, crate::input::FileKind::Summary).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["config"]["model"].as_str().map(str::to_string)
+}
+
 impl Checkpoint {
     /// What `--model` the checkpoint's run was given: the built-in name or model file path
     /// the checkpoint records, else the `model` of the `summary.json` beside it (`path`, for
     /// older checkpoints).
     pub fn model_flag(&self, path: &Path) -> Option<String> {
-        if let Some(d) = &self.description {
-            let source = &d.model_source;
-            return Some(
-                source
-                    .strip_prefix("builtin:")
-                    .unwrap_or(source)
-                    .to_string(),
-            );
-        }
-        let summary = crate::output::parent_dir(path).join("summary.json");
-        let text = crate::input::read_text(&summary, crate::input::FileKind::Summary).ok()?;
-        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-        json["config"]["model"].as_str().map(str::to_string)
+        model_flag(self.description.as_ref(), path)
     }
 
     /// Captures the model (weights, running statistics) and the optimizer's momentum (laid
@@ -929,10 +936,19 @@ impl Checkpoint {
 /// Most bytes a checkpoint's header may take (the safetensors crate's own limit).
 const MAX_HEADER: u64 = 100_000_000;
 
-/// The training position recorded in the checkpoint at `path`, from its header alone: the
-/// tensors are neither read nor checked ([`Checkpoint::load`] does both). For choosing among
-/// checkpoints without reading each whole.
-pub fn read_state(path: &Path) -> Result<TrainState, CheckpointError> {
+/// What the header of a checkpoint records: its training position and, where written, the
+/// model's description. The tensors are neither read nor checked ([`Checkpoint::load`] does
+/// both).
+pub struct Header {
+    /// The training position and the run it belongs to.
+    pub state: TrainState,
+    /// The model's description (absent in older checkpoints).
+    pub description: Option<ModelDescription>,
+}
+
+/// The header of the checkpoint at `path` ([`Header`]), for choosing among checkpoints, or
+/// following a run's options, without reading each whole.
+pub fn read_header(path: &Path) -> Result<Header, CheckpointError> {
     use std::io::Read;
     let what = |detail: String| CheckpointError::Invalid {
         path: path.to_path_buf(),
@@ -963,7 +979,16 @@ pub fn read_state(path: &Path) -> Result<TrainState, CheckpointError> {
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(what("not a dptrain checkpoint of this version".into()));
     }
-    TrainState::from_metadata(&meta, &what)
+    Ok(Header {
+        state: TrainState::from_metadata(&meta, &what)?,
+        description: ModelDescription::from_metadata(&meta).map_err(what)?,
+    })
+}
+
+/// The training position recorded in the checkpoint at `path`, from its header alone
+/// ([`read_header`]).
+pub fn read_state(path: &Path) -> Result<TrainState, CheckpointError> {
+    read_header(path).map(|h| h.state)
 }
 
 /// Path of the checkpoint after `epoch` in `dir`.

@@ -12,6 +12,7 @@ pub mod commit;
 pub mod description;
 pub mod error;
 pub mod event;
+pub mod follow;
 pub mod heartbeat;
 pub mod inputs;
 pub mod lock;
@@ -542,6 +543,12 @@ fn follow_resumed_run(
     let mut notes = Vec::new();
     let mut warnings = Vec::new();
     if let (Some(ck), Some(path)) = (resume, cfg.resume.clone()) {
+        if !cfg.options_from_checkpoint.is_empty() {
+            notes.push(format!(
+                "resuming the checkpoint's run's {} (give the option for another)",
+                cfg.options_from_checkpoint.join(", ")
+            ));
+        }
         notes.extend(inputs::follow_checkpoint(cfg, ck, &path)?);
         let run = ck.state.run.as_ref();
         notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));

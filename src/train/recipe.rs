@@ -8,7 +8,8 @@
 //! run warns, because from there on it is another recipe than the one it was resumed from.
 //! Checkpoints from before the recipe was recorded lack it, and a resume of one takes the
 //! flags' defaults, as before. The run's routine ([`Routine`]: `--test-limit`, `--commit-every`)
-//! is followed alike. (The input size, evaluation transform and normalisation are
+//! is followed alike; the options that make the run the run it is (model, data, batch, seed,
+//! training limit) are followed before the options are resolved, in [`super::follow`]. (The input size, evaluation transform and normalisation are
 //! followed in [`super::inputs::follow_checkpoint`]; the convolution algorithm in
 //! `continue_computing_as`.)
 
