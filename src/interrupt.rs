@@ -3,7 +3,8 @@
 //! atomic writes; [`FileRegistration`], a run directory's lock file), scratch directories
 //! ([`ScratchRegistration`]), directories a command made, while empty
 //! ([`ScratchRegistration::made_if_empty`], `output::CreatedDirs`), and child jobs
-//! ([`ChildJob`], `dptrain launch`'s mpirun).
+//! ([`ChildJob`], `dptrain launch`'s mpirun); and what to say as it ends ([`say_on_signal`]:
+//! a run's restart point).
 //!
 //! Why: a process killed mid-write used to leave its temporary file beside the target (after
 //! an interrupted `data pack`, a hidden file as large as what was written), an interrupted
@@ -47,13 +48,20 @@ struct Register {
     empty_dirs: Vec<PathBuf>,
     /// Child jobs not yet reaped.
     children: Vec<u32>,
+    /// What to tell the user when a signal ends the process (a run: how to continue it),
+    /// worked out then: [`say_on_signal`].
+    farewell: Option<(u64, Farewell)>,
 }
+
+/// A line for stderr, worked out when a signal ends the process.
+type Farewell = Box<dyn Fn() -> Option<String> + Send>;
 
 static REGISTER: Mutex<Register> = Mutex::new(Register {
     files: Vec::new(),
     dirs: Vec::new(),
     empty_dirs: Vec::new(),
     children: Vec::new(),
+    farewell: None,
 });
 
 fn register() -> MutexGuard<'static, Register> {
@@ -109,6 +117,37 @@ impl Drop for FileRegistration {
 /// Lets go of a file registered by [`create_registered`] (renamed into place, or removed).
 pub fn let_go_file(path: &Path) {
     remove_from(&mut register().files, &path.to_path_buf());
+}
+
+/// While this lives, a signal that ends the process first prints what `farewell` returns then
+/// (after the temporary files are removed), as a `note:` line on stderr: a run says which
+/// restart point continues it. One at a time: a later registration replaces an earlier one.
+#[derive(Debug)]
+#[must_use = "the line is said only while the registration lives"]
+pub struct FarewellRegistration(u64);
+
+/// Registers `farewell` ([`FarewellRegistration`]).
+pub fn say_on_signal(
+    farewell: impl Fn() -> Option<String> + Send + 'static,
+) -> FarewellRegistration {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    register().farewell = Some((id, Box::new(farewell)));
+    FarewellRegistration(id)
+}
+
+impl Drop for FarewellRegistration {
+    fn drop(&mut self) {
+        let mut register = register();
+        // Only its own: a later registration (another run of this process) stays.
+        if register
+            .farewell
+            .as_ref()
+            .is_some_and(|(id, _)| *id == self.0)
+        {
+            register.farewell = None;
+        }
+    }
 }
 
 /// A scratch directory removed if a signal ends the process, while this lives: whole
@@ -283,7 +322,7 @@ pub fn watch_signals() -> std::io::Result<()> {
             .spawn(move || {
                 if let Some(signal) = signals.forever().next() {
                     restore_defaults(&defaults);
-                    clean_up_and(|| {
+                    clean_up_and(Say::Farewell, || {
                         let _ = signal_hook::low_level::emulate_default_handler(signal);
                         // Not reached (the default action of each caught signal ends it).
                         std::process::exit(128 + signal)
@@ -300,12 +339,21 @@ pub fn watch_signals() -> std::io::Result<()> {
 /// Exits with `code` once what is under way is put away: for a process that ends itself while
 /// other threads may be writing (a run's error, the MPI watchdog).
 pub fn exit_cleaning_up(code: i32) -> ! {
-    clean_up_and(|| std::process::exit(code))
+    clean_up_and(Say::Nothing, || std::process::exit(code))
 }
 
-/// Stops the child jobs, removes the files and directories, and runs `end` (which ends the
-/// process) with the register still locked, so nothing new comes between the two.
-fn clean_up_and(end: impl FnOnce() -> std::convert::Infallible) -> ! {
+/// Whether the process ending says the registered farewell: on a signal, not on an exit of
+/// its own (whose error has said why).
+#[derive(PartialEq)]
+enum Say {
+    Farewell,
+    Nothing,
+}
+
+/// Stops the child jobs, removes the files and directories, says the farewell if `say` asks,
+/// and runs `end` (which ends the process) with the register still locked, so nothing new
+/// comes between the two.
+fn clean_up_and(say: Say, end: impl FnOnce() -> std::convert::Infallible) -> ! {
     let register = register();
     stop_children(&register.children);
     for f in &register.files {
@@ -316,6 +364,16 @@ fn clean_up_and(end: impl FnOnce() -> std::convert::Infallible) -> ! {
     }
     for d in register.empty_dirs.iter().rev() {
         let _ = std::fs::remove_dir(d);
+    }
+    if let (Say::Farewell, Some((_, farewell))) = (say, &register.farewell) {
+        // Nothing it does may keep the process from ending: a panic is caught, and a stderr
+        // that cannot be written (a closed pipe, a terminal gone with its SIGHUP) ignored.
+        let line = std::panic::catch_unwind(std::panic::AssertUnwindSafe(farewell));
+        if let Ok(Some(line)) = line {
+            use std::io::Write;
+            // On a line of its own: a progress bar may hold the current one.
+            let _ = writeln!(std::io::stderr().lock(), "\nnote: {line}");
+        }
     }
     match end() {}
 }

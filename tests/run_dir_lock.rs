@@ -43,6 +43,18 @@ fn train_args<'a>(run_dir: &'a str, epochs: &'a str, extra: &[&'a str]) -> Vec<&
     a
 }
 
+/// `dptrain` of `args` started in `cwd`, running on: its stderr piped, its stdout dropped.
+fn spawn_run(args: &[&str], cwd: &Path) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn no_panic(o: &Output) {
     let all = text(o);
     assert!(
@@ -119,14 +131,7 @@ fn a_second_run_on_a_locked_run_directory_is_refused_naming_the_first() {
     let o = dptrain(&train_args("W", "1", &same), cwd);
     assert!(o.status.success(), "{}", text(&o));
     let first_args = train_args("X", "2", &same);
-    let mut first = Command::new(BIN)
-        .args(&first_args)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut first = spawn_run(&first_args, cwd);
     let lock = cwd.join("X/.dptrain-lock");
     wait_for_lock(&mut first, &lock);
     signal(&first, libc::SIGSTOP);
@@ -634,4 +639,63 @@ fn a_resume_of_a_checkpoint_kept_elsewhere_takes_a_free_default_directory() {
         .join("runs/lenet5-synthetic-2/checkpoint-epoch0002.safetensors")
         .is_file());
     assert_eq!(std::fs::read(taken.join("metrics.jsonl")).unwrap(), before);
+}
+
+/// Ctrl-C in a run says how to continue it: the command that resumes its newest restart point,
+/// which, given nothing else, continues the same run to its end.
+#[test]
+fn an_interrupted_run_names_the_command_that_continues_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path();
+    // 64 steps of about 0.2 s each on the emulated link: running for seconds after its first
+    // commit.
+    let args = train_args(
+        "R",
+        "1",
+        &[
+            "--train-limit",
+            "4096",
+            "--commit-every",
+            "2",
+            "--workers",
+            "2",
+            "--link-bandwidth",
+            "10Mbit",
+        ],
+    );
+    let mut child = spawn_run(&args, cwd);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let committed = || {
+        std::fs::read_dir(cwd.join("R")).is_ok_and(|entries| {
+            entries.filter_map(Result::ok).any(|e| {
+                dptrain::train::commit::commit_step(&e.file_name().to_string_lossy()).is_some()
+            })
+        })
+    };
+    while !committed() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before its first commit"
+        );
+        assert!(Instant::now() < deadline, "no commit after 60 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(&child, libc::SIGINT);
+    let o = child.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(libc::SIGINT), "{}", text(&o));
+    let said = text(&o);
+    let command = said
+        .split_once("`dptrain train --resume ")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .map(|(path, _)| path.to_string())
+        .unwrap_or_else(|| panic!("no resume command said: {said}"));
+    assert!(command.starts_with("R/commit-step"), "{said}");
+    let o = dptrain(&["train", "--resume", &command], cwd);
+    assert!(
+        o.status.success() && text(&o).contains("done:"),
+        "{}",
+        text(&o)
+    );
+    assert!(cwd.join("R/checkpoint-epoch0001.safetensors").is_file());
 }

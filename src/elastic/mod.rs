@@ -134,7 +134,11 @@ impl Supervisor<'_> {
                     restart_point: restart_point.map(|(p, _)| p),
                 });
             }
-            let (hosts, spares) = hostfile::split_for_batch(hosts, self.cfg.batch_split());
+            let resumed_batch = restart_point
+                .as_ref()
+                .and_then(|(_, state)| state.run.as_ref().map(|run| run.batch));
+            let (hosts, spares) =
+                hostfile::split_for_batch(hosts, self.cfg.batch_split(resumed_batch));
             if !spares.is_empty() {
                 let names: Vec<&str> = spares.iter().map(|h| h.name.as_str()).collect();
                 (self.say)(&format!(

@@ -131,11 +131,14 @@ impl LaunchConfig {
         Ok(())
     }
 
-    /// The global batch and workers per rank the train options give (the defaults where absent),
-    /// or `None` when a `--config` file may set them or a value does not parse (train says why).
-    pub fn batch_split(&self) -> Option<(usize, usize)> {
-        let (mut batch, mut workers) =
-            (crate::config::DEFAULT_BATCH, crate::config::DEFAULT_WORKERS);
+    /// The global batch and workers per rank the train options give (where absent, the batch
+    /// of the run resumed, `resumed_batch`, which train follows, else the defaults), or `None`
+    /// when a `--config` file may set them or a value does not parse (train says why).
+    pub fn batch_split(&self, resumed_batch: Option<usize>) -> Option<(usize, usize)> {
+        let (mut batch, mut workers) = (
+            resumed_batch.unwrap_or(crate::config::DEFAULT_BATCH),
+            crate::config::DEFAULT_WORKERS,
+        );
         let mut args = self.train_args.iter();
         while let Some(a) = args.next() {
             let (flag, inline) = match a.split_once('=') {
@@ -182,8 +185,12 @@ mod tests {
 
     #[test]
     fn the_batch_and_workers_are_read_from_the_train_options() {
-        let split = |a: &[&str]| with_train_args(a).batch_split();
+        let split = |a: &[&str]| with_train_args(a).batch_split(None);
         assert_eq!(split(&[]), Some((64, 1)));
+        // A resume takes its run's batch where --batch is not given; a given one wins.
+        let resumed = |a: &[&str]| with_train_args(a).batch_split(Some(48));
+        assert_eq!(resumed(&[]), Some((48, 1)));
+        assert_eq!(resumed(&["--batch", "96"]), Some((96, 1)));
         assert_eq!(split(&["--batch", "96", "--workers=2"]), Some((96, 2)));
         assert_eq!(split(&["--config", "run.toml"]), None);
         assert_eq!(split(&["--batch", "x"]), None);

@@ -26,8 +26,8 @@ pub struct FollowedOptions {
 /// followed value meets every check a given one meets (a batch that the given `--workers`
 /// do not divide, say). Nothing is taken from a header that does not read (the resume then
 /// refuses the checkpoint, saying why), from one that records no run (an older dptrain's),
-/// or for a model whose file is no longer where its run found it (the resume then refuses
-/// the model, naming that file).
+/// or, in a one-process run, for a model whose file is not found from here (the resume then
+/// refuses the model, naming that file).
 pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     let mut followed = FollowedOptions::default();
     let Some(path) = given.resume.as_deref() else {
@@ -40,10 +40,15 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
         return followed;
     };
     let o = &mut followed.options;
+    let one_process = given.transport.as_deref() != Some("mpi");
     if given.model.is_none() {
+        // Over MPI not checked here, each rank on its own file system: a rank without the
+        // file says so when it loads the model.
         let model =
             crate::train::checkpoint::model_flag(header.description.as_ref(), path).filter(|m| {
-                crate::model::builtin_names().contains(&m.as_str()) || Path::new(m).is_file()
+                !one_process
+                    || crate::model::builtin_names().contains(&m.as_str())
+                    || Path::new(m).is_file()
             });
         if let Some(m) = model {
             if m != crate::config::DEFAULT_MODEL {
@@ -53,7 +58,7 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
         }
     }
     if given.dataset.is_none() {
-        let (dataset, data_dir) = recorded_data(run, given.data_dir.is_some());
+        let (dataset, data_dir) = recorded_data(run, given.data_dir.is_some(), one_process);
         let default = dataset == crate::config::DEFAULT_DATASET && data_dir.is_none();
         if !default {
             followed.taken.push(format!("--dataset {dataset}"));
@@ -85,26 +90,92 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     followed
 }
 
-/// The dataset (and `--data-dir`, unless `dir_given`) the checkpoint's run was given. A
-/// directory given relative to where that run started, and not found from here, is taken as
-/// the absolute path the run resolved it to (`data_path`): a resume started elsewhere finds
-/// the same data.
+/// The dataset (and `--data-dir`, unless `dir_given`: then the dataset's kind alone, without
+/// a directory its name carried) the checkpoint's run was given. In a one-process run, a
+/// directory is taken at the absolute path that run resolved it to (`data_path`), where that
+/// still exists: a resume started from another directory finds the same data, not another
+/// `data/` of its own. Over MPI each rank would resolve a path on its own file system, and
+/// the ranks compare the data as named (`crate::train::check_resume`): named as the run
+/// named it.
 fn recorded_data(
     run: &crate::train::checkpoint::RunIdentity,
     dir_given: bool,
+    one_process: bool,
 ) -> (String, Option<PathBuf>) {
-    let absolute = run.data_path.as_deref().map(PathBuf::from);
-    let found = |p: &str| Path::new(p).exists();
-    let data_dir = match (&run.data_dir, &absolute) {
-        _ if dir_given => None,
-        (Some(d), Some(abs)) if !found(d) => Some(abs.clone()),
-        (d, _) => d.as_deref().map(PathBuf::from),
-    };
-    let dataset = match (run.dataset.split_once(':'), &absolute) {
-        (Some((kind, dir)), Some(abs)) if run.data_dir.is_none() && !found(dir) => {
-            format!("{kind}:{}", abs.display())
+    let absolute = run
+        .data_path
+        .as_deref()
+        .map(PathBuf::from)
+        .filter(|p| one_process && p.exists());
+    // `kind:DIR` names its directory; `synthetic:CxHxW` names none (no data_path).
+    let embedded = run
+        .dataset
+        .split_once(':')
+        .filter(|_| run.data_path.is_some() && run.data_dir.is_none());
+    if dir_given {
+        let kind = embedded.map_or(run.dataset.as_str(), |(kind, _)| kind);
+        return (kind.to_string(), None);
+    }
+    match (&run.data_dir, embedded, absolute) {
+        (Some(_), _, Some(abs)) => (run.dataset.clone(), Some(abs)),
+        (Some(dir), _, None) => (run.dataset.clone(), Some(PathBuf::from(dir))),
+        (None, Some((kind, _)), Some(abs)) => (format!("{kind}:{}", abs.display()), None),
+        _ => (run.dataset.clone(), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::checkpoint::RunIdentity;
+
+    fn run(dataset: &str, data_dir: Option<&str>, data_path: Option<&Path>) -> RunIdentity {
+        RunIdentity {
+            dataset: dataset.into(),
+            data_dir: data_dir.map(str::to_string),
+            data_path: data_path.map(|p| p.display().to_string()),
+            batch: 64,
+            seed: 1,
+            train_limit: None,
+            world: 1,
+            epochs: Some(1),
+            recipe: crate::train::recipe::RecordedRecipe::Absent,
+            routine: None,
         }
-        _ => run.dataset.clone(),
-    };
-    (dataset, data_dir)
+    }
+
+    #[test]
+    fn the_data_is_followed_where_the_run_found_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let abs = tmp.path();
+        let gone = abs.join("moved");
+        // A relative --data-dir: at the absolute path in one process, as named over MPI, and as
+        // named when the resolved path is gone.
+        let relative = run("idx", Some("data"), Some(abs));
+        assert_eq!(
+            recorded_data(&relative, false, true),
+            ("idx".into(), Some(abs.into()))
+        );
+        let named = ("idx".to_string(), Some(PathBuf::from("data")));
+        assert_eq!(recorded_data(&relative, false, false), named);
+        assert_eq!(
+            recorded_data(&run("idx", Some("data"), Some(&gone)), false, true),
+            named
+        );
+        // A directory in the name: rewritten to the absolute path alike.
+        let embedded = run("idx:data", None, Some(abs));
+        let want = format!("idx:{}", abs.display());
+        assert_eq!(recorded_data(&embedded, false, true), (want, None));
+        // A --data-dir given now: the kind alone, without the name's directory.
+        assert_eq!(recorded_data(&embedded, true, true), ("idx".into(), None));
+        assert_eq!(recorded_data(&relative, true, true), ("idx".into(), None));
+        // Synthetic data names no directory; the bundled MNIST none either.
+        let synthetic = run("synthetic:1x28x28:10", None, None);
+        let same = ("synthetic:1x28x28:10".to_string(), None);
+        assert_eq!(recorded_data(&synthetic, false, true), same);
+        assert_eq!(
+            recorded_data(&run("mnist", None, Some(abs)), false, true),
+            ("mnist".into(), None)
+        );
+    }
 }

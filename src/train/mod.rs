@@ -337,6 +337,16 @@ pub fn train_in(
         }
     };
     let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
+    // A signal that ends the run says how to continue it (where the binary watches signals);
+    // under `dptrain launch`, launch continues it.
+    let farewell = (lead && run.cfg.launched_by.is_none()).then(|| {
+        let continuation = rundir::Continuation {
+            run_dir: run.cfg.run_dir.clone(),
+            resumed: run.cfg.resume.clone(),
+            writes_checkpoints: !run.cfg.no_checkpoints,
+        };
+        crate::interrupt::say_on_signal(move || Some(continuation.line()))
+    });
     let mut progress = RunProgress::new(&run.cfg, run.first_step(), run.steps_per_epoch);
     if run.resumes_its_own_directory() {
         progress.supersede_from((run.start_epoch, run.start_step_in_epoch));
@@ -345,6 +355,8 @@ pub fn train_in(
         .map_err(TrainError::Start)?;
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
     progress.follow(&run.cfg, &workers.events, &mut display, &warn_on_lead);
+    // Training is over: a signal from here on has nothing left to resume.
+    drop(farewell);
     display.finish();
     finish(&run, workers, progress, &display, group, wall)
 }

@@ -163,7 +163,17 @@ pub fn epoch_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
 /// only the chosen file (and any newer one that fails its check) is read in full. `None` if
 /// there is none.
 pub fn newest_restart_point(dir: &Path) -> Option<(PathBuf, TrainState)> {
-    let entries = std::fs::read_dir(dir).ok()?;
+    restart_points(dir)
+        .into_iter()
+        .find(|(p, _)| Checkpoint::load(p).is_ok())
+}
+
+/// The epoch checkpoints and commits in `dir` whose headers read, newest first (of equal
+/// steps, the later name: a commit sorts after a checkpoint); their tensors unchecked.
+fn restart_points(dir: &Path) -> Vec<(PathBuf, TrainState)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
     let mut found: Vec<(PathBuf, TrainState)> = entries
         .filter_map(|e| {
             let name = e.ok()?.file_name().to_string_lossy().into_owned();
@@ -174,9 +184,55 @@ pub fn newest_restart_point(dir: &Path) -> Option<(PathBuf, TrainState)> {
             Some((p, state))
         })
         .collect();
-    // Newest first; of equal steps, the later name (a commit sorts after a checkpoint).
     found.sort_by(|a, b| (b.1.global_step, &b.0).cmp(&(a.1.global_step, &a.0)));
-    found.into_iter().find(|(p, _)| Checkpoint::load(p).is_ok())
+    found
+}
+
+/// Where a run that a signal ends can be resumed from, for the line it says then.
+#[derive(Debug, Clone)]
+pub struct Continuation {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// The checkpoint the run resumed from, if it did.
+    pub resumed: Option<PathBuf>,
+    /// Whether the run writes checkpoints (not under `--no-checkpoints`).
+    pub writes_checkpoints: bool,
+}
+
+impl Continuation {
+    /// What the run says as a signal ends it: the command that resumes its newest restart
+    /// point (chosen by the headers alone: the process is ending, and reads no whole
+    /// checkpoint), else the checkpoint it resumed from, else that nothing resumes it yet.
+    pub fn line(&self) -> String {
+        let not_recorded = "give again the --workers and communication options it was \
+                            started with: a checkpoint does not record them";
+        if let Some((path, state)) = restart_points(&self.run_dir).into_iter().next() {
+            return format!(
+                "interrupted; `dptrain train --resume {}` resumes the run from its newest \
+                 restart point ({} done, {} into the next epoch; {not_recorded})",
+                crate::terminal::shell_quoted(&path),
+                crate::terminal::counted(state.epoch, "epoch"),
+                crate::terminal::counted(state.step_in_epoch, "step"),
+            );
+        }
+        if let Some(resumed) = &self.resumed {
+            return format!(
+                "interrupted before its first restart point in {}: `dptrain train --resume {}` \
+                 resumes the run from where this one started ({not_recorded})",
+                crate::terminal::one_line(&self.run_dir),
+                crate::terminal::shell_quoted(resumed),
+            );
+        }
+        if self.writes_checkpoints {
+            format!(
+                "interrupted before any checkpoint or commit: nothing in {} resumes this run \
+                 (--commit-every N commits a restart point every N steps)",
+                crate::terminal::one_line(&self.run_dir)
+            )
+        } else {
+            "interrupted: under --no-checkpoints nothing resumes this run".into()
+        }
+    }
 }
 
 /// The files of a run found in `dir` (sorted names); empty if it does not exist.
