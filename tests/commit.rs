@@ -389,32 +389,18 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
     assert!(o.status.success(), "{}", text(&o));
     let ck1 = "../straight/checkpoint-epoch0001.safetensors";
 
-    // From another directory the model file is not where its run found it: refused, naming it.
+    // From another directory, `--resume` alone: the model file and the data directory are
+    // found at the absolute paths the run resolved them to, and the run continues bit for bit.
     let elsewhere = root.join("elsewhere");
-    let o = run_in(&elsewhere, &["train", "--resume", ck1, "--run-dir", "../a"]);
-    let t = text(&o);
-    assert!(
-        !o.status.success() && t.contains("resume with --model tiny.toml"),
-        "{t}"
-    );
-    // Given the model, everything else is followed (the data directory at the absolute path
-    // the run resolved it to), and the run continues bit for bit.
     let o = run_in(
         &elsewhere,
-        &[
-            "train",
-            "--resume",
-            ck1,
-            "--model",
-            "../tiny.toml",
-            "--run-dir",
-            "../resumed",
-        ],
+        &["train", "--resume", ck1, "--run-dir", "../resumed"],
     );
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert!(
-        t.contains("resuming the checkpoint's run's --dataset idx, --data-dir ")
+        t.contains("resuming the checkpoint's run's --model /")
+            && t.contains("tiny.toml, --dataset idx, --data-dir /")
             && t.contains("--batch 32, --seed 7, --train-limit 256 (give the option for another)"),
         "{t}"
     );
@@ -460,6 +446,17 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
         !o.status.success()
             && t.contains("--batch 32 must be a positive multiple of --workers 3")
             && t.contains("this resume took --model tiny.toml"),
+        "{t}"
+    );
+    // A model file moved away is found nowhere: refused, naming it as its run was given it.
+    std::fs::rename(root.join("tiny.toml"), root.join("moved.toml")).unwrap();
+    let o = run_in(
+        &elsewhere,
+        &["train", "--resume", ck1, "--run-dir", "../gone"],
+    );
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("resume with --model tiny.toml"),
         "{t}"
     );
     std::fs::remove_dir_all(&root).unwrap();

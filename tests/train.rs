@@ -992,6 +992,7 @@ fn a_checkpoint_streamed_from_the_net_is_the_file_safetensors_writes_and_reads_b
     };
     let description = dptrain::train::description::ModelDescription {
         model_source: "builtin:resnet20".into(),
+        model_path: None,
         model_text: None,
         class_names: (0..10).map(|i| format!("c{i}")).collect(),
         input: [3, 32, 32],

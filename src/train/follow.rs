@@ -26,8 +26,8 @@ pub struct FollowedOptions {
 /// followed value meets every check a given one meets (a batch that the given `--workers`
 /// do not divide, say). Nothing is taken from a header that does not read (the resume then
 /// refuses the checkpoint, saying why), from one that records no run (an older dptrain's),
-/// or, in a one-process run, for a model whose file is not found from here (the resume then
-/// refuses the model, naming that file).
+/// or, in a one-process run, for a model whose file is found neither as given nor where its
+/// run resolved it (the resume then refuses the model, naming that file).
 pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     let mut followed = FollowedOptions::default();
     let Some(path) = given.resume.as_deref() else {
@@ -44,12 +44,7 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     if given.model.is_none() {
         // Over MPI not checked here, each rank on its own file system: a rank without the
         // file says so when it loads the model.
-        let model =
-            crate::train::checkpoint::model_flag(header.description.as_ref(), path).filter(|m| {
-                !one_process
-                    || crate::model::builtin_names().contains(&m.as_str())
-                    || Path::new(m).is_file()
-            });
+        let model = recorded_model(&header, path, one_process);
         if let Some(m) = model {
             if m != crate::config::DEFAULT_MODEL {
                 followed.taken.push(format!("--model {m}"));
@@ -88,6 +83,26 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
         }
     }
     followed
+}
+
+/// The `--model` the checkpoint's run was given (`checkpoint::model_flag`): a built-in's name,
+/// or a model file, where found from here (in one process: as given, else at the absolute
+/// path the run resolved it to). `None` for a file found at neither: the resume then refuses
+/// the model, naming the file as given.
+fn recorded_model(
+    header: &crate::train::checkpoint::Header,
+    path: &Path,
+    one_process: bool,
+) -> Option<String> {
+    let given = crate::train::checkpoint::model_flag(header.description.as_ref(), path)?;
+    if !one_process
+        || crate::model::builtin_names().contains(&given.as_str())
+        || Path::new(&given).is_file()
+    {
+        return Some(given);
+    }
+    let resolved = header.description.as_ref()?.model_path.clone()?;
+    Path::new(&resolved).is_file().then_some(resolved)
 }
 
 /// The dataset (and `--data-dir`, unless `dir_given`: then the dataset's kind alone, without

@@ -12,6 +12,7 @@
 //! | key | value |
 //! |---|---|
 //! | `model_source` | `builtin:NAME`, or the model file's path as given to `--model` |
+//! | `model_path` | the model file's absolute path, links resolved (absent for a built-in, a model laid out in code, or a path that did not resolve) |
 //! | `model_text` | the model file's TOML text (absent for a model laid out in code) |
 //! | `class_names` | JSON array of strings, label order |
 //! | `input_shape` | `CxHxW` of the model's input |
@@ -165,8 +166,15 @@ pub fn describe_run(
         | crate::pipeline::NormalizeChoice::Resumed(n) => Some(n),
         _ => None,
     };
+    // A model file's place, for a resume started elsewhere (a built-in's name resolves to no
+    // file; nor, but by accident, one laid out in code).
+    let model_path = (cfg.model_spec.is_none() && !model_source.starts_with("builtin:"))
+        .then(|| Path::new(&cfg.model).canonicalize().ok())
+        .flatten()
+        .map(|p| p.display().to_string());
     ModelDescription {
         model_source,
+        model_path,
         model_text,
         class_names: class_names(source),
         input: [s.c, s.h, s.w],
@@ -257,6 +265,7 @@ mod tests {
     fn sample() -> ModelDescription {
         ModelDescription {
             model_source: "builtin:lenet5".into(),
+            model_path: Some("/models/lenet5.toml".into()),
             model_text: Some(crate::model::BUILTIN[0].1.into()),
             class_names: (0..10).map(|i| format!("class, {i}")).collect(),
             input: [1, 28, 28],

@@ -24,6 +24,11 @@ const KEYS: [&str; 7] = [
 pub struct ModelDescription {
     /// Where the model came from: `builtin:NAME` or the model file's path as given.
     pub model_source: String,
+    /// The model file's absolute path with links resolved, where it could be (key
+    /// `model_path`, optional: absent for a built-in, a model laid out in code, and in older
+    /// checkpoints): a resume started in another directory than its run finds the file by it
+    /// (`crate::train::follow`).
+    pub model_path: Option<String>,
     /// The model file's text; `None` for a model laid out in code
     /// ([`crate::model::ModelBuilder`]), which has no file.
     pub model_text: Option<String>,
@@ -52,6 +57,9 @@ impl ModelDescription {
         let json = |v: serde_json::Value| v.to_string();
         let mut m = HashMap::new();
         m.insert("model_source".into(), self.model_source.clone());
+        if let Some(p) = &self.model_path {
+            m.insert("model_path".into(), p.clone());
+        }
         if let Some(t) = &self.model_text {
             m.insert("model_text".into(), t.clone());
         }
@@ -125,6 +133,7 @@ impl ModelDescription {
         };
         Ok(Some(Self {
             model_source: get("model_source")?.clone(),
+            model_path: meta.get("model_path").cloned(),
             model_text: meta.get("model_text").cloned(),
             class_names,
             input,
