@@ -411,7 +411,7 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
         ),
         0.0
     );
-    // From where the run started, `--resume` alone follows the model file too.
+    // From where the run started alike.
     let o = run_in(
         &root,
         &[
@@ -423,7 +423,10 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
         ],
     );
     let t = text(&o);
-    assert!(o.status.success() && t.contains("--model tiny.toml"), "{t}");
+    assert!(
+        o.status.success() && t.contains("tiny.toml, --dataset idx"),
+        "{t}"
+    );
     assert_eq!(
         weights(&root.join("straight")),
         weights(&root.join("alone"))
@@ -445,10 +448,30 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
     assert!(
         !o.status.success()
             && t.contains("--batch 32 must be a positive multiple of --workers 3")
-            && t.contains("this resume took --model tiny.toml"),
+            && t.contains("this resume took --model /"),
         "{t}"
     );
-    // A model file moved away is found nowhere: refused, naming it as its run was given it.
+    // The run's dataset named again without its directory takes the run's directory.
+    let o = run_in(
+        &elsewhere,
+        &[
+            "train",
+            "--resume",
+            ck1,
+            "--dataset",
+            "idx",
+            "--run-dir",
+            "../named",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        weights(&root.join("straight")),
+        weights(&root.join("named"))
+    );
+    // A model file moved away is not replaced by one of the same relative name here: the
+    // resume names the path its run resolved, and that it came from the checkpoint.
+    std::fs::copy(root.join("tiny.toml"), elsewhere.join("tiny.toml")).unwrap();
     std::fs::rename(root.join("tiny.toml"), root.join("moved.toml")).unwrap();
     let o = run_in(
         &elsewhere,
@@ -456,7 +479,9 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
     );
     let t = text(&o);
     assert!(
-        !o.status.success() && t.contains("resume with --model tiny.toml"),
+        !o.status.success()
+            && t.contains("tiny.toml does not exist")
+            && t.contains("this resume took --model /"),
         "{t}"
     );
     std::fs::remove_dir_all(&root).unwrap();

@@ -143,7 +143,12 @@ pub fn parse_bandwidth(s: &str) -> Result<f64, String> {
     let value: f64 = num
         .parse()
         .map_err(|_| format!("invalid bandwidth {s:?}: missing number; {BANDWIDTH_FORMS}"))?;
-    if !value.is_finite() || value <= 0.0 {
+    if !value.is_finite() {
+        return Err(format!(
+            "invalid bandwidth {s:?}: too large a number; {BANDWIDTH_FORMS}"
+        ));
+    }
+    if value <= 0.0 {
         return Err(format!(
             "invalid bandwidth {s:?}: must be a positive number; {BANDWIDTH_FORMS}"
         ));
@@ -180,7 +185,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let value: f64 = num
         .parse()
         .map_err(|_| format!("invalid duration {s:?}: missing number; {FORMS}"))?;
-    if !value.is_finite() || value < 0.0 {
+    if !value.is_finite() {
+        return Err(format!(
+            "invalid duration {s:?}: too large a number; {FORMS}"
+        ));
+    }
+    if value < 0.0 {
         return Err(format!("invalid duration {s:?}: must be >= 0; {FORMS}"));
     }
     let scale = match rest.trim_start() {
@@ -809,6 +819,11 @@ mod tests {
         assert!((parse_bandwidth("1.25e9B/s").unwrap() - 1.25e9).abs() < 1.0);
         // An `e` without digits after it stays part of the unit, and is refused as one.
         assert!(parse_duration("5es").unwrap_err().contains("unit"));
+        // Past f64: too large, not negative.
+        assert!(parse_duration("1e400s").unwrap_err().contains("too large"));
+        assert!(parse_bandwidth("1e400Gbit")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]

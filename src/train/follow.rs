@@ -24,10 +24,11 @@ pub struct FollowedOptions {
 /// it); followed, `--resume CK` alone continues the run of any model on any data that wrote
 /// CK. Read from the checkpoint's header alone, before the options are resolved, so that a
 /// followed value meets every check a given one meets (a batch that the given `--workers`
-/// do not divide, say). Nothing is taken from a header that does not read (the resume then
-/// refuses the checkpoint, saying why), from one that records no run (an older dptrain's),
-/// or, in a one-process run, for a model whose file is found neither as given nor where its
-/// run resolved it (the resume then refuses the model, naming that file).
+/// do not divide, say; a model file or data no longer where the run found it, said naming
+/// that path). Nothing is taken from a header that does not read (the resume then refuses
+/// the checkpoint, saying why) or from one that records no run (an older dptrain's). A
+/// dataset given without a directory takes the run's directory when it names the run's
+/// dataset; a directory given alone takes the run's dataset kind.
 pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     let mut followed = FollowedOptions::default();
     let Some(path) = given.resume.as_deref() else {
@@ -42,27 +43,45 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     let o = &mut followed.options;
     let one_process = given.transport.as_deref() != Some("mpi");
     if given.model.is_none() {
-        // Over MPI not checked here, each rank on its own file system: a rank without the
-        // file says so when it loads the model.
-        let model = recorded_model(&header, path, one_process);
-        if let Some(m) = model {
+        if let Some(m) = recorded_model(&header, path, one_process) {
             if m != crate::config::DEFAULT_MODEL {
                 followed.taken.push(format!("--model {m}"));
             }
             o.model = Some(m);
         }
     }
-    if given.dataset.is_none() {
-        let (dataset, data_dir) = recorded_data(run, given.data_dir.is_some(), one_process);
-        let default = dataset == crate::config::DEFAULT_DATASET && data_dir.is_none();
-        if !default {
-            followed.taken.push(format!("--dataset {dataset}"));
+    let data = recorded_data(run, one_process);
+    match (&given.dataset, &given.data_dir) {
+        (None, None) => {
+            let (dataset, data_dir) = data;
+            let default = dataset == crate::config::DEFAULT_DATASET && data_dir.is_none();
+            if !default {
+                followed.taken.push(format!("--dataset {dataset}"));
+            }
+            if let Some(d) = &data_dir {
+                followed.taken.push(format!("--data-dir {}", d.display()));
+            }
+            o.dataset = Some(dataset);
+            o.data_dir = data_dir;
         }
-        if let Some(d) = &data_dir {
-            followed.taken.push(format!("--data-dir {}", d.display()));
+        // A directory given: the run's dataset kind with it (not a directory its name held).
+        (None, Some(_)) => {
+            let kind = run
+                .dataset
+                .split_once(':')
+                .filter(|_| run.data_path.is_some());
+            let kind = kind.map_or(run.dataset.as_str(), |(kind, _)| kind);
+            followed.taken.push(format!("--dataset {kind}"));
+            o.dataset = Some(kind.to_string());
         }
-        o.dataset = Some(dataset);
-        o.data_dir = data_dir;
+        // The run's dataset named again without its directory: the run's directory with it.
+        (Some(named), None) if *named == run.dataset => {
+            if let (_, Some(d)) = data {
+                followed.taken.push(format!("--data-dir {}", d.display()));
+                o.data_dir = Some(d);
+            }
+        }
+        _ => {}
     }
     if given.batch.is_none() {
         if run.batch != crate::config::DEFAULT_BATCH {
@@ -86,51 +105,44 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
 }
 
 /// The `--model` the checkpoint's run was given (`checkpoint::model_flag`): a built-in's name,
-/// or a model file, where found from here (in one process: as given, else at the absolute
-/// path the run resolved it to). `None` for a file found at neither: the resume then refuses
-/// the model, naming the file as given.
+/// or a model file: in one process at the absolute path its run resolved it to, where recorded
+/// (a file moved since is then not found there, and the resume says so naming that path,
+/// rather than load another file of the same relative name from here); over MPI as given,
+/// each rank resolving it on its own file system.
 fn recorded_model(
     header: &crate::train::checkpoint::Header,
     path: &Path,
     one_process: bool,
 ) -> Option<String> {
     let given = crate::train::checkpoint::model_flag(header.description.as_ref(), path)?;
-    if !one_process
-        || crate::model::builtin_names().contains(&given.as_str())
-        || Path::new(&given).is_file()
-    {
-        return Some(given);
-    }
-    let resolved = header.description.as_ref()?.model_path.clone()?;
-    Path::new(&resolved).is_file().then_some(resolved)
+    let resolved = header
+        .description
+        .as_ref()
+        .and_then(|d| d.model_path.clone())
+        .filter(|_| one_process && !crate::model::builtin_names().contains(&given.as_str()));
+    Some(resolved.unwrap_or(given))
 }
 
-/// The dataset (and `--data-dir`, unless `dir_given`: then the dataset's kind alone, without
-/// a directory its name carried) the checkpoint's run was given. In a one-process run, a
-/// directory is taken at the absolute path that run resolved it to (`data_path`), where that
-/// still exists: a resume started from another directory finds the same data, not another
-/// `data/` of its own. Over MPI each rank would resolve a path on its own file system, and
-/// the ranks compare the data as named (`crate::train::check_resume`): named as the run
-/// named it.
+/// The dataset and `--data-dir` the checkpoint's run was given. In one process, a directory
+/// (or a file: a packed set) is taken at the absolute path that run resolved it to
+/// (`data_path`): a resume started from another directory reads the same data, and one whose
+/// data has moved is told that path is not found, rather than read another `data/` of the
+/// same relative name. Over MPI each rank would resolve a path on its own file system, and the
+/// ranks compare the data as named (`crate::train::check_resume`): named as the run named it.
 fn recorded_data(
     run: &crate::train::checkpoint::RunIdentity,
-    dir_given: bool,
     one_process: bool,
 ) -> (String, Option<PathBuf>) {
     let absolute = run
         .data_path
         .as_deref()
         .map(PathBuf::from)
-        .filter(|p| one_process && p.exists());
+        .filter(|_| one_process);
     // `kind:DIR` names its directory; `synthetic:CxHxW` names none (no data_path).
     let embedded = run
         .dataset
         .split_once(':')
         .filter(|_| run.data_path.is_some() && run.data_dir.is_none());
-    if dir_given {
-        let kind = embedded.map_or(run.dataset.as_str(), |(kind, _)| kind);
-        return (kind.to_string(), None);
-    }
     match (&run.data_dir, embedded, absolute) {
         (Some(_), _, Some(abs)) => (run.dataset.clone(), Some(abs)),
         (Some(dir), _, None) => (run.dataset.clone(), Some(PathBuf::from(dir))),
@@ -161,35 +173,28 @@ mod tests {
 
     #[test]
     fn the_data_is_followed_where_the_run_found_it() {
-        let tmp = tempfile::tempdir().unwrap();
-        let abs = tmp.path();
-        let gone = abs.join("moved");
-        // A relative --data-dir: at the absolute path in one process, as named over MPI, and as
-        // named when the resolved path is gone.
+        let abs = Path::new("/data/resolved");
+        // A relative --data-dir: at the absolute path in one process (found there or not), as
+        // named over MPI.
         let relative = run("idx", Some("data"), Some(abs));
         assert_eq!(
-            recorded_data(&relative, false, true),
+            recorded_data(&relative, true),
             ("idx".into(), Some(abs.into()))
         );
         let named = ("idx".to_string(), Some(PathBuf::from("data")));
-        assert_eq!(recorded_data(&relative, false, false), named);
-        assert_eq!(
-            recorded_data(&run("idx", Some("data"), Some(&gone)), false, true),
-            named
-        );
+        assert_eq!(recorded_data(&relative, false), named);
+        assert_eq!(recorded_data(&run("idx", Some("data"), None), true), named);
         // A directory in the name: rewritten to the absolute path alike.
         let embedded = run("idx:data", None, Some(abs));
         let want = format!("idx:{}", abs.display());
-        assert_eq!(recorded_data(&embedded, false, true), (want, None));
-        // A --data-dir given now: the kind alone, without the name's directory.
-        assert_eq!(recorded_data(&embedded, true, true), ("idx".into(), None));
-        assert_eq!(recorded_data(&relative, true, true), ("idx".into(), None));
+        assert_eq!(recorded_data(&embedded, true), (want, None));
+        assert_eq!(recorded_data(&embedded, false), ("idx:data".into(), None));
         // Synthetic data names no directory; the bundled MNIST none either.
         let synthetic = run("synthetic:1x28x28:10", None, None);
         let same = ("synthetic:1x28x28:10".to_string(), None);
-        assert_eq!(recorded_data(&synthetic, false, true), same);
+        assert_eq!(recorded_data(&synthetic, true), same);
         assert_eq!(
-            recorded_data(&run("mnist", None, Some(abs)), false, true),
+            recorded_data(&run("mnist", None, Some(abs)), true),
             ("mnist".into(), None)
         );
     }

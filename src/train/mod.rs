@@ -343,6 +343,7 @@ pub fn train_in(
         let continuation = rundir::Continuation {
             run_dir: run.cfg.run_dir.clone(),
             resumed: run.cfg.resume.clone(),
+            run_dir_given: run.cfg.run_dir_given,
             writes_checkpoints: !run.cfg.no_checkpoints,
         };
         crate::interrupt::say_on_signal(move || Some(continuation.line()))

@@ -195,6 +195,9 @@ pub struct Continuation {
     pub run_dir: PathBuf,
     /// The checkpoint the run resumed from, if it did.
     pub resumed: Option<PathBuf>,
+    /// Whether `--run-dir` was given (a resume of a checkpoint elsewhere goes to a default
+    /// directory without it).
+    pub run_dir_given: bool,
     /// Whether the run writes checkpoints (not under `--no-checkpoints`).
     pub writes_checkpoints: bool,
 }
@@ -216,9 +219,16 @@ impl Continuation {
             );
         }
         if let Some(resumed) = &self.resumed {
+            let run_dir = match self.run_dir_given {
+                true => format!(
+                    " --run-dir {}",
+                    crate::terminal::shell_quoted(&self.run_dir)
+                ),
+                false => String::new(),
+            };
             return format!(
-                "interrupted before its first restart point in {}: `dptrain train --resume {}` \
-                 resumes the run from where this one started ({not_recorded})",
+                "interrupted before its first restart point in {}: `dptrain train --resume \
+                 {}{run_dir}` resumes the run from where this one started ({not_recorded})",
                 crate::terminal::one_line(&self.run_dir),
                 crate::terminal::shell_quoted(resumed),
             );
