@@ -1106,16 +1106,22 @@ impl TrainOptions {
 
     /// The emulated link, if `--link-bandwidth` gives one.
     fn resolve_link(&self) -> Result<Option<LinkModel>, String> {
-        match self.emulated_bandwidth() {
-            None if self.link_latency.is_some() => {
+        // The value judged first: a bad one is named as such, with or without a bandwidth.
+        let latency = self
+            .link_latency
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| format!("--link-latency: {e}"))?;
+        match (self.emulated_bandwidth(), latency) {
+            (None, Some(_)) => {
                 Err("--link-latency needs --link-bandwidth, and one other than none".into())
             }
-            None => Ok(None),
-            Some(b) => Ok(Some(LinkModel {
+            (None, None) => Ok(None),
+            (Some(b), latency) => Ok(Some(LinkModel {
                 bandwidth_bytes_per_s: parse_bandwidth(b)
                     .map_err(|e| format!("--link-bandwidth: {e}"))?,
-                latency: parse_duration(self.link_latency.as_deref().unwrap_or("0"))
-                    .map_err(|e| format!("--link-latency: {e}"))?,
+                latency: latency.unwrap_or(Duration::ZERO),
             })),
         }
     }

@@ -183,6 +183,16 @@ const MEANING_REFUSALS: &[Case] = &[
         "--link-latency: invalid duration \"-5us\": must be >= 0",
     ),
     (
+        &["train", "--link-latency", "-5us"],
+        1,
+        "--link-latency: invalid duration \"-5us\": must be >= 0",
+    ),
+    (
+        &["bench", "allreduce", "--link-latency", "1e400s"],
+        1,
+        "--link-latency: invalid duration \"1e400s\": too large",
+    ),
+    (
         &["train", "--link-bandwidth", "-1Gbit"],
         1,
         "--link-bandwidth: invalid bandwidth \"-1Gbit\": must be a positive number",

@@ -130,14 +130,19 @@ pub fn float_sizes(sizes: &[usize]) -> Result<Vec<usize>, String> {
 /// The emulated link of `--link-bandwidth` and `--link-latency`: none without a bandwidth (a
 /// latency alone is refused), latency 0 if only the bandwidth is given.
 pub fn parse_link(bw: &Option<String>, lat: &Option<String>) -> Result<Option<LinkModel>, String> {
-    match bw {
-        None if lat.is_some() => Err("--link-latency needs --link-bandwidth too".into()),
-        None => Ok(None),
-        Some(b) => Ok(Some(LinkModel {
+    // The value judged first: a bad one is named as such, with or without a bandwidth.
+    let latency = lat
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| format!("--link-latency: {e}"))?;
+    match (bw, latency) {
+        (None, Some(_)) => Err("--link-latency needs --link-bandwidth too".into()),
+        (None, None) => Ok(None),
+        (Some(b), latency) => Ok(Some(LinkModel {
             bandwidth_bytes_per_s: parse_bandwidth(b)
                 .map_err(|e| format!("--link-bandwidth: {e}"))?,
-            latency: parse_duration(lat.as_deref().unwrap_or("0"))
-                .map_err(|e| format!("--link-latency: {e}"))?,
+            latency: latency.unwrap_or(std::time::Duration::ZERO),
         })),
     }
 }
