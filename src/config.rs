@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::plan::CommChoice;
+pub use exchange::Exchange;
+
+mod exchange;
 
 /// `--batch` when not given: the global batch.
 pub const DEFAULT_BATCH: usize = 64;
@@ -124,6 +127,9 @@ pub struct TrainConfig {
     /// The options a resume took from its checkpoint's run before they were resolved, as
     /// flags (`--batch 32`), for the run's note: `crate::train::follow::follow_run_options`.
     pub options_from_checkpoint: Vec<String>,
+    /// The gradient exchange as the options gave it, which checkpoints record for a resume to
+    /// follow ([`Exchange`]).
+    pub exchange: Exchange,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -892,6 +898,7 @@ impl TrainOptions {
             resume_changed: self.resume_changed,
             warnings,
             options_from_checkpoint: Vec::new(),
+            exchange: Exchange::of(self, workers.workers),
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),

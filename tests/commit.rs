@@ -250,7 +250,9 @@ fn powersgd_is_deterministic_and_continues_from_a_commit_or_checkpoint_bit_for_b
     assert_eq!(state.error_shape[0], 2);
     assert!(state.error_of(0) != state.error_of(1));
     assert!(state.errors.iter().any(|&e| e != 0.0));
-    // Stopped at step 32: continued from the commit at 30 and from epoch 1's checkpoint.
+    // Stopped at step 32: continued from the commit at 30 with the options given again, and
+    // from epoch 1's checkpoint given alone: its run's workers, mode, compression (and so
+    // the error feedback it holds) are followed.
     let cut = tmp("psgd-cut");
     assert_eq!(interrupted(&cut, &common, 32), vec![25, 30]);
     for (i, name) in [
@@ -265,15 +267,19 @@ fn powersgd_is_deterministic_and_continues_from_a_commit_or_checkpoint_bit_for_b
         let copy = again.join(name);
         std::fs::copy(cut.join(name), &copy).unwrap();
         let resume = copy.display().to_string();
-        ok(&small(
-            &again,
-            &[&common[..], &["--resume", &resume]].concat(),
-        ));
+        let given: &[&str] = if i == 0 { &common[..] } else { &[] };
+        let mut args = small(&again, &[given, &["--resume", &resume]].concat());
+        args.retain(|a| a != "--quiet"); // to see the notes
+        let said = ok(&args);
+        assert!(
+            i == 0 || said.contains("--workers 2, --comm ring, --compress powersgd:2 (give"),
+            "{said}"
+        );
         assert_eq!(replica_hashes(&again), want, "from {name}");
         assert_eq!(weights(&again), weights(&whole), "from {name}");
         std::fs::remove_dir_all(&again).unwrap();
     }
-    // Resumed without --compress: the error feedback it holds is dropped, and said.
+    // Resumed with --compress none: the error feedback it holds is dropped, and said.
     let bare = tmp("psgd-bare");
     let resume = cut
         .join("checkpoint-epoch0001.safetensors")
@@ -281,7 +287,7 @@ fn powersgd_is_deterministic_and_continues_from_a_commit_or_checkpoint_bit_for_b
         .to_string();
     let said = ok(&small(
         &bare,
-        &[&common[..4], &["--resume", &resume]].concat(),
+        &[&common[..4], &["--compress", "none", "--resume", &resume]].concat(),
     ));
     assert!(
         said.contains("--compress is none: the error feedback is dropped"),

@@ -789,6 +789,7 @@ mod tests {
                 epochs: None,
                 recipe: crate::train::recipe::RecordedRecipe::Absent,
                 routine: None,
+                exchange: None,
             }
         };
         let elsewhere = Some(here.clone());

@@ -1415,7 +1415,11 @@ mod tests {
     #[test]
     fn priority_reduces_the_buckets_nearest_the_input_first_and_sums_alike() {
         let overlap = three_buckets(Schedule::Overlap);
-        let priority = three_buckets(Schedule::Priority);
+        // Backward pauses 30 ms after each block, so that rank 0 decides on bucket 0 alone
+        // before buckets 1 and 2 arrive: handed over back to back, a loaded machine (a build
+        // beside the tests) woke the communication thread only once bucket 1 was there too,
+        // and it went first ([1, 2, 0]). Both arrive well inside bucket 0's first partition.
+        let priority = three_buckets_paced(Schedule::Priority, 0, Duration::from_millis(30));
         for rank in 0..2 {
             assert_eq!(overlap[rank].0, vec![0, 1, 2], "overlap: backward's order");
             // Bucket 0's second partition waits for the two buckets nearer the input.

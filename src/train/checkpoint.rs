@@ -176,6 +176,10 @@ pub struct RunIdentity {
     /// whole test split) and `--commit-every` (0: never), key `test_limit` (empty for none) and
     /// `commit_every`; `None` where not recorded (older checkpoints). Followed like the recipe.
     pub routine: Option<crate::train::recipe::Routine>,
+    /// How the run's workers combined their gradients, as its options gave it (key
+    /// `exchange`, JSON; `None` in older checkpoints). Recorded, not compared: a resume
+    /// follows what it is not given again (`crate::train::follow`).
+    pub exchange: Option<crate::config::Exchange>,
 }
 
 impl RunIdentity {
@@ -201,6 +205,7 @@ impl RunIdentity {
                 crate::train::recipe::Recipe::of(cfg),
             ),
             routine: Some(crate::train::recipe::Routine::of(cfg)),
+            exchange: Some(cfg.exchange.clone()),
         }
     }
 
@@ -376,6 +381,9 @@ impl TrainState {
             if let Some(routine) = &r.routine {
                 routine.write_metadata(&mut m);
             }
+            if let Some(exchange) = &r.exchange {
+                m.insert("exchange".into(), exchange.to_metadata());
+            }
         }
         m
     }
@@ -412,6 +420,11 @@ impl TrainState {
                 },
                 recipe: crate::train::recipe::Recipe::from_metadata(meta),
                 routine: crate::train::recipe::Routine::from_metadata(meta).map_err(what)?,
+                exchange: meta
+                    .get("exchange")
+                    .map(|e| crate::config::Exchange::from_metadata(e))
+                    .transpose()
+                    .map_err(what)?,
             }),
         };
         let fingerprint = meta
@@ -1040,6 +1053,7 @@ mod tests {
             epochs: Some(3),
             recipe: crate::train::recipe::RecordedRecipe::Absent,
             routine: None,
+            exchange: None,
         };
         let (a, b) = (place("a"), place("b"));
         let then = run("imagefolder", Some("photos"), Some(a.clone()));

@@ -1,5 +1,5 @@
 //! The options that make a run the run it is (its model, dataset, global batch, seed and
-//! training limit), taken from the checkpoint a resume names where the options leave them out,
+//! training limit, its workers and how they combine gradients), taken from the checkpoint a resume names where the options leave them out,
 //! before the options are resolved: `--resume CK` alone continues the run that wrote CK.
 //! The recipe and routine are followed after, on the resolved configuration
 //! ([`super::recipe`]); the input size and normalisation in [`super::inputs`].
@@ -101,7 +101,43 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
             o.train_limit = Some(n);
         }
     }
+    follow_exchange(given, run, one_process, &mut followed);
     followed
+}
+
+/// Takes the run's workers and how they combined their gradients
+/// ([`crate::config::Exchange`]) where `given` leaves them out: in one process, as many
+/// workers as the whole run had; over MPI, as many per process as its processes had, where
+/// it ran several (a run of one process says nothing of how many ranks now share its
+/// workers). Options that mean nothing in the resume's transport are left to its defaults
+/// ([`crate::config::Exchange::applies`]). A run recorded before the exchange was gives its
+/// worker count alone.
+fn follow_exchange(
+    given: &TrainOptions,
+    run: &crate::train::checkpoint::RunIdentity,
+    one_process: bool,
+    followed: &mut FollowedOptions,
+) {
+    let exchange = run.exchange.as_ref();
+    if given.workers.is_none() {
+        let workers = match (one_process, exchange) {
+            (true, _) => Some(run.world),
+            (false, Some(e)) if run.world > e.workers => Some(e.workers),
+            (false, _) => None,
+        };
+        if let Some(w) = workers {
+            if w != crate::config::DEFAULT_WORKERS {
+                followed.taken.push(format!("--workers {w}"));
+            }
+            followed.options.workers = Some(w);
+        }
+    }
+    if let Some(e) = exchange {
+        let taken = e.lay_under(given, &mut followed.options, |flag, value| {
+            crate::config::Exchange::applies(flag, value, one_process)
+        });
+        followed.taken.extend(taken);
+    }
 }
 
 /// The `--model` the checkpoint's run was given (`checkpoint::model_flag`): a built-in's name,
@@ -168,7 +204,47 @@ mod tests {
             epochs: Some(1),
             recipe: crate::train::recipe::RecordedRecipe::Absent,
             routine: None,
+            exchange: None,
         }
+    }
+
+    #[test]
+    fn the_workers_are_followed_as_the_resume_can_have_them() {
+        let workers = |world: usize, per_process: Option<usize>, one_process: bool| {
+            let mut recorded = run("mnist", None, None);
+            recorded.world = world;
+            recorded.exchange = per_process.map(|w| crate::config::Exchange {
+                workers: w,
+                comm: Some("ring".into()),
+                ..Default::default()
+            });
+            let mut followed = FollowedOptions::default();
+            follow_exchange(
+                &TrainOptions::default(),
+                &recorded,
+                one_process,
+                &mut followed,
+            );
+            (followed.options.workers, followed.options.comm)
+        };
+        let ring = Some("ring".to_string());
+        // In one process: the whole run's workers, from a run of one process or several.
+        assert_eq!(workers(4, Some(4), true), (Some(4), ring.clone()));
+        assert_eq!(workers(4, Some(2), true), (Some(4), ring.clone()));
+        assert_eq!(workers(3, None, true), (Some(3), None));
+        // Over MPI: a process's workers, where the run had several processes; from a run of
+        // one, the ranks now sharing its workers are not known.
+        assert_eq!(workers(4, Some(2), false), (Some(2), ring.clone()));
+        assert_eq!(workers(2, Some(2), false), (None, ring));
+        assert_eq!(workers(4, None, false), (None, None));
+        // Given, never replaced.
+        let mut followed = FollowedOptions::default();
+        let given = TrainOptions {
+            workers: Some(3),
+            ..Default::default()
+        };
+        follow_exchange(&given, &run("mnist", None, None), true, &mut followed);
+        assert_eq!(followed.options.workers, None);
     }
 
     #[test]

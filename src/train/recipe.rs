@@ -366,8 +366,8 @@ pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
     };
     Some(format!(
         "the checkpoint's run sent gradients with --compress powersgd:R and holds its error \
-         feedback, and {this_run}: the error feedback is dropped; give the --compress \
-         powersgd:R and the workers it ran with to continue it exactly"
+         feedback, and {this_run}: the error feedback is dropped; to continue the run exactly, \
+         leave out --compress and --workers (a resume takes the run's) or give them as it did"
     ))
 }
 

@@ -207,12 +207,10 @@ impl Continuation {
     /// point (chosen by the headers alone: the process is ending, and reads no whole
     /// checkpoint), else the checkpoint it resumed from, else that nothing resumes it yet.
     pub fn line(&self) -> String {
-        let not_recorded = "give again the --workers and communication options it was \
-                            started with: a checkpoint does not record them";
         if let Some((path, state)) = restart_points(&self.run_dir).into_iter().next() {
             return format!(
                 "interrupted; `dptrain train --resume {}` resumes the run from its newest \
-                 restart point ({} done, {} into the next epoch; {not_recorded})",
+                 restart point ({} done, {} into the next epoch)",
                 crate::terminal::shell_quoted(&path),
                 crate::terminal::counted(state.epoch, "epoch"),
                 crate::terminal::counted(state.step_in_epoch, "step"),
@@ -228,7 +226,7 @@ impl Continuation {
             };
             return format!(
                 "interrupted before its first restart point in {}: `dptrain train --resume \
-                 {}{run_dir}` resumes the run from where this one started ({not_recorded})",
+                 {}{run_dir}` resumes the run from where this one started",
                 crate::terminal::one_line(&self.run_dir),
                 crate::terminal::shell_quoted(resumed),
             );
