@@ -390,10 +390,10 @@ fn png(path: &Path) {
     std::fs::write(path, bytes).unwrap();
 }
 
-#[test]
-fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("folder");
+/// An ImageFolder under `dir/folder`: train and test splits of classes `a` and `b`, one
+/// 28x28 PNG each (`0.png`); returns its root.
+fn two_class_folder(dir: &Path) -> PathBuf {
+    let root = dir.join("folder");
     for split in ["train", "test"] {
         for class in ["a", "b"] {
             let d = root.join(split).join(class);
@@ -401,14 +401,13 @@ fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
             png(&d.join("0.png"));
         }
     }
-    let class = root.join("train").join("a");
-    mkfifo(&class.join("1.png"));
-    std::os::unix::fs::symlink("/dev/zero", class.join("2.png")).unwrap();
-    std::os::unix::fs::symlink(class.join("3.png"), class.join("3.png")).unwrap();
-    // A directory named like an image: skipped once, not also counted as an unread directory.
-    std::fs::create_dir(class.join("4.png")).unwrap();
+    root
+}
+
+/// One epoch at batch 2 on the ImageFolder at `root`, run from `dir`, which must succeed.
+fn train_on_folder(root: &Path, dir: &Path) -> Ran {
     let spec = format!("imagefolder:{}", root.display());
-    let run_dir = tmp.path().join("run");
+    let run_dir = dir.join("run");
     let args = [
         "train",
         "--run-dir",
@@ -422,7 +421,20 @@ fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
         "--threads",
         "1",
     ];
-    let r = run_ok(&args, tmp.path());
+    run_ok(&args, dir)
+}
+
+#[test]
+fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = two_class_folder(tmp.path());
+    let class = root.join("train").join("a");
+    mkfifo(&class.join("1.png"));
+    std::os::unix::fs::symlink("/dev/zero", class.join("2.png")).unwrap();
+    std::os::unix::fs::symlink(class.join("3.png"), class.join("3.png")).unwrap();
+    // A directory named like an image: skipped once, not also counted as an unread directory.
+    std::fs::create_dir(class.join("4.png")).unwrap();
+    let r = train_on_folder(&root, tmp.path());
     assert!(
         r.text
             .contains(&format!("warning: {}: skipped 4 entries", class.display())),
@@ -436,36 +448,12 @@ fn an_image_folder_skips_entries_that_are_not_regular_files_with_a_warning() {
 #[test]
 fn images_of_formats_not_read_are_counted_as_left_out_not_dropped_silently() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("folder");
-    for split in ["train", "test"] {
-        for class in ["a", "b"] {
-            let d = root.join(split).join(class);
-            std::fs::create_dir_all(&d).unwrap();
-            png(&d.join("0.png"));
-        }
-    }
+    let root = two_class_folder(tmp.path());
     let a = root.join("train").join("a");
     for name in ["1.webp", "2.HEIC", "3.heic", "notes.txt"] {
         std::fs::write(a.join(name), b"x").unwrap();
     }
-    let spec = format!("imagefolder:{}", root.display());
-    let run_dir = tmp.path().join("run");
-    let r = run_ok(
-        &[
-            "train",
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "--dataset",
-            &spec,
-            "--epochs",
-            "1",
-            "--batch",
-            "2",
-            "--threads",
-            "1",
-        ],
-        tmp.path(),
-    );
+    let r = train_on_folder(&root, tmp.path());
     let said = format!(
         "warning: {}: left out 3 images in formats dptrain does not read (2 .heic, 1 .webp; \
          e.g. {}): it reads PNG and JPEG",
@@ -474,7 +462,10 @@ fn images_of_formats_not_read_are_counted_as_left_out_not_dropped_silently() {
     );
     assert!(r.text.contains(&said), "{}", r.text);
     // predict walks a directory alike; one holding no PNG or JPEG says what it left out.
-    let ck = run_dir.join("checkpoint-epoch0001.safetensors");
+    let ck = tmp
+        .path()
+        .join("run")
+        .join("checkpoint-epoch0001.safetensors");
     let ck = ck.to_str().unwrap();
     let r = run(
         &["predict", "--checkpoint", ck, a.to_str().unwrap()],
