@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::plan::CommChoice;
-pub use exchange::Exchange;
+pub use exchange::{Exchange, Group as ExchangeGroup};
 
 mod exchange;
 
@@ -198,6 +198,8 @@ pub struct TrainConfig {
 pub struct GivenSettings {
     /// `--epochs`.
     pub epochs: bool,
+    /// `--workers`.
+    pub workers: bool,
     /// `--conv-algo`.
     pub conv_algo: bool,
     /// `--lr`.
@@ -218,6 +220,14 @@ pub struct GivenSettings {
     pub test_limit: bool,
     /// `--commit-every`.
     pub commit_every: bool,
+    /// `--checkpoint-every`.
+    pub checkpoint_every: bool,
+    /// `--keep-checkpoints`.
+    pub keep_checkpoints: bool,
+    /// `--keep-commits`.
+    pub keep_commits: bool,
+    /// `--log-every`.
+    pub log_every: bool,
 }
 
 impl GivenSettings {
@@ -285,26 +295,30 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TrainOptions {
     /// Model: a built-in name (`dptrain model list`) or a model file (docs/MODEL_FILES.md)
-    /// [default: lenet5].
+    /// [default: lenet5; resumed: the checkpoint's run's].
     #[arg(long)]
     pub model: Option<String>,
     /// Dataset: mnist (bundled), fashion-mnist, cifar10, idx, imagefolder:DIR, packed:FILE
-    /// (`dptrain data pack`), synthetic or synthetic:CxHxW [default: mnist].
+    /// (`dptrain data pack`), synthetic or synthetic:CxHxW [default: mnist; resumed: the
+    /// checkpoint's run's].
     #[arg(long)]
     pub dataset: Option<String>,
-    /// Dataset directory (fashion-mnist, cifar10, idx; mnist defaults to the bundled copy).
+    /// Dataset directory (fashion-mnist, cifar10, idx; mnist defaults to the bundled copy)
+    /// [resumed: the checkpoint's run's].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Epochs [default: 4; resumed: the checkpoint's run's].
     #[arg(long)]
     pub epochs: Option<usize>,
-    /// Global batch size, split evenly across workers [default: 64].
+    /// Global batch size, split evenly across workers [default: 64; resumed: the checkpoint's
+    /// run's].
     #[arg(long)]
     pub batch: Option<usize>,
     /// Base learning rate [default: 0.05; resumed: the checkpoint's run's].
     #[arg(long)]
     pub lr: Option<f32>,
-    /// Schedule: constant, cosine, or `step:E1,E2[:GAMMA]` [default: cosine; resumed: the checkpoint's run's].
+    /// Schedule: constant, cosine, or `step:E1,E2[:GAMMA]` [default: cosine; resumed: the
+    /// checkpoint's run's].
     #[arg(long)]
     pub lr_schedule: Option<String>,
     /// Linear warm-up steps: the rate rises from 0 to --lr over them (one longer than the run
@@ -320,28 +334,30 @@ pub struct TrainOptions {
     /// Nesterov momentum: true or false [default: true; resumed: the checkpoint's run's].
     #[arg(long)]
     pub nesterov: Option<bool>,
-    /// Seed [default: 1].
+    /// Seed [default: 1; resumed: the checkpoint's run's].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Worker threads, each with a model replica [default: 1].
+    /// Worker threads, each with a model replica [default: 1; resumed: the checkpoint's run's].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Compute threads per worker [default: cores / workers, at least 1].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Overlap communication with backward: on or off [default: on].
+    /// Overlap communication with backward: on or off [default: on; resumed: the checkpoint's
+    /// run's].
     #[arg(long)]
     pub overlap: Option<String>,
     /// Communication mode: auto, tree, ring, hd, redundant; shm (the workers of one process
     /// read each other's buffers in place: one process, no emulated link); mpi-native
-    /// (MPI_Allreduce, with --transport mpi) [default: auto].
+    /// (MPI_Allreduce, with --transport mpi) [default: auto; resumed: the checkpoint's run's].
     #[arg(long)]
     pub comm: Option<String>,
     /// With several MPI ranks of several --workers each: 2d (reduce-scatter within each
     /// process, each worker's shard across the processes with the --comm mode, all-gather
     /// within), leader (everything through local worker 0, which alone crosses the network),
     /// off (the mode flat over every worker), or auto (with --comm auto the cost model picks
-    /// per bucket; otherwise 2d; mpi-native always uses leader); on means 2d [default: auto].
+    /// per bucket; otherwise 2d; mpi-native always uses leader); on means 2d [default: auto;
+    /// resumed: the checkpoint's run's].
     #[arg(long)]
     pub hierarchical: Option<String>,
     /// Gradients on the wire: none (f32), fp16 (half the bytes; a value that rounds past 65504
@@ -349,52 +365,58 @@ pub struct TrainOptions {
     /// the cost model predicts the link time saved exceeds twice the conversions), or
     /// powersgd:R (each weight matrix that gains sent as a rank-R product with error
     /// feedback, in f32; not with --comm tree); sums stay in f32. Applies to the messages of
-    /// every mode and hierarchy, not to shm (no messages) nor mpi-native [default: none].
+    /// every mode and hierarchy, not to shm (no messages) nor mpi-native [default: none; resumed:
+    /// the checkpoint's run's].
     #[arg(long)]
     pub compress: Option<String>,
     /// Gradient bucket cap in KiB, 0 for one block per bucket (more than the gradient: one
     /// bucket) [default: with neither bucket flag given, the bytes the link moves in one
     /// latency, so that no bucket is latency-bound, and under --schedule overlap at least the cap that
     /// pipelines the gradient best on the run's collectives (`plan::PlanInputs::pipelined_cap`);
-    /// with only --first-bucket-kb given, 0].
+    /// with only --first-bucket-kb given, 0; resumed: the checkpoint's run's].
     #[arg(long)]
     pub bucket_kb: Option<usize>,
     /// First bucket's cap in KiB [default: with neither bucket flag given, as --bucket-kb's;
-    /// with only --bucket-kb given, 0].
+    /// with only --bucket-kb given, 0; resumed: the checkpoint's run's].
     #[arg(long)]
     pub first_bucket_kb: Option<usize>,
     /// When buckets are reduced: overlap (in the order backward fills them; the update once
     /// all are back, as DDP) or priority (the layers nearest the input first, each layer
     /// updated just before the next step's forward needs it, so communication also runs under
-    /// the next forward; the same weights, bit for bit) [default: overlap].
+    /// the next forward; the same weights, bit for bit) [default: overlap; resumed: the
+    /// checkpoint's run's].
     #[arg(long)]
     pub schedule: Option<String>,
     /// Each bucket is reduced in collectives (partitions) of at most this many KiB, at least 1;
     /// under --schedule priority an early layer's partition waits for at most one other
     /// [default: with --schedule priority, the larger of 160 KB (P3's 40,000 parameters) and 8
-    /// times what the link moves in one latency; with overlap, whole buckets].
+    /// times what the link moves in one latency; with overlap, whole buckets; resumed: the
+    /// checkpoint's run's].
     #[arg(long)]
     pub partition_kb: Option<usize>,
     /// Under --schedule priority, the KiB of partitions one decision of rank 0 commits every
     /// rank to, input-first among the buckets it holds (ByteScheduler's credit; at least one
     /// partition): fewer decision messages, and an urgent partition waits for up to this
-    /// [default: one partition].
+    /// [default: one partition; resumed: the checkpoint's run's].
     #[arg(long)]
     pub credit_kb: Option<usize>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s, or none (no emulation,
-    /// as `bench` takes it) [default: none].
+    /// as `bench` takes it) [default: none; resumed: the checkpoint's run's].
     #[arg(allow_hyphen_values = true, long)]
     pub link_bandwidth: Option<String>,
-    /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth].
+    /// Emulated link latency, e.g. 5us [default: 0 with --link-bandwidth; resumed: the checkpoint's
+    /// run's].
     #[arg(allow_hyphen_values = true, long)]
     pub link_latency: Option<String>,
     /// With --transport mpi and several workers per process: emulated bandwidth of each
     /// worker's port within its process (the devices of one host, e.g. 12GB/s for PCIe 3 x16),
     /// which every message between a process's workers crosses and `--comm auto` plans for;
-    /// none: no emulation [default: none: the workers are threads that share memory].
+    /// none: no emulation [default: none: the workers are threads that share memory; resumed: the
+    /// checkpoint's run's].
     #[arg(allow_hyphen_values = true, long)]
     pub intra_bandwidth: Option<String>,
-    /// Emulated latency of that port, e.g. 5us [default: 0 with --intra-bandwidth].
+    /// Emulated latency of that port, e.g. 5us [default: 0 with --intra-bandwidth; resumed: the
+    /// checkpoint's run's].
     #[arg(allow_hyphen_values = true, long)]
     pub intra_latency: Option<String>,
     /// Emulated device for testbeds where workers share a few cores: hold each worker's
@@ -416,18 +438,20 @@ pub struct TrainOptions {
     /// Run directory for metrics, summary and checkpoints (default: `runs/<model>-<dataset>`).
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
-    /// Checkpoint every N epochs, 0 (or more than --epochs) for only the last [default: 1].
+    /// Checkpoint every N epochs, 0 (or more than --epochs) for only the last [default: 1; resumed:
+    /// the checkpoint's run's].
     #[arg(long)]
     pub checkpoint_every: Option<usize>,
-    /// Checkpoints to keep, at least 1 (the newest; more than written keeps all) [default: 2].
+    /// Checkpoints to keep, at least 1 (the newest; more than written keeps all) [default: 2;
+    /// resumed: the checkpoint's run's].
     #[arg(long)]
     pub keep_checkpoints: Option<usize>,
     /// Commit a restart point every N steps (`commit-stepN.safetensors`, written in the
     /// background, the newest two kept), which `--resume` and `dptrain launch` continue from
-    /// exactly; 0 for none [default: 0].
+    /// exactly; 0 for none [default: 0; resumed: the checkpoint's run's].
     #[arg(long)]
     pub commit_every: Option<usize>,
-    /// Commits to keep, at least 1 (the newest) [default: 2].
+    /// Commits to keep, at least 1 (the newest) [default: 2; resumed: the checkpoint's run's].
     #[arg(long)]
     pub keep_commits: Option<usize>,
     /// Send a heartbeat (UDP) to ADDR:PORT every 250 ms: how `dptrain launch` watches its
@@ -471,17 +495,19 @@ pub struct TrainOptions {
     #[serde(skip)]
     pub inject_fault: Option<String>,
     /// What a NaN/infinite loss or gradient does: stop (with the step) or skip the update and
-    /// count it [default: stop].
+    /// count it [default: stop; resumed: the checkpoint's run's].
     #[arg(long)]
     pub on_nonfinite: Option<String>,
     /// Also log metrics every N steps (more than an epoch's steps: per epoch only) [default: 0,
-    /// per epoch only].
+    /// per epoch only; resumed: the checkpoint's run's].
     #[arg(long)]
     pub log_every: Option<usize>,
-    /// Train on the first N samples only, at least 1 (more than the dataset has: all of it).
+    /// Train on the first N samples only, at least 1 (more than the dataset has: all of it)
+    /// [resumed: the checkpoint's run's].
     #[arg(long)]
     pub train_limit: Option<usize>,
-    /// Evaluate on the first N test samples only, at least 1 (more than it has: all of it).
+    /// Evaluate on the first N test samples only, at least 1 (more than it has: all of it)
+    /// [resumed: the checkpoint's run's].
     #[arg(long)]
     pub test_limit: Option<usize>,
     /// No progress bar, notes or per-epoch lines: only the closing `done:` line, the run
@@ -502,7 +528,8 @@ pub struct TrainOptions {
     pub conv_algo: Option<String>,
     /// Training transforms in order: off, or a list of random-resized-crop (optionally
     /// :SMIN,SMAX and then :RMIN,RMAX), flip, crop:PAD, resize-shorter (optionally :S),
-    /// center-crop, resize, e.g. crop:4,flip or random-resized-crop,flip [default: off; resumed: the checkpoint's run's].
+    /// center-crop, resize, e.g. crop:4,flip or random-resized-crop,flip [default: off; resumed:
+    /// the checkpoint's run's].
     #[arg(long)]
     pub augment: Option<String>,
     /// The model's input size, H or HxW (each side 1..=4096) [default: the dataset's; an
@@ -956,6 +983,7 @@ impl TrainOptions {
     fn given(&self) -> GivenSettings {
         GivenSettings {
             epochs: self.epochs.is_some(),
+            workers: self.workers.is_some(),
             conv_algo: self.conv_algo.is_some(),
             lr: self.lr.is_some(),
             lr_schedule: self.lr_schedule.is_some(),
@@ -966,6 +994,10 @@ impl TrainOptions {
             augment: self.augment.is_some(),
             test_limit: self.test_limit.is_some(),
             commit_every: self.commit_every.is_some(),
+            checkpoint_every: self.checkpoint_every.is_some(),
+            keep_checkpoints: self.keep_checkpoints.is_some(),
+            keep_commits: self.keep_commits.is_some(),
+            log_every: self.log_every.is_some(),
         }
     }
 

@@ -492,3 +492,97 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
     );
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// The checkpoints a run directory holds, by epoch.
+fn checkpoint_epochs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("checkpoint-epoch"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_whole() {
+    let common = [
+        "--workers",
+        "2",
+        "--link-bandwidth",
+        "1Gbit",
+        "--link-latency",
+        "5us",
+        "--schedule",
+        "priority",
+        "--credit-kb",
+        "64",
+        "--keep-checkpoints",
+        "10",
+        "--epochs",
+        "3",
+    ];
+    let straight = tmp("exchange-straight");
+    ok(&small(&straight, &common));
+    let ck1 = straight.join("checkpoint-epoch0001.safetensors");
+    // A copy of epoch 1's checkpoint alone, resumed alone: the run's workers, link, schedule
+    // and credit, and its ten checkpoints kept (the default two would prune epoch 1's).
+    let alone = tmp("exchange-alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    let copy = alone.join("checkpoint-epoch0001.safetensors");
+    std::fs::copy(&ck1, &copy).unwrap();
+    let resume = copy.display().to_string();
+    // (`small` gives --epochs 2 where none is given.)
+    let mut args = small(&alone, &["--resume", &resume, "--epochs", "3"]);
+    args.retain(|a| a != "--quiet");
+    let said = ok(&args);
+    assert!(
+        said.contains(
+            "--workers 2, --schedule priority, --credit-kb 64, --link-bandwidth 1Gbit, \
+             --link-latency 5us (give"
+        ) && said.contains("--keep-checkpoints 10"),
+        "{said}"
+    );
+    assert!(weights(&alone) == weights(&straight), "other weights");
+    assert_eq!(checkpoint_epochs(&alone), checkpoint_epochs(&straight));
+    assert_eq!(checkpoint_epochs(&alone).len(), 3);
+    // One option of a group given takes none of the group: no link (its latency with it),
+    // the overlap schedule (the credit with it).
+    let changed = tmp("exchange-changed");
+    let given = [
+        "--resume",
+        ck1.to_str().unwrap(),
+        "--link-bandwidth",
+        "none",
+        "--schedule",
+        "overlap",
+    ];
+    ok(&small(&changed, &given));
+    // An exchange record edited so that it does not read: eval reads the checkpoint still; a
+    // resume, which would follow it, is refused naming the entry, unless --resume-changed.
+    let mut bytes = std::fs::read(&ck1).unwrap();
+    let at = bytes
+        .windows(12)
+        .position(|w| w == br#"workers\":2,"#)
+        .expect("the exchange record names the workers");
+    bytes[at + 10] = b'x';
+    let bad = changed.join("edited.safetensors");
+    std::fs::write(&bad, bytes).unwrap();
+    let bad = bad.display().to_string();
+    let o = run(&["eval".to_string(), bad.clone()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let refused = tmp("exchange-refused");
+    let o = run(&small(&refused, &["--resume", &bad]));
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains("metadata 'exchange' does not read back")
+            && t.contains("give --resume-changed"),
+        "{t}"
+    );
+    let said = ok(&small(&refused, &["--resume", &bad, "--resume-changed"]));
+    assert!(said.contains("are not followed"), "{said}");
+    for d in [straight, alone, changed, refused] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 /// Generates [`Exchange`] from the list of its options (each a `TrainOptions` field of the
 /// same name and type): one list, so recording and following cannot disagree on which.
 macro_rules! exchange_options {
-    ($($(#[doc = $doc:literal])* $field:ident: $ty:ty,)*) => {
+    ($($(#[doc = $doc:literal])* $field:ident: $ty:ty => $group:ident,)*) => {
         /// A run's gradient exchange as its options gave it (see the module comment).
         #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -38,21 +38,23 @@ macro_rules! exchange_options {
                 Self { workers, $( $field: options.$field.clone(), )* }
             }
 
-            /// The recorded options (but `--workers`) that `given` leaves out and `applies`
-            /// accepts (flag without `--`, value), set in `into`; returns them as flags
-            /// (`--comm ring`).
+            /// The recorded options (but `--workers`) of the groups ([`Group`]) that `given`
+            /// gives none of and `applies` accepts (group, value), set in `into`; returns
+            /// them as flags (`--comm ring`).
             pub fn lay_under(
                 &self,
                 given: &TrainOptions,
                 into: &mut TrainOptions,
-                applies: impl Fn(&str, &str) -> bool,
+                applies: impl Fn(Group, &str) -> bool,
             ) -> Vec<String> {
                 let mut taken = Vec::new();
                 $(
-                    if let (None, Some(value)) = (&given.$field, &self.$field) {
+                    if let Some(value) = &self.$field {
                         let flag = stringify!($field).replace('_', "-");
                         let text = value.to_string();
-                        if applies(&flag, &text) {
+                        if !Self::group_given(given, Group::$group)
+                            && applies(Group::$group, &text)
+                        {
                             taken.push(format!("--{flag} {text}"));
                             into.$field = Some(value.clone());
                         }
@@ -60,39 +62,76 @@ macro_rules! exchange_options {
                 )*
                 taken
             }
+
+            /// Whether `given` gives an option of `group`.
+            fn group_given(given: &TrainOptions, group: Group) -> bool {
+                false $( || (Group::$group == group && given.$field.is_some()) )*
+            }
+
+            /// Whether every option (but `--workers`) is set: in a run's own exchange, each
+            /// was given, and a resume takes none from its checkpoint's.
+            pub fn is_whole(&self) -> bool {
+                true $( && self.$field.is_some() )*
+            }
         }
     };
 }
 
+/// Options that mean something only together: a resume that gives one of a group takes
+/// none of the group from the record (`--link-bandwidth none` drops the run's latency too,
+/// `--schedule overlap` its credit), so a recorded value never holds on to a partner the
+/// resume has changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// `--overlap`.
+    Overlap,
+    /// `--comm`.
+    Comm,
+    /// `--hierarchical`.
+    Hierarchy,
+    /// `--compress`.
+    Compress,
+    /// The bucket caps.
+    Buckets,
+    /// `--schedule` with its partitions and credit.
+    Schedule,
+    /// The emulated link of every worker.
+    Link,
+    /// The emulated port within a process.
+    IntraLink,
+    /// `--on-nonfinite`.
+    NonFinite,
+}
+
 exchange_options! {
     /// `--overlap`.
-    overlap: String,
+    overlap: String => Overlap,
     /// `--comm`.
-    comm: String,
+    comm: String => Comm,
     /// `--hierarchical`.
-    hierarchical: String,
+    hierarchical: String => Hierarchy,
     /// `--compress`.
-    compress: String,
+    compress: String => Compress,
     /// `--bucket-kb`.
-    bucket_kb: usize,
+    bucket_kb: usize => Buckets,
     /// `--first-bucket-kb`.
-    first_bucket_kb: usize,
+    first_bucket_kb: usize => Buckets,
     /// `--schedule`.
-    schedule: String,
+    schedule: String => Schedule,
     /// `--partition-kb`.
-    partition_kb: usize,
+    partition_kb: usize => Schedule,
     /// `--credit-kb`.
-    credit_kb: usize,
+    credit_kb: usize => Schedule,
     /// `--link-bandwidth`.
-    link_bandwidth: String,
+    link_bandwidth: String => Link,
     /// `--link-latency`.
-    link_latency: String,
+    link_latency: String => Link,
     /// `--intra-bandwidth`.
-    intra_bandwidth: String,
+    intra_bandwidth: String => IntraLink,
     /// `--intra-latency`.
-    intra_latency: String,
+    intra_latency: String => IntraLink,
     /// `--on-nonfinite`.
-    on_nonfinite: String,
+    on_nonfinite: String => NonFinite,
 }
 
 impl Exchange {
@@ -107,16 +146,19 @@ impl Exchange {
             .map_err(|e| format!("metadata 'exchange' does not read back ({e})"))
     }
 
-    /// Whether the recorded option `flag` (without `--`) with `value` means the same in a
-    /// resume in one process (`one_process`) or over MPI: a process's own port and the
-    /// hierarchy across processes exist only over MPI, MPI's all-reduce only there, and
-    /// memory shared by every worker only in one process. Those are left to the resume's
-    /// defaults rather than refuse it.
-    pub fn applies(flag: &str, value: &str, one_process: bool) -> bool {
-        match flag {
-            "intra-bandwidth" | "intra-latency" | "hierarchical" => !one_process,
-            "comm" if value == "mpi-native" => !one_process,
-            "comm" if value == "shm" => one_process,
+    /// Whether a recorded option of `group` with `value` means
+    /// something in a resume given `given` (in one process where `one_process`, else over
+    /// MPI): a process's own port and the hierarchy across processes exist only over MPI,
+    /// MPI's all-reduce only there, and memory shared by every worker only in one process;
+    /// and `--comm shm` given has no use for an emulated link or compression (it sends no
+    /// messages). Those are left to the resume's defaults rather than refuse it.
+    pub fn applies(group: Group, value: &str, given: &TrainOptions, one_process: bool) -> bool {
+        let shm_given = given.comm.as_deref() == Some("shm");
+        match group {
+            Group::IntraLink | Group::Hierarchy => !one_process,
+            Group::Link | Group::Compress => !shm_given,
+            Group::Comm if value == "mpi-native" => !one_process,
+            Group::Comm if value == "shm" => one_process,
             _ => true,
         }
     }
@@ -132,6 +174,9 @@ mod tests {
             comm: Some("ring".into()),
             compress: Some("powersgd:2".into()),
             bucket_kb: Some(64),
+            first_bucket_kb: Some(8),
+            link_bandwidth: Some("1Gbit".into()),
+            link_latency: Some("5us".into()),
             intra_bandwidth: Some("12GB/s".into()),
             ..Default::default()
         };
@@ -143,24 +188,52 @@ mod tests {
         assert!(Exchange::from_metadata(r#"{"workers":2,"comm":3}"#).is_err());
         assert!(Exchange::from_metadata(r#"{"workers":2,"threads":"4"}"#).is_err());
 
+        let follow = |given: &TrainOptions, one_process: bool| {
+            let mut into = TrainOptions::default();
+            let taken = recorded.lay_under(given, &mut into, |group, value| {
+                Exchange::applies(group, value, given, one_process)
+            });
+            (taken, into)
+        };
+        // The given compression wins; one bucket cap given takes neither of the run's, the
+        // bandwidth given none neither of its link; the port within a process is not one
+        // process's.
         let given = TrainOptions {
             compress: Some("none".into()),
+            bucket_kb: Some(32),
+            link_bandwidth: Some("none".into()),
             ..Default::default()
         };
-        let mut into = TrainOptions::default();
-        let taken = recorded.lay_under(&given, &mut into, |f, v| Exchange::applies(f, v, true));
-        // The given compression wins; the port within a process is not one process's.
-        assert_eq!(taken, ["--comm ring", "--bucket-kb 64"]);
+        let (taken, into) = follow(&given, true);
+        assert_eq!(taken, ["--comm ring"]);
         assert_eq!(into.comm.as_deref(), Some("ring"));
-        assert_eq!((into.compress, into.intra_bandwidth), (None, None));
-        let mut over_mpi = TrainOptions::default();
-        let taken =
-            recorded.lay_under(&given, &mut over_mpi, |f, v| Exchange::applies(f, v, false));
+        assert_eq!((into.compress, into.first_bucket_kb), (None, None));
+        assert_eq!((into.link_latency, into.intra_bandwidth), (None, None));
+        let (taken, _) = follow(&TrainOptions::default(), false);
         assert_eq!(
             taken,
-            ["--comm ring", "--bucket-kb 64", "--intra-bandwidth 12GB/s"]
+            [
+                "--comm ring",
+                "--compress powersgd:2",
+                "--bucket-kb 64",
+                "--first-bucket-kb 8",
+                "--link-bandwidth 1Gbit",
+                "--link-latency 5us",
+                "--intra-bandwidth 12GB/s"
+            ]
         );
-        assert!(!Exchange::applies("comm", "mpi-native", true));
-        assert!(!Exchange::applies("comm", "shm", false));
+        // --comm shm given: no link, nothing to compress.
+        let shm = TrainOptions {
+            comm: Some("shm".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            follow(&shm, true).0,
+            ["--bucket-kb 64", "--first-bucket-kb 8"]
+        );
+        let none = TrainOptions::default();
+        assert!(!Exchange::applies(Group::Comm, "mpi-native", &none, true));
+        assert!(!Exchange::applies(Group::Comm, "shm", &none, false));
+        assert!(!Exchange::of(&given, 1).is_whole());
     }
 }

@@ -177,9 +177,10 @@ pub struct RunIdentity {
     /// `commit_every`; `None` where not recorded (older checkpoints). Followed like the recipe.
     pub routine: Option<crate::train::recipe::Routine>,
     /// How the run's workers combined their gradients, as its options gave it (key
-    /// `exchange`, JSON; `None` in older checkpoints). Recorded, not compared: a resume
+    /// `exchange`, JSON; `None` in older checkpoints; an entry that does not read back, why,
+    /// which refuses only a resume that would follow it). Recorded, not compared: a resume
     /// follows what it is not given again (`crate::train::follow`).
-    pub exchange: Option<crate::config::Exchange>,
+    pub exchange: Option<Result<crate::config::Exchange, String>>,
 }
 
 impl RunIdentity {
@@ -205,7 +206,7 @@ impl RunIdentity {
                 crate::train::recipe::Recipe::of(cfg),
             ),
             routine: Some(crate::train::recipe::Routine::of(cfg)),
-            exchange: Some(cfg.exchange.clone()),
+            exchange: Some(Ok(cfg.exchange.clone())),
         }
     }
 
@@ -381,7 +382,7 @@ impl TrainState {
             if let Some(routine) = &r.routine {
                 routine.write_metadata(&mut m);
             }
-            if let Some(exchange) = &r.exchange {
+            if let Some(Ok(exchange)) = &r.exchange {
                 m.insert("exchange".into(), exchange.to_metadata());
             }
         }
@@ -422,9 +423,7 @@ impl TrainState {
                 routine: crate::train::recipe::Routine::from_metadata(meta).map_err(what)?,
                 exchange: meta
                     .get("exchange")
-                    .map(|e| crate::config::Exchange::from_metadata(e))
-                    .transpose()
-                    .map_err(what)?,
+                    .map(|e| crate::config::Exchange::from_metadata(e)),
             }),
         };
         let fingerprint = meta

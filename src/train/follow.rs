@@ -118,7 +118,9 @@ fn follow_exchange(
     one_process: bool,
     followed: &mut FollowedOptions,
 ) {
-    let exchange = run.exchange.as_ref();
+    // One that does not read back follows nothing: the resume refuses it where it would
+    // (`crate::train::recipe::exchange_refusal`).
+    let exchange = run.exchange.as_ref().and_then(|e| e.as_ref().ok());
     if given.workers.is_none() {
         let workers = match (one_process, exchange) {
             (true, _) => Some(run.world),
@@ -133,8 +135,8 @@ fn follow_exchange(
         }
     }
     if let Some(e) = exchange {
-        let taken = e.lay_under(given, &mut followed.options, |flag, value| {
-            crate::config::Exchange::applies(flag, value, one_process)
+        let taken = e.lay_under(given, &mut followed.options, |group, value| {
+            crate::config::Exchange::applies(group, value, given, one_process)
         });
         followed.taken.extend(taken);
     }
@@ -213,10 +215,12 @@ mod tests {
         let workers = |world: usize, per_process: Option<usize>, one_process: bool| {
             let mut recorded = run("mnist", None, None);
             recorded.world = world;
-            recorded.exchange = per_process.map(|w| crate::config::Exchange {
-                workers: w,
-                comm: Some("ring".into()),
-                ..Default::default()
+            recorded.exchange = per_process.map(|w| {
+                Ok(crate::config::Exchange {
+                    workers: w,
+                    comm: Some("ring".into()),
+                    ..Default::default()
+                })
             });
             let mut followed = FollowedOptions::default();
             follow_exchange(

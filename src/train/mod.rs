@@ -566,14 +566,25 @@ fn follow_resumed_run(
         let run = ck.state.run.as_ref();
         notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));
         let recorded = run.map_or(&recipe::RecordedRecipe::Absent, |r| &r.recipe);
-        let followed = recipe::follow_recipe(cfg, recorded)
-            .map_err(|source| ResumeError::Recipe { path, source })?;
+        let followed =
+            recipe::follow_recipe(cfg, recorded).map_err(|source| ResumeError::Recipe {
+                path: path.clone(),
+                source,
+            })?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
         let routine = recipe::follow_routine(cfg, run.and_then(|r| r.routine));
         notes.extend(routine.notes);
         warnings.extend(routine.warnings);
-        warnings.extend(recipe::powersgd_dropped(cfg, ck.has_powersgd_state()));
+        let exchange = run.and_then(|r| r.exchange.as_ref());
+        let (note, warning) = exchange_record(cfg, run, &path)?;
+        notes.extend(note);
+        warnings.extend(warning);
+        warnings.extend(recipe::powersgd_dropped(
+            cfg,
+            ck.has_powersgd_state(),
+            matches!(exchange, Some(Ok(_))),
+        ));
         notes.extend(
             run.and_then(|r| recipe::workers_changed(cfg, r.world, ck.has_powersgd_state())),
         );
@@ -583,6 +594,45 @@ fn follow_resumed_run(
         cfg.epochs,
     ));
     Ok((notes, warnings))
+}
+
+/// What a resume says of its checkpoint's record of how the run's workers combined
+/// gradients (`config::Exchange`, followed before the options were resolved: `follow.rs`):
+/// a note where there is none (an older checkpoint), and where it does not read back, a
+/// refusal when the resume would have taken from it (not every option given, and no
+/// `--resume-changed`), else a warning. Returns (note, warning).
+fn exchange_record(
+    cfg: &TrainConfig,
+    run: Option<&checkpoint::RunIdentity>,
+    path: &std::path::Path,
+) -> Result<(Option<String>, Option<String>), ResumeError> {
+    let Some(run) = run else {
+        return Ok((None, None));
+    };
+    let every_given = cfg.given.workers && cfg.exchange.is_whole();
+    match &run.exchange {
+        Some(Ok(_)) => Ok((None, None)),
+        Some(Err(why)) if !(cfg.resume_changed || every_given) => Err(ResumeError::Exchange {
+            path: path.to_path_buf(),
+            why: why.clone(),
+        }),
+        Some(Err(why)) => Ok((
+            None,
+            Some(format!(
+                "{why}: the run's workers and communication options are not followed (the \
+                 options given and the defaults are used)"
+            )),
+        )),
+        None => Ok((
+            Some(
+                "the checkpoint records no communication options (an older dptrain wrote \
+                 it): the resumed run takes the flags' (give the run's where they were not \
+                 the defaults)"
+                    .into(),
+            ),
+            None,
+        )),
+    }
 }
 
 /// The checkpoint of `--resume`, read before the data (its input size and evaluation

@@ -353,8 +353,9 @@ fn show(x: f32) -> String {
 /// A warning when the checkpoint holds PowerSGD's error feedback (its run sent gradients
 /// with `--compress powersgd:R`) and this run does not compress so: what that run still owed
 /// the other workers is dropped, and the run is no longer the one the checkpoint was part of.
-/// (With PowerSGD again, the state is restored: `worker::restore_powersgd`.)
-pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
+/// (With PowerSGD again, the state is restored: `worker::restore_powersgd`.) `recorded`:
+/// whether the checkpoint records the run's `--compress` (a resume without it takes it).
+pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool, recorded: bool) -> Option<String> {
     if !has_state {
         return None;
     }
@@ -364,10 +365,20 @@ pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool) -> Option<String> {
         Some(_) => return None,
         None => format!("this run's --compress is {}", cfg.compress),
     };
+    let how = match recorded {
+        true => {
+            "leave out --compress and --workers (a resume takes the run's) or give them as \
+                 it did"
+        }
+        false => {
+            "give the --compress powersgd:R and the workers it ran with (the checkpoint \
+                  does not record them)"
+        }
+    };
     Some(format!(
         "the checkpoint's run sent gradients with --compress powersgd:R and holds its error \
          feedback, and {this_run}: the error feedback is dropped; to continue the run exactly, \
-         leave out --compress and --workers (a resume takes the run's) or give them as it did"
+         {how}"
     ))
 }
 
@@ -382,6 +393,23 @@ pub struct Routine {
     pub test_limit: Option<usize>,
     /// `--commit-every` (0: no commits).
     pub commit_every: usize,
+    /// What the run kept and how often it wrote (`None` in checkpoints written before
+    /// these were recorded): a resume that took the defaults instead would prune the
+    /// checkpoints and commits a run of `--keep-checkpoints 10` kept.
+    pub kept: Option<Kept>,
+}
+
+/// The part of a [`Routine`] that says which files a run writes and keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    /// `--checkpoint-every`.
+    pub checkpoint_every: usize,
+    /// `--keep-checkpoints` (at least 1).
+    pub keep_checkpoints: usize,
+    /// `--keep-commits` (at least 1).
+    pub keep_commits: usize,
+    /// `--log-every`.
+    pub log_every: usize,
 }
 
 impl Routine {
@@ -390,14 +418,26 @@ impl Routine {
         Self {
             test_limit: cfg.test_limit,
             commit_every: cfg.commit_every,
+            kept: Some(Kept {
+                checkpoint_every: cfg.checkpoint_every,
+                keep_checkpoints: cfg.keep_checkpoints,
+                keep_commits: cfg.keep_commits,
+                log_every: cfg.log_every,
+            }),
         }
     }
 
-    /// Adds its metadata entries (`test_limit`, empty for none; `commit_every`) to `meta`.
+    /// Adds its metadata entries (`test_limit`, empty for none; `commit_every`,
+    /// `checkpoint_every`, `keep_checkpoints`, `keep_commits`, `log_every`) to `meta`.
     pub fn write_metadata(&self, meta: &mut HashMap<String, String>) {
         let limit = self.test_limit.map_or_else(String::new, |n| n.to_string());
         meta.insert("test_limit".into(), limit);
         meta.insert("commit_every".into(), self.commit_every.to_string());
+        if let Some(k) = &self.kept {
+            for (key, value) in k.entries() {
+                meta.insert(key.into(), value.to_string());
+            }
+        }
     }
 
     /// The routine recorded in `meta`: `None` when neither key is there (an older
@@ -419,8 +459,88 @@ impl Routine {
         Ok(Some(Self {
             test_limit,
             commit_every,
+            kept: Kept::from_metadata(meta)?,
         }))
     }
+}
+
+impl Kept {
+    /// Its metadata keys, in the order of [`Kept::entries`].
+    const KEYS: [&'static str; 4] = [
+        "checkpoint_every",
+        "keep_checkpoints",
+        "keep_commits",
+        "log_every",
+    ];
+
+    /// Its metadata keys and values.
+    fn entries(&self) -> [(&'static str, usize); 4] {
+        let values = [
+            self.checkpoint_every,
+            self.keep_checkpoints,
+            self.keep_commits,
+            self.log_every,
+        ];
+        std::array::from_fn(|i| (Self::KEYS[i], values[i]))
+    }
+
+    /// Read back from `meta`: `None` where none of its keys is there (a checkpoint written
+    /// before they were recorded); one missing, not a number, or a count to keep of 0, named.
+    fn from_metadata(meta: &HashMap<String, String>) -> Result<Option<Self>, String> {
+        if Self::KEYS.iter().all(|k| !meta.contains_key(*k)) {
+            return Ok(None);
+        }
+        let read = |key: &str, least: usize| {
+            meta.get(key)
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&n| n >= least)
+                .ok_or_else(|| format!("metadata '{key}' missing or not a valid count"))
+        };
+        Ok(Some(Self {
+            checkpoint_every: read("checkpoint_every", 0)?,
+            keep_checkpoints: read("keep_checkpoints", 1)?,
+            keep_commits: read("keep_commits", 1)?,
+            log_every: read("log_every", 0)?,
+        }))
+    }
+}
+
+/// Takes the run's checkpoint cadence, the checkpoints and commits it kept and its log
+/// cadence where they were not given.
+fn take_kept(cfg: &mut TrainConfig, run: &Kept, taken: &mut Vec<String>) {
+    let given = cfg.given;
+    let mut take = |given: bool, now: &mut usize, recorded: usize, flag: &str| {
+        if !given && *now != recorded {
+            *now = recorded;
+            taken.push(format!("{flag} {recorded}"));
+        }
+    };
+    let every = &mut cfg.checkpoint_every;
+    take(
+        given.checkpoint_every,
+        every,
+        run.checkpoint_every,
+        "--checkpoint-every",
+    );
+    let keep = &mut cfg.keep_checkpoints;
+    take(
+        given.keep_checkpoints,
+        keep,
+        run.keep_checkpoints,
+        "--keep-checkpoints",
+    );
+    take(
+        given.keep_commits,
+        &mut cfg.keep_commits,
+        run.keep_commits,
+        "--keep-commits",
+    );
+    take(
+        given.log_every,
+        &mut cfg.log_every,
+        run.log_every,
+        "--log-every",
+    );
 }
 
 /// Takes the checkpoint's run's `--test-limit` and `--commit-every` where they were not given
@@ -449,6 +569,9 @@ pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<Routine>) -> Follo
     if !cfg.given.commit_every && !cfg.no_checkpoints && cfg.commit_every != run.commit_every {
         cfg.commit_every = run.commit_every;
         taken.push(format!("--commit-every {}", run.commit_every));
+    }
+    if let Some(kept) = run.kept {
+        take_kept(cfg, &kept, &mut taken);
     }
     if !taken.is_empty() {
         followed.notes.push(format!(
@@ -525,6 +648,38 @@ mod tests {
         };
         f(&mut o);
         o.resolve().unwrap()
+    }
+
+    #[test]
+    fn what_a_run_kept_reads_back_and_is_followed_unless_given() {
+        let run = config(|o| {
+            o.keep_checkpoints = Some(10);
+            o.keep_commits = Some(4);
+            o.log_every = Some(3);
+        });
+        let mut meta = HashMap::new();
+        Routine::of(&run).write_metadata(&mut meta);
+        let recorded = Routine::from_metadata(&meta).unwrap();
+        assert_eq!(recorded, Some(Routine::of(&run)));
+        // Given --keep-commits wins; the others are the run's.
+        let mut cfg = config(|o| o.keep_commits = Some(1));
+        let followed = follow_routine(&mut cfg, recorded);
+        let kept = (cfg.keep_checkpoints, cfg.keep_commits, cfg.log_every);
+        assert_eq!(kept, (10, 1, 3));
+        assert!(
+            followed.notes[0].contains("--keep-checkpoints 10, --log-every 3"),
+            "{:?}",
+            followed.notes
+        );
+        // A count to keep of 0 does not read back, named; none of the keys: an older
+        // checkpoint's routine, which keeps nothing recorded.
+        meta.insert("keep_checkpoints".into(), "0".into());
+        let err = Routine::from_metadata(&meta).unwrap_err();
+        assert!(err.contains("'keep_checkpoints'"), "{err}");
+        for key in Kept::KEYS {
+            meta.remove(key);
+        }
+        assert_eq!(Routine::from_metadata(&meta).unwrap().unwrap().kept, None);
     }
 
     #[test]
