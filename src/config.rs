@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::plan::CommChoice;
-pub use exchange::{Exchange, Group as ExchangeGroup};
+pub use exchange::{Exchange, Group as ExchangeGroup, TakenGroup};
 
 mod exchange;
 
@@ -130,6 +130,10 @@ pub struct TrainConfig {
     /// The gradient exchange as the options gave it, which checkpoints record for a resume to
     /// follow ([`Exchange`]).
     pub exchange: Exchange,
+    /// Why a resume's checkpoint's record of its run's exchange does not read back, where the
+    /// resume would have taken options from it (`train::follow`); the resume refuses it
+    /// unless `--resume-changed`.
+    pub unread_exchange: Option<String>,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -198,8 +202,6 @@ pub struct TrainConfig {
 pub struct GivenSettings {
     /// `--epochs`.
     pub epochs: bool,
-    /// `--workers`.
-    pub workers: bool,
     /// `--conv-algo`.
     pub conv_algo: bool,
     /// `--lr`.
@@ -231,6 +233,18 @@ pub struct GivenSettings {
 }
 
 impl GivenSettings {
+    /// Whether every setting of a run's routine was given (`--test-limit`,
+    /// `--commit-every`, `--checkpoint-every`, `--keep-checkpoints`, `--keep-commits`,
+    /// `--log-every`): then a resume takes none from its checkpoint.
+    pub fn whole_routine(&self) -> bool {
+        self.test_limit
+            && self.commit_every
+            && self.checkpoint_every
+            && self.keep_checkpoints
+            && self.keep_commits
+            && self.log_every
+    }
+
     /// Whether every setting of a run's recipe was given (then a resume takes none from its
     /// checkpoint).
     pub fn whole_recipe(&self) -> bool {
@@ -447,7 +461,7 @@ pub struct TrainOptions {
     #[arg(long)]
     pub keep_checkpoints: Option<usize>,
     /// Commit a restart point every N steps (`commit-stepN.safetensors`, written in the
-    /// background, the newest two kept), which `--resume` and `dptrain launch` continue from
+    /// background, the newest --keep-commits kept), which `--resume` and `dptrain launch` continue from
     /// exactly; 0 for none [default: 0; resumed: the checkpoint's run's].
     #[arg(long)]
     pub commit_every: Option<usize>,
@@ -467,7 +481,9 @@ pub struct TrainOptions {
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// With --resume: accept a checkpoint whose run had another --dataset, --batch, --seed or
-    /// --train-limit (refused otherwise, since the run would continue under other settings).
+    /// --train-limit (refused otherwise, since the run would continue under other settings),
+    /// or whose record of the options a resume follows does not read back (then the options
+    /// given and the defaults).
     #[arg(long)]
     #[serde(default)]
     pub resume_changed: bool,
@@ -523,7 +539,7 @@ pub struct TrainOptions {
     pub prefetch: Option<usize>,
     /// How 3x3 stride-1 convolutions are computed: direct (im2col + GEMM), winograd or
     /// winograd:4 (F(4x4,3x3)), winograd:2 (F(2x2,3x3)) or auto (Winograd where it measured faster: at
-    /// least 16 channels in and out) [default: auto].
+    /// least 16 channels in and out) [default: auto; resumed: the checkpoint's run's].
     #[arg(long)]
     pub conv_algo: Option<String>,
     /// Training transforms in order: off, or a list of random-resized-crop (optionally
@@ -926,20 +942,13 @@ impl TrainOptions {
             warnings,
             options_from_checkpoint: Vec::new(),
             exchange: Exchange::of(self, workers.workers),
+            unread_exchange: None,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),
             keep_commits: self.keep_commits.unwrap_or(DEFAULT_KEEP_COMMITS),
             launched_by: self.launched_by,
-            heartbeat: self
-                .heartbeat
-                .as_deref()
-                .map(|a| {
-                    a.parse().map_err(|_| {
-                        format!("--heartbeat {a}: give the supervisor's ADDRESS:PORT, e.g. 10.0.0.1:7000")
-                    })
-                })
-                .transpose()?,
+            heartbeat: self.resolve_heartbeat()?,
             no_checkpoints: self.no_checkpoints,
             fault: self
                 .inject_fault
@@ -983,7 +992,6 @@ impl TrainOptions {
     fn given(&self) -> GivenSettings {
         GivenSettings {
             epochs: self.epochs.is_some(),
-            workers: self.workers.is_some(),
             conv_algo: self.conv_algo.is_some(),
             lr: self.lr.is_some(),
             lr_schedule: self.lr_schedule.is_some(),
@@ -999,6 +1007,16 @@ impl TrainOptions {
             keep_commits: self.keep_commits.is_some(),
             log_every: self.log_every.is_some(),
         }
+    }
+
+    /// Where `--heartbeat` sends: `dptrain launch`'s supervisor.
+    fn resolve_heartbeat(&self) -> Result<Option<std::net::SocketAddr>, String> {
+        let Some(a) = self.heartbeat.as_deref() else {
+            return Ok(None);
+        };
+        a.parse().map(Some).map_err(|_| {
+            format!("--heartbeat {a}: give the supervisor's ADDRESS:PORT, e.g. 10.0.0.1:7000")
+        })
     }
 
     /// The model to load and its name (the default run directory's): a model file is parsed

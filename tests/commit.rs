@@ -558,6 +558,38 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
         "overlap",
     ];
     ok(&small(&changed, &given));
+    // --comm shm given: the run's link conflicts with it (shm sends no messages) and is left,
+    // said; the rest is taken.
+    let shm = tmp("exchange-shm");
+    let args = [
+        "--resume",
+        ck1.to_str().unwrap(),
+        "--comm",
+        "shm",
+        "--epochs",
+        "3",
+    ];
+    let mut args = small(&shm, &args);
+    args.retain(|a| a != "--quiet");
+    let said = ok(&args);
+    assert!(
+        said.contains(
+            "not resuming with the checkpoint's run's --link-bandwidth 1Gbit, --link-latency \
+             5us: with the options given, --comm shm"
+        ) && said.contains("resuming the checkpoint's run's --workers 2"),
+        "{said}"
+    );
+    // --link-latency alone: the run's bandwidth is set aside with its group, and the
+    // refusal says so.
+    let latency = ["--resume", ck1.to_str().unwrap(), "--link-latency", "10us"];
+    let o = run(&small(&shm, &latency));
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains("did not take the run's --link-bandwidth 1Gbit, whose group"),
+        "{t}"
+    );
+    std::fs::remove_dir_all(&shm).unwrap();
     // An exchange record edited so that it does not read: eval reads the checkpoint still; a
     // resume, which would follow it, is refused naming the entry, unless --resume-changed.
     let mut bytes = std::fs::read(&ck1).unwrap();
@@ -582,6 +614,25 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
     );
     let said = ok(&small(&refused, &["--resume", &bad, "--resume-changed"]));
     assert!(said.contains("are not followed"), "{said}");
+    // A routine entry edited alike (a count to keep of 0) is judged the same way.
+    let mut bytes = std::fs::read(&ck1).unwrap();
+    let at = bytes
+        .windows(23)
+        .position(|w| w == br#""keep_checkpoints":"10""#)
+        .expect("the routine records the checkpoints kept");
+    bytes[at + 20] = b'0';
+    std::fs::write(changed.join("kept.safetensors"), bytes).unwrap();
+    let kept = changed.join("kept.safetensors").display().to_string();
+    let o = run(&["eval".to_string(), kept.clone()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&small(&refused, &["--resume", &kept, "--overwrite"]));
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains("metadata 'keep_checkpoints' missing or not a valid count")
+            && t.contains("evaluation and checkpoint routine cannot be followed"),
+        "{t}"
+    );
     for d in [straight, alone, changed, refused] {
         std::fs::remove_dir_all(d).unwrap();
     }

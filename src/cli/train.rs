@@ -14,9 +14,10 @@ pub(super) struct TrainCmd {
 }
 
 /// The run the flags and the `--config` file describe; a resume follows its checkpoint's
-/// run's model, data, batch, seed and training limit where neither gives them
+/// run's model, data, batch, seed, training limit and workers where neither gives them
 /// ([`crate::train::follow::follow_run_options`]), and a value so taken that is refused says
-/// where it came from.
+/// where it came from; then each group of its gradient exchange that the options resolve
+/// with ([`take_exchange`]).
 fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     let file = t
         .config
@@ -29,20 +30,85 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     };
     let followed = crate::train::follow::follow_run_options(&given);
     let flags = followed.options.overlaid_with(&t.options);
-    let resolved = match (&t.config, file) {
-        (Some(path), Some(file)) => file.resolve_under(path, &flags),
+    let resolve = |flags: &TrainOptions| match (&t.config, &file) {
+        (Some(path), Some(file)) => file.clone().resolve_under(path, flags),
         _ => flags.resolve(),
     };
-    let mut cfg = resolved.map_err(|e| match followed.taken.is_empty() {
-        true => e,
-        false => format!(
-            "{e} (this resume took {} from the checkpoint's run, as it does for each of \
-             these options not given)",
-            followed.taken.join(", ")
-        ),
-    })?;
-    cfg.options_from_checkpoint = followed.taken;
+    let mut taken = followed.taken;
+    // The run's options set aside with a group the options given hold another of.
+    let aside = format!(
+        "did not take the run's {}, whose group the options given hold another of (give it \
+         too to keep it)",
+        followed.set_aside.join(", ")
+    );
+    let (mut cfg, dropped) =
+        take_exchange(flags, followed.groups, &mut taken, resolve).map_err(|e| {
+            let took = (!taken.is_empty()).then(|| {
+                format!(
+                    "took {} from the checkpoint's run, as it does for each of these options \
+                     not given",
+                    taken.join(", ")
+                )
+            });
+            let set_aside = (!followed.set_aside.is_empty()).then_some(aside.clone());
+            let said: Vec<String> = took.into_iter().chain(set_aside).collect();
+            match said.is_empty() {
+                true => e,
+                false => format!("{e} (this resume {})", said.join("; it ")),
+            }
+        })?;
+    if !followed.set_aside.is_empty() {
+        cfg.warnings.push(format!(
+            "not resuming with the checkpoint's run's {}: the options given hold another \
+             option of its group (give it too to keep it)",
+            followed.set_aside.join(", ")
+        ));
+    }
+    cfg.warnings.extend(dropped);
+    cfg.options_from_checkpoint = taken;
+    cfg.unread_exchange = followed.unread_exchange;
     Ok(cfg)
+}
+
+/// Resolves `flags` with the groups of the checkpoint's run's gradient exchange laid under
+/// them: all at once where they resolve together (a resume of the run's own options), else
+/// one at a time in order, each kept where the options still resolve with it, so a group
+/// that conflicts with an option given (the run's `--compress powersgd:2` under a given
+/// `--comm tree`, its link under `--comm shm`) is left to its default, with a warning
+/// naming why, rather than refuse the resume. The options' own checks decide, so no rule
+/// is written twice. `flags` themselves must resolve; the groups taken are added to
+/// `taken`. Returns the configuration and the warnings.
+fn take_exchange(
+    flags: TrainOptions,
+    groups: Vec<crate::config::TakenGroup>,
+    taken: &mut Vec<String>,
+    resolve: impl Fn(&TrainOptions) -> Result<crate::config::TrainConfig, String>,
+) -> Result<(crate::config::TrainConfig, Vec<String>), String> {
+    let lay = |under: &TrainOptions, flags: &TrainOptions| under.clone().overlaid_with(flags);
+    let all = groups
+        .iter()
+        .fold(flags.clone(), |f, g| lay(&g.options, &f));
+    if let Ok(cfg) = resolve(&all) {
+        taken.extend(groups.into_iter().flat_map(|g| g.flags));
+        return Ok((cfg, Vec::new()));
+    }
+    let mut cfg = resolve(&flags)?;
+    let mut flags = flags;
+    let mut dropped = Vec::new();
+    for group in groups {
+        let with = lay(&group.options, &flags);
+        match resolve(&with) {
+            Ok(c) => {
+                (cfg, flags) = (c, with);
+                taken.extend(group.flags);
+            }
+            Err(e) => dropped.push(format!(
+                "not resuming with the checkpoint's run's {}: with the options given, {e}",
+                group.flags.join(", ")
+            )),
+        }
+    }
+    Ok((cfg, dropped))
 }
 
 /// Trains as the flags (and the `--config` file) say; over MPI this process is one rank.

@@ -38,29 +38,50 @@ macro_rules! exchange_options {
                 Self { workers, $( $field: options.$field.clone(), )* }
             }
 
-            /// The recorded options (but `--workers`) of the groups ([`Group`]) that `given`
-            /// gives none of and `applies` accepts (group, value), set in `into`; returns
-            /// them as flags (`--comm ring`).
-            pub fn lay_under(
+            /// The recorded options (but `--workers`) of each group ([`Group`]) that `given`
+            /// gives none of, where `applies` accepts them (group, value), in the order of
+            /// the list: each group's options set (the others unset) and as flags
+            /// (`--comm ring`).
+            pub fn groups_to_take(
                 &self,
                 given: &TrainOptions,
-                into: &mut TrainOptions,
                 applies: impl Fn(Group, &str) -> bool,
-            ) -> Vec<String> {
-                let mut taken = Vec::new();
+            ) -> Vec<TakenGroup> {
+                let mut groups: Vec<TakenGroup> = Vec::new();
                 $(
                     if let Some(value) = &self.$field {
                         let flag = stringify!($field).replace('_', "-");
                         let text = value.to_string();
-                        if !Self::group_given(given, Group::$group)
-                            && applies(Group::$group, &text)
-                        {
-                            taken.push(format!("--{flag} {text}"));
-                            into.$field = Some(value.clone());
+                        let group = Group::$group;
+                        if !Self::group_given(given, group) && applies(group, &text) {
+                            let at = match groups.iter().position(|g| g.group == group) {
+                                Some(at) => at,
+                                None => {
+                                    groups.push(TakenGroup::new(group));
+                                    groups.len() - 1
+                                }
+                            };
+                            groups[at].flags.push(format!("--{flag} {text}"));
+                            groups[at].options.$field = Some(value.clone());
                         }
                     }
                 )*
-                taken
+                groups
+            }
+
+            /// The recorded options that `given` leaves out but whose group it gives an
+            /// option of, as flags: set aside with their group (to be said).
+            pub fn set_aside(&self, given: &TrainOptions) -> Vec<String> {
+                let mut flags = Vec::new();
+                $(
+                    if let (Some(value), None) = (&self.$field, &given.$field) {
+                        if Self::group_given(given, Group::$group) {
+                            let flag = stringify!($field).replace('_', "-");
+                            flags.push(format!("--{flag} {value}"));
+                        }
+                    }
+                )*
+                flags
             }
 
             /// Whether `given` gives an option of `group`.
@@ -68,13 +89,38 @@ macro_rules! exchange_options {
                 false $( || (Group::$group == group && given.$field.is_some()) )*
             }
 
-            /// Whether every option (but `--workers`) is set: in a run's own exchange, each
-            /// was given, and a resume takes none from its checkpoint's.
-            pub fn is_whole(&self) -> bool {
-                true $( && self.$field.is_some() )*
+            /// Whether `given` gives an option of every group that `applies` to the
+            /// resume, so that it would take nothing from a record (one that does not read
+            /// back, say).
+            pub fn every_group_given(
+                given: &TrainOptions,
+                applies: impl Fn(Group) -> bool,
+            ) -> bool {
+                true $( && (Self::group_given(given, Group::$group) || !applies(Group::$group)) )*
             }
         }
     };
+}
+
+/// The options of one [`Group`] a resume takes from its checkpoint's record.
+#[derive(Debug, Clone)]
+pub struct TakenGroup {
+    /// Which.
+    pub group: Group,
+    /// Its options set, the others unset (to be laid under the given ones).
+    pub options: TrainOptions,
+    /// The same as flags (`--link-bandwidth 1Gbit`), for the notes.
+    pub flags: Vec<String>,
+}
+
+impl TakenGroup {
+    fn new(group: Group) -> Self {
+        Self {
+            group,
+            options: TrainOptions::default(),
+            flags: Vec::new(),
+        }
+    }
 }
 
 /// Options that mean something only together: a resume that gives one of a group takes
@@ -146,19 +192,17 @@ impl Exchange {
             .map_err(|e| format!("metadata 'exchange' does not read back ({e})"))
     }
 
-    /// Whether a recorded option of `group` with `value` means
-    /// something in a resume given `given` (in one process where `one_process`, else over
-    /// MPI): a process's own port and the hierarchy across processes exist only over MPI,
-    /// MPI's all-reduce only there, and memory shared by every worker only in one process;
-    /// and `--comm shm` given has no use for an emulated link or compression (it sends no
-    /// messages). Those are left to the resume's defaults rather than refuse it.
-    pub fn applies(group: Group, value: &str, given: &TrainOptions, one_process: bool) -> bool {
-        let shm_given = given.comm.as_deref() == Some("shm");
-        match group {
-            Group::IntraLink | Group::Hierarchy => !one_process,
-            Group::Link | Group::Compress => !shm_given,
-            Group::Comm if value == "mpi-native" => !one_process,
-            Group::Comm if value == "shm" => one_process,
+    /// Whether a recorded option of `group` (with `value`, where known) means something in
+    /// a resume in one process (`one_process`) or over MPI: a process's own port and the
+    /// hierarchy across processes exist only over MPI, MPI's all-reduce only there, and
+    /// memory shared by every worker only in one process. Those are left to the resume's
+    /// defaults rather than refuse it. (What conflicts with an option the resume gives is
+    /// judged by resolving the options with and without it: `cli::train`.)
+    pub fn applies(group: Group, value: Option<&str>, one_process: bool) -> bool {
+        match (group, value) {
+            (Group::IntraLink | Group::Hierarchy, _) => !one_process,
+            (Group::Comm, Some("mpi-native")) => !one_process,
+            (Group::Comm, Some("shm")) => one_process,
             _ => true,
         }
     }
@@ -189,11 +233,11 @@ mod tests {
         assert!(Exchange::from_metadata(r#"{"workers":2,"threads":"4"}"#).is_err());
 
         let follow = |given: &TrainOptions, one_process: bool| {
-            let mut into = TrainOptions::default();
-            let taken = recorded.lay_under(given, &mut into, |group, value| {
-                Exchange::applies(group, value, given, one_process)
+            let groups = recorded.groups_to_take(given, |group, value| {
+                Exchange::applies(group, Some(value), one_process)
             });
-            (taken, into)
+            let flags: Vec<String> = groups.iter().flat_map(|g| g.flags.clone()).collect();
+            (groups, flags)
         };
         // The given compression wins; one bucket cap given takes neither of the run's, the
         // bandwidth given none neither of its link; the port within a process is not one
@@ -204,14 +248,16 @@ mod tests {
             link_bandwidth: Some("none".into()),
             ..Default::default()
         };
-        let (taken, into) = follow(&given, true);
-        assert_eq!(taken, ["--comm ring"]);
-        assert_eq!(into.comm.as_deref(), Some("ring"));
-        assert_eq!((into.compress, into.first_bucket_kb), (None, None));
-        assert_eq!((into.link_latency, into.intra_bandwidth), (None, None));
-        let (taken, _) = follow(&TrainOptions::default(), false);
+        let (groups, flags) = follow(&given, true);
+        assert_eq!(flags, ["--comm ring"]);
+        let aside = ["--first-bucket-kb 8", "--link-latency 5us"];
+        assert_eq!(recorded.set_aside(&given), aside);
+        assert_eq!(groups[0].group, Group::Comm);
+        assert_eq!(groups[0].options.comm.as_deref(), Some("ring"));
+        assert_eq!(groups[0].options.compress, None);
+        let (groups, flags) = follow(&TrainOptions::default(), false);
         assert_eq!(
-            taken,
+            flags,
             [
                 "--comm ring",
                 "--compress powersgd:2",
@@ -222,18 +268,25 @@ mod tests {
                 "--intra-bandwidth 12GB/s"
             ]
         );
-        // --comm shm given: no link, nothing to compress.
-        let shm = TrainOptions {
-            comm: Some("shm".into()),
-            ..Default::default()
+        // One entry per group, the pair of a group together.
+        let link = groups.iter().find(|g| g.group == Group::Link).unwrap();
+        assert_eq!(link.flags.len(), 2);
+        assert_eq!(groups.len(), 5);
+        assert!(!Exchange::applies(Group::Comm, Some("mpi-native"), true));
+        assert!(!Exchange::applies(Group::Comm, Some("shm"), false));
+        // A resume that gives one option of every group that applies takes nothing.
+        let one_process = |g| Exchange::applies(g, None, true);
+        assert!(!Exchange::every_group_given(&given, one_process));
+        let every = TrainOptions {
+            overlap: Some("on".into()),
+            comm: Some("auto".into()),
+            schedule: Some("overlap".into()),
+            on_nonfinite: Some("stop".into()),
+            ..given
         };
-        assert_eq!(
-            follow(&shm, true).0,
-            ["--bucket-kb 64", "--first-bucket-kb 8"]
-        );
-        let none = TrainOptions::default();
-        assert!(!Exchange::applies(Group::Comm, "mpi-native", &none, true));
-        assert!(!Exchange::applies(Group::Comm, "shm", &none, false));
-        assert!(!Exchange::of(&given, 1).is_whole());
+        assert!(Exchange::every_group_given(&every, one_process));
+        assert!(!Exchange::every_group_given(&every, |g| Exchange::applies(
+            g, None, false
+        )));
     }
 }

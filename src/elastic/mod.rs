@@ -134,11 +134,13 @@ impl Supervisor<'_> {
                     restart_point: restart_point.map(|(p, _)| p),
                 });
             }
-            let resumed_batch = restart_point
-                .as_ref()
-                .and_then(|(_, state)| state.run.as_ref().map(|run| run.batch));
-            let (hosts, spares) =
-                hostfile::split_for_batch(hosts, self.cfg.batch_split(resumed_batch));
+            // What the resumed ranks follow where the train options do not say.
+            let resumed_run = restart_point.as_ref().and_then(|(_, s)| s.run.as_ref());
+            let resumed = resumed_run.map(|run| {
+                let workers = crate::train::follow::followed_workers(run, false);
+                (run.batch, workers)
+            });
+            let (hosts, spares) = hostfile::split_for_batch(hosts, self.cfg.batch_split(resumed));
             if !spares.is_empty() {
                 let names: Vec<&str> = spares.iter().map(|h| h.name.as_str()).collect();
                 (self.say)(&format!(

@@ -131,13 +131,16 @@ impl LaunchConfig {
         Ok(())
     }
 
-    /// The global batch and workers per rank the train options give (where absent, the batch
-    /// of the run resumed, `resumed_batch`, which train follows, else the defaults), or `None`
-    /// when a `--config` file may set them or a value does not parse (train says why).
-    pub fn batch_split(&self, resumed_batch: Option<usize>) -> Option<(usize, usize)> {
+    /// The global batch and workers per rank the train options give (where absent, those of
+    /// the run resumed, `resumed`: its batch and the workers per process a resume over MPI
+    /// takes, `train::follow::followed_workers`, which train follows; else the defaults), or
+    /// `None` when a `--config` file may set them or a value does not parse (train says why).
+    pub fn batch_split(&self, resumed: Option<(usize, Option<usize>)>) -> Option<(usize, usize)> {
         let (mut batch, mut workers) = (
-            resumed_batch.unwrap_or(crate::config::DEFAULT_BATCH),
-            crate::config::DEFAULT_WORKERS,
+            resumed.map_or(crate::config::DEFAULT_BATCH, |(b, _)| b),
+            resumed
+                .and_then(|(_, w)| w)
+                .unwrap_or(crate::config::DEFAULT_WORKERS),
         );
         let mut args = self.train_args.iter();
         while let Some(a) = args.next() {
@@ -188,9 +191,13 @@ mod tests {
         let split = |a: &[&str]| with_train_args(a).batch_split(None);
         assert_eq!(split(&[]), Some((64, 1)));
         // A resume takes its run's batch where --batch is not given; a given one wins.
-        let resumed = |a: &[&str]| with_train_args(a).batch_split(Some(48));
+        let resumed = |a: &[&str]| with_train_args(a).batch_split(Some((48, None)));
         assert_eq!(resumed(&[]), Some((48, 1)));
         assert_eq!(resumed(&["--batch", "96"]), Some((96, 1)));
+        // And its workers per process, where a resume over MPI takes them.
+        let two = |a: &[&str]| with_train_args(a).batch_split(Some((48, Some(2))));
+        assert_eq!(two(&[]), Some((48, 2)));
+        assert_eq!(two(&["--workers", "3"]), Some((48, 3)));
         assert_eq!(split(&["--batch", "96", "--workers=2"]), Some((96, 2)));
         assert_eq!(split(&["--config", "run.toml"]), None);
         assert_eq!(split(&["--batch", "x"]), None);

@@ -172,10 +172,12 @@ pub struct RunIdentity {
     /// checkpoints). Recorded, not compared: a resume follows what it is not given again
     /// ([`crate::train::recipe`]).
     pub recipe: crate::train::recipe::RecordedRecipe,
-    /// How the run evaluated and how often it committed: `--test-limit` (`Some(None)`: the
-    /// whole test split) and `--commit-every` (0: never), key `test_limit` (empty for none) and
-    /// `commit_every`; `None` where not recorded (older checkpoints). Followed like the recipe.
-    pub routine: Option<crate::train::recipe::Routine>,
+    /// How the run evaluated, committed, checkpointed and logged, and what it kept
+    /// ([`crate::train::recipe::Routine`]: keys `test_limit`, empty for none, `commit_every`,
+    /// `checkpoint_every`, `keep_checkpoints`, `keep_commits`, `log_every`); `None` where not
+    /// recorded (older checkpoints), why where it does not read back (refusing only a resume
+    /// that would follow it). Followed like the recipe.
+    pub routine: Option<Result<crate::train::recipe::Routine, String>>,
     /// How the run's workers combined their gradients, as its options gave it (key
     /// `exchange`, JSON; `None` in older checkpoints; an entry that does not read back, why,
     /// which refuses only a resume that would follow it). Recorded, not compared: a resume
@@ -205,7 +207,7 @@ impl RunIdentity {
             recipe: crate::train::recipe::RecordedRecipe::Recorded(
                 crate::train::recipe::Recipe::of(cfg),
             ),
-            routine: Some(crate::train::recipe::Routine::of(cfg)),
+            routine: Some(Ok(crate::train::recipe::Routine::of(cfg))),
             exchange: Some(Ok(cfg.exchange.clone())),
         }
     }
@@ -379,7 +381,7 @@ impl TrainState {
             if let crate::train::recipe::RecordedRecipe::Recorded(recipe) = &r.recipe {
                 recipe.write_metadata(&mut m);
             }
-            if let Some(routine) = &r.routine {
+            if let Some(Ok(routine)) = &r.routine {
                 routine.write_metadata(&mut m);
             }
             if let Some(Ok(exchange)) = &r.exchange {
@@ -420,7 +422,7 @@ impl TrainState {
                     Some(_) => Some(num("epochs")?),
                 },
                 recipe: crate::train::recipe::Recipe::from_metadata(meta),
-                routine: crate::train::recipe::Routine::from_metadata(meta).map_err(what)?,
+                routine: crate::train::recipe::Routine::from_metadata(meta).transpose(),
                 exchange: meta
                     .get("exchange")
                     .map(|e| crate::config::Exchange::from_metadata(e)),

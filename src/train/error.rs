@@ -322,20 +322,22 @@ pub enum ResumeError {
         /// Why.
         source: super::recipe::RecipeRefusal,
     },
-    /// The checkpoint's record of how its run's workers combined gradients
-    /// ([`crate::config::Exchange`]) does not read back, and the resume would take options
-    /// from it.
+    /// A record of the checkpoint's run that a resume follows (its gradient exchange,
+    /// [`crate::config::Exchange`], or its routine, [`super::recipe::Routine`]) does not read
+    /// back, and the resume would take options from it.
     #[error(
         "--resume {}: {why} (its metadata was changed, or a newer dptrain wrote it), so the \
-         run's workers and communication options cannot be followed; resume from another \
-         checkpoint of the run, give --resume-changed to resume on the options given and \
-         the defaults, or start a new run from its weights with --weights",
+         run's {record} cannot be followed; resume from another checkpoint of the run, give \
+         --resume-changed to resume on the options given and the defaults, or start a new \
+         run from its weights with --weights",
         path.display()
     )]
-    Exchange {
+    UnreadableRecord {
         /// The checkpoint.
         path: PathBuf,
-        /// Why the record does not read.
+        /// What the record holds, as the message names it.
+        record: &'static str,
+        /// Why it does not read.
         why: String,
     },
     /// `--resume-changed` from a commit inside an epoch: its position in the epoch belongs to

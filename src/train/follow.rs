@@ -1,6 +1,7 @@
 //! The options that make a run the run it is (its model, dataset, global batch, seed and
-//! training limit, its workers and how they combine gradients), taken from the checkpoint a resume names where the options leave them out,
-//! before the options are resolved: `--resume CK` alone continues the run that wrote CK.
+//! training limit, its workers and how they combine gradients), taken from the checkpoint
+//! a resume names where the options leave them out, before the options are resolved:
+//! `--resume CK` alone continues the run that wrote CK.
 //! The recipe and routine are followed after, on the resolved configuration
 //! ([`super::recipe`]); the input size and normalisation in [`super::inputs`].
 
@@ -15,11 +16,21 @@ pub struct FollowedOptions {
     pub options: TrainOptions,
     /// Each taken value that differs from the option's default, as its flag (`--batch 32`).
     pub taken: Vec<String>,
+    /// The groups of the run's gradient exchange to take, each where the options resolve
+    /// with it (`cli::train`), in order.
+    pub groups: Vec<crate::config::TakenGroup>,
+    /// Why the run's record of its gradient exchange does not read back, where the resume
+    /// would have taken from it.
+    pub unread_exchange: Option<String>,
+    /// The run's options not taken because the options given hold another of their group
+    /// (`--link-bandwidth 1Gbit` where `--link-latency` is given), as flags.
+    pub set_aside: Vec<String>,
 }
 
 /// What a resume takes from its checkpoint's run where neither the command line nor a config
 /// file (`given`, the two laid together) says: the model, the dataset and its directory, the
-/// global batch, the seed and the training limit. These decide the run's data order and
+/// global batch, the seed, the training limit and the workers, and the groups of its
+/// gradient exchange to try (`follow_exchange`). These decide the run's data order and
 /// steps, so a resume under others is another run ([`crate::train::check_resume`] refuses
 /// it); followed, `--resume CK` alone continues the run of any model on any data that wrote
 /// CK. Read from the checkpoint's header alone, before the options are resolved, so that a
@@ -105,40 +116,59 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     followed
 }
 
-/// Takes the run's workers and how they combined their gradients
-/// ([`crate::config::Exchange`]) where `given` leaves them out: in one process, as many
-/// workers as the whole run had; over MPI, as many per process as its processes had, where
-/// it ran several (a run of one process says nothing of how many ranks now share its
-/// workers). Options that mean nothing in the resume's transport are left to its defaults
-/// ([`crate::config::Exchange::applies`]). A run recorded before the exchange was gives its
-/// worker count alone.
+/// Takes the run's workers where `given` leaves them out ([`followed_workers`]), and sets
+/// aside the groups of its record of how they combined gradients
+/// ([`crate::config::Exchange`]) that `given` gives none of and that mean something in the
+/// resume's transport ([`crate::config::Exchange::applies`]), for `cli::train` to take each
+/// that the options resolve with. A record that does not read back is taken nothing from;
+/// where the resume would have taken from it, `unread_exchange` says why, and the resume
+/// refuses it (`crate::config::TrainConfig::unread_exchange`).
 fn follow_exchange(
     given: &TrainOptions,
     run: &crate::train::checkpoint::RunIdentity,
     one_process: bool,
     followed: &mut FollowedOptions,
 ) {
-    // One that does not read back follows nothing: the resume refuses it where it would
-    // (`crate::train::recipe::exchange_refusal`).
-    let exchange = run.exchange.as_ref().and_then(|e| e.as_ref().ok());
     if given.workers.is_none() {
-        let workers = match (one_process, exchange) {
-            (true, _) => Some(run.world),
-            (false, Some(e)) if run.world > e.workers => Some(e.workers),
-            (false, _) => None,
-        };
-        if let Some(w) = workers {
+        if let Some(w) = followed_workers(run, one_process) {
             if w != crate::config::DEFAULT_WORKERS {
                 followed.taken.push(format!("--workers {w}"));
             }
             followed.options.workers = Some(w);
         }
     }
-    if let Some(e) = exchange {
-        let taken = e.lay_under(given, &mut followed.options, |group, value| {
-            crate::config::Exchange::applies(group, value, given, one_process)
-        });
-        followed.taken.extend(taken);
+    use crate::config::Exchange;
+    match &run.exchange {
+        Some(Ok(e)) => {
+            followed.groups = e.groups_to_take(given, |group, value| {
+                Exchange::applies(group, Some(value), one_process)
+            });
+            followed.set_aside = e.set_aside(given);
+        }
+        Some(Err(why)) => {
+            let applies = |group| Exchange::applies(group, None, one_process);
+            let workers_needed = !one_process && given.workers.is_none();
+            if workers_needed || !Exchange::every_group_given(given, applies) {
+                followed.unread_exchange = Some(why.clone());
+            }
+        }
+        None => {}
+    }
+}
+
+/// The `--workers` a resume not given them takes from the checkpoint's run (`run`): in one
+/// process, as many as the whole run had (its `world`); over MPI, as many per process as
+/// its processes had, where it ran several (a run of one process says nothing of how many
+/// ranks now share its workers) and its record reads. `dptrain launch` splits its hosts
+/// for the same count.
+pub fn followed_workers(
+    run: &crate::train::checkpoint::RunIdentity,
+    one_process: bool,
+) -> Option<usize> {
+    match (one_process, &run.exchange) {
+        (true, _) => Some(run.world),
+        (false, Some(Ok(e))) if run.world > e.workers => Some(e.workers),
+        (false, _) => None,
     }
 }
 
@@ -229,7 +259,8 @@ mod tests {
                 one_process,
                 &mut followed,
             );
-            (followed.options.workers, followed.options.comm)
+            let comm = followed.groups.first().and_then(|g| g.options.comm.clone());
+            (followed.options.workers, comm)
         };
         let ring = Some("ring".to_string());
         // In one process: the whole run's workers, from a run of one process or several.

@@ -345,6 +345,7 @@ pub fn train_in(
             resumed: run.cfg.resume.clone(),
             run_dir_given: run.cfg.run_dir_given,
             writes_checkpoints: !run.cfg.no_checkpoints,
+            processes: run.cfg.processes,
         };
         crate::interrupt::say_on_signal(move || Some(continuation.line()))
     });
@@ -573,17 +574,20 @@ fn follow_resumed_run(
             })?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
-        let routine = recipe::follow_routine(cfg, run.and_then(|r| r.routine));
+        let routine = readable_routine(cfg, run, &path)?;
+        warnings.extend(routine.1);
+        let routine = recipe::follow_routine(cfg, routine.0);
         notes.extend(routine.notes);
         warnings.extend(routine.warnings);
-        let exchange = run.and_then(|r| r.exchange.as_ref());
-        let (note, warning) = exchange_record(cfg, run, &path)?;
-        notes.extend(note);
-        warnings.extend(warning);
+        let exchange = judge_exchange_record(cfg, run, &path)?;
+        notes.extend(exchange.notes);
+        warnings.extend(exchange.warnings);
+        let recorded_compress =
+            run.and_then(|r| r.exchange.as_ref()?.as_ref().ok()?.compress.as_deref());
         warnings.extend(recipe::powersgd_dropped(
             cfg,
             ck.has_powersgd_state(),
-            matches!(exchange, Some(Ok(_))),
+            recorded_compress,
         ));
         notes.extend(
             run.and_then(|r| recipe::workers_changed(cfg, r.world, ck.has_powersgd_state())),
@@ -596,43 +600,65 @@ fn follow_resumed_run(
     Ok((notes, warnings))
 }
 
-/// What a resume says of its checkpoint's record of how the run's workers combined
-/// gradients (`config::Exchange`, followed before the options were resolved: `follow.rs`):
-/// a note where there is none (an older checkpoint), and where it does not read back, a
-/// refusal when the resume would have taken from it (not every option given, and no
-/// `--resume-changed`), else a warning. Returns (note, warning).
-fn exchange_record(
+/// The checkpoint's run's routine ([`recipe::Routine`]) where it reads back; where it does
+/// not, a refusal if the resume would take from it (not every option of it given, and no
+/// `--resume-changed`), else none and a warning.
+fn readable_routine(
     cfg: &TrainConfig,
     run: Option<&checkpoint::RunIdentity>,
     path: &std::path::Path,
-) -> Result<(Option<String>, Option<String>), ResumeError> {
-    let Some(run) = run else {
-        return Ok((None, None));
-    };
-    let every_given = cfg.given.workers && cfg.exchange.is_whole();
-    match &run.exchange {
-        Some(Ok(_)) => Ok((None, None)),
-        Some(Err(why)) if !(cfg.resume_changed || every_given) => Err(ResumeError::Exchange {
-            path: path.to_path_buf(),
-            why: why.clone(),
-        }),
+) -> Result<(Option<recipe::Routine>, Option<String>), ResumeError> {
+    match run.and_then(|r| r.routine.clone()) {
+        Some(Ok(routine)) => Ok((Some(routine), None)),
+        Some(Err(why)) if !cfg.resume_changed && !cfg.given.whole_routine() => {
+            Err(ResumeError::UnreadableRecord {
+                path: path.to_path_buf(),
+                record: "evaluation and checkpoint routine",
+                why,
+            })
+        }
         Some(Err(why)) => Ok((
             None,
             Some(format!(
-                "{why}: the run's workers and communication options are not followed (the \
+                "{why}: the run's evaluation and checkpoint routine is not followed (the \
                  options given and the defaults are used)"
             )),
         )),
-        None => Ok((
-            Some(
-                "the checkpoint records no communication options (an older dptrain wrote \
-                 it): the resumed run takes the flags' (give the run's where they were not \
-                 the defaults)"
-                    .into(),
-            ),
-            None,
-        )),
+        None => Ok((None, None)),
     }
+}
+
+/// What a resume says of its checkpoint's record of how the run's workers combined
+/// gradients (`config::Exchange`, followed before the options were resolved: `follow.rs`):
+/// a note where there is none (an older checkpoint); where it does not read back and the
+/// resume would have taken from it, a refusal, or under `--resume-changed` a warning.
+fn judge_exchange_record(
+    cfg: &TrainConfig,
+    run: Option<&checkpoint::RunIdentity>,
+    path: &std::path::Path,
+) -> Result<recipe::Followed, ResumeError> {
+    let mut followed = recipe::Followed::default();
+    match (run, &cfg.unread_exchange) {
+        (_, Some(why)) if !cfg.resume_changed => {
+            return Err(ResumeError::UnreadableRecord {
+                path: path.to_path_buf(),
+                record: "communication options",
+                why: why.clone(),
+            })
+        }
+        (_, Some(why)) => followed.warnings.push(format!(
+            "{why}: the run's communication options are not followed (the options given and \
+             the defaults are used)"
+        )),
+        (Some(run), None) if run.exchange.is_none() => followed.notes.push(
+            "the checkpoint records no communication options (an older dptrain wrote it): \
+             the resumed run takes the flags' (give the run's where they were not the \
+             defaults)"
+                .into(),
+        ),
+        _ => {}
+    }
+    Ok(followed)
 }
 
 /// The checkpoint of `--resume`, read before the data (its input size and evaluation

@@ -354,8 +354,12 @@ fn show(x: f32) -> String {
 /// with `--compress powersgd:R`) and this run does not compress so: what that run still owed
 /// the other workers is dropped, and the run is no longer the one the checkpoint was part of.
 /// (With PowerSGD again, the state is restored: `worker::restore_powersgd`.) `recorded`:
-/// whether the checkpoint records the run's `--compress` (a resume without it takes it).
-pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool, recorded: bool) -> Option<String> {
+/// the run's `--compress` where its checkpoint records it.
+pub fn powersgd_dropped(
+    cfg: &TrainConfig,
+    has_state: bool,
+    recorded: Option<&str>,
+) -> Option<String> {
     if !has_state {
         return None;
     }
@@ -365,20 +369,11 @@ pub fn powersgd_dropped(cfg: &TrainConfig, has_state: bool, recorded: bool) -> O
         Some(_) => return None,
         None => format!("this run's --compress is {}", cfg.compress),
     };
-    let how = match recorded {
-        true => {
-            "leave out --compress and --workers (a resume takes the run's) or give them as \
-                 it did"
-        }
-        false => {
-            "give the --compress powersgd:R and the workers it ran with (the checkpoint \
-                  does not record them)"
-        }
-    };
+    let compress = recorded.unwrap_or("powersgd:R");
     Some(format!(
-        "the checkpoint's run sent gradients with --compress powersgd:R and holds its error \
+        "the checkpoint's run sent gradients with --compress {compress} and holds its error \
          feedback, and {this_run}: the error feedback is dropped; to continue the run exactly, \
-         {how}"
+         resume with --compress {compress} on the workers it ran with"
     ))
 }
 
@@ -508,44 +503,28 @@ impl Kept {
 /// Takes the run's checkpoint cadence, the checkpoints and commits it kept and its log
 /// cadence where they were not given.
 fn take_kept(cfg: &mut TrainConfig, run: &Kept, taken: &mut Vec<String>) {
+    // Not where this run writes no checkpoints, nor what it keeps of commits it makes none of.
+    let writes = !cfg.no_checkpoints;
+    let commits = writes && cfg.commit_every > 0;
     let given = cfg.given;
-    let mut take = |given: bool, now: &mut usize, recorded: usize, flag: &str| {
-        if !given && *now != recorded {
+    let followed = [
+        (writes && !given.checkpoint_every, &mut cfg.checkpoint_every),
+        (writes && !given.keep_checkpoints, &mut cfg.keep_checkpoints),
+        (commits && !given.keep_commits, &mut cfg.keep_commits),
+        (!given.log_every, &mut cfg.log_every),
+    ];
+    for ((follow, now), (key, recorded)) in followed.into_iter().zip(run.entries()) {
+        if follow && *now != recorded {
             *now = recorded;
-            taken.push(format!("{flag} {recorded}"));
+            taken.push(format!("--{} {recorded}", key.replace('_', "-")));
         }
-    };
-    let every = &mut cfg.checkpoint_every;
-    take(
-        given.checkpoint_every,
-        every,
-        run.checkpoint_every,
-        "--checkpoint-every",
-    );
-    let keep = &mut cfg.keep_checkpoints;
-    take(
-        given.keep_checkpoints,
-        keep,
-        run.keep_checkpoints,
-        "--keep-checkpoints",
-    );
-    take(
-        given.keep_commits,
-        &mut cfg.keep_commits,
-        run.keep_commits,
-        "--keep-commits",
-    );
-    take(
-        given.log_every,
-        &mut cfg.log_every,
-        run.log_every,
-        "--log-every",
-    );
+    }
 }
 
-/// Takes the checkpoint's run's `--test-limit` and `--commit-every` where they were not given
-/// (a note lists those that differ from this run's); a given test limit other than the run's
-/// is warned about, since the run's epochs are then evaluated on two numbers of images.
+/// Takes the checkpoint's run's `--test-limit`, `--commit-every` and what it kept ([`Kept`])
+/// where they were not given (a note lists those that differ from this run's); a given test
+/// limit other than the run's is warned about, since the run's epochs are then evaluated on
+/// two numbers of images.
 pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<Routine>) -> Followed {
     let mut followed = Followed::default();
     let Some(run) = recorded else {

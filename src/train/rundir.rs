@@ -200,6 +200,9 @@ pub struct Continuation {
     pub run_dir_given: bool,
     /// Whether the run writes checkpoints (not under `--no-checkpoints`).
     pub writes_checkpoints: bool,
+    /// The run's MPI processes (1: one process), which a resume needs as many of to continue
+    /// as the same run.
+    pub processes: usize,
 }
 
 impl Continuation {
@@ -207,10 +210,14 @@ impl Continuation {
     /// point (chosen by the headers alone: the process is ending, and reads no whole
     /// checkpoint), else the checkpoint it resumed from, else that nothing resumes it yet.
     pub fn line(&self) -> String {
+        let train = match self.processes {
+            1 => "dptrain train".to_string(),
+            n => format!("mpirun -np {n} dptrain train --transport mpi"),
+        };
         if let Some((path, state)) = restart_points(&self.run_dir).into_iter().next() {
             return format!(
-                "interrupted; `dptrain train --resume {}` resumes the run from its newest \
-                 restart point ({} done, {} into the next epoch)",
+                "interrupted; `{train} --resume {}` resumes the run from its newest restart \
+                 point ({} done, {} into the next epoch)",
                 crate::terminal::shell_quoted(&path),
                 crate::terminal::counted(state.epoch, "epoch"),
                 crate::terminal::counted(state.step_in_epoch, "step"),
@@ -225,7 +232,7 @@ impl Continuation {
                 false => String::new(),
             };
             return format!(
-                "interrupted before its first restart point in {}: `dptrain train --resume \
+                "interrupted before its first restart point in {}: `{train} --resume \
                  {}{run_dir}` resumes the run from where this one started",
                 crate::terminal::one_line(&self.run_dir),
                 crate::terminal::shell_quoted(resumed),
@@ -763,6 +770,27 @@ pub fn check_trace_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_interrupted_run_of_several_processes_is_resumed_under_mpirun() {
+        let tmp = tempfile::tempdir().unwrap();
+        let continuation = |processes| Continuation {
+            run_dir: tmp.path().to_path_buf(),
+            resumed: Some(PathBuf::from("old/ck.safetensors")),
+            run_dir_given: false,
+            writes_checkpoints: true,
+            processes,
+        };
+        let over_mpi = continuation(2).line();
+        assert!(
+            over_mpi.contains(
+                "`mpirun -np 2 dptrain train --transport mpi --resume old/ck.safetensors`"
+            ),
+            "{over_mpi}"
+        );
+        let here = continuation(1).line();
+        assert!(here.contains("`dptrain train --resume old/ck"), "{here}");
+    }
 
     #[test]
     fn a_run_directory_another_run_holds_is_never_removed_with_a_refused_runs_own() {
