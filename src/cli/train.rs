@@ -36,11 +36,13 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     };
     let mut taken = followed.taken;
     // The run's options set aside with a group the options given hold another of.
-    let aside = format!(
-        "did not take the run's {}, whose group the options given hold another of (give it \
-         too to keep it)",
-        followed.set_aside.join(", ")
-    );
+    let aside = (!followed.set_aside.is_empty()).then(|| {
+        format!(
+            "the run's {}, whose group the options given hold another of (give it too to keep \
+             it)",
+            followed.set_aside.join(", ")
+        )
+    });
     let (mut cfg, dropped) =
         take_exchange(flags, followed.groups, &mut taken, resolve).map_err(|e| {
             let took = (!taken.is_empty()).then(|| {
@@ -50,20 +52,15 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
                     taken.join(", ")
                 )
             });
-            let set_aside = (!followed.set_aside.is_empty()).then_some(aside.clone());
+            let set_aside = aside.as_ref().map(|a| format!("did not take {a}"));
             let said: Vec<String> = took.into_iter().chain(set_aside).collect();
             match said.is_empty() {
                 true => e,
                 false => format!("{e} (this resume {})", said.join("; it ")),
             }
         })?;
-    if !followed.set_aside.is_empty() {
-        cfg.warnings.push(format!(
-            "not resuming with the checkpoint's run's {}: the options given hold another \
-             option of its group (give it too to keep it)",
-            followed.set_aside.join(", ")
-        ));
-    }
+    cfg.warnings
+        .extend(aside.map(|a| format!("not resuming with {a}")));
     cfg.warnings.extend(dropped);
     cfg.options_from_checkpoint = taken;
     cfg.unread_exchange = followed.unread_exchange;

@@ -601,8 +601,8 @@ fn follow_resumed_run(
 }
 
 /// The checkpoint's run's routine ([`recipe::Routine`]) where it reads back; where it does
-/// not, a refusal if the resume would take from it (not every option of it given, and no
-/// `--resume-changed`), else none and a warning.
+/// not, [`unread_record`] judges it (the resume would take from it unless every option of it
+/// is given). Returns the routine and the warning.
 fn readable_routine(
     cfg: &TrainConfig,
     run: Option<&checkpoint::RunIdentity>,
@@ -610,20 +610,11 @@ fn readable_routine(
 ) -> Result<(Option<recipe::Routine>, Option<String>), ResumeError> {
     match run.and_then(|r| r.routine.clone()) {
         Some(Ok(routine)) => Ok((Some(routine), None)),
-        Some(Err(why)) if !cfg.resume_changed && !cfg.given.whole_routine() => {
-            Err(ResumeError::UnreadableRecord {
-                path: path.to_path_buf(),
-                record: "evaluation and checkpoint routine",
-                why,
-            })
+        Some(Err(why)) => {
+            let record = "evaluation and checkpoint routine";
+            let takes = !cfg.given.whole_routine();
+            Ok((None, Some(unread_record(cfg, path, record, why, takes)?)))
         }
-        Some(Err(why)) => Ok((
-            None,
-            Some(format!(
-                "{why}: the run's evaluation and checkpoint routine is not followed (the \
-                 options given and the defaults are used)"
-            )),
-        )),
         None => Ok((None, None)),
     }
 }
@@ -631,7 +622,7 @@ fn readable_routine(
 /// What a resume says of its checkpoint's record of how the run's workers combined
 /// gradients (`config::Exchange`, followed before the options were resolved: `follow.rs`):
 /// a note where there is none (an older checkpoint); where it does not read back and the
-/// resume would have taken from it, a refusal, or under `--resume-changed` a warning.
+/// resume would have taken from it, [`unread_record`]'s judgement.
 fn judge_exchange_record(
     cfg: &TrainConfig,
     run: Option<&checkpoint::RunIdentity>,
@@ -639,17 +630,12 @@ fn judge_exchange_record(
 ) -> Result<recipe::Followed, ResumeError> {
     let mut followed = recipe::Followed::default();
     match (run, &cfg.unread_exchange) {
-        (_, Some(why)) if !cfg.resume_changed => {
-            return Err(ResumeError::UnreadableRecord {
-                path: path.to_path_buf(),
-                record: "communication options",
-                why: why.clone(),
-            })
+        (_, Some(why)) => {
+            let record = "communication options";
+            // Set only where the resume would have taken from it (`follow.rs`).
+            let warning = unread_record(cfg, path, record, why.clone(), true)?;
+            followed.warnings.push(warning);
         }
-        (_, Some(why)) => followed.warnings.push(format!(
-            "{why}: the run's communication options are not followed (the options given and \
-             the defaults are used)"
-        )),
         (Some(run), None) if run.exchange.is_none() => followed.notes.push(
             "the checkpoint records no communication options (an older dptrain wrote it): \
              the resumed run takes the flags' (give the run's where they were not the \
@@ -659,6 +645,31 @@ fn judge_exchange_record(
         _ => {}
     }
     Ok(followed)
+}
+
+/// A record of the checkpoint's run (`record`, as the messages name it) that does not read
+/// back (`why`): refused, naming the ways out, where the resume would take options from it
+/// (`takes`) and is not under `--resume-changed`; else the warning that the options given
+/// and the defaults are used.
+fn unread_record(
+    cfg: &TrainConfig,
+    path: &std::path::Path,
+    record: &'static str,
+    why: String,
+    takes: bool,
+) -> Result<String, ResumeError> {
+    match takes && !cfg.resume_changed {
+        true => Err(ResumeError::UnreadableRecord {
+            path: path.to_path_buf(),
+            record,
+            why,
+        }),
+        false => Ok(format!(
+            "{why}: the run's {record} {} not followed (the options given and the defaults \
+             are used)",
+            if record.ends_with('s') { "are" } else { "is" }
+        )),
+    }
 }
 
 /// The checkpoint of `--resume`, read before the data (its input size and evaluation

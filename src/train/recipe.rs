@@ -633,6 +633,7 @@ mod tests {
     fn what_a_run_kept_reads_back_and_is_followed_unless_given() {
         let run = config(|o| {
             o.keep_checkpoints = Some(10);
+            o.commit_every = Some(5);
             o.keep_commits = Some(4);
             o.log_every = Some(3);
         });
@@ -640,11 +641,22 @@ mod tests {
         Routine::of(&run).write_metadata(&mut meta);
         let recorded = Routine::from_metadata(&meta).unwrap();
         assert_eq!(recorded, Some(Routine::of(&run)));
-        // Given --keep-commits wins; the others are the run's.
+        // Given --keep-commits wins (the run's commits are followed, so its keep count would
+        // be too); the others are the run's.
         let mut cfg = config(|o| o.keep_commits = Some(1));
         let followed = follow_routine(&mut cfg, recorded);
         let kept = (cfg.keep_checkpoints, cfg.keep_commits, cfg.log_every);
-        assert_eq!(kept, (10, 1, 3));
+        assert_eq!((cfg.commit_every, kept), (5, (10, 1, 3)));
+        let mut cfg = config(|_| {});
+        follow_routine(&mut cfg, recorded);
+        assert_eq!(cfg.keep_commits, 4);
+        // Under --no-checkpoints, nothing of what the run wrote or kept.
+        let mut cfg = config(|o| o.no_checkpoints = true);
+        follow_routine(&mut cfg, recorded);
+        assert_eq!(
+            (cfg.keep_checkpoints, cfg.keep_commits, cfg.log_every),
+            (2, 2, 3)
+        );
         assert!(
             followed.notes[0].contains("--keep-checkpoints 10, --log-every 3"),
             "{:?}",
