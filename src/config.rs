@@ -130,10 +130,10 @@ pub struct TrainConfig {
     /// The gradient exchange as the options gave it, which checkpoints record for a resume to
     /// follow ([`Exchange`]).
     pub exchange: Exchange,
-    /// Why a resume's checkpoint's record of its run's exchange does not read back, where the
-    /// resume would have taken options from it (`train::follow`); the resume refuses it
-    /// unless `--resume-changed`.
-    pub unread_exchange: Option<String>,
+    /// Whether a resume would have taken options from its checkpoint's record of its run's
+    /// exchange, which does not read back (judged before the options resolved:
+    /// `train::follow`); the resume refuses it unless `--resume-changed`.
+    pub takes_unread_exchange: bool,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -942,7 +942,7 @@ impl TrainOptions {
             warnings,
             options_from_checkpoint: Vec::new(),
             exchange: Exchange::of(self, workers.workers),
-            unread_exchange: None,
+            takes_unread_exchange: false,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),

@@ -613,7 +613,10 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
         "{t}"
     );
     let said = ok(&small(&refused, &["--resume", &bad, "--resume-changed"]));
-    assert!(said.contains("are not followed"), "{said}");
+    assert!(
+        said.contains("not following the run's communication options"),
+        "{said}"
+    );
     // A routine entry edited alike (a count to keep of 0) is judged the same way.
     let mut bytes = std::fs::read(&ck1).unwrap();
     let at = bytes
@@ -630,7 +633,7 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
     assert!(
         !o.status.success()
             && t.contains("metadata 'keep_checkpoints' missing or not a valid count")
-            && t.contains("evaluation and checkpoint routine cannot be followed"),
+            && t.contains("evaluation, checkpoint and log routine cannot be followed"),
         "{t}"
     );
     for d in [straight, alone, changed, refused] {

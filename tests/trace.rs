@@ -434,6 +434,46 @@ fn warnings_met_during_the_run_are_in_the_json_done_line() {
     assert!(stderr.contains("past the resumed step"), "{stderr}");
 }
 
+/// A resume into a copy of the run's directory (`cp -r run copy; --resume run/ck --run-dir
+/// copy`) supersedes the copy's metrics past the resumed step as its own directory's are:
+/// each epoch once, not the abandoned lines followed by the redone ones.
+#[test]
+fn a_resume_into_a_copy_of_its_runs_directory_writes_each_epoch_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, copy) = (tmp.path().join("run"), tmp.path().join("copy"));
+    let train = |dir: &std::path::Path, extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+            .args(["train", "--dataset", "synthetic", "--epochs", "2"])
+            .args(["--train-limit", "64", "--test-limit", "32", "--batch", "16"])
+            .args(["--threads", "1", "--quiet", "--run-dir"])
+            .arg(dir)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    train(&run, &[]);
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&run).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+    }
+    let first = run.join("checkpoint-epoch0001.safetensors");
+    let stderr = train(&copy, &["--resume", first.to_str().unwrap()]);
+    assert!(stderr.contains("past the resumed step"), "{stderr}");
+    let epochs: Vec<u64> = std::fs::read_to_string(copy.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["kind"] == "epoch")
+        .map(|v| v["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, [1, 2]);
+}
+
 #[test]
 fn a_trace_window_that_misses_the_run_is_refused_before_training() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

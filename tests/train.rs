@@ -417,10 +417,25 @@ fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
     .to_string();
     assert!(
         err.contains(
-            "the recipe the checkpoint records cannot be followed: metadata 'momentum' \
-                      must be in [0, 1), not 1.5"
-        ),
+            "metadata 'momentum' must be in [0, 1), not 1.5 (its metadata was changed, or a \
+             newer dptrain wrote it), so the run's learning rate, schedule, SGD settings and \
+             augmentation cannot be followed"
+        ) && err.contains("give each of its options (--lr, --lr-schedule,"),
         "{err}"
+    );
+    // --resume-changed resumes it on the options given and the defaults, as it does an
+    // unreadable routine or exchange (it refused before the three records were judged alike).
+    resume("edited-changed", &|o| {
+        o.resume = Some(bad.clone());
+        o.resume_changed = true;
+    });
+    let said_now = said.borrow().join("\n");
+    assert!(
+        said_now.contains(
+            "not 1.5: not following the run's learning rate, schedule, SGD settings and \
+             augmentation"
+        ),
+        "{said_now}"
     );
 }
 

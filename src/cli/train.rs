@@ -63,7 +63,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
         .extend(aside.map(|a| format!("not resuming with {a}")));
     cfg.warnings.extend(dropped);
     cfg.options_from_checkpoint = taken;
-    cfg.unread_exchange = followed.unread_exchange;
+    cfg.takes_unread_exchange = followed.takes_unread_exchange;
     Ok(cfg)
 }
 

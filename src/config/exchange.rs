@@ -186,10 +186,19 @@ impl Exchange {
         serde_json::to_string(self).expect("an Exchange is plain strings and numbers")
     }
 
-    /// Reads the metadata entry back; what does not read (an edited file) is named.
-    pub fn from_metadata(text: &str) -> Result<Self, String> {
-        serde_json::from_str(text)
-            .map_err(|e| format!("metadata 'exchange' does not read back ({e})"))
+    /// Reads the metadata entry back, of a run of `world` workers in all; what does not read
+    /// (an edited file) is named, as are workers per process that do not divide the world
+    /// (no grouping of processes has them, so a resume would not know what to follow).
+    pub fn from_metadata(text: &str, world: usize) -> Result<Self, String> {
+        let read: Self = serde_json::from_str(text)
+            .map_err(|e| format!("metadata 'exchange' does not read back ({e})"))?;
+        match read.workers {
+            w if w >= 1 && world.is_multiple_of(w) => Ok(read),
+            w => Err(format!(
+                "metadata 'exchange' records {w} workers per process, which do not divide the \
+                 run's {world} workers"
+            )),
+        }
     }
 
     /// Whether a recorded option of `group` (with `value`, where known) means something in
@@ -228,9 +237,18 @@ mod tests {
         let text = recorded.to_metadata();
         // Only what was given is written, and it reads back as it was.
         assert!(!text.contains("schedule"), "{text}");
-        assert_eq!(Exchange::from_metadata(&text).unwrap(), recorded);
-        assert!(Exchange::from_metadata(r#"{"workers":2,"comm":3}"#).is_err());
-        assert!(Exchange::from_metadata(r#"{"workers":2,"threads":"4"}"#).is_err());
+        assert_eq!(Exchange::from_metadata(&text, 4).unwrap(), recorded);
+        assert!(Exchange::from_metadata(r#"{"workers":2,"comm":3}"#, 4).is_err());
+        assert!(Exchange::from_metadata(r#"{"workers":2,"threads":"4"}"#, 4).is_err());
+        // Workers per process that no grouping of the run's world has: named, not followed.
+        for (workers, world) in [(1_000_000, 4), (0, 4), (3, 4)] {
+            let text = format!(r#"{{"workers":{workers}}}"#);
+            let why = Exchange::from_metadata(&text, world).unwrap_err();
+            assert!(
+                why.contains(&format!("records {workers} workers per process")),
+                "{why}"
+            );
+        }
 
         let follow = |given: &TrainOptions, one_process: bool| {
             let groups = recorded.groups_to_take(given, |group, value| {

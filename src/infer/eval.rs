@@ -787,9 +787,9 @@ mod tests {
                 train_limit: None,
                 world: 1,
                 epochs: None,
-                recipe: crate::train::recipe::RecordedRecipe::Absent,
-                routine: None,
-                exchange: None,
+                recipe: crate::train::recorded::Recorded::Absent,
+                routine: crate::train::recorded::Recorded::Absent,
+                exchange: crate::train::recorded::Recorded::Absent,
             }
         };
         let elsewhere = Some(here.clone());

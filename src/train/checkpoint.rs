@@ -26,6 +26,7 @@ mod write;
 pub use write::{CHECKPOINT_FILE, CHECKSUM_KEY};
 
 use super::description::ModelDescription;
+use super::recorded::Recorded;
 use crate::nn::{Net, TensorInfo};
 use safetensors::tensor::Dtype;
 use std::collections::{BTreeMap, HashMap};
@@ -171,18 +172,16 @@ pub struct RunIdentity {
     /// The run's learning rate, schedule, SGD settings and augmentation (absent in older
     /// checkpoints). Recorded, not compared: a resume follows what it is not given again
     /// ([`crate::train::recipe`]).
-    pub recipe: crate::train::recipe::RecordedRecipe,
+    pub recipe: Recorded<crate::train::recipe::Recipe>,
     /// How the run evaluated, committed, checkpointed and logged, and what it kept
     /// ([`crate::train::recipe::Routine`]: keys `test_limit`, empty for none, `commit_every`,
-    /// `checkpoint_every`, `keep_checkpoints`, `keep_commits`, `log_every`); `None` where not
-    /// recorded (older checkpoints), why where it does not read back (refusing only a resume
-    /// that would follow it). Followed like the recipe.
-    pub routine: Option<Result<crate::train::recipe::Routine, String>>,
+    /// `checkpoint_every`, `keep_checkpoints`, `keep_commits`, `log_every`; absent in older
+    /// checkpoints). Followed like the recipe.
+    pub routine: Recorded<crate::train::recipe::Routine>,
     /// How the run's workers combined their gradients, as its options gave it (key
-    /// `exchange`, JSON; `None` in older checkpoints; an entry that does not read back, why,
-    /// which refuses only a resume that would follow it). Recorded, not compared: a resume
+    /// `exchange`, JSON; absent in older checkpoints). Recorded, not compared: a resume
     /// follows what it is not given again (`crate::train::follow`).
-    pub exchange: Option<Result<crate::config::Exchange, String>>,
+    pub exchange: Recorded<crate::config::Exchange>,
 }
 
 impl RunIdentity {
@@ -204,11 +203,9 @@ impl RunIdentity {
             train_limit: cfg.train_limit,
             world: cfg.world(),
             epochs: Some(cfg.epochs),
-            recipe: crate::train::recipe::RecordedRecipe::Recorded(
-                crate::train::recipe::Recipe::of(cfg),
-            ),
-            routine: Some(Ok(crate::train::recipe::Routine::of(cfg))),
-            exchange: Some(Ok(cfg.exchange.clone())),
+            recipe: Recorded::Read(crate::train::recipe::Recipe::of(cfg)),
+            routine: Recorded::Read(crate::train::recipe::Routine::of(cfg)),
+            exchange: Recorded::Read(cfg.exchange.clone()),
         }
     }
 
@@ -378,13 +375,13 @@ impl TrainState {
             if let Some(e) = r.epochs {
                 m.insert("epochs".into(), e.to_string());
             }
-            if let crate::train::recipe::RecordedRecipe::Recorded(recipe) = &r.recipe {
+            if let Some(recipe) = r.recipe.read() {
                 recipe.write_metadata(&mut m);
             }
-            if let Some(Ok(routine)) = &r.routine {
+            if let Some(routine) = r.routine.read() {
                 routine.write_metadata(&mut m);
             }
-            if let Some(Ok(exchange)) = &r.exchange {
+            if let Some(exchange) = r.exchange.read() {
                 m.insert("exchange".into(), exchange.to_metadata());
             }
         }
@@ -403,30 +400,37 @@ impl TrainState {
         };
         let run = match meta.get("dataset") {
             None => None,
-            Some(dataset) => Some(RunIdentity {
-                dataset: dataset.clone(),
-                data_dir: meta.get("data_dir").cloned(),
-                data_path: meta.get("data_path").cloned(),
-                batch: num("batch")?,
-                seed: meta
-                    .get("seed")
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| what("metadata 'seed' missing or not a number".into()))?,
-                train_limit: match meta.get("train_limit").map(String::as_str) {
-                    None | Some("") => None,
-                    Some(_) => Some(num("train_limit")?),
-                },
-                world: num("world")?,
-                epochs: match meta.get("epochs") {
-                    None => None,
-                    Some(_) => Some(num("epochs")?),
-                },
-                recipe: crate::train::recipe::Recipe::from_metadata(meta),
-                routine: crate::train::recipe::Routine::from_metadata(meta).transpose(),
-                exchange: meta
-                    .get("exchange")
-                    .map(|e| crate::config::Exchange::from_metadata(e)),
-            }),
+            Some(dataset) => {
+                let world = num("world")?;
+                Some(RunIdentity {
+                    dataset: dataset.clone(),
+                    world,
+                    data_dir: meta.get("data_dir").cloned(),
+                    data_path: meta.get("data_path").cloned(),
+                    batch: num("batch")?,
+                    seed: meta
+                        .get("seed")
+                        .and_then(|v| v.parse().ok())
+                        .ok_or_else(|| what("metadata 'seed' missing or not a number".into()))?,
+                    train_limit: match meta.get("train_limit").map(String::as_str) {
+                        None | Some("") => None,
+                        Some(_) => Some(num("train_limit")?),
+                    },
+                    epochs: match meta.get("epochs") {
+                        None => None,
+                        Some(_) => Some(num("epochs")?),
+                    },
+                    recipe: crate::train::recipe::Recipe::from_metadata(meta),
+                    routine: Recorded::from_result(crate::train::recipe::Routine::from_metadata(
+                        meta,
+                    )),
+                    exchange: Recorded::from_result(
+                        meta.get("exchange")
+                            .map(|e| crate::config::Exchange::from_metadata(e, world))
+                            .transpose(),
+                    ),
+                })
+            }
         };
         let fingerprint = meta
             .get("fingerprint")
@@ -1052,9 +1056,9 @@ mod tests {
             train_limit: None,
             world: 2,
             epochs: Some(3),
-            recipe: crate::train::recipe::RecordedRecipe::Absent,
-            routine: None,
-            exchange: None,
+            recipe: Recorded::Absent,
+            routine: Recorded::Absent,
+            exchange: Recorded::Absent,
         };
         let (a, b) = (place("a"), place("b"));
         let then = run("imagefolder", Some("photos"), Some(a.clone()));

@@ -312,9 +312,8 @@ pub enum ResumeError {
         /// only the checkpoint's values resume.
         inputs: Option<([usize; 3], [usize; 3])>,
     },
-    /// The checkpoint's recorded recipe (learning rate, schedule, SGD settings,
-    /// augmentation) cannot be followed: it does not read back, or the resumed run's
-    /// momentum and Nesterov setting do not go together.
+    /// The resumed run's momentum and Nesterov setting, one taken from the checkpoint's
+    /// recorded recipe, do not go together.
     #[error("--resume {}: {source}", path.display())]
     Recipe {
         /// The checkpoint.
@@ -322,21 +321,22 @@ pub enum ResumeError {
         /// Why.
         source: super::recipe::RecipeRefusal,
     },
-    /// A record of the checkpoint's run that a resume follows (its gradient exchange,
-    /// [`crate::config::Exchange`], or its routine, [`super::recipe::Routine`]) does not read
-    /// back, and the resume would take options from it.
+    /// A record of the checkpoint's run that a resume follows (its recipe, its routine or
+    /// its gradient exchange: [`super::recorded::Record`]) does not read back, and the
+    /// resume would take options from it.
     #[error(
         "--resume {}: {why} (its metadata was changed, or a newer dptrain wrote it), so the \
          run's {record} cannot be followed; resume from another checkpoint of the run, give \
-         --resume-changed to resume on the options given and the defaults, or start a new \
-         run from its weights with --weights",
-        path.display()
+         each of its options ({}), give --resume-changed to resume on the options given and \
+         the defaults, or start a new run from its weights with --weights",
+        path.display(),
+        record.options()
     )]
     UnreadableRecord {
         /// The checkpoint.
         path: PathBuf,
-        /// What the record holds, as the message names it.
-        record: &'static str,
+        /// Which record.
+        record: super::recorded::Record,
         /// Why it does not read.
         why: String,
     },

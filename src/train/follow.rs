@@ -19,9 +19,9 @@ pub struct FollowedOptions {
     /// The groups of the run's gradient exchange to take, each where the options resolve
     /// with it (`cli::train`), in order.
     pub groups: Vec<crate::config::TakenGroup>,
-    /// Why the run's record of its gradient exchange does not read back, where the resume
-    /// would have taken from it.
-    pub unread_exchange: Option<String>,
+    /// Whether the resume would have taken from the run's record of its gradient exchange,
+    /// which does not read back.
+    pub takes_unread_exchange: bool,
     /// The run's options not taken because the options given hold another of their group
     /// (`--link-bandwidth 1Gbit` where `--link-latency` is given), as flags.
     pub set_aside: Vec<String>,
@@ -121,8 +121,8 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
 /// ([`crate::config::Exchange`]) that `given` gives none of and that mean something in the
 /// resume's transport ([`crate::config::Exchange::applies`]), for `cli::train` to take each
 /// that the options resolve with. A record that does not read back is taken nothing from;
-/// where the resume would have taken from it, `unread_exchange` says why, and the resume
-/// refuses it (`crate::config::TrainConfig::unread_exchange`).
+/// where the resume would have taken from it, `takes_unread_exchange` says so, and the
+/// resume refuses it (`crate::config::TrainConfig::takes_unread_exchange`).
 fn follow_exchange(
     given: &TrainOptions,
     run: &crate::train::checkpoint::RunIdentity,
@@ -138,21 +138,21 @@ fn follow_exchange(
         }
     }
     use crate::config::Exchange;
+    use crate::train::recorded::Recorded;
     match &run.exchange {
-        Some(Ok(e)) => {
+        Recorded::Read(e) => {
             followed.groups = e.groups_to_take(given, |group, value| {
                 Exchange::applies(group, Some(value), one_process)
             });
             followed.set_aside = e.set_aside(given);
         }
-        Some(Err(why)) => {
+        Recorded::Unreadable(_) => {
             let applies = |group| Exchange::applies(group, None, one_process);
             let workers_needed = !one_process && given.workers.is_none();
-            if workers_needed || !Exchange::every_group_given(given, applies) {
-                followed.unread_exchange = Some(why.clone());
-            }
+            followed.takes_unread_exchange =
+                workers_needed || !Exchange::every_group_given(given, applies);
         }
-        None => {}
+        Recorded::Absent => {}
     }
 }
 
@@ -165,9 +165,9 @@ pub fn followed_workers(
     run: &crate::train::checkpoint::RunIdentity,
     one_process: bool,
 ) -> Option<usize> {
-    match (one_process, &run.exchange) {
+    match (one_process, run.exchange.read()) {
         (true, _) => Some(run.world),
-        (false, Some(Ok(e))) if run.world > e.workers => Some(e.workers),
+        (false, Some(e)) if run.world > e.workers => Some(e.workers),
         (false, _) => None,
     }
 }
@@ -234,9 +234,9 @@ mod tests {
             train_limit: None,
             world: 1,
             epochs: Some(1),
-            recipe: crate::train::recipe::RecordedRecipe::Absent,
-            routine: None,
-            exchange: None,
+            recipe: crate::train::recorded::Recorded::Absent,
+            routine: crate::train::recorded::Recorded::Absent,
+            exchange: crate::train::recorded::Recorded::Absent,
         }
     }
 
@@ -245,13 +245,14 @@ mod tests {
         let workers = |world: usize, per_process: Option<usize>, one_process: bool| {
             let mut recorded = run("mnist", None, None);
             recorded.world = world;
-            recorded.exchange = per_process.map(|w| {
-                Ok(crate::config::Exchange {
+            recorded.exchange = match per_process {
+                Some(w) => crate::train::recorded::Recorded::Read(crate::config::Exchange {
                     workers: w,
                     comm: Some("ring".into()),
                     ..Default::default()
-                })
-            });
+                }),
+                None => crate::train::recorded::Recorded::Absent,
+            };
             let mut followed = FollowedOptions::default();
             follow_exchange(
                 &TrainOptions::default(),

@@ -22,6 +22,7 @@ mod priority;
 pub mod processes;
 pub mod progress;
 pub mod recipe;
+pub mod recorded;
 pub mod run_files;
 pub mod rundir;
 pub mod summary;
@@ -38,6 +39,7 @@ pub use error::{LateWrite, Phase, PrepareError, ResumeError, StepError, TrainErr
 use metrics::peak_rss_mb;
 pub use processes::ProcessGroup;
 use progress::{ProgressDisplay, RunProgress};
+use recorded::Record;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -350,7 +352,7 @@ pub fn train_in(
         crate::interrupt::say_on_signal(move || Some(continuation.line()))
     });
     let mut progress = RunProgress::new(&run.cfg, run.first_step(), run.steps_per_epoch);
-    if run.resumes_its_own_directory() {
+    if run.holds_the_resumed_run {
         progress.supersede_from((run.start_epoch, run.start_step_in_epoch));
     }
     let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
@@ -384,6 +386,10 @@ struct PreparedRun {
     /// The run directory's lock (rank 0, which alone writes the run directory), held until
     /// the summary that carries it is dropped: after the caller has drawn the report.
     run_dir_lock: Option<Arc<lock::RunDirLock>>,
+    /// Whether the run directory holds the resumed run's files (its own directory, or a copy
+    /// of it): then its `metrics.jsonl` is that run's, whose lines past the resumed step this
+    /// run writes again.
+    holds_the_resumed_run: bool,
 }
 
 impl PreparedRun {
@@ -395,16 +401,6 @@ impl PreparedRun {
     /// The global step of the run's first batch in the data order.
     fn first_step(&self) -> usize {
         self.start_epoch * self.steps_per_epoch + self.start_step_in_epoch
-    }
-
-    /// Whether this run resumes a checkpoint of its own run directory: then its
-    /// `metrics.jsonl` is that run's, whose lines past the resumed step this run writes again.
-    fn resumes_its_own_directory(&self) -> bool {
-        let (Some(_), Some(path)) = (&self.resume, &self.cfg.resume) else {
-            return false;
-        };
-        let dir = |p: &Path| p.canonicalize().ok();
-        dir(crate::output::parent_dir(path)).is_some_and(|d| dir(&self.cfg.run_dir) == Some(d))
     }
 }
 
@@ -464,7 +460,7 @@ fn prepare(
         }));
     }
     let first_step = start_epoch * steps_per_epoch + start_step_in_epoch;
-    let (trace_path, run_dir_lock) = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
+    let outputs = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
     if let (Some(ck), 0) = (&resume, cfg.process_rank) {
         for gone in commit::remove_later(&cfg.run_dir, ck.state.global_step) {
             warn(&format!(
@@ -501,8 +497,9 @@ fn prepare(
         start_epoch,
         start_step_in_epoch,
         steps_per_epoch,
-        trace_path,
-        run_dir_lock: run_dir_lock.map(Arc::new),
+        trace_path: outputs.trace_path,
+        run_dir_lock: outputs.run_dir_lock.map(Arc::new),
+        holds_the_resumed_run: outputs.holds_the_resumed_run,
     };
     Ok((run, train_source))
 }
@@ -566,32 +563,37 @@ fn follow_resumed_run(
         notes.extend(inputs::follow_checkpoint(cfg, ck, &path)?);
         let run = ck.state.run.as_ref();
         notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));
-        let recorded = run.map_or(&recipe::RecordedRecipe::Absent, |r| &r.recipe);
-        let followed =
-            recipe::follow_recipe(cfg, recorded).map_err(|source| ResumeError::Recipe {
+        notes.extend(run.and_then(unrecorded));
+        let takes_recipe = !cfg.given.whole_recipe();
+        let (recorded, warning) = readable(cfg, run, Record::Recipe, takes_recipe)?;
+        warnings.extend(warning);
+        let followed = recipe::follow_recipe(cfg, recorded.and_then(|r| r.recipe.read())).map_err(
+            |source| ResumeError::Recipe {
                 path: path.clone(),
                 source,
-            })?;
+            },
+        )?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
-        let routine = readable_routine(cfg, run, &path)?;
-        warnings.extend(routine.1);
-        let routine = recipe::follow_routine(cfg, routine.0);
+        let takes_routine = !cfg.given.whole_routine();
+        let (recorded, warning) = readable(cfg, run, Record::Routine, takes_routine)?;
+        warnings.extend(warning);
+        let routine = recipe::follow_routine(cfg, recorded.and_then(|r| r.routine.read()));
         notes.extend(routine.notes);
         warnings.extend(routine.warnings);
-        let exchange = judge_exchange_record(cfg, run, &path)?;
-        notes.extend(exchange.notes);
-        warnings.extend(exchange.warnings);
-        let recorded_compress =
-            run.and_then(|r| r.exchange.as_ref()?.as_ref().ok()?.compress.as_deref());
+        // Whether the resume would have taken from it was judged before the options resolved.
+        let takes_exchange = cfg.takes_unread_exchange;
+        warnings.extend(readable(cfg, run, Record::Exchange, takes_exchange)?.1);
+        let recorded_compress = run.and_then(|r| r.exchange.read()?.compress.as_deref());
         warnings.extend(recipe::powersgd_dropped(
             cfg,
             ck.has_powersgd_state(),
             recorded_compress,
         ));
-        notes.extend(
-            run.and_then(|r| recipe::workers_changed(cfg, r.world, ck.has_powersgd_state())),
-        );
+        notes.extend(run.and_then(|r| {
+            let recorded = (r.world, r.exchange.read().map(|e| e.workers));
+            recipe::workers_changed(cfg, recorded, ck.has_powersgd_state())
+        }));
     }
     warnings.extend(crate::config::schedule_warnings(
         &cfg.lr_schedule,
@@ -600,74 +602,71 @@ fn follow_resumed_run(
     Ok((notes, warnings))
 }
 
-/// The checkpoint's run's routine ([`recipe::Routine`]) where it reads back; where it does
-/// not, [`unread_record`] judges it (the resume would take from it unless every option of it
-/// is given). Returns the routine and the warning.
-fn readable_routine(
+/// The checkpoint's `run`, where its `record` reads back or is absent; where it does not
+/// read back, [`unread_record`]'s judgement of it, given whether the resume would take from
+/// it (`takes`): the refusal, or the warning (and no run to follow it from).
+fn readable<'a>(
     cfg: &TrainConfig,
-    run: Option<&checkpoint::RunIdentity>,
-    path: &std::path::Path,
-) -> Result<(Option<recipe::Routine>, Option<String>), ResumeError> {
-    match run.and_then(|r| r.routine.clone()) {
-        Some(Ok(routine)) => Ok((Some(routine), None)),
-        Some(Err(why)) => {
-            let record = "evaluation and checkpoint routine";
-            let takes = !cfg.given.whole_routine();
-            Ok((None, Some(unread_record(cfg, path, record, why, takes)?)))
-        }
-        None => Ok((None, None)),
+    run: Option<&'a checkpoint::RunIdentity>,
+    record: Record,
+    takes: bool,
+) -> Result<(Option<&'a checkpoint::RunIdentity>, Option<String>), ResumeError> {
+    let why = run.and_then(|r| match record {
+        Record::Recipe => r.recipe.unreadable(),
+        Record::Routine => r.routine.unreadable(),
+        Record::Exchange => r.exchange.unreadable(),
+    });
+    match why {
+        Some(why) => Ok((
+            None,
+            Some(unread_record(cfg, record, why.to_string(), takes)?),
+        )),
+        None => Ok((run, None)),
     }
 }
 
-/// What a resume says of its checkpoint's record of how the run's workers combined
-/// gradients (`config::Exchange`, followed before the options were resolved: `follow.rs`):
-/// a note where there is none (an older checkpoint); where it does not read back and the
-/// resume would have taken from it, [`unread_record`]'s judgement.
-fn judge_exchange_record(
-    cfg: &TrainConfig,
-    run: Option<&checkpoint::RunIdentity>,
-    path: &std::path::Path,
-) -> Result<recipe::Followed, ResumeError> {
-    let mut followed = recipe::Followed::default();
-    match (run, &cfg.unread_exchange) {
-        (_, Some(why)) => {
-            let record = "communication options";
-            // Set only where the resume would have taken from it (`follow.rs`).
-            let warning = unread_record(cfg, path, record, why.clone(), true)?;
-            followed.warnings.push(warning);
-        }
-        (Some(run), None) if run.exchange.is_none() => followed.notes.push(
-            "the checkpoint records no communication options (an older dptrain wrote it): \
-             the resumed run takes the flags' (give the run's where they were not the \
-             defaults)"
-                .into(),
+/// The note of a resume whose checkpoint records none of some part of its run (an older
+/// dptrain wrote it), naming each: the resumed run takes the flags' values for them.
+fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
+    let absent: Vec<&str> = [
+        (run.recipe.is_absent(), Record::Recipe.name()),
+        (run.routine.is_absent(), Record::Routine.name()),
+        (
+            run.routine.read().is_some_and(|r| r.kept.is_none()),
+            "checkpoint and log cadence and keep counts",
         ),
-        _ => {}
-    }
-    Ok(followed)
+        (run.exchange.is_absent(), Record::Exchange.name()),
+    ]
+    .into_iter()
+    .filter_map(|(absent, name)| absent.then_some(name))
+    .collect();
+    (!absent.is_empty()).then(|| {
+        format!(
+            "the checkpoint records no {} (an older dptrain wrote it): the resumed run takes \
+             the flags' (give the run's where they were not the defaults)",
+            absent.join("; no ")
+        )
+    })
 }
 
-/// A record of the checkpoint's run (`record`, as the messages name it) that does not read
-/// back (`why`): refused, naming the ways out, where the resume would take options from it
+/// A record of the checkpoint's run (`record`) that does not read back (`why`): refused, naming the ways out, where the resume would take options from it
 /// (`takes`) and is not under `--resume-changed`; else the warning that the options given
 /// and the defaults are used.
 fn unread_record(
     cfg: &TrainConfig,
-    path: &std::path::Path,
-    record: &'static str,
+    record: Record,
     why: String,
     takes: bool,
 ) -> Result<String, ResumeError> {
     match takes && !cfg.resume_changed {
         true => Err(ResumeError::UnreadableRecord {
-            path: path.to_path_buf(),
+            path: cfg.resume.clone().unwrap_or_default(),
             record,
             why,
         }),
         false => Ok(format!(
-            "{why}: the run's {record} {} not followed (the options given and the defaults \
-             are used)",
-            if record.ends_with('s') { "are" } else { "is" }
+            "{why}: not following the run's {record} (the options given and the defaults are \
+             used)"
         )),
     }
 }
@@ -733,7 +732,7 @@ fn prepare_outputs(
     first_step: usize,
     steps_per_epoch: usize,
     warn: &dyn Fn(&str),
-) -> Result<(Option<PathBuf>, Option<lock::RunDirLock>), PrepareError> {
+) -> Result<PreparedOutputs, PrepareError> {
     if let Some(w) = rundir::check_trace_steps(cfg, first_step, steps_per_epoch)? {
         warn(&w);
     }
@@ -746,7 +745,11 @@ fn prepare_outputs(
     // Only now: `prepare` may have moved the run to a numbered directory.
     let trace_path = rundir::check_trace(cfg)?;
     let Some(mut prepared) = prepared else {
-        return Ok((trace_path, None));
+        return Ok(PreparedOutputs {
+            trace_path,
+            run_dir_lock: None,
+            holds_the_resumed_run: false,
+        });
     };
     for w in &cfg.warnings {
         warn(w);
@@ -756,7 +759,20 @@ fn prepare_outputs(
             crate::terminal::print_note(&note);
         }
     }
-    Ok((trace_path, prepared.lock.take()))
+    Ok(PreparedOutputs {
+        trace_path,
+        run_dir_lock: prepared.lock.take(),
+        holds_the_resumed_run: prepared.holds_the_resumed_run,
+    })
+}
+
+/// What [`prepare_outputs`] checked and holds: this process's trace file, the run
+/// directory's lock (process 0), and whether that directory holds the resumed run's files
+/// ([`rundir::Prepared::holds_the_resumed_run`]).
+struct PreparedOutputs {
+    trace_path: Option<PathBuf>,
+    run_dir_lock: Option<lock::RunDirLock>,
+    holds_the_resumed_run: bool,
 }
 
 /// A run's threads once started: the loader threads, one thread per worker, the events they
@@ -1017,6 +1033,91 @@ mod tests {
     use super::*;
     use crate::comm::CommError;
     use crate::pipeline::{BatchFailure, LoadError, StopReason};
+
+    #[test]
+    fn an_unreadable_record_refuses_only_a_resume_that_would_take_from_it() {
+        let ck = tempfile::NamedTempFile::new().unwrap();
+        let resumed = |f: &dyn Fn(&mut crate::config::TrainOptions)| {
+            let mut o = crate::config::TrainOptions {
+                dataset: Some("synthetic".into()),
+                resume: Some(ck.path().to_path_buf()),
+                ..Default::default()
+            };
+            f(&mut o);
+            o.resolve().unwrap()
+        };
+        let mut run = checkpoint::RunIdentity::of(&resumed(&|_| {}));
+        run.recipe = recorded::Recorded::Unreadable("metadata 'lr' missing or not valid".into());
+        let judged = |cfg: &TrainConfig| {
+            let takes = !cfg.given.whole_recipe();
+            readable(cfg, Some(&run), Record::Recipe, takes)
+                .map(|(run, said)| (run.is_some(), said))
+        };
+        let err = judged(&resumed(&|o| o.lr = Some(0.1)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("metadata 'lr' missing or not valid")
+                && err.contains("give each of its options (--lr, --lr-schedule, --warmup-steps"),
+            "{err}"
+        );
+        // Every setting given: nothing is taken from it; under --resume-changed, the options
+        // given and the defaults. Either way, said, and no run to follow it from.
+        let every = resumed(&|o| {
+            o.lr = Some(0.1);
+            o.lr_schedule = Some("constant".into());
+            o.warmup_steps = Some(0);
+            o.momentum = Some(0.9);
+            o.weight_decay = Some(0.0);
+            o.nesterov = Some(true);
+            o.augment = Some("off".into());
+        });
+        let changed = resumed(&|o| o.resume_changed = true);
+        for cfg in [every, changed] {
+            let (followed, said) = judged(&cfg).unwrap();
+            assert!(
+                !followed
+                    && said
+                        .unwrap()
+                        .contains("not following the run's learning rate")
+            );
+        }
+        // The routine reads back: followed.
+        let cfg = resumed(&|_| {});
+        let (followed, said) = readable(&cfg, Some(&run), Record::Routine, true).unwrap();
+        assert!(followed.is_some() && said.is_none());
+    }
+
+    #[test]
+    fn a_checkpoint_recording_parts_of_its_run_only_is_said_naming_each_it_lacks() {
+        let cfg = crate::config::TrainOptions {
+            dataset: Some("synthetic".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        let mut run = checkpoint::RunIdentity::of(&cfg);
+        assert_eq!(unrecorded(&run), None);
+        // Written between the routine and the keep counts' recording.
+        let mut routine = *run.routine.read().unwrap();
+        routine.kept = None;
+        run.routine = recorded::Recorded::Read(routine);
+        run.exchange = recorded::Recorded::Absent;
+        assert_eq!(
+            unrecorded(&run).unwrap(),
+            "the checkpoint records no checkpoint and log cadence and keep counts; no \
+             communication options (an older dptrain wrote it): the resumed run takes the \
+             flags' (give the run's where they were not the defaults)"
+        );
+        // An unreadable record is not absent: judged elsewhere (`readable`).
+        run.recipe = recorded::Recorded::Unreadable("metadata 'lr' missing".into());
+        run.routine = recorded::Recorded::Absent;
+        let said = unrecorded(&run).unwrap();
+        assert!(
+            said.starts_with("the checkpoint records no evaluation, checkpoint and log routine;"),
+            "{said}"
+        );
+    }
 
     fn failed(rank: usize, phase: Phase, cause: StepError) -> WorkerError {
         WorkerError::Step {

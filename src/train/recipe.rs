@@ -13,6 +13,7 @@
 //! followed in [`super::inputs::follow_checkpoint`]; the convolution algorithm in
 //! `continue_computing_as`.)
 
+use super::recorded::Recorded;
 use crate::config::{GivenSettings, TrainConfig};
 use crate::optim::{BadSetting, LrSchedule, SgdConfig, SolverSetting};
 use crate::pipeline::Augment;
@@ -91,13 +92,13 @@ impl Recipe {
     /// The recipe recorded in checkpoint metadata, judged as the flags are
     /// ([`crate::optim::check_lr`], [`SgdConfig::check`]): absent only when none of its
     /// keys is there (an older checkpoint); some of them missing is unreadable, naming one.
-    pub fn from_metadata(meta: &HashMap<String, String>) -> RecordedRecipe {
+    pub fn from_metadata(meta: &HashMap<String, String>) -> Recorded<Recipe> {
         if !KEYS.iter().any(|k| meta.contains_key(*k)) {
-            return RecordedRecipe::Absent;
+            return Recorded::Absent;
         }
         match Self::read(meta).and_then(|r| r.checked()) {
-            Ok(r) => RecordedRecipe::Recorded(r),
-            Err(why) => RecordedRecipe::Unreadable(why),
+            Ok(r) => Recorded::Read(r),
+            Err(why) => Recorded::Unreadable(why),
         }
     }
 
@@ -140,19 +141,6 @@ impl Recipe {
     }
 }
 
-/// What a checkpoint records of its run's recipe.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecordedRecipe {
-    /// Nothing: written before dptrain recorded it.
-    Absent,
-    /// The recipe, every value one the flags accept.
-    Recorded(Recipe),
-    /// An entry that does not read back, or a value the flags refuse: what is wrong. Only a
-    /// resume, which follows the recipe, refuses it ([`super::error::ResumeError::Recipe`]);
-    /// eval, predict, export and `--weights` do not read it.
-    Unreadable(String),
-}
-
 /// What following a checkpoint's run told the user: notes (settings taken from it) and
 /// warnings (settings given that differ from it).
 #[derive(Debug, Default)]
@@ -183,16 +171,6 @@ pub fn follow_epochs(cfg: &mut TrainConfig, planned: Option<usize>) -> Option<St
 /// Why a resume cannot follow its checkpoint's recipe.
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeRefusal {
-    /// The recorded recipe does not read back, or holds a value the flags refuse, and some
-    /// setting would be taken from it.
-    #[error(
-        "the recipe the checkpoint records cannot be followed: {0} (its metadata was changed, \
-         or a newer dptrain wrote it); resume from another checkpoint of the run, give every \
-         setting of the recipe (--lr, --lr-schedule, --warmup-steps, --momentum, \
-         --weight-decay, --nesterov, --augment), or start a new run from its weights with \
-         --weights"
-    )]
-    Unreadable(String),
     /// Nesterov momentum without momentum, each half from its own side.
     #[error(
         "{bad} (the resumed run's --momentum is {momentum}, {momentum_from}, and --nesterov \
@@ -233,34 +211,21 @@ impl std::fmt::Display for Origin {
     }
 }
 
-/// Every recipe setting not given takes the checkpoint's run's value (`recorded`); one given
-/// with another value is warned about. A checkpoint without a recipe (an older one) is said;
-/// one whose recipe is unreadable is refused unless every setting is given. Then refuses
+/// Every recipe setting not given takes the checkpoint's run's value (`recorded`, where it
+/// records one that reads back); one given with another value is warned about. Then refuses
 /// Nesterov momentum without momentum (a pair only a resume can make, each half from another
 /// side), naming where each came from.
 pub fn follow_recipe(
     cfg: &mut TrainConfig,
-    recorded: &RecordedRecipe,
+    recorded: Option<&Recipe>,
 ) -> Result<Followed, RecipeRefusal> {
     let mut followed = Followed::default();
     let taken_from = match recorded {
-        RecordedRecipe::Recorded(r) => {
+        Some(r) => {
             followed = take_recorded(cfg, r);
             Origin::Recorded
         }
-        RecordedRecipe::Unreadable(why) if !cfg.given.whole_recipe() => {
-            return Err(RecipeRefusal::Unreadable(why.clone()))
-        }
-        RecordedRecipe::Unreadable(_) => Origin::Default,
-        RecordedRecipe::Absent => {
-            followed.notes.push(
-                "the checkpoint records no learning rate, schedule, SGD settings or \
-                 augmentation (an older dptrain wrote it): the resumed run takes the flags' \
-                 (give the run's where they were not the defaults)"
-                    .into(),
-            );
-            Origin::Default
-        }
+        None => Origin::Default,
     };
     if let Err(bad) = cfg.sgd.check() {
         let from = |given: bool| if given { Origin::Given } else { taken_from };
@@ -525,7 +490,7 @@ fn take_kept(cfg: &mut TrainConfig, run: &Kept, taken: &mut Vec<String>) {
 /// where they were not given (a note lists those that differ from this run's); a given test
 /// limit other than the run's is warned about, since the run's epochs are then evaluated on
 /// two numbers of images.
-pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<Routine>) -> Followed {
+pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<&Routine>) -> Followed {
     let mut followed = Followed::default();
     let Some(run) = recorded else {
         return followed;
@@ -562,14 +527,36 @@ pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<Routine>) -> Follo
 }
 
 /// A note when a resume continues on another number of workers than the checkpoint's run
-/// had (`recorded`): the batches and their order are the same, but the workers' gradients are
-/// summed in another grouping, which may round differently (README, "Determinism"), and
-/// PowerSGD's error feedback, each worker's own, goes to worker 0 as their sum
-/// (`worker::restore_powersgd`).
-pub fn workers_changed(cfg: &TrainConfig, recorded: usize, has_powersgd: bool) -> Option<String> {
-    let now = cfg.world();
+/// had (`recorded`: its world, and its workers per process where its record reads), or on
+/// as many grouped into other processes: the batches and their order are the same, but the
+/// workers' gradients are summed in another grouping, which may round differently (README,
+/// "Determinism"), and PowerSGD's error feedback, each worker's own, goes to worker 0 as
+/// their sum (`worker::restore_powersgd`).
+pub fn workers_changed(
+    cfg: &TrainConfig,
+    recorded: (usize, Option<usize>),
+    has_powersgd: bool,
+) -> Option<String> {
+    let (now, (recorded, per_process)) = (cfg.world(), recorded);
     if now == recorded {
-        return None;
+        let per_process = per_process?;
+        if per_process == cfg.workers {
+            return None;
+        }
+        let processes = |n: usize, per: usize| {
+            let es = if n == 1 { "" } else { "es" };
+            format!(
+                "{n} process{es} of {}",
+                crate::terminal::counted(per, "worker")
+            )
+        };
+        return Some(format!(
+            "continuing in {} (the checkpoint's run had {}): the same batches in the same \
+             order, the workers' gradients summed in another grouping, which may round \
+             differently from a continuation in the run's processes",
+            processes(cfg.processes, cfg.workers),
+            processes(recorded / per_process, per_process)
+        ));
     }
     let feedback = if has_powersgd && cfg.compress.powersgd_rank().is_some() && now > 1 {
         format!(
@@ -641,6 +628,7 @@ mod tests {
         Routine::of(&run).write_metadata(&mut meta);
         let recorded = Routine::from_metadata(&meta).unwrap();
         assert_eq!(recorded, Some(Routine::of(&run)));
+        let recorded = recorded.as_ref();
         // Given --keep-commits wins (the run's commits are followed, so its keep count would
         // be too); the others are the run's.
         let mut cfg = config(|o| o.keep_commits = Some(1));
@@ -676,18 +664,15 @@ mod tests {
     #[test]
     fn a_recipe_reads_back_as_written_and_an_older_checkpoint_has_none() {
         let mut meta = HashMap::new();
-        assert_eq!(Recipe::from_metadata(&meta), RecordedRecipe::Absent);
+        assert_eq!(Recipe::from_metadata(&meta), Recorded::Absent);
         recipe().write_metadata(&mut meta);
-        assert_eq!(
-            Recipe::from_metadata(&meta),
-            RecordedRecipe::Recorded(recipe())
-        );
+        assert_eq!(Recipe::from_metadata(&meta), Recorded::Read(recipe()));
         // What does not read back, and what the flags refuse, is named; nothing panics.
         let unreadable = |key: &str, value: &str| {
             let mut m = meta.clone();
             m.insert(key.into(), value.into());
             match Recipe::from_metadata(&m) {
-                RecordedRecipe::Unreadable(why) => why,
+                Recorded::Unreadable(why) => why,
                 other => panic!("{key}={value} read as {other:?}"),
             }
         };
@@ -727,14 +712,14 @@ mod tests {
         m.insert("nesterov".into(), "true".into());
         assert!(matches!(
             Recipe::from_metadata(&m),
-            RecordedRecipe::Unreadable(why) if why.starts_with("metadata 'nesterov' true needs")
+            Recorded::Unreadable(why) if why.starts_with("metadata 'nesterov' true needs")
         ));
     }
 
     #[test]
     fn settings_not_given_follow_the_run_and_given_ones_win_with_a_warning() {
         let mut cfg = config(|o| o.lr = Some(0.01));
-        let followed = follow_recipe(&mut cfg, &RecordedRecipe::Recorded(recipe())).unwrap();
+        let followed = follow_recipe(&mut cfg, Some(&recipe())).unwrap();
         assert_eq!(
             Recipe::of(&cfg),
             Recipe {
@@ -767,7 +752,7 @@ mod tests {
         same.lr_schedule = recipe().lr_schedule;
         same.warmup_steps = 7;
         same.augment = recipe().augment;
-        let followed = follow_recipe(&mut same, &RecordedRecipe::Recorded(recipe())).unwrap();
+        let followed = follow_recipe(&mut same, Some(&recipe())).unwrap();
         assert!(followed.notes.is_empty() && followed.warnings.is_empty());
     }
 
@@ -789,9 +774,9 @@ mod tests {
             })
         };
         // Nesterov given over a run without momentum.
-        let plain = RecordedRecipe::Recorded(plain);
+        let plain = Some(&plain);
         let mut cfg = resumed(&|o| o.nesterov = Some(true));
-        let err = follow_recipe(&mut cfg, &plain).unwrap_err().to_string();
+        let err = follow_recipe(&mut cfg, plain).unwrap_err().to_string();
         assert!(
             err.contains("--momentum is 0, the checkpoint's run's, and --nesterov true, given"),
             "{err}"
@@ -799,51 +784,51 @@ mod tests {
         // Momentum 0 given over a run without Nesterov: the options alone would refuse it
         // (Nesterov is on by default); the run's --nesterov false makes it a valid resume.
         let mut cfg = resumed(&|o| o.momentum = Some(0.0));
-        let followed = follow_recipe(&mut cfg, &RecordedRecipe::Recorded(recipe())).unwrap();
+        let followed = follow_recipe(&mut cfg, Some(&recipe())).unwrap();
         assert_eq!((cfg.sgd.momentum, cfg.sgd.nesterov), (0.0, false));
         assert!(followed.warnings[0].contains("--momentum 0 (the run's was 0.8)"));
         // A checkpoint without a recipe: the flags' values, judged and said.
         let mut cfg = resumed(&|o| o.momentum = Some(0.0));
-        let err = follow_recipe(&mut cfg, &RecordedRecipe::Absent)
-            .unwrap_err()
-            .to_string();
+        let err = follow_recipe(&mut cfg, None).unwrap_err().to_string();
         assert!(
             err.contains("--momentum is 0, given, and --nesterov true, the default"),
             "{err}"
         );
-        let mut cfg = resumed(&|_| {});
-        let followed = follow_recipe(&mut cfg, &RecordedRecipe::Absent).unwrap();
-        assert!(followed.notes[0].contains("records no learning rate"));
     }
 
     #[test]
-    fn an_unreadable_recipe_refuses_a_resume_that_would_follow_it() {
-        let bad = RecordedRecipe::Unreadable("metadata 'lr' missing or not valid".into());
-        let mut cfg = config(|o| o.lr = Some(0.1));
-        let err = follow_recipe(&mut cfg, &bad).unwrap_err().to_string();
+    fn a_resume_on_as_many_workers_grouped_otherwise_is_told_its_sums_may_round_differently() {
+        // A run of 2 processes of 2 workers.
+        let mut run = (4, Some(2));
+        let note = |cfg: &TrainConfig, run| workers_changed(cfg, run, false);
+        let one_process = config(|o| o.workers = Some(4));
+        let said = note(&one_process, run).expect("another grouping is said");
         assert!(
-            err.contains("metadata 'lr' missing") && err.contains("give every setting"),
-            "{err}"
+            said.starts_with(
+                "continuing in 1 process of 4 workers (the checkpoint's run had 2 processes of \
+                 2 workers)"
+            ),
+            "{said}"
         );
-        // Every setting given: nothing is taken from it.
-        let mut cfg = config(|o| {
-            o.lr = Some(0.1);
-            o.lr_schedule = Some("constant".into());
-            o.warmup_steps = Some(0);
-            o.momentum = Some(0.9);
-            o.weight_decay = Some(0.0);
-            o.nesterov = Some(true);
-            o.augment = Some("off".into());
-        });
-        let followed = follow_recipe(&mut cfg, &bad).unwrap();
-        assert!(followed.notes.is_empty() && followed.warnings.is_empty());
-        // Some keys of a recipe missing: unreadable, naming one, not "no recipe".
+        let mut as_it_ran = config(|o| o.workers = Some(2));
+        as_it_ran.processes = 2;
+        assert_eq!(note(&as_it_ran, run), None);
+        // Another number of workers: said as such; a run whose grouping is not recorded
+        // (an older checkpoint), nothing to compare.
+        let said = note(&config(|o| o.workers = Some(8)), run).unwrap();
+        assert!(said.starts_with("continuing on 8 workers (the checkpoint's run had 4)"));
+        run.1 = None;
+        assert_eq!(note(&one_process, run), None);
+    }
+
+    #[test]
+    fn a_recipe_with_some_keys_missing_is_unreadable_naming_one_not_absent() {
         let mut meta = HashMap::new();
         recipe().write_metadata(&mut meta);
         meta.remove("lr");
         assert_eq!(
             Recipe::from_metadata(&meta),
-            RecordedRecipe::Unreadable("metadata 'lr' missing or not valid".into())
+            Recorded::Unreadable("metadata 'lr' missing or not valid".into())
         );
     }
 

@@ -274,6 +274,11 @@ pub struct Prepared {
     pub to_delete: Vec<PathBuf>,
     /// `metrics.jsonl` of the run being resumed, whose partial last line (if any) is cut off.
     pub to_trim: Option<PathBuf>,
+    /// Whether the directory holds the resumed run's files (it is the checkpoint's own, or
+    /// holds a checkpoint of the same run: a copy of its directory): then its
+    /// `metrics.jsonl` is that run's, whose lines past the resumed step this run writes
+    /// again (cut when it writes its first, `progress.rs`).
+    pub holds_the_resumed_run: bool,
     /// Things done or found that the user should know about.
     pub notes: Vec<String>,
 }
@@ -590,8 +595,9 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     }
     // A resume into another directory with --overwrite replaces what is there, as a new
     // run's does (the checkpoint's own directory was refused above).
+    let mut holds_the_resumed_run = false;
     if let Some(ck) = cfg.resume.as_deref().filter(|_| !cfg.overwrite) {
-        check_same_run(cfg, ck, &found).map_err(run_dir_error)?;
+        holds_the_resumed_run = check_same_run(cfg, ck, &found).map_err(run_dir_error)?;
     }
     if cfg.resume.is_none() || cfg.overwrite {
         to_delete = files_to_replace(cfg, dir, found)?;
@@ -622,6 +628,7 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         lock,
         to_delete,
         to_trim: cfg.resume.is_some().then(|| dir.join("metrics.jsonl")),
+        holds_the_resumed_run,
         notes,
     })
 }
@@ -635,8 +642,10 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
 /// (an older checkpoint) is judged by the model and layers alone. Its metrics, summary and
 /// checkpoints would be another run's, mixed with this one's (`--resume A/ck --run-dir B`,
 /// where B held an earlier run, wrote lenet5's epoch 2 after vgg-small's epoch 1). A `dir`
-/// without checkpoints (a continuation run with `--no-checkpoints`) is not judged.
-fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), OutputError> {
+/// without checkpoints (a continuation run with `--no-checkpoints`) is not judged, nor taken
+/// for the run's. Returns whether `dir` holds the resumed run (its own directory, or a
+/// checkpoint of the same run).
+fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<bool, OutputError> {
     let dir = &cfg.run_dir;
     let same_dir = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -646,12 +655,15 @@ fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), 
         .iter()
         .filter(|n| is_checkpoint_name(n) || commit_step(n).is_some())
         .collect();
-    if checkpoints.is_empty() || same_dir(output::parent_dir(ck), dir) {
-        return Ok(());
+    if same_dir(output::parent_dir(ck), dir) {
+        return Ok(true);
+    }
+    if checkpoints.is_empty() {
+        return Ok(false);
     }
     use super::checkpoint::{read_state, RunIdentity};
     let Ok(resumed) = read_state(ck) else {
-        return Ok(()); // The resume's own load reports it.
+        return Ok(false); // The resume's own load reports it.
     };
     let now = RunIdentity::of(cfg);
     let same_identity = |theirs: &Option<RunIdentity>| match (theirs, &resumed.run) {
@@ -663,12 +675,9 @@ fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), 
     // The recipe too, where both record it: a directory of the same data, batch and seed
     // trained at another rate is another run. Its recipe may be the checkpoint's, or this
     // run's (a continuation that changed the rate, run again).
-    use super::recipe::{Recipe, RecordedRecipe};
+    use super::recipe::Recipe;
     let same_recipe = |theirs: &Option<RunIdentity>| {
-        let recorded = |r: &Option<RunIdentity>| match r.as_ref().map(|r| &r.recipe) {
-            Some(RecordedRecipe::Recorded(recipe)) => Some(recipe.clone()),
-            _ => None,
-        };
+        let recorded = |r: &Option<RunIdentity>| r.as_ref()?.recipe.read().cloned();
         match (recorded(theirs), recorded(&resumed.run)) {
             (Some(a), Some(b)) => a == b || a == Recipe::of(cfg),
             _ => true,
@@ -683,7 +692,7 @@ fn check_same_run(cfg: &TrainConfig, ck: &Path, found: &[String]) -> Result<(), 
         })
     };
     if checkpoints.iter().any(of_the_run) {
-        return Ok(());
+        return Ok(true);
     }
     let todo = if cfg.run_dir_given {
         "continue in the checkpoint's own directory (leave --run-dir out), give an empty \
