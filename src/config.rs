@@ -9,8 +9,10 @@ use std::time::Duration;
 
 pub use crate::plan::CommChoice;
 pub use exchange::{Exchange, Group as ExchangeGroup, TakenGroup};
+pub use kib::KibOrAuto;
 
 mod exchange;
+mod kib;
 
 /// `--batch` when not given: the global batch.
 pub const DEFAULT_BATCH: usize = 64;
@@ -387,13 +389,15 @@ pub struct TrainOptions {
     /// bucket) [default: with neither bucket flag given, the bytes the link moves in one
     /// latency, so that no bucket is latency-bound, and under --schedule overlap at least the cap that
     /// pipelines the gradient best on the run's collectives (`plan::PlanInputs::pipelined_cap`);
-    /// with only --first-bucket-kb given, 0; resumed: the checkpoint's run's].
+    /// with only --first-bucket-kb given, 0; resumed: the checkpoint's run's; auto: the
+    /// default, also on a resume].
     #[arg(long)]
-    pub bucket_kb: Option<usize>,
+    pub bucket_kb: Option<KibOrAuto>,
     /// First bucket's cap in KiB [default: with neither bucket flag given, as --bucket-kb's;
-    /// with only --bucket-kb given, 0; resumed: the checkpoint's run's].
+    /// with only --bucket-kb given, 0; resumed: the checkpoint's run's; auto: the default,
+    /// also on a resume].
     #[arg(long)]
-    pub first_bucket_kb: Option<usize>,
+    pub first_bucket_kb: Option<KibOrAuto>,
     /// When buckets are reduced: overlap (in the order backward fills them; the update once
     /// all are back, as DDP) or priority (the layers nearest the input first, each layer
     /// updated just before the next step's forward needs it, so communication also runs under
@@ -405,15 +409,16 @@ pub struct TrainOptions {
     /// under --schedule priority an early layer's partition waits for at most one other
     /// [default: with --schedule priority, the larger of 160 KB (P3's 40,000 parameters) and 8
     /// times what the link moves in one latency; with overlap, whole buckets; resumed: the
-    /// checkpoint's run's].
+    /// checkpoint's run's; auto: the default, also on a resume].
     #[arg(long)]
-    pub partition_kb: Option<usize>,
+    pub partition_kb: Option<KibOrAuto>,
     /// Under --schedule priority, the KiB of partitions one decision of rank 0 commits every
     /// rank to, input-first among the buckets it holds (ByteScheduler's credit; at least one
     /// partition): fewer decision messages, and an urgent partition waits for up to this
-    /// [default: one partition; resumed: the checkpoint's run's].
+    /// [default: one partition; resumed: the checkpoint's run's; auto: the default, also on a
+    /// resume].
     #[arg(long)]
-    pub credit_kb: Option<usize>,
+    pub credit_kb: Option<KibOrAuto>,
     /// Emulated link bandwidth per worker port, e.g. 10Gbit, 400MB/s, or none (no emulation,
     /// as `bench` takes it) [default: none; resumed: the checkpoint's run's].
     #[arg(allow_hyphen_values = true, long)]
@@ -921,8 +926,8 @@ impl TrainOptions {
             hierarchy: comm.hierarchy,
             compress: comm.compress,
             buckets: crate::plan::BucketFlags {
-                first_kb: self.first_bucket_kb,
-                kb: self.bucket_kb,
+                first_kb: KibOrAuto::resolved(self.first_bucket_kb),
+                kb: KibOrAuto::resolved(self.bucket_kb),
             },
             schedule,
             partition_kb,
@@ -1145,15 +1150,16 @@ impl TrainOptions {
     ) -> Result<(crate::parallel::Schedule, Option<usize>, Option<usize>), String> {
         use crate::parallel::Schedule;
         let schedule = Schedule::parse(self.schedule.as_deref().unwrap_or("overlap"))?;
-        let refusal =
-            crate::parallel::schedule::order_refusal(schedule, self.partition_kb, self.credit_kb);
+        let partition_kb = KibOrAuto::resolved(self.partition_kb);
+        let credit_kb = KibOrAuto::resolved(self.credit_kb);
+        let refusal = crate::parallel::schedule::order_refusal(schedule, partition_kb, credit_kb);
         if let Some(why) = refusal {
             return Err(why);
         }
         if schedule == Schedule::Priority {
             check_priority(comm, self.on_nonfinite.as_deref() == Some("skip"))?;
         }
-        Ok((schedule, self.partition_kb, self.credit_kb))
+        Ok((schedule, partition_kb, credit_kb))
     }
 
     /// `--link-bandwidth` unless it is absent or `none` (no emulated link).
@@ -1867,8 +1873,11 @@ mod tests {
         };
         // 10 Gbit/s x 2 ms = 2.5 MB: a smaller bucket would wait on latency more than it sends.
         assert_eq!(with(&|_| {}), (2_500_000, 2_500_000));
-        assert_eq!(with(&|o| o.bucket_kb = Some(0)), (0, 0));
-        assert_eq!(with(&|o| o.first_bucket_kb = Some(64)), (64 * 1024, 0));
+        assert_eq!(with(&|o| o.bucket_kb = Some(0.into())), (0, 0));
+        assert_eq!(
+            with(&|o| o.first_bucket_kb = Some(64.into())),
+            (64 * 1024, 0)
+        );
         // One rule for every mode (layers are small units; a fixed mode gets the same caps).
         assert_eq!(
             with(&|o| o.comm = Some("ring".into())),

@@ -140,9 +140,9 @@ fn steady_state_steps_allocate_nothing() {
             overlap: Some("on".into()),
             comm: Some("ring".into()),
             compress: Some(compress.into()),
-            bucket_kb: Some(64),
+            bucket_kb: Some(64.into()),
             schedule: Some(schedule.into()),
-            partition_kb: priority.then_some(16),
+            partition_kb: priority.then_some(16.into()),
             run_dir: Some(
                 dir.path()
                     .join(format!("{name}-{conv_algo}-{compress}-{schedule}")),

@@ -87,6 +87,24 @@ fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
         newest(&cut),
         Some((cut.join("commit-step000000025.safetensors"), 25))
     );
+    // Resumed from commit 25 by a run that writes no restart points, commit 30 stays (it
+    // deleted it, "which this run replaces", though the run replaced nothing); by a run that
+    // writes epoch checkpoints, it goes, said.
+    let later = cut.join("commit-step000000030.safetensors");
+    let from_25 = cut
+        .join("commit-step000000025.safetensors")
+        .display()
+        .to_string();
+    ok(&small(&cut, &["--resume", &from_25, "--no-checkpoints"]));
+    assert!(
+        later.exists(),
+        "a run writing no restart points removed commit 30"
+    );
+    let said = ok(&small(&cut, &["--resume", &from_25, "--commit-every", "0"]));
+    assert!(
+        !later.exists() && said.contains("a commit past the resumed step"),
+        "{said}"
+    );
     for d in [whole, cut] {
         std::fs::remove_dir_all(d).unwrap();
     }
@@ -558,6 +576,25 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
         "overlap",
     ];
     ok(&small(&changed, &given));
+    // `auto` asks for a computed default by name: the run's credit is not taken (nor, as a
+    // number given would, anything else of its group, which is given whole here).
+    let auto = tmp("exchange-auto");
+    let given = [
+        "--resume",
+        ck1.to_str().unwrap(),
+        "--schedule",
+        "priority",
+        "--credit-kb",
+        "auto",
+    ];
+    ok(&small(&auto, &given));
+    let config = |dir: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["config"].clone()
+    };
+    assert_eq!(config(&straight)["credit_kb"], 64);
+    assert_eq!(config(&auto)["credit_kb"], serde_json::Value::Null);
+    assert_eq!(config(&auto)["schedule"], "priority");
     // --comm shm given: the run's link conflicts with it (shm sends no messages) and is left,
     // said; the rest is taken.
     let shm = tmp("exchange-shm");
@@ -636,7 +673,7 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
             && t.contains("evaluation, checkpoint and log routine cannot be followed"),
         "{t}"
     );
-    for d in [straight, alone, changed, refused] {
+    for d in [straight, alone, changed, auto, refused] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

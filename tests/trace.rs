@@ -158,8 +158,8 @@ fn traced_run(dir: &Path, overlap: &str) -> usize {
         o.overlap = Some(overlap.into());
         // One block per bucket, so the last blocks' gradients leave early in backward, and a
         // slow emulated link, so each reduction takes real time.
-        o.bucket_kb = Some(0);
-        o.first_bucket_kb = Some(0);
+        o.bucket_kb = Some(0.into());
+        o.first_bucket_kb = Some(0.into());
         o.link_bandwidth = Some("200Mbit".into());
     });
 
@@ -661,7 +661,7 @@ fn under_priority_the_next_forward_runs_while_the_last_steps_reductions_do() {
     let run = |schedule: &str| {
         let (spans, names) = traced_two_workers(&tmp.path().join(schedule), |o| {
             o.schedule = Some(schedule.into());
-            o.partition_kb = Some(8);
+            o.partition_kb = Some(8.into());
             // A link slower than backward: a backlog is left when backward ends.
             o.link_bandwidth = Some("50Mbit".into());
         });

@@ -149,8 +149,8 @@ fn replicas_stay_bit_identical_in_every_mode_and_overlap_does_not_change_results
                 o.train_limit = Some(24 * 8);
                 o.comm = Some(comm.into());
                 o.overlap = Some(overlap.into());
-                o.bucket_kb = Some(0);
-                o.first_bucket_kb = Some(0);
+                o.bucket_kb = Some(0.into());
+                o.first_bucket_kb = Some(0.into());
             });
             assert_eq!(s.replica_hashes.len(), 3);
             assert!(
@@ -219,17 +219,17 @@ fn priority_scheduling_gives_overlaps_weights_bit_for_bit_in_every_mode() {
             o.train_limit = Some(24 * 6);
             o.epochs = Some(2);
             o.comm = Some(comm.into());
-            o.bucket_kb = Some(0);
-            o.first_bucket_kb = Some(0);
+            o.bucket_kb = Some(0.into());
+            o.first_bucket_kb = Some(0.into());
             o.link_bandwidth = link.map(String::from);
             o.compress = compress.map(String::from);
-            o.partition_kb = partition_kb;
+            o.partition_kb = partition_kb.map(Into::into);
         };
         let overlap = run(&tmp.path().join(format!("{name}-overlap")), base);
         let priority = run(&tmp.path().join(format!("{name}-priority")), |o| {
             base(o);
             o.schedule = Some("priority".into());
-            o.credit_kb = credit_kb;
+            o.credit_kb = credit_kb.map(Into::into);
         });
         assert!(
             priority
@@ -258,8 +258,8 @@ fn priority_scheduling_gives_overlaps_weights_bit_for_bit_in_every_mode() {
         o.train_limit = Some(24 * 6);
         o.epochs = Some(1);
         o.comm = Some("ring".into());
-        o.bucket_kb = Some(0);
-        o.first_bucket_kb = Some(0);
+        o.bucket_kb = Some(0.into());
+        o.first_bucket_kb = Some(0.into());
         o.compress = Some("powersgd:2".into());
     };
     let one = run(&tmp.path().join("ring-powersgd-1"), ring);
@@ -454,8 +454,8 @@ fn compressed_gradients_keep_replicas_identical_resume_exactly_and_change_only_t
             o.batch = Some(24);
             o.train_limit = Some(24 * 6);
             o.comm = Some(comm.into());
-            o.bucket_kb = Some(0);
-            o.first_bucket_kb = Some(0);
+            o.bucket_kb = Some(0.into());
+            o.first_bucket_kb = Some(0.into());
         };
         let plain = run(&tmp.path().join(format!("{comm}-f32")), base);
         for compress in ["fp16", "bf16"] {

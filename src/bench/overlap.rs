@@ -114,7 +114,7 @@ pub fn case_options(spec: &GridSpec, case: &OverlapCase, dir: &Path) -> TrainOpt
         overlap: Some(if case.overlap { "on" } else { "off" }.into()),
         schedule: Some(case.schedule.to_string()),
         comm: Some(case.comm.clone()),
-        bucket_kb: spec.bucket_kb,
+        bucket_kb: spec.bucket_kb.map(Into::into),
         link_bandwidth: case.bandwidth.clone(),
         link_latency: case.bandwidth.as_ref().and(case.latency.clone()),
         train_limit: Some(spec.batch * (spec.steps + 5)),

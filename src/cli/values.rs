@@ -42,6 +42,8 @@ fn number_arg(arg: Arg) -> Arg {
         ValueParser::new(real::<f64>)
     } else if id == TypeId::of::<f32>() {
         ValueParser::new(real::<f32>)
+    } else if id == TypeId::of::<crate::config::KibOrAuto>() {
+        ValueParser::new(kib_or_auto)
     } else {
         return arg;
     };
@@ -69,6 +71,17 @@ where
     }
     t.parse::<T>()
         .map_err(|_| format!("too large: the largest allowed is {}", T::MAX))
+}
+
+/// A KiB option that also takes `auto` (`crate::config::KibOrAuto`): `auto`, or a whole
+/// number read as [`whole`] reads one.
+pub fn kib_or_auto(s: &str) -> Result<crate::config::KibOrAuto, String> {
+    match s.trim() {
+        "auto" => Ok(crate::config::KibOrAuto::Auto),
+        _ => whole::<usize>(s)
+            .map(crate::config::KibOrAuto::Kib)
+            .map_err(|e| format!("{e}; or auto, for the default")),
+    }
 }
 
 /// A finite number of 0 or more (no option takes a negative one, a NaN or an infinity).
@@ -123,6 +136,18 @@ mod tests {
             .unwrap_err()
             .contains("the largest allowed is 18446744073709551615"));
         assert!(whole::<u8>("256").unwrap_err().contains("255"));
+    }
+
+    #[test]
+    fn a_kib_option_takes_a_whole_number_or_auto() {
+        use crate::config::KibOrAuto;
+        assert_eq!(kib_or_auto("64"), Ok(KibOrAuto::Kib(64)));
+        assert_eq!(kib_or_auto("auto"), Ok(KibOrAuto::Auto));
+        let err = kib_or_auto("-1").unwrap_err();
+        assert!(
+            err.contains("negative") && err.ends_with("or auto, for the default"),
+            "{err}"
+        );
     }
 
     #[test]

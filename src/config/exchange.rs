@@ -159,15 +159,15 @@ exchange_options! {
     /// `--compress`.
     compress: String => Compress,
     /// `--bucket-kb`.
-    bucket_kb: usize => Buckets,
+    bucket_kb: super::KibOrAuto => Buckets,
     /// `--first-bucket-kb`.
-    first_bucket_kb: usize => Buckets,
+    first_bucket_kb: super::KibOrAuto => Buckets,
     /// `--schedule`.
     schedule: String => Schedule,
     /// `--partition-kb`.
-    partition_kb: usize => Schedule,
+    partition_kb: super::KibOrAuto => Schedule,
     /// `--credit-kb`.
-    credit_kb: usize => Schedule,
+    credit_kb: super::KibOrAuto => Schedule,
     /// `--link-bandwidth`.
     link_bandwidth: String => Link,
     /// `--link-latency`.
@@ -226,8 +226,8 @@ mod tests {
         let run = TrainOptions {
             comm: Some("ring".into()),
             compress: Some("powersgd:2".into()),
-            bucket_kb: Some(64),
-            first_bucket_kb: Some(8),
+            bucket_kb: Some(64.into()),
+            first_bucket_kb: Some(8.into()),
             link_bandwidth: Some("1Gbit".into()),
             link_latency: Some("5us".into()),
             intra_bandwidth: Some("12GB/s".into()),
@@ -262,7 +262,7 @@ mod tests {
         // process's.
         let given = TrainOptions {
             compress: Some("none".into()),
-            bucket_kb: Some(32),
+            bucket_kb: Some(32.into()),
             link_bandwidth: Some("none".into()),
             ..Default::default()
         };

@@ -461,10 +461,13 @@ fn prepare(
     }
     let first_step = start_epoch * steps_per_epoch + start_step_in_epoch;
     let outputs = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
-    if let (Some(ck), 0) = (&resume, cfg.process_rank) {
+    // A run that writes no restart points replaces none: the later commits stay (they are
+    // the directory's newest restart points still, and nothing of this run supersedes them).
+    if let (Some(ck), 0, false) = (&resume, cfg.process_rank, cfg.no_checkpoints) {
         for gone in commit::remove_later(&cfg.run_dir, ck.state.global_step) {
             warn(&format!(
-                "removed {}: a commit past the resumed step, which this run replaces",
+                "removed {}: a commit past the resumed step, which this run's restart points \
+                 supersede",
                 gone.display()
             ));
         }
