@@ -654,6 +654,31 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
         said.contains("not following the run's communication options"),
         "{said}"
     );
+    // An entry that reads but holds a value no run could have had (a schedule of another
+    // name): refused alike, not left with a warning as a conflict with an option given is.
+    let mut bytes = std::fs::read(&ck1).unwrap();
+    let at = bytes
+        .windows(23)
+        .position(|w| w == br#"schedule\":\"priority\""#)
+        .expect("the exchange record names the schedule");
+    bytes[at + 20] = b'z';
+    std::fs::write(changed.join("schedule.safetensors"), bytes).unwrap();
+    let schedule = changed.join("schedule.safetensors").display().to_string();
+    let o = run(&small(&refused, &["--resume", &schedule]));
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains(
+                "the checkpoint records --schedule prioritz, --credit-kb 64, which no run"
+            )
+            && t.contains("give --resume-changed"),
+        "{t}"
+    );
+    let said = ok(&small(
+        &refused,
+        &["--resume", &schedule, "--resume-changed"],
+    ));
+    assert!(said.contains("which no run could have had"), "{said}");
     // A routine entry edited alike (a count to keep of 0) is judged the same way.
     let mut bytes = std::fs::read(&ck1).unwrap();
     let at = bytes

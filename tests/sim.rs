@@ -1271,6 +1271,9 @@ fn simulate_and_train_plan_the_same_buckets_from_the_same_flags() {
         &["--first-bucket-kb", "16", "--bucket-kb", "256"],
         &["--bucket-kb", "0"],
         &["--first-bucket-kb", "0", "--bucket-kb", "0"],
+        // `auto` is the default by name: as if not given, alone and beside the other flag.
+        &["--bucket-kb", "auto"],
+        &["--bucket-kb", "auto", "--first-bucket-kb", "64"],
     ] {
         for comm in ["ring", "auto", "tree"] {
             let train = Train::try_parse_from(

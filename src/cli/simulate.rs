@@ -3,6 +3,7 @@
 use super::profile::{describe_profile, make_profile, DeviceArgs};
 use crate::bench::args::{on_off_list, worker_list};
 use crate::comm::{parse_bandwidth, parse_duration, CommMode, LinkModel};
+use crate::config::KibOrAuto;
 use crate::plan::{BucketFlags, CommChoice, HierarchyChoice};
 use crate::sim::{
     search_buckets, search_schedule, Overheads, Profile, Simulator, StepConfig, StepResult,
@@ -84,23 +85,24 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "overlap")]
     pub schedule: String,
     /// Partition size in KiB, read as `train --partition-kb` is [default: the trainer's for the
-    /// schedule].
+    /// schedule; auto: that default].
     #[arg(long)]
-    pub partition_kb: Option<usize>,
+    pub partition_kb: Option<KibOrAuto>,
     /// Under --schedule priority, the KiB of partitions one decision of rank 0 commits every
-    /// rank to, read as `train --credit-kb` is [default: one partition].
+    /// rank to, read as `train --credit-kb` is [default: one partition; auto: that default].
     #[arg(long)]
-    pub credit_kb: Option<usize>,
+    pub credit_kb: Option<KibOrAuto>,
     /// Bucket cap in KiB (0: one block per bucket), read as `train --bucket-kb` is [default:
     /// with neither bucket flag given, the bytes the planning link moves in one latency, and
     /// under --schedule overlap at least the cap that pipelines the gradient best on the simulated
-    /// cluster's collectives, as the trainer's; with only --first-bucket-kb given, 0].
+    /// cluster's collectives, as the trainer's; with only --first-bucket-kb given, 0; auto: that
+    /// default].
     #[arg(long)]
-    pub bucket_kb: Option<usize>,
+    pub bucket_kb: Option<KibOrAuto>,
     /// First bucket's cap in KiB, read as `train --first-bucket-kb` is [default: with neither
-    /// bucket flag given, as --bucket-kb's; with only --bucket-kb given, 0].
+    /// bucket flag given, as --bucket-kb's; with only --bucket-kb given, 0; auto: that default].
     #[arg(long)]
-    pub first_bucket_kb: Option<usize>,
+    pub first_bucket_kb: Option<KibOrAuto>,
     /// Try a range of bucket caps and report the best for each configuration.
     #[arg(long)]
     pub search_buckets: bool,
@@ -126,8 +128,8 @@ impl SimulateArgs {
     /// as they read `train`'s ([`crate::plan::BucketFlags::caps_kb`]).
     pub fn bucket_flags(&self) -> BucketFlags {
         BucketFlags {
-            first_kb: self.first_bucket_kb,
-            kb: self.bucket_kb,
+            first_kb: KibOrAuto::resolved(self.first_bucket_kb),
+            kb: KibOrAuto::resolved(self.bucket_kb),
         }
     }
 }
@@ -195,8 +197,8 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     let single_cfg = StepConfig {
         compress: crate::plan::CompressChoice::parse(&a.compress)?,
         schedule,
-        partition_kb: a.partition_kb,
-        credit_kb: a.credit_kb,
+        partition_kb: KibOrAuto::resolved(a.partition_kb),
+        credit_kb: KibOrAuto::resolved(a.credit_kb),
         topology: Topology::flat(1, base.nic),
         comm: CommChoice::Fixed(CommMode::Ring),
         hierarchy: HierarchyChoice::Auto,
@@ -457,7 +459,7 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
         } + &match a.schedule.as_str() {
             "priority" => format!(
                 "; --schedule priority, partitions of {}",
-                a.partition_kb
+                KibOrAuto::resolved(a.partition_kb)
                     .map_or("the trainer's default".into(), |k| format!("{k} KiB"))
             ),
             _ => String::new(),

@@ -72,9 +72,12 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
 /// one at a time in order, each kept where the options still resolve with it, so a group
 /// that conflicts with an option given (the run's `--compress powersgd:2` under a given
 /// `--comm tree`, its link under `--comm shm`) is left to its default, with a warning
-/// naming why, rather than refuse the resume. The options' own checks decide, so no rule
-/// is written twice. `flags` themselves must resolve; the groups taken are added to
-/// `taken`. Returns the configuration and the warnings.
+/// naming why, rather than refuse the resume. A group refused on its own too (laid under
+/// `flags` without their exchange options) holds a value no run could have had: an edited
+/// record, refused as an unreadable one is (`bad_record`), or under `--resume-changed` left
+/// with a warning. The options' own checks decide, so no rule is written twice. `flags`
+/// themselves must resolve; the groups taken are added to `taken`. Returns the
+/// configuration and the warnings.
 fn take_exchange(
     flags: TrainOptions,
     groups: Vec<crate::config::TakenGroup>,
@@ -90,6 +93,7 @@ fn take_exchange(
         return Ok((cfg, Vec::new()));
     }
     let mut cfg = resolve(&flags)?;
+    let alone = crate::config::Exchange::without_exchange(&flags);
     let mut flags = flags;
     let mut dropped = Vec::new();
     for group in groups {
@@ -99,13 +103,36 @@ fn take_exchange(
                 (cfg, flags) = (c, with);
                 taken.extend(group.flags);
             }
-            Err(e) => dropped.push(format!(
-                "not resuming with the checkpoint's run's {}: with the options given, {e}",
-                group.flags.join(", ")
-            )),
+            Err(e) => match resolve(&lay(&group.options, &alone)) {
+                Err(bad) if !flags.resume_changed => return Err(bad_record(&flags, &group, &bad)),
+                Err(bad) => dropped.push(format!(
+                    "not resuming with the checkpoint's run's {}, which no run could have \
+                     had: {bad}",
+                    group.flags.join(", ")
+                )),
+                Ok(_) => dropped.push(format!(
+                    "not resuming with the checkpoint's run's {}: with the options given, {e}",
+                    group.flags.join(", ")
+                )),
+            },
         }
     }
     Ok((cfg, dropped))
+}
+
+/// The refusal of a resume whose checkpoint records a `group` of options that no run could
+/// have had (`why`: the options' own refusal): its metadata was edited, or a newer dptrain
+/// wrote it. Said as an unreadable record is (`train::ResumeError::UnreadableRecord`).
+fn bad_record(flags: &TrainOptions, group: &crate::config::TakenGroup, why: &str) -> String {
+    let path = flags.resume.as_deref().unwrap_or(Path::new(""));
+    format!(
+        "--resume {}: the checkpoint records {}, which no run could have had ({why}; its \
+         metadata was changed, or a newer dptrain wrote it); resume from another checkpoint \
+         of the run, give options of that group yourself, give --resume-changed to resume \
+         without them, or start a new run from its weights with --weights",
+        path.display(),
+        group.flags.join(", ")
+    )
 }
 
 /// Trains as the flags (and the `--config` file) say; over MPI this process is one rank.

@@ -84,6 +84,28 @@ macro_rules! exchange_options {
                 flags
             }
 
+            /// `options` without any option of the exchange (but `--workers`): what a
+            /// recorded group is judged on by itself.
+            pub fn without_exchange(options: &TrainOptions) -> TrainOptions {
+                let mut options = options.clone();
+                $( options.$field = None; )*
+                options
+            }
+
+            /// The options of each group, as flags (`--link-bandwidth`), in the order of the
+            /// list: what a resume gives one of per group to take nothing from a record.
+            pub fn flags_by_group() -> Vec<(Group, Vec<String>)> {
+                let mut groups: Vec<(Group, Vec<String>)> = Vec::new();
+                $(
+                    let flag = format!("--{}", stringify!($field).replace('_', "-"));
+                    match groups.iter_mut().find(|(g, _)| *g == Group::$group) {
+                        Some((_, flags)) => flags.push(flag),
+                        None => groups.push((Group::$group, vec![flag])),
+                    }
+                )*
+                groups
+            }
+
             /// Whether `given` gives an option of `group`.
             fn group_given(given: &TrainOptions, group: Group) -> bool {
                 false $( || (Group::$group == group && given.$field.is_some()) )*
@@ -220,6 +242,26 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_group_lists_its_flags_and_an_options_exchange_can_be_cleared() {
+        let groups = Exchange::flags_by_group();
+        let link = groups.iter().find(|(g, _)| *g == Group::Link).unwrap();
+        assert_eq!(link.1, ["--link-bandwidth", "--link-latency"]);
+        let schedule = groups.iter().find(|(g, _)| *g == Group::Schedule).unwrap();
+        assert_eq!(schedule.1, ["--schedule", "--partition-kb", "--credit-kb"]);
+        let options = TrainOptions {
+            workers: Some(2),
+            comm: Some("ring".into()),
+            credit_kb: Some(8.into()),
+            ..Default::default()
+        };
+        let cleared = Exchange::without_exchange(&options);
+        assert_eq!(
+            (cleared.workers, cleared.comm, cleared.credit_kb),
+            (Some(2), None, None)
+        );
+    }
 
     #[test]
     fn what_a_run_was_given_is_recorded_and_laid_under_what_a_resume_leaves_out() {

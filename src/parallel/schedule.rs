@@ -182,7 +182,7 @@ pub fn order_refusal(
     match (credit_kb, schedule) {
         (Some(0), _) => Some(
             "--credit-kb 0: a decision commits to at least 1 KiB (the default, one partition \
-             per decision, is --credit-kb unset)"
+             per decision, is --credit-kb auto)"
                 .into(),
         ),
         (Some(kb), Schedule::Overlap) => Some(format!(

@@ -407,10 +407,16 @@ impl Routine {
         if limit.is_none() && every.is_none() {
             return Ok(None);
         }
-        let bad = |key: &str| format!("metadata '{key}' missing or not a number");
+        let bad = |key: &str| format!("metadata '{key}' missing or not a valid count");
         let test_limit = match limit.map(String::as_str) {
             Some("") => None,
-            Some(n) => Some(n.parse().map_err(|_| bad("test_limit"))?),
+            // As the flag: at least 1 (an evaluation of no image has no figures).
+            Some(n) => Some(
+                n.parse()
+                    .ok()
+                    .filter(|&n: &usize| n >= 1)
+                    .ok_or_else(|| bad("test_limit"))?,
+            ),
             None => return Err(bad("test_limit")),
         };
         let commit_every = every
@@ -655,6 +661,13 @@ mod tests {
         meta.insert("keep_checkpoints".into(), "0".into());
         let err = Routine::from_metadata(&meta).unwrap_err();
         assert!(err.contains("'keep_checkpoints'"), "{err}");
+        // A test limit of 0, which the flag refuses, alike (it failed later, as an empty
+        // test split, naming neither the entry nor the ways out).
+        let mut zero = meta.clone();
+        zero.insert("keep_checkpoints".into(), "10".into());
+        zero.insert("test_limit".into(), "0".into());
+        let err = Routine::from_metadata(&zero).unwrap_err();
+        assert!(err.contains("'test_limit'"), "{err}");
         for key in Kept::KEYS {
             meta.remove(key);
         }

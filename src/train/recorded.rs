@@ -25,18 +25,34 @@ impl Record {
         }
     }
 
-    /// The options that, all given, leave nothing to take from the record.
-    pub fn options(self) -> &'static str {
+    /// The options that, given, leave nothing to take from the record: each of the recipe's
+    /// and the routine's; for the exchange, one of each of its groups
+    /// ([`crate::config::ExchangeGroup`]) that the resume's transport has, and over MPI
+    /// `--workers`.
+    pub fn options(self) -> String {
         match self {
-            Self::Recipe => {
-                "--lr, --lr-schedule, --warmup-steps, --momentum, --weight-decay, --nesterov, \
-                 --augment"
+            Self::Recipe => "--lr, --lr-schedule, --warmup-steps, --momentum, --weight-decay, \
+                             --nesterov, --augment"
+                .into(),
+            Self::Routine => "--test-limit, --commit-every, --checkpoint-every, \
+                              --keep-checkpoints, --keep-commits, --log-every"
+                .into(),
+            Self::Exchange => {
+                use crate::config::{Exchange, ExchangeGroup};
+                let groups: Vec<String> = Exchange::flags_by_group()
+                    .into_iter()
+                    .map(|(group, flags)| {
+                        let mpi =
+                            matches!(group, ExchangeGroup::Hierarchy | ExchangeGroup::IntraLink);
+                        let only = if mpi { " (over MPI)" } else { "" };
+                        format!("{}{only}", flags.join(" or "))
+                    })
+                    .collect();
+                format!(
+                    "--workers (over MPI), and one of each: {}",
+                    groups.join("; ")
+                )
             }
-            Self::Routine => {
-                "--test-limit, --commit-every, --checkpoint-every, --keep-checkpoints, \
-                 --keep-commits, --log-every"
-            }
-            Self::Exchange => "--workers and every communication option of --help",
         }
     }
 }
