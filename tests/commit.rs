@@ -616,6 +616,23 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
         ) && said.contains("resuming the checkpoint's run's --workers 2"),
         "{said}"
     );
+    // A group that conflicts with a config file's option is such a conflict too, not an
+    // edited record (it was refused as one, judged with the file's options).
+    let file = shm.join("skip.toml");
+    std::fs::write(&file, "on-nonfinite = \"skip\"\n").unwrap();
+    let args = [
+        "--resume",
+        ck1.to_str().unwrap(),
+        "--config",
+        file.to_str().unwrap(),
+    ];
+    let mut args = small(&shm, &args);
+    args.retain(|a| a != "--quiet");
+    let said = ok(&args);
+    assert!(
+        said.contains("not resuming with the checkpoint's run's --schedule priority, --credit-kb 64: with the options given"),
+        "{said}"
+    );
     // --link-latency alone: the run's bandwidth is set aside with its group, and the
     // refusal says so.
     let latency = ["--resume", ck1.to_str().unwrap(), "--link-latency", "10us"];

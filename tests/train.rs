@@ -420,7 +420,7 @@ fn a_resume_given_only_the_checkpoint_continues_its_runs_recipe_bit_exactly() {
             "metadata 'momentum' must be in [0, 1), not 1.5 (its metadata was changed, or a \
              newer dptrain wrote it), so the run's learning rate, schedule, SGD settings and \
              augmentation cannot be followed"
-        ) && err.contains("give each of its options (--lr, --lr-schedule,"),
+        ) && err.contains("give its options yourself (--lr, --lr-schedule,"),
         "{err}"
     );
     // --resume-changed resumes it on the options given and the defaults, as it does an

@@ -43,8 +43,20 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
             followed.set_aside.join(", ")
         )
     });
-    let (mut cfg, dropped) =
-        take_exchange(flags, followed.groups, &mut taken, resolve).map_err(|e| {
+    // A recorded group is judged by itself on a run this resume's options cannot change (a
+    // config file's, a --comm-timeout, fewer --workers): the run's workers, synthetic data.
+    let workers = followed.recorded_workers;
+    let baseline = TrainOptions {
+        dataset: Some("synthetic".into()),
+        transport: flags.transport.clone(),
+        workers,
+        batch: workers,
+        resume: flags.resume.clone(),
+        resume_changed: flags.resume_changed,
+        ..Default::default()
+    };
+    let (mut cfg, dropped) = take_exchange(flags, followed.groups, &baseline, &mut taken, resolve)
+        .map_err(|e| {
             let took = (!taken.is_empty()).then(|| {
                 format!(
                     "took {} from the checkpoint's run, as it does for each of these options \
@@ -73,14 +85,15 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
 /// that conflicts with an option given (the run's `--compress powersgd:2` under a given
 /// `--comm tree`, its link under `--comm shm`) is left to its default, with a warning
 /// naming why, rather than refuse the resume. A group refused on its own too (laid under
-/// `flags` without their exchange options) holds a value no run could have had: an edited
-/// record, refused as an unreadable one is (`bad_record`), or under `--resume-changed` left
-/// with a warning. The options' own checks decide, so no rule is written twice. `flags`
-/// themselves must resolve; the groups taken are added to `taken`. Returns the
-/// configuration and the warnings.
+/// `baseline`, a run of the recorded workers that nothing of this resume changes) holds a
+/// value no run could have had: an edited record, refused as an unreadable one is
+/// (`bad_record`), or under `--resume-changed` left with a warning. The options' own checks
+/// decide, so no rule is written twice. `flags` themselves must resolve; the groups taken
+/// are added to `taken`. Returns the configuration and the warnings.
 fn take_exchange(
     flags: TrainOptions,
     groups: Vec<crate::config::TakenGroup>,
+    baseline: &TrainOptions,
     taken: &mut Vec<String>,
     resolve: impl Fn(&TrainOptions) -> Result<crate::config::TrainConfig, String>,
 ) -> Result<(crate::config::TrainConfig, Vec<String>), String> {
@@ -93,7 +106,6 @@ fn take_exchange(
         return Ok((cfg, Vec::new()));
     }
     let mut cfg = resolve(&flags)?;
-    let alone = crate::config::Exchange::without_exchange(&flags);
     let mut flags = flags;
     let mut dropped = Vec::new();
     for group in groups {
@@ -103,8 +115,10 @@ fn take_exchange(
                 (cfg, flags) = (c, with);
                 taken.extend(group.flags);
             }
-            Err(e) => match resolve(&lay(&group.options, &alone)) {
-                Err(bad) if !flags.resume_changed => return Err(bad_record(&flags, &group, &bad)),
+            Err(e) => match lay(&group.options, baseline).resolve() {
+                Err(bad) if !baseline.resume_changed => {
+                    return Err(bad_record(baseline, &group, bad))
+                }
                 Err(bad) => dropped.push(format!(
                     "not resuming with the checkpoint's run's {}, which no run could have \
                      had: {bad}",
@@ -121,18 +135,17 @@ fn take_exchange(
 }
 
 /// The refusal of a resume whose checkpoint records a `group` of options that no run could
-/// have had (`why`: the options' own refusal): its metadata was edited, or a newer dptrain
-/// wrote it. Said as an unreadable record is (`train::ResumeError::UnreadableRecord`).
-fn bad_record(flags: &TrainOptions, group: &crate::config::TakenGroup, why: &str) -> String {
-    let path = flags.resume.as_deref().unwrap_or(Path::new(""));
-    format!(
-        "--resume {}: the checkpoint records {}, which no run could have had ({why}; its \
-         metadata was changed, or a newer dptrain wrote it); resume from another checkpoint \
-         of the run, give options of that group yourself, give --resume-changed to resume \
-         without them, or start a new run from its weights with --weights",
-        path.display(),
-        group.flags.join(", ")
-    )
+/// have had (`why`: the options' own refusal): said as an unreadable record is.
+fn bad_record(flags: &TrainOptions, group: &crate::config::TakenGroup, why: String) -> String {
+    crate::train::ResumeError::UnreadableRecord {
+        path: flags.resume.clone().unwrap_or_default(),
+        record: crate::train::recorded::Record::Exchange,
+        why: format!(
+            "the checkpoint records {}, which no run could have had: {why}",
+            group.flags.join(", ")
+        ),
+    }
+    .to_string()
 }
 
 /// Trains as the flags (and the `--config` file) say; over MPI this process is one rank.

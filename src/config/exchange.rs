@@ -84,14 +84,6 @@ macro_rules! exchange_options {
                 flags
             }
 
-            /// `options` without any option of the exchange (but `--workers`): what a
-            /// recorded group is judged on by itself.
-            pub fn without_exchange(options: &TrainOptions) -> TrainOptions {
-                let mut options = options.clone();
-                $( options.$field = None; )*
-                options
-            }
-
             /// The options of each group, as flags (`--link-bandwidth`), in the order of the
             /// list: what a resume gives one of per group to take nothing from a record.
             pub fn flags_by_group() -> Vec<(Group, Vec<String>)> {
@@ -244,23 +236,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_group_lists_its_flags_and_an_options_exchange_can_be_cleared() {
+    fn each_group_lists_its_flags_in_the_order_of_the_list() {
         let groups = Exchange::flags_by_group();
         let link = groups.iter().find(|(g, _)| *g == Group::Link).unwrap();
         assert_eq!(link.1, ["--link-bandwidth", "--link-latency"]);
         let schedule = groups.iter().find(|(g, _)| *g == Group::Schedule).unwrap();
         assert_eq!(schedule.1, ["--schedule", "--partition-kb", "--credit-kb"]);
-        let options = TrainOptions {
-            workers: Some(2),
-            comm: Some("ring".into()),
-            credit_kb: Some(8.into()),
-            ..Default::default()
-        };
-        let cleared = Exchange::without_exchange(&options);
-        assert_eq!(
-            (cleared.workers, cleared.comm, cleared.credit_kb),
-            (Some(2), None, None)
-        );
     }
 
     #[test]

@@ -327,7 +327,7 @@ pub enum ResumeError {
     #[error(
         "--resume {}: {why} (its metadata was changed, or a newer dptrain wrote it), so the \
          run's {record} cannot be followed; resume from another checkpoint of the run, give \
-         each of its options ({}), give --resume-changed to resume on the options given and \
+         its options yourself ({}), give --resume-changed to resume on the options given and \
          the defaults, or start a new run from its weights with --weights",
         path.display(),
         record.options()

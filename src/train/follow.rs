@@ -22,6 +22,9 @@ pub struct FollowedOptions {
     /// Whether the resume would have taken from the run's record of its gradient exchange,
     /// which does not read back.
     pub takes_unread_exchange: bool,
+    /// The run's workers per process, where its record of its gradient exchange reads: what
+    /// a recorded group is judged on by itself (`cli::train`).
+    pub recorded_workers: Option<usize>,
     /// The run's options not taken because the options given hold another of their group
     /// (`--link-bandwidth 1Gbit` where `--link-latency` is given), as flags.
     pub set_aside: Vec<String>,
@@ -141,6 +144,7 @@ fn follow_exchange(
     use crate::train::recorded::Recorded;
     match &run.exchange {
         Recorded::Read(e) => {
+            followed.recorded_workers = Some(e.workers);
             followed.groups = e.groups_to_take(given, |group, value| {
                 Exchange::applies(group, Some(value), one_process)
             });

@@ -568,25 +568,27 @@ fn follow_resumed_run(
         notes.extend(recipe::follow_epochs(cfg, run.and_then(|r| r.epochs)));
         notes.extend(run.and_then(unrecorded));
         let takes_recipe = !cfg.given.whole_recipe();
-        let (recorded, warning) = readable(cfg, run, Record::Recipe, takes_recipe)?;
+        let recorded = run.map(|r| &r.recipe);
+        let (recorded, warning) = readable(cfg, recorded, Record::Recipe, takes_recipe)?;
         warnings.extend(warning);
-        let followed = recipe::follow_recipe(cfg, recorded.and_then(|r| r.recipe.read())).map_err(
-            |source| ResumeError::Recipe {
+        let followed =
+            recipe::follow_recipe(cfg, recorded).map_err(|source| ResumeError::Recipe {
                 path: path.clone(),
                 source,
-            },
-        )?;
+            })?;
         notes.extend(followed.notes);
         warnings.extend(followed.warnings);
         let takes_routine = !cfg.given.whole_routine();
-        let (recorded, warning) = readable(cfg, run, Record::Routine, takes_routine)?;
+        let recorded = run.map(|r| &r.routine);
+        let (recorded, warning) = readable(cfg, recorded, Record::Routine, takes_routine)?;
         warnings.extend(warning);
-        let routine = recipe::follow_routine(cfg, recorded.and_then(|r| r.routine.read()));
+        let routine = recipe::follow_routine(cfg, recorded);
         notes.extend(routine.notes);
         warnings.extend(routine.warnings);
         // Whether the resume would have taken from it was judged before the options resolved.
         let takes_exchange = cfg.takes_unread_exchange;
-        warnings.extend(readable(cfg, run, Record::Exchange, takes_exchange)?.1);
+        let recorded = run.map(|r| &r.exchange);
+        warnings.extend(readable(cfg, recorded, Record::Exchange, takes_exchange)?.1);
         let recorded_compress = run.and_then(|r| r.exchange.read()?.compress.as_deref());
         warnings.extend(recipe::powersgd_dropped(
             cfg,
@@ -605,26 +607,21 @@ fn follow_resumed_run(
     Ok((notes, warnings))
 }
 
-/// The checkpoint's `run`, where its `record` reads back or is absent; where it does not
-/// read back, [`unread_record`]'s judgement of it, given whether the resume would take from
-/// it (`takes`): the refusal, or the warning (and no run to follow it from).
-fn readable<'a>(
+/// The checkpoint's `recorded` record (which one: `record`) where it reads back; where it
+/// does not, [`unread_record`]'s judgement of it, given whether the resume would take from
+/// it (`takes`): the refusal, or the warning (and nothing to follow).
+fn readable<'a, T>(
     cfg: &TrainConfig,
-    run: Option<&'a checkpoint::RunIdentity>,
+    recorded: Option<&'a recorded::Recorded<T>>,
     record: Record,
     takes: bool,
-) -> Result<(Option<&'a checkpoint::RunIdentity>, Option<String>), ResumeError> {
-    let why = run.and_then(|r| match record {
-        Record::Recipe => r.recipe.unreadable(),
-        Record::Routine => r.routine.unreadable(),
-        Record::Exchange => r.exchange.unreadable(),
-    });
-    match why {
+) -> Result<(Option<&'a T>, Option<String>), ResumeError> {
+    match recorded.and_then(|r| r.unreadable()) {
         Some(why) => Ok((
             None,
             Some(unread_record(cfg, record, why.to_string(), takes)?),
         )),
-        None => Ok((run, None)),
+        None => Ok((recorded.and_then(recorded::Recorded::read), None)),
     }
 }
 
@@ -652,9 +649,10 @@ fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
     })
 }
 
-/// A record of the checkpoint's run (`record`) that does not read back (`why`): refused, naming the ways out, where the resume would take options from it
-/// (`takes`) and is not under `--resume-changed`; else the warning that the options given
-/// and the defaults are used.
+/// A record of the checkpoint's run (`record`) that does not read back (`why`): refused,
+/// naming the ways out, where the resume would take options from it (`takes`) and is not
+/// under `--resume-changed`; else the warning that the options given and the defaults are
+/// used.
 fn unread_record(
     cfg: &TrainConfig,
     record: Record,
@@ -1053,15 +1051,15 @@ mod tests {
         run.recipe = recorded::Recorded::Unreadable("metadata 'lr' missing or not valid".into());
         let judged = |cfg: &TrainConfig| {
             let takes = !cfg.given.whole_recipe();
-            readable(cfg, Some(&run), Record::Recipe, takes)
-                .map(|(run, said)| (run.is_some(), said))
+            readable(cfg, Some(&run.recipe), Record::Recipe, takes)
+                .map(|(recipe, said)| (recipe.is_some(), said))
         };
         let err = judged(&resumed(&|o| o.lr = Some(0.1)))
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("metadata 'lr' missing or not valid")
-                && err.contains("give each of its options (--lr, --lr-schedule, --warmup-steps"),
+                && err.contains("give its options yourself (--lr, --lr-schedule, --warmup-steps"),
             "{err}"
         );
         // Every setting given: nothing is taken from it; under --resume-changed, the options
@@ -1087,7 +1085,7 @@ mod tests {
         }
         // The routine reads back: followed.
         let cfg = resumed(&|_| {});
-        let (followed, said) = readable(&cfg, Some(&run), Record::Routine, true).unwrap();
+        let (followed, said) = readable(&cfg, Some(&run.routine), Record::Routine, true).unwrap();
         assert!(followed.is_some() && said.is_none());
     }
 

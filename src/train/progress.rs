@@ -193,7 +193,8 @@ impl RunProgress {
         }
     }
 
-    /// The run resumes its own directory at `resumed` (epochs done, steps of the next done):
+    /// The run resumes at `resumed` (epochs done, steps of the next done) in a directory that
+    /// holds its run (`rundir::Prepared::holds_the_resumed_run`):
     /// `metrics.jsonl`'s lines from there on are cut before this run writes its first.
     pub fn supersede_from(&mut self, resumed: (usize, usize)) {
         self.superseded_from = Some(resumed);

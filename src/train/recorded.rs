@@ -27,8 +27,8 @@ impl Record {
 
     /// The options that, given, leave nothing to take from the record: each of the recipe's
     /// and the routine's; for the exchange, one of each of its groups
-    /// ([`crate::config::ExchangeGroup`]) that the resume's transport has, and over MPI
-    /// `--workers`.
+    /// ([`crate::config::ExchangeGroup`], named by its first: `--link-latency` alone is
+    /// refused) that the resume's transport has, and over MPI `--workers`.
     pub fn options(self) -> String {
         match self {
             Self::Recipe => "--lr, --lr-schedule, --warmup-steps, --momentum, --weight-decay, \
@@ -38,19 +38,18 @@ impl Record {
                               --keep-checkpoints, --keep-commits, --log-every"
                 .into(),
             Self::Exchange => {
-                use crate::config::{Exchange, ExchangeGroup};
-                let groups: Vec<String> = Exchange::flags_by_group()
+                use crate::config::Exchange;
+                let firsts: Vec<String> = Exchange::flags_by_group()
                     .into_iter()
                     .map(|(group, flags)| {
-                        let mpi =
-                            matches!(group, ExchangeGroup::Hierarchy | ExchangeGroup::IntraLink);
-                        let only = if mpi { " (over MPI)" } else { "" };
-                        format!("{}{only}", flags.join(" or "))
+                        let in_one_process = Exchange::applies(group, None, true);
+                        let only = if in_one_process { "" } else { " (over MPI)" };
+                        format!("{}{only}", flags[0])
                     })
                     .collect();
                 format!(
-                    "--workers (over MPI), and one of each: {}",
-                    groups.join("; ")
+                    "--workers (over MPI), and an option of each group: {}",
+                    firsts.join(", ")
                 )
             }
         }
