@@ -136,6 +136,9 @@ pub struct TrainConfig {
     /// exchange, which does not read back (judged before the options resolved:
     /// `train::follow`); the resume refuses it unless `--resume-changed`.
     pub takes_unread_exchange: bool,
+    /// The checkpoint's run's exchange options a resume keeps in [`Self::exchange`] without
+    /// following them (`--hierarchical`, `--intra-*` in one process), as flags, for its note.
+    pub exchange_kept: Vec<String>,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -948,6 +951,7 @@ impl TrainOptions {
             options_from_checkpoint: Vec::new(),
             exchange: Exchange::of(self, workers.workers),
             takes_unread_exchange: false,
+            exchange_kept: Vec::new(),
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),
@@ -1198,14 +1202,8 @@ impl TrainOptions {
         workers: usize,
         comm_timeout: Duration,
     ) -> Result<Option<LinkModel>, String> {
-        let bandwidth = match (emulated(&self.intra_bandwidth), &self.intra_latency) {
-            (None, None) => return Ok(None),
-            (None, Some(_)) => {
-                return Err(
-                    "--intra-latency needs --intra-bandwidth, and one other than none".into(),
-                )
-            }
-            (Some(b), _) => b,
+        let Some(port) = self.intra_port()? else {
+            return Ok(None);
         };
         if comm.transport != TransportKind::Mpi || workers < 2 {
             return Err(format!(
@@ -1228,12 +1226,6 @@ impl TrainOptions {
                 comm.compress
             ));
         }
-        let port = LinkModel {
-            bandwidth_bytes_per_s: parse_bandwidth(bandwidth)
-                .map_err(|e| format!("--intra-bandwidth: {e}"))?,
-            latency: parse_duration(self.intra_latency.as_deref().unwrap_or("0"))
-                .map_err(|e| format!("--intra-latency: {e}"))?,
-        };
         check_link_against_timeout(
             &port,
             comm_timeout.as_secs_f64(),
@@ -1241,6 +1233,35 @@ impl TrainOptions {
             Some("--comm-timeout"),
         )?;
         Ok(Some(port))
+    }
+
+    /// The port `--intra-bandwidth` and `--intra-latency` emulate, read by themselves (what
+    /// they need of the rest of the run: [`Self::resolve_intra_link`]).
+    fn intra_port(&self) -> Result<Option<LinkModel>, String> {
+        let bandwidth = match (emulated(&self.intra_bandwidth), &self.intra_latency) {
+            (None, None) => return Ok(None),
+            (None, Some(_)) => {
+                return Err(
+                    "--intra-latency needs --intra-bandwidth, and one other than none".into(),
+                )
+            }
+            (Some(b), _) => b,
+        };
+        Ok(Some(LinkModel {
+            bandwidth_bytes_per_s: parse_bandwidth(bandwidth)
+                .map_err(|e| format!("--intra-bandwidth: {e}"))?,
+            latency: parse_duration(self.intra_latency.as_deref().unwrap_or("0"))
+                .map_err(|e| format!("--intra-latency: {e}"))?,
+        }))
+    }
+
+    /// Checks the values of the options that mean something only over MPI (`--hierarchical`,
+    /// `--intra-*`) by themselves, as resolving them over MPI reads them: what a resume in
+    /// one process keeps of its checkpoint's run's record without following it is judged so
+    /// (`cli::train`), whether or not this binary has MPI.
+    pub fn check_mpi_only_values(&self) -> Result<(), String> {
+        crate::plan::HierarchyChoice::parse(self.hierarchical.as_deref().unwrap_or("auto"))?;
+        self.intra_port().map(|_| ())
     }
 
     /// The emulated device, if `--emulate-device` gives a profile.

@@ -32,6 +32,11 @@ fn interrupted(dir: &Path, extra: &[&str], fail_at: usize) -> Vec<usize> {
     args.extend(["--inject-fault", &fault]);
     let o = run(&small(dir, &args));
     assert!(!o.status.success(), "the fault did not stop the run");
+    commit_steps(dir)
+}
+
+/// The commits in `dir` (global steps, sorted).
+fn commit_steps(dir: &Path) -> Vec<usize> {
     let mut steps: Vec<usize> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| dptrain::train::commit::commit_step(&e.ok()?.file_name().to_string_lossy()))
@@ -88,8 +93,8 @@ fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
         Some((cut.join("commit-step000000025.safetensors"), 25))
     );
     // Resumed from commit 25 by a run that writes no restart points, commit 30 stays (it
-    // deleted it, "which this run replaces", though the run replaced nothing); by a run that
-    // writes epoch checkpoints, it goes, said.
+    // deleted it, "which this run replaces", though the run replaced nothing); by one that
+    // fails before its first restart point, too (it deleted it at its start).
     let later = cut.join("commit-step000000030.safetensors");
     let from_25 = cut
         .join("commit-step000000025.safetensors")
@@ -100,11 +105,31 @@ fn a_run_stopped_inside_an_epoch_continues_from_its_commit_bit_for_bit() {
         later.exists(),
         "a run writing no restart points removed commit 30"
     );
-    let said = ok(&small(&cut, &["--resume", &from_25, "--commit-every", "0"]));
+    let failing = [
+        "--resume",
+        &from_25,
+        "--commit-every",
+        "0",
+        "--inject-fault",
+        "forward@27",
+    ];
+    let o = run(&small(&cut, &failing));
+    let said = text(&o);
     assert!(
-        !later.exists() && said.contains("a commit past the resumed step"),
+        !o.status.success()
+            && later.exists()
+            && said.contains("is removed when this run writes its first restart point"),
         "{said}"
     );
+    // A run that commits writes commit 30 itself (it was corrupt): its own stays.
+    let mut commits = common.to_vec();
+    commits.extend(["--resume", &from_25, "--keep-commits", "10"]);
+    ok(&small(&cut, &commits));
+    assert!(dptrain::train::checkpoint::Checkpoint::load(&later).is_ok());
+    assert_eq!(commit_steps(&cut), vec![25, 30, 35, 40, 45]);
+    // One that writes epoch checkpoints alone removes every later commit with its first.
+    ok(&small(&cut, &["--resume", &from_25, "--commit-every", "0"]));
+    assert_eq!(commit_steps(&cut), vec![25]);
     for d in [whole, cut] {
         std::fs::remove_dir_all(d).unwrap();
     }
@@ -509,6 +534,65 @@ fn a_resume_given_only_the_checkpoint_follows_its_runs_model_data_batch_and_seed
         "{t}"
     );
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_resume_in_one_process_keeps_the_runs_mpi_only_options_in_its_own_checkpoints() {
+    // `--hierarchical` means nothing in one process, so a resume there does not follow it; it
+    // keeps it in its own record, so that a resume of its checkpoints over MPI still does.
+    let first = tmp("kept-first");
+    ok(&small(
+        &first,
+        &["--workers", "2", "--hierarchical", "2d", "--epochs", "1"],
+    ));
+    let ck1 = first.join("checkpoint-epoch0001.safetensors");
+    let header = |path: &Path| String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
+    let record = br#"hierarchical\":\"2d"#;
+    assert!(header(&ck1).contains(std::str::from_utf8(record).unwrap()));
+    let resumed = tmp("kept-resumed");
+    let mut args = small(&resumed, &["--resume", ck1.to_str().unwrap()]);
+    args.retain(|a| a != "--quiet");
+    let said = ok(&args);
+    assert!(
+        said.contains("keeping the checkpoint's run's --hierarchical 2d in this run's checkpoints"),
+        "{said}"
+    );
+    let ck2 = resumed.join("checkpoint-epoch0002.safetensors");
+    assert!(
+        header(&ck2).contains(std::str::from_utf8(record).unwrap()),
+        "the resumed run's checkpoint lost the hierarchy"
+    );
+    // Kept values are judged as followed ones are: one no run could have had is refused.
+    let mut bytes = std::fs::read(&ck1).unwrap();
+    let at = bytes
+        .windows(record.len())
+        .position(|w| w == record)
+        .unwrap();
+    bytes[at + record.len() - 2..at + record.len()].copy_from_slice(b"zz");
+    let edited = first.join("edited.safetensors");
+    std::fs::write(&edited, bytes).unwrap();
+    let edited = edited.to_str().unwrap();
+    let o = run(&small(&resumed, &["--resume", edited, "--overwrite"]));
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && t.contains("the checkpoint records --hierarchical zz, which no run could have had"),
+        "{t}"
+    );
+    let mut args = small(
+        &resumed,
+        &["--resume", edited, "--overwrite", "--resume-changed"],
+    );
+    args.retain(|a| a != "--quiet");
+    let said = ok(&args);
+    assert!(
+        said.contains("not keeping the checkpoint's run's --hierarchical zz"),
+        "{said}"
+    );
+    assert!(!header(&ck2).contains("hierarchical"));
+    for d in [first, resumed] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
 
 /// The checkpoints a run directory holds, by epoch.

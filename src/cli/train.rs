@@ -55,6 +55,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
         resume_changed: flags.resume_changed,
         ..Default::default()
     };
+    let kept = keep_unfollowed(followed.kept, &flags)?;
     let (mut cfg, dropped) = take_exchange(flags, followed.groups, &baseline, &mut taken, resolve)
         .map_err(|e| {
             let took = (!taken.is_empty()).then(|| {
@@ -74,6 +75,9 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     cfg.warnings
         .extend(aside.map(|a| format!("not resuming with {a}")));
     cfg.warnings.extend(dropped);
+    cfg.warnings.extend(kept.warnings);
+    cfg.exchange = cfg.exchange.clone().keeping(&kept.options);
+    cfg.exchange_kept = kept.flags;
     cfg.options_from_checkpoint = taken;
     cfg.takes_unread_exchange = followed.takes_unread_exchange;
     Ok(cfg)
@@ -132,6 +136,44 @@ fn take_exchange(
         }
     }
     Ok((cfg, dropped))
+}
+
+/// The recorded groups a resume keeps in its own record without following them.
+#[derive(Default)]
+struct KeptGroups {
+    /// Their options laid together.
+    options: TrainOptions,
+    /// The same as flags, for the note.
+    flags: Vec<String>,
+    /// Those not kept under `--resume-changed`, which no run could have had.
+    warnings: Vec<String>,
+}
+
+/// The recorded groups that mean nothing in this resume's number of processes (`groups`:
+/// `--hierarchical`, `--intra-*` in one process), kept in the resumed run's record so that a
+/// later resume over MPI follows them still, each judged by the values' own checks
+/// ([`TrainOptions::check_mpi_only_values`]): one that no run could have had is refused as an
+/// edited record, or under `--resume-changed` left out with a warning (`flags`: the resume).
+fn keep_unfollowed(
+    groups: Vec<crate::config::TakenGroup>,
+    flags: &TrainOptions,
+) -> Result<KeptGroups, String> {
+    let mut kept = KeptGroups::default();
+    for group in groups {
+        match group.options.check_mpi_only_values() {
+            Ok(()) => {
+                kept.options = kept.options.overlaid_with(&group.options);
+                kept.flags.extend(group.flags);
+            }
+            Err(bad) if !flags.resume_changed => return Err(bad_record(flags, &group, bad)),
+            Err(bad) => kept.warnings.push(format!(
+                "not keeping the checkpoint's run's {} for a resume over MPI, which no run \
+                 could have had: {bad}",
+                group.flags.join(", ")
+            )),
+        }
+    }
+    Ok(kept)
 }
 
 /// The refusal of a resume whose checkpoint records a `group` of options that no run could

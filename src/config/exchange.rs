@@ -69,6 +69,17 @@ macro_rules! exchange_options {
                 groups
             }
 
+            /// This record with `kept`'s options where it has none of its own: the groups
+            /// a resume keeps without following them (`crate::train::follow`).
+            pub fn keeping(mut self, kept: &TrainOptions) -> Self {
+                $(
+                    if self.$field.is_none() {
+                        self.$field = kept.$field.clone();
+                    }
+                )*
+                self
+            }
+
             /// The recorded options that `given` leaves out but whose group it gives an
             /// option of, as flags: set aside with their group (to be said).
             pub fn set_aside(&self, given: &TrainOptions) -> Vec<String> {

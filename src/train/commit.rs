@@ -29,6 +29,7 @@ pub use super::rundir::{commit_path, commit_step};
 use crate::nn::Net;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Buffers in flight between the worker and the writer.
@@ -43,25 +44,56 @@ pub fn due(every: usize, global_step: usize, steps_per_epoch: usize) -> bool {
         && !global_step.is_multiple_of(steps_per_epoch.max(1))
 }
 
-/// Deletes the commits in `dir` past `global_step`: a run resumed from an earlier point
-/// abandons them, and they must not be taken for its newest restart point. Returns them.
-pub fn remove_later(dir: &Path, global_step: usize) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let later: Vec<PathBuf> = entries
-        .filter_map(|e| commit_step(&e.ok()?.file_name().to_string_lossy()))
-        .filter(|&s| s > global_step)
-        .map(|s| commit_path(dir, s))
-        .collect();
-    later
-        .into_iter()
-        .filter(|p| std::fs::remove_file(p).is_ok())
-        .collect()
+/// The commits a resumed run found past the step it resumed from: the future of a
+/// continuation it abandons, which it trains again. They stay the directory's newest restart
+/// points until this run writes its first (a commit or an epoch checkpoint), which supersedes
+/// them: a resume that fails before then loses nothing. Global worker 0's epoch checkpoints
+/// and its commit writer share this, so whichever writes first removes them, once.
+#[derive(Debug)]
+pub struct AbandonedCommits {
+    dir: PathBuf,
+    /// The steps of those still to remove (emptied by the first restart point).
+    steps: Mutex<Vec<usize>>,
+}
+
+impl AbandonedCommits {
+    /// The commits in `dir` past `global_step`; `None` where there are none.
+    pub fn find(dir: &Path, global_step: usize) -> Option<Self> {
+        let entries = std::fs::read_dir(dir).ok()?;
+        let mut steps: Vec<usize> = entries
+            .filter_map(|e| commit_step(&e.ok()?.file_name().to_string_lossy()))
+            .filter(|&s| s > global_step)
+            .collect();
+        steps.sort_unstable();
+        (!steps.is_empty()).then(|| Self {
+            dir: dir.to_path_buf(),
+            steps: Mutex::new(steps),
+        })
+    }
+
+    /// Their paths, oldest first.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        steps.iter().map(|&s| commit_path(&self.dir, s)).collect()
+    }
+
+    /// This run writes the commit of `step` itself: that file is no longer one to remove.
+    fn rewritten(&self, step: usize) {
+        let mut steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        steps.retain(|&s| s != step);
+    }
+
+    /// This run has written a restart point: removes those still there.
+    pub fn superseded(&self) {
+        let mut steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        for s in steps.drain(..) {
+            let _ = std::fs::remove_file(commit_path(&self.dir, s));
+        }
+    }
 }
 
 /// Deletes the commits in `dir` older than the newest `keep` up to `global_step`. (Commits of
-/// later steps cannot be there: a resumed run removes them first, with `remove_later`; the
+/// later steps are an abandoned continuation's, which [`AbandonedCommits`] removes; the
 /// filter keeps this function from deleting a newer run's restart points all the same.)
 fn prune(dir: &Path, keep: usize, global_step: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -87,8 +119,13 @@ pub struct Committer {
 }
 
 impl Committer {
-    /// Starts the writer thread, which writes commits into `dir` and keeps the newest `keep`.
-    pub fn start(dir: PathBuf, keep: usize) -> Result<Self, String> {
+    /// Starts the writer thread, which writes commits into `dir` and keeps the newest `keep`;
+    /// the first it writes supersedes the `abandoned` commits.
+    pub fn start(
+        dir: PathBuf,
+        keep: usize,
+        abandoned: Option<Arc<AbandonedCommits>>,
+    ) -> Result<Self, String> {
         // One buffer may wait while the other is written: the step blocks only when both are.
         let (to_writer, jobs) = mpsc::sync_channel::<Checkpoint>(BUFFERS - 1);
         let (back, returned) = mpsc::sync_channel::<Checkpoint>(BUFFERS);
@@ -97,7 +134,13 @@ impl Committer {
             .spawn(move || {
                 for ck in jobs {
                     let step = ck.state.global_step;
+                    if let Some(a) = &abandoned {
+                        a.rewritten(step);
+                    }
                     ck.save(&commit_path(&dir, step))?;
+                    if let Some(a) = &abandoned {
+                        a.superseded();
+                    }
                     prune(&dir, keep, step);
                     let _ = back.send(ck);
                 }

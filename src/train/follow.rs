@@ -19,6 +19,11 @@ pub struct FollowedOptions {
     /// The groups of the run's gradient exchange to take, each where the options resolve
     /// with it (`cli::train`), in order.
     pub groups: Vec<crate::config::TakenGroup>,
+    /// The groups of the run's gradient exchange that mean nothing in the resume's number of
+    /// processes (`--hierarchical`, `--intra-*` in one process): not followed, but kept in
+    /// the record the resumed run writes (`cli::train`), so that a later resume over MPI
+    /// still follows them.
+    pub kept: Vec<crate::config::TakenGroup>,
     /// Whether the resume would have taken from the run's record of its gradient exchange,
     /// which does not read back.
     pub takes_unread_exchange: bool,
@@ -123,7 +128,8 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
 /// aside the groups of its record of how they combined gradients
 /// ([`crate::config::Exchange`]) that `given` gives none of and that mean something in the
 /// resume's transport ([`crate::config::Exchange::applies`]), for `cli::train` to take each
-/// that the options resolve with. A record that does not read back is taken nothing from;
+/// that the options resolve with; those that mean nothing there, to keep in the resumed
+/// run's record (`kept`). A record that does not read back is taken nothing from;
 /// where the resume would have taken from it, `takes_unread_exchange` says so, and the
 /// resume refuses it (`crate::config::TrainConfig::takes_unread_exchange`).
 fn follow_exchange(
@@ -147,6 +153,11 @@ fn follow_exchange(
             followed.recorded_workers = Some(e.workers);
             followed.groups = e.groups_to_take(given, |group, value| {
                 Exchange::applies(group, Some(value), one_process)
+            });
+            // Whatever their value: `--comm mpi-native` is not kept (a resume in one process
+            // runs a mode of its own, which its record says).
+            followed.kept = e.groups_to_take(given, |group, _| {
+                !Exchange::applies(group, None, one_process)
             });
             followed.set_aside = e.set_aside(given);
         }

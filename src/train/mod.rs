@@ -390,6 +390,8 @@ struct PreparedRun {
     /// of it): then its `metrics.jsonl` is that run's, whose lines past the resumed step this
     /// run writes again.
     holds_the_resumed_run: bool,
+    /// The commits past the resumed step, removed by this run's first restart point.
+    abandoned_commits: Option<Arc<commit::AbandonedCommits>>,
 }
 
 impl PreparedRun {
@@ -463,12 +465,15 @@ fn prepare(
     let outputs = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
     // A run that writes no restart points replaces none: the later commits stay (they are
     // the directory's newest restart points still, and nothing of this run supersedes them).
+    let mut abandoned_commits = None;
     if let (Some(ck), 0, false) = (&resume, cfg.process_rank, cfg.no_checkpoints) {
-        for gone in commit::remove_later(&cfg.run_dir, ck.state.global_step) {
+        abandoned_commits = commit::AbandonedCommits::find(&cfg.run_dir, ck.state.global_step);
+        for path in abandoned_commits.iter().flat_map(|a| a.paths()) {
             warn(&format!(
-                "removed {}: a commit past the resumed step, which this run's restart points \
-                 supersede",
-                gone.display()
+                "{} is past the resumed step: it is from training this run redoes, and is \
+                 removed when this run writes its first restart point (resume from it, or into \
+                 another --run-dir, to keep it)",
+                path.display()
             ));
         }
         // Epoch checkpoints are replaced only where this run writes its own (atomically).
@@ -503,6 +508,7 @@ fn prepare(
         trace_path: outputs.trace_path,
         run_dir_lock: outputs.run_dir_lock.map(Arc::new),
         holds_the_resumed_run: outputs.holds_the_resumed_run,
+        abandoned_commits: abandoned_commits.map(Arc::new),
     };
     Ok((run, train_source))
 }
@@ -561,6 +567,13 @@ fn follow_resumed_run(
             notes.push(format!(
                 "resuming the checkpoint's run's {} (give the option for another)",
                 cfg.options_from_checkpoint.join(", ")
+            ));
+        }
+        if !cfg.exchange_kept.is_empty() {
+            notes.push(format!(
+                "keeping the checkpoint's run's {} in this run's checkpoints for a resume over \
+                 MPI to follow (in one process they mean nothing)",
+                cfg.exchange_kept.join(", ")
             ));
         }
         notes.extend(inputs::follow_checkpoint(cfg, ck, &path)?);
@@ -827,6 +840,7 @@ fn spawn_workers(
             description: run.description.clone(),
             tracer: worker_tracer(trace_sink.as_ref(), rank, cfg.world()),
             stop: stop.clone(),
+            abandoned_commits: run.abandoned_commits.clone().filter(|_| rank == 0),
         };
         let compute_threads = cfg.threads;
         let thread = std::thread::Builder::new()
