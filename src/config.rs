@@ -393,12 +393,13 @@ pub struct TrainOptions {
     /// latency, so that no bucket is latency-bound, and under --schedule overlap at least the cap that
     /// pipelines the gradient best on the run's collectives (`plan::PlanInputs::pipelined_cap`);
     /// with only --first-bucket-kb given, 0; resumed: the checkpoint's run's; auto: the
-    /// default, also on a resume].
+    /// default as if the flag were not given (beside --first-bucket-kb N: 0), also on a
+    /// resume].
     #[arg(long)]
     pub bucket_kb: Option<KibOrAuto>,
     /// First bucket's cap in KiB [default: with neither bucket flag given, as --bucket-kb's;
-    /// with only --bucket-kb given, 0; resumed: the checkpoint's run's; auto: the default,
-    /// also on a resume].
+    /// with only --bucket-kb given, 0; resumed: the checkpoint's run's; auto: the default
+    /// as if the flag were not given (beside --bucket-kb N: 0), also on a resume].
     #[arg(long)]
     pub first_bucket_kb: Option<KibOrAuto>,
     /// When buckets are reduced: overlap (in the order backward fills them; the update once
@@ -757,6 +758,7 @@ impl TrainConfig {
         json["intra_bandwidth_bytes_per_s"] = port.map(|l| l.bandwidth_bytes_per_s).into();
         json["intra_latency_us"] = port.map(|l| l.latency.as_secs_f64() * 1e6).into();
         json["commit_every"] = self.commit_every.into();
+        json["on_nonfinite"] = if self.skip_nonfinite { "skip" } else { "stop" }.into();
         json
     }
 }

@@ -595,6 +595,42 @@ fn a_resume_in_one_process_keeps_the_runs_mpi_only_options_in_its_own_checkpoint
     }
 }
 
+#[test]
+fn a_refused_resume_says_nothing_of_the_run_it_does_not_start() {
+    let first = tmp("refused-first");
+    ok(&small(&first, &["--batch", "32"]));
+    let loud = |dir: &Path, extra: &[&str]| {
+        let mut args = small(dir, extra);
+        args.retain(|a| a != "--quiet");
+        let o = run(&args);
+        (o.status.success(), text(&o))
+    };
+    // Finished: asked for fewer epochs, refused without the stretched cosine curve's warning
+    // (said before the refusal, of a run that trains no epoch).
+    let ck2 = first.join("checkpoint-epoch0002.safetensors");
+    let (done, t) = loud(
+        &first,
+        &["--resume", ck2.to_str().unwrap(), "--epochs", "1"],
+    );
+    assert!(
+        !done && t.contains("already completed 2 epochs") && !t.contains("cosine"),
+        "{t}"
+    );
+    // Into the directory of another run: refused by the directory, before the notes of what
+    // the resume took from its checkpoint's run.
+    let other = tmp("refused-other");
+    ok(&small(&other, &["--seed", "7", "--epochs", "1"]));
+    let ck1 = first.join("checkpoint-epoch0001.safetensors");
+    let (done, t) = loud(&other, &["--resume", ck1.to_str().unwrap()]);
+    assert!(
+        !done && t.contains("error:") && !t.contains("resuming the checkpoint's run's"),
+        "{t}"
+    );
+    for d in [first, other] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 /// The checkpoints a run directory holds, by epoch.
 fn checkpoint_epochs(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

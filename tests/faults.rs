@@ -944,6 +944,10 @@ fn nonfinite_loss_stops_with_the_step_or_is_skipped_and_counted() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("warning: MOST UPDATES WERE SKIPPED"), "{out}");
+    // The summary's configuration says what the run did with them.
+    let summary = std::fs::read_to_string(tmp.path().join("cli/summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!(summary["config"]["on_nonfinite"], "skip");
     assert!(
         s.replica_hashes.iter().all(|&h| h == s.replica_hashes[0]),
         "replicas differ after skipped updates"

@@ -338,7 +338,7 @@ pub fn train_in(
             warn(message);
         }
     };
-    let (run, train_source) = prepare(cfg, group, &warn_on_lead)?;
+    let (mut run, train_source) = prepare(cfg, group, &warn_on_lead)?;
     // A signal that ends the run says how to continue it (where the binary watches signals);
     // under `dptrain launch`, launch continues it.
     let farewell = (lead && run.cfg.launched_by.is_none()).then(|| {
@@ -357,6 +357,9 @@ pub fn train_in(
     }
     let workers = spawn_workers(&run, train_source, group, wall, &progress.stop)
         .map_err(TrainError::Start)?;
+    // The workers restore from these and let go of them: nothing holds a resumed run's whole
+    // checkpoint (its weights and momentum) or the start weights through the training.
+    (run.resume, run.weights) = (None, None);
     let mut display = ProgressDisplay::new(&run.cfg, run.total_steps());
     progress.follow(&run.cfg, &workers.events, &mut display, &warn_on_lead);
     // Training is over: a signal from here on has nothing left to resume.
@@ -371,8 +374,9 @@ struct PreparedRun {
     cfg: Arc<TrainConfig>,
     graph: Arc<crate::model::Graph>,
     test_set: Arc<Dataset>,
+    /// The checkpoint of `--resume`, until the workers have it (then `None`: see `train_in`).
     resume: Option<Arc<checkpoint::Checkpoint>>,
-    /// The weights of `--weights`, checked against the model.
+    /// The weights of `--weights`, checked against the model, until the workers have them.
     weights: Option<Arc<weights::StartWeights>>,
     /// What the run's checkpoints record about the model (the normalisation filled in by
     /// the worker).
@@ -416,7 +420,7 @@ fn prepare(
     warn: &dyn Fn(&str),
 ) -> Result<(PreparedRun, Source), PrepareError> {
     let resume = open_resume(&cfg)?;
-    // Said once the resume is known to go ahead (`check_resume_fits`), not before a refusal.
+    // Said once the run is known to go ahead (after `prepare_outputs`), not before a refusal.
     let (resume_notes, resume_warnings) = follow_resumed_run(&mut cfg, resume.as_deref())?;
     let (train_source, test_split) = load_sources(&cfg)?;
     inputs::check_normalization_channels(&cfg, &train_source)?;
@@ -439,16 +443,13 @@ fn prepare(
             notes.iter().for_each(|n| eprintln!("note: {n}"));
         }
     };
-    say_notes(&[input_line]);
-    input_warnings.iter().for_each(|w| warn(w));
     let test_set = test_split.decode().map_err(PrepareError::TestSplit)?;
     let input = graph.input();
+    let mut fit_note = None;
     if let Some(ck) = resume.as_deref() {
-        check_resume_fits(&cfg, (&graph.name, [input.c, input.h, input.w]), ck, warn)?;
+        fit_note = check_resume_fits(&cfg, (&graph.name, [input.c, input.h, input.w]), ck)?;
         continue_computing_as(&mut cfg, ck);
     }
-    say_notes(&resume_notes);
-    resume_warnings.iter().for_each(|w| warn(w));
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
     let weights = load_weights(&cfg, &graph, &description.class_names, warn)?;
     let start_epoch = resume.as_ref().map_or(0, |c| c.state.epoch);
@@ -463,6 +464,12 @@ fn prepare(
     }
     let first_step = start_epoch * steps_per_epoch + start_step_in_epoch;
     let outputs = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
+    // Said once the refusals of a run that cannot start here are past (the run directory's
+    // too), so that a refusal is not preceded by what a run it never starts would do.
+    say_notes(&[input_line]);
+    input_warnings.iter().chain(&fit_note).for_each(|w| warn(w));
+    say_notes(&resume_notes);
+    resume_warnings.iter().for_each(|w| warn(w));
     // A run that writes no restart points replaces none: the later commits stay (they are
     // the directory's newest restart points still, and nothing of this run supersedes them).
     let mut abandoned_commits = None;
@@ -645,7 +652,7 @@ fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
         (run.recipe.is_absent(), Record::Recipe.name()),
         (run.routine.is_absent(), Record::Routine.name()),
         (
-            run.routine.read().is_some_and(|r| r.kept.is_none()),
+            run.routine.read().is_some_and(|r| r.outputs.is_none()),
             "checkpoint and log cadence and keep counts",
         ),
         (run.exchange.is_absent(), Record::Exchange.name()),
@@ -695,22 +702,21 @@ fn open_resume(cfg: &TrainConfig) -> Result<Option<Arc<checkpoint::Checkpoint>>,
     Ok(Some(Arc::new(ck)))
 }
 
-/// Checks the checkpoint of `--resume` against this run's model and data ([`check_resume`];
-/// its note, if any, goes to `warn`), with epochs left to train.
+/// Checks the checkpoint of `--resume` against this run's model and data ([`check_resume`]),
+/// with epochs left to train; returns its warning, if any.
 fn check_resume_fits(
     cfg: &TrainConfig,
     model: (&str, [usize; 3]),
     ck: &checkpoint::Checkpoint,
-    warn: &dyn Fn(&str),
-) -> Result<(), ResumeError> {
+) -> Result<Option<String>, ResumeError> {
     let path = cfg.resume.as_deref().unwrap_or(Path::new(""));
-    if let Some(note) = check_resume(cfg, model, ck, path)? {
-        warn(&note);
-    }
+    let note = check_resume(cfg, model, ck, path)?;
+    // Refused whatever the note says: a stretched schedule means nothing to a run that
+    // trains no epoch.
     if ck.state.epoch >= cfg.epochs {
         return Err(ResumeError::AlreadyDone(ck.state.epoch));
     }
-    Ok(())
+    Ok(note)
 }
 
 /// The weights of `--weights`, checked against this run's model (a net of batch 1 made for
@@ -961,15 +967,11 @@ fn finish(
     summary.skipped_samples = workers.load_stats.skipped();
     summary.skipped_examples = workers.load_stats.examples();
     summary.steps = total_steps;
-    summary.resumed_from = cfg
-        .resume
-        .clone()
-        .filter(|_| run.resume.is_some())
-        .map(|path| summary::ResumedFrom {
-            checkpoint: path,
-            epochs_done: run.start_epoch,
-            steps_into_epoch: run.start_step_in_epoch,
-        });
+    summary.resumed_from = cfg.resume.clone().map(|path| summary::ResumedFrom {
+        checkpoint: path,
+        epochs_done: run.start_epoch,
+        steps_into_epoch: run.start_step_in_epoch,
+    });
     summary.steps_per_epoch = run.steps_per_epoch;
     summary.run_dir_lock = run.run_dir_lock.clone();
     if cfg.process_rank == 0 {
@@ -1115,7 +1117,7 @@ mod tests {
         assert_eq!(unrecorded(&run), None);
         // Written between the routine and the keep counts' recording.
         let mut routine = *run.routine.read().unwrap();
-        routine.kept = None;
+        routine.outputs = None;
         run.routine = recorded::Recorded::Read(routine);
         run.exchange = recorded::Recorded::Absent;
         assert_eq!(

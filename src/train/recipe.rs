@@ -356,12 +356,12 @@ pub struct Routine {
     /// What the run kept and how often it wrote (`None` in checkpoints written before
     /// these were recorded): a resume that took the defaults instead would prune the
     /// checkpoints and commits a run of `--keep-checkpoints 10` kept.
-    pub kept: Option<Kept>,
+    pub outputs: Option<OutputRoutine>,
 }
 
 /// The part of a [`Routine`] that says which files a run writes and keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Kept {
+pub struct OutputRoutine {
     /// `--checkpoint-every`.
     pub checkpoint_every: usize,
     /// `--keep-checkpoints` (at least 1).
@@ -378,7 +378,7 @@ impl Routine {
         Self {
             test_limit: cfg.test_limit,
             commit_every: cfg.commit_every,
-            kept: Some(Kept {
+            outputs: Some(OutputRoutine {
                 checkpoint_every: cfg.checkpoint_every,
                 keep_checkpoints: cfg.keep_checkpoints,
                 keep_commits: cfg.keep_commits,
@@ -393,7 +393,7 @@ impl Routine {
         let limit = self.test_limit.map_or_else(String::new, |n| n.to_string());
         meta.insert("test_limit".into(), limit);
         meta.insert("commit_every".into(), self.commit_every.to_string());
-        if let Some(k) = &self.kept {
+        if let Some(k) = &self.outputs {
             for (key, value) in k.entries() {
                 meta.insert(key.into(), value.to_string());
             }
@@ -407,31 +407,22 @@ impl Routine {
         if limit.is_none() && every.is_none() {
             return Ok(None);
         }
-        let bad = |key: &str| format!("metadata '{key}' missing or not a valid count");
         let test_limit = match limit.map(String::as_str) {
             Some("") => None,
             // As the flag: at least 1 (an evaluation of no image has no figures).
-            Some(n) => Some(
-                n.parse()
-                    .ok()
-                    .filter(|&n: &usize| n >= 1)
-                    .ok_or_else(|| bad("test_limit"))?,
-            ),
-            None => return Err(bad("test_limit")),
+            _ => Some(read_count(meta, "test_limit", 1)?),
         };
-        let commit_every = every
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| bad("commit_every"))?;
+        let commit_every = read_count(meta, "commit_every", 0)?;
         Ok(Some(Self {
             test_limit,
             commit_every,
-            kept: Kept::from_metadata(meta)?,
+            outputs: OutputRoutine::from_metadata(meta)?,
         }))
     }
 }
 
-impl Kept {
-    /// Its metadata keys, in the order of [`Kept::entries`].
+impl OutputRoutine {
+    /// Its metadata keys, in the order of [`OutputRoutine::entries`].
     const KEYS: [&'static str; 4] = [
         "checkpoint_every",
         "keep_checkpoints",
@@ -456,24 +447,27 @@ impl Kept {
         if Self::KEYS.iter().all(|k| !meta.contains_key(*k)) {
             return Ok(None);
         }
-        let read = |key: &str, least: usize| {
-            meta.get(key)
-                .and_then(|v| v.parse::<usize>().ok())
-                .filter(|&n| n >= least)
-                .ok_or_else(|| format!("metadata '{key}' missing or not a valid count"))
-        };
         Ok(Some(Self {
-            checkpoint_every: read("checkpoint_every", 0)?,
-            keep_checkpoints: read("keep_checkpoints", 1)?,
-            keep_commits: read("keep_commits", 1)?,
-            log_every: read("log_every", 0)?,
+            checkpoint_every: read_count(meta, "checkpoint_every", 0)?,
+            keep_checkpoints: read_count(meta, "keep_checkpoints", 1)?,
+            keep_commits: read_count(meta, "keep_commits", 1)?,
+            log_every: read_count(meta, "log_every", 0)?,
         }))
     }
 }
 
+/// The count `meta` records under `key`, at least `least`; one missing, not a number or
+/// below it, named.
+fn read_count(meta: &HashMap<String, String>, key: &str, least: usize) -> Result<usize, String> {
+    meta.get(key)
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n >= least)
+        .ok_or_else(|| format!("metadata '{key}' missing or not a valid count"))
+}
+
 /// Takes the run's checkpoint cadence, the checkpoints and commits it kept and its log
 /// cadence where they were not given.
-fn take_kept(cfg: &mut TrainConfig, run: &Kept, taken: &mut Vec<String>) {
+fn take_outputs(cfg: &mut TrainConfig, run: &OutputRoutine, taken: &mut Vec<String>) {
     // Not where this run writes no checkpoints, nor what it keeps of commits it makes none of.
     let writes = !cfg.no_checkpoints;
     let commits = writes && cfg.commit_every > 0;
@@ -492,7 +486,7 @@ fn take_kept(cfg: &mut TrainConfig, run: &Kept, taken: &mut Vec<String>) {
     }
 }
 
-/// Takes the checkpoint's run's `--test-limit`, `--commit-every` and what it kept ([`Kept`])
+/// Takes the checkpoint's run's `--test-limit`, `--commit-every` and what it kept ([`OutputRoutine`])
 /// where they were not given (a note lists those that differ from this run's); a given test
 /// limit other than the run's is warned about, since the run's epochs are then evaluated on
 /// two numbers of images.
@@ -520,8 +514,8 @@ pub fn follow_routine(cfg: &mut TrainConfig, recorded: Option<&Routine>) -> Foll
         cfg.commit_every = run.commit_every;
         taken.push(format!("--commit-every {}", run.commit_every));
     }
-    if let Some(kept) = run.kept {
-        take_kept(cfg, &kept, &mut taken);
+    if let Some(outputs) = run.outputs {
+        take_outputs(cfg, &outputs, &mut taken);
     }
     if !taken.is_empty() {
         followed.notes.push(format!(
@@ -668,10 +662,13 @@ mod tests {
         zero.insert("test_limit".into(), "0".into());
         let err = Routine::from_metadata(&zero).unwrap_err();
         assert!(err.contains("'test_limit'"), "{err}");
-        for key in Kept::KEYS {
+        for key in OutputRoutine::KEYS {
             meta.remove(key);
         }
-        assert_eq!(Routine::from_metadata(&meta).unwrap().unwrap().kept, None);
+        assert_eq!(
+            Routine::from_metadata(&meta).unwrap().unwrap().outputs,
+            None
+        );
     }
 
     #[test]
