@@ -139,6 +139,9 @@ pub struct TrainConfig {
     /// The checkpoint's run's exchange options a resume keeps in [`Self::exchange`] without
     /// following them (`--hierarchical`, `--intra-*` in one process), as flags, for its note.
     pub exchange_kept: Vec<String>,
+    /// Whether [`Self::intra_link`] was taken from a resumed checkpoint's run (not given): a
+    /// run of one MPI process then leaves it out, said, rather than refuse it.
+    pub intra_link_followed: bool,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -954,6 +957,7 @@ impl TrainOptions {
             exchange: Exchange::of(self, workers.workers),
             takes_unread_exchange: false,
             exchange_kept: Vec::new(),
+            intra_link_followed: false,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),

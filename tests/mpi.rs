@@ -297,6 +297,28 @@ fn an_emulated_port_within_each_rank_delays_the_hierarchies_without_changing_the
         "{t}"
     );
     assert!(!t.contains("done:"), "{t}");
+    // A resume in one process of a run that had a port: the port is the checkpoint's, not
+    // given, so left with a warning rather than refused.
+    let ck = tmp
+        .path()
+        .join("leader-port/checkpoint-epoch0001.safetensors");
+    let dir = tmp.path().join("one-process-resume");
+    let mut args = small(&dir, &["--resume", ck.to_str().unwrap()]);
+    args.retain(|a| a != "--quiet");
+    let o = mpirun()
+        .args(["-np", "1", BIN])
+        .args(args)
+        .args(["--transport", "mpi"])
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains(
+            "not resuming with the checkpoint's run's --intra-bandwidth: this run has one process"
+        ),
+        "{t}"
+    );
 }
 
 #[test]

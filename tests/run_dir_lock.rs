@@ -329,6 +329,44 @@ fn a_checkpoint_that_does_not_fit_names_the_restart_point_to_continue_from() {
     drop(fs);
 }
 
+/// A resume from an earlier point that stops before its first restart point names where it
+/// continues from, not a restart point it abandons (the commit past the resumed step, which
+/// stays until this run writes one and was named as the newest).
+#[test]
+fn a_resume_that_stops_early_names_its_own_restart_point_not_an_abandoned_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = tmp.path().join("whole");
+    let args = ["--commit-every", "1", "--keep-commits", "1"];
+    let o = dptrain(&train_args(whole.to_str().unwrap(), "2", &args), tmp.path());
+    assert!(o.status.success(), "{}", text(&o));
+    // Epoch 1's checkpoint and a commit of epoch 2 (4 steps an epoch): 2 of 358 KB, room for
+    // no third, which the resume's epoch checkpoint needs.
+    let fs = Tmpfs::mount(tmp.path(), "900k");
+    let run_dir = fs.0.join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let first = run_dir.join("checkpoint-epoch0001.safetensors");
+    std::fs::copy(whole.join("checkpoint-epoch0001.safetensors"), &first).unwrap();
+    let commit = "commit-step000000007.safetensors";
+    std::fs::copy(whole.join(commit), run_dir.join(commit)).unwrap();
+    let resume = ["--resume", first.to_str().unwrap(), "--commit-every", "0"];
+    let o = dptrain(
+        &train_args(run_dir.to_str().unwrap(), "2", &resume),
+        tmp.path(),
+    );
+    let all = text(&o);
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    let error = all.lines().find(|l| l.starts_with("error: ")).unwrap_or("");
+    assert!(error.contains("No space left"), "{all}");
+    assert!(
+        error.contains(&format!("continue with --resume {}", first.display())),
+        "{all}"
+    );
+    // Not removed either: the resume wrote no restart point to supersede it.
+    assert!(run_dir.join(commit).is_file());
+    drop(fs);
+}
+
 /// Row 9's other half: `--resume` in a directory whose `metrics.jsonl` ends in a torn line
 /// (what a crash mid-append of an older dptrain left) cuts it off with a warning, so the
 /// resumed run's lines start on lines of their own.

@@ -78,6 +78,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     cfg.warnings.extend(kept.warnings);
     cfg.exchange = cfg.exchange.clone().keeping(&kept.options);
     cfg.exchange_kept = kept.flags;
+    cfg.intra_link_followed = cfg.intra_link.is_some() && given.intra_bandwidth.is_none();
     cfg.options_from_checkpoint = taken;
     cfg.takes_unread_exchange = followed.takes_unread_exchange;
     Ok(cfg)

@@ -25,11 +25,14 @@
 
 use super::checkpoint::{Checkpoint, CheckpointError, OptimizerState, TrainState};
 use super::description::ModelDescription;
+use super::event::Event;
+use super::rundir::AbandonedRestartPoints;
 pub use super::rundir::{commit_path, commit_step};
 use crate::nn::Net;
+use crossbeam_channel::Sender;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Buffers in flight between the worker and the writer.
@@ -44,56 +47,9 @@ pub fn due(every: usize, global_step: usize, steps_per_epoch: usize) -> bool {
         && !global_step.is_multiple_of(steps_per_epoch.max(1))
 }
 
-/// The commits a resumed run found past the step it resumed from: the future of a
-/// continuation it abandons, which it trains again. They stay the directory's newest restart
-/// points until this run writes its first (a commit or an epoch checkpoint), which supersedes
-/// them: a resume that fails before then loses nothing. Global worker 0's epoch checkpoints
-/// and its commit writer share this, so whichever writes first removes them, once.
-#[derive(Debug)]
-pub struct AbandonedCommits {
-    dir: PathBuf,
-    /// The steps of those still to remove (emptied by the first restart point).
-    steps: Mutex<Vec<usize>>,
-}
-
-impl AbandonedCommits {
-    /// The commits in `dir` past `global_step`; `None` where there are none.
-    pub fn find(dir: &Path, global_step: usize) -> Option<Self> {
-        let entries = std::fs::read_dir(dir).ok()?;
-        let mut steps: Vec<usize> = entries
-            .filter_map(|e| commit_step(&e.ok()?.file_name().to_string_lossy()))
-            .filter(|&s| s > global_step)
-            .collect();
-        steps.sort_unstable();
-        (!steps.is_empty()).then(|| Self {
-            dir: dir.to_path_buf(),
-            steps: Mutex::new(steps),
-        })
-    }
-
-    /// Their paths, oldest first.
-    pub fn paths(&self) -> Vec<PathBuf> {
-        let steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
-        steps.iter().map(|&s| commit_path(&self.dir, s)).collect()
-    }
-
-    /// This run writes the commit of `step` itself: that file is no longer one to remove.
-    fn rewritten(&self, step: usize) {
-        let mut steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
-        steps.retain(|&s| s != step);
-    }
-
-    /// This run has written a restart point: removes those still there.
-    pub fn superseded(&self) {
-        let mut steps = self.steps.lock().unwrap_or_else(|p| p.into_inner());
-        for s in steps.drain(..) {
-            let _ = std::fs::remove_file(commit_path(&self.dir, s));
-        }
-    }
-}
-
 /// Deletes the commits in `dir` older than the newest `keep` up to `global_step`. (Commits of
-/// later steps are an abandoned continuation's, which [`AbandonedCommits`] removes; the
+/// later steps are an abandoned continuation's, which
+/// [`super::rundir::AbandonedRestartPoints`] removes; the
 /// filter keeps this function from deleting a newer run's restart points all the same.)
 fn prune(dir: &Path, keep: usize, global_step: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -120,11 +76,12 @@ pub struct Committer {
 
 impl Committer {
     /// Starts the writer thread, which writes commits into `dir` and keeps the newest `keep`;
-    /// the first it writes supersedes the `abandoned` commits.
+    /// the first it writes supersedes the `abandoned` commits (a removal that fails is a
+    /// warning on `events`).
     pub fn start(
         dir: PathBuf,
         keep: usize,
-        abandoned: Option<Arc<AbandonedCommits>>,
+        abandoned: Option<(Arc<AbandonedRestartPoints>, Sender<Event>)>,
     ) -> Result<Self, String> {
         // One buffer may wait while the other is written: the step blocks only when both are.
         let (to_writer, jobs) = mpsc::sync_channel::<Checkpoint>(BUFFERS - 1);
@@ -134,13 +91,16 @@ impl Committer {
             .spawn(move || {
                 for ck in jobs {
                     let step = ck.state.global_step;
-                    if let Some(a) = &abandoned {
-                        a.rewritten(step);
+                    if let Some((a, _)) = &abandoned {
+                        a.rewriting_commit(step);
                     }
-                    ck.save(&commit_path(&dir, step))?;
-                    if let Some(a) = &abandoned {
-                        a.superseded();
+                    let saved = ck.save(&commit_path(&dir, step));
+                    if let Some((a, events)) = &abandoned {
+                        for failed in a.commit_written(step, saved.is_ok()) {
+                            let _ = events.send(Event::Warning(failed));
+                        }
                     }
+                    saved?;
                     prune(&dir, keep, step);
                     let _ = back.send(ck);
                 }

@@ -320,6 +320,17 @@ pub fn train_in(
     }
     crate::plan::per_worker_batch(cfg.batch, cfg.workers, cfg.processes)
         .map_err(|e| TrainError::from(PrepareError::Config(e.to_string())))?;
+    if cfg.intra_link.is_some() && cfg.processes == 1 && cfg.intra_link_followed {
+        // The checkpoint's run's port, which this process has none of: left (its record keeps
+        // it, as a resume in one process does).
+        cfg.intra_link = None;
+        if lead {
+            warn(
+                "not resuming with the checkpoint's run's --intra-bandwidth: this run has one \
+                 process, which has no port between processes to emulate",
+            );
+        }
+    }
     if cfg.intra_link.is_some() && cfg.processes == 1 {
         // One process has no hierarchy: its workers would plan and run as flat threads, and
         // the port would be recorded but not emulated.
@@ -348,6 +359,7 @@ pub fn train_in(
             run_dir_given: run.cfg.run_dir_given,
             writes_checkpoints: !run.cfg.no_checkpoints,
             processes: run.cfg.processes,
+            abandoned: run.abandoned.clone(),
         };
         crate::interrupt::say_on_signal(move || Some(continuation.line()))
     });
@@ -394,8 +406,8 @@ struct PreparedRun {
     /// of it): then its `metrics.jsonl` is that run's, whose lines past the resumed step this
     /// run writes again.
     holds_the_resumed_run: bool,
-    /// The commits past the resumed step, removed by this run's first restart point.
-    abandoned_commits: Option<Arc<commit::AbandonedCommits>>,
+    /// The restart points past the resumed step ([`rundir::AbandonedRestartPoints`]).
+    abandoned: Option<Arc<rundir::AbandonedRestartPoints>>,
 }
 
 impl PreparedRun {
@@ -464,37 +476,13 @@ fn prepare(
     }
     let first_step = start_epoch * steps_per_epoch + start_step_in_epoch;
     let outputs = prepare_outputs(&mut cfg, first_step, steps_per_epoch, warn)?;
-    // Said once the refusals of a run that cannot start here are past (the run directory's
-    // too), so that a refusal is not preceded by what a run it never starts would do.
+    // Said once the run directory's checks are past, so that a run refused there is not
+    // told first what it would have followed (a check of the processes can still refuse).
     say_notes(&[input_line]);
     input_warnings.iter().chain(&fit_note).for_each(|w| warn(w));
     say_notes(&resume_notes);
     resume_warnings.iter().for_each(|w| warn(w));
-    // A run that writes no restart points replaces none: the later commits stay (they are
-    // the directory's newest restart points still, and nothing of this run supersedes them).
-    let mut abandoned_commits = None;
-    if let (Some(ck), 0, false) = (&resume, cfg.process_rank, cfg.no_checkpoints) {
-        abandoned_commits = commit::AbandonedCommits::find(&cfg.run_dir, ck.state.global_step);
-        for path in abandoned_commits.iter().flat_map(|a| a.paths()) {
-            warn(&format!(
-                "{} is past the resumed step: it is from training this run redoes, and is \
-                 removed when this run writes its first restart point (resume from it, or into \
-                 another --run-dir, to keep it)",
-                path.display()
-            ));
-        }
-        // Epoch checkpoints are replaced only where this run writes its own (atomically).
-        for (epoch, path) in rundir::epoch_checkpoints(&cfg.run_dir) {
-            if epoch > start_epoch {
-                warn(&format!(
-                    "{} is past the resumed epoch {start_epoch}: it is from training this run \
-                     redoes, and is replaced only if this run checkpoints epoch {epoch} (resume \
-                     from it, or into another --run-dir, to keep it)",
-                    path.display()
-                ));
-            }
-        }
-    }
+    let abandoned = abandoned_restart_points(&cfg, resume.as_deref(), warn);
     if group.size() > 1 {
         plan_for_the_measured_link(&mut cfg, group).map_err(PrepareError::Processes)?;
         let lines =
@@ -515,7 +503,7 @@ fn prepare(
         trace_path: outputs.trace_path,
         run_dir_lock: outputs.run_dir_lock.map(Arc::new),
         holds_the_resumed_run: outputs.holds_the_resumed_run,
-        abandoned_commits: abandoned_commits.map(Arc::new),
+        abandoned,
     };
     Ok((run, train_source))
 }
@@ -576,7 +564,7 @@ fn follow_resumed_run(
                 cfg.options_from_checkpoint.join(", ")
             ));
         }
-        if !cfg.exchange_kept.is_empty() {
+        if !cfg.exchange_kept.is_empty() && !cfg.no_checkpoints {
             notes.push(format!(
                 "keeping the checkpoint's run's {} in this run's checkpoints for a resume over \
                  MPI to follow (in one process they mean nothing)",
@@ -846,7 +834,7 @@ fn spawn_workers(
             description: run.description.clone(),
             tracer: worker_tracer(trace_sink.as_ref(), rank, cfg.world()),
             stop: stop.clone(),
-            abandoned_commits: run.abandoned_commits.clone().filter(|_| rank == 0),
+            abandoned: run.abandoned.clone().filter(|_| rank == 0),
         };
         let compute_threads = cfg.threads;
         let thread = std::thread::Builder::new()
@@ -934,13 +922,13 @@ fn finish(
         if !progress.failures[..before].iter().any(|f| !f.is_echo()) {
             return Err(TrainError::Metrics {
                 error: Box::new(error),
-                checkpoint: newest_restart_point(cfg),
+                checkpoint: newest_restart_point(run),
             });
         }
     }
     match the_cause(progress.failures) {
         Some(WorkerError::Checkpoint(error)) => {
-            let restart = newest_restart_point(cfg);
+            let restart = newest_restart_point(run);
             return Err(TrainError::CheckpointWrite { error, restart });
         }
         Some(cause) => return Err(TrainError::Worker(cause)),
@@ -990,10 +978,45 @@ fn finish(
     })
 }
 
-/// The newest restart point (epoch checkpoint or commit) in the run directory, for the
-/// message of a run that stopped.
-fn newest_restart_point(cfg: &TrainConfig) -> Option<PathBuf> {
-    rundir::newest_restart_point(&cfg.run_dir).map(|(path, _)| path)
+/// The newest restart point (epoch checkpoint or commit) in the run directory, but those the
+/// run abandons, for the message of a run that stopped.
+fn newest_restart_point(run: &PreparedRun) -> Option<PathBuf> {
+    let abandoned = run.abandoned.as_deref();
+    rundir::newest_restart_point_but(&run.cfg.run_dir, abandoned).map(|(path, _)| path)
+}
+
+/// The restart points in the run directory past the step a resume (`resume`) continues from
+/// ([`rundir::AbandonedRestartPoints`]), each named to `warn`; none where the run writes no
+/// restart points (it replaces none: they stay the directory's newest) or is not the
+/// directory's writer (process rank 0).
+fn abandoned_restart_points(
+    cfg: &TrainConfig,
+    resume: Option<&checkpoint::Checkpoint>,
+    warn: &dyn Fn(&str),
+) -> Option<Arc<rundir::AbandonedRestartPoints>> {
+    let state = &resume
+        .filter(|_| cfg.process_rank == 0 && !cfg.no_checkpoints)?
+        .state;
+    let abandoned =
+        rundir::AbandonedRestartPoints::find(&cfg.run_dir, state.global_step, state.epoch)?;
+    for path in abandoned.commit_paths() {
+        warn(&format!(
+            "{} is past the resumed step: it is from training this run redoes, and is removed \
+             when this run writes its first restart point (resume from it, or into another \
+             --run-dir, to keep it)",
+            path.display()
+        ));
+    }
+    for (epoch, path) in abandoned.epoch_paths() {
+        warn(&format!(
+            "{} is past the resumed epoch {}: it is from training this run redoes, and is \
+             replaced only if this run checkpoints epoch {epoch} (resume from it, or into \
+             another --run-dir, to keep it)",
+            path.display(),
+            state.epoch
+        ));
+    }
+    Some(Arc::new(abandoned))
 }
 
 /// The failure a run reports: the first that is not an echo of another (peers whose

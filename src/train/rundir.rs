@@ -163,8 +163,18 @@ pub fn epoch_checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
 /// only the chosen file (and any newer one that fails its check) is read in full. `None` if
 /// there is none.
 pub fn newest_restart_point(dir: &Path) -> Option<(PathBuf, TrainState)> {
+    newest_restart_point_but(dir, None)
+}
+
+/// [`newest_restart_point`] of a run that abandons `abandoned` (a resume from an earlier
+/// point): where that run continues from.
+pub fn newest_restart_point_but(
+    dir: &Path,
+    abandoned: Option<&AbandonedRestartPoints>,
+) -> Option<(PathBuf, TrainState)> {
     restart_points(dir)
         .into_iter()
+        .filter(|(p, _)| !abandoned.is_some_and(|a| a.holds(p)))
         .find(|(p, _)| Checkpoint::load(p).is_ok())
 }
 
@@ -188,6 +198,123 @@ fn restart_points(dir: &Path) -> Vec<(PathBuf, TrainState)> {
     found
 }
 
+/// The restart points a resumed run found past the step it resumed from: the future of a
+/// continuation it abandons, which it trains again. None is named as where the run continues
+/// (the line a signal prints, a failure's message) unless this run writes it again. The
+/// commits stay until this run writes its first restart point (a commit or an epoch
+/// checkpoint), which supersedes them: a resume that fails before then loses none of them.
+/// An epoch checkpoint is replaced only where this run writes that epoch's. Global worker 0's
+/// epoch checkpoints and its commit writer thread share this (one lock), so whichever writes
+/// first removes the commits, once, and never one this run wrote.
+#[derive(Debug)]
+pub struct AbandonedRestartPoints {
+    dir: PathBuf,
+    listed: std::sync::Mutex<Listed>,
+}
+
+/// What [`AbandonedRestartPoints`] still holds.
+#[derive(Debug)]
+struct Listed {
+    /// The steps of the commits still there.
+    commits: Vec<usize>,
+    /// The epochs of the epoch checkpoints this run has not written again.
+    epochs: Vec<usize>,
+}
+
+impl AbandonedRestartPoints {
+    /// The commits in `dir` past `global_step` and the epoch checkpoints past `epoch`; `None`
+    /// where there are none.
+    pub fn find(dir: &Path, global_step: usize, epoch: usize) -> Option<Self> {
+        let mut commits: Vec<usize> = run_files_in(dir)
+            .iter()
+            .filter_map(|n| commit_step(n))
+            .filter(|&s| s > global_step)
+            .collect();
+        commits.sort_unstable();
+        let epochs: Vec<usize> = epoch_checkpoints(dir)
+            .into_iter()
+            .map(|(e, _)| e)
+            .filter(|&e| e > epoch)
+            .collect();
+        (!commits.is_empty() || !epochs.is_empty()).then(|| Self {
+            dir: dir.to_path_buf(),
+            listed: std::sync::Mutex::new(Listed { commits, epochs }),
+        })
+    }
+
+    fn listed(&self) -> std::sync::MutexGuard<'_, Listed> {
+        self.listed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The commits, oldest first.
+    pub fn commit_paths(&self) -> Vec<PathBuf> {
+        let listed = self.listed();
+        listed
+            .commits
+            .iter()
+            .map(|&s| commit_path(&self.dir, s))
+            .collect()
+    }
+
+    /// The epoch checkpoints (epoch, path), oldest first.
+    pub fn epoch_paths(&self) -> Vec<(usize, PathBuf)> {
+        let listed = self.listed();
+        let path = |e| super::checkpoint::checkpoint_path(&self.dir, e);
+        listed.epochs.iter().map(|&e| (e, path(e))).collect()
+    }
+
+    /// Whether `path` is one of them still.
+    pub fn holds(&self, path: &Path) -> bool {
+        self.commit_paths().iter().any(|p| p == path)
+            || self.epoch_paths().iter().any(|(_, p)| p == path)
+    }
+
+    /// This run is about to write the commit of `step`: that file is this run's from now on.
+    pub fn rewriting_commit(&self, step: usize) {
+        self.listed().commits.retain(|&s| s != step);
+    }
+
+    /// This run wrote the commit of `step` (`written`), or failed to, which leaves the file
+    /// there the abandoned one. Returns what could not be removed, said.
+    pub fn commit_written(&self, step: usize, written: bool) -> Vec<String> {
+        if written {
+            return self.superseded();
+        }
+        let mut listed = self.listed();
+        if commit_path(&self.dir, step).exists() && !listed.commits.contains(&step) {
+            listed.commits.push(step);
+            listed.commits.sort_unstable();
+        }
+        Vec::new()
+    }
+
+    /// This run wrote the checkpoint of `epoch`. Returns what could not be removed, said.
+    pub fn epoch_written(&self, epoch: usize) -> Vec<String> {
+        self.listed().epochs.retain(|&e| e != epoch);
+        self.superseded()
+    }
+
+    /// This run has written a restart point: removes the commits still there. Returns each
+    /// that could not be removed (it stays the directory's newest restart point), said.
+    fn superseded(&self) -> Vec<String> {
+        let mut listed = self.listed();
+        let mut failed = Vec::new();
+        for s in std::mem::take(&mut listed.commits) {
+            let path = commit_path(&self.dir, s);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => failed.push(format!(
+                    "cannot remove {}, a commit past the resumed step that this run's restart \
+                     points supersede: {e} (delete it: it is not this run's)",
+                    path.display()
+                )),
+            }
+        }
+        failed
+    }
+}
+
 /// Where a run that a signal ends can be resumed from, for the line it says then.
 #[derive(Debug, Clone)]
 pub struct Continuation {
@@ -203,6 +330,8 @@ pub struct Continuation {
     /// The run's MPI processes (1: one process), which a resume needs as many of to continue
     /// as the same run.
     pub processes: usize,
+    /// The restart points a resumed run abandons, never named as where it continues.
+    pub abandoned: Option<std::sync::Arc<AbandonedRestartPoints>>,
 }
 
 impl Continuation {
@@ -214,7 +343,11 @@ impl Continuation {
             1 => "dptrain train".to_string(),
             n => format!("mpirun -np {n} dptrain train --transport mpi"),
         };
-        if let Some((path, state)) = restart_points(&self.run_dir).into_iter().next() {
+        let abandoned = self.abandoned.as_deref();
+        let newest = restart_points(&self.run_dir)
+            .into_iter()
+            .find(|(p, _)| !abandoned.is_some_and(|a| a.holds(p)));
+        if let Some((path, state)) = newest {
             return format!(
                 "interrupted; `{train} --resume {}` resumes the run from its newest restart \
                  point ({} done, {} into the next epoch)",
@@ -781,6 +914,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn abandoned_restart_points_are_never_this_runs_and_go_with_its_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        for step in [3, 5, 10] {
+            std::fs::write(commit_path(dir, step), b"x").unwrap();
+        }
+        let epoch2 = super::super::checkpoint::checkpoint_path(dir, 2);
+        std::fs::write(&epoch2, b"x").unwrap();
+        // Resumed from step 4 of epoch 1: the commits 5 and 10 and epoch 2's checkpoint.
+        let a = AbandonedRestartPoints::find(dir, 4, 1).unwrap();
+        assert_eq!(a.commit_paths(), [commit_path(dir, 5), commit_path(dir, 10)]);
+        assert!(a.holds(&epoch2) && !a.holds(&commit_path(dir, 3)));
+        // A commit of step 5 that fails to write leaves the abandoned file, listed again.
+        a.rewriting_commit(5);
+        assert!(!a.holds(&commit_path(dir, 5)));
+        assert!(a.commit_written(5, false).is_empty());
+        assert!(a.holds(&commit_path(dir, 5)));
+        // Written at step 5: this run's, kept; the other commit goes.
+        a.rewriting_commit(5);
+        assert!(a.commit_written(5, true).is_empty());
+        assert!(commit_path(dir, 5).exists() && !commit_path(dir, 10).exists());
+        assert!(a.commit_paths().is_empty() && a.holds(&epoch2));
+        // Epoch 2 written again: this run's.
+        assert!(a.epoch_written(2).is_empty());
+        assert!(!a.holds(&epoch2) && epoch2.exists());
+        assert!(AbandonedRestartPoints::find(dir, 10, 2).is_none());
+    }
+
+    #[test]
     fn an_interrupted_run_of_several_processes_is_resumed_under_mpirun() {
         let tmp = tempfile::tempdir().unwrap();
         let continuation = |processes| Continuation {
@@ -789,6 +951,7 @@ mod tests {
             run_dir_given: false,
             writes_checkpoints: true,
             processes,
+            abandoned: None,
         };
         let over_mpi = continuation(2).line();
         assert!(

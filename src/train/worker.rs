@@ -50,9 +50,9 @@ pub struct WorkerSetup {
     pub description: Arc<super::description::ModelDescription>,
     /// Timeline handle ([`Tracer::off`] without `--trace`).
     pub tracer: Tracer,
-    /// The commits past the resumed step, which this worker's first restart point supersedes
-    /// (global worker 0 of a resumed run that found some; `None` elsewhere).
-    pub abandoned_commits: Option<Arc<super::commit::AbandonedCommits>>,
+    /// The restart points past the resumed step, which this worker's restart points
+    /// supersede (global worker 0 of a resumed run that found some; `None` elsewhere).
+    pub abandoned: Option<Arc<super::rundir::AbandonedRestartPoints>>,
     /// Set by the run when it must stop (a `metrics.jsonl` line could not be written): the
     /// worker leaves before its next step.
     pub stop: Arc<std::sync::atomic::AtomicBool>,
@@ -295,9 +295,9 @@ pub struct Worker {
     start_step_in_epoch: usize,
     /// Global worker 0's restart points every `--commit-every` steps (`None` elsewhere).
     committer: Option<super::commit::Committer>,
-    /// The commits past the resumed step, which the first epoch checkpoint supersedes where
-    /// no commit has ([`WorkerSetup::abandoned_commits`]).
-    abandoned_commits: Option<Arc<super::commit::AbandonedCommits>>,
+    /// The restart points past the resumed step, which the epoch checkpoints supersede
+    /// ([`WorkerSetup::abandoned`]).
+    abandoned: Option<Arc<super::rundir::AbandonedRestartPoints>>,
     /// With `--compress powersgd:R` and 2 or more workers: PowerSGD's state as checkpoints
     /// record it (every worker's error feedback on worker 0), gathered when one is due.
     powersgd_checkpoint: Option<PowerSgdGather>,
@@ -430,7 +430,7 @@ impl Worker {
         }
         let committer = (s.rank == 0 && cfg.commit_every > 0 && !cfg.no_checkpoints)
             .then(|| {
-                let abandoned = s.abandoned_commits.clone();
+                let abandoned = s.abandoned.clone().map(|a| (a, s.events.clone()));
                 super::commit::Committer::start(cfg.run_dir.clone(), cfg.keep_commits, abandoned)
             })
             .transpose()
@@ -501,7 +501,7 @@ impl Worker {
             start_epoch,
             start_step_in_epoch,
             committer,
-            abandoned_commits: s.abandoned_commits,
+            abandoned: s.abandoned,
             powersgd_checkpoint,
             priority,
             phase: Phase::Start,
@@ -760,8 +760,10 @@ impl Worker {
             slow,
         )
         .map_err(WorkerError::Checkpoint)?;
-        if let Some(a) = &self.abandoned_commits {
-            a.superseded();
+        if let Some(a) = &self.abandoned {
+            for failed in a.epoch_written(epoch + 1) {
+                let _ = self.events.send(Event::Warning(failed));
+            }
         }
         checkpoint::prune(&self.cfg.run_dir, self.cfg.keep_checkpoints, epoch + 1);
         Ok(path)
