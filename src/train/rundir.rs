@@ -924,7 +924,10 @@ mod tests {
         std::fs::write(&epoch2, b"x").unwrap();
         // Resumed from step 4 of epoch 1: the commits 5 and 10 and epoch 2's checkpoint.
         let a = AbandonedRestartPoints::find(dir, 4, 1).unwrap();
-        assert_eq!(a.commit_paths(), [commit_path(dir, 5), commit_path(dir, 10)]);
+        assert_eq!(
+            a.commit_paths(),
+            [commit_path(dir, 5), commit_path(dir, 10)]
+        );
         assert!(a.holds(&epoch2) && !a.holds(&commit_path(dir, 3)));
         // A commit of step 5 that fails to write leaves the abandoned file, listed again.
         a.rewriting_commit(5);
