@@ -421,8 +421,8 @@ fn resume_with(model_flag: &Option<String>) -> String {
 fn continue_hint(checkpoint: &Option<PathBuf>) -> String {
     checkpoint.as_ref().map_or(String::new(), |c| {
         format!(
-            "; once the cause is fixed, continue with --resume {} (the newest restart point, \
-             whole)",
+            "; once the cause is fixed, continue with --resume {} (this run's newest restart \
+             point, whole)",
             c.display()
         )
     })

@@ -324,12 +324,11 @@ pub fn train_in(
         // The checkpoint's run's port, which this process has none of: left (its record keeps
         // it, as a resume in one process does).
         cfg.intra_link = None;
-        if lead {
-            warn(
-                "not resuming with the checkpoint's run's --intra-bandwidth: this run has one \
-                 process, which has no port between processes to emulate",
-            );
-        }
+        cfg.warnings.push(
+            "not resuming with the checkpoint's run's --intra-bandwidth: this run has one \
+             process, which has no port between processes to emulate"
+                .into(),
+        );
     }
     if cfg.intra_link.is_some() && cfg.processes == 1 {
         // One process has no hierarchy: its workers would plan and run as flat threads, and
@@ -986,19 +985,21 @@ fn newest_restart_point(run: &PreparedRun) -> Option<PathBuf> {
 }
 
 /// The restart points in the run directory past the step a resume (`resume`) continues from
-/// ([`rundir::AbandonedRestartPoints`]), each named to `warn`; none where the run writes no
-/// restart points (it replaces none: they stay the directory's newest) or is not the
-/// directory's writer (process rank 0).
+/// ([`rundir::AbandonedRestartPoints`]), each named to `warn` where the run writes restart
+/// points (under `--no-checkpoints` it supersedes none: they stay, unsaid, though still not
+/// where it continues from); none where the run is not the directory's writer (process
+/// rank 0).
 fn abandoned_restart_points(
     cfg: &TrainConfig,
     resume: Option<&checkpoint::Checkpoint>,
     warn: &dyn Fn(&str),
 ) -> Option<Arc<rundir::AbandonedRestartPoints>> {
-    let state = &resume
-        .filter(|_| cfg.process_rank == 0 && !cfg.no_checkpoints)?
-        .state;
+    let state = &resume.filter(|_| cfg.process_rank == 0)?.state;
     let abandoned =
         rundir::AbandonedRestartPoints::find(&cfg.run_dir, state.global_step, state.epoch)?;
+    if cfg.no_checkpoints {
+        return Some(Arc::new(abandoned));
+    }
     for path in abandoned.commit_paths() {
         warn(&format!(
             "{} is past the resumed step: it is from training this run redoes, and is removed \

@@ -200,45 +200,54 @@ fn restart_points(dir: &Path) -> Vec<(PathBuf, TrainState)> {
 
 /// The restart points a resumed run found past the step it resumed from: the future of a
 /// continuation it abandons, which it trains again. None is named as where the run continues
-/// (the line a signal prints, a failure's message) unless this run writes it again. The
+/// (the line a signal prints, a failure's message) unless this run has written it again. The
 /// commits stay until this run writes its first restart point (a commit or an epoch
-/// checkpoint), which supersedes them: a resume that fails before then loses none of them.
-/// An epoch checkpoint is replaced only where this run writes that epoch's. Global worker 0's
-/// epoch checkpoints and its commit writer thread share this (one lock), so whichever writes
-/// first removes the commits, once, and never one this run wrote.
+/// checkpoint), which supersedes them: a resume that fails before then, or writes none
+/// (`--no-checkpoints`), loses none of them. An epoch checkpoint is replaced only where this
+/// run writes that epoch's. Global worker 0's epoch checkpoints and its commit writer thread
+/// share this (one lock): whichever writes first removes the commits, once, never the one the
+/// writer is replacing (it is the abandoned file until the rename, this run's after).
 #[derive(Debug)]
 pub struct AbandonedRestartPoints {
     dir: PathBuf,
     listed: std::sync::Mutex<Listed>,
 }
 
-/// What [`AbandonedRestartPoints`] still holds.
-#[derive(Debug)]
+/// What [`AbandonedRestartPoints`] still holds, as found (by the names they have).
+#[derive(Debug, Default)]
 struct Listed {
-    /// The steps of the commits still there.
-    commits: Vec<usize>,
-    /// The epochs of the epoch checkpoints this run has not written again.
-    epochs: Vec<usize>,
+    /// The commits still there.
+    commits: Vec<PathBuf>,
+    /// The epoch checkpoints this run has not written again, with their epochs.
+    epochs: Vec<(usize, PathBuf)>,
+    /// The commit the writer is replacing now (listed until its write is done).
+    writing: Option<PathBuf>,
+    /// Whether this run has written a restart point: a commit left after that goes at once.
+    superseded: bool,
 }
 
 impl AbandonedRestartPoints {
     /// The commits in `dir` past `global_step` and the epoch checkpoints past `epoch`; `None`
     /// where there are none.
     pub fn find(dir: &Path, global_step: usize, epoch: usize) -> Option<Self> {
-        let mut commits: Vec<usize> = run_files_in(dir)
-            .iter()
-            .filter_map(|n| commit_step(n))
-            .filter(|&s| s > global_step)
-            .collect();
-        commits.sort_unstable();
-        let epochs: Vec<usize> = epoch_checkpoints(dir)
+        let mut commits: Vec<(usize, PathBuf)> = run_files_in(dir)
             .into_iter()
-            .map(|(e, _)| e)
-            .filter(|&e| e > epoch)
+            .filter_map(|n| Some((commit_step(&n)?, dir.join(n))))
+            .filter(|&(s, _)| s > global_step)
             .collect();
-        (!commits.is_empty() || !epochs.is_empty()).then(|| Self {
+        commits.sort();
+        let epochs: Vec<(usize, PathBuf)> = epoch_checkpoints(dir)
+            .into_iter()
+            .filter(|&(e, _)| e > epoch)
+            .collect();
+        let listed = Listed {
+            commits: commits.into_iter().map(|(_, p)| p).collect(),
+            epochs,
+            ..Listed::default()
+        };
+        (!listed.commits.is_empty() || !listed.epochs.is_empty()).then(|| Self {
             dir: dir.to_path_buf(),
-            listed: std::sync::Mutex::new(Listed { commits, epochs }),
+            listed: std::sync::Mutex::new(listed),
         })
     }
 
@@ -248,69 +257,74 @@ impl AbandonedRestartPoints {
 
     /// The commits, oldest first.
     pub fn commit_paths(&self) -> Vec<PathBuf> {
-        let listed = self.listed();
-        listed
-            .commits
-            .iter()
-            .map(|&s| commit_path(&self.dir, s))
-            .collect()
+        self.listed().commits.clone()
     }
 
     /// The epoch checkpoints (epoch, path), oldest first.
     pub fn epoch_paths(&self) -> Vec<(usize, PathBuf)> {
-        let listed = self.listed();
-        let path = |e| super::checkpoint::checkpoint_path(&self.dir, e);
-        listed.epochs.iter().map(|&e| (e, path(e))).collect()
+        self.listed().epochs.clone()
     }
 
     /// Whether `path` is one of them still.
     pub fn holds(&self, path: &Path) -> bool {
-        self.commit_paths().iter().any(|p| p == path)
-            || self.epoch_paths().iter().any(|(_, p)| p == path)
+        let listed = self.listed();
+        listed.commits.iter().any(|p| p == path) || listed.epochs.iter().any(|(_, p)| p == path)
     }
 
-    /// This run is about to write the commit of `step`: that file is this run's from now on.
+    /// The writer is about to replace the commit of `step` (atomically: the abandoned file
+    /// until the rename): it is not to be removed meanwhile.
     pub fn rewriting_commit(&self, step: usize) {
-        self.listed().commits.retain(|&s| s != step);
+        self.listed().writing = Some(commit_path(&self.dir, step));
     }
 
-    /// This run wrote the commit of `step` (`written`), or failed to, which leaves the file
-    /// there the abandoned one. Returns what could not be removed, said.
+    /// The writer is done with the commit of `step`: written (this run's now, and a restart
+    /// point that supersedes the others), or not (the abandoned file is there still, and goes
+    /// where this run has written a restart point already). Returns what could not be
+    /// removed, said.
     pub fn commit_written(&self, step: usize, written: bool) -> Vec<String> {
-        if written {
-            return self.superseded();
-        }
+        let path = commit_path(&self.dir, step);
         let mut listed = self.listed();
-        if commit_path(&self.dir, step).exists() && !listed.commits.contains(&step) {
-            listed.commits.push(step);
-            listed.commits.sort_unstable();
+        listed.writing = None;
+        if written {
+            listed.commits.retain(|p| *p != path);
+        } else if !listed.superseded {
+            return Vec::new();
         }
-        Vec::new()
+        Self::supersede(&mut listed)
     }
 
     /// This run wrote the checkpoint of `epoch`. Returns what could not be removed, said.
     pub fn epoch_written(&self, epoch: usize) -> Vec<String> {
-        self.listed().epochs.retain(|&e| e != epoch);
-        self.superseded()
+        let path = super::checkpoint::checkpoint_path(&self.dir, epoch);
+        let mut listed = self.listed();
+        listed.epochs.retain(|(_, p)| *p != path);
+        Self::supersede(&mut listed)
     }
 
-    /// This run has written a restart point: removes the commits still there. Returns each
-    /// that could not be removed (it stays the directory's newest restart point), said.
-    fn superseded(&self) -> Vec<String> {
-        let mut listed = self.listed();
+    /// This run has written a restart point: removes the commits still there but the one
+    /// being replaced. Each that cannot be removed stays listed (a later restart point tries
+    /// again) and is returned, said.
+    fn supersede(listed: &mut Listed) -> Vec<String> {
+        listed.superseded = true;
         let mut failed = Vec::new();
-        for s in std::mem::take(&mut listed.commits) {
-            let path = commit_path(&self.dir, s);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => failed.push(format!(
-                    "cannot remove {}, a commit past the resumed step that this run's restart \
-                     points supersede: {e} (delete it: it is not this run's)",
-                    path.display()
-                )),
+        let writing = listed.writing.clone();
+        listed.commits.retain(|path| {
+            if Some(path) == writing.as_ref() {
+                return true;
             }
-        }
+            match std::fs::remove_file(path) {
+                Ok(()) => false,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => {
+                    failed.push(format!(
+                        "cannot remove {}, a commit past the resumed step that this run's \
+                         restart points supersede: {e} (delete it: it is not this run's)",
+                        path.display()
+                    ));
+                    true
+                }
+            }
+        });
         failed
     }
 }
@@ -929,15 +943,19 @@ mod tests {
             [commit_path(dir, 5), commit_path(dir, 10)]
         );
         assert!(a.holds(&epoch2) && !a.holds(&commit_path(dir, 3)));
-        // A commit of step 5 that fails to write leaves the abandoned file, listed again.
+        // While the commit of step 5 is being replaced, and after its write failed, the file
+        // is the abandoned one: listed, and not removed.
         a.rewriting_commit(5);
-        assert!(!a.holds(&commit_path(dir, 5)));
-        assert!(a.commit_written(5, false).is_empty());
         assert!(a.holds(&commit_path(dir, 5)));
-        // Written at step 5: this run's, kept; the other commit goes.
+        assert!(a.commit_written(5, false).is_empty());
+        assert!(a.holds(&commit_path(dir, 5)) && commit_path(dir, 10).exists());
+        // An epoch checkpoint written while it is replaced again removes the others, not it.
         a.rewriting_commit(5);
-        assert!(a.commit_written(5, true).is_empty());
+        assert!(a.epoch_written(7).is_empty());
         assert!(commit_path(dir, 5).exists() && !commit_path(dir, 10).exists());
+        // Written: this run's, kept.
+        assert!(a.commit_written(5, true).is_empty());
+        assert!(commit_path(dir, 5).exists() && !a.holds(&commit_path(dir, 5)));
         assert!(a.commit_paths().is_empty() && a.holds(&epoch2));
         // Epoch 2 written again: this run's.
         assert!(a.epoch_written(2).is_empty());
