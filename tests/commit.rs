@@ -394,6 +394,26 @@ fn impossible_powersgd_options_are_refused_with_the_cause() {
 }
 
 /// `dptrain train` of `args` started in `cwd`.
+/// Writes `to`, a copy of the checkpoint `from` whose bytes just past the first `pattern`
+/// in its header are replaced by `with` (at `offset` from the pattern's start): an edited
+/// record, as a user's hand or a bad disk leaves one. Returns `to` as an argument.
+fn edited_copy(from: &Path, pattern: &[u8], offset: usize, with: &[u8], to: &Path) -> String {
+    let mut bytes = std::fs::read(from).unwrap();
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern)
+        .unwrap_or_else(|| {
+            panic!(
+                "{} holds no {:?}",
+                from.display(),
+                String::from_utf8_lossy(pattern)
+            )
+        });
+    bytes[at + offset..at + offset + with.len()].copy_from_slice(with);
+    std::fs::write(to, bytes).unwrap();
+    to.display().to_string()
+}
+
 fn run_in(cwd: &Path, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(args)
@@ -563,16 +583,9 @@ fn a_resume_in_one_process_keeps_the_runs_mpi_only_options_in_its_own_checkpoint
         "the resumed run's checkpoint lost the hierarchy"
     );
     // Kept values are judged as followed ones are: one no run could have had is refused.
-    let mut bytes = std::fs::read(&ck1).unwrap();
-    let at = bytes
-        .windows(record.len())
-        .position(|w| w == record)
-        .unwrap();
-    bytes[at + record.len() - 2..at + record.len()].copy_from_slice(b"zz");
-    let edited = first.join("edited.safetensors");
-    std::fs::write(&edited, bytes).unwrap();
-    let edited = edited.to_str().unwrap();
-    let o = run(&small(&resumed, &["--resume", edited, "--overwrite"]));
+    let to = first.join("edited.safetensors");
+    let edited = edited_copy(&ck1, record, record.len() - 2, b"zz", &to);
+    let o = run(&small(&resumed, &["--resume", &edited, "--overwrite"]));
     let t = text(&o);
     assert!(
         !o.status.success()
@@ -581,7 +594,7 @@ fn a_resume_in_one_process_keeps_the_runs_mpi_only_options_in_its_own_checkpoint
     );
     let mut args = small(
         &resumed,
-        &["--resume", edited, "--overwrite", "--resume-changed"],
+        &["--resume", &edited, "--overwrite", "--resume-changed"],
     );
     args.retain(|a| a != "--quiet");
     let said = ok(&args);
@@ -626,9 +639,104 @@ fn a_refused_resume_says_nothing_of_the_run_it_does_not_start() {
         !done && t.contains("error:") && !t.contains("resuming the checkpoint's run's"),
         "{t}"
     );
+    // A taken value refused names itself as taken even where it is the option's default
+    // (unsaid in the note): it named only the others.
+    let other_ck = other.join("checkpoint-epoch0001.safetensors");
+    let three = first.join("three");
+    let args = ["--resume", other_ck.to_str().unwrap(), "--workers", "3"];
+    let (done, t) = loud(&three, &args);
+    assert!(
+        !done
+            && t.contains("--batch 64 must be a positive multiple of --workers 3")
+            && t.contains("this resume took --seed 7, ")
+            && t.contains("--batch 64"),
+        "{t}"
+    );
     for d in [first, other] {
         std::fs::remove_dir_all(d).unwrap();
     }
+}
+
+/// A run that left bad samples out (`--skip-bad-samples`) is resumed leaving them out:
+/// `--resume CK` alone finishes it bit for bit, where it used to stop at the first bad file,
+/// hours into the epoch (the resume reads the checkpoint's normalisation, so no start-up
+/// read finds them first). A checkpoint whose record of it is edited is refused naming it.
+#[test]
+fn a_resume_follows_the_runs_skipping_of_bad_samples() {
+    let tmp = tmp("skip-bad");
+    let photos = tmp.join("photos");
+    for (split, count) in [("train", 24u8), ("test", 4)] {
+        for class in ["a", "b"] {
+            let dir = photos.join(split).join(class);
+            std::fs::create_dir_all(&dir).unwrap();
+            for i in 0..count {
+                let v = if class == "a" { 200 } else { 40 };
+                let img = image::RgbImage::from_fn(20 + i as u32, 24, |x, y| {
+                    image::Rgb([v, (x * 9) as u8 ^ i, (y * 7) as u8])
+                });
+                img.save(dir.join(format!("{i}.png"))).unwrap();
+            }
+        }
+    }
+    // One bad file in each training class, none in the test split (which is read whole).
+    std::fs::write(photos.join("train/a/zero.png"), b"").unwrap();
+    std::fs::write(photos.join("train/b/cut.png"), b"\x89PNG\r\n\x1a\n cut").unwrap();
+    let photos = photos.display().to_string();
+    let args = |dir: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--dataset",
+            "imagefolder",
+            "--data-dir",
+            &photos,
+            "--image-size",
+            "16",
+            "--batch",
+            "8",
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+            "--quiet",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        a.extend(["--run-dir".into(), dir.display().to_string()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let whole = tmp.join("whole");
+    ok(&args(&whole, &["--skip-bad-samples"]));
+    let ck1 = whole.join("checkpoint-epoch0001.safetensors");
+    let ck1 = ck1.display().to_string();
+    let resumed = tmp.join("resumed");
+    let said = ok(&[
+        "train".into(),
+        "--resume".into(),
+        ck1.clone(),
+        "--run-dir".into(),
+        resumed.display().to_string(),
+        "--threads".into(),
+        "1".into(),
+    ]);
+    assert!(said.contains("--skip-bad-samples"), "{said}");
+    assert_eq!(weights(&whole), weights(&resumed));
+    let to = tmp.join("edited.safetensors");
+    let edited = edited_copy(
+        Path::new(&ck1),
+        br#""skip_bad_samples":"true""#,
+        20,
+        b"tx",
+        &to,
+    );
+    let o = run(&["train".into(), "--resume".into(), edited]);
+    let t = text(&o);
+    assert!(
+        !o.status.success() && t.contains("metadata 'skip_bad_samples' is neither true nor false"),
+        "{t}"
+    );
+    std::fs::remove_dir_all(tmp).unwrap();
 }
 
 /// The checkpoints a run directory holds, by epoch.
@@ -766,15 +874,8 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
     std::fs::remove_dir_all(&shm).unwrap();
     // An exchange record edited so that it does not read: eval reads the checkpoint still; a
     // resume, which would follow it, is refused naming the entry, unless --resume-changed.
-    let mut bytes = std::fs::read(&ck1).unwrap();
-    let at = bytes
-        .windows(12)
-        .position(|w| w == br#"workers\":2,"#)
-        .expect("the exchange record names the workers");
-    bytes[at + 10] = b'x';
-    let bad = changed.join("edited.safetensors");
-    std::fs::write(&bad, bytes).unwrap();
-    let bad = bad.display().to_string();
+    let to = changed.join("edited.safetensors");
+    let bad = edited_copy(&ck1, br#"workers\":2,"#, 10, b"x", &to);
     let o = run(&["eval".to_string(), bad.clone()]);
     assert!(o.status.success(), "{}", text(&o));
     let refused = tmp("exchange-refused");
@@ -793,14 +894,8 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
     );
     // An entry that reads but holds a value no run could have had (a schedule of another
     // name): refused alike, not left with a warning as a conflict with an option given is.
-    let mut bytes = std::fs::read(&ck1).unwrap();
-    let at = bytes
-        .windows(23)
-        .position(|w| w == br#"schedule\":\"priority\""#)
-        .expect("the exchange record names the schedule");
-    bytes[at + 20] = b'z';
-    std::fs::write(changed.join("schedule.safetensors"), bytes).unwrap();
-    let schedule = changed.join("schedule.safetensors").display().to_string();
+    let to = changed.join("schedule.safetensors");
+    let schedule = edited_copy(&ck1, br#"schedule\":\"priority\""#, 20, b"z", &to);
     let o = run(&small(&refused, &["--resume", &schedule]));
     let t = text(&o);
     assert!(
@@ -817,14 +912,8 @@ fn a_resume_takes_the_runs_exchange_and_keeping_where_not_given_option_groups_wh
     ));
     assert!(said.contains("which no run could have had"), "{said}");
     // A routine entry edited alike (a count to keep of 0) is judged the same way.
-    let mut bytes = std::fs::read(&ck1).unwrap();
-    let at = bytes
-        .windows(23)
-        .position(|w| w == br#""keep_checkpoints":"10""#)
-        .expect("the routine records the checkpoints kept");
-    bytes[at + 20] = b'0';
-    std::fs::write(changed.join("kept.safetensors"), bytes).unwrap();
-    let kept = changed.join("kept.safetensors").display().to_string();
+    let to = changed.join("kept.safetensors");
+    let kept = edited_copy(&ck1, br#""keep_checkpoints":"10""#, 20, b"0", &to);
     let o = run(&["eval".to_string(), kept.clone()]);
     assert!(o.status.success(), "{}", text(&o));
     let o = run(&small(&refused, &["--resume", &kept, "--overwrite"]));

@@ -110,6 +110,39 @@ fn injected_faults_end_the_run_quickly_with_the_cause() {
     }
 }
 
+/// A run given more epochs than it will ever reach (one left to its Ctrl-C) starts at once:
+/// nothing is prepared per epoch (the run directory's check once built a path for each, which
+/// took gigabytes and minutes before the first step at 2^32 epochs); one whose steps in all no
+/// counter holds is refused naming `--epochs`, where the count overflowed.
+#[test]
+fn any_epoch_count_starts_at_once_and_one_past_counting_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = options(&tmp.path().join("long"), "forward@3:0", 2);
+    opts.epochs = Some(1 << 32);
+    let (r, _) = run_with_deadline(opts);
+    let err = r.expect_err("the injected fault stops the run");
+    assert!(
+        err.contains("step 3") && err.contains("injected fault"),
+        "{err}"
+    );
+    let mut opts = options(&tmp.path().join("past"), "forward@3:0", 2);
+    opts.inject_fault = None;
+    opts.epochs = Some(usize::MAX);
+    let (r, _) = run_with_deadline(opts);
+    let err = r.expect_err("steps past counting are refused");
+    assert!(
+        err.contains(&format!(
+            "--epochs {} of 8 steps each is more steps",
+            usize::MAX
+        )),
+        "{err}"
+    );
+    assert!(
+        !tmp.path().join("past").exists(),
+        "a refused run made its directory"
+    );
+}
+
 #[test]
 fn kill_during_checkpoint_write_leaves_the_previous_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();

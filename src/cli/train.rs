@@ -35,6 +35,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
         _ => flags.resolve(),
     };
     let mut taken = followed.taken;
+    let as_default = followed.taken_as_default;
     // The run's options set aside with a group the options given hold another of.
     let aside = (!followed.set_aside.is_empty()).then(|| {
         format!(
@@ -58,11 +59,13 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     let kept = keep_unfollowed(followed.kept, &flags)?;
     let (mut cfg, dropped) = take_exchange(flags, followed.groups, &baseline, &mut taken, resolve)
         .map_err(|e| {
-            let took = (!taken.is_empty()).then(|| {
+            let all: Vec<&String> = taken.iter().chain(&as_default).collect();
+            let took = (!all.is_empty()).then(|| {
+                let all: Vec<&str> = all.iter().map(|f| f.as_str()).collect();
                 format!(
                     "took {} from the checkpoint's run, as it does for each of these options \
                      not given",
-                    taken.join(", ")
+                    all.join(", ")
                 )
             });
             let set_aside = aside.as_ref().map(|a| format!("did not take {a}"));

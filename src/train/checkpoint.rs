@@ -162,6 +162,10 @@ pub struct RunIdentity {
     pub seed: u64,
     /// `--train-limit`, if any.
     pub train_limit: Option<usize>,
+    /// `--skip-bad-samples` (key `skip_bad_samples`; absent in older checkpoints, read as
+    /// not given): a bad sample left out shortens its batch, so a resume follows it
+    /// (`crate::train::follow`) rather than fail on the first bad file, hours in.
+    pub skip_bad_samples: bool,
     /// Workers of the run (all processes). Recorded, not compared: the global batch and the data
     /// order do not depend on it.
     pub world: usize,
@@ -201,6 +205,7 @@ impl RunIdentity {
             batch: cfg.batch,
             seed: cfg.seed,
             train_limit: cfg.train_limit,
+            skip_bad_samples: cfg.skip_bad_samples,
             world: cfg.world(),
             epochs: Some(cfg.epochs),
             recipe: Recorded::Read(crate::train::recipe::Recipe::of(cfg)),
@@ -372,6 +377,7 @@ impl TrainState {
                 r.train_limit.map_or_else(String::new, |n| n.to_string()),
             );
             m.insert("world".into(), r.world.to_string());
+            m.insert("skip_bad_samples".into(), r.skip_bad_samples.to_string());
             if let Some(e) = r.epochs {
                 m.insert("epochs".into(), e.to_string());
             }
@@ -415,6 +421,15 @@ impl TrainState {
                     train_limit: match meta.get("train_limit").map(String::as_str) {
                         None | Some("") => None,
                         Some(_) => Some(num("train_limit")?),
+                    },
+                    skip_bad_samples: match meta.get("skip_bad_samples").map(String::as_str) {
+                        None | Some("false") => false,
+                        Some("true") => true,
+                        Some(_) => {
+                            return Err(what(
+                                "metadata 'skip_bad_samples' is neither true nor false".into(),
+                            ))
+                        }
                     },
                     epochs: match meta.get("epochs") {
                         None => None,
@@ -1054,6 +1069,7 @@ mod tests {
             batch: 64,
             seed: 1,
             train_limit: None,
+            skip_bad_samples: false,
             world: 2,
             epochs: Some(3),
             recipe: Recorded::Absent,

@@ -167,6 +167,19 @@ pub enum PrepareError {
         /// The global batch.
         batch: usize,
     },
+    /// More steps in all than a step counter holds.
+    #[error(
+        "--epochs {epochs} of {steps_per_epoch} steps each is more steps than a run can count \
+         ({max} in all): give fewer epochs (a run of many can be stopped with Ctrl-C and \
+         resumed)",
+        max = usize::MAX
+    )]
+    TooManySteps {
+        /// `--epochs`.
+        epochs: usize,
+        /// Steps in one epoch (training samples / global batch).
+        steps_per_epoch: usize,
+    },
     /// An ImageFolder's test split, decoded whole before training, holds a bad sample.
     #[error(
         "the test split, decoded whole before training (--skip-bad-samples only leaves out \

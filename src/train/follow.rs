@@ -1,5 +1,5 @@
-//! The options that make a run the run it is (its model, dataset, global batch, seed and
-//! training limit, its workers and how they combine gradients), taken from the checkpoint
+//! The options that make a run the run it is (its model, dataset, global batch, seed,
+//! training limit and whether it leaves bad samples out, its workers and how they combine gradients), taken from the checkpoint
 //! a resume names where the options leave them out, before the options are resolved:
 //! `--resume CK` alone continues the run that wrote CK.
 //! The recipe and routine are followed after, on the resolved configuration
@@ -16,6 +16,10 @@ pub struct FollowedOptions {
     pub options: TrainOptions,
     /// Each taken value that differs from the option's default, as its flag (`--batch 32`).
     pub taken: Vec<String>,
+    /// Each taken value equal to the option's default, as its flag: not said in the note
+    /// (the run would have had it anyway), but named beside `taken` where a taken value is
+    /// refused (`--batch 64` that the given `--workers 3` do not divide).
+    pub taken_as_default: Vec<String>,
     /// The groups of the run's gradient exchange to take, each where the options resolve
     /// with it (`cli::train`), in order.
     pub groups: Vec<crate::config::TakenGroup>,
@@ -35,9 +39,20 @@ pub struct FollowedOptions {
     pub set_aside: Vec<String>,
 }
 
+impl FollowedOptions {
+    /// Records a value taken, as its flag: in `taken`, or where it is the option's default
+    /// (`default`) in `taken_as_default`.
+    fn take(&mut self, flag: String, default: bool) {
+        match default {
+            true => self.taken_as_default.push(flag),
+            false => self.taken.push(flag),
+        }
+    }
+}
+
 /// What a resume takes from its checkpoint's run where neither the command line nor a config
 /// file (`given`, the two laid together) says: the model, the dataset and its directory, the
-/// global batch, the seed, the training limit and the workers, and the groups of its
+/// global batch, the seed, the training limit, `--skip-bad-samples` and the workers, and the groups of its
 /// gradient exchange to try (`follow_exchange`). These decide the run's data order and
 /// steps, so a resume under others is another run ([`crate::train::check_resume`] refuses
 /// it); followed, `--resume CK` alone continues the run of any model on any data that wrote
@@ -59,13 +74,12 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     let Some(run) = header.state.run.as_ref() else {
         return followed;
     };
-    let o = &mut followed.options;
+    let mut options = TrainOptions::default();
+    let o = &mut options;
     let one_process = given.transport.as_deref() != Some("mpi");
     if given.model.is_none() {
         if let Some(m) = recorded_model(&header, path, one_process) {
-            if m != crate::config::DEFAULT_MODEL {
-                followed.taken.push(format!("--model {m}"));
-            }
+            followed.take(format!("--model {m}"), m == crate::config::DEFAULT_MODEL);
             o.model = Some(m);
         }
     }
@@ -74,9 +88,7 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
         (None, None) => {
             let (dataset, data_dir) = data;
             let default = dataset == crate::config::DEFAULT_DATASET && data_dir.is_none();
-            if !default {
-                followed.taken.push(format!("--dataset {dataset}"));
-            }
+            followed.take(format!("--dataset {dataset}"), default);
             if let Some(d) = &data_dir {
                 followed.taken.push(format!("--data-dir {}", d.display()));
             }
@@ -103,15 +115,13 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
         _ => {}
     }
     if given.batch.is_none() {
-        if run.batch != crate::config::DEFAULT_BATCH {
-            followed.taken.push(format!("--batch {}", run.batch));
-        }
+        let default = run.batch == crate::config::DEFAULT_BATCH;
+        followed.take(format!("--batch {}", run.batch), default);
         o.batch = Some(run.batch);
     }
     if given.seed.is_none() {
-        if run.seed != crate::config::DEFAULT_SEED {
-            followed.taken.push(format!("--seed {}", run.seed));
-        }
+        let default = run.seed == crate::config::DEFAULT_SEED;
+        followed.take(format!("--seed {}", run.seed), default);
         o.seed = Some(run.seed);
     }
     if given.train_limit.is_none() {
@@ -120,6 +130,13 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
             o.train_limit = Some(n);
         }
     }
+    // A flag given only to turn it on: a run that left bad samples out goes on leaving them
+    // out (its batches were shortened by them), and one that did not may start to.
+    if run.skip_bad_samples && !given.skip_bad_samples {
+        followed.taken.push("--skip-bad-samples".into());
+        o.skip_bad_samples = true;
+    }
+    followed.options = options;
     follow_exchange(given, run, one_process, &mut followed);
     followed
 }
@@ -140,9 +157,10 @@ fn follow_exchange(
 ) {
     if given.workers.is_none() {
         if let Some(w) = followed_workers(run, one_process) {
-            if w != crate::config::DEFAULT_WORKERS {
-                followed.taken.push(format!("--workers {w}"));
-            }
+            followed.take(
+                format!("--workers {w}"),
+                w == crate::config::DEFAULT_WORKERS,
+            );
             followed.options.workers = Some(w);
         }
     }
@@ -247,6 +265,7 @@ mod tests {
             batch: 64,
             seed: 1,
             train_limit: None,
+            skip_bad_samples: false,
             world: 1,
             epochs: Some(1),
             recipe: crate::train::recorded::Recorded::Absent,

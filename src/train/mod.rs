@@ -176,7 +176,20 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> 
         truncate(&mut test, n);
     }
     holds_a_batch(train.len(), cfg.batch)?;
+    steps_are_countable(cfg.epochs, train.len() / cfg.batch)?;
     Ok((train, test))
+}
+
+/// Refuses `--epochs` whose steps in all (`epochs` of `steps_per_epoch`) no step counter
+/// holds: the learning-rate schedule and the data order count them from 0 to that product.
+fn steps_are_countable(epochs: usize, steps_per_epoch: usize) -> Result<(), PrepareError> {
+    match epochs.checked_mul(steps_per_epoch) {
+        Some(_) => Ok(()),
+        None => Err(PrepareError::TooManySteps {
+            epochs,
+            steps_per_epoch,
+        }),
+    }
 }
 
 /// Refuses a training set smaller than one global batch.

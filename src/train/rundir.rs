@@ -751,7 +751,17 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     }
     let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|(f, _)| dir.join(f)).collect();
     if !cfg.no_checkpoints {
-        targets.extend((1..=cfg.epochs).map(|e| super::checkpoint::checkpoint_path(dir, e)));
+        // Of the epochs' checkpoints, those not there yet need only the directory to take
+        // files, which the last epoch's shows; those there are judged each. Not one path per
+        // epoch: `--epochs` may be any count (a run left to its Ctrl-C).
+        let path = |e| super::checkpoint::checkpoint_path(dir, e);
+        targets.push(path(cfg.epochs));
+        let there = epoch_checkpoints(dir).into_iter();
+        targets.extend(
+            there
+                .filter(|(e, p)| *e < cfg.epochs && *p == path(*e))
+                .map(|(_, p)| p),
+        );
     }
     for t in &targets {
         output::check_file_target(t).map_err(run_dir_error)?;
