@@ -142,6 +142,9 @@ pub struct TrainConfig {
     /// Whether [`Self::intra_link`] was taken from a resumed checkpoint's run (not given): a
     /// run of one MPI process then leaves it out, said, rather than refuse it.
     pub intra_link_followed: bool,
+    /// Whether [`Self::skip_bad_samples`] was taken from a resumed checkpoint's run (not
+    /// given): said in a note of its own, since the flag has no off form to give instead.
+    pub skip_bad_samples_followed: bool,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
     /// Checkpoints to keep.
@@ -575,7 +578,8 @@ pub struct TrainOptions {
     /// the checkpoint's].
     #[arg(long)]
     pub normalize: Option<String>,
-    /// Leave unreadable samples out of their batch and count them, instead of stopping.
+    /// Leave unreadable samples out of their batch and count them, instead of stopping
+    /// [resumed: the checkpoint's run's].
     #[arg(long)]
     #[serde(default)]
     pub skip_bad_samples: bool,
@@ -958,6 +962,7 @@ impl TrainOptions {
             takes_unread_exchange: false,
             exchange_kept: Vec::new(),
             intra_link_followed: false,
+            skip_bad_samples_followed: false,
             checkpoint_every: self.checkpoint_every.unwrap_or(1),
             keep_checkpoints: self.keep_checkpoints.unwrap_or(2),
             commit_every: self.commit_every.unwrap_or(0),

@@ -117,14 +117,19 @@ fn injected_faults_end_the_run_quickly_with_the_cause() {
 #[test]
 fn any_epoch_count_starts_at_once_and_one_past_counting_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut opts = options(&tmp.path().join("long"), "forward@3:0", 2);
-    opts.epochs = Some(1 << 32);
-    let (r, _) = run_with_deadline(opts);
-    let err = r.expect_err("the injected fault stops the run");
-    assert!(
-        err.contains("step 3") && err.contains("injected fault"),
-        "{err}"
-    );
+    // 2^60 epochs of 8 steps: steps in all that fit, whose batches over the process's 2
+    // workers do not (the loaders counted those: they wrapped to none, and the run waited
+    // for data for ever).
+    for (name, epochs) in [("long", 1usize << 32), ("wide", 1 << 60)] {
+        let mut opts = options(&tmp.path().join(name), "forward@3:0", 2);
+        opts.epochs = Some(epochs);
+        let (r, _) = run_with_deadline(opts);
+        let err = r.expect_err("the injected fault stops the run");
+        assert!(
+            err.contains("step 3") && err.contains("injected fault"),
+            "{epochs} epochs: {err}"
+        );
+    }
     let mut opts = options(&tmp.path().join("past"), "forward@3:0", 2);
     opts.inject_fault = None;
     opts.epochs = Some(usize::MAX);

@@ -59,9 +59,11 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     let kept = keep_unfollowed(followed.kept, &flags)?;
     let (mut cfg, dropped) = take_exchange(flags, followed.groups, &baseline, &mut taken, resolve)
         .map_err(|e| {
-            let all: Vec<&String> = taken.iter().chain(&as_default).collect();
+            // The default values taken only where the refusal names one (`--batch 64`
+            // that the given --workers do not divide): otherwise they are noise.
+            let named = as_default.iter().filter(|flag| e.contains(flag.as_str()));
+            let all: Vec<&str> = taken.iter().chain(named).map(String::as_str).collect();
             let took = (!all.is_empty()).then(|| {
-                let all: Vec<&str> = all.iter().map(|f| f.as_str()).collect();
                 format!(
                     "took {} from the checkpoint's run, as it does for each of these options \
                      not given",
@@ -82,6 +84,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     cfg.exchange = cfg.exchange.clone().keeping(&kept.options);
     cfg.exchange_kept = kept.flags;
     cfg.intra_link_followed = cfg.intra_link.is_some() && given.intra_bandwidth.is_none();
+    cfg.skip_bad_samples_followed = followed.skip_bad_samples;
     cfg.options_from_checkpoint = taken;
     cfg.takes_unread_exchange = followed.takes_unread_exchange;
     Ok(cfg)

@@ -785,7 +785,7 @@ mod tests {
                 batch: 64,
                 seed: 1,
                 train_limit: None,
-                skip_bad_samples: false,
+                skip_bad_samples: Some(false),
                 world: 1,
                 epochs: None,
                 recipe: crate::train::recorded::Recorded::Absent,

@@ -240,16 +240,17 @@ fn loader_thread(s: &Shared) {
     let _running = Running(&s.running);
     let mut scratch = SampleScratch::default();
     let workers = s.workers();
-    let total = s.batches_per_worker * workers;
     loop {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
         let g = s.next_job.fetch_add(1, Ordering::AcqRel);
-        if g >= total {
+        // Past every worker's last batch (not `g >= batches x workers`: that product can
+        // pass usize where the run's steps do not).
+        let (seq, w) = (g / workers, g % workers);
+        if seq >= s.batches_per_worker {
             return;
         }
-        let (seq, w) = (g / workers, g % workers);
         let q = &s.queues[w];
         match q.reserve(seq) {
             Reserved::Go => {}

@@ -162,10 +162,10 @@ pub struct RunIdentity {
     pub seed: u64,
     /// `--train-limit`, if any.
     pub train_limit: Option<usize>,
-    /// `--skip-bad-samples` (key `skip_bad_samples`; absent in older checkpoints, read as
-    /// not given): a bad sample left out shortens its batch, so a resume follows it
-    /// (`crate::train::follow`) rather than fail on the first bad file, hours in.
-    pub skip_bad_samples: bool,
+    /// `--skip-bad-samples` (key `skip_bad_samples`; absent in older checkpoints): a bad
+    /// sample left out shortens its batch, so a resume follows it (`crate::train::follow`)
+    /// rather than fail on the first bad file, hours in.
+    pub skip_bad_samples: Option<bool>,
     /// Workers of the run (all processes). Recorded, not compared: the global batch and the data
     /// order do not depend on it.
     pub world: usize,
@@ -205,7 +205,7 @@ impl RunIdentity {
             batch: cfg.batch,
             seed: cfg.seed,
             train_limit: cfg.train_limit,
-            skip_bad_samples: cfg.skip_bad_samples,
+            skip_bad_samples: Some(cfg.skip_bad_samples),
             world: cfg.world(),
             epochs: Some(cfg.epochs),
             recipe: Recorded::Read(crate::train::recipe::Recipe::of(cfg)),
@@ -377,7 +377,9 @@ impl TrainState {
                 r.train_limit.map_or_else(String::new, |n| n.to_string()),
             );
             m.insert("world".into(), r.world.to_string());
-            m.insert("skip_bad_samples".into(), r.skip_bad_samples.to_string());
+            if let Some(skip) = r.skip_bad_samples {
+                m.insert("skip_bad_samples".into(), skip.to_string());
+            }
             if let Some(e) = r.epochs {
                 m.insert("epochs".into(), e.to_string());
             }
@@ -423,8 +425,9 @@ impl TrainState {
                         Some(_) => Some(num("train_limit")?),
                     },
                     skip_bad_samples: match meta.get("skip_bad_samples").map(String::as_str) {
-                        None | Some("false") => false,
-                        Some("true") => true,
+                        None => None,
+                        Some("false") => Some(false),
+                        Some("true") => Some(true),
                         Some(_) => {
                             return Err(what(
                                 "metadata 'skip_bad_samples' is neither true nor false".into(),
@@ -1044,7 +1047,8 @@ pub fn prune(dir: &Path, keep: usize, epoch: usize) {
                 .parse::<usize>()
                 .ok()
         });
-        if number.is_some_and(|e| e + keep <= epoch) {
+        // Saturating: `--keep-checkpoints` of any size keeps all (a wrapped sum deleted all).
+        if number.is_some_and(|e| e.saturating_add(keep) <= epoch) {
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -1053,6 +1057,35 @@ pub fn prune(dir: &Path, keep: usize, epoch: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pruning_keeps_the_last_ones_and_any_count_above_the_epochs_keeps_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let names = |dir: &Path| {
+            let mut n: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        for e in 1..=3 {
+            std::fs::write(checkpoint_path(tmp.path(), e), b"").unwrap();
+        }
+        let all = names(tmp.path());
+        // A sum that wrapped deleted every one, the newest too.
+        prune(tmp.path(), usize::MAX, 3);
+        prune(tmp.path(), usize::MAX - 1, 3);
+        assert_eq!(names(tmp.path()), all);
+        prune(tmp.path(), 2, 3);
+        assert_eq!(
+            names(tmp.path()),
+            [
+                "checkpoint-epoch0002.safetensors",
+                "checkpoint-epoch0003.safetensors"
+            ]
+        );
+    }
 
     #[test]
     fn the_same_relative_data_path_in_two_places_is_two_datasets() {
@@ -1069,7 +1102,7 @@ mod tests {
             batch: 64,
             seed: 1,
             train_limit: None,
-            skip_bad_samples: false,
+            skip_bad_samples: Some(false),
             world: 2,
             epochs: Some(3),
             recipe: Recorded::Absent,

@@ -16,6 +16,9 @@ pub struct FollowedOptions {
     pub options: TrainOptions,
     /// Each taken value that differs from the option's default, as its flag (`--batch 32`).
     pub taken: Vec<String>,
+    /// Whether `--skip-bad-samples` was taken (a flag with no off form: said by itself,
+    /// `crate::train`).
+    pub skip_bad_samples: bool,
     /// Each taken value equal to the option's default, as its flag: not said in the note
     /// (the run would have had it anyway), but named beside `taken` where a taken value is
     /// refused (`--batch 64` that the given `--workers 3` do not divide).
@@ -132,8 +135,8 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     }
     // A flag given only to turn it on: a run that left bad samples out goes on leaving them
     // out (its batches were shortened by them), and one that did not may start to.
-    if run.skip_bad_samples && !given.skip_bad_samples {
-        followed.taken.push("--skip-bad-samples".into());
+    if run.skip_bad_samples == Some(true) && !given.skip_bad_samples {
+        followed.skip_bad_samples = true;
         o.skip_bad_samples = true;
     }
     followed.options = options;
@@ -265,7 +268,7 @@ mod tests {
             batch: 64,
             seed: 1,
             train_limit: None,
-            skip_bad_samples: false,
+            skip_bad_samples: Some(false),
             world: 1,
             epochs: Some(1),
             recipe: crate::train::recorded::Recorded::Absent,

@@ -175,8 +175,7 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> 
     if let Some(n) = cfg.test_limit {
         truncate(&mut test, n);
     }
-    holds_a_batch(train.len(), cfg.batch)?;
-    steps_are_countable(cfg.epochs, train.len() / cfg.batch)?;
+    holds_a_batch(train.len(), cfg)?;
     Ok((train, test))
 }
 
@@ -192,12 +191,14 @@ fn steps_are_countable(epochs: usize, steps_per_epoch: usize) -> Result<(), Prep
     }
 }
 
-/// Refuses a training set smaller than one global batch.
-fn holds_a_batch(samples: usize, batch: usize) -> Result<(), PrepareError> {
+/// Refuses a training set of `samples` smaller than one global batch, or whose steps in all
+/// no counter holds ([`steps_are_countable`]): every kind of data goes through here.
+fn holds_a_batch(samples: usize, cfg: &TrainConfig) -> Result<(), PrepareError> {
+    let batch = cfg.batch;
     if samples < batch {
         return Err(PrepareError::TooFewSamples { samples, batch });
     }
-    Ok(())
+    steps_are_countable(cfg.epochs, samples / batch)
 }
 
 /// The training set as the input pipeline reads it, and the test set in memory. An ImageFolder's
@@ -224,7 +225,7 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, TestSplit), PrepareErr
     if let Some(n) = cfg.test_limit {
         test.truncate(n);
     }
-    holds_a_batch(train.len(), cfg.batch)?;
+    holds_a_batch(train.len(), cfg)?;
     inputs::size_folders(cfg, &mut train, &mut test)?;
     let source = Source::Folder(Arc::new(train));
     let eval = inputs::eval_transform(cfg, &source);
@@ -241,7 +242,7 @@ fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, TestSplit), Pr
     if let Some(n) = cfg.test_limit {
         test.truncate(n);
     }
-    holds_a_batch(train.len(), cfg.batch)?;
+    holds_a_batch(train.len(), cfg)?;
     if let Some(s) = cfg.image_size {
         train.set_size(s.height, s.width);
     }
@@ -576,6 +577,13 @@ fn follow_resumed_run(
                 cfg.options_from_checkpoint.join(", ")
             ));
         }
+        if cfg.skip_bad_samples_followed {
+            notes.push(
+                "resuming the checkpoint's run's --skip-bad-samples: it left unreadable training \
+                 samples out of their batches, and so does this run"
+                    .into(),
+            );
+        }
         if !cfg.exchange_kept.is_empty() && !cfg.no_checkpoints {
             notes.push(format!(
                 "keeping the checkpoint's run's {} in this run's checkpoints for a resume over \
@@ -645,6 +653,20 @@ fn readable<'a, T>(
     }
 }
 
+/// Whether the data of the run `run` is files decoded as read, of which some may not decode
+/// (an ImageFolder, a packed file): where `--skip-bad-samples` means something.
+fn can_hold_bad_samples(run: &checkpoint::RunIdentity) -> bool {
+    let spec = DatasetSpec::parse(
+        &run.dataset,
+        run.data_dir.as_deref().map(std::path::Path::new),
+        std::path::Path::new("(bundled)"),
+    );
+    matches!(
+        spec,
+        Ok(DatasetSpec::ImageFolder { .. } | DatasetSpec::Packed { .. })
+    )
+}
+
 /// The note of a resume whose checkpoint records none of some part of its run (an older
 /// dptrain wrote it), naming each: the resumed run takes the flags' values for them.
 fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
@@ -656,6 +678,10 @@ fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
             "checkpoint and log cadence and keep counts",
         ),
         (run.exchange.is_absent(), Record::Exchange.name()),
+        (
+            run.skip_bad_samples.is_none() && can_hold_bad_samples(run),
+            "--skip-bad-samples setting",
+        ),
     ]
     .into_iter()
     .filter_map(|(absent, name)| absent.then_some(name))

@@ -531,6 +531,7 @@ pub fn run_description(
         ("warmup steps".into(), s(&cfg.warmup_steps)),
         ("sgd".into(), format!("{:?}", cfg.sgd)),
         ("augment".into(), s(&cfg.augment)),
+        ("skip bad samples".into(), s(&cfg.skip_bad_samples)),
         ("normalize".into(), s(&cfg.normalize)),
         (
             "eval transform".into(),
@@ -542,6 +543,8 @@ pub fn run_description(
         ("overlap".into(), s(&cfg.overlap)),
         ("hierarchical".into(), s(&cfg.hierarchy)),
         ("compress".into(), s(&cfg.compress)),
+        ("skip non-finite updates".into(), s(&cfg.skip_nonfinite)),
+        ("convolution algorithm".into(), s(&cfg.conv_algo)),
         (
             "port within a process (--intra-bandwidth)".into(),
             cfg.intra_link.map_or("-".into(), |l| format!("{l:?}")),
