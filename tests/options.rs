@@ -763,6 +763,23 @@ const MEANING_REFUSALS: &[Case] = &[
         "'lenet5' is given twice",
     ),
     (
+        &[
+            "bench",
+            "step",
+            "--model",
+            "lenet5",
+            "--threads",
+            "1,100000",
+        ],
+        1,
+        "--threads 100000: at most",
+    ),
+    (
+        &["bench", "infer", "--model", "lenet5", "--threads", "100000"],
+        1,
+        "--threads 100000: at most",
+    ),
+    (
         &["bench", "data", "--loader-threads", "1,1"],
         1,
         "--loader-threads \"1,1\"",

@@ -233,7 +233,7 @@ pub fn run_command(a: StepArgs) -> Result<(), String> {
         &a.threads,
         super::args::thread_count("--threads"),
     )?;
-    super::args::check_bench_threads(&threads);
+    super::args::check_bench_threads(&threads)?;
     super::args::check_timed_counts(&[("--steps", a.steps)])?;
     if a.batch == 0 {
         return Err("--batch must be at least 1".into());

@@ -14,7 +14,8 @@ pub(super) struct TrainCmd {
 }
 
 /// The run the flags and the `--config` file describe; a resume follows its checkpoint's
-/// run's model, data, batch, seed, training limit and workers where neither gives them
+/// run's model, data, batch, seed, training limit, `--skip-bad-samples` and workers where
+/// neither gives them
 /// ([`crate::train::follow::follow_run_options`]), and a value so taken that is refused says
 /// where it came from; then each group of its gradient exchange that the options resolve
 /// with ([`take_exchange`]).
@@ -61,7 +62,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
         .map_err(|e| {
             // The default values taken only where the refusal names one (`--batch 64`
             // that the given --workers do not divide): otherwise they are noise.
-            let named = as_default.iter().filter(|flag| e.contains(flag.as_str()));
+            let named = as_default.iter().filter(|flag| names(&e, flag));
             let all: Vec<&str> = taken.iter().chain(named).map(String::as_str).collect();
             let took = (!all.is_empty()).then(|| {
                 format!(
@@ -88,6 +89,19 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     cfg.options_from_checkpoint = taken;
     cfg.takes_unread_exchange = followed.takes_unread_exchange;
     Ok(cfg)
+}
+
+/// Whether the refusal `text` names `flag` with its value (`--batch 64`), as a whole: not
+/// `--batch 640`.
+fn names(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(at, _)| {
+        let mut after = text[at + flag.len()..].chars();
+        match (after.next(), after.next()) {
+            (Some(c), _) if c.is_alphanumeric() => false,
+            (Some('.'), Some(d)) => !d.is_ascii_digit(),
+            _ => true,
+        }
+    })
 }
 
 /// Resolves `flags` with the groups of the checkpoint's run's gradient exchange laid under
@@ -310,6 +324,15 @@ fn explained(e: &crate::train::TrainError, config: Option<&Path>) -> String {
 mod tests {
     use super::*;
     use crate::train::{PrepareError, TrainError};
+
+    #[test]
+    fn a_refusal_names_a_flag_with_its_whole_value() {
+        let e = "--batch 64 must be a positive multiple of --workers 3 (each ...)";
+        assert!(names(e, "--batch 64") && names(e, "--workers 3"));
+        assert!(!names(e, "--batch 6") && !names(e, "--workers 30"));
+        assert!(names("give --lr 0.5.", "--lr 0.5") && !names("--lr 0.55", "--lr 0.5"));
+        assert!(!names("--lr 1.5", "--lr 1") && !names(e, "--seed 1"));
+    }
 
     #[test]
     fn an_error_preparing_a_run_names_the_config_file_it_may_come_from() {

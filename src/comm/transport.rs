@@ -170,7 +170,17 @@ pub fn parse_bandwidth(s: &str) -> Result<f64, String> {
             ))
         }
     };
-    Ok(value * scale * bytes_per_unit)
+    // The number read, its unit applied: past f64 (`1e300TB`) or below its smallest
+    // (`1e-320bit`) is as unusable as a number that does not read.
+    match value * scale * bytes_per_unit {
+        b if b.is_infinite() => Err(format!(
+            "invalid bandwidth {s:?}: too large a number; {BANDWIDTH_FORMS}"
+        )),
+        b if b < f64::MIN_POSITIVE => Err(format!(
+            "invalid bandwidth {s:?}: too small a number; {BANDWIDTH_FORMS}"
+        )),
+        b => Ok(b),
+    }
 }
 
 /// Parses a duration such as `"5us"`, `"1ms"`, `"2s"`, `"100ns"`, `"1.5ms"`
@@ -791,6 +801,14 @@ mod tests {
             assert!(err.contains("accepted forms"), "{s}: {err}");
         }
         assert!(parse_bandwidth("10Gbt").unwrap_err().contains("10Gbit"));
+        // Finite as read, past f64 or below it once the unit applies.
+        assert!(parse_bandwidth("1e300TB")
+            .unwrap_err()
+            .contains("too large a number"));
+        assert!(parse_bandwidth("1e-310bit")
+            .unwrap_err()
+            .contains("too small a number"));
+        assert_eq!(parse_bandwidth("1e300B").unwrap(), 1e300);
     }
 
     #[test]

@@ -234,17 +234,63 @@ pub fn write_comparison(runs: &[RunData], out: &Path) -> Result<String, String> 
     row("images/s", &|r| {
         r.images_per_s().map_or("-".into(), |v| format!("{v:.0}"))
     });
-    row("step ms", &|r| format!("{:.2}", r.phases.step_ms));
+    // A run none of whose steps were timed (all within the warm-up) has no breakdown: "-",
+    // not a measured 0.00.
+    let timed = |r: &RunData, cell: String| match r.phases.step_ms > 0.0 {
+        true => cell,
+        false => "-".into(),
+    };
+    row("step ms", &|r| timed(r, format!("{:.2}", r.phases.step_ms)));
     for (i, name) in PHASES.iter().enumerate() {
         row(&format!("{name} ms (%)"), &|r| {
-            format!("{:.2} ({:.1}%)", r.phases.ms[i], r.phases.pct(i))
+            let cell = format!("{:.2} ({:.1}%)", r.phases.ms[i], r.phases.pct(i));
+            timed(r, cell)
         });
     }
-    row("comm hidden", &|r| format!("{:.0}%", r.phases.hidden_pct()));
+    row("comm hidden", &|r| {
+        timed(r, format!("{:.0}%", r.phases.hidden_pct()))
+    });
     crate::output::create_dir(out)?;
     plot::breakdown_per_run(runs, &out.join("comparison.png"))?;
     let md =
         format!("# Comparison\n\n{t}\n## Figures\n\n![Step breakdown per run](comparison.png)\n");
     crate::output::write_atomically(&out.join("comparison.md"), md.as_bytes(), &COMPARISON_FILE)?;
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_without_timed_steps_compares_as_unmeasured_not_as_zero() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = |name: &str, step_ms: f64| RunData {
+            dir: tmp.path().join(name),
+            config: serde_json::Map::new(),
+            epochs: Vec::new(),
+            summary: None,
+            phases: Phases {
+                ms: [0.0, step_ms / 2.0, step_ms / 2.0, 0.0, 0.0],
+                step_ms,
+                comm_total_ms: 0.0,
+            },
+            lost_hosts: Vec::new(),
+        };
+        let table = write_comparison(
+            &[run("timed", 4.0), run("warm-up", 0.0)],
+            &tmp.path().join("cmp"),
+        )
+        .unwrap();
+        let line = |label: &str| {
+            let at = table.find(&format!("| {label} |")).unwrap();
+            table[at..].lines().next().unwrap().to_string()
+        };
+        assert_eq!(line("step ms"), "| step ms | 4.00 | - |");
+        assert_eq!(
+            line("forward ms (%)"),
+            "| forward ms (%) | 2.00 (50.0%) | - |"
+        );
+        assert_eq!(line("comm hidden"), "| comm hidden | 0% | - |");
+    }
 }

@@ -214,6 +214,21 @@ impl RunIdentity {
         }
     }
 
+    /// Whether the run's data is files decoded as read, of which some may not decode (an
+    /// ImageFolder, a packed file): where `--skip-bad-samples` means something.
+    pub fn can_hold_bad_samples(&self) -> bool {
+        let spec = crate::data::DatasetSpec::parse(
+            &self.dataset,
+            self.data_dir.as_deref().map(Path::new),
+            Path::new("(bundled)"),
+        );
+        matches!(
+            spec,
+            Ok(crate::data::DatasetSpec::ImageFolder { .. }
+                | crate::data::DatasetSpec::Packed { .. })
+        )
+    }
+
     /// Whether `now` trains on the same dataset as the checkpoint's run (`self`).
     pub fn same_data(&self, now: &RunIdentity) -> bool {
         same_dataset(self, now)

@@ -1,7 +1,7 @@
 //! The options that make a run the run it is (its model, dataset, global batch, seed,
-//! training limit and whether it leaves bad samples out, its workers and how they combine gradients), taken from the checkpoint
-//! a resume names where the options leave them out, before the options are resolved:
-//! `--resume CK` alone continues the run that wrote CK.
+//! training limit and whether it leaves bad samples out, its workers and how they combine
+//! gradients), taken from the checkpoint a resume names where the options leave them out,
+//! before the options are resolved: `--resume CK` alone continues the run that wrote CK.
 //! The recipe and routine are followed after, on the resolved configuration
 //! ([`super::recipe`]); the input size and normalisation in [`super::inputs`].
 
@@ -55,8 +55,9 @@ impl FollowedOptions {
 
 /// What a resume takes from its checkpoint's run where neither the command line nor a config
 /// file (`given`, the two laid together) says: the model, the dataset and its directory, the
-/// global batch, the seed, the training limit, `--skip-bad-samples` and the workers, and the groups of its
-/// gradient exchange to try (`follow_exchange`). These decide the run's data order and
+/// global batch, the seed, the training limit, `--skip-bad-samples` (of data that can hold
+/// bad samples) and the workers, and the groups of its gradient exchange to try
+/// (`follow_exchange`). These decide the run's data order and
 /// steps, so a resume under others is another run ([`crate::train::check_resume`] refuses
 /// it); followed, `--resume CK` alone continues the run of any model on any data that wrote
 /// CK. Read from the checkpoint's header alone, before the options are resolved, so that a
@@ -135,7 +136,7 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
     }
     // A flag given only to turn it on: a run that left bad samples out goes on leaving them
     // out (its batches were shortened by them), and one that did not may start to.
-    if run.skip_bad_samples == Some(true) && !given.skip_bad_samples {
+    if run.skip_bad_samples == Some(true) && run.can_hold_bad_samples() && !given.skip_bad_samples {
         followed.skip_bad_samples = true;
         o.skip_bad_samples = true;
     }

@@ -653,20 +653,6 @@ fn readable<'a, T>(
     }
 }
 
-/// Whether the data of the run `run` is files decoded as read, of which some may not decode
-/// (an ImageFolder, a packed file): where `--skip-bad-samples` means something.
-fn can_hold_bad_samples(run: &checkpoint::RunIdentity) -> bool {
-    let spec = DatasetSpec::parse(
-        &run.dataset,
-        run.data_dir.as_deref().map(std::path::Path::new),
-        std::path::Path::new("(bundled)"),
-    );
-    matches!(
-        spec,
-        Ok(DatasetSpec::ImageFolder { .. } | DatasetSpec::Packed { .. })
-    )
-}
-
 /// The note of a resume whose checkpoint records none of some part of its run (an older
 /// dptrain wrote it), naming each: the resumed run takes the flags' values for them.
 fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
@@ -679,7 +665,7 @@ fn unrecorded(run: &checkpoint::RunIdentity) -> Option<String> {
         ),
         (run.exchange.is_absent(), Record::Exchange.name()),
         (
-            run.skip_bad_samples.is_none() && can_hold_bad_samples(run),
+            run.skip_bad_samples.is_none() && run.can_hold_bad_samples(),
             "--skip-bad-samples setting",
         ),
     ]
@@ -1168,6 +1154,48 @@ mod tests {
         assert!(followed.is_some() && said.is_none());
     }
 
+    /// Options that change a run's bits (which samples a batch holds, whether an update is
+    /// skipped, how a convolution rounds) are compared at the start, so ranks given them
+    /// apart (a config file per host) are refused, not left to drift.
+    #[test]
+    fn the_handshake_compares_what_changes_a_runs_bits() {
+        let describe = |change: &dyn Fn(&mut crate::config::TrainOptions)| {
+            let mut options = crate::config::TrainOptions {
+                dataset: Some("synthetic:1x28x28:4".into()),
+                train_limit: Some(64),
+                test_limit: Some(16),
+                batch: Some(16),
+                ..Default::default()
+            };
+            change(&mut options);
+            let cfg = options.resolve().unwrap();
+            let (train, _) = load_sources(&cfg).unwrap();
+            let graph = build_graph(&cfg.model, train.shape(), 4).unwrap();
+            processes::run_description(&cfg, &std::sync::Arc::new(graph), &train, 16, 0).unwrap()
+        };
+        let base = describe(&|_| {});
+        type Change<'a> = (&'a str, &'a dyn Fn(&mut crate::config::TrainOptions));
+        let changes: [Change; 3] = [
+            ("skip bad samples", &|o| o.skip_bad_samples = true),
+            ("skip non-finite updates", &|o| {
+                o.on_nonfinite = Some("skip".into())
+            }),
+            ("convolution algorithm", &|o| {
+                o.conv_algo = Some("direct".into())
+            }),
+        ];
+        for (line, change) in changes {
+            let other = describe(change);
+            let differ: Vec<&String> = base
+                .iter()
+                .zip(&other)
+                .filter(|(a, b)| a != b)
+                .map(|(a, _)| &a.0)
+                .collect();
+            assert_eq!(differ, [line]);
+        }
+    }
+
     #[test]
     fn a_checkpoint_recording_parts_of_its_run_only_is_said_naming_each_it_lacks() {
         let cfg = crate::config::TrainOptions {
@@ -1189,6 +1217,16 @@ mod tests {
              communication options (an older dptrain wrote it): the resumed run takes the \
              flags' (give the run's where they were not the defaults)"
         );
+        // A folder's run that records no --skip-bad-samples setting is said; one of data
+        // read whole (no sample of which can be bad) is not.
+        run.exchange = recorded::Recorded::Read(cfg.exchange.clone());
+        run.skip_bad_samples = None;
+        assert!(!unrecorded(&run).unwrap().contains("--skip-bad-samples"));
+        run.dataset = "imagefolder".into();
+        run.data_dir = Some("photos".into());
+        assert!(unrecorded(&run)
+            .unwrap()
+            .contains("no --skip-bad-samples setting (an older dptrain wrote it)"));
         // An unreadable record is not absent: judged elsewhere (`readable`).
         run.recipe = recorded::Recorded::Unreadable("metadata 'lr' missing".into());
         run.routine = recorded::Recorded::Absent;

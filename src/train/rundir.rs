@@ -757,9 +757,10 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
         let path = |e| super::checkpoint::checkpoint_path(dir, e);
         targets.push(path(cfg.epochs));
         let there = epoch_checkpoints(dir).into_iter();
+        let written = |e: &usize| (1..cfg.epochs).contains(e);
         targets.extend(
             there
-                .filter(|(e, p)| *e < cfg.epochs && *p == path(*e))
+                .filter(|(e, p)| written(e) && *p == path(*e))
                 .map(|(_, p)| p),
         );
     }
