@@ -175,7 +175,7 @@ pub fn load_data(cfg: &TrainConfig) -> Result<(Dataset, Dataset), PrepareError> 
     if let Some(n) = cfg.test_limit {
         truncate(&mut test, n);
     }
-    holds_a_batch(train.len(), cfg)?;
+    fits_the_run(train.len(), cfg)?;
     Ok((train, test))
 }
 
@@ -191,9 +191,10 @@ fn steps_are_countable(epochs: usize, steps_per_epoch: usize) -> Result<(), Prep
     }
 }
 
-/// Refuses a training set of `samples` smaller than one global batch, or whose steps in all
-/// no counter holds ([`steps_are_countable`]): every kind of data goes through here.
-fn holds_a_batch(samples: usize, cfg: &TrainConfig) -> Result<(), PrepareError> {
+/// Refuses a training set of `samples` that the run cannot train on: smaller than one global
+/// batch, or of more steps in all than a counter holds ([`steps_are_countable`]). Every
+/// kind of data goes through here.
+fn fits_the_run(samples: usize, cfg: &TrainConfig) -> Result<(), PrepareError> {
     let batch = cfg.batch;
     if samples < batch {
         return Err(PrepareError::TooFewSamples { samples, batch });
@@ -225,7 +226,7 @@ pub fn load_sources(cfg: &TrainConfig) -> Result<(Source, TestSplit), PrepareErr
     if let Some(n) = cfg.test_limit {
         test.truncate(n);
     }
-    holds_a_batch(train.len(), cfg)?;
+    fits_the_run(train.len(), cfg)?;
     inputs::size_folders(cfg, &mut train, &mut test)?;
     let source = Source::Folder(Arc::new(train));
     let eval = inputs::eval_transform(cfg, &source);
@@ -242,7 +243,7 @@ fn load_packed(cfg: &TrainConfig, file: &Path) -> Result<(Source, TestSplit), Pr
     if let Some(n) = cfg.test_limit {
         test.truncate(n);
     }
-    holds_a_batch(train.len(), cfg)?;
+    fits_the_run(train.len(), cfg)?;
     if let Some(s) = cfg.image_size {
         train.set_size(s.height, s.width);
     }

@@ -751,18 +751,10 @@ pub fn prepare(cfg: &mut TrainConfig) -> Result<Prepared, OutputsError> {
     }
     let mut targets: Vec<PathBuf> = RUN_FILES.iter().map(|(f, _)| dir.join(f)).collect();
     if !cfg.no_checkpoints {
-        // Of the epochs' checkpoints, those not there yet need only the directory to take
-        // files, which the last epoch's shows; those there are judged each. Not one path per
-        // epoch: `--epochs` may be any count (a run left to its Ctrl-C).
-        let path = |e| super::checkpoint::checkpoint_path(dir, e);
-        targets.push(path(cfg.epochs));
-        let there = epoch_checkpoints(dir).into_iter();
-        let written = |e: &usize| (1..cfg.epochs).contains(e);
-        targets.extend(
-            there
-                .filter(|(e, p)| written(e) && *p == path(*e))
-                .map(|(_, p)| p),
-        );
+        // Of the epochs' checkpoints, those there were judged with every run file above;
+        // those not there yet need only the directory to take files, which the last epoch's
+        // shows. Not one path per epoch: `--epochs` may be any count (a run left to Ctrl-C).
+        targets.push(super::checkpoint::checkpoint_path(dir, cfg.epochs));
     }
     for t in &targets {
         output::check_file_target(t).map_err(run_dir_error)?;
