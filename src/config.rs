@@ -143,7 +143,7 @@ pub struct TrainConfig {
     /// run of one MPI process then leaves it out, said, rather than refuse it.
     pub intra_link_followed: bool,
     /// Whether [`Self::skip_bad_samples`] was taken from a resumed checkpoint's run (not
-    /// given): said in a note of its own, since the flag has no off form to give instead.
+    /// given): said in a note of its own, with the off form to give instead.
     pub skip_bad_samples_followed: bool,
     /// Write a checkpoint every this many epochs (0: only at the end).
     pub checkpoint_every: usize,
@@ -578,11 +578,18 @@ pub struct TrainOptions {
     /// the checkpoint's].
     #[arg(long)]
     pub normalize: Option<String>,
-    /// Leave unreadable samples out of their batch and count them, instead of stopping
-    /// [resumed: the checkpoint's run's].
-    #[arg(long)]
+    /// Leave unreadable samples out of their batch and count them, instead of stopping;
+    /// `--skip-bad-samples=false` stops at the first [default: false; resumed: the
+    /// checkpoint's run's].
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
     #[serde(default)]
-    pub skip_bad_samples: bool,
+    pub skip_bad_samples: Option<bool>,
     /// Write a timeline of the traced steps (Chrome trace-event JSON: open in Perfetto or
     /// chrome://tracing) to this file.
     #[arg(long)]
@@ -868,12 +875,12 @@ impl TrainOptions {
             image_size,
             eval_transform,
             normalize,
+            skip_bad_samples,
             trace,
             trace_steps,
             log_format
         );
         self.quiet |= over.quiet;
-        self.skip_bad_samples |= over.skip_bad_samples;
         self.no_checkpoints |= over.no_checkpoints;
         self.overwrite |= over.overwrite;
         self.resume_changed |= over.resume_changed;
@@ -1001,7 +1008,7 @@ impl TrainOptions {
             image_size: input.image_size,
             eval_transform: input.eval_transform,
             normalize: input.normalize,
-            skip_bad_samples: self.skip_bad_samples,
+            skip_bad_samples: self.skip_bad_samples.unwrap_or(false),
             trace: self.trace.clone(),
             trace_steps: outputs.trace_steps,
             log_format: outputs.log_format,
@@ -1662,9 +1669,15 @@ mod tests {
         let err = mpi(2, "12GB/z").unwrap_err();
         assert!(err.starts_with("--intra-bandwidth: "), "{err}");
         // One float must cross the port within --comm-timeout, as on --link-bandwidth.
-        let err = mpi(2, "0.01bit").unwrap_err();
+        let err = opts(|o| {
+            o.transport = Some("mpi".into());
+            o.workers = Some(2);
+            o.intra_bandwidth = Some("1bit".into());
+            o.comm_timeout = Some(5.0);
+        })
+        .unwrap_err();
         assert!(
-            err.starts_with("--intra-bandwidth 0.00125 bytes/s"),
+            err.starts_with("--intra-bandwidth 0.125 bytes/s moves one float"),
             "{err}"
         );
         let cfg = mpi(2, "12GB/s").unwrap();

@@ -337,8 +337,8 @@ impl std::fmt::Display for UnevenBatch {
         } else {
             write!(
                 f,
-                "--batch {batch} must be a multiple of the {} workers of the run ({workers} per \
-                 process x {} processes)",
+                "--batch {batch} must be a multiple of the {} workers of the run (--workers \
+                 {workers} per process x {} processes)",
                 workers * self.processes,
                 self.processes
             )
@@ -875,7 +875,7 @@ mod tests {
         assert!(e.contains("--batch 30") && e.contains("--workers 4"), "{e}");
         let e = per_worker_batch(30, 2, 4).unwrap_err().to_string();
         assert!(
-            e.contains("the 8 workers of the run (2 per process x 4"),
+            e.contains("the 8 workers of the run (--workers 2 per process x 4"),
             "{e}"
         );
         assert!(per_worker_batch(0, 1, 1).is_err());

@@ -724,6 +724,25 @@ fn a_resume_follows_the_runs_skipping_of_bad_samples() {
         "{said}"
     );
     assert_eq!(weights(&whole), weights(&resumed));
+    // Its off form: the resume stops at the first bad file, naming it, and follows nothing.
+    let strict = tmp.join("strict");
+    let o = run(&[
+        "train".into(),
+        "--resume".into(),
+        ck1.clone(),
+        "--run-dir".into(),
+        strict.display().to_string(),
+        "--threads".into(),
+        "1".into(),
+        "--skip-bad-samples=false".into(),
+    ]);
+    let t = text(&o);
+    assert!(
+        !o.status.success()
+            && (t.contains("zero.png") || t.contains("cut.png"))
+            && !t.contains("resuming the checkpoint's run's --skip-bad-samples"),
+        "{t}"
+    );
     let to = tmp.join("edited.safetensors");
     let edited = edited_copy(
         Path::new(&ck1),

@@ -826,6 +826,74 @@ const MEANING_REFUSALS: &[Case] = &[
         1,
         "--device-headroom must be at least 1",
     ),
+    // Every measured profile is held to the compute threads a benchmark's may run, over all
+    // its replicas, before anything is measured (profile's 100000 threads aborted like
+    // bench step's; sim-check and the ablation measured their workers unchecked).
+    (
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--out",
+            "p.json",
+            "--threads",
+            "100000",
+        ],
+        1,
+        "--threads 100000: at most",
+    ),
+    (
+        &[
+            "profile",
+            "--model",
+            "lenet5",
+            "--out",
+            "p.json",
+            "--threads",
+            "1000",
+            "--concurrent",
+            "1000",
+        ],
+        1,
+        "x 1000 replicas (--concurrent): at most",
+    ),
+    (
+        &[
+            "bench",
+            "sim-check",
+            "--against",
+            "emulated",
+            "--workers",
+            "300",
+            "--batch",
+            "300",
+        ],
+        1,
+        "--workers 300 is more than the 256 workers one process runs",
+    ),
+    (
+        &["bench", "ablation", "--workers", "300", "--batch", "300"],
+        1,
+        "--workers 300 is more than the 256 workers one process runs",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--link-bandwidth",
+            "0.5bit",
+        ],
+        1,
+        "too small a number, below 1 bit/s",
+    ),
+    (
+        &["train", "--link-bandwidth", "2000TB/s"],
+        1,
+        "too large a number, above 1 PB/s",
+    ),
     (
         &["bench", "sim-check", "--rounds", "0"],
         1,

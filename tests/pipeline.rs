@@ -265,7 +265,7 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
         assert!(!tmp.path().join("r/metrics.jsonl").exists());
         let s = folder_run(&dir, &tmp.path().join(format!("s{prefetch}")), |o| {
             o.prefetch = Some(prefetch);
-            o.skip_bad_samples = true;
+            o.skip_bad_samples = Some(true);
         })
         .unwrap();
         // 96 samples, 6 steps of 16 per epoch: the bad one is drawn once per epoch.
@@ -301,7 +301,10 @@ fn a_corrupt_image_is_named_or_skipped_and_counted() {
     std::fs::write(&test_files[0], b"\x89PNG\r\n\x1a\n cut").unwrap();
     std::fs::write(&test_files[1], b"").unwrap();
     let test_name = |i: usize| test_files[i].to_string_lossy().into_owned();
-    let e = folder_run(&dir, &tmp.path().join("u"), |o| o.skip_bad_samples = true).unwrap_err();
+    let e = folder_run(&dir, &tmp.path().join("u"), |o| {
+        o.skip_bad_samples = Some(true)
+    })
+    .unwrap_err();
     assert!(
         e.contains("only leaves out training samples") && e.contains("2 images in"),
         "{e}"

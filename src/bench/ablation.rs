@@ -219,6 +219,7 @@ impl AblationSpec {
             ));
         }
         crate::plan::per_worker_batch(a.batch, a.workers, 1).map_err(|e| e.to_string())?;
+        crate::comm::transport::check_in_process_workers(a.workers)?;
         super::args::check_timed_counts(&[("--steps", a.steps), ("--repeats", a.repeats)])?;
         if a.threads == 0 {
             return Err("--threads must be at least 1".into());
@@ -251,7 +252,7 @@ impl AblationSpec {
             ..Default::default()
         }
         .resolve()?;
-        Ok(Self {
+        let spec = Self {
             model: a.model.clone(),
             workers: a.workers,
             threads: a.threads,
@@ -264,7 +265,29 @@ impl AblationSpec {
             loader_threads: a.loader_threads,
             prefetch: a.prefetch,
             sim_workers,
-        })
+        };
+        spec.profile_spec().check()?;
+        Ok(spec)
+    }
+
+    /// The profile the simulated rows rest on: as many replicas at once as the measured rows
+    /// have workers, each on the compute threads a measured row's worker runs
+    /// ([`crate::limits::threads_per_worker`], `--threads` capped at the cores).
+    fn profile_spec(&self) -> MeasureSpec<'_> {
+        let threads = crate::limits::threads_per_worker(Some(self.threads), self.workers).0;
+        MeasureSpec {
+            concurrent: self.workers,
+            flags: crate::measure::MeasureFlags {
+                threads: "--threads",
+                concurrent: Some("--workers"),
+            },
+            ..MeasureSpec::new(
+                &self.model,
+                self.per_worker_batch(),
+                threads,
+                self.steps.clamp(3, 20),
+            )
+        }
     }
 
     /// Per-worker batch (the same in every run: weak scaling).
@@ -555,15 +578,7 @@ struct SimulatedRows {
 /// The measured rows' settings simulated at each of the spec's worker counts, from a profile
 /// measured here.
 fn simulate_rows(spec: &AblationSpec, measured: &[MeasuredStage]) -> Result<SimulatedRows, String> {
-    let profile = measure(&MeasureSpec {
-        concurrent: spec.workers,
-        ..MeasureSpec::new(
-            &spec.model,
-            spec.per_worker_batch(),
-            spec.threads,
-            spec.steps.clamp(3, 20),
-        )
-    })?;
+    let profile = measure(&spec.profile_spec())?;
     // The link an in-process run of this spec plans for (`plan::PlanInputs::auto_link`).
     let link = crate::plan::PlanInputs::defaults(1, spec.workers, spec.link_model).auto_link();
     let mut simulator = Simulator::new();

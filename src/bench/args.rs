@@ -93,32 +93,18 @@ pub fn thread_count(flag: &'static str) -> impl Fn(&str) -> Result<usize, String
     }
 }
 
-/// Compute threads per core a benchmark measures at most. Far past the cores a row measures
-/// the scheduler's time-slicing, each thread holds buffers of its own (`bench infer` of
-/// lenet5 took about 3 MB a thread: 2.8 GB at 1000 threads), and the process can start only
-/// so many (at 100000 the start failed, and the bench aborted).
-pub const MAX_BENCH_THREADS_PER_CORE: usize = 16;
-
 /// Benchmarks measure the thread counts asked for, also past the cores (that is a measurement
-/// too), but never silently: each count above the cores gets a warning; one above
-/// [`MAX_BENCH_THREADS_PER_CORE`] per core is refused.
-pub fn check_bench_threads(threads: &[usize]) -> Result<(), String> {
+/// too), but never silently: each count above the cores gets a warning. (Past
+/// [`crate::measure::MAX_THREADS_PER_CORE`] per core, [`crate::measure::MeasureSpec::check`]
+/// refuses them.)
+pub fn warn_threads_past_cores(threads: &[usize]) {
     let cores = crate::limits::cores();
-    let most = MAX_BENCH_THREADS_PER_CORE * cores;
-    if let Some(t) = threads.iter().find(|&&t| t > most) {
-        return Err(format!(
-            "--threads {t}: at most {most} ({MAX_BENCH_THREADS_PER_CORE} per core of the \
-             {cores} this process may use): far past the cores a benchmark measures the \
-             scheduler's time-slicing, and each thread holds buffers of its own"
-        ));
-    }
     for &t in threads.iter().filter(|&&t| t > cores) {
         print_warning(&format!(
             "--threads {t} is more than the {cores} cores this process may use: those threads \
              time-slice, so the step time measured for {t} is not a {t}-core figure"
         ));
     }
-    Ok(())
 }
 
 /// Sizes in bytes for an all-reduce of f32 values: below one f32 (4 bytes) is refused, and a

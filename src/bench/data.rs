@@ -51,6 +51,20 @@ pub struct DataArgs {
 /// Batches consumed, untimed, before timing starts (buffers grow, caches fill).
 const WARMUP_BATCHES: usize = 5;
 
+/// The options [`pipeline_images_per_s`] runs `base` with: one worker, fed by
+/// `loader_threads` and `prefetch`.
+pub fn pipeline_options(
+    base: &TrainOptions,
+    loader_threads: usize,
+    prefetch: usize,
+) -> TrainOptions {
+    let mut o = base.clone();
+    o.workers = Some(1);
+    o.loader_threads = Some(loader_threads);
+    o.prefetch = Some(prefetch);
+    o
+}
+
 /// Images per second the pipeline delivers to one consumer that does nothing else, with
 /// `loader_threads` and `prefetch` (0: the consumer collates itself) over `batches` batches.
 pub fn pipeline_images_per_s(
@@ -59,11 +73,7 @@ pub fn pipeline_images_per_s(
     prefetch: usize,
     batches: usize,
 ) -> Result<f64, String> {
-    let mut o = base.clone();
-    o.workers = Some(1);
-    o.loader_threads = Some(loader_threads);
-    o.prefetch = Some(prefetch);
-    let mut cfg = o.resolve()?;
+    let mut cfg = pipeline_options(base, loader_threads, prefetch).resolve()?;
     let (source, _test) = load_sources(&cfg)?;
     let spe = source.len() / cfg.batch;
     let total = batches + WARMUP_BATCHES;

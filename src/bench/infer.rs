@@ -130,22 +130,23 @@ pub fn run_command(a: InferArgs) -> Result<(), String> {
         &a.threads,
         super::args::thread_count("--threads"),
     )?;
-    super::args::check_bench_threads(&threads)?;
     super::args::check_timed_counts(&[("--steps", a.steps)])?;
     if a.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
     let models = super::args::entries("--model", &a.model)?;
+    // Every row is checked before the first is measured: the training step's memory bounds
+    // the inference net's (a superset of its buffers).
     for m in &models {
-        // The training step's memory bounds the inference net's (a superset of its buffers).
-        crate::measure::check_step_memory(
-            m,
-            a.batch,
-            1,
-            crate::backend::ConvAlgo::default(),
-            None,
-        )?;
+        for &t in &threads {
+            crate::measure::MeasureSpec {
+                flags: crate::measure::MeasureFlags::THREADS_ONLY,
+                ..crate::measure::MeasureSpec::new(m, a.batch, t, a.steps)
+            }
+            .check()?;
+        }
     }
+    super::args::warn_threads_past_cores(&threads);
     crate::outln!("{}", InferRow::terminal_header());
     for m in models {
         for &t in &threads {

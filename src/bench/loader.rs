@@ -5,7 +5,7 @@
 //! machine falls on all rows alike. torchvision's `DataLoader(ImageFolder)` runs beside it in
 //! `scripts/bench_loader.sh` (`../shared/peers/pytorch_loader.py`, the same transforms).
 
-use super::data::pipeline_images_per_s;
+use super::data::{pipeline_images_per_s, pipeline_options};
 use super::median;
 use crate::config::TrainOptions;
 use std::path::PathBuf;
@@ -87,6 +87,25 @@ fn sources(a: &LoaderArgs) -> Vec<(String, String)> {
     v
 }
 
+/// The options of a row reading `dataset` (its thread count and prefetch set apart).
+fn source_options(a: &LoaderArgs, dataset: &str) -> TrainOptions {
+    TrainOptions {
+        dataset: Some(dataset.to_string()),
+        batch: Some(a.batch),
+        image_size: Some(a.image_size.clone()),
+        augment: Some(a.augment.clone()),
+        normalize: Some(IMAGENET_NORMALIZE.into()),
+        test_limit: Some(a.batch),
+        quiet: true,
+        ..Default::default()
+    }
+}
+
+/// The batches a row of `threads` loader threads preloads: one per thread, at least two.
+fn row_prefetch(threads: usize) -> usize {
+    threads.max(2)
+}
+
 /// Measures every source at every thread count, `reps` times interleaved.
 pub fn measure(a: &LoaderArgs) -> Result<LoaderResult, String> {
     let threads = super::args::list(
@@ -97,6 +116,12 @@ pub fn measure(a: &LoaderArgs) -> Result<LoaderResult, String> {
     let sources = sources(a);
     if sources.is_empty() {
         return Err("give --imagefolder DIR and/or --packed FILE[,FILE...]".into());
+    }
+    // Every row's options are checked before the first is measured.
+    for (_, dataset) in &sources {
+        for &t in &threads {
+            pipeline_options(&source_options(a, dataset), t, row_prefetch(t)).resolve()?;
+        }
     }
     let mut rows: Vec<LoaderRow> = sources
         .iter()
@@ -115,17 +140,8 @@ pub fn measure(a: &LoaderArgs) -> Result<LoaderResult, String> {
                 .find(|(n, _)| *n == row.source)
                 .expect("a row's source")
                 .1;
-            let base = TrainOptions {
-                dataset: Some(dataset.clone()),
-                batch: Some(a.batch),
-                image_size: Some(a.image_size.clone()),
-                augment: Some(a.augment.clone()),
-                normalize: Some(IMAGENET_NORMALIZE.into()),
-                test_limit: Some(a.batch),
-                quiet: true,
-                ..Default::default()
-            };
-            let prefetch = row.threads.max(2);
+            let base = source_options(a, dataset);
+            let prefetch = row_prefetch(row.threads);
             row.runs.push(pipeline_images_per_s(
                 &base,
                 row.threads,

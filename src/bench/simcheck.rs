@@ -30,6 +30,7 @@ use super::median;
 use super::overlap::{run_case, GridSpec, OverlapCase};
 use super::ScratchDir;
 use crate::comm::{parse_bandwidth, parse_duration, predicted_time, CommMode, LinkModel};
+use crate::measure::MeasureFlags;
 use crate::parallel::Schedule;
 use crate::plan::CommChoice;
 use crate::sim::{
@@ -149,6 +150,19 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
             "--intra-ratio {r}: give the within-host port's rate as a positive fraction of the \
              host's link rate (at most 10000)"
         ));
+    }
+    // The port a ratio makes of each link must be one `train --intra-bandwidth` takes.
+    if let Some(r) = a.intra_ratio {
+        use crate::comm::transport::{MAX_BANDWIDTH_BYTES_PER_S, MIN_BANDWIDTH_BYTES_PER_S};
+        for bw in a.cluster_bandwidth.split(',').map(str::trim) {
+            let port = r * parse_bandwidth(&trainer_rate(bw))?;
+            if !(MIN_BANDWIDTH_BYTES_PER_S..=MAX_BANDWIDTH_BYTES_PER_S).contains(&port) {
+                return Err(format!(
+                    "--intra-ratio {r} of --cluster-bandwidth {bw} is a port of {port} bytes/s: \
+                     a link is 1 bit/s to 1 PB/s"
+                ));
+            }
+        }
     }
     if a.intra_ratio.is_some() && !matches!(a.against.as_str(), "cluster" | "all") {
         return Err(format!(
@@ -328,6 +342,42 @@ impl EmulatedCheck {
     }
 }
 
+/// The profile `--against emulated` simulates `model` from: as many replicas at once as the
+/// runs have workers, each on the compute threads a run's worker runs
+/// ([`crate::limits::threads_per_worker`], `--threads` capped at the cores).
+fn emulated_profile_spec<'m>(a: &SimCheckArgs, model: &'m str) -> MeasureSpec<'m> {
+    let threads = crate::limits::threads_per_worker(Some(a.threads), a.workers).0;
+    MeasureSpec {
+        concurrent: a.workers,
+        flags: MeasureFlags {
+            threads: "--threads",
+            concurrent: Some("--workers"),
+        },
+        ..MeasureSpec::new(model, a.batch / a.workers, threads, a.steps)
+    }
+}
+
+/// The profile a `--against cluster` row of `workers` in all simulates `model` from, at
+/// `batch` per worker: `workers` replicas at once on this machine's cores (1: a device's
+/// profile, measured alone), each on the compute threads a run's worker runs
+/// ([`crate::limits::threads_per_worker`], `--threads` capped at the cores).
+fn cluster_profile_spec<'m>(
+    a: &SimCheckArgs,
+    model: &'m str,
+    batch: usize,
+    workers: usize,
+) -> MeasureSpec<'m> {
+    let threads = crate::limits::threads_per_worker(Some(a.threads), workers).0;
+    MeasureSpec {
+        concurrent: workers,
+        flags: MeasureFlags {
+            threads: "--threads",
+            concurrent: (workers > 1).then_some("--hosts x --workers-per-host"),
+        },
+        ..MeasureSpec::new(model, batch, threads, a.steps.min(20))
+    }
+}
+
 /// Runs `--against emulated`, printing as it goes.
 pub fn run_emulated(a: &SimCheckArgs) -> Result<(), String> {
     let check = measure_emulated(a, &mut |line| crate::outln!("{line}"))?;
@@ -345,7 +395,13 @@ pub fn measure_emulated(
         return Err("--workers must be at least 2".into());
     }
     crate::plan::per_worker_batch(a.batch, a.workers, 1).map_err(|e| e.to_string())?;
+    crate::comm::transport::check_in_process_workers(a.workers)?;
     let comm = CommChoice::parse(&a.comm)?;
+    let models: Vec<&str> = a.model.split(',').map(str::trim).collect();
+    // Every model's profile is checked before the first is measured.
+    for model in &models {
+        emulated_profile_spec(a, model).check()?;
+    }
     let scratch = ScratchDir::new("simcheck");
     let mut check = EmulatedCheck {
         title: format!(
@@ -357,11 +413,8 @@ pub fn measure_emulated(
     on_line(&check.title);
     on_line(&EmulatedCheck::terminal_header());
     let mut simulator = Simulator::new();
-    for model in a.model.split(',').map(str::trim) {
-        let profile = measure(&MeasureSpec {
-            concurrent: a.workers,
-            ..MeasureSpec::new(model, a.batch / a.workers, a.threads, a.steps)
-        })?;
+    for model in models {
+        let profile = measure(&emulated_profile_spec(a, model))?;
         for bw in a.link_bandwidth.split(',').map(str::trim) {
             let group = EmulatedGroup {
                 model: model.to_string(),
@@ -867,6 +920,19 @@ impl<'a> ClusterCheck<'a> {
             &a.hierarchical,
             crate::plan::HierarchyChoice::parse,
         )?;
+        let emulated = match a.devices.as_str() {
+            "emulated" => true,
+            "shared" => false,
+            o => return Err(format!("--devices {o:?}: use emulated or shared")),
+        };
+        // Every profile is checked before anything is measured: a device's alone, or all the
+        // largest cluster's workers at once on this machine's cores.
+        let most_workers = hosts.iter().max().unwrap_or(&1) * per_host.iter().max().unwrap_or(&1);
+        for model in a.model.split(',').map(str::trim) {
+            let batch = per_model_batch(&a.worker_batch, model)?;
+            let workers = if emulated { 1 } else { most_workers };
+            cluster_profile_spec(a, model, batch, workers).check()?;
+        }
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let t = |bytes| bench_allreduce(2, bytes, fit_mode, None, 40).map(|r| r.time);
         let intra = fit_link(
@@ -891,11 +957,6 @@ impl<'a> ClusterCheck<'a> {
                  host's link (train --intra-bandwidth), the threads' hand-over on top"
             );
         }
-        let emulated = match a.devices.as_str() {
-            "emulated" => true,
-            "shared" => false,
-            o => return Err(format!("--devices {o:?}: use emulated or shared")),
-        };
         let mut check = Self {
             a,
             comm,
@@ -910,9 +971,6 @@ impl<'a> ClusterCheck<'a> {
             intra,
             devices: Vec::new(),
         };
-        for model in check.models() {
-            check.batch_of(model)?;
-        }
         if !(a.device_headroom >= 1.0 && a.device_headroom <= 100.0) {
             return Err(format!(
                 "--device-headroom {}: give a factor from 1 to 100",
@@ -942,7 +1000,7 @@ impl<'a> ClusterCheck<'a> {
         let mut devices = Vec::new();
         for model in self.models() {
             let batch = self.batch_of(model)?;
-            let p = measure(&MeasureSpec::new(model, batch, a.threads, a.steps.min(20)))?;
+            let p = measure(&cluster_profile_spec(a, model, batch, 1))?;
             let path = scratch.join(format!("{model}-device.json"));
             let json = serde_json::to_string(&p).map_err(|e| e.to_string())?;
             crate::output::write_atomically(&path, json.as_bytes(), &crate::measure::PROFILE_FILE)?;
@@ -1318,10 +1376,7 @@ impl<'a> ClusterCheck<'a> {
                 // Every worker of the cluster shares this machine's cores: measure with
                 // as many replicas at once.
                 let batch = self.batch_of(model)?;
-                let p = measure(&MeasureSpec {
-                    concurrent: workers,
-                    ..MeasureSpec::new(model, batch, a.threads, a.steps.min(20))
-                })?;
+                let p = measure(&cluster_profile_spec(a, model, batch, workers))?;
                 crate::outln!(
                     "  ({model} profile, {workers} replicas at once: compute {:.1} ms a \
                      step, spread {:.1}%)",

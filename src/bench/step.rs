@@ -233,15 +233,23 @@ pub fn run_command(a: StepArgs) -> Result<(), String> {
         &a.threads,
         super::args::thread_count("--threads"),
     )?;
-    super::args::check_bench_threads(&threads)?;
     super::args::check_timed_counts(&[("--steps", a.steps)])?;
     if a.batch == 0 {
         return Err("--batch must be at least 1".into());
     }
     let models = super::args::entries("--model", &a.model)?;
+    // Every row is checked before the first is measured.
     for m in &models {
-        crate::measure::check_step_memory(m.trim(), a.batch, 1, a.conv_algo, None)?;
+        for &t in &threads {
+            MeasureSpec {
+                conv_algo: a.conv_algo,
+                flags: crate::measure::MeasureFlags::THREADS_ONLY,
+                ..MeasureSpec::new(m.trim(), a.batch, t, a.steps)
+            }
+            .check()?;
+        }
     }
+    super::args::warn_threads_past_cores(&threads);
     crate::outln!("{}", StepTable::terminal_header());
     let table = measure_table(
         &models,
@@ -302,6 +310,7 @@ pub fn measure_layers(
 ) -> Result<LayerTable, String> {
     let profile = crate::measure::measure(&MeasureSpec {
         conv_algo,
+        flags: crate::measure::MeasureFlags::THREADS_ONLY,
         ..MeasureSpec::new(row.model.trim(), batch, row.threads, steps)
     })?;
     let graph = crate::model::reference_graph(row.model.trim())?;

@@ -1,7 +1,7 @@
 //! `dptrain profile`: a model's per-block step profile, measured here or derived from its
 //! graph and a device speed, written as JSON.
 
-use crate::measure::{check_step_memory, MAX_PROFILE_BATCH};
+use crate::measure::MAX_PROFILE_BATCH;
 use crate::model::reference_graph;
 use crate::sim::{from_graph, measure, DeviceSpec, DeviceSpeed, MeasureSpec, Profile};
 use std::path::PathBuf;
@@ -168,15 +168,18 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
         let steps = a.steps.unwrap_or(10);
         let concurrent = a.concurrent.unwrap_or(1);
         let conv_algo = a.conv_algo.unwrap_or_default();
-        if threads == 0 {
-            return Err("--threads 0: a step needs at least 1 compute thread".into());
-        }
         if steps > MAX_PROFILE_STEPS {
             return Err(format!(
                 "--steps {steps}: at most {MAX_PROFILE_STEPS} timed steps (the times of each \
                  are kept)"
             ));
         }
+        let spec = MeasureSpec {
+            concurrent,
+            conv_algo,
+            ..MeasureSpec::new(&a.model, a.batch, threads, steps)
+        };
+        spec.check()?;
         if threads > crate::limits::cores() {
             super::print_warning(&format!(
                 "--threads {threads} is more than the {} cores this process may use: the \
@@ -184,18 +187,7 @@ pub(super) fn run(a: ProfileArgs) -> Result<(), String> {
                 crate::limits::cores()
             ));
         }
-        check_step_memory(
-            &a.model,
-            a.batch,
-            concurrent.max(1),
-            conv_algo,
-            Some("--concurrent"),
-        )?;
-        measure(&MeasureSpec {
-            concurrent,
-            conv_algo,
-            ..MeasureSpec::new(&a.model, a.batch, threads, steps)
-        })
+        measure(&spec)
     })?;
     p.save(&a.out).map_err(|e| format!("--out: {e}"))?;
     crate::outln!("{}", describe_profile(&p));

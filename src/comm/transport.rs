@@ -170,18 +170,27 @@ pub fn parse_bandwidth(s: &str) -> Result<f64, String> {
             ))
         }
     };
-    // The number read, its unit applied: past f64 (`1e300TB`) or below its smallest
-    // (`1e-320bit`) is as unusable as a number that does not read.
+    // The number read, its unit applied, within what a link can be: below 1 bit/s a step's
+    // times overflow what the simulator and the reports hold (1e-300 B/s gave inf), and above
+    // 1 PB/s (over 1000x NVLink 4's 900 GB/s) the figure is a typo or a stand-in for "no
+    // link", which is `none`, and prints as hundreds of digits.
     match value * scale * bytes_per_unit {
-        b if b.is_infinite() => Err(format!(
-            "invalid bandwidth {s:?}: too large a number; {BANDWIDTH_FORMS}"
+        b if b > MAX_BANDWIDTH_BYTES_PER_S => Err(format!(
+            "invalid bandwidth {s:?}: too large a number, above 1 PB/s (1e15 B/s; \
+             for no emulated link give none where the option takes it); {BANDWIDTH_FORMS}"
         )),
-        b if b < f64::MIN_POSITIVE => Err(format!(
-            "invalid bandwidth {s:?}: too small a number; {BANDWIDTH_FORMS}"
+        b if b < MIN_BANDWIDTH_BYTES_PER_S => Err(format!(
+            "invalid bandwidth {s:?}: too small a number, below 1 bit/s; {BANDWIDTH_FORMS}"
         )),
         b => Ok(b),
     }
 }
+
+/// The slowest link [`parse_bandwidth`] takes: 1 bit/s.
+pub const MIN_BANDWIDTH_BYTES_PER_S: f64 = 0.125;
+
+/// The fastest link [`parse_bandwidth`] takes: 1 PB/s.
+pub const MAX_BANDWIDTH_BYTES_PER_S: f64 = 1e15;
 
 /// Parses a duration such as `"5us"`, `"1ms"`, `"2s"`, `"100ns"`, `"1.5ms"`
 /// or a bare `"0"`.
@@ -808,7 +817,16 @@ mod tests {
         assert!(parse_bandwidth("1e-310bit")
             .unwrap_err()
             .contains("too small a number"));
-        assert_eq!(parse_bandwidth("1e300B").unwrap(), 1e300);
+        // A link's range: 1 bit/s to 1 PB/s, both ends taken, just past them refused.
+        assert_eq!(parse_bandwidth("1bit").unwrap(), 0.125);
+        assert_eq!(parse_bandwidth("1000TB").unwrap(), 1e15);
+        assert!(parse_bandwidth("0.99bit")
+            .unwrap_err()
+            .contains("below 1 bit/s"));
+        assert!(parse_bandwidth("1001TB")
+            .unwrap_err()
+            .contains("above 1 PB/s"));
+        assert!(parse_bandwidth("1e300B").is_err());
     }
 
     #[test]

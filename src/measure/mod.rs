@@ -13,7 +13,7 @@ pub mod timing;
 
 pub use profile::{BlockProfile, Profile, MAX_PROFILE_BATCH, PROFILE_FILE};
 pub use replica::SyntheticReplica;
-pub use timing::{blocks_of, check_step_memory, measure, MeasureSpec};
+pub use timing::{blocks_of, measure, MeasureFlags, MeasureSpec, MAX_THREADS_PER_CORE};
 
 /// Median of a list of values (sorted in place); NaN for an empty list.
 pub fn median(v: &mut [f64]) -> f64 {

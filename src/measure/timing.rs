@@ -39,7 +39,45 @@ pub struct MeasureSpec<'a> {
     pub concurrent: usize,
     /// How the 3x3 stride-1 convolutions are computed.
     pub conv_algo: ConvAlgo,
+    /// The options of the command that set these counts, for its refusals.
+    pub flags: MeasureFlags,
 }
+
+/// The options that set a [`MeasureSpec`]'s counts, named in what [`MeasureSpec::check`]
+/// refuses: `dptrain profile`'s by default.
+#[derive(Debug, Clone, Copy)]
+pub struct MeasureFlags {
+    /// Sets the compute threads of each replica.
+    pub threads: &'static str,
+    /// Sets the replicas at once (the workers, for a command that measures for N workers);
+    /// `None` where the command has no such option (one replica).
+    pub concurrent: Option<&'static str>,
+}
+
+impl Default for MeasureFlags {
+    /// `dptrain profile`'s.
+    fn default() -> Self {
+        Self {
+            threads: "--threads",
+            concurrent: Some("--concurrent"),
+        }
+    }
+}
+
+impl MeasureFlags {
+    /// A command measuring one replica on `--threads`: `bench step`, `bench infer`.
+    pub const THREADS_ONLY: Self = Self {
+        threads: "--threads",
+        concurrent: None,
+    };
+}
+
+/// Compute threads per core a measurement runs at most, over all its replicas. Far past the
+/// cores it measures the scheduler's time-slicing, each thread holds buffers of its own
+/// (`bench infer` of lenet5 took about 3 MB a thread: 2.8 GB at 1000 threads), and the
+/// process can start only so many (`bench step --threads 100000` failed to start them and
+/// aborted).
+pub const MAX_THREADS_PER_CORE: usize = 16;
 
 impl<'a> MeasureSpec<'a> {
     /// `model` at `batch` on `threads` threads for `steps` steps, one replica, direct
@@ -52,7 +90,67 @@ impl<'a> MeasureSpec<'a> {
             steps,
             concurrent: 1,
             conv_algo: ConvAlgo::default(),
+            flags: MeasureFlags::default(),
         }
+    }
+
+    /// Refuses what [`measure`] cannot measure, naming the option to change: a count of 0,
+    /// more compute threads in all than [`MAX_THREADS_PER_CORE`] per core, or a step whose
+    /// replicas would not fit in this machine's memory (the one estimate of
+    /// [`crate::plan::memory`], each replica a worker on its threads). [`measure`] checks it
+    /// first; a command measuring several specs checks them all before the first.
+    pub fn check(&self) -> Result<(), String> {
+        let flags = self.flags;
+        let zero = [
+            ("--batch", self.batch),
+            (flags.threads, self.threads),
+            ("--steps", self.steps),
+            (flags.concurrent.unwrap_or("replicas"), self.concurrent),
+        ]
+        .into_iter()
+        .find(|&(_, n)| n == 0);
+        if let Some((flag, _)) = zero {
+            return Err(format!("{flag} 0: give at least 1"));
+        }
+        let cores = crate::limits::cores();
+        let most = MAX_THREADS_PER_CORE * cores;
+        let all = self.threads.saturating_mul(self.concurrent);
+        if all > most {
+            let (threads, concurrent) = (self.threads, self.concurrent);
+            let count = if concurrent > 1 {
+                let given = flags
+                    .concurrent
+                    .map_or(String::new(), |f| format!(" ({f})"));
+                format!("{} {threads} x {concurrent} replicas{given}", flags.threads)
+            } else {
+                format!("{} {threads}", flags.threads)
+            };
+            return Err(format!(
+                "{count}: at most {most} compute threads in all ({MAX_THREADS_PER_CORE} per \
+                 core of the {cores} this process may use): far past the cores a measurement \
+                 times the scheduler's time-slicing, and each thread holds buffers of its own"
+            ));
+        }
+        let g = reference_graph(self.model)?;
+        let mut inputs = crate::plan::memory::MemoryInputs::training(
+            &g,
+            self.batch,
+            self.concurrent,
+            self.threads,
+        );
+        inputs.conv_algo = self.conv_algo;
+        inputs.workers_flag = flags.concurrent;
+        let replicas = if self.concurrent > 1 {
+            format!(" on {} replicas", self.concurrent)
+        } else {
+            String::new()
+        };
+        crate::plan::memory::estimate(&inputs)
+            .check(&format!(
+                "a {} step at batch {}{replicas}",
+                self.model, self.batch
+            ))
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -65,6 +163,7 @@ impl<'a> MeasureSpec<'a> {
 /// cores and memory, so their compute is slower than one worker's alone, and a profile that
 /// should predict an N-worker emulated run has to be measured under the same contention.
 pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
+    spec.check()?;
     let &MeasureSpec {
         model,
         batch,
@@ -72,18 +171,8 @@ pub fn measure(spec: &MeasureSpec) -> Result<Profile, String> {
         steps,
         concurrent,
         conv_algo,
+        ..
     } = spec;
-    let zero = [
-        ("batch", batch),
-        ("threads", threads),
-        ("steps", steps),
-        ("concurrent", concurrent),
-    ]
-    .into_iter()
-    .find(|&(_, n)| n == 0);
-    if let Some((flag, _)) = zero {
-        return Err(format!("--{flag} 0: give at least 1"));
-    }
     let runs: Vec<Result<ReplicaTimings, String>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
             .map(|_| s.spawn(|| time_replica(spec)))
@@ -265,28 +354,4 @@ fn time_replica(spec: &MeasureSpec) -> Result<ReplicaTimings, String> {
             steps: timed,
         })
     })
-}
-
-/// Refuses a measured profile whose step would not fit in this machine's memory (the one
-/// estimate of [`crate::plan::memory`], each replica a worker, its convolutions by `conv_algo`;
-/// `replicas_flag` is the option that sets the replicas, if the command has one).
-pub fn check_step_memory(
-    model: &str,
-    batch: usize,
-    replicas: usize,
-    conv_algo: ConvAlgo,
-    replicas_flag: Option<&'static str>,
-) -> Result<(), String> {
-    let g = reference_graph(model)?;
-    let mut inputs = crate::plan::memory::MemoryInputs::training(&g, batch, replicas, 1);
-    inputs.conv_algo = conv_algo;
-    inputs.workers_flag = replicas_flag;
-    let replicas = if replicas > 1 {
-        format!(" on {replicas} replicas")
-    } else {
-        String::new()
-    };
-    crate::plan::memory::estimate(&inputs)
-        .check(&format!("a {model} step at batch {batch}{replicas}"))
-        .map_err(|e| e.to_string())
 }

@@ -91,6 +91,16 @@ pub enum StopReason {
     /// A loader failed to fill a batch; the worker that needed it reports the failure itself.
     #[error("the input pipeline stopped: {0}")]
     LoaderFailed(Box<LoadError>),
+    /// A loader thread panicked outside a batch's fill (which catches its own panics and
+    /// reports the batch): a bug, said rather than left as a batch no worker ever gets.
+    #[error(
+        "the input pipeline stopped: loader thread {thread} panicked outside a batch; this is \
+         a bug, please report it"
+    )]
+    LoaderPanicked {
+        /// The loader thread's index.
+        thread: usize,
+    },
     /// A worker left before taking all its batches (its own error is the cause).
     #[error(
         "the input pipeline stopped: worker {rank} left at its batch {at} of {of} (its error \

@@ -109,12 +109,22 @@ pub struct Pipeline {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// Decrements the running-thread count however a loader thread ends.
-struct Running<'a>(&'a AtomicUsize);
+/// However a loader thread ends: decrements the running-thread count and, where it ends by a
+/// panic (outside a batch's fill, which catches its own), stops the pipeline, so that no
+/// worker waits for ever for a batch the thread had reserved.
+struct LoaderExit<'a> {
+    shared: &'a Shared,
+    thread: usize,
+}
 
-impl Drop for Running<'_> {
+impl Drop for LoaderExit<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if std::thread::panicking() {
+            self.shared.stop_all(StopReason::LoaderPanicked {
+                thread: self.thread,
+            });
+        }
+        self.shared.running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -165,7 +175,7 @@ impl Pipeline {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("loader-{t}"))
-                .spawn(move || loader_thread(&s));
+                .spawn(move || loader_thread(&s, t));
             match h {
                 Ok(h) => pipeline.threads.push(h),
                 Err(e) => {
@@ -236,8 +246,8 @@ impl Drop for Pipeline {
     }
 }
 
-fn loader_thread(s: &Shared) {
-    let _running = Running(&s.running);
+fn loader_thread(s: &Shared, thread: usize) {
+    let _exit = LoaderExit { shared: s, thread };
     let mut scratch = SampleScratch::default();
     let workers = s.workers();
     loop {
@@ -419,5 +429,60 @@ impl Drop for BatchFeed {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::{Augment, LoadStats};
+
+    #[test]
+    fn a_loader_thread_that_panics_outside_a_batch_stops_the_pipeline() {
+        let pair = crate::data::synthetic::generate(64, 4, (1, 4, 4), 2, 1).unwrap();
+        let source = Source::Memory(Arc::new(pair.train));
+        let collator = Collator {
+            norm: source.normalize(),
+            source,
+            augment: Augment::parse("off").unwrap(),
+            seed: 1,
+            skip_bad: false,
+            stats: Arc::new(LoadStats::default()),
+            fault: None,
+        };
+        let sampler = DistributedSampler::new(64, 4, 1, 1);
+        let steps = sampler.global_steps(0..4);
+        let (pipeline, mut feeds) =
+            Pipeline::start(collator, sampler.clone(), steps, 1, 1).unwrap();
+        // A second loader thread that panics between batches: the batch it would have filled
+        // is never put, and without the stop its worker would wait for it for ever.
+        let shared = pipeline.shared.clone();
+        shared.running.fetch_add(1, Ordering::AcqRel);
+        let panicked = std::thread::spawn(move || {
+            let _exit = LoaderExit {
+                shared: &shared,
+                thread: 7,
+            };
+            panic!("a loader's bug outside a batch");
+        })
+        .join();
+        assert!(panicked.is_err());
+        let mut order = Vec::new();
+        let mut failure = None;
+        'run: for epoch in 0..4 {
+            sampler.epoch_order(epoch, &mut order);
+            for step in 0..sampler.steps_per_epoch() {
+                if let Err(e) = feeds[0].next(epoch, step, &order) {
+                    failure = Some(e.to_string());
+                    break 'run;
+                }
+            }
+        }
+        let failure = failure.expect("the run went on as if no loader had panicked");
+        assert!(
+            failure.contains("loader thread 7 panicked outside a batch"),
+            "{failure}"
+        );
+        assert_eq!(pipeline.shutdown(), 1);
     }
 }

@@ -2,7 +2,7 @@
 //! plots ([`super::plot`]).
 
 use super::plot;
-use super::run_data::{Phases, RunData, PHASES};
+use super::run_data::{EpochRow, Phases, RunData, PHASES};
 use crate::train::run_files::RUN_FIGURES;
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -39,6 +39,29 @@ pub fn breakdown_table(p: &Phases) -> String {
         p.hidden_pct()
     );
     t
+}
+
+/// One row of the per-epoch table. An epoch all within the warm-up has no timed step, so no
+/// breakdown: "-" in its step columns, not 0.
+fn epoch_row(e: &EpochRow) -> String {
+    let timed = |v: String| {
+        if e.phases.step_ms > 0.0 {
+            v
+        } else {
+            "-".into()
+        }
+    };
+    format!(
+        "| {} | {:.4} | {:.4} | {:.2}% | {:.0} | {} | {} | {} |\n",
+        e.epoch,
+        e.train_loss,
+        e.test_loss,
+        100.0 * e.test_accuracy,
+        e.images_per_s,
+        timed(format!("{:.2}", e.phases.step_ms)),
+        timed(format!("{:.1}", e.phases.pct(3))),
+        timed(format!("{:.1}", e.phases.pct(0)))
+    )
 }
 
 /// Checks that [`write_run_report`] may write its files into `run_dir`: each is absent,
@@ -138,18 +161,7 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
     if !run.epochs.is_empty() {
         md.push_str("\n## Per epoch\n\n| epoch | train loss | test loss | test accuracy | images/s | step ms | exposed comm % | data wait % |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for e in &run.epochs {
-            let _ = writeln!(
-                md,
-                "| {} | {:.4} | {:.4} | {:.2}% | {:.0} | {:.2} | {:.1} | {:.1} |",
-                e.epoch,
-                e.train_loss,
-                e.test_loss,
-                100.0 * e.test_accuracy,
-                e.images_per_s,
-                e.phases.step_ms,
-                e.phases.pct(3),
-                e.phases.pct(0)
-            );
+            md.push_str(&epoch_row(e));
         }
         md.push_str("\n## Figures\n\n");
         let plots: [(&str, &str, plot::PlotFn); 3] = [
@@ -292,5 +304,29 @@ mod tests {
             "| forward ms (%) | 2.00 (50.0%) | - |"
         );
         assert_eq!(line("comm hidden"), "| comm hidden | 0% | - |");
+    }
+
+    #[test]
+    fn an_epoch_within_the_warm_up_shows_no_breakdown() {
+        let epoch = |step_ms: f64| EpochRow {
+            epoch: 1,
+            train_loss: 0.5,
+            test_loss: 0.25,
+            test_accuracy: 0.9,
+            images_per_s: 100.0,
+            phases: Phases {
+                ms: [1.0, step_ms / 2.0, step_ms / 2.0 - 2.0, 1.0, 0.0],
+                step_ms,
+                comm_total_ms: 1.0,
+            },
+        };
+        assert_eq!(
+            epoch_row(&epoch(10.0)),
+            "| 1 | 0.5000 | 0.2500 | 90.00% | 100 | 10.00 | 10.0 | 10.0 |\n"
+        );
+        assert_eq!(
+            epoch_row(&epoch(0.0)),
+            "| 1 | 0.5000 | 0.2500 | 90.00% | 100 | - | - | - |\n"
+        );
     }
 }

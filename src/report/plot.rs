@@ -4,7 +4,7 @@
 //! crate), so plotting needs no system fonts, fontconfig or network: it works the same on a
 //! fresh machine, in CI and in a container.
 
-use super::run_data::{EpochRow, RunData, PHASES};
+use super::run_data::{EpochRow, Phases, RunData, PHASES};
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::Once;
@@ -265,7 +265,12 @@ pub fn breakdown_per_epoch(run: &RunData, path: &Path) -> Result<(), String> {
     let bars: Vec<(String, [f64; 5])> = run
         .epochs
         .iter()
-        .map(|e| (format!("epoch {}", e.epoch), e.phases.ms))
+        .map(|e| {
+            (
+                bar_label(format!("epoch {}", e.epoch), &e.phases),
+                e.phases.ms,
+            )
+        })
         .collect();
     stacked_bars(
         path,
@@ -274,9 +279,22 @@ pub fn breakdown_per_epoch(run: &RunData, path: &Path) -> Result<(), String> {
     )
 }
 
+/// A breakdown bar's label: says so where there is no timed step (all within the warm-up),
+/// which draws no bar.
+fn bar_label(name: String, phases: &Phases) -> String {
+    if phases.step_ms > 0.0 {
+        name
+    } else {
+        format!("{name} (no timed step)")
+    }
+}
+
 /// The mean step breakdown of each run as stacked bars, side by side.
 pub fn breakdown_per_run(runs: &[RunData], path: &Path) -> Result<(), String> {
-    let bars: Vec<(String, [f64; 5])> = runs.iter().map(|r| (r.name(), r.phases.ms)).collect();
+    let bars: Vec<(String, [f64; 5])> = runs
+        .iter()
+        .map(|r| (bar_label(r.name(), &r.phases), r.phases.ms))
+        .collect();
     stacked_bars(path, "Where a step's time goes, per run", &bars)
 }
 

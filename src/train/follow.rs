@@ -16,7 +16,7 @@ pub struct FollowedOptions {
     pub options: TrainOptions,
     /// Each taken value that differs from the option's default, as its flag (`--batch 32`).
     pub taken: Vec<String>,
-    /// Whether `--skip-bad-samples` was taken (a flag with no off form: said by itself,
+    /// Whether `--skip-bad-samples` was taken (said by itself, with its off form,
     /// `crate::train`).
     pub skip_bad_samples: bool,
     /// Each taken value equal to the option's default, as its flag: not said in the note
@@ -134,11 +134,15 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
             o.train_limit = Some(n);
         }
     }
-    // A flag given only to turn it on: a run that left bad samples out goes on leaving them
-    // out (its batches were shortened by them), and one that did not may start to.
-    if run.skip_bad_samples == Some(true) && run.can_hold_bad_samples() && !given.skip_bad_samples {
+    // A run that left bad samples out goes on leaving them out (its batches were shortened
+    // by them) unless told otherwise (`--skip-bad-samples=false`), and one that did not may
+    // start to.
+    if run.skip_bad_samples == Some(true)
+        && run.can_hold_bad_samples()
+        && given.skip_bad_samples.is_none()
+    {
         followed.skip_bad_samples = true;
-        o.skip_bad_samples = true;
+        o.skip_bad_samples = Some(true);
     }
     followed.options = options;
     follow_exchange(given, run, one_process, &mut followed);

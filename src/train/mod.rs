@@ -581,7 +581,8 @@ fn follow_resumed_run(
         if cfg.skip_bad_samples_followed {
             notes.push(
                 "resuming the checkpoint's run's --skip-bad-samples: it left unreadable training \
-                 samples out of their batches, and so does this run"
+                 samples out of their batches, and so does this run (give \
+                 --skip-bad-samples=false to stop at the first instead)"
                     .into(),
             );
         }
@@ -1177,7 +1178,7 @@ mod tests {
         let base = describe(&|_| {});
         type Change<'a> = (&'a str, &'a dyn Fn(&mut crate::config::TrainOptions));
         let changes: [Change; 3] = [
-            ("skip bad samples", &|o| o.skip_bad_samples = true),
+            ("skip bad samples", &|o| o.skip_bad_samples = Some(true)),
             ("skip non-finite updates", &|o| {
                 o.on_nonfinite = Some("skip".into())
             }),
