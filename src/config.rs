@@ -584,7 +584,6 @@ pub struct TrainOptions {
     #[arg(
         long,
         num_args = 0..=1,
-        require_equals = true,
         default_missing_value = "true",
         value_name = "BOOL"
     )]

@@ -459,6 +459,62 @@ fn weights_start_a_new_run_and_only_a_changed_head_starts_from_scratch() {
     );
 }
 
+/// The first `limit` images of the bundled MNIST as an ImageFolder of PNGs in `dir/images`.
+fn exported_mnist(dir: &Path, limit: usize) -> PathBuf {
+    let folder = dir.join("images");
+    let (ok, _, stderr) = dptrain(&[
+        "data",
+        "export-images",
+        "--dataset",
+        "mnist",
+        "--limit",
+        &limit.to_string(),
+        "--out",
+        folder.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    folder
+}
+
+/// A model whose outputs are not numbers (weights that overflow: a learning rate of 1e30,
+/// its non-finite updates skipped) predicts no class. Training's own evaluation, `eval` and
+/// `predict` agree: every image counts as wrong (eval read 100%: NaN compared as no larger
+/// than the label's logit), eval says so in a warning and in its JSON, and predict names each
+/// image and fails.
+#[test]
+fn a_model_whose_outputs_are_not_numbers_predicts_no_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = exported_mnist(dir.path(), 64);
+    let s = run(&dir.path().join("run"), |o| {
+        o.epochs = Some(1);
+        o.lr = Some(1e30);
+        o.on_nonfinite = Some("skip".into());
+        o.train_limit = Some(256);
+        o.test_limit = Some(64);
+    });
+    let ck = s.checkpoint.unwrap();
+    let report = eval_with(&ck, |_| {});
+    assert_eq!(report.no_prediction, report.samples as u64, "{report:?}");
+    assert_eq!((report.top1, report.top_k_accuracy), (0.0, 0.0));
+    assert_eq!(report.top1, s.final_test_accuracy);
+    assert!(report.confusion.iter().flatten().all(|&n| n == 0));
+    let ck = ck.to_str().unwrap();
+    let (ok, stdout, stderr) = dptrain(&["eval", ck, "--limit", "64", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        ok && j["no_prediction"].as_u64() == Some(64)
+            && stderr.contains("outputs were not numbers (NaN or infinite) for 64 images"),
+        "{stderr}"
+    );
+    let image = folder.join("test").join("7");
+    let (ok, lines, stderr) = predict_json(ck, &[image.to_str().unwrap()]);
+    assert!(!ok && !lines.is_empty(), "{stderr}");
+    for l in &lines {
+        let e = l["error"].as_str().unwrap();
+        assert!(e.contains("predicts no class"), "{e}");
+    }
+}
+
 /// `predict --json --top-k 1` over `dir`: each image's predicted class, and the errors.
 fn predict_json(ck: &str, paths: &[&str]) -> (bool, Vec<serde_json::Value>, String) {
     let mut args = vec![
@@ -483,18 +539,7 @@ fn predict_json(ck: &str, paths: &[&str]) -> (bool, Vec<serde_json::Value>, Stri
 #[test]
 fn predict_on_the_training_images_gives_the_classes_eval_counts_as_correct() {
     let dir = tempfile::tempdir().unwrap();
-    let folder = dir.path().join("images");
-    let (ok, _, stderr) = dptrain(&[
-        "data",
-        "export-images",
-        "--dataset",
-        "mnist",
-        "--limit",
-        "400",
-        "--out",
-        folder.to_str().unwrap(),
-    ]);
-    assert!(ok, "{stderr}");
+    let folder = exported_mnist(dir.path(), 400);
     // The folder in the dataset's name, so that eval's --data-dir alone has to drop it.
     let s = run(&dir.path().join("run"), |o| {
         o.dataset = Some(format!("imagefolder:{}", folder.display()));

@@ -855,7 +855,7 @@ const MEANING_REFUSALS: &[Case] = &[
             "1000",
         ],
         1,
-        "x 1000 replicas (--concurrent): at most",
+        "1000 compute threads (--threads) x 1000 replicas (--concurrent): at most",
     ),
     (
         &[

@@ -214,7 +214,9 @@ pub trait Kernels: Send {
     );
     /// The loader's NCHW batch into the network's NHWC input.
     fn nchw_to_nhwc(&mut self, n: usize, c: usize, p: usize, x: &[f32], y: &mut [f32]);
-    /// Softmax cross-entropy forward; returns (sum of losses, correct predictions).
+    /// Softmax cross-entropy forward; returns (sum of losses, correct predictions: a row's
+    /// largest logit, first maximum winning, is its label and the row predicts at all,
+    /// [`crate::backend::predicts`]).
     fn softmax_xent_forward(
         &mut self,
         n: usize,

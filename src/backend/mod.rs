@@ -25,12 +25,14 @@ mod conv_algo;
 mod cpu;
 mod geom;
 mod kernels;
+mod prediction;
 pub mod sum_order;
 
 pub use act::{Act, DropoutMask};
 pub use conv_algo::{winograd_applies, ConvAlgo, WinogradMemory, WinogradTile};
 pub use geom::{ConvGeom, PoolGeom};
 pub use kernels::Kernels;
+pub use prediction::predicts;
 
 /// The kernels a network runs on unless told otherwise ([`crate::nn::Net::new`]): the CPU
 /// backend, with fresh (unsized) workspaces.

@@ -231,7 +231,6 @@ impl AblationSpec {
             );
         }
         let sim_workers = super::args::worker_list("--sim-workers", &a.sim_workers)?;
-        super::args::check_emulated_links(&a.model, &a.link_bandwidth, &a.link_latency, true)?;
         let (link, link_model) = if a.link_bandwidth.trim() == "none" {
             (None, None)
         } else {
@@ -246,6 +245,8 @@ impl AblationSpec {
                 Some(model),
             )
         };
+        // After the one bandwidth is read (a list is not one: its error says so).
+        super::args::check_emulated_links(&a.model, &a.link_bandwidth, &a.link_latency, true)?;
         // The augmentation's own parser gives the message for a bad value.
         TrainOptions {
             augment: Some(a.augment.clone()),
@@ -278,7 +279,7 @@ impl AblationSpec {
         MeasureSpec {
             concurrent: self.workers,
             flags: crate::measure::MeasureFlags {
-                threads: "--threads",
+                threads: "--threads capped at the cores",
                 concurrent: Some("--workers"),
             },
             ..MeasureSpec::new(

@@ -145,10 +145,10 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
             a.device_headroom
         ));
     }
-    if let Some(r) = a.intra_ratio.filter(|r| !(*r > 0.0 && *r <= 1e4)) {
+    if let Some(r) = a.intra_ratio.filter(|r| !(1e-6..=1e4).contains(r)) {
         return Err(format!(
-            "--intra-ratio {r}: give the within-host port's rate as a positive fraction of the \
-             host's link rate (at most 10000)"
+            "--intra-ratio {r:e}: give the within-host port's rate as a fraction of the host's \
+             link rate from 1e-6 to 10000"
         ));
     }
     // The port a ratio makes of each link must be one `train --intra-bandwidth` takes.
@@ -158,8 +158,8 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
             let port = r * parse_bandwidth(&trainer_rate(bw))?;
             if !(MIN_BANDWIDTH_BYTES_PER_S..=MAX_BANDWIDTH_BYTES_PER_S).contains(&port) {
                 return Err(format!(
-                    "--intra-ratio {r} of --cluster-bandwidth {bw} is a port of {port} bytes/s: \
-                     a link is 1 bit/s to 1 PB/s"
+                    "--intra-ratio {r} of --cluster-bandwidth {bw} is a port of {port:.3e} \
+                     bytes/s: a link is 1 bit/s to 1 PB/s (1e15 bytes/s)"
                 ));
             }
         }
@@ -350,7 +350,7 @@ fn emulated_profile_spec<'m>(a: &SimCheckArgs, model: &'m str) -> MeasureSpec<'m
     MeasureSpec {
         concurrent: a.workers,
         flags: MeasureFlags {
-            threads: "--threads",
+            threads: "--threads capped at the cores",
             concurrent: Some("--workers"),
         },
         ..MeasureSpec::new(model, a.batch / a.workers, threads, a.steps)
@@ -371,7 +371,7 @@ fn cluster_profile_spec<'m>(
     MeasureSpec {
         concurrent: workers,
         flags: MeasureFlags {
-            threads: "--threads",
+            threads: "--threads capped at the cores",
             concurrent: (workers > 1).then_some("--hosts x --workers-per-host"),
         },
         ..MeasureSpec::new(model, batch, threads, a.steps.min(20))

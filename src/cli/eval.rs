@@ -85,6 +85,9 @@ pub(super) fn run(a: EvalArgs) -> Result<(), String> {
         };
         Ok::<_, crate::infer::InferError>((report, written))
     })?;
+    if let Some(w) = report.no_prediction_warning() {
+        crate::terminal::print_warning(&w);
+    }
     let mut text = if a.json {
         serde_json::to_string(&report).map_err(|e| e.to_string())?
     } else {

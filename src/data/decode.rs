@@ -73,7 +73,7 @@ pub enum DecodeError {
         path: PathBuf,
     },
     /// Fewer than [`MIN_IMAGE_SIDE`] pixels on a side.
-    #[error("{}: is {width}x{height} pixels; images need at least {min} pixels a side (smaller ones hold nothing to learn from); remove it", path.display(), min = MIN_IMAGE_SIDE)]
+    #[error("{}: is {width}x{height} pixels; images need at least {min} pixels a side (a smaller one holds nothing a CNN can learn from or classify: a colour swatch, a tracking pixel); leave it out", path.display(), min = MIN_IMAGE_SIDE)]
     TooSmall {
         /// The file.
         path: PathBuf,

@@ -13,6 +13,7 @@ use crate::data::image_folder::same_class_name;
 use crate::data::{Dataset, Split};
 use crate::nn::Mode;
 use crate::pipeline::{collate, Batch, Normalize};
+use crate::report::markdown::cell;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -96,8 +97,12 @@ pub struct EvalReport {
     pub top_k: usize,
     /// Per class, label order.
     pub classes: Vec<ClassResult>,
-    /// Confusion matrix: `confusion[true][predicted]` samples.
+    /// Confusion matrix: `confusion[true][predicted]` samples (those that predict a class).
     pub confusion: Vec<Vec<u64>>,
+    /// Samples whose outputs were not all numbers (NaN or infinite: a model whose weights
+    /// overflow), so that they predict no class ([`crate::backend::predicts`]): counted
+    /// wrong, and in no column of the confusion matrix.
+    pub no_prediction: u64,
     /// Worker threads used.
     pub workers: usize,
     /// Samples per forward.
@@ -454,6 +459,8 @@ struct Tally {
     per_class: Vec<[u64; 3]>,
     /// Row-major `classes x classes`.
     confusion: Vec<u64>,
+    /// Samples whose outputs predict no class.
+    no_prediction: u64,
 }
 
 impl Tally {
@@ -462,6 +469,7 @@ impl Tally {
             losses: Vec::new(),
             per_class: vec![[0; 3]; classes],
             confusion: vec![0; classes * classes],
+            no_prediction: 0,
         }
     }
 
@@ -473,6 +481,7 @@ impl Tally {
         for (a, b) in self.confusion.iter_mut().zip(other.confusion) {
             *a += b;
         }
+        self.no_prediction += other.no_prediction;
     }
 }
 
@@ -564,12 +573,16 @@ impl Plan<'_> {
                 for (row, &y) in net.logits().chunks_exact(classes).zip(&batch.labels) {
                     let y = y as usize;
                     let rank = rank_of(row, y);
-                    let predicted = super::top_k(row, 1)[0].0;
                     let c = &mut tally.per_class[y];
                     c[0] += 1;
                     c[1] += u64::from(rank == 0);
                     c[2] += u64::from(rank < self.top_k);
-                    tally.confusion[y * classes + predicted] += 1;
+                    if crate::backend::predicts(row) {
+                        let predicted = super::top_k(row, 1)[0].0;
+                        tally.confusion[y * classes + predicted] += 1;
+                    } else {
+                        tally.no_prediction += 1;
+                    }
                 }
             }
             Ok(tally)
@@ -615,6 +628,7 @@ impl Plan<'_> {
                 .chunks(k.max(1))
                 .map(<[u64]>::to_vec)
                 .collect(),
+            no_prediction: total.no_prediction,
             workers,
             batch: self.batch,
         }
@@ -639,6 +653,20 @@ impl EvalReport {
             self.loss,
             100.0 * self.top1,
         )
+    }
+
+    /// What to say of samples that predict no class, if any: a warning.
+    pub fn no_prediction_warning(&self) -> Option<String> {
+        (self.no_prediction > 0).then(|| {
+            format!(
+                "the model's outputs were not numbers (NaN or infinite) for {} of {}: they \
+                 predict no class, so they count as wrong and are in no column of the \
+                 confusion matrix; the checkpoint's weights overflow (a run that diverged: its \
+                 metrics show from when)",
+                crate::terminal::counted(self.no_prediction as usize, "image"),
+                self.samples
+            )
+        })
     }
 
     /// The per-class table (markdown).
@@ -674,11 +702,13 @@ impl EvalReport {
     /// The whole report as a markdown page.
     pub fn markdown(&self) -> String {
         format!(
-            "# Evaluation: {}\n\n{}\n\nCheckpoint `{}`; {} worker(s), batch {}.\n\n\
+            "# Evaluation: {}\n\n{}\n\n{}Checkpoint `{}`; {} worker(s), batch {}.\n\n\
              ## Per class\n\n{}\n## Confusion matrix\n\nRows: true class; columns: predicted \
              class.\n\n{}\n![confusion matrix](confusion.png)\n",
             self.model,
             self.headline(),
+            self.no_prediction_warning()
+                .map_or(String::new(), |w| format!("**Warning:** {w}.\n\n")),
             self.checkpoint.display(),
             self.workers,
             self.batch,
@@ -722,11 +752,6 @@ impl EvalReport {
             .map_err(InferError::Output)?;
         Ok(vec![md, json, png])
     }
-}
-
-/// A class name as a markdown table cell (pipes escaped).
-fn cell(name: &str) -> String {
-    name.replace('|', "\\|")
 }
 
 #[cfg(test)]

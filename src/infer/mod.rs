@@ -125,8 +125,12 @@ pub fn softmax(logits: &[f32], out: &mut Vec<f32>) {
 
 /// The rank of class `label` among `logits`: how many classes come before it, by larger
 /// logit, ties to the lower label (so rank 0 is the argmax with the first maximum winning, as
-/// the loss layer counts a correct prediction).
+/// the loss layer counts a correct prediction). A row that predicts nothing (a logit not a
+/// number: [`crate::backend::predicts`]) ranks every label last, past any top-k.
 pub fn rank_of(logits: &[f32], label: usize) -> usize {
+    if !crate::backend::predicts(logits) {
+        return logits.len();
+    }
     let z = logits[label];
     logits
         .iter()
@@ -160,5 +164,16 @@ mod tests {
         softmax(&z, &mut p);
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(p[1] == p[2] && p[1] > p[0] && p[0] > p[3]);
+    }
+
+    #[test]
+    fn a_row_that_is_not_all_numbers_ranks_every_label_last() {
+        for z in [
+            [f32::NAN; 3],
+            [1.0, f32::NAN, 0.0],
+            [f32::INFINITY, 0.0, 0.0],
+        ] {
+            assert!((0..3).all(|y| rank_of(&z, y) == 3), "{z:?}");
+        }
     }
 }

@@ -1,9 +1,10 @@
 //! `dptrain predict`: the most likely classes of image files, with their names and
 //! probabilities, in batches through the checkpoint's evaluation transforms and normalisation.
 //!
-//! A file that cannot be read or decoded is a per-file error naming it; the other files are
-//! still predicted (a folder of thousands of photos should not stop at the first odd one), and
-//! the caller reports the failures and exits non-zero at the end.
+//! A file that cannot be read or decoded, or whose outputs are not numbers, is a per-file
+//! error naming it; the other files are still predicted (a folder of thousands of photos
+//! should not stop at the first odd one), and the caller reports the failures and exits
+//! non-zero at the end.
 
 use super::{softmax, top_k, InferError, TrainedModel};
 use crate::data::decode::{unread_formats, ListedFile};
@@ -33,6 +34,25 @@ pub struct Prediction {
     pub file: PathBuf,
     /// The `k` most likely classes.
     pub top: Vec<ClassProbability>,
+}
+
+/// Why one file has no prediction.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictFailure {
+    /// It could not be read or decoded.
+    #[error(transparent)]
+    Read(#[from] DataError),
+    /// The model's outputs for it are not numbers ([`crate::backend::predicts`]).
+    #[error(
+        "{}: the model's outputs for it are not numbers (NaN or infinite), so it predicts no \
+         class: the checkpoint's weights overflow (a run that diverged: its metrics show from \
+         when)",
+        file.display()
+    )]
+    NoPrediction {
+        /// The image file.
+        file: PathBuf,
+    },
 }
 
 /// The image files named by `paths`: a file as given (whatever its extension, so a non-image
@@ -164,7 +184,11 @@ impl<'a> Predictor<'a> {
 
     /// Predicts `files` (at most [`Predictor::batch`]): each file's top `k` classes, or why
     /// it could not be read, in order. The files are decoded in parallel.
-    pub fn predict(&mut self, files: &[PathBuf], k: usize) -> Vec<Result<Prediction, DataError>> {
+    pub fn predict(
+        &mut self,
+        files: &[PathBuf],
+        k: usize,
+    ) -> Vec<Result<Prediction, PredictFailure>> {
         assert!(files.len() <= self.batch(), "more files than the batch");
         let [c, h, w] = self.model.description.input;
         let plane = c * h * w;
@@ -177,7 +201,7 @@ impl<'a> Predictor<'a> {
             })
             .collect();
         let good: Vec<usize> = (0..files.len()).filter(|&i| decoded[i].is_ok()).collect();
-        let mut out: Vec<Option<Result<Prediction, DataError>>> = Vec::new();
+        let mut out: Vec<Option<Result<Prediction, PredictFailure>>> = Vec::new();
         out.resize_with(files.len(), || None);
         if !good.is_empty() {
             self.images.resize(good.len() * plane, 0.0);
@@ -191,6 +215,12 @@ impl<'a> Predictor<'a> {
             let classes = self.model.class_names();
             let logits = self.net.logits().to_vec();
             for (row, &i) in logits.chunks_exact(classes.len()).zip(&good) {
+                if !crate::backend::predicts(row) {
+                    out[i] = Some(Err(PredictFailure::NoPrediction {
+                        file: files[i].clone(),
+                    }));
+                    continue;
+                }
                 softmax(row, &mut self.probs);
                 let top = top_k(&self.probs, k.min(classes.len()))
                     .into_iter()
@@ -208,7 +238,7 @@ impl<'a> Predictor<'a> {
         }
         for (i, d) in decoded.into_iter().enumerate() {
             if let Err(e) = d {
-                out[i] = Some(Err(e));
+                out[i] = Some(Err(e.into()));
             }
         }
         out.into_iter()

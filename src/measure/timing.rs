@@ -121,7 +121,10 @@ impl<'a> MeasureSpec<'a> {
                 let given = flags
                     .concurrent
                     .map_or(String::new(), |f| format!(" ({f})"));
-                format!("{} {threads} x {concurrent} replicas{given}", flags.threads)
+                format!(
+                    "{threads} compute threads ({}) x {concurrent} replicas{given}",
+                    flags.threads
+                )
             } else {
                 format!("{} {threads}", flags.threads)
             };

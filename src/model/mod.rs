@@ -86,8 +86,15 @@ pub fn load(name_or_path: &str) -> Result<ModelSpec, ModelError> {
             )),
         ));
     }
-    let text = crate::input::read_text(path, crate::input::FileKind::ModelFile)
-        .map_err(|e| ModelError::file(name_or_path, None, ModelErrorKind::Read(e.to_string())))?;
+    let text = crate::input::read_text(path, crate::input::FileKind::ModelFile).map_err(|e| {
+        let mut why = e.to_string();
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            why += "; it is a checkpoint, not a model file: a checkpoint holds its model, which \
+                    eval, predict and export read from it, train --resume continues and train \
+                    --weights starts from";
+        }
+        ModelError::file(name_or_path, None, ModelErrorKind::Read(why))
+    })?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
     file::parse(&text, name_or_path, stem)
 }

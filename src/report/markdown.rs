@@ -18,8 +18,16 @@ pub const COMPARISON_FILE: crate::output::Kind = crate::output::Kind {
     is_one: |head| head.starts_with(b"# Comparison\n"),
 };
 
-/// The step breakdown as a Markdown table: one row per phase, ms and % of the step.
-pub fn breakdown_table(p: &Phases) -> String {
+/// `text` as one cell of a Markdown table: a `|` (a model file or a data directory may have
+/// one in its name) escaped and a line break made a space, so that neither ends the cell or
+/// the row.
+pub fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// The step breakdown as a Markdown table: one row per phase, ms and % of the step. A run of
+/// one worker (`exchanges` false) has no communication to time: "-", not a measured 0.
+pub fn breakdown_table(p: &Phases, exchanges: bool) -> String {
     if p.step_ms <= 0.0 {
         return format!(
             "No timed steps: the first {} steps of a run are untimed warm-up, and this run had no \
@@ -29,21 +37,32 @@ pub fn breakdown_table(p: &Phases) -> String {
     }
     let mut t = String::from("| phase | ms per step | % of step |\n|---|---:|---:|\n");
     for (i, name) in PHASES.iter().enumerate() {
-        let _ = writeln!(t, "| {name} | {:.2} | {:.1} |", p.ms[i], p.pct(i));
+        match i == EXPOSED_COMM && !exchanges {
+            true => writeln!(t, "| {name} | - | - |"),
+            false => writeln!(t, "| {name} | {:.2} | {:.1} |", p.ms[i], p.pct(i)),
+        }
+        .expect("writing to a String");
     }
     let _ = writeln!(t, "| **step** | **{:.2}** | 100.0 |", p.step_ms);
-    let _ = writeln!(
-        t,
-        "\nCommunication: {:.2} ms per step in collectives, {:.0}% of it hidden behind backward.",
-        p.comm_total_ms,
-        p.hidden_pct()
-    );
+    t += &match exchanges {
+        true => format!(
+            "\nCommunication: {:.2} ms per step in collectives, {:.0}% of it hidden behind \
+             backward.\n",
+            p.comm_total_ms,
+            p.hidden_pct()
+        ),
+        false => "\nCommunication: none (one worker: no gradient exchange).\n".into(),
+    };
     t
 }
 
+/// [`PHASES`]' index of exposed communication.
+const EXPOSED_COMM: usize = 3;
+
 /// One row of the per-epoch table. An epoch all within the warm-up has no timed step, so no
-/// breakdown: "-" in its step columns, not 0.
-fn epoch_row(e: &EpochRow) -> String {
+/// breakdown: "-" in its step columns, not 0; nor has a run of one worker (`exchanges` false)
+/// communication.
+fn epoch_row(e: &EpochRow, exchanges: bool) -> String {
     let timed = |v: String| {
         if e.phases.step_ms > 0.0 {
             v
@@ -59,7 +78,10 @@ fn epoch_row(e: &EpochRow) -> String {
         100.0 * e.test_accuracy,
         e.images_per_s,
         timed(format!("{:.2}", e.phases.step_ms)),
-        timed(format!("{:.1}", e.phases.pct(3))),
+        match exchanges {
+            true => timed(format!("{:.1}", e.phases.pct(EXPOSED_COMM))),
+            false => "-".into(),
+        },
         timed(format!("{:.1}", e.phases.pct(0)))
     )
 }
@@ -121,7 +143,7 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
                 "| resumed | {} from `{}` (throughput, wall time and the step breakdown are of \
                  the steps trained after it) |",
                 r.position(),
-                r.checkpoint.display()
+                cell(&r.checkpoint.display().to_string())
             );
         }
         if let Some(b) = s["buckets"].as_str() {
@@ -148,7 +170,7 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
             let _ = writeln!(
                 md,
                 "| {} | {} | {:.1} s | {} | {} |",
-                l.host,
+                cell(&l.host),
                 opt(l.at_step.map(|s| s.to_string())),
                 l.found_after_s,
                 opt(l.training_again_after_s.map(|t| format!("{t:.1} s"))),
@@ -157,11 +179,11 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
         }
     }
     md.push_str("\n## Step breakdown (mean per step over all workers)\n\n");
-    md.push_str(&breakdown_table(&run.phases));
+    md.push_str(&breakdown_table(&run.phases, run.exchanges_gradients()));
     if !run.epochs.is_empty() {
         md.push_str("\n## Per epoch\n\n| epoch | train loss | test loss | test accuracy | images/s | step ms | exposed comm % | data wait % |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for e in &run.epochs {
-            md.push_str(&epoch_row(e));
+            md.push_str(&epoch_row(e, run.exchanges_gradients()));
         }
         md.push_str("\n## Figures\n\n");
         let plots: [(&str, &str, plot::PlotFn); 3] = [
@@ -183,7 +205,7 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
     if !run.config.is_empty() {
         md.push_str("## Configuration\n\n| option | value |\n|---|---|\n");
         for k in run.config.keys() {
-            let _ = writeln!(md, "| {k} | {} |", run.config_str(k));
+            let _ = writeln!(md, "| {} | {} |", cell(k), cell(&run.config_str(k)));
         }
     }
     crate::output::write_atomically(&run.dir.join("report.md"), md.as_bytes(), &REPORT_FILE)?;
@@ -210,15 +232,15 @@ fn emulated_link(r: &RunData, prefix: &str) -> String {
 pub fn write_comparison(runs: &[RunData], out: &Path) -> Result<String, String> {
     let mut t = String::from("| |");
     for r in runs {
-        let _ = write!(t, " {} |", r.name());
+        let _ = write!(t, " {} |", cell(&r.name()));
     }
     t.push_str("\n|---|");
     t.push_str(&"---:|".repeat(runs.len()));
     t.push('\n');
-    let mut row = |label: &str, cell: &dyn Fn(&RunData) -> String| {
+    let mut row = |label: &str, value: &dyn Fn(&RunData) -> String| {
         let _ = write!(t, "| {label} |");
         for r in runs {
-            let _ = write!(t, " {} |", cell(r));
+            let _ = write!(t, " {} |", cell(&value(r)));
         }
         t.push('\n');
     };
@@ -253,14 +275,22 @@ pub fn write_comparison(runs: &[RunData], out: &Path) -> Result<String, String> 
         false => "-".into(),
     };
     row("step ms", &|r| timed(r, format!("{:.2}", r.phases.step_ms)));
+    // Nor has a run of one worker communication.
+    let exchanged = |r: &RunData, cell: String| match r.exchanges_gradients() {
+        true => timed(r, cell),
+        false => "-".into(),
+    };
     for (i, name) in PHASES.iter().enumerate() {
         row(&format!("{name} ms (%)"), &|r| {
             let cell = format!("{:.2} ({:.1}%)", r.phases.ms[i], r.phases.pct(i));
-            timed(r, cell)
+            match i == EXPOSED_COMM {
+                true => exchanged(r, cell),
+                false => timed(r, cell),
+            }
         });
     }
     row("comm hidden", &|r| {
-        timed(r, format!("{:.0}%", r.phases.hidden_pct()))
+        exchanged(r, format!("{:.0}%", r.phases.hidden_pct()))
     });
     crate::output::create_dir(out)?;
     plot::breakdown_per_run(runs, &out.join("comparison.png"))?;
@@ -307,6 +337,12 @@ mod tests {
     }
 
     #[test]
+    fn a_name_with_a_pipe_or_a_line_break_stays_in_its_cell() {
+        assert_eq!(cell("my|net.toml"), "my\\|net.toml");
+        assert_eq!(cell("two\nlines"), "two lines");
+    }
+
+    #[test]
     fn an_epoch_within_the_warm_up_shows_no_breakdown() {
         let epoch = |step_ms: f64| EpochRow {
             epoch: 1,
@@ -321,12 +357,23 @@ mod tests {
             },
         };
         assert_eq!(
-            epoch_row(&epoch(10.0)),
+            epoch_row(&epoch(10.0), true),
             "| 1 | 0.5000 | 0.2500 | 90.00% | 100 | 10.00 | 10.0 | 10.0 |\n"
         );
         assert_eq!(
-            epoch_row(&epoch(0.0)),
+            epoch_row(&epoch(0.0), true),
             "| 1 | 0.5000 | 0.2500 | 90.00% | 100 | - | - | - |\n"
+        );
+        // One worker exchanges nothing: no communication column, no communication line.
+        assert_eq!(
+            epoch_row(&epoch(10.0), false),
+            "| 1 | 0.5000 | 0.2500 | 90.00% | 100 | 10.00 | - | 10.0 |\n"
+        );
+        let alone = breakdown_table(&epoch(10.0).phases, false);
+        assert!(alone.contains("| exposed comm | - | - |\n"), "{alone}");
+        assert!(alone.contains("Communication: none (one worker"), "{alone}");
+        assert!(
+            breakdown_table(&epoch(10.0).phases, true).contains("| exposed comm | 1.00 | 10.0 |")
         );
     }
 }

@@ -92,6 +92,16 @@ fn padded(values: impl Iterator<Item = f64>, floor_zero: bool) -> std::ops::Rang
     (if floor_zero { lo } else { lo - pad })..hi + pad
 }
 
+/// The runs of consecutive points whose values are numbers: an epoch whose value is not one
+/// (a test loss that overflowed, recorded as null) is a gap in its line, never drawn as 0.
+fn finite_segments(points: &[(f64, f64)]) -> Vec<Vec<(f64, f64)>> {
+    points
+        .split(|p| !p.1.is_finite())
+        .filter(|s| !s.is_empty())
+        .map(<[_]>::to_vec)
+        .collect()
+}
+
 /// A line's label, colour and `(epoch, value)` points.
 type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
 
@@ -139,17 +149,23 @@ fn epoch_lines(
         for (label, color, points) in series {
             let color = *color;
             chart
-                .draw_series(LineSeries::new(
-                    points.iter().copied(),
-                    color.stroke_width(2),
-                ))
+                .draw_series(
+                    finite_segments(points)
+                        .into_iter()
+                        .map(|s| PathElement::new(s, color.stroke_width(2))),
+                )
                 .map_err(err)?
                 .label(*label)
                 .legend(move |(x, y)| {
                     PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
                 });
             chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .draw_series(
+                    points
+                        .iter()
+                        .filter(|p| p.1.is_finite())
+                        .map(|&p| Circle::new(p, 4, color.filled())),
+                )
                 .map_err(err)?;
         }
         for (i, &x) in lost.iter().enumerate() {
@@ -210,12 +226,13 @@ pub fn accuracy(run: &RunData, path: &Path) -> Result<(), String> {
 /// update, bottom to top.
 fn stacked_bars(path: &Path, title: &str, bars: &[(String, [f64; 5])]) -> Result<(), String> {
     let n = bars.len().max(1);
-    let top = bars
+    // Room for the legend above the tallest bar; 1 ms where no bar has a timed step (a
+    // scale of thousandths of nothing says nothing).
+    let tallest = bars
         .iter()
         .map(|b| b.1.iter().sum::<f64>())
-        .fold(0.0, f64::max)
-        .max(1e-3)
-        * 1.5; // Room for the legend above the tallest bar.
+        .fold(0.0, f64::max);
+    let top = if tallest > 0.0 { tallest } else { 1.0 } * 1.5;
     render(path, |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, (FONT, 24))
@@ -552,4 +569,25 @@ pub fn confusion_matrix(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_that_is_not_a_number_is_a_gap_in_its_line() {
+        let p = [
+            (1.0, 2.0),
+            (2.0, f64::NAN),
+            (3.0, 1.5),
+            (4.0, 1.0),
+            (5.0, f64::INFINITY),
+        ];
+        assert_eq!(
+            finite_segments(&p),
+            vec![vec![(1.0, 2.0)], vec![(3.0, 1.5), (4.0, 1.0)]]
+        );
+        assert!(finite_segments(&[(1.0, f64::NAN)]).is_empty());
+    }
 }

@@ -165,10 +165,12 @@ impl RunData {
                 phases: Phases::from_breakdown(&v["breakdown"]).unwrap_or_default(),
             })
             .collect();
+        // The summary's breakdown is of the steps this run timed (after its resume point, for
+        // a resumed run), none when all were warm-up; the epochs' mean only for a run that
+        // wrote no summary (it stopped early).
         let phases = summary
             .as_ref()
             .and_then(|s| Phases::from_breakdown(&s["breakdown"]))
-            .filter(|p| p.step_ms > 0.0)
             .unwrap_or_else(|| mean_phases(&lines));
         let config = summary
             .as_ref()
@@ -223,6 +225,13 @@ impl RunData {
             let n = self.epochs.len();
             (n > 0).then(|| self.epochs.iter().map(|e| e.images_per_s).sum::<f64>() / n as f64)
         })
+    }
+
+    /// Whether the run's workers exchanged gradients: more than one worker in all (workers per
+    /// process x processes). A run that did not record its workers (no summary) is taken to.
+    pub fn exchanges_gradients(&self) -> bool {
+        let count = |key: &str| self.config.get(key).and_then(Value::as_u64);
+        count("workers").is_none_or(|w| w * count("processes").unwrap_or(1) > 1)
     }
 
     /// A configuration value as text (`-` when the run did not record it).
@@ -329,8 +338,15 @@ fn read_summary(path: &Path) -> Result<Option<Value>, String> {
         return Ok(None);
     };
     // A pretty-printed file of many lines: its line counts as well as the column.
-    let v: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: line {}, {}", path.display(), e.line(), json_error(&e)))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}: line {}, {}; it is not a summary dptrain wrote (cut short, or edited): \
+             re-run the training, or remove the file to report from metrics.jsonl",
+            path.display(),
+            e.line(),
+            json_error(&e)
+        )
+    })?;
     // Every summary dptrain writes has its configuration: without one, the report would be
     // empty and say nothing of why.
     let typed = check_types(&v, SUMMARY_FIELDS).and_then(|()| match v.get("config") {

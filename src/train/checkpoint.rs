@@ -860,11 +860,11 @@ impl Checkpoint {
                     });
                 }
             }
-            None => tracing::warn!(
+            None => crate::terminal::print_warning(&format!(
                 "checkpoint {} has no checksum (written by an older dptrain): its tensors \
                  cannot be verified",
                 path.display()
-            ),
+            )),
         }
         let state = TrainState::from_metadata(&meta, &what)?;
         let description = ModelDescription::from_metadata(&meta).map_err(what)?;

@@ -641,7 +641,9 @@ impl Kernels for Reference {
                 .map(|j| target(j, labels[s], k, smoothing) as f64 * log_p(j))
                 .sum::<f64>();
             let best = (0..k).fold(0, |b, j| if z[j] > z[b] { j } else { b });
-            correct += (best == labels[s] as usize) as usize;
+            // A row holding a logit that is not a number predicts no class.
+            let predicts = z[..k].iter().all(|v| v.is_finite());
+            correct += (best == labels[s] as usize && predicts) as usize;
         }
         (losses[..n].iter().sum(), correct)
     }

@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 /// Forward over `n` rows of `k` logits: writes the softmax into `probs` and each row's loss
 /// into `losses`, and returns the sum of the losses (added in row order, so the reported loss
-/// does not depend on the thread count) and how many rows' largest logit is the label.
+/// does not depend on the thread count) and how many rows' largest logit is the label (of
+/// rows that predict at all: [`crate::backend::predicts`]).
 pub fn softmax_xent_forward(
     n: usize,
     k: usize,
@@ -46,7 +47,7 @@ pub fn softmax_xent_forward(
                 }
             }
             *l = loss;
-            (best == y) as usize
+            (best == y && crate::backend::prediction::predicts(z)) as usize
         })
         .sum::<usize>();
     (losses[..n].iter().sum(), correct)
