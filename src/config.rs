@@ -1568,6 +1568,30 @@ mod tests {
     }
 
     #[test]
+    fn skip_bad_samples_is_on_bare_and_off_in_either_form() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: TrainOptions,
+        }
+        let parsed = |args: &[&str]| {
+            let args = std::iter::once("train").chain(args.iter().copied());
+            <Cli as clap::Parser>::try_parse_from(args)
+                .map(|c| c.options.skip_bad_samples)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parsed(&[]), Ok(None));
+        assert_eq!(parsed(&["--skip-bad-samples"]), Ok(Some(true)));
+        assert_eq!(
+            parsed(&["--skip-bad-samples", "--epochs", "2"]),
+            Ok(Some(true))
+        );
+        assert_eq!(parsed(&["--skip-bad-samples=false"]), Ok(Some(false)));
+        assert_eq!(parsed(&["--skip-bad-samples", "false"]), Ok(Some(false)));
+        assert!(parsed(&["--skip-bad-samples", "no"]).is_err());
+    }
+
+    #[test]
     fn bandwidth_none_emulates_no_link_or_port_and_takes_no_latency() {
         let none = opts(|o| {
             o.workers = Some(2);

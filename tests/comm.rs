@@ -290,15 +290,22 @@ fn emulated_bandwidth_matches_model() {
     let world = 4;
     let floats = 100_000;
     for mode in CommMode::ALL {
-        let barrier = Barrier::new(world);
-        let times = run_world(InProcessFabric::new(world, Some(link), TIMEOUT), |t| {
-            let mut buf = vec![1.0f32; floats];
-            barrier.wait();
-            let start = Instant::now();
-            all_reduce_sum(mode, t, &mut buf, 0, &mut Vec::new()).unwrap();
-            start.elapsed()
-        });
-        let measured = times.into_iter().max().unwrap();
+        // The best of three: a run slowed by another process on this machine's cores says
+        // nothing of the emulation (CI once failed here while a benchmark ran beside it).
+        let measured = (0..3)
+            .map(|_| {
+                let barrier = Barrier::new(world);
+                let times = run_world(InProcessFabric::new(world, Some(link), TIMEOUT), |t| {
+                    let mut buf = vec![1.0f32; floats];
+                    barrier.wait();
+                    let start = Instant::now();
+                    all_reduce_sum(mode, t, &mut buf, 0, &mut Vec::new()).unwrap();
+                    start.elapsed()
+                });
+                times.into_iter().max().unwrap()
+            })
+            .min()
+            .unwrap();
         let predicted = predicted_time(mode, world, floats * 4, &link);
         eprintln!("{mode}: measured {measured:?}, predicted {predicted:?}");
         assert!(

@@ -511,8 +511,17 @@ fn a_model_whose_outputs_are_not_numbers_predicts_no_class() {
     assert!(!ok && !lines.is_empty(), "{stderr}");
     for l in &lines {
         let e = l["error"].as_str().unwrap();
-        assert!(e.contains("predicts no class"), "{e}");
+        assert!(
+            e.contains("not numbers (NaN or infinite): no class predicted"),
+            "{e}"
+        );
     }
+    // The cause is said once, not once per image.
+    assert_eq!(
+        stderr.matches("the checkpoint's weights overflow").count(),
+        1,
+        "{stderr}"
+    );
 }
 
 /// `predict --json --top-k 1` over `dir`: each image's predicted class, and the errors.

@@ -890,6 +890,32 @@ const MEANING_REFUSALS: &[Case] = &[
         "too small a number, below 1 bit/s",
     ),
     (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--nic-efficiency",
+            "1e-300",
+        ],
+        1,
+        "--nic-efficiency 1e-300: give the fraction of the line rate delivered, from 0.01 to 1",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-tflops",
+            "1",
+            "--partition-kb",
+            "4",
+        ],
+        1,
+        "the simulator models partitions under --schedule priority only",
+    ),
+    (
         &["train", "--link-bandwidth", "2000TB/s"],
         1,
         "too large a number, above 1 PB/s",

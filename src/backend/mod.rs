@@ -32,7 +32,7 @@ pub use act::{Act, DropoutMask};
 pub use conv_algo::{winograd_applies, ConvAlgo, WinogradMemory, WinogradTile};
 pub use geom::{ConvGeom, PoolGeom};
 pub use kernels::Kernels;
-pub use prediction::predicts;
+pub use prediction::{predicted, predicts};
 
 /// The kernels a network runs on unless told otherwise ([`crate::nn::Net::new`]): the CPU
 /// backend, with fresh (unsized) workspaces.

@@ -278,10 +278,7 @@ impl AblationSpec {
         let threads = crate::limits::threads_per_worker(Some(self.threads), self.workers).0;
         MeasureSpec {
             concurrent: self.workers,
-            flags: crate::measure::MeasureFlags {
-                threads: "--threads capped at the cores",
-                concurrent: Some("--workers"),
-            },
+            flags: crate::measure::MeasureFlags::workers("--workers"),
             ..MeasureSpec::new(
                 &self.model,
                 self.per_worker_batch(),

@@ -349,10 +349,7 @@ fn emulated_profile_spec<'m>(a: &SimCheckArgs, model: &'m str) -> MeasureSpec<'m
     let threads = crate::limits::threads_per_worker(Some(a.threads), a.workers).0;
     MeasureSpec {
         concurrent: a.workers,
-        flags: MeasureFlags {
-            threads: "--threads capped at the cores",
-            concurrent: Some("--workers"),
-        },
+        flags: MeasureFlags::workers("--workers"),
         ..MeasureSpec::new(model, a.batch / a.workers, threads, a.steps)
     }
 }
@@ -371,8 +368,8 @@ fn cluster_profile_spec<'m>(
     MeasureSpec {
         concurrent: workers,
         flags: MeasureFlags {
-            threads: "--threads capped at the cores",
             concurrent: (workers > 1).then_some("--hosts x --workers-per-host"),
+            ..MeasureFlags::workers("")
         },
         ..MeasureSpec::new(model, batch, threads, a.steps.min(20))
     }

@@ -1,7 +1,8 @@
 //! `dptrain predict`: the most likely classes of image files.
 
-use crate::infer::predict::{collect_images, Prediction, Predictor};
+use crate::infer::predict::{collect_images, PredictFailure, Prediction, Predictor};
 use crate::infer::TrainedModel;
+use crate::infer::NO_PREDICTION_CAUSE;
 use crate::terminal::print_error;
 use std::path::PathBuf;
 
@@ -41,13 +42,14 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut failed = 0;
+    let (mut failed, mut no_prediction) = (0, 0);
     for chunk in files.chunks(predictor.batch()) {
         for (file, result) in chunk.iter().zip(predictor.predict(chunk, a.top_k)) {
             let text = match result {
                 Ok(p) => Some(line(&p, a.json)),
                 Err(e) => {
                     failed += 1;
+                    no_prediction += usize::from(matches!(e, PredictFailure::NoPrediction { .. }));
                     bar.suspend(|| print_error(&e.to_string()));
                     a.json
                         .then(|| serde_json::json!({"file": file.to_string_lossy(), "error": e.to_string()}))
@@ -65,6 +67,12 @@ pub(super) fn run(a: PredictArgs) -> Result<(), String> {
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
+    if no_prediction > 0 {
+        print_error(&format!(
+            "the model's outputs were not numbers for {}: {NO_PREDICTION_CAUSE}",
+            crate::terminal::counted(no_prediction, "image")
+        ));
+    }
     let predicted = files.len() - failed;
     match (failed, predicted) {
         (0, _) => Ok(()),

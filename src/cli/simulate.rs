@@ -194,6 +194,18 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     };
     let mut sim = Simulator::new();
     let schedule = crate::parallel::Schedule::parse(&a.schedule)?;
+    // The trainer cuts buckets into partitions under overlap too, but the simulator models
+    // them under priority only: a given value would change nothing it prints.
+    if schedule == crate::parallel::Schedule::Overlap
+        && a.partition_kb.is_some()
+        && !a.search_schedule
+    {
+        return Err(
+            "--partition-kb: the simulator models partitions under --schedule priority only \
+             (under overlap it sends each bucket whole); add --schedule priority or drop it"
+                .into(),
+        );
+    }
     let single_cfg = StepConfig {
         compress: crate::plan::CompressChoice::parse(&a.compress)?,
         schedule,
@@ -273,9 +285,12 @@ fn overheads(a: &SimulateArgs, p: &Profile) -> Result<Overheads, String> {
         o.message_overhead = parse_duration(m).map_err(|e| format!("--message-overhead: {e}"))?;
     }
     if let Some(e) = a.nic_efficiency {
-        if !(e > 0.0 && e <= 1.0) {
+        // Below 1% a "link" delivers nothing a cluster trains over (1e-300 printed steps of
+        // 300 digits).
+        if !(0.01..=1.0).contains(&e) {
             return Err(format!(
-                "--nic-efficiency {e}: give the fraction of the line rate delivered, in (0, 1]"
+                "--nic-efficiency {e:e}: give the fraction of the line rate delivered, from \
+                 0.01 to 1"
             ));
         }
         o.nic_efficiency = e;

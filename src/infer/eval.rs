@@ -577,11 +577,9 @@ impl Plan<'_> {
                     c[0] += 1;
                     c[1] += u64::from(rank == 0);
                     c[2] += u64::from(rank < self.top_k);
-                    if crate::backend::predicts(row) {
-                        let predicted = super::top_k(row, 1)[0].0;
-                        tally.confusion[y * classes + predicted] += 1;
-                    } else {
-                        tally.no_prediction += 1;
+                    match crate::backend::predicted(row) {
+                        Some(p) => tally.confusion[y * classes + p] += 1,
+                        None => tally.no_prediction += 1,
                     }
                 }
             }
@@ -661,10 +659,10 @@ impl EvalReport {
             format!(
                 "the model's outputs were not numbers (NaN or infinite) for {} of {}: they \
                  predict no class, so they count as wrong and are in no column of the \
-                 confusion matrix; the checkpoint's weights overflow (a run that diverged: its \
-                 metrics show from when)",
+                 confusion matrix; {}",
                 crate::terminal::counted(self.no_prediction as usize, "image"),
-                self.samples
+                self.samples,
+                super::NO_PREDICTION_CAUSE
             )
         })
     }

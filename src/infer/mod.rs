@@ -123,6 +123,10 @@ pub fn softmax(logits: &[f32], out: &mut Vec<f32>) {
     );
 }
 
+/// Why a model's outputs are not numbers, said once: after the images `predict` found so, in `eval`'s warning.
+pub const NO_PREDICTION_CAUSE: &str = "the checkpoint's weights overflow (a run that diverged: \
+its metrics show from when); train again from an earlier checkpoint or with a lower --lr";
+
 /// The rank of class `label` among `logits`: how many classes come before it, by larger
 /// logit, ties to the lower label (so rank 0 is the argmax with the first maximum winning, as
 /// the loss layer counts a correct prediction). A row that predicts nothing (a logit not a
@@ -139,11 +143,17 @@ pub fn rank_of(logits: &[f32], label: usize) -> usize {
         .count()
 }
 
-/// The `k` most likely classes of a row: (label, value), largest first, ties to the lower
-/// label.
+/// The `k` most likely classes of a row of numbers ([`crate::backend::predicts`]): (label,
+/// value), largest first, equal values (-0 and 0 too) to the lower label, so the first is
+/// [`crate::backend::predicted`] and each label's place is its [`rank_of`].
 pub fn top_k(values: &[f32], k: usize) -> Vec<(usize, f32)> {
     let mut order: Vec<usize> = (0..values.len()).collect();
-    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        let by_value = values[b].partial_cmp(&values[a]);
+        by_value
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
     order.truncate(k);
     order.into_iter().map(|i| (i, values[i])).collect()
 }
@@ -164,6 +174,14 @@ mod tests {
         softmax(&z, &mut p);
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(p[1] == p[2] && p[1] > p[0] && p[0] > p[3]);
+    }
+
+    #[test]
+    fn top_k_rank_and_the_predicted_class_agree_on_signed_zeros() {
+        let z = [-0.0, 0.0, -1.0];
+        assert_eq!(top_k(&z, 1)[0].0, crate::backend::predicted(&z).unwrap());
+        assert_eq!(rank_of(&z, 0), 0);
+        assert_eq!(rank_of(&z, 1), 1);
     }
 
     #[test]

@@ -42,11 +42,10 @@ pub enum PredictFailure {
     /// It could not be read or decoded.
     #[error(transparent)]
     Read(#[from] DataError),
-    /// The model's outputs for it are not numbers ([`crate::backend::predicts`]).
+    /// The model's outputs for it are not numbers ([`crate::backend::predicts`]): the
+    /// caller says why once ([`super::NO_PREDICTION_CAUSE`]), not once per image.
     #[error(
-        "{}: the model's outputs for it are not numbers (NaN or infinite), so it predicts no \
-         class: the checkpoint's weights overflow (a run that diverged: its metrics show from \
-         when)",
+        "{}: the model's outputs for it are not numbers (NaN or infinite): no class predicted",
         file.display()
     )]
     NoPrediction {
@@ -183,7 +182,8 @@ impl<'a> Predictor<'a> {
     }
 
     /// Predicts `files` (at most [`Predictor::batch`]): each file's top `k` classes, or why
-    /// it could not be read, in order. The files are decoded in parallel.
+    /// it has none (it could not be read, or the model's outputs for it are not numbers), in
+    /// order. The files are decoded in parallel.
     pub fn predict(
         &mut self,
         files: &[PathBuf],
@@ -222,12 +222,14 @@ impl<'a> Predictor<'a> {
                     continue;
                 }
                 softmax(row, &mut self.probs);
-                let top = top_k(&self.probs, k.min(classes.len()))
+                // Ranked by logit, as eval ranks (two logits a few ulps apart may round to
+                // one probability); each class with its probability.
+                let top = top_k(row, k.min(classes.len()))
                     .into_iter()
-                    .map(|(label, probability)| ClassProbability {
+                    .map(|(label, _)| ClassProbability {
                         class: classes[label].clone(),
                         label,
-                        probability,
+                        probability: self.probs[label],
                     })
                     .collect();
                 out[i] = Some(Ok(Prediction {

@@ -52,6 +52,9 @@ pub struct MeasureFlags {
     /// Sets the replicas at once (the workers, for a command that measures for N workers);
     /// `None` where the command has no such option (one replica).
     pub concurrent: Option<&'static str>,
+    /// Whether the threads are the option's value capped at the cores (as a training run's
+    /// worker runs them: [`crate::limits::threads_per_worker`]), said where it is refused.
+    pub threads_capped: bool,
 }
 
 impl Default for MeasureFlags {
@@ -60,6 +63,7 @@ impl Default for MeasureFlags {
         Self {
             threads: "--threads",
             concurrent: Some("--concurrent"),
+            threads_capped: false,
         }
     }
 }
@@ -69,7 +73,18 @@ impl MeasureFlags {
     pub const THREADS_ONLY: Self = Self {
         threads: "--threads",
         concurrent: None,
+        threads_capped: false,
     };
+
+    /// A command measuring its workers at once, each on the threads a training run's worker
+    /// runs: `bench ablation`, `bench sim-check` (`workers`: the option that sets them).
+    pub const fn workers(workers: &'static str) -> Self {
+        Self {
+            threads: "--threads",
+            concurrent: Some(workers),
+            threads_capped: true,
+        }
+    }
 }
 
 /// Compute threads per core a measurement runs at most, over all its replicas. Far past the
@@ -121,8 +136,13 @@ impl<'a> MeasureSpec<'a> {
                 let given = flags
                     .concurrent
                     .map_or(String::new(), |f| format!(" ({f})"));
+                let capped = if flags.threads_capped {
+                    " capped at the cores"
+                } else {
+                    ""
+                };
                 format!(
-                    "{threads} compute threads ({}) x {concurrent} replicas{given}",
+                    "{threads} compute threads ({}{capped}) x {concurrent} replicas{given}",
                     flags.threads
                 )
             } else {

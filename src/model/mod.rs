@@ -88,7 +88,7 @@ pub fn load(name_or_path: &str) -> Result<ModelSpec, ModelError> {
     }
     let text = crate::input::read_text(path, crate::input::FileKind::ModelFile).map_err(|e| {
         let mut why = e.to_string();
-        if path.extension().is_some_and(|x| x == "safetensors") {
+        if path.is_file() && path.extension().is_some_and(|x| x == "safetensors") {
             why += "; it is a checkpoint, not a model file: a checkpoint holds its model, which \
                     eval, predict and export read from it, train --resume continues and train \
                     --weights starts from";

@@ -26,12 +26,19 @@ pub fn cell(text: &str) -> String {
 }
 
 /// The step breakdown as a Markdown table: one row per phase, ms and % of the step. A run of
-/// one worker (`exchanges` false) has no communication to time: "-", not a measured 0.
-pub fn breakdown_table(p: &Phases, exchanges: bool) -> String {
+/// one worker (`exchanges` false) has no communication to time: "-", not a measured 0. A
+/// `resumed` run's breakdown is of the steps after its resume point.
+pub fn breakdown_table(p: &Phases, exchanges: bool, resumed: bool) -> String {
     if p.step_ms <= 0.0 {
+        let which = match resumed {
+            true => {
+                "this run trained no more after its resume point (the epochs before it, \
+                     below, were timed by the run it resumed)"
+            }
+            false => "this run had no more",
+        };
         return format!(
-            "No timed steps: the first {} steps of a run are untimed warm-up, and this run had no \
-             more.\n",
+            "No timed steps: the first {} steps of a run are untimed warm-up, and {which}.\n",
             crate::train::metrics::WARMUP_STEPS
         );
     }
@@ -179,11 +186,15 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
         }
     }
     md.push_str("\n## Step breakdown (mean per step over all workers)\n\n");
-    md.push_str(&breakdown_table(&run.phases, run.exchanges_gradients()));
+    md.push_str(&breakdown_table(
+        &run.phases,
+        run.exchanges_gradients(&run.phases),
+        run.resumed(),
+    ));
     if !run.epochs.is_empty() {
         md.push_str("\n## Per epoch\n\n| epoch | train loss | test loss | test accuracy | images/s | step ms | exposed comm % | data wait % |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for e in &run.epochs {
-            md.push_str(&epoch_row(e, run.exchanges_gradients()));
+            md.push_str(&epoch_row(e, run.exchanges_gradients(&e.phases)));
         }
         md.push_str("\n## Figures\n\n");
         let plots: [(&str, &str, plot::PlotFn); 3] = [
@@ -276,7 +287,7 @@ pub fn write_comparison(runs: &[RunData], out: &Path) -> Result<String, String> 
     };
     row("step ms", &|r| timed(r, format!("{:.2}", r.phases.step_ms)));
     // Nor has a run of one worker communication.
-    let exchanged = |r: &RunData, cell: String| match r.exchanges_gradients() {
+    let exchanged = |r: &RunData, cell: String| match r.exchanges_gradients(&r.phases) {
         true => timed(r, cell),
         false => "-".into(),
     };
@@ -337,6 +348,32 @@ mod tests {
     }
 
     #[test]
+    fn communication_is_judged_per_epoch_whatever_the_last_job_ran() {
+        let mut config = serde_json::Map::new();
+        config.insert("workers".into(), 1.into());
+        let run = RunData {
+            dir: PathBuf::from("run"),
+            config,
+            epochs: Vec::new(),
+            summary: None,
+            phases: Phases::default(),
+            lost_hosts: Vec::new(),
+        };
+        // The last job ran one worker; an earlier epoch of two timed its collectives.
+        let earlier = Phases {
+            ms: [0.0, 1.0, 1.0, 0.5, 0.0],
+            step_ms: 2.5,
+            comm_total_ms: 2.0,
+        };
+        assert!(run.exchanges_gradients(&earlier));
+        assert!(!run.exchanges_gradients(&Phases {
+            comm_total_ms: 0.0,
+            ms: [0.0, 1.0, 1.0, 0.0, 0.0],
+            ..earlier
+        }));
+    }
+
+    #[test]
     fn a_name_with_a_pipe_or_a_line_break_stays_in_its_cell() {
         assert_eq!(cell("my|net.toml"), "my\\|net.toml");
         assert_eq!(cell("two\nlines"), "two lines");
@@ -369,11 +406,10 @@ mod tests {
             epoch_row(&epoch(10.0), false),
             "| 1 | 0.5000 | 0.2500 | 90.00% | 100 | 10.00 | - | 10.0 |\n"
         );
-        let alone = breakdown_table(&epoch(10.0).phases, false);
+        let alone = breakdown_table(&epoch(10.0).phases, false, false);
         assert!(alone.contains("| exposed comm | - | - |\n"), "{alone}");
         assert!(alone.contains("Communication: none (one worker"), "{alone}");
-        assert!(
-            breakdown_table(&epoch(10.0).phases, true).contains("| exposed comm | 1.00 | 10.0 |")
-        );
+        assert!(breakdown_table(&epoch(10.0).phases, true, false)
+            .contains("| exposed comm | 1.00 | 10.0 |"));
     }
 }

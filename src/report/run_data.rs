@@ -45,6 +45,12 @@ impl Phases {
         100.0 * self.ms[i] / self.step_ms.max(1e-9)
     }
 
+    /// Whether a collective was timed: a step of one worker never times one (it exchanges
+    /// nothing), a step of several always does.
+    pub fn communicated(&self) -> bool {
+        self.comm_total_ms > 0.0 || self.ms[3] > 0.0
+    }
+
     /// Share of communication hidden behind backward, in percent (0 without communication).
     pub fn hidden_pct(&self) -> f64 {
         if self.comm_total_ms > 0.0 {
@@ -227,11 +233,23 @@ impl RunData {
         })
     }
 
-    /// Whether the run's workers exchanged gradients: more than one worker in all (workers per
-    /// process x processes). A run that did not record its workers (no summary) is taken to.
-    pub fn exchanges_gradients(&self) -> bool {
+    /// Whether the run's workers exchanged gradients in `phases` (an epoch's or the run's):
+    /// they timed a collective, or the run had more than one worker in all (workers per
+    /// process x processes; a run that did not record its workers, with no summary, is taken
+    /// to). The recorded workers are the last job's: a resume or `dptrain launch` may have run
+    /// the earlier epochs on more.
+    pub fn exchanges_gradients(&self, phases: &Phases) -> bool {
         let count = |key: &str| self.config.get(key).and_then(Value::as_u64);
-        count("workers").is_none_or(|w| w * count("processes").unwrap_or(1) > 1)
+        phases.communicated()
+            || count("workers").is_none_or(|w| w * count("processes").unwrap_or(1) > 1)
+    }
+
+    /// Whether this run resumed a checkpoint (its summary's figures are then of the steps
+    /// after it).
+    pub fn resumed(&self) -> bool {
+        self.summary
+            .as_ref()
+            .is_some_and(|s| !s["resumed_from"].is_null())
     }
 
     /// A configuration value as text (`-` when the run did not record it).

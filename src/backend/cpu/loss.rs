@@ -39,15 +39,8 @@ pub fn softmax_xent_forward(
             } else {
                 nll
             };
-            // First maximum wins, as argmax does.
-            let mut best = 0;
-            for (j, &v) in z.iter().enumerate() {
-                if v > z[best] {
-                    best = j;
-                }
-            }
             *l = loss;
-            (best == y && crate::backend::prediction::predicts(z)) as usize
+            (crate::backend::prediction::predicted(z) == Some(y)) as usize
         })
         .sum::<usize>();
     (losses[..n].iter().sum(), correct)
