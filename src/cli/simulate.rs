@@ -52,8 +52,8 @@ pub struct SimulateArgs {
     /// measured one, `sim::defaults::MEASURED`: 14us].
     #[arg(allow_hyphen_values = true, long)]
     pub message_overhead: Option<String>,
-    /// Fraction of the NIC's line rate (--link-bandwidth) a real stack delivers, in (0, 1]
-    /// [default: the measured one: 0.94].
+    /// Fraction of the NIC's line rate (--link-bandwidth) a real stack delivers, from 0.01 to
+    /// 1 [default: the measured one: 0.94].
     #[arg(long)]
     pub nic_efficiency: Option<f64>,
     /// Fixed cost of every step of more than one worker that communication cannot hide (e.g.
@@ -197,7 +197,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
     // The trainer cuts buckets into partitions under overlap too, but the simulator models
     // them under priority only: a given value would change nothing it prints.
     if schedule == crate::parallel::Schedule::Overlap
-        && a.partition_kb.is_some()
+        && KibOrAuto::resolved(a.partition_kb).is_some()
         && !a.search_schedule
     {
         return Err(
@@ -288,8 +288,13 @@ fn overheads(a: &SimulateArgs, p: &Profile) -> Result<Overheads, String> {
         // Below 1% a "link" delivers nothing a cluster trains over (1e-300 printed steps of
         // 300 digits).
         if !(0.01..=1.0).contains(&e) {
+            // As given where it reads so (1.5), in an exponent where it would not (1e-300).
+            let given = match (1e-3..1e6).contains(&e.abs()) {
+                true => format!("{e}"),
+                false => format!("{e:e}"),
+            };
             return Err(format!(
-                "--nic-efficiency {e:e}: give the fraction of the line rate delivered, from \
+                "--nic-efficiency {given}: give the fraction of the line rate delivered, from \
                  0.01 to 1"
             ));
         }

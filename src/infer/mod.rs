@@ -147,6 +147,11 @@ pub fn rank_of(logits: &[f32], label: usize) -> usize {
 /// value), largest first, equal values (-0 and 0 too) to the lower label, so the first is
 /// [`crate::backend::predicted`] and each label's place is its [`rank_of`].
 pub fn top_k(values: &[f32], k: usize) -> Vec<(usize, f32)> {
+    // A NaN would make the order inconsistent: callers rank rows that predict.
+    debug_assert!(
+        crate::backend::predicts(values),
+        "top_k of a row that predicts nothing"
+    );
     let mut order: Vec<usize> = (0..values.len()).collect();
     order.sort_by(|&a, &b| {
         let by_value = values[b].partial_cmp(&values[a]);
