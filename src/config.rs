@@ -566,6 +566,7 @@ pub struct TrainOptions {
     /// The model's input size, H or HxW (each side 1..=4096) [default: the dataset's; an
     /// ImageFolder's first image's; resumed, the checkpoint's].
     #[arg(long)]
+    #[serde(default, deserialize_with = "text_or_whole_number")]
     pub image_size: Option<String>,
     /// Evaluation transforms (no random ones): e.g. resize-shorter,center-crop (torchvision's
     /// Resize(size*256/224) + CenterCrop) or resize [default: off when the data is at the image
@@ -602,6 +603,31 @@ pub struct TrainOptions {
     pub log_format: Option<String>,
 }
 
+/// A config file's value of an option the command line reads as text that is often a number
+/// (`image-size = 28`, as `image-size = "28"` or `--image-size 28` read): a whole number is
+/// taken as its digits, and the text is then read as the flag's is.
+fn text_or_whole_number<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a whole number or a string, e.g. 224 or \"32x48\"")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_any(Visitor).map(Some)
+}
+
 /// `--comm-timeout` when not given, in seconds: how long a collective waits for a peer (the
 /// benchmarks' emulated runs use it too).
 pub const DEFAULT_COMM_TIMEOUT_S: f64 = 120.0;
@@ -609,6 +635,11 @@ pub const DEFAULT_COMM_TIMEOUT_S: f64 = 120.0;
 /// Longest `--comm-timeout`, in seconds (a year): anything longer means "never" and would
 /// overflow the clock arithmetic of the deadlines.
 pub const MAX_COMM_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Shortest `--comm-timeout`, in seconds (1 ms): a few scheduler quanta, below which a
+/// collective times out waiting for a peer thread that was merely descheduled (1e-300 was
+/// taken and became a zero deadline: every wait failed at once).
+pub const MIN_COMM_TIMEOUT_S: f64 = 1e-3;
 
 /// Which flags set an emulated link: the network's or a host's port within its process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1296,10 +1327,11 @@ impl TrainOptions {
     /// could not cross it in time would fail every step).
     fn resolve_comm_timeout(&self, link: Option<&LinkModel>) -> Result<Duration, String> {
         let comm_timeout = self.comm_timeout.unwrap_or(DEFAULT_COMM_TIMEOUT_S);
-        if !(comm_timeout > 0.0 && comm_timeout <= MAX_COMM_TIMEOUT_S) {
+        if !(MIN_COMM_TIMEOUT_S..=MAX_COMM_TIMEOUT_S).contains(&comm_timeout) {
             return Err(format!(
-                "--comm-timeout must be a positive number of seconds up to {MAX_COMM_TIMEOUT_S} \
-                 (a year), not {comm_timeout}"
+                "--comm-timeout must be a number of seconds from {MIN_COMM_TIMEOUT_S} (1 ms) \
+                 to {MAX_COMM_TIMEOUT_S} (a year), not {}",
+                crate::terminal::number(comm_timeout)
             ));
         }
         if let Some(l) = link {
@@ -1805,7 +1837,8 @@ mod tests {
             ),
             (
                 Box::new(|o| o.comm_timeout = Some(1e30)),
-                "--comm-timeout must be a positive number of seconds up to",
+                "--comm-timeout must be a number of seconds from 0.001 (1 ms) to 31536000 (a \
+                 year), not 1e30",
             ),
             (
                 Box::new(|o| {
@@ -1882,6 +1915,13 @@ mod tests {
         assert_eq!((cfg.epochs, cfg.batch, cfg.buckets.kb), (2, 32, Some(128)));
         // A refused value is named as the file's when it is the file's, else as the flag's.
         let path = Path::new("run.toml");
+        // A size written as a number reads as the flag's text; another type is named.
+        let sized: TrainOptions = toml::from_str("image-size = 28").unwrap();
+        assert_eq!(sized.image_size.as_deref(), Some("28"));
+        let sized: TrainOptions = toml::from_str("image-size = \"32x48\"").unwrap();
+        assert_eq!(sized.image_size.as_deref(), Some("32x48"));
+        let e = toml::from_str::<TrainOptions>("image-size = 2.5").unwrap_err();
+        assert!(e.to_string().contains("a whole number or a string"), "{e}");
         let zero: TrainOptions = toml::from_str("epochs = 0").unwrap();
         let err = zero.clone().resolve_under(path, &cli).err();
         assert!(err.is_none(), "the flag's --epochs 2 wins: {err:?}");

@@ -95,6 +95,20 @@ macro_rules! out {
     };
 }
 
+/// A number as messages show it: as Rust writes it where that is short, in exponent form
+/// where it is very small or very large (1e300, not 301 digits; 1e-40, not forty zeros).
+/// Generic so an `f32` shows its own shortest digits (0.1, not 0.10000000149).
+pub fn number<T: std::fmt::Display + std::fmt::LowerExp + Copy + Into<f64>>(v: T) -> String {
+    // The lower end a hair below 1e-4: f32's nearest to 1e-4 is 0.99999997e-4 as an f64, and
+    // reads 0.0001 as an f32.
+    let x: f64 = v.into();
+    if x.is_finite() && x != 0.0 && !(0.999_999e-4..1e6).contains(&x.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// `n` things in a message: "1 image", "2 images" (`thing` singular, plural with an `s`).
 pub fn counted(n: usize, thing: &str) -> String {
     if n == 1 {
@@ -162,5 +176,18 @@ mod tests {
         assert_eq!(shell_quoted(Path::new("$HOME")), "'$HOME'");
         assert_eq!(shell_quoted(Path::new("")), "''");
         assert_eq!(shell_quoted(Path::new("-dash")), "./-dash");
+    }
+
+    #[test]
+    fn numbers_past_a_few_digits_show_an_exponent() {
+        assert_eq!(number(1e300), "1e300");
+        assert_eq!(number(1e-300), "1e-300");
+        assert_eq!(number(1.5), "1.5");
+        assert_eq!(number(0.0), "0");
+        assert_eq!(number(f64::INFINITY), "inf");
+        // An f32 shows its own shortest digits, 1e-4 included (0.99999997e-4 as an f64).
+        assert_eq!(number(0.1f32), "0.1");
+        assert_eq!(number(1e-4f32), "0.0001");
+        assert_eq!(number(2e7f32), "2e7");
     }
 }

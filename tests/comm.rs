@@ -338,6 +338,7 @@ fn an_emulated_link_too_slow_for_the_timeout_fails_at_once() {
             CommError::LinkTooSlow {
                 rank: 0,
                 peer: 1,
+                receiving: false,
                 tag: 3,
                 bytes: 4000,
                 ..
@@ -373,7 +374,18 @@ fn an_emulated_link_too_slow_for_the_timeout_fails_at_once() {
         std::thread::sleep(Duration::from_millis(500));
         eps[0].send(1, 5, &[2.0; 4]).unwrap();
         let (r, took) = receiver.join().unwrap();
-        assert!(matches!(r, Err(CommError::LinkTooSlow { .. })), "{r:?}");
+        // Named as a receive from rank 0, its need counted from the wait's start (about 1.4 s,
+        // past the 1 s timeout; the 0.9 s left from the send would read as within it).
+        match r {
+            Err(CommError::LinkTooSlow {
+                rank: 1,
+                peer: 0,
+                receiving: true,
+                needed,
+                ..
+            }) => assert!(needed > Duration::from_secs(1), "{needed:?}"),
+            other => panic!("{other:?}"),
+        }
         assert!(took < Duration::from_millis(900), "{took:?}");
     });
 }

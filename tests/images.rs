@@ -164,6 +164,22 @@ fn bad_images_get_typed_errors_naming_the_file() {
         ),
         "{e}"
     );
+    // Past 2^31 pixels a side the decoder's allocation limit refused first, as "memory limit
+    // exceeded; the file is damaged": the header's claim is named.
+    let mut huge = lying.clone();
+    huge[16..24].copy_from_slice(&[0xff; 8]);
+    let e = run(&huge);
+    assert!(
+        matches!(
+            e,
+            DecodeError::TooLarge {
+                width: u32::MAX,
+                height: u32::MAX,
+                ..
+            }
+        ),
+        "{e}"
+    );
     for e in [run(&lying), run(&cmyk), run(b"xx"), run(&good[..300])] {
         assert!(e.to_string().contains("photos/cat/broken.jpg"), "{e}");
         assert_eq!(e.path(), path);
@@ -1010,4 +1026,138 @@ fn the_normalisation_counts_the_images_it_read_and_names_every_unreadable_one() 
         );
     }
     assert!(refusal.contains("give --skip-bad-samples"), "{refusal}");
+}
+
+#[test]
+fn skipping_every_unreadable_image_of_a_class_is_refused_where_the_estimate_read_them_all() {
+    use dptrain::data::image_folder::ImageFolder;
+    use dptrain::pipeline::estimate_normalization;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 16, 4);
+    // Class 1 keeps readable images: no class is lost.
+    let class1 = dir.join("train").join("1");
+    std::fs::write(class1.join("zz.png"), b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    let folder = ImageFolder::open(&dir.join("train"), None).unwrap();
+    let (_, _, u) = estimate_normalization(&folder, &Transforms::OFF, 1000);
+    assert!(u.unwrap().lost_classes.is_empty());
+    // Every image of class 1 unreadable: lost where the estimate read the whole split, unknown
+    // where it read a sample.
+    for f in std::fs::read_dir(&class1).unwrap() {
+        std::fs::write(f.unwrap().path(), b"").unwrap();
+    }
+    let folder = ImageFolder::open(&dir.join("train"), None).unwrap();
+    let (_, _, u) = estimate_normalization(&folder, &Transforms::OFF, 1000);
+    assert_eq!(u.unwrap().lost_classes, ["1"]);
+    let (_, _, u) = estimate_normalization(&folder, &Transforms::OFF, 4);
+    assert!(u.unwrap().lost_classes.is_empty());
+    // Training that would skip them all is refused, naming the class (it trained before).
+    let o = TrainOptions {
+        dataset: Some("imagefolder".into()),
+        data_dir: Some(dir.clone()),
+        image_size: Some("28".into()),
+        skip_bad_samples: Some(true),
+        epochs: Some(1),
+        batch: Some(4),
+        run_dir: Some(tmp.path().join("run")),
+        quiet: true,
+        ..Default::default()
+    };
+    let e = dptrain::train::train(o.resolve().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("every training image of class '1' is unreadable") && e.contains("is empty"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("run").exists());
+}
+
+#[test]
+fn a_resume_on_renamed_or_added_classes_is_refused_naming_both_lists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 32, 8);
+    let options = |run: &str, epochs: usize| TrainOptions {
+        dataset: Some("imagefolder".into()),
+        data_dir: Some(dir.clone()),
+        image_size: Some("28".into()),
+        epochs: Some(epochs),
+        batch: Some(16),
+        run_dir: Some(tmp.path().join(run)),
+        quiet: true,
+        ..Default::default()
+    };
+    dptrain::train::train(options("first", 1).resolve().unwrap()).unwrap();
+    let ck = tmp.path().join("first/checkpoint-epoch0001.safetensors");
+    let resume = |changed: bool| {
+        let o = TrainOptions {
+            resume: Some(ck.clone()),
+            resume_changed: changed,
+            ..options("again", 2)
+        };
+        dptrain::train::train(o.resolve().unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    // Class 1 renamed 2: the labels would be the same numbers, the names not.
+    for split in ["train", "test"] {
+        std::fs::rename(dir.join(split).join("1"), dir.join(split).join("2")).unwrap();
+    }
+    for changed in [false, true] {
+        let e = resume(changed);
+        assert!(
+            e.contains(
+                "the checkpoint's run trained on the classes 0, 1, this run's data has 0, 2"
+            ) && e.contains("--weights"),
+            "{e}"
+        );
+    }
+    // A class added (blamed on the model's shapes before).
+    for split in ["train", "test"] {
+        std::fs::rename(dir.join(split).join("2"), dir.join(split).join("1")).unwrap();
+        let (from, to) = (dir.join(split).join("1"), dir.join(split).join("3"));
+        std::fs::create_dir(&to).unwrap();
+        for f in std::fs::read_dir(&from).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let e = resume(false);
+    assert!(e.contains("this run's data has 0, 1, 3"), "{e}");
+    assert!(!tmp.path().join("again").exists());
+}
+
+#[test]
+fn a_folder_of_mixed_sizes_without_an_image_size_is_warned_of_the_stretch() {
+    use dptrain::data::image_folder::ImageFolder;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 8, 4);
+    let folder = ImageFolder::open(&dir.join("train"), None).unwrap();
+    let (w, h) = folder.other_size.expect("the spread shows another size");
+    assert_ne!((w, h), (folder.width, folder.height));
+    let o = TrainOptions {
+        dataset: Some("imagefolder".into()),
+        data_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let mut cfg = o.resolve().unwrap();
+    let source = dptrain::pipeline::Source::Folder(std::sync::Arc::new(folder.clone()));
+    let (_, warnings) = dptrain::train::inputs::resolve(&mut cfg, &source).unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("not all one size") && w.contains("give --image-size")),
+        "{warnings:?}"
+    );
+    // Given a size, nothing to say.
+    let mut cfg = TrainOptions {
+        image_size: Some("28".into()),
+        ..o
+    }
+    .resolve()
+    .unwrap();
+    let (_, warnings) = dptrain::train::inputs::resolve(&mut cfg, &source).unwrap();
+    assert!(!warnings.iter().any(|w| w.contains("not all one size")));
 }

@@ -170,6 +170,23 @@ const PARSE_REFUSALS: &[Case] = &[
 /// Meanings the commands refuse (exit 1): zero counts, lists with empty or repeated entries,
 /// schedules out of order.
 const MEANING_REFUSALS: &[Case] = &[
+    (
+        &["train", "--comm-timeout", "1e-300"],
+        1,
+        "--comm-timeout must be a number of seconds from 0.001 (1 ms) to 31536000 (a year), not \
+         1e-300",
+    ),
+    (
+        &[
+            "simulate",
+            "--model",
+            "lenet5",
+            "--device-images-per-s",
+            "1e300",
+        ],
+        1,
+        "--device-images-per-s 1e300: at batch 32 a step of 3.200e-296 ms",
+    ),
     // A negative link value is read as a value (not an unknown flag) and refused as negative.
     (
         &[
@@ -1138,4 +1155,64 @@ fn simulate_checks_every_worker_count_before_printing_a_row() {
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
+    // Every flag is read before the table starts (the header was printed before these).
+    let common = ["simulate", "--model", "lenet5", "--device-tflops", "1"];
+    for (extra, want) in [
+        (&["--hierarchical", "foo"][..], "--hierarchical must be"),
+        (&["--overlap", "on,off"][..], "overlap"),
+        (
+            &["--search-schedule", "--schedule", "priority"][..],
+            "--schedule with --search-schedule",
+        ),
+        (
+            &["--search-schedule", "--partition-kb", "64"][..],
+            "--partition-kb with --search-schedule",
+        ),
+    ] {
+        let o = dptrain(&[&common[..], extra].concat(), dir.path());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(
+            o.stdout.is_empty(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
+
+#[test]
+fn simulate_bounds_the_messages_of_a_configuration_over_its_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |steps: &'static str| {
+        [
+            "simulate",
+            "--model",
+            "resnet20",
+            "--device-images-per-s",
+            "1000",
+            "--workers",
+            "100000",
+            "--comm",
+            "tree",
+            "--hierarchical",
+            "off",
+            "--overlap",
+            "on",
+            "--steps",
+            steps,
+        ]
+    };
+    // 10000 steps of a 2.2-million-message step (about 40 minutes) is refused at once, naming
+    // the steps that fit; those run.
+    let o = dptrain(&args("10000"), dir.path());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let fit: usize = out
+        .split("give --steps ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!((20..10000).contains(&fit), "{out}");
 }

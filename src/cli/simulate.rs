@@ -81,9 +81,10 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "none")]
     pub compress: String,
     /// When buckets are reduced, read as `train --schedule` is: overlap, or priority
-    /// (partitions input-first, the next forward gated per layer; with overlap on only).
-    #[arg(long, default_value = "overlap")]
-    pub schedule: String,
+    /// (partitions input-first, the next forward gated per layer; with overlap on only)
+    /// [default: overlap].
+    #[arg(long)]
+    pub schedule: Option<String>,
     /// Partition size in KiB, read as `train --partition-kb` is [default: the trainer's for the
     /// schedule; auto: that default].
     #[arg(long)]
@@ -193,7 +194,20 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         steps: a.steps,
     };
     let mut sim = Simulator::new();
-    let schedule = crate::parallel::Schedule::parse(&a.schedule)?;
+    // The search tries both schedules and its own partition sizes: a given one would be
+    // silently replaced.
+    let searched = super::given::first_given(&[
+        ("--schedule", a.schedule.is_some()),
+        ("--partition-kb", a.partition_kb.is_some()),
+    ]);
+    if let (true, Some(flag)) = (a.search_schedule, searched) {
+        return Err(format!(
+            "{flag} with --search-schedule: the search tries --schedule overlap and priority \
+             with a range of --partition-kb and reports the best; leave {flag} out, or drop \
+             --search-schedule to simulate the one given"
+        ));
+    }
+    let schedule = crate::parallel::Schedule::parse(a.schedule.as_deref().unwrap_or("overlap"))?;
     // The trainer cuts buckets into partitions under overlap too, but the simulator models
     // them under priority only: a given value would change nothing it prints.
     if schedule == crate::parallel::Schedule::Overlap
@@ -231,9 +245,6 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         };
         Some((Overheads::IDEAL.apply(line_rate), sim.step(&p, &c)?.step_ms))
     };
-    crate::outln!("{}", describe_profile(&p).lines().next().unwrap_or(""));
-    crate::outln!("{}", setting_line(&a, &o, p.batch, single));
-    crate::outln!("{}", header(ideal.is_some()));
     let overlaps: Vec<bool> = on_off_list("overlap", &a.overlap)?
         .into_iter()
         .filter(|&on| on || schedule == crate::parallel::Schedule::Overlap)
@@ -257,6 +268,10 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         // Priority scheduling needs overlap on.
         overlaps,
     };
+    // Every flag read before the table starts: a refusal is the only output.
+    crate::outln!("{}", describe_profile(&p).lines().next().unwrap_or(""));
+    crate::outln!("{}", setting_line(&a, &o, p.batch, single));
+    crate::outln!("{}", header(ideal.is_some()));
     let (mut rows, mut refused) = (0usize, 0usize);
     for cluster in clusters {
         let (r, f) = sweep.print_rows(&mut sim, cluster);
@@ -288,14 +303,10 @@ fn overheads(a: &SimulateArgs, p: &Profile) -> Result<Overheads, String> {
         // Below 1% a "link" delivers nothing a cluster trains over (1e-300 printed steps of
         // 300 digits).
         if !(0.01..=1.0).contains(&e) {
-            // As given where it reads so (1.5), in an exponent where it would not (1e-300).
-            let given = match (1e-3..1e6).contains(&e.abs()) {
-                true => format!("{e}"),
-                false => format!("{e:e}"),
-            };
             return Err(format!(
-                "--nic-efficiency {given}: give the fraction of the line rate delivered, from \
-                 0.01 to 1"
+                "--nic-efficiency {}: give the fraction of the line rate delivered, from \
+                 0.01 to 1",
+                crate::terminal::number(e)
             ));
         }
         o.nic_efficiency = e;
@@ -476,8 +487,8 @@ fn setting_line(a: &SimulateArgs, o: &Overheads, batch: usize, single: f64) -> S
         match crate::plan::CompressChoice::parse(&a.compress) {
             Ok(crate::plan::CompressChoice::NONE) | Err(_) => String::new(),
             Ok(w) => format!("; gradients on the wire: {w}"),
-        } + &match a.schedule.as_str() {
-            "priority" => format!(
+        } + &match a.schedule.as_deref() {
+            Some("priority") => format!(
                 "; --schedule priority, partitions of {}",
                 KibOrAuto::resolved(a.partition_kb)
                     .map_or("the trainer's default".into(), |k| format!("{k} KiB"))

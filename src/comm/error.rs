@@ -32,22 +32,29 @@ pub enum CommError {
     /// at once instead of after sleeping that long, so an absurd link (`--link-bandwidth 1bit`)
     /// cannot hang a run.
     #[error(
-        "rank {rank}: the emulated link needs {needed:.3?} to move {bytes} bytes \
-         to rank {peer} (tag {tag}), longer than its timeout ({timeout:?}, from \
-         --comm-timeout): a step would never finish in time; raise the link's bandwidth \
+        "rank {rank}: the emulated link needs {needed:.3?} to move {bytes} bytes {} rank {peer} \
+         (tag {tag}), counted from the start of the {}, longer than its timeout ({timeout:?}, \
+         from --comm-timeout): a step would never finish in time; raise the link's bandwidth \
          (--link-bandwidth, or --intra-bandwidth for the port within a process), lower its \
-         latency or raise --comm-timeout"
+         latency or raise --comm-timeout",
+        if *receiving { "from" } else { "to" },
+        if *receiving { "receive's wait (it waited for the sender too)" } else { "send" }
     )]
     LinkTooSlow {
         /// Rank that saw it.
         rank: usize,
         /// The other end of the message.
         peer: usize,
+        /// Whether `rank` was receiving it (from `peer`), not sending it (to `peer`).
+        receiving: bool,
         /// Message tag.
         tag: u64,
         /// Message size.
         bytes: usize,
-        /// How long the message would take from now (queue, transmit, latency).
+        /// How long the send or receive would take in all, from its start: for a send its
+        /// queue and transmit time, for a receive the wait so far plus the rest until the
+        /// message arrives (a receive that began 41 s before a 60 s latency message was sent
+        /// needs 101 s, which is what passes a 100 s timeout, not the 60 s left).
         needed: Duration,
         /// The transport's timeout.
         timeout: Duration,

@@ -115,6 +115,7 @@ impl HybridTransport {
                 detail,
             },
             CommError::LinkTooSlow {
+                receiving,
                 tag,
                 bytes,
                 needed,
@@ -123,6 +124,7 @@ impl HybridTransport {
             } => CommError::LinkTooSlow {
                 rank: self.rank,
                 peer,
+                receiving,
                 tag,
                 bytes,
                 needed,

@@ -506,12 +506,16 @@ impl InProcessTransport {
                 let bytes = std::mem::size_of_val(msg.data.as_slice());
                 let tag = msg.tag;
                 self.recycle(from, msg.data);
+                // Counted from the receive's start (its deadline less the timeout), as the
+                // timeout is.
+                let started = deadline.checked_sub(self.timeout).unwrap_or(deadline);
                 return Err(CommError::LinkTooSlow {
                     rank: self.rank,
                     peer: from,
+                    receiving: true,
                     tag,
                     bytes,
-                    needed: ready.saturating_duration_since(Instant::now()),
+                    needed: ready.saturating_duration_since(started),
                     timeout: self.timeout,
                 });
             }
@@ -668,6 +672,7 @@ impl Transport for InProcessTransport {
                         return Err(CommError::LinkTooSlow {
                             rank: self.rank,
                             peer: to,
+                            receiving: false,
                             tag,
                             bytes,
                             needed: end.map_or(Duration::MAX, |e| e - now),

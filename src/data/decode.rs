@@ -421,6 +421,11 @@ pub fn read_info(bytes: &[u8], path: &Path) -> Result<ImageInfo, DecodeError> {
             )
         }
         ImageFormat::Png => {
+            // The header's size before the decoder's: past 2^31 a side its allocation limit
+            // refuses first, as "memory limit exceeded" (a damaged or hostile header).
+            if let Some((w, h)) = png_header_size(bytes) {
+                check_size(path, w, h, HeaderCap::PNG)?;
+            }
             let mut d = png_decoder(bytes, path)?;
             let (w, h) = d.dimensions();
             check_size(path, w, h, HeaderCap::PNG)?;
@@ -496,6 +501,17 @@ fn limits() -> image::Limits {
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(MAX_DECODE_BYTES);
     limits
+}
+
+/// The width and height a PNG's first chunk (IHDR, right after the 8-byte signature: its
+/// length, its type, then width and height, big-endian) declares, if it is there.
+fn png_header_size(bytes: &[u8]) -> Option<(u32, u32)> {
+    let ihdr = bytes.get(8..24)?;
+    if &ihdr[4..8] != b"IHDR" {
+        return None;
+    }
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    Some((be(&ihdr[8..12]), be(&ihdr[12..16])))
 }
 
 fn png_decoder<'a>(

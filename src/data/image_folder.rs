@@ -24,8 +24,20 @@ use std::path::{Path, PathBuf};
 
 pub use super::decode::{MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
 
+/// Most classes an ImageFolder may have: labels are one byte (`u8`) in every dataset and
+/// packed file.
+pub const MAX_FOLDER_CLASSES: usize = 256;
+
 /// Images spread over a split whose headers decide grey or colour.
 const COLOUR_PROBE: usize = 64;
+
+/// What the headers of a spread of a split's images said ([`ImageFolder::probe_a_spread`]).
+struct SpreadProbe {
+    /// 3 if any was colour, else 1.
+    channels: usize,
+    /// The first (width, height) other than the first image's.
+    other_size: Option<(usize, usize)>,
+}
 
 /// One split of an ImageFolder: the file list, labels and shape; pixels are read on demand.
 #[derive(Debug, Clone)]
@@ -45,6 +57,10 @@ pub struct ImageFolder {
     pub height: usize,
     /// Width samples are delivered at.
     pub width: usize,
+    /// A (width, height) other than the first image's among the headers of a spread of up
+    /// to 64 images (None: all alike, as far as they show): without `--image-size` each
+    /// image is stretched to the first one's size.
+    pub other_size: Option<(usize, usize)>,
 }
 
 /// Reusable buffers for [`ImageFolder::read`], one per thread, so that reading a sample
@@ -81,13 +97,24 @@ impl ImageFolder {
         let training = classes.is_none();
         let dirs = class_directories(split_dir, found, classes)?;
         let classes: Vec<String> = dirs.iter().map(|(class, _)| class.clone()).collect();
-        if classes.is_empty() || classes.len() > 256 {
+        if classes.is_empty() {
             return Err(DataError::invalid(
                 split_dir,
                 format!(
-                    "has {} class directories{}; an ImageFolder needs 1 to 256 ({hint})",
-                    classes.len(),
+                    "has no class directories{}; an ImageFolder needs 1 to {MAX_FOLDER_CLASSES} \
+                     ({hint})",
                     loose_images(split_dir)
+                ),
+            ));
+        }
+        if classes.len() > MAX_FOLDER_CLASSES {
+            return Err(DataError::invalid(
+                split_dir,
+                format!(
+                    "has {} class directories; dptrain trains at most {MAX_FOLDER_CLASSES} \
+                     classes (a label is one byte in its datasets and packed files): merge or \
+                     leave out classes, or train on a subset of the directories",
+                    classes.len()
                 ),
             ));
         }
@@ -142,6 +169,7 @@ impl ImageFolder {
             channels: 0,
             height: 0,
             width: 0,
+            other_size: None,
         };
         // The first image whose header reads sets the size; a bad file before it is reported
         // (or skipped, or listed by `data pack`) later, like any other bad file. A split of
@@ -151,7 +179,9 @@ impl ImageFolder {
             match probe(path) {
                 Ok(info) => {
                     (folder.width, folder.height) = (info.width as usize, info.height as usize);
-                    folder.channels = info.channels.max(folder.colour_in_a_spread());
+                    let spread = folder.probe_a_spread();
+                    folder.channels = info.channels.max(spread.channels);
+                    folder.other_size = spread.other_size;
                     return Ok(folder);
                 }
                 Err(e) => bad.push(e.to_string()),
@@ -164,22 +194,32 @@ impl ImageFolder {
         })
     }
 
-    /// 3 if any of up to [`COLOUR_PROBE`] images spread evenly over the split is colour (by
-    /// its header), else 1: one grey image first must not turn a colour dataset grey (PIL's
-    /// `convert("RGB")`, torchvision's default, reads every image as RGB). Files that do not
-    /// decode are left out; training reports them.
-    fn colour_in_a_spread(&self) -> usize {
+    /// The headers of up to [`COLOUR_PROBE`] images spread evenly over the split: 3 channels
+    /// if any is colour, else 1 (one grey image first must not turn a colour dataset grey:
+    /// PIL's `convert("RGB")`, torchvision's default, reads every image as RGB), and the
+    /// first size other than the split's. Files that do not decode are left out; training
+    /// reports them.
+    fn probe_a_spread(&self) -> SpreadProbe {
         let stride = self.files.len().div_ceil(COLOUR_PROBE).max(1);
-        let colour = self
+        let mut spread = SpreadProbe {
+            channels: 1,
+            other_size: None,
+        };
+        for info in self
             .files
             .iter()
             .step_by(stride)
-            .any(|path| probe(path).is_ok_and(|info| info.channels == 3));
-        if colour {
-            3
-        } else {
-            1
+            .filter_map(|p| probe(p).ok())
+        {
+            if info.channels == 3 {
+                spread.channels = 3;
+            }
+            let size = (info.width as usize, info.height as usize);
+            if size != (self.width, self.height) && spread.other_size.is_none() {
+                spread.other_size = Some(size);
+            }
         }
+        spread
     }
 
     /// Number of samples.

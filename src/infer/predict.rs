@@ -82,10 +82,15 @@ pub fn collect_images(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool), InferEr
         } else if p.exists() {
             files.push(p.clone());
         } else {
-            return Err(InferError::Options(format!(
-                "{}: no such file or directory",
-                p.display()
-            )));
+            // A link that leads nowhere is named as one, not as a missing file.
+            let what = match std::fs::symlink_metadata(p) {
+                Ok(m) if m.file_type().is_symlink() => match std::fs::metadata(p) {
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => "a link loop",
+                    _ => "a link to nothing (its target does not exist)",
+                },
+                _ => "no such file or directory",
+            };
+            return Err(InferError::Options(format!("{}: {what}", p.display())));
         }
     }
     Ok((files, walked))

@@ -213,14 +213,14 @@ pub enum Unphysical {
     /// A measured compute spread that is negative or not finite.
     #[error(
         "compute_spread is {}: a coefficient of variation, finite and >= 0",
-        shown(*.0)
+        crate::terminal::number(*.0)
     )]
     Spread(f64),
     /// A time that is not finite, negative, or above a day.
     #[error(
         "{what} is {}: times must be finite, >= 0 and at most {MAX_MS} ms (a \
          day)",
-        shown(*.value)
+        crate::terminal::number(*.value)
     )]
     Time {
         /// The field (`update_ms`, or a block's `forward_ms`/`backward_ms`, naming the block).
@@ -269,15 +269,6 @@ pub enum Unphysical {
         /// The block's values (its param_sizes added).
         len: usize,
     },
-}
-
-/// Huge and tiny values in exponent form: 1e300, not 301 digits.
-pub(crate) fn shown(v: f64) -> String {
-    if v.is_finite() && v != 0.0 && !(1e-3..1e9).contains(&v.abs()) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
-    }
 }
 
 /// One block (with zero times) per node with parameters, in topological order. MACs of nodes

@@ -178,9 +178,30 @@ impl std::fmt::Display for NormalizeChoice {
 pub struct Unreadable {
     /// Each one's error, naming its file (at most the estimate's sample of images).
     pub errors: Vec<String>,
+    /// The classes none of whose training images could be read, where the estimate read
+    /// every training image (a set of up to its sample's size); otherwise unknown and empty.
+    pub lost_classes: Vec<String>,
 }
 
 impl Unreadable {
+    /// The estimate's record, once it has read the images labelled `read` of a set whose
+    /// `classes` are given (`whole`: it tried every image of the set): None when it could
+    /// read them all.
+    pub(crate) fn finish(mut self, read: &[u8], classes: &[String], whole: bool) -> Option<Self> {
+        if self.errors.is_empty() {
+            return None;
+        }
+        if whole {
+            let mut seen = vec![false; classes.len()];
+            read.iter().for_each(|&l| seen[usize::from(l)] = true);
+            self.lost_classes = (classes.iter().zip(seen))
+                .filter(|(_, seen)| !seen)
+                .map(|(c, _)| c.clone())
+                .collect();
+        }
+        Some(self)
+    }
+
     /// The warning a run that skips unreadable samples (`--skip-bad-samples`) gives of them.
     pub fn warning(&self) -> String {
         format!(

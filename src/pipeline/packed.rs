@@ -129,6 +129,6 @@ pub fn estimate_normalization(
         }
     }
     let (mean, std) = probe.computed_mean_std();
-    let unreadable = (!unreadable.errors.is_empty()).then_some(unreadable);
+    let unreadable = unreadable.finish(&probe.labels, split.classes(), take == split.len());
     (Normalization { mean, std }, probe.labels.len(), unreadable)
 }

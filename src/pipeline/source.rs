@@ -340,6 +340,6 @@ pub fn estimate_normalization(
     }
     let (mean, std) = probe.computed_mean_std();
     let how = estimated_through(probe.labels.len(), eval);
-    let unreadable = (!unreadable.errors.is_empty()).then_some(unreadable);
+    let unreadable = unreadable.finish(&probe.labels, &folder.classes, take == folder.len());
     (Normalization { mean, std }, how, unreadable)
 }

@@ -194,7 +194,7 @@ pub fn write_report_of(run: &RunData) -> Result<Vec<PathBuf>, String> {
     if !run.epochs.is_empty() {
         md.push_str("\n## Per epoch\n\n| epoch | train loss | test loss | test accuracy | images/s | step ms | exposed comm % | data wait % |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for e in &run.epochs {
-            md.push_str(&epoch_row(e, run.exchanges_gradients(&e.phases)));
+            md.push_str(&epoch_row(e, run.epoch_exchanges_gradients(e)));
         }
         md.push_str("\n## Figures\n\n");
         let plots: [(&str, &str, plot::PlotFn); 3] = [
@@ -371,6 +371,27 @@ mod tests {
             ms: [0.0, 1.0, 1.0, 0.0, 0.0],
             ..earlier
         }));
+        // An epoch that recorded its workers is judged by them: one worker's epoch of a run
+        // whose last job had two shows none, whatever the run's config says.
+        let mut two = run.clone();
+        two.config.insert("workers".into(), 2.into());
+        let epoch = |workers| EpochRow {
+            epoch: 1,
+            train_loss: 1.0,
+            test_loss: 1.0,
+            test_accuracy: 0.5,
+            images_per_s: 10.0,
+            phases: Phases {
+                comm_total_ms: 0.0,
+                ms: [0.0, 1.0, 1.0, 0.0, 0.0],
+                ..earlier
+            },
+            workers,
+        };
+        assert!(!two.epoch_exchanges_gradients(&epoch(Some(1))));
+        assert!(two.epoch_exchanges_gradients(&epoch(Some(2))));
+        assert!(two.epoch_exchanges_gradients(&epoch(None)));
+        assert!(!run.epoch_exchanges_gradients(&epoch(None)));
     }
 
     #[test]
@@ -392,6 +413,7 @@ mod tests {
                 step_ms,
                 comm_total_ms: 1.0,
             },
+            workers: Some(2),
         };
         assert_eq!(
             epoch_row(&epoch(10.0), true),

@@ -76,6 +76,9 @@ pub struct EpochRow {
     pub images_per_s: f64,
     /// Mean step breakdown over the epoch.
     pub phases: Phases,
+    /// Workers of the job that finished the epoch (None: a run from before they were
+    /// recorded).
+    pub workers: Option<usize>,
 }
 
 /// A host `dptrain launch` lost during the run (from `elastic.json`).
@@ -169,6 +172,7 @@ impl RunData {
                 test_accuracy: f(v, "test_accuracy"),
                 images_per_s: f(v, "images_per_s"),
                 phases: Phases::from_breakdown(&v["breakdown"]).unwrap_or_default(),
+                workers: v["workers"].as_u64().map(|w| w as usize),
             })
             .collect();
         // The summary's breakdown is of the steps this run timed (after its resume point, for
@@ -242,6 +246,15 @@ impl RunData {
         let count = |key: &str| self.config.get(key).and_then(Value::as_u64);
         phases.communicated()
             || count("workers").is_none_or(|w| w * count("processes").unwrap_or(1) > 1)
+    }
+
+    /// Whether the workers exchanged gradients in epoch `e`: by the workers it recorded where
+    /// it did (the job that finished it), else as [`Self::exchanges_gradients`] judges.
+    pub fn epoch_exchanges_gradients(&self, e: &EpochRow) -> bool {
+        match e.workers {
+            Some(w) => e.phases.communicated() || w > 1,
+            None => self.exchanges_gradients(&e.phases),
+        }
     }
 
     /// Whether this run resumed a checkpoint (its summary's figures are then of the steps

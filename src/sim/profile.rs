@@ -51,7 +51,10 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
         if v > 0.0 && v.is_finite() {
             return Ok(());
         }
-        Err(format!("{flag} {v}: must be a finite number above 0"))
+        Err(format!(
+            "{flag} {}: must be a finite number above 0",
+            crate::terminal::number(v)
+        ))
     };
     let mem_gbs = match speed {
         DeviceSpeed::Flops(d) => {
@@ -59,7 +62,7 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
             if !(d.efficiency > 0.0 && d.efficiency <= 1.0) {
                 return Err(format!(
                     "--efficiency {}: must be in (0, 1], the share of the peak reached",
-                    d.efficiency
+                    crate::terminal::number(d.efficiency)
                 ));
             }
             positive("--mem-gbs", d.mem_gbs)?;
@@ -88,10 +91,19 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
         DeviceSpeed::ImagesPerSecond { images_per_s, .. } => {
             let step_ms = batch as f64 / images_per_s * 1e3;
             if step_ms <= update_ms {
+                let n = crate::terminal::number::<f64>;
+                // Times to 4 figures, in an exponent past the ordinary.
+                let ms = |x: f64| match (1e-3..1e6).contains(&x) {
+                    true => format!("{x:.3}"),
+                    false => format!("{x:.3e}"),
+                };
                 return Err(format!(
-                    "{images_per_s} images/s at batch {batch} is a {step_ms:.3} ms step, no \
-                     longer than the update alone ({update_ms:.3} ms at {mem_gbs} GB/s): check \
-                     the figures"
+                    "--device-images-per-s {}: at batch {batch} a step of {} ms, no longer \
+                     than the update alone ({} ms at {} GB/s): check the figures",
+                    n(images_per_s),
+                    ms(step_ms),
+                    ms(update_ms),
+                    n(mem_gbs)
                 ));
             }
             (step_ms - update_ms) / 3.0
@@ -107,7 +119,7 @@ pub fn from_graph(graph: &Graph, batch: usize, speed: DeviceSpeed) -> Result<Pro
         b.forward_ms = forward_total_ms * share;
         b.backward_ms = 2.0 * b.forward_ms;
     }
-    let shown = crate::measure::profile::shown;
+    let shown = crate::terminal::number::<f64>;
     let source = match speed {
         DeviceSpeed::Flops(d) => format!(
             "flops: {} TFLOPS x {} efficiency, {} GB/s memory",

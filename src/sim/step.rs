@@ -316,11 +316,18 @@ impl Simulator {
             update_s: profile.update_ms / 1e3,
         };
         // (One worker sends nothing: no jobs, nothing to partition.)
-        if planned.priority && !planned.idx.is_empty() {
-            planned.check_priority_size(&self.cache)?;
-        }
-        let mut acc = Acc::default();
+        let events = if planned.priority && !planned.idx.is_empty() {
+            planned.check_priority_size(&self.cache)?
+        } else {
+            planned
+                .idx
+                .iter()
+                .map(|&i| self.cache[i].1.steps.len())
+                .sum()
+        };
         let draws = if st.spread > 0.0 { st.steps } else { 1 };
+        check_configuration_work(events, draws, topo.workers())?;
+        let mut acc = Acc::default();
         // Stragglers on a schedule simulated through one host (past EXACT_STRAGGLER_WORKERS):
         // every simulated worker runs at the draw's slowest factor of all the workers.
         let slowest = st.spread > 0.0 && planned.sim_ranks < topo.workers();
@@ -397,6 +404,29 @@ impl Simulator {
 /// partitioning needs (P3's 40,000-parameter slices cut VGG-19's 143 M parameters into about
 /// 3,600).
 pub const MAX_PRIORITY_PARTITIONS: usize = 16_384;
+
+/// The most messages one configuration may simulate over all its straggler draws: the
+/// largest step ([`MAX_EVENTS`]) at `simulate`'s default 20 steps. The per-step limit alone
+/// let `--steps` multiply it (100,000 workers of tree mode at `--steps 10000` ran for about
+/// 40 minutes); at this machine's 2-4 million messages a second (100,000 workers of tree
+/// mode, 20 steps: 21 s on 2026-12-07) this is a few minutes.
+pub const MAX_CONFIGURATION_EVENTS: usize = MAX_EVENTS * 20;
+
+/// Refuses a configuration whose `draws` steps of `events` messages each pass
+/// [`MAX_CONFIGURATION_EVENTS`], naming the steps that fit.
+fn check_configuration_work(events: usize, draws: usize, workers: usize) -> Result<(), String> {
+    let total = events.saturating_mul(draws);
+    if total <= MAX_CONFIGURATION_EVENTS {
+        return Ok(());
+    }
+    let fit = MAX_CONFIGURATION_EVENTS / events.max(1);
+    Err(format!(
+        "{workers} workers: one step is {events} simulated messages, and {draws} steps \
+         (--steps) would simulate {total}, over the limit of {MAX_CONFIGURATION_EVENTS} a \
+         configuration (minutes of simulation): give --steps {fit} or fewer (or \
+         --compute-spread 0, one step), or simulate fewer workers"
+    ))
+}
 
 /// What every simulated step of one configuration shares: the profile, the buckets, their
 /// jobs and compiled schedules.
@@ -618,7 +648,8 @@ impl PlannedStep<'_> {
     /// counted (the check of [`Simulator::compiled_jobs`] counts each bucket's once). Either
     /// ran for minutes, and held a time per partition and simulated rank until memory ran out
     /// (a 4 GB gradient in 16 KiB partitions on 1024 workers).
-    fn check_priority_size(&self, cache: &[(Ranks, CompiledJob)]) -> Result<(), String> {
+    /// Returns the step's simulated messages.
+    fn check_priority_size(&self, cache: &[(Ranks, CompiledJob)]) -> Result<usize, String> {
         let parts = self.partition_counts();
         let units: usize = parts.iter().sum();
         let decision = cache[*self.idx.last().expect("the decisions' broadcast")]
@@ -647,7 +678,7 @@ impl PlannedStep<'_> {
                 self.topo.workers()
             ));
         }
-        Ok(())
+        Ok(events)
     }
 
     /// Priority scheduling: when each bucket is back on each simulated rank (`[bucket][rank]`),

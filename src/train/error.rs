@@ -210,6 +210,16 @@ pub enum PrepareError {
     /// `--skip-bad-samples`.
     #[error("{0}")]
     UnreadableTraining(crate::pipeline::Unreadable),
+    /// Every training image of a class is unreadable (known where the normalisation estimate
+    /// read the whole set), and `--skip-bad-samples` would train without the class.
+    #[error(
+        "every training image of {} {} is unreadable, so --skip-bad-samples would train a \
+         model that never sees it: mend them, or remove it:{}",
+        if .0.lost_classes.len() == 1 { "class" } else { "each of the classes" },
+        .0.lost_classes.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", "),
+        crate::data::listed(&.0.errors)
+    )]
+    UnreadableClass(crate::pipeline::Unreadable),
     /// The checkpoint to resume from cannot continue this run.
     #[error(transparent)]
     Resume(#[from] ResumeError),
@@ -370,6 +380,28 @@ pub enum ResumeError {
         epoch: usize,
         /// Each setting that differs.
         changes: Vec<(&'static str, String, String)>,
+    },
+    /// This run's data names other classes (or another order) than the checkpoint's run
+    /// trained on: an ImageFolder's class directory renamed, added or removed since. Its
+    /// head's outputs are the checkpoint's classes in its order, so resuming would train each
+    /// output as another class; refused whatever `--resume-changed` says.
+    #[error(
+        "--resume {}: the checkpoint's run trained on the classes {}, this run's data has {}: \
+         its head's outputs are the checkpoint's classes in that order, so resuming would \
+         train outputs as other classes; give the data as it was (class directories named \
+         as then), or start a new run from its weights with --weights (--reinit the head to \
+         start it afresh)",
+        path.display(),
+        crate::train::description::class_list(checkpoint),
+        crate::train::description::class_list(now)
+    )]
+    OtherClasses {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Its run's classes, in label order.
+        checkpoint: Vec<String>,
+        /// This run's.
+        now: Vec<String>,
     },
     /// A commit's position inside its epoch is past the epoch's steps here (the training set
     /// has fewer samples than when it was written).

@@ -74,6 +74,27 @@ pub fn size_folders(
     Ok(())
 }
 
+/// A warning where a folder's images differ in size and no `--image-size` was given (nor
+/// followed from a checkpoint): each is then stretched whole to the first image's size, and
+/// the start line's "transforms off" would not say so.
+fn stretched_warning(cfg: &TrainConfig, source: &Source) -> Option<String> {
+    let (None, Source::Folder(f)) = (cfg.image_size, source) else {
+        return None;
+    };
+    let (w, h) = f.other_size?;
+    Some(format!(
+        "{}: the images are not all one size (the first is {}x{}, another {w}x{h}, WxH): \
+         without --image-size each is stretched whole to the first's {}x{}, its aspect not \
+         kept; give --image-size (e.g. 224) to resize each image's shorter side and crop its \
+         centre",
+        f.root.display(),
+        f.width,
+        f.height,
+        f.width,
+        f.height
+    ))
+}
+
 /// Whether the run's data is read at a size the run chooses (an ImageFolder or a packed
 /// file): in-memory datasets train at their own.
 pub fn resizable(cfg: &TrainConfig) -> bool {
@@ -183,6 +204,10 @@ pub fn resolve(
     };
     let mut warnings = Vec::new();
     match unreadable {
+        // Skipping would leave a class with nothing to learn it from (as `data pack` refuses).
+        Some(u) if cfg.skip_bad_samples && !u.lost_classes.is_empty() => {
+            return Err(PrepareError::UnreadableClass(u))
+        }
         Some(u) if cfg.skip_bad_samples => warnings.push(u.warning()),
         Some(u) => return Err(PrepareError::UnreadableTraining(u)),
         None => {}
@@ -190,6 +215,7 @@ pub fn resolve(
     if let Source::Packed(split) = source {
         warnings.extend(split.enlarged_warning());
     }
+    warnings.extend(stretched_warning(cfg, source));
     let line = format!(
         "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \
          {norm} ({how})",

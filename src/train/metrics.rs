@@ -146,6 +146,10 @@ pub struct EpochRecord {
     pub test_accuracy: f64,
     /// Training images per second over the epoch (all workers).
     pub images_per_s: f64,
+    /// Workers (all processes) of the job that finished the epoch: a resume or `dptrain
+    /// launch` may change them between epochs, so `report` judges each epoch's communication
+    /// by its own.
+    pub workers: usize,
     /// Wall time of the epoch's training steps.
     pub seconds: f64,
     /// Mean step breakdown over the epoch.

@@ -473,7 +473,8 @@ fn prepare(
     let input = graph.input();
     let mut fit_note = None;
     if let Some(ck) = resume.as_deref() {
-        fit_note = check_resume_fits(&cfg, (&graph.name, [input.c, input.h, input.w]), ck)?;
+        let model = (graph.name.as_str(), [input.c, input.h, input.w]);
+        fit_note = check_resume_fits(&cfg, model, ck, &train_source)?;
         continue_computing_as(&mut cfg, ck);
     }
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
@@ -722,9 +723,23 @@ fn check_resume_fits(
     cfg: &TrainConfig,
     model: (&str, [usize; 3]),
     ck: &checkpoint::Checkpoint,
+    source: &Source,
 ) -> Result<Option<String>, ResumeError> {
     let path = cfg.resume.as_deref().unwrap_or(Path::new(""));
     let note = check_resume(cfg, model, ck, path)?;
+    // Classes a user named (an ImageFolder's directories, a pack's list); a built-in
+    // dataset's are its own, and the dataset is compared with the run above.
+    let recorded = ck.description.as_ref().map(|d| &d.class_names);
+    if let (Some(then), Source::Folder(_) | Source::Packed(_)) = (recorded, source) {
+        let now = description::class_names(source);
+        if !description::same_classes(then, &now) {
+            return Err(ResumeError::OtherClasses {
+                path: path.to_path_buf(),
+                checkpoint: then.clone(),
+                now,
+            });
+        }
+    }
     // Refused whatever the note says: a stretched schedule means nothing to a run that
     // trains no epoch.
     if ck.state.epoch >= cfg.epochs {

@@ -246,7 +246,7 @@ impl RunProgress {
                     checkpoint,
                 } => {
                     let record = self.epoch_record(
-                        cfg.batch,
+                        cfg,
                         epoch,
                         (train_loss, test_loss, test_accuracy),
                         train_seconds,
@@ -295,7 +295,7 @@ impl RunProgress {
     /// epoch's breakdown (which starts over).
     fn epoch_record(
         &mut self,
-        batch: usize,
+        cfg: &TrainConfig,
         epoch: usize,
         (train_loss, test_loss, test_accuracy): (f64, f64, f64),
         seconds: f64,
@@ -309,7 +309,8 @@ impl RunProgress {
             train_loss,
             test_loss,
             test_accuracy,
-            images_per_s: (steps * batch) as f64 / seconds.max(1e-9),
+            images_per_s: (steps * cfg.batch) as f64 / seconds.max(1e-9),
+            workers: cfg.world(),
             seconds,
             breakdown: std::mem::take(&mut self.epoch_breakdown),
             peak_rss_mb: peak_rss_mb(),

@@ -303,15 +303,13 @@ fn take_recorded(cfg: &mut TrainConfig, r: &Recipe) -> Followed {
     followed
 }
 
-/// A setting's value as the messages show it: as written where that is short, in exponent
-/// form where it is very small or large (1e-40, not forty zeros).
+/// A setting's value as the messages show it ([`crate::terminal::number`]); -0 as 0, the
+/// same setting.
 fn show(x: f32) -> String {
     if x == 0.0 {
-        "0".into() // -0 too: the same setting
-    } else if !(1e-4..1e6).contains(&x.abs()) {
-        format!("{x:e}")
+        "0".into()
     } else {
-        x.to_string()
+        crate::terminal::number(x)
     }
 }
 

@@ -163,10 +163,9 @@ impl StartWeights {
     /// class.
     fn other_classes(&self, net: &Net, classes: &[String]) -> Option<String> {
         let old = &self.checkpoint.description.as_ref()?.class_names;
-        let same = |a: &String, b: &String| crate::data::image_folder::same_class_name(a, b);
         if classes.is_empty()
             || old.len() != classes.len()
-            || old.iter().zip(classes).all(|(a, b)| same(a, b))
+            || super::description::same_classes(old, classes)
         {
             return None;
         }
@@ -179,14 +178,7 @@ impl StartWeights {
         if self.fresh.contains(&head.name) {
             return None;
         }
-        let list = |names: &[String]| {
-            let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
-            let more = names.len().saturating_sub(shown.len());
-            match more {
-                0 => shown.join(", "),
-                _ => format!("{}, ... ({more} more)", shown.join(", ")),
-            }
-        };
+        let list = super::description::class_list;
         Some(format!(
             "--weights: the checkpoint's classes are {}, this run's {}: its head '{}' is loaded \
              by position, so each output starts as the class the checkpoint had there; give \

@@ -116,6 +116,24 @@ pub fn class_names(source: &crate::pipeline::Source) -> Vec<String> {
     }
 }
 
+/// Class names for a message: the first 8, then how many more.
+pub fn class_list(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+    match names.len().saturating_sub(shown.len()) {
+        0 => shown.join(", "),
+        more => format!("{}, ... ({more} more)", shown.join(", ")),
+    }
+}
+
+/// Whether two runs' classes are one list, label for label (names compared as
+/// [`crate::data::image_folder::same_class_name`] does).
+pub fn same_classes(a: &[String], b: &[String]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| crate::data::image_folder::same_class_name(x, y))
+}
+
 /// The class names of an in-memory dataset: Fashion-MNIST's and CIFAR-10's by name, others'
 /// numbers.
 pub fn dataset_class_names(d: &crate::data::Dataset) -> Vec<String> {
