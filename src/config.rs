@@ -129,6 +129,10 @@ pub struct TrainConfig {
     /// The options a resume took from its checkpoint's run before they were resolved, as
     /// flags (`--batch 32`), for the run's note: `crate::train::follow::follow_run_options`.
     pub options_from_checkpoint: Vec<String>,
+    /// Where a resume took its data from the checkpoint's run (`--data-dir DIR`, or
+    /// `--dataset KIND:PATH`), as that flag: a data error then says the place was the run's
+    /// (moved data is found only by a new `--data-dir`).
+    pub data_from_checkpoint: Option<String>,
     /// The gradient exchange as the options gave it, which checkpoints record for a resume to
     /// follow ([`Exchange`]).
     pub exchange: Exchange,
@@ -995,6 +999,7 @@ impl TrainOptions {
             resume_changed: self.resume_changed,
             warnings,
             options_from_checkpoint: Vec::new(),
+            data_from_checkpoint: None,
             exchange: Exchange::of(self, workers.workers),
             takes_unread_exchange: false,
             exchange_kept: Vec::new(),

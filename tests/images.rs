@@ -1051,6 +1051,20 @@ fn skipping_every_unreadable_image_of_a_class_is_refused_where_the_estimate_read
     assert_eq!(u.unwrap().lost_classes, ["1"]);
     let (_, _, u) = estimate_normalization(&folder, &Transforms::OFF, 4);
     assert!(u.unwrap().lost_classes.is_empty());
+    // A class --train-limit leaves no image of is not lost: one bad file of class 0 and the
+    // limit keeping every third file, none of class 1's one.
+    let few = tmp.path().join("few");
+    std::fs::create_dir_all(few.join("1")).unwrap();
+    std::fs::rename(dir.join("train").join("0"), few.join("0")).unwrap();
+    std::fs::write(few.join("0").join("!.png"), b"").unwrap();
+    std::fs::copy(few.join("0").join("0.png"), few.join("1").join("a.png")).unwrap();
+    let mut folder = ImageFolder::open(&few, None).unwrap();
+    assert_eq!((folder.len(), folder.labels[0]), (10, 0));
+    folder.truncate(3);
+    assert!(!folder.labels.contains(&1));
+    let (_, _, u) = estimate_normalization(&folder, &Transforms::OFF, 1000);
+    assert!(u.unwrap().lost_classes.is_empty());
+    std::fs::rename(few.join("0"), dir.join("train").join("0")).unwrap();
     // Training that would skip them all is refused, naming the class (it trained before).
     let o = TrainOptions {
         dataset: Some("imagefolder".into()),
@@ -1107,9 +1121,7 @@ fn a_resume_on_renamed_or_added_classes_is_refused_naming_both_lists() {
     for changed in [false, true] {
         let e = resume(changed);
         assert!(
-            e.contains(
-                "the checkpoint's run trained on the classes 0, 1, this run's data has 0, 2"
-            ) && e.contains("--weights"),
+            e.contains("(label 1 was '1' and is now '2', of 2 classes)") && e.contains("--weights"),
             "{e}"
         );
     }
@@ -1124,7 +1136,7 @@ fn a_resume_on_renamed_or_added_classes_is_refused_naming_both_lists() {
         }
     }
     let e = resume(false);
-    assert!(e.contains("this run's data has 0, 1, 3"), "{e}");
+    assert!(e.contains("(2 classes then, 3 now; added: 3)"), "{e}");
     assert!(!tmp.path().join("again").exists());
 }
 
@@ -1160,4 +1172,67 @@ fn a_folder_of_mixed_sizes_without_an_image_size_is_warned_of_the_stretch() {
     .unwrap();
     let (_, warnings) = dptrain::train::inputs::resolve(&mut cfg, &source).unwrap();
     assert!(!warnings.iter().any(|w| w.contains("not all one size")));
+}
+
+#[test]
+fn a_resume_whose_data_moved_says_the_place_was_the_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("photos");
+    mixed_folder(&dir, 32, 8);
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dptrain"))
+            .args(args)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap()
+    };
+    let first = run(&[
+        "train",
+        "--dataset",
+        "imagefolder",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--image-size",
+        "28",
+        "--epochs",
+        "1",
+        "--batch",
+        "16",
+        "--run-dir",
+        "first",
+        "--quiet",
+    ]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    std::fs::rename(&dir, tmp.path().join("moved")).unwrap();
+    let ck = "first/checkpoint-epoch0001.safetensors";
+    let o = run(&["train", "--resume", ck, "--epochs", "2", "--quiet"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("photos/train")
+            && err.contains(&format!(
+                "(this resume took --data-dir {} from the checkpoint's run: if the data has \
+                 moved, give --data-dir with where it is now and --resume-changed",
+                dir.display()
+            )),
+        "{err}"
+    );
+    // Given the new place, it resumes.
+    let moved = [
+        "train",
+        "--resume",
+        ck,
+        "--epochs",
+        "2",
+        "--data-dir",
+        "moved",
+        "--resume-changed",
+        "--quiet",
+    ];
+    let o = run(&moved);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

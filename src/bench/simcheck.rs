@@ -142,13 +142,14 @@ pub fn run(a: SimCheckArgs) -> Result<(), String> {
         return Err(format!(
             "--device-headroom must be at least 1 (a device no slower than the real compute it \
              holds), not {}",
-            a.device_headroom
+            crate::terminal::number(a.device_headroom)
         ));
     }
     if let Some(r) = a.intra_ratio.filter(|r| !(1e-6..=1e4).contains(r)) {
         return Err(format!(
-            "--intra-ratio {r:e}: give the within-host port's rate as a fraction of the host's \
-             link rate from 1e-6 to 10000"
+            "--intra-ratio {}: give the within-host port's rate as a fraction of the host's \
+             link rate from 1e-6 to 10000",
+            crate::terminal::number(r)
         ));
     }
     // The port a ratio makes of each link must be one `train --intra-bandwidth` takes.

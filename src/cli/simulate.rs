@@ -7,7 +7,7 @@ use crate::config::KibOrAuto;
 use crate::plan::{BucketFlags, CommChoice, HierarchyChoice};
 use crate::sim::{
     search_buckets, search_schedule, Overheads, Profile, Simulator, StepConfig, StepResult,
-    Stragglers, Topology, MEASURED,
+    Stragglers, Topology, MEASURED, PRIORITY_TRIES,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -194,32 +194,7 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         steps: a.steps,
     };
     let mut sim = Simulator::new();
-    // The search tries both schedules and its own partition sizes: a given one would be
-    // silently replaced.
-    let searched = super::given::first_given(&[
-        ("--schedule", a.schedule.is_some()),
-        ("--partition-kb", a.partition_kb.is_some()),
-    ]);
-    if let (true, Some(flag)) = (a.search_schedule, searched) {
-        return Err(format!(
-            "{flag} with --search-schedule: the search tries --schedule overlap and priority \
-             with a range of --partition-kb and reports the best; leave {flag} out, or drop \
-             --search-schedule to simulate the one given"
-        ));
-    }
-    let schedule = crate::parallel::Schedule::parse(a.schedule.as_deref().unwrap_or("overlap"))?;
-    // The trainer cuts buckets into partitions under overlap too, but the simulator models
-    // them under priority only: a given value would change nothing it prints.
-    if schedule == crate::parallel::Schedule::Overlap
-        && KibOrAuto::resolved(a.partition_kb).is_some()
-        && !a.search_schedule
-    {
-        return Err(
-            "--partition-kb: the simulator models partitions under --schedule priority only \
-             (under overlap it sends each bucket whole); add --schedule priority or drop it"
-                .into(),
-        );
-    }
+    let schedule = schedule_of(&a)?;
     let single_cfg = StepConfig {
         compress: crate::plan::CompressChoice::parse(&a.compress)?,
         schedule,
@@ -286,6 +261,42 @@ pub(super) fn run(a: SimulateArgs) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `--schedule` (overlap when not given), refused with the flags that would change nothing:
+/// a `--schedule` or `--partition-kb` that `--search-schedule` would replace, a partition size
+/// under overlap.
+fn schedule_of(a: &SimulateArgs) -> Result<crate::parallel::Schedule, String> {
+    // The search tries both schedules and its own partition sizes: a given one would be
+    // silently replaced.
+    // (`--partition-kb auto` is the default, which the search tries among the others.)
+    let searched = super::given::first_given(&[
+        ("--schedule", a.schedule.is_some()),
+        (
+            "--partition-kb",
+            KibOrAuto::resolved(a.partition_kb).is_some(),
+        ),
+    ]);
+    if let (true, Some(flag)) = (a.search_schedule, searched) {
+        return Err(format!(
+            "{flag} with --search-schedule: the search tries --schedule overlap and priority \
+             with a range of --partition-kb and reports the best; leave {flag} out, or drop \
+             --search-schedule to simulate the one given"
+        ));
+    }
+    let schedule = crate::parallel::Schedule::parse(a.schedule.as_deref().unwrap_or("overlap"))?;
+    // The trainer cuts buckets into partitions under overlap too, but the simulator models
+    // them under priority only: a given value would change nothing it prints.
+    if schedule == crate::parallel::Schedule::Overlap
+        && KibOrAuto::resolved(a.partition_kb).is_some()
+    {
+        return Err(
+            "--partition-kb: the simulator models partitions under --schedule priority only \
+             (under overlap it sends each bucket whole); add --schedule priority or drop it"
+                .into(),
+        );
+    }
+    Ok(schedule)
 }
 
 /// The run's overheads: the measured defaults ([`MEASURED`]), or the ideal network's with
@@ -595,6 +606,13 @@ impl Sweep<'_> {
                     found.overlap_ms
                 ),
                 crate::parallel::Schedule::Overlap => "  overlap".to_string(),
+            };
+            let note = match found.priority_left_out {
+                0 => note,
+                n => format!(
+                    "{note} ({n} of {PRIORITY_TRIES} priority tries refused or past the \
+                     simulator's limits)"
+                ),
             };
             return Ok((found.cfg, kb, found.result, note));
         }

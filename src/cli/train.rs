@@ -87,6 +87,7 @@ fn resolve(t: &TrainCmd) -> Result<crate::config::TrainConfig, String> {
     cfg.intra_link_followed = cfg.intra_link.is_some() && given.intra_bandwidth.is_none();
     cfg.skip_bad_samples_followed = followed.skip_bad_samples;
     cfg.options_from_checkpoint = taken;
+    cfg.data_from_checkpoint = followed.data;
     cfg.takes_unread_exchange = followed.takes_unread_exchange;
     Ok(cfg)
 }

@@ -6,6 +6,10 @@ use crate::data::{idx, DataError};
 /// Classes in MNIST, Fashion-MNIST, generic IDX sets and CIFAR-10.
 pub const TEN_CLASSES: usize = 10;
 
+/// Most classes a dataset (an ImageFolder, a packed file) may have: a label is one byte
+/// (`u8`) in every dataset, batch and packed file.
+pub const MAX_CLASSES: usize = 256;
+
 /// One split of a dataset held in memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dataset {

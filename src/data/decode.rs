@@ -507,7 +507,8 @@ fn limits() -> image::Limits {
 /// length, its type, then width and height, big-endian) declares, if it is there.
 fn png_header_size(bytes: &[u8]) -> Option<(u32, u32)> {
     let ihdr = bytes.get(8..24)?;
-    if &ihdr[4..8] != b"IHDR" {
+    // IHDR's data is 13 bytes: another length is a damaged chunk, the decoder's to name.
+    if ihdr[0..4] != [0, 0, 0, 13] || &ihdr[4..8] != b"IHDR" {
         return None;
     }
     let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);

@@ -24,9 +24,8 @@ use std::path::{Path, PathBuf};
 
 pub use super::decode::{MAX_DECODE_BYTES, MAX_IMAGE_PIXELS};
 
-/// Most classes an ImageFolder may have: labels are one byte (`u8`) in every dataset and
-/// packed file.
-pub const MAX_FOLDER_CLASSES: usize = 256;
+/// Most classes an ImageFolder may have: as a packed file ([`super::MAX_CLASSES`]).
+const MAX_FOLDER_CLASSES: usize = super::MAX_CLASSES;
 
 /// Images spread over a split whose headers decide grey or colour.
 const COLOUR_PROBE: usize = 64;
@@ -112,8 +111,8 @@ impl ImageFolder {
                 split_dir,
                 format!(
                     "has {} class directories; dptrain trains at most {MAX_FOLDER_CLASSES} \
-                     classes (a label is one byte in its datasets and packed files): merge or \
-                     leave out classes, or train on a subset of the directories",
+                     classes (a label is one byte in its datasets and packed files): merge \
+                     classes, or move the others out of train/ and test/",
                     classes.len()
                 ),
             ));
@@ -201,25 +200,16 @@ impl ImageFolder {
     /// reports them.
     fn probe_a_spread(&self) -> SpreadProbe {
         let stride = self.files.len().div_ceil(COLOUR_PROBE).max(1);
-        let mut spread = SpreadProbe {
-            channels: 1,
-            other_size: None,
-        };
-        for info in self
-            .files
-            .iter()
-            .step_by(stride)
-            .filter_map(|p| probe(p).ok())
-        {
-            if info.channels == 3 {
-                spread.channels = 3;
-            }
-            let size = (info.width as usize, info.height as usize);
-            if size != (self.width, self.height) && spread.other_size.is_none() {
-                spread.other_size = Some(size);
-            }
+        let spread = || self.files.iter().step_by(stride);
+        // Each stops at the first that answers it: the colour probe reads whole files.
+        let colour = spread().any(|path| probe(path).is_ok_and(|info| info.channels == 3));
+        let other_size = spread()
+            .filter_map(|path| header_size(path))
+            .find(|&size| size != (self.width, self.height));
+        SpreadProbe {
+            channels: if colour { 3 } else { 1 },
+            other_size,
         }
-        spread
     }
 
     /// Number of samples.
@@ -518,6 +508,17 @@ fn probe(path: &Path) -> Result<super::decode::ImageInfo, DataError> {
     let bytes =
         crate::input::read_bytes(path, crate::input::FileKind::Image).map_err(DataError::Input)?;
     Ok(super::decode::read_info(&bytes, path)?)
+}
+
+/// The (width, height) `path`'s header declares, reading only the header (the `image`
+/// crate's); None where it does not read. Before any EXIF orientation.
+fn header_size(path: &Path) -> Option<(usize, usize)> {
+    let (file, _) = crate::input::open_regular(path, crate::input::FileKind::Image).ok()?;
+    let reader = image::ImageReader::new(std::io::BufReader::new(file))
+        .with_guessed_format()
+        .ok()?;
+    let (w, h) = reader.into_dimensions().ok()?;
+    Some((w as usize, h as usize))
 }
 
 /// Opens `dir/train` and `dir/test` (the test split with the training split's classes,

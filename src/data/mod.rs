@@ -32,7 +32,7 @@ pub mod packed;
 mod spec;
 pub mod synthetic;
 
-pub use dataset::{check_split_memory, Dataset, DatasetPair, Split, TEN_CLASSES};
+pub use dataset::{check_split_memory, Dataset, DatasetPair, Split, MAX_CLASSES, TEN_CLASSES};
 pub(crate) use dataset::{join, pair};
 pub use error::{listed, DataError, VALID_NAMES};
 pub use spec::{

@@ -82,13 +82,23 @@ pub fn collect_images(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool), InferEr
         } else if p.exists() {
             files.push(p.clone());
         } else {
-            // A link that leads nowhere is named as one, not as a missing file.
+            // A link that leads nowhere is named as one, not as a missing file; any other
+            // cause (a loop in a directory on the way, no permission) as the system says it.
+            let cause = |e: std::io::Error| match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
+                _ if e.raw_os_error() == Some(libc::ELOOP) => "a link loop".to_string(),
+                _ => e.to_string(),
+            };
             let what = match std::fs::symlink_metadata(p) {
                 Ok(m) if m.file_type().is_symlink() => match std::fs::metadata(p) {
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => "a link loop",
-                    _ => "a link to nothing (its target does not exist)",
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        "a link to nothing (its target does not exist)".to_string()
+                    }
+                    Err(e) => cause(e),
+                    Ok(_) => "not readable".to_string(),
                 },
-                _ => "no such file or directory",
+                Ok(_) => "not readable".to_string(),
+                Err(e) => cause(e),
             };
             return Err(InferError::Options(format!("{}: {what}", p.display())));
         }

@@ -184,18 +184,28 @@ pub struct Unreadable {
 }
 
 impl Unreadable {
-    /// The estimate's record, once it has read the images labelled `read` of a set whose
-    /// `classes` are given (`whole`: it tried every image of the set): None when it could
-    /// read them all.
-    pub(crate) fn finish(mut self, read: &[u8], classes: &[String], whole: bool) -> Option<Self> {
+    /// The estimate's record, once it has read the images labelled `read` and failed on
+    /// those labelled `failed`, of a set whose `classes` are given (`whole`: it tried every
+    /// image of the set): None when it could read them all. A class is lost where it tried
+    /// some of its images and read none (a class `--train-limit` left no image of is not).
+    pub(crate) fn finish(
+        mut self,
+        (read, failed): (&[u8], &[u8]),
+        classes: &[String],
+        whole: bool,
+    ) -> Option<Self> {
         if self.errors.is_empty() {
             return None;
         }
         if whole {
             let mut seen = vec![false; classes.len()];
             read.iter().for_each(|&l| seen[usize::from(l)] = true);
-            self.lost_classes = (classes.iter().zip(seen))
-                .filter(|(_, seen)| !seen)
+            let mut lost = vec![false; classes.len()];
+            failed
+                .iter()
+                .for_each(|&l| lost[usize::from(l)] = !seen[usize::from(l)]);
+            self.lost_classes = (classes.iter().zip(lost))
+                .filter(|(_, lost)| *lost)
                 .map(|(c, _)| c.clone())
                 .collect();
         }

@@ -117,7 +117,7 @@ pub fn estimate_normalization(
     };
     let mut scratch = TransformScratch::default();
     let (mut wide, mut buf) = (vec![0f32; n], vec![0u8; n]);
-    let mut unreadable = super::normalize::Unreadable::default();
+    let (mut unreadable, mut failed) = (super::normalize::Unreadable::default(), Vec::new());
     for k in 0..take {
         let i = k * split.len() / take;
         match write_u8(split, i, eval, &mut scratch, &mut wide, &mut buf) {
@@ -125,10 +125,14 @@ pub fn estimate_normalization(
                 probe.pixels.extend_from_slice(&buf);
                 probe.labels.push(split.label(i));
             }
-            Err(e) => unreadable.errors.push(e.to_string()),
+            Err(e) => {
+                unreadable.errors.push(e.to_string());
+                failed.push(split.label(i));
+            }
         }
     }
     let (mean, std) = probe.computed_mean_std();
-    let unreadable = unreadable.finish(&probe.labels, split.classes(), take == split.len());
+    let labels = (probe.labels.as_slice(), failed.as_slice());
+    let unreadable = unreadable.finish(labels, split.classes(), take == split.len());
     (Normalization { mean, std }, probe.labels.len(), unreadable)
 }

@@ -327,7 +327,7 @@ pub fn estimate_normalization(
     };
     let (mut file, mut scratch) = (Vec::new(), TransformScratch::default());
     let mut buf = vec![0u8; folder.sample_len()];
-    let mut unreadable = Unreadable::default();
+    let (mut unreadable, mut failed) = (Unreadable::default(), Vec::new());
     for k in 0..take {
         let i = k * folder.len() / take;
         match render_sample(folder, i, eval, &mut file, &mut scratch, &mut buf) {
@@ -335,11 +335,15 @@ pub fn estimate_normalization(
                 probe.pixels.extend_from_slice(&buf);
                 probe.labels.push(folder.labels[i]);
             }
-            Err(e) => unreadable.errors.push(e.to_string()),
+            Err(e) => {
+                unreadable.errors.push(e.to_string());
+                failed.push(folder.labels[i]);
+            }
         }
     }
     let (mean, std) = probe.computed_mean_std();
     let how = estimated_through(probe.labels.len(), eval);
-    let unreadable = unreadable.finish(&probe.labels, &folder.classes, take == folder.len());
+    let labels = (probe.labels.as_slice(), failed.as_slice());
+    let unreadable = unreadable.finish(labels, &folder.classes, take == folder.len());
     (Normalization { mean, std }, how, unreadable)
 }

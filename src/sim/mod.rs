@@ -57,6 +57,6 @@ pub use profile::{from_graph, DeviceSpec, DeviceSpeed};
 pub use schedule::{Job, Symmetry, MAX_EVENTS};
 pub use step::{
     plan, plan_inputs, search_buckets, search_schedule, simulate_step, ScheduleChoice, Simulator,
-    StepConfig, StepResult, Stragglers, SEARCH_PARTITIONS_KB,
+    StepConfig, StepResult, Stragglers, PRIORITY_TRIES, SEARCH_PARTITIONS_KB,
 };
 pub use topology::Topology;

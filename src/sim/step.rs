@@ -326,11 +326,13 @@ impl Simulator {
                 .sum()
         };
         let draws = if st.spread > 0.0 { st.steps } else { 1 };
-        check_configuration_work(events, draws, topo.workers())?;
-        let mut acc = Acc::default();
         // Stragglers on a schedule simulated through one host (past EXACT_STRAGGLER_WORKERS):
-        // every simulated worker runs at the draw's slowest factor of all the workers.
+        // every simulated worker runs at the draw's slowest factor of all the workers, each
+        // drawn (counted with the messages: a million draws a step cost as much).
         let slowest = st.spread > 0.0 && planned.sim_ranks < topo.workers();
+        let drawn = if slowest { topo.workers() } else { 0 };
+        check_configuration_work(events.saturating_add(drawn), draws, topo.workers())?;
+        let mut acc = Acc::default();
         for draw in 0..draws {
             let factors = if slowest {
                 let all = compute_factors(topo.workers(), st, draw);
@@ -412,19 +414,25 @@ pub const MAX_PRIORITY_PARTITIONS: usize = 16_384;
 /// mode, 20 steps: 21 s on 2026-12-07) this is a few minutes.
 pub const MAX_CONFIGURATION_EVENTS: usize = MAX_EVENTS * 20;
 
-/// Refuses a configuration whose `draws` steps of `events` messages each pass
-/// [`MAX_CONFIGURATION_EVENTS`], naming the steps that fit.
+/// Refuses a configuration whose `draws` steps of `events` messages (and straggler draws)
+/// each pass [`MAX_CONFIGURATION_EVENTS`], naming the steps that fit.
 fn check_configuration_work(events: usize, draws: usize, workers: usize) -> Result<(), String> {
     let total = events.saturating_mul(draws);
     if total <= MAX_CONFIGURATION_EVENTS {
         return Ok(());
     }
     let fit = MAX_CONFIGURATION_EVENTS / events.max(1);
+    let remedy = match fit {
+        0 => "give --compute-spread 0 (one step), or simulate fewer workers".to_string(),
+        _ => format!(
+            "give --steps {fit} or fewer (or --compute-spread 0, one step), or simulate fewer \
+             workers"
+        ),
+    };
     Err(format!(
-        "{workers} workers: one step is {events} simulated messages, and {draws} steps \
-         (--steps) would simulate {total}, over the limit of {MAX_CONFIGURATION_EVENTS} a \
-         configuration (minutes of simulation): give --steps {fit} or fewer (or \
-         --compute-spread 0, one step), or simulate fewer workers"
+        "{workers} workers: one step is {events} simulated messages and straggler draws, and \
+         {draws} steps (--steps) would simulate {total}, over the limit of \
+         {MAX_CONFIGURATION_EVENTS} a configuration (minutes of simulation): {remedy}"
     ))
 }
 
@@ -1061,6 +1069,7 @@ pub fn search_buckets(
     cfg: &StepConfig,
 ) -> Result<(usize, StepResult), String> {
     let mut best: Option<(usize, StepResult)> = None;
+    let mut first_refusal = None;
     for &kb in &SEARCH_CAPS_KB {
         // A given first cap stays; otherwise the first bucket is searched with the others.
         let c = StepConfig {
@@ -1070,12 +1079,19 @@ pub fn search_buckets(
             },
             ..*cfg
         };
-        let r = sim.step(profile, &c)?;
+        // A cap the simulator refuses (small caps make the most messages) leaves the others.
+        let r = match sim.step(profile, &c) {
+            Ok(r) => r,
+            Err(e) => {
+                first_refusal.get_or_insert(e);
+                continue;
+            }
+        };
         if best.as_ref().is_none_or(|(_, b)| r.step_ms < b.step_ms) {
             best = Some((kb, r));
         }
     }
-    Ok(best.expect("at least one cap"))
+    best.ok_or_else(|| first_refusal.expect("a cap tried"))
 }
 
 /// The partition sizes (KiB) `--search-schedule` tries under priority scheduling, besides the
@@ -1095,7 +1111,14 @@ pub struct ScheduleChoice {
     /// Overlap's step (with its own buckets, searched too when `buckets` is set), ms: what the
     /// choice is measured against.
     pub overlap_ms: f64,
+    /// Priority tries left out (refused by the trainer's rules, or past the simulator's
+    /// limits), of [`PRIORITY_TRIES`].
+    pub priority_left_out: usize,
 }
+
+/// The priority tries of [`search_schedule`]: the trainer's default partitions and each of
+/// [`SEARCH_PARTITIONS_KB`].
+pub const PRIORITY_TRIES: usize = SEARCH_PARTITIONS_KB.len() + 1;
 
 /// Tries `--schedule overlap` (whole buckets) and `--schedule priority` with the trainer's
 /// default partitions and each of [`SEARCH_PARTITIONS_KB`], each with the bucket caps searched
@@ -1126,6 +1149,7 @@ pub fn search_schedule(
     let (c, kb, r) = run(overlap)?;
     let overlap_ms = r.step_ms;
     let mut best = (c, kb, r);
+    let mut priority_left_out = 0;
     let partitions = std::iter::once(None).chain(SEARCH_PARTITIONS_KB.iter().map(|&k| Some(k)));
     for partition_kb in partitions {
         let c = StepConfig {
@@ -1133,11 +1157,11 @@ pub fn search_schedule(
             partition_kb,
             ..*cfg
         };
-        // A refused priority (or one too large to simulate) leaves overlap's answer.
-        if let Ok(found) = run(c) {
-            if found.2.step_ms < best.2.step_ms {
-                best = found;
-            }
+        // A refused priority (or one too large to simulate) leaves overlap's answer, counted.
+        match run(c) {
+            Ok(found) if found.2.step_ms < best.2.step_ms => best = found,
+            Ok(_) => {}
+            Err(_) => priority_left_out += 1,
         }
     }
     Ok(ScheduleChoice {
@@ -1145,5 +1169,6 @@ pub fn search_schedule(
         bucket_kb: best.1,
         result: best.2,
         overlap_ms,
+        priority_left_out,
     })
 }

@@ -214,6 +214,12 @@ impl RunIdentity {
         }
     }
 
+    /// Whether the run's data named its own classes (an ImageFolder's directories, a packed
+    /// file's list), rather than a built-in dataset's.
+    pub fn names_its_classes(&self) -> bool {
+        self.can_hold_bad_samples()
+    }
+
     /// Whether the run's data is files decoded as read, of which some may not decode (an
     /// ImageFolder, a packed file): where `--skip-bad-samples` means something.
     pub fn can_hold_bad_samples(&self) -> bool {

@@ -159,6 +159,19 @@ pub enum PrepareError {
     /// The dataset could not be found, read or decoded.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// The data a resume took from its checkpoint's run (`taken`: the flag it took) could not
+    /// be read there: moved or deleted since, most likely.
+    #[error(
+        "{source} (this resume took {taken} from the checkpoint's run: if the data has moved, \
+         give --data-dir with where it is now and --resume-changed, as a resume cannot tell \
+         moved data from other data)"
+    )]
+    FollowedData {
+        /// The flag taken: `--data-dir DIR` or `--dataset KIND:PATH`.
+        taken: String,
+        /// What reading it found (boxed: a `DataError` is large).
+        source: Box<DataError>,
+    },
     /// The training set is smaller than one global batch.
     #[error("the training set has {samples} samples, fewer than one global batch of {batch}")]
     TooFewSamples {
@@ -214,7 +227,8 @@ pub enum PrepareError {
     /// read the whole set), and `--skip-bad-samples` would train without the class.
     #[error(
         "every training image of {} {} is unreadable, so --skip-bad-samples would train a \
-         model that never sees it: mend them, or remove it:{}",
+         model that never sees it: mend them (and pack again, for a packed file), or remove \
+         the class:{}",
         if .0.lost_classes.len() == 1 { "class" } else { "each of the classes" },
         .0.lost_classes.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(", "),
         crate::data::listed(&.0.errors)
@@ -386,14 +400,13 @@ pub enum ResumeError {
     /// head's outputs are the checkpoint's classes in its order, so resuming would train each
     /// output as another class; refused whatever `--resume-changed` says.
     #[error(
-        "--resume {}: the checkpoint's run trained on the classes {}, this run's data has {}: \
-         its head's outputs are the checkpoint's classes in that order, so resuming would \
-         train outputs as other classes; give the data as it was (class directories named \
-         as then), or start a new run from its weights with --weights (--reinit the head to \
-         start it afresh)",
+        "--resume {}: this run's data has other classes than the checkpoint's run trained on \
+         ({}): its head's outputs are the checkpoint's classes in their order, so resuming \
+         would train outputs as other classes; give the data as it was (class directories \
+         named as then), or start a new run from its weights with --weights (--reinit the \
+         head to start it afresh)",
         path.display(),
-        crate::train::description::class_list(checkpoint),
-        crate::train::description::class_list(now)
+        class_difference(checkpoint, now)
     )]
     OtherClasses {
         /// The checkpoint.
@@ -563,4 +576,39 @@ fn input_remedy(checkpoint: &[usize; 3], now: &[usize; 3], resizable: bool) -> S
          up to 64 images spread over it is colour, else grey)"
             .to_string()
     }
+}
+
+/// How this run's classes (`now`) differ from a checkpoint's (`then`), for
+/// [`ResumeError::OtherClasses`]: the first label named otherwise where the counts agree, else
+/// the classes added and removed (a renamed class deep in a long list would not show in its
+/// first names).
+fn class_difference(then: &[String], now: &[String]) -> String {
+    use crate::data::image_folder::same_class_name;
+    let list = |names: Vec<String>| crate::train::description::class_list(&names);
+    if then.len() == now.len() {
+        let i = (0..then.len())
+            .find(|&i| !same_class_name(&then[i], &now[i]))
+            .unwrap_or(0);
+        return format!(
+            "label {i} was '{}' and is now '{}', of {} classes",
+            then[i],
+            now[i],
+            then.len()
+        );
+    }
+    let missing = |from: &[String], of: &[String]| -> Vec<String> {
+        from.iter()
+            .filter(|c| !of.iter().any(|o| same_class_name(c, o)))
+            .cloned()
+            .collect()
+    };
+    let (added, removed) = (missing(now, then), missing(then, now));
+    let mut said = vec![format!("{} classes then, {} now", then.len(), now.len())];
+    if !added.is_empty() {
+        said.push(format!("added: {}", list(added)));
+    }
+    if !removed.is_empty() {
+        said.push(format!("removed: {}", list(removed)));
+    }
+    said.join("; ")
 }

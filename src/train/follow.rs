@@ -19,6 +19,9 @@ pub struct FollowedOptions {
     /// Whether `--skip-bad-samples` was taken (said by itself, with its off form,
     /// `crate::train`).
     pub skip_bad_samples: bool,
+    /// The data's place, where it was taken from the run (`--data-dir DIR`, or `--dataset
+    /// KIND:PATH`), as that flag.
+    pub data: Option<String>,
     /// Each taken value equal to the option's default, as its flag: not said in the note
     /// (the run would have had it anyway), but named beside `taken` where a taken value is
     /// refused (`--batch 64` that the given `--workers 3` do not divide).
@@ -95,6 +98,10 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
             followed.take(format!("--dataset {dataset}"), default);
             if let Some(d) = &data_dir {
                 followed.taken.push(format!("--data-dir {}", d.display()));
+                followed.data = Some(format!("--data-dir {}", d.display()));
+            } else if run.data_path.is_some() && dataset.contains(':') {
+                // `kind:PATH` names its own place.
+                followed.data = Some(format!("--dataset {dataset}"));
             }
             o.dataset = Some(dataset);
             o.data_dir = data_dir;
@@ -113,6 +120,7 @@ pub fn follow_run_options(given: &TrainOptions) -> FollowedOptions {
         (Some(named), None) if *named == run.dataset => {
             if let (_, Some(d)) = data {
                 followed.taken.push(format!("--data-dir {}", d.display()));
+                followed.data = Some(format!("--data-dir {}", d.display()));
                 o.data_dir = Some(d);
             }
         }

@@ -74,19 +74,24 @@ pub fn size_folders(
     Ok(())
 }
 
-/// A warning where a folder's images differ in size and no `--image-size` was given (nor
-/// followed from a checkpoint): each is then stretched whole to the first image's size, and
-/// the start line's "transforms off" would not say so.
-fn stretched_warning(cfg: &TrainConfig, source: &Source) -> Option<String> {
-    let (None, Source::Folder(f)) = (cfg.image_size, source) else {
+/// A warning where a folder's images differ in size, no `--image-size` was given (nor
+/// followed from a checkpoint) and the evaluation transform is off: each image is then
+/// stretched whole to the first image's size (for training too where `--augment` does not
+/// resize), and the start line's "transforms off" would not say so.
+fn stretched_warning(cfg: &TrainConfig, source: &Source, eval: &Transforms) -> Option<String> {
+    let (None, Source::Folder(f), true) = (cfg.image_size, source, eval.is_off()) else {
         return None;
     };
     let (w, h) = f.other_size?;
+    let used = match cfg.augment.resizes() {
+        true => "for evaluation",
+        false => "for training and evaluation",
+    };
     Some(format!(
         "{}: the images are not all one size (the first is {}x{}, another {w}x{h}, WxH): \
-         without --image-size each is stretched whole to the first's {}x{}, its aspect not \
-         kept; give --image-size (e.g. 224) to resize each image's shorter side and crop its \
-         centre",
+         without --image-size each is stretched whole to the first's {}x{} {used}, its \
+         aspect not kept; give --image-size (e.g. 224) to resize each image's shorter side \
+         and crop its centre",
         f.root.display(),
         f.width,
         f.height,
@@ -215,7 +220,7 @@ pub fn resolve(
     if let Source::Packed(split) = source {
         warnings.extend(split.enlarged_warning());
     }
-    warnings.extend(stretched_warning(cfg, source));
+    warnings.extend(stretched_warning(cfg, source, &eval));
     let line = format!(
         "input {c}x{h}x{w}, training transforms {}, evaluation transform {eval}, normalise \
          {norm} ({how})",

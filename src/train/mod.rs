@@ -448,7 +448,22 @@ fn prepare(
     let resume = open_resume(&cfg)?;
     // Said once the run is known to go ahead (after `prepare_outputs`), not before a refusal.
     let (resume_notes, resume_warnings) = follow_resumed_run(&mut cfg, resume.as_deref())?;
-    let (train_source, test_split) = load_sources(&cfg)?;
+    let (train_source, test_split) = load_sources(&cfg).map_err(|e| match (e, &cfg) {
+        (
+            PrepareError::Data(source),
+            TrainConfig {
+                data_from_checkpoint: Some(taken),
+                ..
+            },
+        ) => PrepareError::FollowedData {
+            taken: taken.clone(),
+            source: Box::new(source),
+        },
+        (e, _) => e,
+    })?;
+    if let Some(ck) = resume.as_deref() {
+        check_resume_classes(&cfg, ck, &train_source)?;
+    }
     inputs::check_normalization_channels(&cfg, &train_source)?;
     let graph = Arc::new(match &cfg.model_spec {
         Some(spec) => graph_of(spec, train_source.shape(), train_source.num_classes())?,
@@ -474,7 +489,7 @@ fn prepare(
     let mut fit_note = None;
     if let Some(ck) = resume.as_deref() {
         let model = (graph.name.as_str(), [input.c, input.h, input.w]);
-        fit_note = check_resume_fits(&cfg, model, ck, &train_source)?;
+        fit_note = check_resume_fits(&cfg, model, ck)?;
         continue_computing_as(&mut cfg, ck);
     }
     let description = Arc::new(description::describe_run(&cfg, &graph, &train_source));
@@ -723,29 +738,42 @@ fn check_resume_fits(
     cfg: &TrainConfig,
     model: (&str, [usize; 3]),
     ck: &checkpoint::Checkpoint,
-    source: &Source,
 ) -> Result<Option<String>, ResumeError> {
     let path = cfg.resume.as_deref().unwrap_or(Path::new(""));
     let note = check_resume(cfg, model, ck, path)?;
-    // Classes a user named (an ImageFolder's directories, a pack's list); a built-in
-    // dataset's are its own, and the dataset is compared with the run above.
-    let recorded = ck.description.as_ref().map(|d| &d.class_names);
-    if let (Some(then), Source::Folder(_) | Source::Packed(_)) = (recorded, source) {
-        let now = description::class_names(source);
-        if !description::same_classes(then, &now) {
-            return Err(ResumeError::OtherClasses {
-                path: path.to_path_buf(),
-                checkpoint: then.clone(),
-                now,
-            });
-        }
-    }
     // Refused whatever the note says: a stretched schedule means nothing to a run that
     // trains no epoch.
     if ck.state.epoch >= cfg.epochs {
         return Err(ResumeError::AlreadyDone(ck.state.epoch));
     }
     Ok(note)
+}
+
+/// Refuses a resume whose data names other classes, or another order, than the checkpoint's
+/// run trained on, where both name their classes (an ImageFolder's directories, a pack's
+/// list): a class directory renamed, added or removed since. A built-in dataset's classes are
+/// its own (its export to a folder names them by number, and may resume it under
+/// `--resume-changed`). Before anything is decoded.
+fn check_resume_classes(
+    cfg: &TrainConfig,
+    ck: &checkpoint::Checkpoint,
+    source: &Source,
+) -> Result<(), ResumeError> {
+    let named_then = ck.state.run.as_ref().is_some_and(|r| r.names_its_classes());
+    let recorded = ck.description.as_ref().map(|d| &d.class_names);
+    let (Some(then), true, Source::Folder(_) | Source::Packed(_)) = (recorded, named_then, source)
+    else {
+        return Ok(());
+    };
+    let now = description::class_names(source);
+    if description::same_classes(then, &now) {
+        return Ok(());
+    }
+    Err(ResumeError::OtherClasses {
+        path: cfg.resume.clone().unwrap_or_default(),
+        checkpoint: then.clone(),
+        now,
+    })
 }
 
 /// The weights of `--weights`, checked against this run's model (a net of batch 1 made for

@@ -34,7 +34,7 @@ mod write;
 pub use write::{pack, PackOptions, PackSummary, StoreAs, DEFAULT_MAX_SIDE, DEFAULT_QUALITY};
 
 use super::decode::{DecodedImage, Decoder, Resampler, MAX_IMAGE_PIXELS};
-use super::{DataError, Dataset, Split};
+use super::{DataError, Dataset, Split, MAX_CLASSES};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -55,8 +55,6 @@ pub const HEADER_LEN: usize = 64;
 pub const SAMPLE_ALIGN: u64 = 64;
 /// Bytes of one index record.
 const RECORD_LEN: usize = 24;
-/// Most classes (labels are `u8` in the pipeline).
-const MAX_CLASSES: usize = 256;
 
 /// How a sample's bytes are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
