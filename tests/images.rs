@@ -1121,7 +1121,7 @@ fn a_resume_on_renamed_or_added_classes_is_refused_naming_both_lists() {
     for changed in [false, true] {
         let e = resume(changed);
         assert!(
-            e.contains("(label 1 was '1' and is now '2', of 2 classes)") && e.contains("--weights"),
+            e.contains("(2 classes then, 2 now; added: 2; removed: 1)") && e.contains("--weights"),
             "{e}"
         );
     }
@@ -1146,6 +1146,20 @@ fn a_folder_of_mixed_sizes_without_an_image_size_is_warned_of_the_stretch() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("photos");
     mixed_folder(&dir, 8, 4);
+    // One photo stored rotated (EXIF orientation 6) in every file is one size, read upright.
+    let rotated = tmp.path().join("rotated");
+    let photo = with_orientation(&jpeg_grey(40, 30, |x, y| (x * 3 + y) as u8, 90), 6);
+    for class in ["a", "b"] {
+        std::fs::create_dir_all(rotated.join(class)).unwrap();
+        for i in 0..3 {
+            std::fs::write(rotated.join(class).join(format!("{i}.jpg")), &photo).unwrap();
+        }
+    }
+    let upright = ImageFolder::open(&rotated, None).unwrap();
+    assert_eq!(
+        (upright.width, upright.height, upright.other_size),
+        (30, 40, None)
+    );
     let folder = ImageFolder::open(&dir.join("train"), None).unwrap();
     let (w, h) = folder.other_size.expect("the spread shows another size");
     assert_ne!((w, h), (folder.width, folder.height));

@@ -201,7 +201,8 @@ impl ImageFolder {
     fn probe_a_spread(&self) -> SpreadProbe {
         let stride = self.files.len().div_ceil(COLOUR_PROBE).max(1);
         let spread = || self.files.iter().step_by(stride);
-        // Each stops at the first that answers it: the colour probe reads whole files.
+        // Each stops at the first that answers it (the colour probe reads whole files, the
+        // size probe their first 256 KiB).
         let colour = spread().any(|path| probe(path).is_ok_and(|info| info.channels == 3));
         let other_size = spread()
             .filter_map(|path| header_size(path))
@@ -510,15 +511,21 @@ fn probe(path: &Path) -> Result<super::decode::ImageInfo, DataError> {
     Ok(super::decode::read_info(&bytes, path)?)
 }
 
-/// The (width, height) `path`'s header declares, reading only the header (the `image`
-/// crate's); None where it does not read. Before any EXIF orientation.
+/// Bytes of a file's start the size probe reads: its header and metadata (a JPEG's APP
+/// segments, EXIF among them, are at most 64 KiB each; the `image` crate's JPEG reader would
+/// read the whole file).
+const HEADER_PREFIX: u64 = 256 * 1024;
+
+/// The size `path` is read at (after its EXIF orientation, and within the sizes training
+/// takes), from its first [`HEADER_PREFIX`] bytes, checked as [`probe`] checks them; None
+/// where they do not tell.
 fn header_size(path: &Path) -> Option<(usize, usize)> {
+    use std::io::Read;
     let (file, _) = crate::input::open_regular(path, crate::input::FileKind::Image).ok()?;
-    let reader = image::ImageReader::new(std::io::BufReader::new(file))
-        .with_guessed_format()
-        .ok()?;
-    let (w, h) = reader.into_dimensions().ok()?;
-    Some((w as usize, h as usize))
+    let mut prefix = Vec::new();
+    file.take(HEADER_PREFIX).read_to_end(&mut prefix).ok()?;
+    let info = super::decode::read_info(&prefix, path).ok()?;
+    Some((info.width as usize, info.height as usize))
 }
 
 /// Opens `dir/train` and `dir/test` (the test split with the training split's classes,

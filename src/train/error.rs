@@ -579,23 +579,12 @@ fn input_remedy(checkpoint: &[usize; 3], now: &[usize; 3], resizable: bool) -> S
 }
 
 /// How this run's classes (`now`) differ from a checkpoint's (`then`), for
-/// [`ResumeError::OtherClasses`]: the first label named otherwise where the counts agree, else
-/// the classes added and removed (a renamed class deep in a long list would not show in its
-/// first names).
+/// [`ResumeError::OtherClasses`]: the classes added and removed (a renamed class deep in a
+/// long list would not show in its first names, and it shifts the labels after it), or, for
+/// the same classes in another order, the first label that differs.
 fn class_difference(then: &[String], now: &[String]) -> String {
     use crate::data::image_folder::same_class_name;
     let list = |names: Vec<String>| crate::train::description::class_list(&names);
-    if then.len() == now.len() {
-        let i = (0..then.len())
-            .find(|&i| !same_class_name(&then[i], &now[i]))
-            .unwrap_or(0);
-        return format!(
-            "label {i} was '{}' and is now '{}', of {} classes",
-            then[i],
-            now[i],
-            then.len()
-        );
-    }
     let missing = |from: &[String], of: &[String]| -> Vec<String> {
         from.iter()
             .filter(|c| !of.iter().any(|o| same_class_name(c, o)))
@@ -609,6 +598,19 @@ fn class_difference(then: &[String], now: &[String]) -> String {
     }
     if !removed.is_empty() {
         said.push(format!("removed: {}", list(removed)));
+    }
+    if said.len() == 1 {
+        let first = then
+            .iter()
+            .zip(now)
+            .position(|(a, b)| !same_class_name(a, b));
+        said.push(match first {
+            Some(i) => format!(
+                "the same classes in another order: label {i} was '{}' and is now '{}'",
+                then[i], now[i]
+            ),
+            None => "the same classes".into(),
+        });
     }
     said.join("; ")
 }

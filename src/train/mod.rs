@@ -448,19 +448,7 @@ fn prepare(
     let resume = open_resume(&cfg)?;
     // Said once the run is known to go ahead (after `prepare_outputs`), not before a refusal.
     let (resume_notes, resume_warnings) = follow_resumed_run(&mut cfg, resume.as_deref())?;
-    let (train_source, test_split) = load_sources(&cfg).map_err(|e| match (e, &cfg) {
-        (
-            PrepareError::Data(source),
-            TrainConfig {
-                data_from_checkpoint: Some(taken),
-                ..
-            },
-        ) => PrepareError::FollowedData {
-            taken: taken.clone(),
-            source: Box::new(source),
-        },
-        (e, _) => e,
-    })?;
+    let (train_source, test_split) = load_sources(&cfg).map_err(|e| followed_data(e, &cfg))?;
     if let Some(ck) = resume.as_deref() {
         check_resume_classes(&cfg, ck, &train_source)?;
     }
@@ -747,6 +735,25 @@ fn check_resume_fits(
         return Err(ResumeError::AlreadyDone(ck.state.epoch));
     }
     Ok(note)
+}
+
+/// `e`, said as data whose place this resume took from its checkpoint's run where it is data
+/// not found there (moved or deleted since); other errors as they are.
+fn followed_data(e: PrepareError, cfg: &TrainConfig) -> PrepareError {
+    use crate::data::DataError;
+    use crate::input::InputError;
+    let Some(taken) = &cfg.data_from_checkpoint else {
+        return e;
+    };
+    match e {
+        PrepareError::Data(
+            source @ (DataError::NotFound { .. } | DataError::Input(InputError::NotFound { .. })),
+        ) => PrepareError::FollowedData {
+            taken: taken.clone(),
+            source: Box::new(source),
+        },
+        other => other,
+    }
 }
 
 /// Refuses a resume whose data names other classes, or another order, than the checkpoint's
