@@ -171,6 +171,17 @@ const PARSE_REFUSALS: &[Case] = &[
 /// schedules out of order.
 const MEANING_REFUSALS: &[Case] = &[
     (
+        &[
+            "train",
+            "--emulate-device",
+            "p.json",
+            "--emulate-device-scale",
+            "1e300",
+        ],
+        1,
+        "--emulate-device-scale must be a positive number up to 1e6, not 1e300",
+    ),
+    (
         &["train", "--comm-timeout", "1e-300"],
         1,
         "--comm-timeout must be a number of seconds from 0.001 (1 ms) to 31536000 (a year), not \

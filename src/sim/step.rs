@@ -410,8 +410,8 @@ pub const MAX_PRIORITY_PARTITIONS: usize = 16_384;
 /// The most messages one configuration may simulate over all its straggler draws: the
 /// largest step ([`MAX_EVENTS`]) at `simulate`'s default 20 steps. The per-step limit alone
 /// let `--steps` multiply it (100,000 workers of tree mode at `--steps 10000` ran for about
-/// 40 minutes); at this machine's 2-4 million messages a second (100,000 workers of tree
-/// mode, 20 steps: 21 s on 2026-12-07) this is a few minutes.
+/// 40 minutes); at this machine's about 2 million messages a second (100,000 workers of tree
+/// mode, 2.2 million messages a step, 20 steps: 21 s on 2026-12-07) this is about 3 minutes.
 pub const MAX_CONFIGURATION_EVENTS: usize = MAX_EVENTS * 20;
 
 /// Refuses a configuration whose `draws` steps of `events` messages (and straggler draws)

@@ -212,7 +212,10 @@ const MAX_STEP_S: f64 = 3600.0;
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     /// `--emulate-device-scale` out of range.
-    #[error("--emulate-device-scale must be a positive number up to 1e6, not {0}")]
+    #[error(
+        "--emulate-device-scale must be a positive number up to 1e6, not {}",
+        crate::terminal::number(*.0)
+    )]
     Scale(f64),
     /// The profile given with `--emulate-device`.
     #[error("--emulate-device {}: {problem}", .path.display())]
